@@ -1,0 +1,113 @@
+/*
+ * loom/base.h — what every module stands on: status codes with a per-thread
+ * error message, logging, a counter-based random number generator, timers,
+ * and small file helpers (atomic writes).
+ *
+ * Not here: anything that knows about models, tensors or MPI.
+ */
+#ifndef LOOM_BASE_H
+#define LOOM_BASE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------------------------ */
+
+typedef enum {
+    LOOM_OK = 0,
+    LOOM_ERR_INPUT,   /* bad input: missing/malformed file, flag or value (CLI exit 2) */
+    LOOM_ERR_IO,      /* a read or write failed on a file we own (CLI exit 1) */
+    LOOM_ERR_NOMEM,   /* an allocation failed (CLI exit 1) */
+    LOOM_ERR_NUMERIC, /* NaN/Inf where training cannot go on (CLI exit 1) */
+    LOOM_ERR_RUNTIME, /* any other failure while running (CLI exit 1) */
+} loom_status;
+
+/* A short fixed description of a status code. */
+const char *loom_strerror(loom_status status);
+
+/* Records a message in the calling thread's error slot and returns `status`, so that a
+ * failing function can `return loom_fail(LOOM_ERR_INPUT, "%s: field: expected ...", path);` */
+loom_status loom_fail(loom_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The message of the last loom_fail on this thread ("" if none). */
+const char *loom_last_error(void);
+void loom_clear_error(void);
+
+/* The CLI's exit code for a status: 0 ok, 2 bad input, 1 anything else. */
+int loom_exit_code(loom_status status);
+
+/* ---- logging ----------------------------------------------------------------------------- */
+
+typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
+
+void loom_log_set_level(loom_log_level level);
+/* Prefix put before every line (for example "[rank 3] "); NULL for none. */
+void loom_log_set_prefix(const char *prefix);
+void loom_log(loom_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define loom_info(...)  loom_log(LOOM_LOG_INFO, __VA_ARGS__)
+#define loom_warn(...)  loom_log(LOOM_LOG_WARN, __VA_ARGS__)
+#define loom_error(...) loom_log(LOOM_LOG_ERROR, __VA_ARGS__)
+
+/* ---- random numbers ----------------------------------------------------------------------
+ * Counter-based: the value at (seed, stream, index) does not depend on which other values were
+ * drawn, so every rank of a parallel run can create exactly its shard of a tensor and get the
+ * numbers the single-process run would have. */
+
+uint64_t loom_rng_u64(uint64_t seed, uint64_t stream, uint64_t index);
+/* Uniform in [0, 1). */
+double loom_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+/* Standard normal (Box–Muller on two counter draws). */
+double loom_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* A small sequential generator for sampling and shuffling; its whole state is `state`,
+ * so it can be checkpointed as one integer. */
+typedef struct {
+    uint64_t state;
+} loom_rng;
+void loom_rng_seed(loom_rng *rng, uint64_t seed);
+uint64_t loom_rng_next(loom_rng *rng);
+double loom_rng_next_uniform(loom_rng *rng); /* [0, 1) */
+
+/* ---- time -------------------------------------------------------------------------------- */
+
+/* Monotonic seconds. */
+double loom_now(void);
+
+/* ---- memory and files -------------------------------------------------------------------- */
+
+/* malloc/calloc that record a loom error on failure (NULL returned). */
+void *loom_malloc(size_t bytes, const char *what);
+void *loom_calloc(size_t count, size_t size, const char *what);
+/* 64-byte aligned, zeroed allocation; free with loom_free_aligned. */
+void *loom_alloc_aligned(size_t bytes, const char *what);
+void loom_free_aligned(void *ptr);
+
+/* Reads a whole file; fails with LOOM_ERR_INPUT naming the path when it is missing or
+ * unreadable. *data is NUL-terminated (not counted in *size). */
+loom_status loom_read_file(const char *path, char **data, size_t *size);
+
+/* Atomic file write: data goes to PATH.tmp.PID, is fsynced, renamed over PATH, and the
+ * directory is fsynced. A crash leaves either the old file or the new one. */
+typedef struct loom_atomic_file loom_atomic_file;
+loom_status loom_atomic_open(loom_atomic_file **file, const char *path);
+FILE *loom_atomic_stream(loom_atomic_file *file);
+/* Flushes, fsyncs and renames; frees the handle whatever happens. */
+loom_status loom_atomic_commit(loom_atomic_file *file);
+/* Removes the temporary file; frees the handle. */
+void loom_atomic_abort(loom_atomic_file *file);
+loom_status loom_write_file_atomic(const char *path, const void *data, size_t size);
+
+/* mkdir -p; fails naming the path. */
+loom_status loom_mkdir_p(const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_BASE_H */

@@ -1,0 +1,42 @@
+/*
+ * error.c — status codes and the per-thread error message slot.
+ */
+#include "loom/base.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char error_message[2048];
+
+const char *loom_strerror(loom_status status) {
+    switch (status) {
+    case LOOM_OK: return "ok";
+    case LOOM_ERR_INPUT: return "bad input";
+    case LOOM_ERR_IO: return "i/o error";
+    case LOOM_ERR_NOMEM: return "out of memory";
+    case LOOM_ERR_NUMERIC: return "numerical failure";
+    case LOOM_ERR_RUNTIME: return "runtime error";
+    }
+    return "unknown status";
+}
+
+loom_status loom_fail(loom_status status, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(error_message, sizeof error_message, fmt, args);
+    va_end(args);
+    return status;
+}
+
+const char *loom_last_error(void) {
+    return error_message;
+}
+
+void loom_clear_error(void) {
+    error_message[0] = '\0';
+}
+
+int loom_exit_code(loom_status status) {
+    if (status == LOOM_OK) return 0;
+    return status == LOOM_ERR_INPUT ? 2 : 1;
+}

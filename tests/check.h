@@ -1,0 +1,53 @@
+/*
+ * check.h — the tiny test harness every test program uses: CHECK macros that count, and
+ * check_finish() which prints "N passed, N failed" and returns the exit status.
+ */
+#ifndef LOOM_TESTS_CHECK_H
+#define LOOM_TESTS_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int check_passed, check_failed;
+
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (cond) {                                                                               \
+            check_passed++;                                                                       \
+        } else {                                                                                  \
+            check_failed++;                                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                       \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+        }                                                                                         \
+    } while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_CLOSE(a, b, rtol, atol, what)                                                       \
+    do {                                                                                          \
+        double check_a_ = (double)(a), check_b_ = (double)(b);                                    \
+        CHECK(fabs(check_a_ - check_b_) <= (atol) + (rtol)*fabs(check_b_),                        \
+              "%s: %.9g vs %.9g", (what), check_a_, check_b_);                                    \
+    } while (0)
+
+static inline int check_finish(void) {
+    printf("%d passed, %d failed\n", check_passed, check_failed);
+    return check_failed == 0 ? 0 : 1;
+}
+
+/* A scratch folder for the test, made fresh (from LOOM_TEST_TMP, else /tmp). */
+static inline const char *check_tmpdir(void) {
+    static char dir[1024];
+    const char *env = getenv("LOOM_TEST_TMP");
+    snprintf(dir, sizeof dir, "%s", env ? env : "/tmp/loom_test");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "cannot make %s\n", dir);
+        exit(1);
+    }
+    return dir;
+}
+
+#endif
