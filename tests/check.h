@@ -11,24 +11,24 @@
 
 static int check_passed, check_failed;
 
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (cond) {                                                                               \
-            check_passed++;                                                                       \
-        } else {                                                                                  \
-            check_failed++;                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                       \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-        }                                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
 /* |a - b| <= atol + rtol * |b| */
-#define CHECK_CLOSE(a, b, rtol, atol, what)                                                       \
-    do {                                                                                          \
-        double check_a_ = (double)(a), check_b_ = (double)(b);                                    \
-        CHECK(fabs(check_a_ - check_b_) <= (atol) + (rtol)*fabs(check_b_),                        \
-              "%s: %.9g vs %.9g", (what), check_a_, check_b_);                                    \
+#define CHECK_CLOSE(a, b, rtol, atol, what)                                                        \
+    do {                                                                                           \
+        double check_a_ = (double)(a), check_b_ = (double)(b);                                     \
+        CHECK(fabs(check_a_ - check_b_) <= (atol) + (rtol)*fabs(check_b_), "%s: %.9g vs %.9g",     \
+              (what), check_a_, check_b_);                                                         \
     } while (0)
 
 static inline int check_finish(void) {

@@ -10,12 +10,18 @@ static _Thread_local char error_message[2048];
 
 const char *loom_strerror(loom_status status) {
     switch (status) {
-    case LOOM_OK: return "ok";
-    case LOOM_ERR_INPUT: return "bad input";
-    case LOOM_ERR_IO: return "i/o error";
-    case LOOM_ERR_NOMEM: return "out of memory";
-    case LOOM_ERR_NUMERIC: return "numerical failure";
-    case LOOM_ERR_RUNTIME: return "runtime error";
+    case LOOM_OK:
+        return "ok";
+    case LOOM_ERR_INPUT:
+        return "bad input";
+    case LOOM_ERR_IO:
+        return "i/o error";
+    case LOOM_ERR_NOMEM:
+        return "out of memory";
+    case LOOM_ERR_NUMERIC:
+        return "numerical failure";
+    case LOOM_ERR_RUNTIME:
+        return "runtime error";
     }
     return "unknown status";
 }

@@ -22,7 +22,9 @@ void loom_log_set_prefix(const char *prefix) {
 void loom_log(loom_log_level level, const char *fmt, ...) {
     if (level < log_level) return;
     FILE *out = level >= LOOM_LOG_WARN ? stderr : stdout;
-    const char *tag = level == LOOM_LOG_WARN ? "warning: " : level == LOOM_LOG_ERROR ? "error: " : "";
+    const char *tag = level == LOOM_LOG_WARN    ? "warning: "
+                      : level == LOOM_LOG_ERROR ? "error: "
+                                                : "";
     char line[4096];
     va_list args;
     va_start(args, fmt);

@@ -101,8 +101,8 @@ loom_status loom_atomic_open(loom_atomic_file **file, const char *path) {
     snprintf(af->tmp_path, len, "%s.tmp.%ld", path, (long)getpid());
     af->stream = fopen(af->tmp_path, "wb");
     if (!af->stream) {
-        loom_status st = loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", af->tmp_path,
-                                   strerror(errno));
+        loom_status st =
+            loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", af->tmp_path, strerror(errno));
         free(af->path);
         free(af->tmp_path);
         free(af);

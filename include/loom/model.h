@@ -1,0 +1,185 @@
+/*
+ * loom/model.h — the GPT-2 model: configuration and presets, the parameter layout (one flat
+ * buffer in llm.c's tensor order, with a struct of pointers into it), initialisation, and
+ * the forward and backward pass of one micro-batch.
+ *
+ * The forward/backward pass is split into embedding, a range of blocks, and the head, so
+ * that a pipeline stage can run only its part.
+ *
+ * Not here: the optimizer step, data, files, or communication between processes.
+ */
+#ifndef LOOM_MODEL_H
+#define LOOM_MODEL_H
+
+#include "loom/base.h"
+#include "loom/ops.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int max_seq_len;       /* maxT: positions the model can see (wpe rows) */
+    int vocab_size;        /* V: real vocabulary */
+    int padded_vocab_size; /* Vp: V rounded up to a multiple of 128 */
+    int num_layers;        /* L */
+    int num_heads;         /* NH */
+    int channels;          /* C */
+} loom_gpt_config;
+
+/* Names: "gpt2" (124M), "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny" (tests), "small"
+ * (the quick-start model). Vocabulary 50257 (tiny/small: 257 bytes). */
+loom_status loom_gpt_preset(const char *name, loom_gpt_config *config);
+int loom_gpt_pad_vocab(int vocab_size);
+/* Checks every field; `source` names where the values came from, for the message. Fills in
+ * padded_vocab_size when it is 0. */
+loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
+
+/* The 16 parameter tensors, in llm.c's order. */
+enum {
+    LOOM_WTE,
+    LOOM_WPE,
+    LOOM_LN1W,
+    LOOM_LN1B,
+    LOOM_QKVW,
+    LOOM_QKVB,
+    LOOM_ATTPROJW,
+    LOOM_ATTPROJB,
+    LOOM_LN2W,
+    LOOM_LN2B,
+    LOOM_FCW,
+    LOOM_FCB,
+    LOOM_FCPROJW,
+    LOOM_FCPROJB,
+    LOOM_LNFW,
+    LOOM_LNFB,
+    LOOM_NUM_PARAM_TENSORS
+};
+
+typedef struct {
+    float *wte;      /* (Vp, C) token embedding, tied LM head; padded rows zero */
+    float *wpe;      /* (maxT, C) */
+    float *ln1w;     /* (L, C) */
+    float *ln1b;     /* (L, C) */
+    float *qkvw;     /* (L, 3C, C) */
+    float *qkvb;     /* (L, 3C) */
+    float *attprojw; /* (L, C, C) */
+    float *attprojb; /* (L, C) */
+    float *ln2w;     /* (L, C) */
+    float *ln2b;     /* (L, C) */
+    float *fcw;      /* (L, 4C, C) */
+    float *fcb;      /* (L, 4C) */
+    float *fcprojw;  /* (L, C, 4C) */
+    float *fcprojb;  /* (L, C) */
+    float *lnfw;     /* (C) */
+    float *lnfb;     /* (C) */
+} loom_gpt_tensors;
+
+typedef struct {
+    const char *name; /* llm.c-style short name, e.g. "qkvw" */
+    int64_t numel;
+    int ndim;
+    int64_t shape[3]; /* as stored in the flat buffer, layers outermost */
+    size_t offset;    /* in floats from the start of the flat buffer */
+    int decay;        /* weight decay applies (2-D weights) */
+    int per_layer;    /* leading L dimension */
+} loom_gpt_tensor_info;
+
+/* Sizes and offsets of the 16 tensors for a configuration; returns the total count. */
+size_t loom_gpt_layout(const loom_gpt_config *config,
+                       loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+
+typedef struct {
+    float *encoded;   /* (B, T, C) */
+    float *ln1;       /* (L, B, T, C) */
+    float *ln1_mean;  /* (L, B, T) */
+    float *ln1_rstd;  /* (L, B, T) */
+    float *qkv;       /* (L, B, T, 3C) */
+    float *atty;      /* (L, B, T, C) */
+    float *att;       /* (L, B, NH, T, T) softmax probabilities */
+    float *attproj;   /* (L, B, T, C) */
+    float *residual2; /* (L, B, T, C) */
+    float *ln2;       /* (L, B, T, C) */
+    float *ln2_mean;  /* (L, B, T) */
+    float *ln2_rstd;  /* (L, B, T) */
+    float *fch;       /* (L, B, T, 4C) */
+    float *fch_gelu;  /* (L, B, T, 4C) */
+    float *fcproj;    /* (L, B, T, C) */
+    float *residual3; /* (L, B, T, C) */
+    float *lnf;       /* (B, T, C) */
+    float *lnf_mean;  /* (B, T) */
+    float *lnf_rstd;  /* (B, T) */
+    float *probs;     /* (B, T, Vp) logits, then probabilities, then their gradient */
+    float *losses;    /* (B, T) */
+} loom_gpt_acts;
+
+/* Scratch for backward: one layer's worth, reused by every layer. */
+typedef struct {
+    float *dresidual; /* (B, T, C) gradient of the residual stream */
+    float *dbtc;      /* (B, T, C) */
+    float *dbtc2;     /* (B, T, C) */
+    float *dqkv;      /* (B, T, 3C) */
+    float *dfch;      /* (B, T, 4C) */
+    float *dfch2;     /* (B, T, 4C) */
+} loom_gpt_grad_acts;
+
+typedef struct {
+    loom_gpt_config config;
+    const loom_backend *backend;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    size_t num_params;
+
+    float *params_memory; /* (num_params) */
+    loom_gpt_tensors params;
+    float *grads_memory; /* (num_params) */
+    loom_gpt_tensors grads;
+
+    int B, T; /* activation buffers are sized for these (or fewer) */
+    float *acts_memory;
+    loom_gpt_acts acts;
+    float *grad_acts_memory;
+    loom_gpt_grad_acts grad_acts;
+    int32_t *inputs;  /* (B, T) of the last forward */
+    int32_t *targets; /* (B, T) of the last forward */
+    int cur_B, cur_T; /* shape of the last forward */
+    float mean_loss;  /* of the last forward with targets */
+} loom_gpt;
+
+/* Allocates parameters and gradients (zeroed) for `config` (checked). */
+loom_status loom_gpt_create(loom_gpt **model, const loom_gpt_config *config,
+                            const loom_backend *backend);
+void loom_gpt_free(loom_gpt *model);
+
+/* GPT-2 initialisation from a seed: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
+ * LayerNorm weights 1, biases 0, padded vocabulary rows 0. Element (tensor k, index i) is
+ * drawn from the counter-based RNG at (seed, k, i), so shards can be made independently. */
+void loom_gpt_init_weights(loom_gpt *model, uint64_t seed);
+
+/* Sizes the activation buffers for micro-batch B and sequence T (T <= max_seq_len). */
+loom_status loom_gpt_reserve(loom_gpt *model, int B, int T);
+
+/* Forward pass of the whole model for inputs (B,T). With targets, returns the mean loss over
+ * the tokens whose target is >= 0 (and keeps the probabilities for backward); without
+ * targets (NULL), leaves the logits in acts.probs and returns 0. */
+float loom_gpt_forward(loom_gpt *model, const int32_t *inputs, const int32_t *targets, int B,
+                       int T);
+
+/* Backward pass of the last forward (which must have had targets), ACCUMULATING into the
+ * gradients; dloss is the weight of each token's loss in the objective (1/(tokens in the
+ * global batch) for a mean). */
+void loom_gpt_backward(loom_gpt *model, float dloss);
+
+void loom_gpt_zero_grad(loom_gpt *model);
+
+/* Model FLOPs per token for training at sequence length T: 6N + 6LCT, N the parameter count
+ * without the padded vocabulary rows (the standard MFU numerator). */
+int64_t loom_gpt_num_real_params(const loom_gpt_config *config);
+double loom_gpt_flops_per_token(const loom_gpt_config *config, int T);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_MODEL_H */

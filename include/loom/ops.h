@@ -1,0 +1,110 @@
+/*
+ * loom/ops.h — the kernels of a GPT-2 step, each a forward/backward pair, behind a backend
+ * table so that the model never #ifdefs on the device (CPU now, CUDA later).
+ *
+ * Conventions (llm.c's): outputs first, then inputs and weights, then sizes. Backward
+ * functions ACCUMULATE (+=) into parameter gradients and into input gradients unless the
+ * comment says otherwise. Shapes use B (batch), T (time), C (channels), NH (heads),
+ * V (real vocabulary), Vp (padded vocabulary), N (rows = B*T), OC (output channels).
+ * Linear weights are stored (OC, C) as in nn.Linear.
+ *
+ * Not here: parameter layout, communication, or anything that loops over layers.
+ */
+#ifndef LOOM_OPS_H
+#define LOOM_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_backend {
+    const char *name;
+
+    /* out (B,T,C) = wte[inp] + wpe[t] */
+    void (*encoder_forward)(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                             int T, int C);
+
+    /* out (N,C), mean (N), rstd (N); eps 1e-5 */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int64_t N, int C);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int64_t N, int C);
+
+    /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t N, int C, int OC);
+    /* dinp may be NULL (not needed); dbias may be NULL */
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t N, int C, int OC);
+
+    /* qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax probabilities,
+     * the only extra memory backward needs. Scale 1/sqrt(C/NH). */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *att,
+                               int B, int T, int C, int NH);
+
+    /* GELU, tanh approximation */
+    void (*gelu_forward)(float *out, const float *inp, int64_t N);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t N);
+
+    /* out = a + b */
+    void (*residual_forward)(float *out, const float *a, const float *b, int64_t N);
+
+    /* Softmax cross-entropy over the first V of Vp logits per row (padded logits are left out
+     * and get zero gradient). Forward: losses (N) and probs (N,Vp) (probs may alias logits).
+     * A target < 0 marks a row that does not count (loss 0, zero gradient). */
+    void (*softmax_xent_forward)(float *losses, float *probs, const float *logits,
+                                 const int32_t *targets, int64_t N, int V, int Vp);
+    /* dlogits (N,Vp) = dloss * (probs - onehot); OVERWRITES (may alias probs) */
+    void (*softmax_xent_backward)(float *dlogits, const float *probs, const int32_t *targets,
+                                  float dloss, int64_t N, int V, int Vp);
+
+    /* AdamW on a contiguous range: m, v updated; decay applied when weight_decay != 0.
+     * step is 1-based (bias correction). */
+    void (*adamw_update)(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+    /* sum of squares, accumulated in double */
+    double (*sum_squares)(const float *x, int64_t n);
+    /* x *= s */
+    void (*scale)(float *x, float s, int64_t n);
+} loom_backend;
+
+/* The CPU backend: OpenBLAS sgemm for every GEMM, OpenMP for the rest. */
+const loom_backend *loom_backend_cpu(void);
+
+/* Threads for both OpenMP kernels and OpenBLAS (0 = leave as is). */
+void loom_ops_set_threads(int threads);
+int loom_ops_get_threads(void);
+
+/* Per-kernel timing for `loom bench`: when enabled, each backend call adds its wall time to
+ * a slot. Names are the kernel names above. */
+enum {
+    LOOM_KERNEL_ENCODER,
+    LOOM_KERNEL_LAYERNORM,
+    LOOM_KERNEL_MATMUL,
+    LOOM_KERNEL_ATTENTION,
+    LOOM_KERNEL_GELU,
+    LOOM_KERNEL_RESIDUAL,
+    LOOM_KERNEL_SOFTMAX_XENT,
+    LOOM_KERNEL_ADAMW,
+    LOOM_KERNEL_OTHER,
+    LOOM_KERNEL_COUNT
+};
+void loom_ops_profile_enable(int enabled);
+void loom_ops_profile_reset(void);
+/* seconds spent per kernel since the last reset */
+void loom_ops_profile_read(double seconds[LOOM_KERNEL_COUNT]);
+const char *loom_ops_kernel_name(int kernel);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_OPS_H */

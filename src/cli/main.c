@@ -1,0 +1,4 @@
+#include "loom/base.h"
+int main(void) {
+    return 0;
+}

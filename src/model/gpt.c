@@ -1,0 +1,442 @@
+/*
+ * gpt.c — GPT-2: presets, parameter layout, initialisation, forward and backward.
+ *
+ * Parameters, gradients, activations and backward scratch each live in one allocation with
+ * a struct of pointers into it (llm.c's layout). Every kernel goes through the backend table.
+ * Backward keeps only one layer's worth of activation-gradient scratch: the residual stream's
+ * gradient is carried down in one (B,T,C) buffer.
+ *
+ * Not here: optimizer, clipping, data or files.
+ */
+#include "loom/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    loom_gpt_config config;
+} gpt_preset;
+
+static const gpt_preset presets[] = {
+    {"gpt2", {1024, 50257, 0, 12, 12, 768}},
+    {"gpt2-medium", {1024, 50257, 0, 24, 16, 1024}},
+    {"gpt2-large", {1024, 50257, 0, 36, 20, 1280}},
+    {"gpt2-xl", {1024, 50257, 0, 48, 25, 1600}},
+    {"small", {256, 257, 0, 4, 4, 128}},
+    {"tiny", {16, 257, 0, 2, 2, 16}},
+};
+
+int loom_gpt_pad_vocab(int vocab_size) {
+    return (vocab_size + 127) / 128 * 128;
+}
+
+loom_status loom_gpt_preset(const char *name, loom_gpt_config *config) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(presets[i].name, name) == 0) {
+            *config = presets[i].config;
+            config->padded_vocab_size = loom_gpt_pad_vocab(config->vocab_size);
+            return LOOM_OK;
+        }
+    }
+    return loom_fail(LOOM_ERR_INPUT,
+                     "model: unknown preset '%s'; expected one of gpt2, gpt2-medium, gpt2-large, "
+                     "gpt2-xl, small, tiny",
+                     name);
+}
+
+loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
+    struct {
+        const char *field;
+        int value;
+    } positive[] = {{"context", c->max_seq_len},
+                    {"vocab", c->vocab_size},
+                    {"layers", c->num_layers},
+                    {"heads", c->num_heads},
+                    {"d_model", c->channels}};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++) {
+        if (positive[i].value <= 0) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected a positive integer, got %d", source,
+                             positive[i].field, positive[i].value);
+        }
+    }
+    if (c->channels % c->num_heads != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: heads: expected a divisor of d_model %d, got %d heads", source,
+                         c->channels, c->num_heads);
+    }
+    if (c->vocab_size > 65536) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: vocab: expected at most 65536 (token ids are uint16), got %d", source,
+                         c->vocab_size);
+    }
+    if (c->padded_vocab_size == 0) c->padded_vocab_size = loom_gpt_pad_vocab(c->vocab_size);
+    if (c->padded_vocab_size < c->vocab_size) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: padded vocab %d is smaller than vocab %d", source,
+                         c->padded_vocab_size, c->vocab_size);
+    }
+    /* Keep every buffer's element count well inside int for the BLAS interface. */
+    int64_t widest = (int64_t)c->padded_vocab_size * c->channels;
+    if (widest > INT32_MAX / 2 || (int64_t)c->channels * 4 * c->channels > INT32_MAX / 2) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: model too wide for this build", source);
+    }
+    return LOOM_OK;
+}
+
+size_t loom_gpt_layout(const loom_gpt_config *config,
+                       loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t Vp = config->padded_vocab_size, C = config->channels, L = config->num_layers;
+    int64_t maxT = config->max_seq_len;
+    const struct {
+        const char *name;
+        int ndim;
+        int64_t shape[3];
+        int decay;
+    } spec[LOOM_NUM_PARAM_TENSORS] = {
+        {"wte", 2, {Vp, C}, 1},
+        {"wpe", 2, {maxT, C}, 1},
+        {"ln1w", 2, {L, C}, 0},
+        {"ln1b", 2, {L, C}, 0},
+        {"qkvw", 3, {L, 3 * C, C}, 1},
+        {"qkvb", 2, {L, 3 * C}, 0},
+        {"attprojw", 3, {L, C, C}, 1},
+        {"attprojb", 2, {L, C}, 0},
+        {"ln2w", 2, {L, C}, 0},
+        {"ln2b", 2, {L, C}, 0},
+        {"fcw", 3, {L, 4 * C, C}, 1},
+        {"fcb", 2, {L, 4 * C}, 0},
+        {"fcprojw", 3, {L, C, 4 * C}, 1},
+        {"fcprojb", 2, {L, C}, 0},
+        {"lnfw", 1, {C}, 0},
+        {"lnfb", 1, {C}, 0},
+    };
+    size_t offset = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        info[k].name = spec[k].name;
+        info[k].ndim = spec[k].ndim;
+        info[k].numel = 1;
+        for (int d = 0; d < 3; d++) {
+            info[k].shape[d] = d < spec[k].ndim ? spec[k].shape[d] : 1;
+            if (d < spec[k].ndim) info[k].numel *= spec[k].shape[d];
+        }
+        info[k].offset = offset;
+        info[k].decay = spec[k].decay;
+        info[k].per_layer = k >= LOOM_LN1W && k <= LOOM_FCPROJB;
+        offset += (size_t)info[k].numel;
+    }
+    return offset;
+}
+
+static void point_tensors(loom_gpt_tensors *t, float *base,
+                          const loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    float **slots[LOOM_NUM_PARAM_TENSORS] = {&t->wte,     &t->wpe,     &t->ln1w,     &t->ln1b,
+                                             &t->qkvw,    &t->qkvb,    &t->attprojw, &t->attprojb,
+                                             &t->ln2w,    &t->ln2b,    &t->fcw,      &t->fcb,
+                                             &t->fcprojw, &t->fcprojb, &t->lnfw,     &t->lnfb};
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) *slots[k] = base + info[k].offset;
+}
+
+int64_t loom_gpt_num_real_params(const loom_gpt_config *config) {
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    size_t total = loom_gpt_layout(config, info);
+    return (int64_t)total -
+           (int64_t)(config->padded_vocab_size - config->vocab_size) * config->channels;
+}
+
+double loom_gpt_flops_per_token(const loom_gpt_config *config, int T) {
+    return 6.0 * (double)loom_gpt_num_real_params(config) +
+           6.0 * config->num_layers * (double)config->channels * T;
+}
+
+loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
+                            const loom_backend *backend) {
+    *out = NULL;
+    loom_gpt_config checked = *config;
+    loom_status st = loom_gpt_config_check(&checked, "model");
+    if (st != LOOM_OK) return st;
+    loom_gpt *m = loom_calloc(1, sizeof *m, "model");
+    if (!m) return LOOM_ERR_NOMEM;
+    m->config = checked;
+    m->backend = backend;
+    m->num_params = loom_gpt_layout(&checked, m->info);
+    m->params_memory = loom_alloc_aligned(m->num_params * sizeof(float), "parameters");
+    m->grads_memory = loom_alloc_aligned(m->num_params * sizeof(float), "gradients");
+    if (!m->params_memory || !m->grads_memory) {
+        loom_gpt_free(m);
+        return LOOM_ERR_NOMEM;
+    }
+    point_tensors(&m->params, m->params_memory, m->info);
+    point_tensors(&m->grads, m->grads_memory, m->info);
+    *out = m;
+    return LOOM_OK;
+}
+
+void loom_gpt_free(loom_gpt *m) {
+    if (!m) return;
+    loom_free_aligned(m->params_memory);
+    loom_free_aligned(m->grads_memory);
+    loom_free_aligned(m->acts_memory);
+    loom_free_aligned(m->grad_acts_memory);
+    free(m->inputs);
+    free(m->targets);
+    free(m);
+}
+
+void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
+    const loom_gpt_config *c = &m->config;
+    float std = 0.02f;
+    float proj_std = 0.02f / sqrtf(2.0f * (float)c->num_layers);
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *ti = &m->info[k];
+        float *p = m->params_memory + ti->offset;
+        int64_t n = ti->numel;
+        if (k == LOOM_LN1W || k == LOOM_LN2W || k == LOOM_LNFW) {
+            for (int64_t i = 0; i < n; i++) p[i] = 1.0f;
+        } else if (ti->decay) {
+            float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
+            int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : n;
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; i++) {
+                p[i] = i < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)i) : 0.0f;
+            }
+        } else {
+            memset(p, 0, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+static size_t acts_layout(const loom_gpt_config *c, int B, int T, size_t sizes[21]) {
+    size_t L = (size_t)c->num_layers, C = (size_t)c->channels, NH = (size_t)c->num_heads;
+    size_t BT = (size_t)B * (size_t)T, Vp = (size_t)c->padded_vocab_size;
+    size_t s[21] = {BT * C,
+                    L * BT * C,
+                    L * BT,
+                    L * BT,
+                    L * BT * 3 * C,
+                    L * BT * C,
+                    L * (size_t)B * NH * (size_t)T * (size_t)T,
+                    L * BT * C,
+                    L * BT * C,
+                    L * BT * C,
+                    L * BT,
+                    L * BT,
+                    L * BT * 4 * C,
+                    L * BT * 4 * C,
+                    L * BT * C,
+                    L * BT * C,
+                    BT * C,
+                    BT,
+                    BT,
+                    BT * Vp,
+                    BT};
+    size_t total = 0;
+    for (int i = 0; i < 21; i++) {
+        /* round each buffer to 16 floats so every one starts 64-byte aligned */
+        sizes[i] = (s[i] + 15) / 16 * 16;
+        total += sizes[i];
+    }
+    return total;
+}
+
+loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
+    if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
+                         m->config.max_seq_len, T, B);
+    }
+    if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T) {
+        return LOOM_OK;
+    }
+    loom_free_aligned(m->acts_memory);
+    loom_free_aligned(m->grad_acts_memory);
+    free(m->inputs);
+    free(m->targets);
+    m->acts_memory = m->grad_acts_memory = NULL;
+    m->inputs = m->targets = NULL;
+
+    size_t sizes[21];
+    size_t total = acts_layout(&m->config, B, T, sizes);
+    m->acts_memory = loom_alloc_aligned(total * sizeof(float), "activations");
+    size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
+    size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
+    size_t grad_total = 0;
+    for (int i = 0; i < 6; i++) grad_total += grad_sizes[i];
+    m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
+    m->inputs = loom_calloc(BT, sizeof(int32_t), "inputs");
+    m->targets = loom_calloc(BT, sizeof(int32_t), "targets");
+    if (!m->acts_memory || !m->grad_acts_memory || !m->inputs || !m->targets) {
+        return LOOM_ERR_NOMEM;
+    }
+    float **slots[21] = {&m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean,
+                         &m->acts.ln1_rstd,  &m->acts.qkv,      &m->acts.atty,
+                         &m->acts.att,       &m->acts.attproj,  &m->acts.residual2,
+                         &m->acts.ln2,       &m->acts.ln2_mean, &m->acts.ln2_rstd,
+                         &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,
+                         &m->acts.residual3, &m->acts.lnf,      &m->acts.lnf_mean,
+                         &m->acts.lnf_rstd,  &m->acts.probs,    &m->acts.losses};
+    float *p = m->acts_memory;
+    for (int i = 0; i < 21; i++) {
+        *slots[i] = p;
+        p += sizes[i];
+    }
+    float **gslots[6] = {&m->grad_acts.dresidual, &m->grad_acts.dbtc, &m->grad_acts.dbtc2,
+                         &m->grad_acts.dqkv,      &m->grad_acts.dfch, &m->grad_acts.dfch2};
+    p = m->grad_acts_memory;
+    for (int i = 0; i < 6; i++) {
+        *gslots[i] = p;
+        p += grad_sizes[i];
+    }
+    m->B = B;
+    m->T = T;
+    return LOOM_OK;
+}
+
+/* Per-layer activation views for a forward of shape (B, T); strides use the current shape so
+ * that smaller batches pack densely into the reserved buffers. */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
+} layer_acts;
+
+static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
+    const loom_gpt_acts *a = &m->acts;
+    size_t C = (size_t)m->config.channels, NH = (size_t)m->config.num_heads;
+    size_t BT = (size_t)B * (size_t)T;
+    layer_acts v = {
+        a->ln1 + l * BT * C,          a->ln1_mean + l * BT,
+        a->ln1_rstd + l * BT,         a->qkv + l * BT * 3 * C,
+        a->atty + l * BT * C,         a->att + l * (size_t)B * NH * (size_t)T * (size_t)T,
+        a->attproj + l * BT * C,      a->residual2 + l * BT * C,
+        a->ln2 + l * BT * C,          a->ln2_mean + l * BT,
+        a->ln2_rstd + l * BT,         a->fch + l * BT * 4 * C,
+        a->fch_gelu + l * BT * 4 * C, a->fcproj + l * BT * C,
+        a->residual3 + l * BT * C,
+    };
+    return v;
+}
+
+static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_tensors *p = &m->params;
+    int C = m->config.channels, NH = m->config.num_heads;
+    int64_t N = (int64_t)B * T;
+    layer_acts a = layer_view(m, l, B, T);
+    int64_t lc = (int64_t)l * C;
+    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
+                          C);
+    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc * 3 * C, p->qkvb + lc * 3, N, C, 3 * C);
+    be->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+    be->matmul_forward(a.attproj, a.atty, p->attprojw + lc * C, p->attprojb + lc, N, C, C);
+    be->residual_forward(a.residual2, residual, a.attproj, N * C);
+    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + lc, p->ln2b + lc, N,
+                          C);
+    be->matmul_forward(a.fch, a.ln2, p->fcw + lc * 4 * C, p->fcb + lc * 4, N, C, 4 * C);
+    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    be->matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw + lc * 4 * C, p->fcprojb + lc, N, 4 * C, C);
+    be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
+}
+
+float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_config *c = &m->config;
+    int C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int64_t N = (int64_t)B * T;
+    /* callers reserve first; the check is cheap and turns misuse into a clear abort */
+    if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) abort();
+    memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
+    m->cur_B = B;
+    m->cur_T = T;
+
+    be->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+    const float *residual = m->acts.encoded;
+    for (int l = 0; l < L; l++) {
+        block_forward(m, l, residual, B, T);
+        residual = layer_view(m, l, B, T).residual3;
+    }
+    be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
+                          m->params.lnfb, N, C);
+    be->matmul_forward(m->acts.probs, m->acts.lnf, m->params.wte, NULL, N, C, Vp);
+    if (!targets) {
+        m->mean_loss = 0.0f;
+        return 0.0f;
+    }
+    memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+    be->softmax_xent_forward(m->acts.losses, m->acts.probs, m->acts.probs, targets, N, V, Vp);
+    double sum = 0.0;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (targets[i] >= 0) {
+            sum += m->acts.losses[i];
+            counted++;
+        }
+    }
+    m->mean_loss = counted ? (float)(sum / (double)counted) : 0.0f;
+    return m->mean_loss;
+}
+
+static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_tensors *p = &m->params;
+    const loom_gpt_tensors *g = &m->grads;
+    const loom_gpt_grad_acts *ga = &m->grad_acts;
+    int C = m->config.channels, NH = m->config.num_heads;
+    int64_t N = (int64_t)B * T;
+    size_t btc = (size_t)N * (size_t)C;
+    layer_acts a = layer_view(m, l, B, T);
+    int64_t lc = (int64_t)l * C;
+    float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
+
+    /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
+    memset(ga->dfch2, 0, btc * 4 * sizeof(float));
+    be->matmul_backward(ga->dfch2, g->fcprojw + lc * 4 * C, g->fcprojb + lc, dres, a.fch_gelu,
+                        p->fcprojw + lc * 4 * C, N, 4 * C, C);
+    memset(ga->dfch, 0, btc * 4 * sizeof(float));
+    be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * C);
+    memset(ga->dbtc, 0, btc * sizeof(float));
+    be->matmul_backward(ga->dbtc, g->fcw + lc * 4 * C, g->fcb + lc * 4, ga->dfch, a.ln2,
+                        p->fcw + lc * 4 * C, N, C, 4 * C);
+    be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
+                           a.ln2_mean, a.ln2_rstd, N, C);
+
+    /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
+    memset(ga->dbtc2, 0, btc * sizeof(float));
+    be->matmul_backward(ga->dbtc2, g->attprojw + lc * C, g->attprojb + lc, dres, a.atty,
+                        p->attprojw + lc * C, N, C, C);
+    memset(ga->dqkv, 0, btc * 3 * sizeof(float));
+    be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, C, NH);
+    memset(ga->dbtc, 0, btc * sizeof(float));
+    be->matmul_backward(ga->dbtc, g->qkvw + lc * 3 * C, g->qkvb + lc * 3, ga->dqkv, a.ln1,
+                        p->qkvw + lc * 3 * C, N, C, 3 * C);
+    be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
+                           a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+void loom_gpt_backward(loom_gpt *m, float dloss) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_config *c = &m->config;
+    int B = m->cur_B, T = m->cur_T;
+    int C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int64_t N = (int64_t)B * T;
+    const loom_gpt_grad_acts *ga = &m->grad_acts;
+
+    /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
+    be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vp);
+    memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
+    be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte, N,
+                        C, Vp);
+    memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
+    const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
+    be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
+                           m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
+        block_backward(m, l, residual, B, T);
+    }
+    be->encoder_backward(m->grads.wte, m->grads.wpe, ga->dresidual, m->inputs, B, T, C);
+}
+
+void loom_gpt_zero_grad(loom_gpt *m) {
+    memset(m->grads_memory, 0, m->num_params * sizeof(float));
+}

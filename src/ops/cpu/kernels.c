@@ -1,0 +1,358 @@
+/*
+ * kernels.c — the CPU backend's fast kernels. Every GEMM (including the per-head products of
+ * attention) goes through OpenBLAS cblas_sgemm; the element-wise and row-wise kernels are
+ * OpenMP loops with static schedules, so that results are bit-reproducible for a fixed
+ * thread count (resume relies on that). Reductions across rows (LayerNorm and bias
+ * gradients) use per-thread partial sums added in a fixed order.
+ *
+ * Not here: the plain reference versions (reference.c) or any knowledge of the model.
+ */
+#include "ops/cpu/kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LN_EPS 1e-5f
+
+void cpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                         int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        int t = (int)(bt % T);
+        const float *tok = wte + (int64_t)inp[bt] * C;
+        const float *pos = wpe + (int64_t)t * C;
+        float *o = out + bt * C;
+        for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
+    }
+}
+
+void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                          int T, int C) {
+    /* Rows of dwte may repeat (same token twice), so the scatter stays serial over (b, t);
+     * dwpe is parallel over t. Both are a small share of a step. */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *dp = dwpe + (int64_t)t * C;
+        for (int b = 0; b < B; b++) {
+            const float *d = dout + ((int64_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) dp[c] += d[c];
+        }
+    }
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        float *dt = dwte + (int64_t)inp[bt] * C;
+        const float *d = dout + bt * C;
+        for (int c = 0; c < C; c++) dt[c] += d[c];
+    }
+}
+
+void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *weight, const float *bias, int64_t N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        float sum = 0.0f;
+        for (int c = 0; c < C; c++) sum += x[c];
+        float m = sum / (float)C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            var += d * d;
+        }
+        float s = 1.0f / sqrtf(var / (float)C + LN_EPS);
+        float *o = out + i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, const float *mean,
+                            const float *rstd, int64_t N, int C) {
+    int nthreads = omp_get_max_threads();
+    float *partial = calloc((size_t)nthreads * 2 * (size_t)C, sizeof(float));
+    if (!partial) abort(); /* a few KB; failure here means the process is already lost */
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *pw = partial + (size_t)omp_get_thread_num() * 2 * (size_t)C;
+        float *pb = pw + C;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const float *x = inp + i * C;
+            const float *d = dout + i * C;
+            float m = mean[i], s = rstd[i];
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = weight[c] * d[c];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+                pw[c] += norm * d[c];
+                pb[c] += d[c];
+            }
+            dnorm_mean /= (float)C;
+            dnorm_norm_mean /= (float)C;
+            float *dx = dinp + i * C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = weight[c] * d[c];
+                dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }
+    for (int t = 0; t < nthreads; t++) {
+        const float *pw = partial + (size_t)t * 2 * (size_t)C;
+        for (int c = 0; c < C; c++) {
+            dweight[c] += pw[c];
+            dbias[c] += pw[C + c];
+        }
+    }
+    free(partial);
+}
+
+void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                        int64_t N, int C, int OC) {
+    float beta = 0.0f;
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < N; i++) memcpy(out + i * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, C, 1.0f, inp, C, weight, C,
+                beta, out, OC);
+}
+
+void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int64_t N, int C, int OC) {
+    if (dinp) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, C, OC, 1.0f, dout, OC,
+                    weight, C, 1.0f, dinp, C);
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, (int)N, 1.0f, dout, OC, inp, C,
+                1.0f, dweight, C);
+    if (dbias) {
+        /* column sums of dout, a block of columns per thread so every sum is in row order */
+        enum { BLOCK = 64 };
+        int64_t nblocks = (OC + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static)
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            int o0 = (int)(blk * BLOCK);
+            int o1 = o0 + BLOCK < OC ? o0 + BLOCK : OC;
+            float acc[BLOCK] = {0};
+            for (int64_t i = 0; i < N; i++) {
+                const float *d = dout + i * OC;
+                for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
+            }
+            for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+        }
+    }
+}
+
+/* The per-(batch, head) products are small; run them in parallel over (b, h) with OpenBLAS
+ * single-threaded inside, and give OpenBLAS its threads back afterwards. */
+static int blas_threads_push_single(void) {
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    return saved;
+}
+
+static void blas_threads_pop(int saved) {
+    if (saved != 1) openblas_set_num_threads(saved);
+}
+
+void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    int saved = blas_threads_push_single();
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < (int64_t)B * NH; bh++) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        const float *q = qkv + (int64_t)b * T * C3 + h * hs;
+        const float *k = q + C;
+        const float *v = q + 2 * C;
+        float *p = att + bh * T * T;
+        /* scores (T,T) = q k^T * scale; only the causal lower triangle is used */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
+                    T);
+        for (int t = 0; t < T; t++) {
+            float *row = p + (int64_t)t * T;
+            float maxv = row[0];
+            for (int s = 1; s <= t; s++) maxv = row[s] > maxv ? row[s] : maxv;
+            float sum = 0.0f;
+            for (int s = 0; s <= t; s++) {
+                row[s] = expf(row[s] - maxv);
+                sum += row[s];
+            }
+            float inv = 1.0f / sum;
+            for (int s = 0; s <= t; s++) row[s] *= inv;
+            for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
+                    out + (int64_t)b * T * C + h * hs, C);
+    }
+    blas_threads_pop(saved);
+}
+
+void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                            int B, int T, int C, int NH) {
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    int nthreads = omp_get_max_threads();
+    /* one T x T scratch per thread: the gradient of the scores, never the whole (B,NH,T,T) */
+    float *scratch = malloc((size_t)nthreads * (size_t)T * (size_t)T * sizeof(float));
+    if (!scratch) abort();
+    int saved = blas_threads_push_single();
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t bh = 0; bh < (int64_t)B * NH; bh++) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        float *dp = scratch + (size_t)omp_get_thread_num() * (size_t)T * (size_t)T;
+        const float *q = qkv + (int64_t)b * T * C3 + h * hs;
+        const float *k = q + C;
+        const float *v = q + 2 * C;
+        float *dq = dqkv + (int64_t)b * T * C3 + h * hs;
+        float *dk = dq + C;
+        float *dv = dq + 2 * C;
+        const float *p = att + bh * T * T;
+        const float *dO = dout + (int64_t)b * T * C + h * hs;
+        /* dP = dO v^T ; dv += P^T dO */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, dp,
+                    T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dO, C, 1.0f, dv,
+                    C3);
+        /* softmax backward: dS = P * (dP - sum(dP * P)) */
+        for (int t = 0; t < T; t++) {
+            float *drow = dp + (int64_t)t * T;
+            const float *prow = p + (int64_t)t * T;
+            float dot = 0.0f;
+            for (int s = 0; s <= t; s++) dot += drow[s] * prow[s];
+            for (int s = 0; s <= t; s++) drow[s] = prow[s] * (drow[s] - dot);
+            for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+        }
+        /* dq += scale * dS k ; dk += scale * dS^T q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dp, T, k, C3, 1.0f,
+                    dq, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dp, T, q, C3, 1.0f,
+                    dk, C3);
+    }
+    blas_threads_pop(saved);
+    free(scratch);
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+/* tanh through one exp, so the loop vectorises where expf does */
+static inline float tanh_fast(float u) {
+    float e = expf(-2.0f * fabsf(u));
+    float t = (1.0f - e) / (1.0f + e);
+    return u < 0.0f ? -t : t;
+}
+
+void cpu_gelu_forward(float *out, const float *inp, int64_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanh_fast(u));
+    }
+}
+
+void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanh_fast(u);
+        float sech2 = 1.0f - th * th;
+        float grad =
+            0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += grad * dout[i];
+    }
+}
+
+void cpu_residual_forward(float *out, const float *a, const float *b, int64_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void cpu_softmax_xent_forward(float *losses, float *probs, const float *logits,
+                              const int32_t *targets, int64_t N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = logits + i * Vp;
+        float *p = probs + i * Vp;
+        float maxv = -INFINITY;
+        for (int j = 0; j < V; j++) maxv = x[j] > maxv ? x[j] : maxv;
+        float sum = 0.0f;
+        for (int j = 0; j < V; j++) {
+            p[j] = expf(x[j] - maxv);
+            sum += p[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < V; j++) p[j] *= inv;
+        for (int j = V; j < Vp; j++) p[j] = 0.0f;
+        int32_t target = targets[i];
+        losses[i] = target >= 0 ? -logf(p[target]) : 0.0f;
+    }
+}
+
+void cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+                               float dloss, int64_t N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *p = probs + i * Vp;
+        float *d = dlogits + i * Vp;
+        int32_t target = targets[i];
+        if (target < 0) {
+            memset(d, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < V; j++) d[j] = dloss * p[j];
+        d[target] -= dloss;
+        for (int j = V; j < Vp; j++) d[j] = 0.0f;
+    }
+}
+
+void cpu_adamw_update(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    float bc1 = 1.0f - powf(beta1, (float)step);
+    float bc2 = 1.0f - powf(beta2, (float)step);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float g = grads[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
+    }
+}
+
+double cpu_sum_squares(const float *x, int64_t n) {
+    /* per-thread partial sums added in thread order: the result must not depend on timing */
+    enum { MAX_THREADS = 256 };
+    double partial[MAX_THREADS] = {0};
+    int nthreads = omp_get_max_threads();
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+#pragma omp parallel num_threads(nthreads)
+    {
+        double acc = 0.0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
+        partial[omp_get_thread_num()] = acc;
+    }
+    double total = 0.0;
+    for (int t = 0; t < nthreads; t++) total += partial[t];
+    return total;
+}
+
+void cpu_scale(float *x, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}

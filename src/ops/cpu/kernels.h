@@ -1,0 +1,38 @@
+/*
+ * kernels.h — the CPU backend's kernels (private to src/ops/cpu). They follow the signatures
+ * of loom_backend in loom/ops.h; cpu_backend.c puts them in the table, with optional timing.
+ */
+#ifndef LOOM_OPS_CPU_KERNELS_H
+#define LOOM_OPS_CPU_KERNELS_H
+
+#include <stdint.h>
+
+void cpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                         int T, int C);
+void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                          int T, int C);
+void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *weight, const float *bias, int64_t N, int C);
+void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, const float *mean,
+                            const float *rstd, int64_t N, int C);
+void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                        int64_t N, int C, int OC);
+void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int64_t N, int C, int OC);
+void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                            int B, int T, int C, int NH);
+void cpu_gelu_forward(float *out, const float *inp, int64_t N);
+void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N);
+void cpu_residual_forward(float *out, const float *a, const float *b, int64_t N);
+void cpu_softmax_xent_forward(float *losses, float *probs, const float *logits,
+                              const int32_t *targets, int64_t N, int V, int Vp);
+void cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+                               float dloss, int64_t N, int V, int Vp);
+void cpu_adamw_update(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step);
+double cpu_sum_squares(const float *x, int64_t n);
+void cpu_scale(float *x, float s, int64_t n);
+
+#endif

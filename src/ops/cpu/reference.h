@@ -1,0 +1,39 @@
+/*
+ * reference.h — plain, obviously correct double-precision versions of every kernel. Tests
+ * check the fast float kernels against these, and these against finite differences.
+ * Same argument order and accumulation rules as loom_backend (loom/ops.h).
+ */
+#ifndef LOOM_OPS_CPU_REFERENCE_H
+#define LOOM_OPS_CPU_REFERENCE_H
+
+#include <stdint.h>
+
+void ref_encoder_forward(double *out, const int32_t *inp, const double *wte, const double *wpe,
+                         int B, int T, int C);
+void ref_encoder_backward(double *dwte, double *dwpe, const double *dout, const int32_t *inp, int B,
+                          int T, int C);
+void ref_layernorm_forward(double *out, double *mean, double *rstd, const double *inp,
+                           const double *weight, const double *bias, int64_t N, int C);
+void ref_layernorm_backward(double *dinp, double *dweight, double *dbias, const double *dout,
+                            const double *inp, const double *weight, const double *mean,
+                            const double *rstd, int64_t N, int C);
+void ref_matmul_forward(double *out, const double *inp, const double *weight, const double *bias,
+                        int64_t N, int C, int OC);
+void ref_matmul_backward(double *dinp, double *dweight, double *dbias, const double *dout,
+                         const double *inp, const double *weight, int64_t N, int C, int OC);
+void ref_attention_forward(double *out, double *att, const double *qkv, int B, int T, int C,
+                           int NH);
+void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, const double *att,
+                            int B, int T, int C, int NH);
+void ref_gelu_forward(double *out, const double *inp, int64_t N);
+void ref_gelu_backward(double *dinp, const double *inp, const double *dout, int64_t N);
+void ref_residual_forward(double *out, const double *a, const double *b, int64_t N);
+void ref_softmax_xent_forward(double *losses, double *probs, const double *logits,
+                              const int32_t *targets, int64_t N, int V, int Vp);
+void ref_softmax_xent_backward(double *dlogits, const double *probs, const int32_t *targets,
+                               double dloss, int64_t N, int V, int Vp);
+void ref_adamw_update(double *params, const double *grads, double *m, double *v, int64_t n,
+                      double lr, double beta1, double beta2, double eps, double weight_decay,
+                      int64_t step);
+
+#endif

@@ -1,0 +1,371 @@
+/*
+ * test_ops.c — every kernel against its reference and against finite differences.
+ *
+ * For each op: (1) the double-precision reference backward equals central finite differences
+ * of the reference forward (h = 1e-6), for an objective sum(out * R) with random R; (2) the
+ * fast float forward and backward equal the reference within float tolerance, with gradients
+ * pre-filled with random values so that accumulation (+=) is checked too.
+ */
+#include "check.h"
+#include "loom/base.h"
+#include "loom/ops.h"
+#include "ops/cpu/reference.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t draw_counter;
+
+static void fill_random(double *x, int64_t n, double scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * loom_rng_normal(7, 1, draw_counter++);
+}
+
+static double *dalloc(int64_t n) {
+    double *p = calloc((size_t)n, sizeof(double));
+    if (!p) abort();
+    return p;
+}
+
+static float *to_float(const double *x, int64_t n) {
+    float *f = malloc((size_t)n * sizeof(float));
+    if (!f) abort();
+    for (int64_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+
+static void compare(const char *what, const float *fast, const double *ref, int64_t n, double rtol,
+                    double atol) {
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 3; i++) {
+        double a = fast[i], b = ref[i];
+        if (!(fabs(a - b) <= atol + rtol * fabs(b))) {
+            bad++;
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s[%lld]", what, (long long)i);
+            CHECK_CLOSE(a, b, rtol, atol, msg);
+        }
+    }
+    if (!bad) CHECK(1, "%s", what);
+}
+
+static double dot(const double *a, const double *b, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Central differences of f with respect to x[0..n), compared to analytic, on up to 40 indices. */
+typedef double (*objective_fn)(void *ctx);
+static void fd_check(const char *what, objective_fn f, void *ctx, double *x, int64_t n,
+                     const double *analytic) {
+    const double h = 1e-6;
+    int64_t stride = n > 40 ? n / 40 : 1;
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 3; i += stride) {
+        double saved = x[i];
+        x[i] = saved + h;
+        double fp = f(ctx);
+        x[i] = saved - h;
+        double fm = f(ctx);
+        x[i] = saved;
+        double fd = (fp - fm) / (2 * h);
+        if (!(fabs(analytic[i] - fd) <= 1e-6 + 1e-5 * fabs(fd))) {
+            bad++;
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s: d/dx[%lld] analytic vs finite difference", what,
+                     (long long)i);
+            CHECK_CLOSE(analytic[i], fd, 1e-5, 1e-6, msg);
+        }
+    }
+    if (!bad) CHECK(1, "%s", what);
+}
+
+/* ---- layernorm ---- */
+typedef struct {
+    int64_t N;
+    int C;
+    double *inp, *w, *b, *out, *mean, *rstd, *R;
+} ln_ctx;
+
+static double ln_objective(void *p) {
+    ln_ctx *c = p;
+    ref_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    return dot(c->out, c->R, c->N * c->C);
+}
+
+static void test_layernorm(const loom_backend *be) {
+    ln_ctx c = {.N = 7, .C = 24};
+    int64_t NC = c.N * c.C;
+    c.inp = dalloc(NC), c.w = dalloc(c.C), c.b = dalloc(c.C), c.out = dalloc(NC);
+    c.mean = dalloc(c.N), c.rstd = dalloc(c.N), c.R = dalloc(NC);
+    fill_random(c.inp, NC, 2.0), fill_random(c.w, c.C, 1.0), fill_random(c.b, c.C, 1.0);
+    fill_random(c.R, NC, 1.0);
+    ln_objective(&c);
+    double *dinp = dalloc(NC), *dw = dalloc(c.C), *db = dalloc(c.C);
+    ref_layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, c.N, c.C);
+    fd_check("layernorm dinp", ln_objective, &c, c.inp, NC, dinp);
+    fd_check("layernorm dweight", ln_objective, &c, c.w, c.C, dw);
+    fd_check("layernorm dbias", ln_objective, &c, c.b, c.C, db);
+
+    /* fast vs reference, gradients pre-filled */
+    float *finp = to_float(c.inp, NC), *fw = to_float(c.w, c.C), *fb = to_float(c.b, c.C);
+    float *fR = to_float(c.R, NC), *fout = malloc(NC * sizeof(float));
+    float *fmean = malloc(c.N * sizeof(float)), *frstd = malloc(c.N * sizeof(float));
+    double *pre_inp = dalloc(NC), *pre_w = dalloc(c.C), *pre_b = dalloc(c.C);
+    fill_random(pre_inp, NC, 1.0), fill_random(pre_w, c.C, 1.0), fill_random(pre_b, c.C, 1.0);
+    float *fdinp = to_float(pre_inp, NC), *fdw = to_float(pre_w, c.C), *fdb = to_float(pre_b, c.C);
+    be->layernorm_forward(fout, fmean, frstd, finp, fw, fb, c.N, c.C);
+    compare("layernorm forward fast vs ref", fout, c.out, NC, 1e-5, 1e-5);
+    be->layernorm_backward(fdinp, fdw, fdb, fR, finp, fw, fmean, frstd, c.N, c.C);
+    for (int64_t i = 0; i < NC; i++) dinp[i] += pre_inp[i];
+    for (int i = 0; i < c.C; i++) dw[i] += pre_w[i], db[i] += pre_b[i];
+    compare("layernorm dinp fast vs ref", fdinp, dinp, NC, 1e-4, 1e-4);
+    compare("layernorm dweight fast vs ref", fdw, dw, c.C, 1e-4, 1e-4);
+    compare("layernorm dbias fast vs ref", fdb, db, c.C, 1e-4, 1e-4);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.R);
+    free(dinp), free(dw), free(db), free(finp), free(fw), free(fb), free(fR), free(fout);
+    free(fmean), free(frstd), free(pre_inp), free(pre_w), free(pre_b), free(fdinp), free(fdw);
+    free(fdb);
+}
+
+/* ---- matmul ---- */
+typedef struct {
+    int64_t N;
+    int C, OC;
+    double *inp, *w, *b, *out, *R;
+} mm_ctx;
+
+static double mm_objective(void *p) {
+    mm_ctx *c = p;
+    ref_matmul_forward(c->out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+    return dot(c->out, c->R, c->N * c->OC);
+}
+
+static void test_matmul(const loom_backend *be, int64_t N, int C, int OC, int check_fd) {
+    mm_ctx c = {.N = N, .C = C, .OC = OC};
+    int64_t NC = N * C, NO = N * OC, OCC = (int64_t)OC * C;
+    c.inp = dalloc(NC), c.w = dalloc(OCC), c.b = dalloc(OC), c.out = dalloc(NO), c.R = dalloc(NO);
+    fill_random(c.inp, NC, 1.0), fill_random(c.w, OCC, 0.5), fill_random(c.b, OC, 1.0);
+    fill_random(c.R, NO, 1.0);
+    mm_objective(&c);
+    double *dinp = dalloc(NC), *dw = dalloc(OCC), *db = dalloc(OC);
+    ref_matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, C, OC);
+    if (check_fd) {
+        fd_check("matmul dinp", mm_objective, &c, c.inp, NC, dinp);
+        fd_check("matmul dweight", mm_objective, &c, c.w, OCC, dw);
+        fd_check("matmul dbias", mm_objective, &c, c.b, OC, db);
+    }
+    float *finp = to_float(c.inp, NC), *fw = to_float(c.w, OCC), *fb = to_float(c.b, OC);
+    float *fR = to_float(c.R, NO), *fout = malloc(NO * sizeof(float));
+    double *pre = dalloc(NC + OCC + OC);
+    fill_random(pre, NC + OCC + OC, 1.0);
+    float *fdinp = to_float(pre, NC), *fdw = to_float(pre + NC, OCC);
+    float *fdb = to_float(pre + NC + OCC, OC);
+    be->matmul_forward(fout, finp, fw, fb, N, C, OC);
+    compare("matmul forward fast vs ref", fout, c.out, NO, 1e-4, 1e-4);
+    be->matmul_backward(fdinp, fdw, fdb, fR, finp, fw, N, C, OC);
+    for (int64_t i = 0; i < NC; i++) dinp[i] += pre[i];
+    for (int64_t i = 0; i < OCC; i++) dw[i] += pre[NC + i];
+    for (int i = 0; i < OC; i++) db[i] += pre[NC + OCC + i];
+    compare("matmul dinp fast vs ref", fdinp, dinp, NC, 1e-4, 1e-4);
+    compare("matmul dweight fast vs ref", fdw, dw, OCC, 1e-4, 1e-4);
+    compare("matmul dbias fast vs ref", fdb, db, OC, 1e-4, 1e-4);
+    /* no bias */
+    ref_matmul_forward(c.out, c.inp, c.w, NULL, N, C, OC);
+    be->matmul_forward(fout, finp, fw, NULL, N, C, OC);
+    compare("matmul forward without bias", fout, c.out, NO, 1e-4, 1e-4);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.R), free(dinp), free(dw), free(db);
+    free(finp), free(fw), free(fb), free(fR), free(fout), free(pre), free(fdinp), free(fdw);
+    free(fdb);
+}
+
+/* ---- attention ---- */
+typedef struct {
+    int B, T, C, NH;
+    double *qkv, *out, *att, *R;
+} att_ctx;
+
+static double att_objective(void *p) {
+    att_ctx *c = p;
+    ref_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot(c->out, c->R, (int64_t)c->B * c->T * c->C);
+}
+
+static void test_attention(const loom_backend *be, int B, int T, int C, int NH, int check_fd) {
+    att_ctx c = {.B = B, .T = T, .C = C, .NH = NH};
+    int64_t nq = (int64_t)B * T * 3 * C, no = (int64_t)B * T * C, na = (int64_t)B * NH * T * T;
+    c.qkv = dalloc(nq), c.out = dalloc(no), c.att = dalloc(na), c.R = dalloc(no);
+    fill_random(c.qkv, nq, 1.0), fill_random(c.R, no, 1.0);
+    att_objective(&c);
+    double *dqkv = dalloc(nq);
+    ref_attention_backward(dqkv, c.R, c.qkv, c.att, B, T, C, NH);
+    if (check_fd) fd_check("attention dqkv", att_objective, &c, c.qkv, nq, dqkv);
+    float *fqkv = to_float(c.qkv, nq), *fR = to_float(c.R, no);
+    float *fout = malloc(no * sizeof(float)), *fatt = malloc(na * sizeof(float));
+    double *pre = dalloc(nq);
+    fill_random(pre, nq, 1.0);
+    float *fdqkv = to_float(pre, nq);
+    be->attention_forward(fout, fatt, fqkv, B, T, C, NH);
+    compare("attention forward fast vs ref", fout, c.out, no, 1e-4, 1e-5);
+    compare("attention probabilities fast vs ref", fatt, c.att, na, 1e-4, 1e-6);
+    be->attention_backward(fdqkv, fR, fqkv, fatt, B, T, C, NH);
+    for (int64_t i = 0; i < nq; i++) dqkv[i] += pre[i];
+    compare("attention dqkv fast vs ref", fdqkv, dqkv, nq, 1e-4, 1e-4);
+    free(c.qkv), free(c.out), free(c.att), free(c.R), free(dqkv), free(fqkv), free(fR);
+    free(fout), free(fatt), free(pre), free(fdqkv);
+}
+
+/* ---- gelu ---- */
+typedef struct {
+    int64_t N;
+    double *inp, *out, *R;
+} gelu_ctx;
+
+static double gelu_objective(void *p) {
+    gelu_ctx *c = p;
+    ref_gelu_forward(c->out, c->inp, c->N);
+    return dot(c->out, c->R, c->N);
+}
+
+static void test_gelu(const loom_backend *be) {
+    gelu_ctx c = {.N = 1000};
+    c.inp = dalloc(c.N), c.out = dalloc(c.N), c.R = dalloc(c.N);
+    fill_random(c.inp, c.N, 3.0), fill_random(c.R, c.N, 1.0);
+    c.inp[0] = 0.0, c.inp[1] = 12.0, c.inp[2] = -12.0; /* saturated tails */
+    gelu_objective(&c);
+    double *dinp = dalloc(c.N);
+    ref_gelu_backward(dinp, c.inp, c.R, c.N);
+    fd_check("gelu dinp", gelu_objective, &c, c.inp, c.N, dinp);
+    float *finp = to_float(c.inp, c.N), *fR = to_float(c.R, c.N);
+    float *fout = malloc(c.N * sizeof(float)), *fd = calloc(c.N, sizeof(float));
+    be->gelu_forward(fout, finp, c.N);
+    compare("gelu forward fast vs ref", fout, c.out, c.N, 1e-5, 1e-6);
+    be->gelu_backward(fd, finp, fR, c.N);
+    compare("gelu backward fast vs ref", fd, dinp, c.N, 1e-4, 1e-5);
+    free(c.inp), free(c.out), free(c.R), free(dinp), free(finp), free(fR), free(fout), free(fd);
+}
+
+/* ---- encoder ---- */
+typedef struct {
+    int B, T, C, V;
+    int32_t *inp;
+    double *wte, *wpe, *out, *R;
+} enc_ctx;
+
+static double enc_objective(void *p) {
+    enc_ctx *c = p;
+    ref_encoder_forward(c->out, c->inp, c->wte, c->wpe, c->B, c->T, c->C);
+    return dot(c->out, c->R, (int64_t)c->B * c->T * c->C);
+}
+
+static void test_encoder(const loom_backend *be) {
+    enc_ctx c = {.B = 3, .T = 4, .C = 8, .V = 5};
+    int32_t inp[12] = {0, 1, 2, 3, 4, 4, 4, 1, 0, 2, 2, 3}; /* repeated tokens */
+    c.inp = inp;
+    int64_t no = (int64_t)c.B * c.T * c.C;
+    c.wte = dalloc(c.V * c.C), c.wpe = dalloc(c.T * c.C), c.out = dalloc(no), c.R = dalloc(no);
+    fill_random(c.wte, c.V * c.C, 1.0), fill_random(c.wpe, c.T * c.C, 1.0);
+    fill_random(c.R, no, 1.0);
+    enc_objective(&c);
+    double *dwte = dalloc(c.V * c.C), *dwpe = dalloc(c.T * c.C);
+    ref_encoder_backward(dwte, dwpe, c.R, c.inp, c.B, c.T, c.C);
+    fd_check("encoder dwte", enc_objective, &c, c.wte, c.V * c.C, dwte);
+    fd_check("encoder dwpe", enc_objective, &c, c.wpe, c.T * c.C, dwpe);
+    float *fwte = to_float(c.wte, c.V * c.C), *fwpe = to_float(c.wpe, c.T * c.C);
+    float *fR = to_float(c.R, no), *fout = malloc(no * sizeof(float));
+    float *fdwte = calloc(c.V * c.C, sizeof(float)), *fdwpe = calloc(c.T * c.C, sizeof(float));
+    be->encoder_forward(fout, c.inp, fwte, fwpe, c.B, c.T, c.C);
+    compare("encoder forward fast vs ref", fout, c.out, no, 1e-6, 1e-6);
+    be->encoder_backward(fdwte, fdwpe, fR, c.inp, c.B, c.T, c.C);
+    compare("encoder dwte fast vs ref", fdwte, dwte, c.V * c.C, 1e-5, 1e-5);
+    compare("encoder dwpe fast vs ref", fdwpe, dwpe, c.T * c.C, 1e-5, 1e-5);
+    free(c.wte), free(c.wpe), free(c.out), free(c.R), free(dwte), free(dwpe), free(fwte);
+    free(fwpe), free(fR), free(fout), free(fdwte), free(fdwpe);
+}
+
+/* ---- softmax cross-entropy ---- */
+typedef struct {
+    int64_t N;
+    int V, Vp;
+    const int32_t *targets;
+    double *logits, *probs, *losses, dloss;
+} xent_ctx;
+
+static double xent_objective(void *p) {
+    xent_ctx *c = p;
+    ref_softmax_xent_forward(c->losses, c->probs, c->logits, c->targets, c->N, c->V, c->Vp);
+    double s = 0.0;
+    for (int64_t i = 0; i < c->N; i++) s += c->losses[i];
+    return c->dloss * s;
+}
+
+static void test_softmax_xent(const loom_backend *be) {
+    int32_t targets[6] = {0, 9, 3, -1, 5, 2}; /* -1: a row that does not count */
+    xent_ctx c = {.N = 6, .V = 10, .Vp = 16, .targets = targets, .dloss = 1.0 / 5.0};
+    int64_t n = c.N * c.Vp;
+    c.logits = dalloc(n), c.probs = dalloc(n), c.losses = dalloc(c.N);
+    fill_random(c.logits, n, 3.0);
+    xent_objective(&c);
+    double *dlogits = dalloc(n);
+    ref_softmax_xent_backward(dlogits, c.probs, targets, c.dloss, c.N, c.V, c.Vp);
+    fd_check("softmax_xent dlogits", xent_objective, &c, c.logits, n, dlogits);
+    int padded_zero = 1;
+    for (int64_t i = 0; i < c.N; i++)
+        for (int j = c.V; j < c.Vp; j++) padded_zero &= dlogits[i * c.Vp + j] == 0.0;
+    CHECK(padded_zero, "padded logits must get zero gradient");
+    float *flog = to_float(c.logits, n), *flosses = malloc(c.N * sizeof(float));
+    be->softmax_xent_forward(flosses, flog, flog, targets, c.N, c.V, c.Vp); /* in place */
+    compare("softmax_xent losses fast vs ref", flosses, c.losses, c.N, 1e-5, 1e-6);
+    compare("softmax_xent probs fast vs ref", flog, c.probs, n, 1e-5, 1e-7);
+    be->softmax_xent_backward(flog, flog, targets, (float)c.dloss, c.N, c.V, c.Vp);
+    compare("softmax_xent dlogits fast vs ref", flog, dlogits, n, 1e-5, 1e-7);
+    free(c.logits), free(c.probs), free(c.losses), free(dlogits), free(flog), free(flosses);
+}
+
+/* ---- residual, adamw, reductions ---- */
+static void test_elementwise(const loom_backend *be) {
+    int64_t n = 1003;
+    double *a = dalloc(n), *b = dalloc(n), *out = dalloc(n);
+    fill_random(a, n, 1.0), fill_random(b, n, 1.0);
+    ref_residual_forward(out, a, b, n);
+    float *fa = to_float(a, n), *fb = to_float(b, n), *fo = malloc(n * sizeof(float));
+    be->residual_forward(fo, fa, fb, n);
+    compare("residual fast vs ref", fo, out, n, 1e-6, 1e-6);
+
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)fa[i] * fa[i];
+    CHECK_CLOSE(be->sum_squares(fa, n), ss, 1e-12, 0.0, "sum_squares");
+    be->scale(fa, 0.5f, n);
+    compare("scale", fa, (double[]){0.5 * (float)a[0]}, 1, 1e-7, 0.0);
+
+    /* AdamW: five steps with decay, fast (float) vs reference (double) */
+    double *p = dalloc(n), *g = dalloc(n), *m = dalloc(n), *v = dalloc(n);
+    fill_random(p, n, 1.0);
+    float *fp = to_float(p, n), *fm = calloc(n, sizeof(float)), *fv = calloc(n, sizeof(float));
+    for (int step = 1; step <= 5; step++) {
+        fill_random(g, n, 0.1);
+        float *fg = to_float(g, n);
+        ref_adamw_update(p, g, m, v, n, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
+        be->adamw_update(fp, fg, fm, fv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        free(fg);
+    }
+    compare("adamw params fast vs ref", fp, p, n, 1e-5, 1e-6);
+    compare("adamw m fast vs ref", fm, m, n, 1e-5, 1e-7);
+    compare("adamw v fast vs ref", fv, v, n, 1e-5, 1e-9);
+    free(a), free(b), free(out), free(fa), free(fb), free(fo), free(p), free(g), free(m);
+    free(v), free(fp), free(fm), free(fv);
+}
+
+int main(void) {
+    const loom_backend *be = loom_backend_cpu();
+    test_layernorm(be);
+    test_matmul(be, 6, 8, 12, 1);
+    test_matmul(be, 67, 96, 130, 0); /* sizes that are not multiples of any block */
+    test_attention(be, 2, 5, 8, 2, 1);
+    test_attention(be, 2, 37, 48, 3, 0);
+    test_gelu(be);
+    test_encoder(be);
+    test_softmax_xent(be);
+    test_elementwise(be);
+    return check_finish();
+}
