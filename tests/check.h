@@ -41,7 +41,7 @@ static inline const char *check_tmpdir(void) {
     static char dir[1024];
     const char *env = getenv("LOOM_TEST_TMP");
     snprintf(dir, sizeof dir, "%s", env ? env : "/tmp/loom_test");
-    char cmd[1200];
+    char cmd[2200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "cannot make %s\n", dir);

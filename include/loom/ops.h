@@ -84,6 +84,11 @@ const loom_backend *loom_backend_cpu(void);
 void loom_ops_set_threads(int threads);
 int loom_ops_get_threads(void);
 
+/* Measured single-precision GEMM throughput in GFLOP/s: the median of `reps` timed
+ * cblas_sgemm calls on n x n x n after one warm-up, with the current thread count. MFU is
+ * reported against this, the machine's practical peak. */
+double loom_ops_sgemm_peak_gflops(int n, int reps);
+
 /* Per-kernel timing for `loom bench`: when enabled, each backend call adds its wall time to
  * a slot. Names are the kernel names above. */
 enum {

@@ -1,4 +1,38 @@
-#include "loom/base.h"
-int main(void) {
-    return 0;
+/*
+ * main.c — the `loom` command: dispatches to train, prepare, sample, eval and bench.
+ * Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input.
+ */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: loom <command> [options]\n\n"
+                 "commands:\n"
+                 "  train     train a GPT model (loom train --help)\n"
+                 "  prepare   turn text files into token shards\n"
+                 "  sample    generate text from a checkpoint\n"
+                 "  eval      mean loss of a checkpoint over a token file\n"
+                 "  bench     measure step time, tokens/s and MFU\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
+    if (!strcmp(cmd, "prepare")) return cmd_prepare(argc, argv);
+    if (!strcmp(cmd, "sample")) return cmd_sample(argc, argv);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc, argv);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
+    fprintf(stderr, "loom: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
 }

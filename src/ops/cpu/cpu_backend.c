@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdlib.h>
 
 static int profile_enabled;
 static double profile_seconds[LOOM_KERNEL_COUNT];
@@ -144,4 +145,35 @@ void loom_ops_set_threads(int threads) {
 
 int loom_ops_get_threads(void) {
     return omp_get_max_threads();
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double loom_ops_sgemm_peak_gflops(int n, int reps) {
+    size_t elems = (size_t)n * (size_t)n;
+    float *a = loom_alloc_aligned(elems * sizeof(float), "sgemm peak A");
+    float *b = loom_alloc_aligned(elems * sizeof(float), "sgemm peak B");
+    float *c = loom_alloc_aligned(elems * sizeof(float), "sgemm peak C");
+    if (!a || !b || !c || reps < 1 || reps > 64) {
+        loom_free_aligned(a), loom_free_aligned(b), loom_free_aligned(c);
+        return 0.0;
+    }
+    for (size_t i = 0; i < elems; i++) {
+        a[i] = (float)((i * 7) % 13) * 0.01f;
+        b[i] = (float)((i * 5) % 11) * 0.01f;
+    }
+    double times[64];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    for (int r = 0; r < reps; r++) {
+        double t0 = loom_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
+        times[r] = loom_now() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof times[0], compare_doubles);
+    loom_free_aligned(a), loom_free_aligned(b), loom_free_aligned(c);
+    return 2.0 * (double)n * n * n / times[reps / 2] / 1e9;
 }

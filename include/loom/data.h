@@ -1,0 +1,134 @@
+/*
+ * loom/data.h — training data: a byte-level tokenizer, llm.c token shards (read and write),
+ * datasets made of shards, a deterministic sample loader whose position can be checkpointed,
+ * and `loom prepare` (text files -> train/val shards).
+ *
+ * Not here: BPE/GPT-2 tokenisation (bring llm.c shards for that), sharding samples across
+ * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip),
+ * and memory mapping (a dataset holds a uint16 copy of all its tokens).
+ */
+#ifndef LOOM_DATA_H
+#define LOOM_DATA_H
+
+#include "loom/base.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- byte-level tokenizer ----------------------------------------------------------------
+ * token = byte value 0..255, plus end-of-text 256. */
+
+#define LOOM_BYTE_VOCAB 257
+#define LOOM_BYTE_EOT   256
+
+/* tokens must hold `length` entries. Returns the count (= length). */
+size_t loom_bytes_encode(const char *text, size_t length, uint16_t *tokens);
+/* Decodes into out (capacity cap including the NUL; at most cap-1 bytes are written, then a NUL
+ * when cap > 0); EOT becomes "\n"; tokens >= 257 become '?'. Returns the bytes written (no NUL). */
+size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t cap);
+
+/* ---- llm.c token shards ------------------------------------------------------------------
+ * int32[256] little-endian header (h[0] magic 20240520, h[1] version 1, h[2] token count, rest
+ * 0), then count little-endian uint16 tokens. */
+
+#define LOOM_SHARD_MAGIC        20240520
+#define LOOM_SHARD_VERSION      1
+#define LOOM_SHARD_HEADER_BYTES 1024
+#define LOOM_SHARD_MAX_TOKENS   ((size_t)INT32_MAX) /* the count is an int32 slot */
+
+/* Atomic write (temporary file + rename). count must be <= LOOM_SHARD_MAX_TOKENS. */
+loom_status loom_shard_write(const char *path, const uint16_t *tokens, size_t count);
+/* Validates magic, version, and that the file is exactly 1024 + 2*count bytes (truncated or
+ * trailing bytes are LOOM_ERR_INPUT naming both sizes); never allocates more than the file size.
+ * *tokens is malloc'ed (free() it); NULL with *count = 0 on error. */
+loom_status loom_shard_read(const char *path, uint16_t **tokens, size_t *count);
+/* Validates the header and file size like loom_shard_read and returns the token count without
+ * reading the tokens. */
+loom_status loom_shard_probe(const char *path, size_t *count);
+
+/* ---- datasets ----------------------------------------------------------------------------
+ * One or more shards given as a glob pattern, or a comma-separated list of patterns (so a path
+ * cannot contain a comma). All matches are sorted by path (strcmp), duplicates dropped, and
+ * concatenated. A pattern that matches nothing is an error naming it. Every token must be
+ * < vocab_size (the error names the file, the position in that file and the token). */
+
+typedef struct loom_dataset loom_dataset;
+loom_status loom_dataset_open(loom_dataset **ds, const char *pattern, int vocab_size);
+void loom_dataset_free(loom_dataset *ds);
+size_t loom_dataset_num_tokens(const loom_dataset *ds);
+const uint16_t *loom_dataset_tokens(const loom_dataset *ds); /* (num_tokens,) */
+const char *loom_dataset_pattern(const loom_dataset *ds);
+int loom_dataset_num_files(const loom_dataset *ds);
+const char *loom_dataset_file(const loom_dataset *ds, int index); /* sorted order */
+
+/* ---- sample loader -----------------------------------------------------------------------
+ * A sample (window) is seq_len+1 consecutive tokens starting at a multiple of seq_len:
+ * window w covers tokens [w*seq_len, w*seq_len + seq_len]; windows = (tokens-1)/seq_len, and
+ * fewer than 1 window is an error naming the pattern and the sizes. In shuffle mode each epoch
+ * visits every window once in an order that is a function of (seed, epoch) only: Fisher–Yates
+ * over the identity, driven by a loom_rng seeded with loom_rng_u64(seed, LOOM_LOADER_RNG_STREAM,
+ * epoch). In sequential mode windows go in file order every epoch. The whole position is
+ * (epoch, index): index is the next window's rank within the epoch's order. Save it in
+ * checkpoints; restoring it with the same dataset, seq_len, mode and seed reproduces the stream.
+ * The loader borrows the dataset's tokens: the dataset must outlive it. */
+
+#define LOOM_LOADER_RNG_STREAM 0x6c6f61646572ULL /* "loader" */
+
+typedef struct {
+    uint64_t epoch, index;
+} loom_loader_pos;
+typedef struct loom_loader loom_loader;
+
+loom_status loom_loader_create(loom_loader **ld, const loom_dataset *ds, int seq_len, int shuffle,
+                               uint64_t seed);
+void loom_loader_free(loom_loader *ld);
+size_t loom_loader_num_windows(const loom_loader *ld);
+/* Fills inputs (batch, seq_len) and targets (batch, seq_len) (targets = inputs shifted by one)
+ * with the next `batch` windows, advancing the position (wrapping to the next epoch). */
+void loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targets);
+/* Advances the position by `count` windows without copying (for example, to skip the other
+ * data-parallel ranks' part of a global batch). */
+void loom_loader_skip(loom_loader *ld, uint64_t count);
+loom_loader_pos loom_loader_get_pos(const loom_loader *ld);
+/* pos.index must be < windows (LOOM_ERR_INPUT otherwise); any epoch is allowed. */
+loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
+
+/* ---- loom prepare ------------------------------------------------------------------------
+ * Byte-tokenises each text file; each file is one document. For a file of n bytes (n >= 1):
+ *   val_bytes = round(val_fraction * n); if val_fraction > 0, raised to at least 1 and to at
+ *   least min(min_val_tokens - 1, n / 2) (so the file's val part is one window-worth of tokens
+ *   when the file is at least twice that long), then capped at n - 1 (training keeps >= 1 byte).
+ *   train part = bytes[0, n - val_bytes) + EOT
+ *   val part   = bytes[n - val_bytes, n) + EOT   (only when val_bytes > 0)
+ * so each split is a concatenation, in argument order, of documents each followed by EOT.
+ * The splits go to DIR/train_000000.bin, DIR/train_000001.bin, ... and DIR/val_000000.bin, ...
+ * (llm.c shards of at most shard_tokens tokens, written atomically). A split with no tokens gets
+ * no shard. Shards of an earlier run with higher numbers (DIR/{train,val}_NNNNNN.bin) are
+ * removed so that a glob over DIR sees only this run's data. Progress goes to stdout via
+ * loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a missing,
+ * unreadable, non-regular or empty input file (named), val_fraction outside [0, 1), shard_tokens
+ * outside [1, LOOM_SHARD_MAX_TOKENS]. A later write failure (LOOM_ERR_IO) leaves the shards
+ * completed so far; each shard itself is atomic. */
+
+typedef struct {
+    double val_fraction;   /* default 0.1 */
+    size_t shard_tokens;   /* default 100000000 */
+    size_t min_val_tokens; /* default LOOM_PREPARE_MIN_VAL_TOKENS; 0 = no minimum. Pass seq_len+1
+                              of the run you plan so the val split has at least one window. */
+} loom_prepare_opts;
+
+#define LOOM_PREPARE_MIN_VAL_TOKENS 1025 /* one window at seq_len 1024 (GPT-2's context) */
+
+loom_prepare_opts loom_prepare_default_opts(void);
+/* opts NULL means the defaults. */
+loom_status loom_prepare_text(const char *const *paths, int count, const char *out_dir,
+                              const loom_prepare_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_DATA_H */

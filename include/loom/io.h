@@ -1,0 +1,144 @@
+/*
+ * loom/io.h — model files users already have: safetensors (Hugging Face) and llm.c's fp32
+ * model checkpoint (magic 20240326, version 3).
+ *
+ * safetensors: an opened file is validated in full before anything else happens (header
+ * length, JSON, dtypes, shapes, offsets covering the buffer exactly); tensors are then read one
+ * at a time from the open file, so a model is never held twice in memory. Writing produces F32
+ * files only, streamed and atomic (temporary file + rename).
+ *
+ * llm.c: the header is checked against the file size before any parameter is read; the
+ * parameters are one flat float array in llm.c's order (see loom_llmc_tensor_sizes).
+ *
+ * Not here: the mapping between Hugging Face GPT-2 names, llm.c's layout and loom's own
+ * parameter struct (that belongs to the model module); dtype conversion (reads are F32 only);
+ * bf16 llm.c checkpoints (version 5); memory mapping. A loom_safetensors handle is not
+ * thread-safe: one reader at a time.
+ */
+#ifndef LOOM_IO_H
+#define LOOM_IO_H
+
+#include "loom/base.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dtypes ------------------------------------------------------------------------------ */
+
+typedef enum {
+    LOOM_DTYPE_BOOL,
+    LOOM_DTYPE_U8,
+    LOOM_DTYPE_I8,
+    LOOM_DTYPE_I16,
+    LOOM_DTYPE_U16,
+    LOOM_DTYPE_F16,
+    LOOM_DTYPE_BF16,
+    LOOM_DTYPE_I32,
+    LOOM_DTYPE_U32,
+    LOOM_DTYPE_F32,
+    LOOM_DTYPE_F64,
+    LOOM_DTYPE_I64,
+    LOOM_DTYPE_U64
+} loom_dtype;
+
+/* The safetensors spelling ("F32", "BF16", ...); "?" for a value outside the enum. */
+const char *loom_dtype_name(loom_dtype dtype);
+/* Bytes per element; 0 for a value outside the enum. */
+size_t loom_dtype_size(loom_dtype dtype);
+
+/* ---- safetensors: reading ---------------------------------------------------------------- */
+
+#define LOOM_ST_MAX_DIMS 8
+/* The reader refuses header lengths above this (as the reference implementation does). */
+#define LOOM_ST_MAX_HEADER 100000000ULL
+
+typedef struct {
+    char *name;
+    loom_dtype dtype;
+    int ndim;
+    int64_t shape[LOOM_ST_MAX_DIMS];
+    uint64_t begin, end; /* byte offsets in the data buffer, end exclusive */
+} loom_st_entry;
+
+/* An open, fully validated file. Entries are numbered in the order of their data in the
+ * buffer (which is the writer's order for files loom wrote). */
+typedef struct loom_safetensors loom_safetensors;
+
+/* Opens and validates `path`; every problem is LOOM_ERR_INPUT with a message naming the path,
+ * the field or tensor, and what was expected. *st is NULL on failure. */
+loom_status loom_safetensors_open(loom_safetensors **st, const char *path);
+void loom_safetensors_close(loom_safetensors *st);
+int loom_safetensors_count(const loom_safetensors *st);
+/* NULL when index is out of range. */
+const loom_st_entry *loom_safetensors_entry(const loom_safetensors *st, int index);
+/* NULL when absent (binary search over the names). */
+const loom_st_entry *loom_safetensors_find(const loom_safetensors *st, const char *name);
+/* A value of "__metadata__"; NULL if absent. */
+const char *loom_safetensors_metadata(const loom_safetensors *st, const char *key);
+
+/* Reads tensor `name` into dst as float32. The stored tensor must exist, be F32, and have exactly
+ * the shape given (ndim, shape). If transpose is non-zero the tensor must be 2-D and dst receives
+ * it transposed: stored (shape[0], shape[1]) row-major -> dst (shape[1], shape[0]) row-major.
+ * Transposition goes through a bounded scratch buffer (about 1 MiB or one stored row). */
+loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, int ndim,
+                                      const int64_t *shape, int transpose, float *dst);
+
+/* ---- safetensors: writing ---------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[LOOM_ST_MAX_DIMS]; /* the shape as stored in the file */
+    const float *data;
+    int transpose; /* 2-D only: data in memory is (shape[1], shape[0]); written transposed */
+} loom_st_tensor;
+
+/* Writes an F32 safetensors file atomically (loom_atomic_open/commit). metadata: `meta_count`
+ * key/value pairs as meta[2*i], meta[2*i+1] (may be 0/NULL). Tensors are laid out in the order
+ * given; header padded with spaces to a multiple of 8 bytes. Stream the data (no full copy of
+ * the model in memory; transposition in bounded chunks). Bad arguments (duplicate or reserved
+ * names, bad shapes, invalid UTF-8) are LOOM_ERR_INPUT; write failures LOOM_ERR_IO. */
+loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int count,
+                                   const char *const *meta, int meta_count);
+
+/* ---- llm.c model checkpoint -------------------------------------------------------------- */
+
+/* int32[256] header, magic 20240326, version 3 = fp32 (see REFERENCE.md). */
+#define LOOM_LLMC_MAGIC        20240326
+#define LOOM_LLMC_VERSION_FP32 3
+#define LOOM_LLMC_HEADER_BYTES 1024
+#define LOOM_LLMC_NUM_TENSORS  16
+
+typedef struct {
+    int max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size;
+} loom_llmc_header;
+
+/* Total parameters in llm.c's order, padded vocab; 0 when a size is not positive or the count
+ * overflows size_t. */
+size_t loom_llmc_param_count(const loom_llmc_header *h);
+/* Element counts of llm.c's 16 tensors in file order: wte (Vp,C), wpe (maxT,C), ln1w (L,C),
+ * ln1b (L,C), qkvw (L,3C,C), qkvb (L,3C), attprojw (L,C,C), attprojb (L,C), ln2w (L,C),
+ * ln2b (L,C), fcw (L,4C,C), fcb (L,4C), fcprojw (L,C,4C), fcprojb (L,C), lnfw (C), lnfb (C).
+ * Returns 0 (sizes zeroed) under the same conditions as loom_llmc_param_count, else 1. */
+int loom_llmc_tensor_sizes(const loom_llmc_header *h, size_t sizes[LOOM_LLMC_NUM_TENSORS]);
+/* "wte", "wpe", "ln1w", ... ; NULL outside 0..15. */
+const char *loom_llmc_tensor_name(int index);
+
+/* Reads and validates the header, including that the file is exactly 1024 + 4*count bytes. */
+loom_status loom_llmc_read_header(const char *path, loom_llmc_header *h);
+/* Reads all parameters (count floats, must equal loom_llmc_param_count) into dst. The file's
+ * header must equal *h. */
+loom_status loom_llmc_read_params(const char *path, const loom_llmc_header *h, float *dst,
+                                  size_t count);
+/* Writes a version-3 checkpoint atomically; count must equal loom_llmc_param_count(h). */
+loom_status loom_llmc_write(const char *path, const loom_llmc_header *h, const float *params,
+                            size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_IO_H */

@@ -1,0 +1,48 @@
+/*
+ * cli.h — shared pieces of the `loom` command's subcommands.
+ */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+#include "loom/base.h"
+
+#include <stddef.h>
+
+/* offset of an option read elsewhere (like --config): parsing skips its value */
+#define CLI_OPT_SKIP ((size_t)-1)
+
+typedef enum { OPT_INT, OPT_I64, OPT_U64, OPT_DOUBLE, OPT_STRING, OPT_FLAG } cli_opt_type;
+
+/* One option: its --kebab-case flag (the JSON key is the same in snake_case), where it lives
+ * in the target struct, and a line of help. */
+typedef struct {
+    const char *flag;
+    cli_opt_type type;
+    size_t offset;
+    size_t size; /* for strings: the buffer size */
+    const char *help;
+} cli_opt;
+
+/* Parses one value into target + opt->offset; `source` names where it came from. */
+loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source);
+/* Applies argv[start..argc) flags to target. Unknown flags are errors. */
+loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int argc, char **argv,
+                            int start);
+/* Applies a JSON object file's keys (snake_case) to target; unknown keys are errors. */
+loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path);
+void cli_print_help(const char *usage, const cli_opt *opts, int nopts);
+/* Prints every option with its resolved value as a table. */
+void cli_print_table(const void *target, const cli_opt *opts, int nopts);
+/* Index of "--flag" in argv (or -1). */
+int cli_find_flag(int argc, char **argv, const char *flag);
+
+int cmd_train(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Prints the error and returns the exit code for status. */
+int cli_fail(loom_status status);
+
+#endif

@@ -1,0 +1,244 @@
+/*
+ * commands.c — `loom train`, `loom prepare`, `loom sample` and `loom eval`: option tables,
+ * configuration resolution (defaults, then --config FILE.json, then flags), and calls into
+ * the train and data modules.
+ */
+#include "cli/cli.h"
+#include "loom/data.h"
+#include "loom/train.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOPT(flag, type, field, help)                                                              \
+    {                                                                                              \
+        flag, type, offsetof(loom_train_config, field), sizeof(((loom_train_config *)0)->field),   \
+            help                                                                                   \
+    }
+
+static const cli_opt train_opts[] = {
+    {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
+     "JSON file with these settings in snake_case (flags win)"},
+    TOPT("--model", OPT_STRING, model,
+         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, small, tiny"),
+    TOPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
+    TOPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
+    TOPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
+    TOPT("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
+    TOPT("--vocab", OPT_INT, vocab, "vocabulary size (0 = preset)"),
+    TOPT("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
+    TOPT("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
+    TOPT("--steps", OPT_I64, steps, "optimizer steps"),
+    TOPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
+    TOPT("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
+    TOPT("--global-batch-size", OPT_INT, global_batch_size,
+         "sequences per step (multiple of the micro batch: gradient accumulation)"),
+    TOPT("--lr", OPT_DOUBLE, lr, "peak learning rate"),
+    TOPT("--lr-schedule", OPT_STRING, lr_schedule, "constant or cosine (after warm-up)"),
+    TOPT("--min-lr-ratio", OPT_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
+    TOPT("--warmup-steps", OPT_I64, warmup_steps, "linear warm-up steps"),
+    TOPT("--weight-decay", OPT_DOUBLE, weight_decay, "AdamW decay (2-D weights only)"),
+    TOPT("--beta1", OPT_DOUBLE, beta1, "AdamW beta1"),
+    TOPT("--beta2", OPT_DOUBLE, beta2, "AdamW beta2"),
+    TOPT("--eps", OPT_DOUBLE, eps, "AdamW epsilon"),
+    TOPT("--grad-clip", OPT_DOUBLE, grad_clip, "global gradient norm clip (0 disables)"),
+    TOPT("--max-bad-steps", OPT_INT, max_bad_steps, "stop after this many NaN/Inf steps in a row"),
+    TOPT("--seed", OPT_U64, seed, "seed of the initial weights and the data order"),
+    TOPT("--threads", OPT_INT, threads, "OpenMP and OpenBLAS threads (0 = default)"),
+    TOPT("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
+    TOPT("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
+    TOPT("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
+    TOPT("--eval-batches", OPT_INT, eval_batches, "micro-batches per validation"),
+    TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
+    TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
+    TOPT("--init-from", OPT_STRING, init_from,
+         "start from weights: llm.c .bin, .safetensors or a checkpoint"),
+};
+#define NTRAIN ((int)(sizeof train_opts / sizeof train_opts[0]))
+
+static int wants_help(int argc, char **argv) {
+    return cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN);
+        return 0;
+    }
+    loom_train_config cfg;
+    loom_train_config_defaults(&cfg);
+    loom_status st = LOOM_OK;
+    int at = cli_find_flag(argc, argv, "--config");
+    if (at >= 0) {
+        if (at + 1 >= argc) return cli_fail(loom_fail(LOOM_ERR_INPUT, "--config: expected a file"));
+        st = cli_parse_json(&cfg, train_opts, NTRAIN, argv[at + 1]);
+    }
+    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2);
+    if (st == LOOM_OK) st = loom_train_config_check(&cfg);
+    if (st != LOOM_OK) return cli_fail(st);
+    cli_print_table(&cfg, train_opts, NTRAIN);
+    st = loom_train_run(&cfg);
+    if (st != LOOM_OK) return cli_fail(st);
+    return 0;
+}
+
+/* ---- prepare ---- */
+
+typedef struct {
+    char out[LOOM_PATH_MAX];
+    double val_fraction;
+    int seq_len;
+    int64_t shard_tokens;
+    char text_placeholder[2];
+} prepare_args;
+
+#define POPT(flag, type, field, help)                                                              \
+    { flag, type, offsetof(prepare_args, field), sizeof(((prepare_args *)0)->field), help }
+
+static const cli_opt prepare_opts[] = {
+    {"--text", OPT_STRING, CLI_OPT_SKIP, 0, "text files (one document each); several allowed"},
+    POPT("--out", OPT_STRING, out, "output folder for train_*.bin and val_*.bin"),
+    POPT("--val-fraction", OPT_DOUBLE, val_fraction, "share of each file kept for validation"),
+    POPT("--seq-len", OPT_INT, seq_len,
+         "planned training sequence length: each file's val part gets at least one window"),
+    POPT("--shard-tokens", OPT_I64, shard_tokens, "tokens per shard at most"),
+};
+#define NPREPARE ((int)(sizeof prepare_opts / sizeof prepare_opts[0]))
+
+int cmd_prepare(int argc, char **argv) {
+    const char *usage = "usage: loom prepare --text FILE [FILE...] --out DIR [options]";
+    if (wants_help(argc, argv)) {
+        cli_print_help(usage, prepare_opts, NPREPARE);
+        return 0;
+    }
+    prepare_args args = {.val_fraction = 0.1, .seq_len = 256, .shard_tokens = 100000000};
+    const char **texts = calloc((size_t)argc, sizeof *texts);
+    char **rest = calloc((size_t)argc, sizeof *rest);
+    if (!texts || !rest) {
+        free(texts), free(rest);
+        return cli_fail(loom_fail(LOOM_ERR_NOMEM, "out of memory"));
+    }
+    int ntexts = 0, nrest = 0;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--text")) {
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) texts[ntexts++] = argv[++i];
+        } else {
+            rest[nrest++] = argv[i];
+        }
+    }
+    loom_status st = cli_parse_flags(&args, prepare_opts, NPREPARE, nrest, rest, 0);
+    if (st == LOOM_OK && ntexts == 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--text: expected at least one text file (%s)", usage);
+    }
+    if (st == LOOM_OK && !args.out[0]) st = loom_fail(LOOM_ERR_INPUT, "--out: expected a folder");
+    if (st == LOOM_OK && (args.seq_len <= 0 || args.shard_tokens <= 0)) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len and --shard-tokens: expected positive integers");
+    }
+    if (st == LOOM_OK) {
+        loom_prepare_opts opts = loom_prepare_default_opts();
+        opts.val_fraction = args.val_fraction;
+        opts.shard_tokens = (size_t)args.shard_tokens;
+        opts.min_val_tokens = (size_t)args.seq_len + 1;
+        st = loom_prepare_text(texts, ntexts, args.out, &opts);
+    }
+    free(texts), free(rest);
+    return st == LOOM_OK ? 0 : cli_fail(st);
+}
+
+/* ---- sample ---- */
+
+typedef struct {
+    char checkpoint[LOOM_PATH_MAX];
+    char prompt[4096];
+    int tokens, top_k, threads;
+    double temperature;
+    uint64_t seed;
+} sample_args;
+
+#define SOPT(flag, type, field, help)                                                              \
+    { flag, type, offsetof(sample_args, field), sizeof(((sample_args *)0)->field), help }
+
+static const cli_opt sample_opts[] = {
+    SOPT("--checkpoint", OPT_STRING, checkpoint,
+         "run folder, checkpoint folder, .safetensors or llm.c .bin"),
+    SOPT("--prompt", OPT_STRING, prompt, "text to continue"),
+    SOPT("--tokens", OPT_INT, tokens, "tokens to generate"),
+    SOPT("--temperature", OPT_DOUBLE, temperature, "softmax temperature (0 = greedy)"),
+    SOPT("--top-k", OPT_INT, top_k, "sample among the k most likely (0 = all)"),
+    SOPT("--seed", OPT_U64, seed, "sampling seed"),
+    SOPT("--threads", OPT_INT, threads, "threads (0 = default)"),
+};
+#define NSAMPLE ((int)(sizeof sample_opts / sizeof sample_opts[0]))
+
+int cmd_sample(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        cli_print_help("usage: loom sample --checkpoint PATH [--prompt TEXT] [--tokens N]",
+                       sample_opts, NSAMPLE);
+        return 0;
+    }
+    sample_args args = {.tokens = 200, .top_k = 40, .temperature = 0.8, .seed = 42};
+    loom_status st = cli_parse_flags(&args, sample_opts, NSAMPLE, argc, argv, 2);
+    if (st == LOOM_OK && !args.checkpoint[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path");
+    }
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_ops_set_threads(args.threads);
+    loom_gpt *model;
+    st = loom_model_load(args.checkpoint, loom_backend_cpu(), &model);
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_sample_opts opts = {args.tokens, args.temperature, args.top_k, args.seed};
+    st = loom_sample_text(model, args.prompt, &opts, stdout);
+    loom_gpt_free(model);
+    return st == LOOM_OK ? 0 : cli_fail(st);
+}
+
+/* ---- eval ---- */
+
+typedef struct {
+    char checkpoint[LOOM_PATH_MAX];
+    char data[LOOM_PATH_MAX];
+    int seq_len, batch, threads;
+    int64_t max_windows;
+} eval_args;
+
+#define EOPT(flag, type, field, help)                                                              \
+    { flag, type, offsetof(eval_args, field), sizeof(((eval_args *)0)->field), help }
+
+static const cli_opt eval_opts[] = {
+    EOPT("--checkpoint", OPT_STRING, checkpoint,
+         "run folder, checkpoint folder, .safetensors or llm.c .bin"),
+    EOPT("--data", OPT_STRING, data, "token shards (glob)"),
+    EOPT("--seq-len", OPT_INT, seq_len, "window length (0 = the model's context)"),
+    EOPT("--batch", OPT_INT, batch, "windows per forward pass"),
+    EOPT("--max-windows", OPT_I64, max_windows, "stop after this many windows (0 = all)"),
+    EOPT("--threads", OPT_INT, threads, "threads (0 = default)"),
+};
+#define NEVAL ((int)(sizeof eval_opts / sizeof eval_opts[0]))
+
+int cmd_eval(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        cli_print_help("usage: loom eval --checkpoint PATH --data FILE", eval_opts, NEVAL);
+        return 0;
+    }
+    eval_args args = {.batch = 4};
+    loom_status st = cli_parse_flags(&args, eval_opts, NEVAL, argc, argv, 2);
+    if (st == LOOM_OK && (!args.checkpoint[0] || !args.data[0])) {
+        st = loom_fail(LOOM_ERR_INPUT, "--checkpoint and --data: both are required");
+    }
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_ops_set_threads(args.threads);
+    loom_gpt *model;
+    st = loom_model_load(args.checkpoint, loom_backend_cpu(), &model);
+    if (st != LOOM_OK) return cli_fail(st);
+    int T = args.seq_len > 0 ? args.seq_len : model->config.max_seq_len;
+    double loss = 0.0;
+    int64_t tokens = 0;
+    st = loom_eval_loss(model, args.data, T, args.batch, args.max_windows, &loss, &tokens);
+    loom_gpt_free(model);
+    if (st != LOOM_OK) return cli_fail(st);
+    printf("loss %.6f  perplexity %.4f  tokens %lld  (windows of %d)\n", loss, exp(loss),
+           (long long)tokens, T);
+    return 0;
+}

@@ -1,0 +1,218 @@
+/*
+ * options.c — flag and JSON config parsing for the CLI, driven by tables of cli_opt, so each
+ * option is declared once and gets its flag, its JSON key, its help line and its row in the
+ * resolved-configuration table from that declaration.
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_fail(loom_status status) {
+    const char *msg = loom_last_error();
+    loom_error("%s", msg[0] ? msg : loom_strerror(status));
+    return loom_exit_code(status);
+}
+
+static void json_key_of(const char *flag, char *key, size_t cap) {
+    snprintf(key, cap, "%s", flag + 2);
+    for (char *p = key; *p; p++)
+        if (*p == '-') *p = '_';
+}
+
+loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source) {
+    char *field = (char *)target + opt->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (opt->type) {
+    case OPT_INT: {
+        long v = strtol(text, &end, 10);
+        if (errno || end == text || *end || v < INT32_MIN || v > INT32_MAX) break;
+        *(int *)field = (int)v;
+        return LOOM_OK;
+    }
+    case OPT_I64: {
+        long long v = strtoll(text, &end, 10);
+        if (errno || end == text || *end) break;
+        *(int64_t *)field = v;
+        return LOOM_OK;
+    }
+    case OPT_U64: {
+        unsigned long long v = strtoull(text, &end, 10);
+        if (errno || end == text || *end || text[0] == '-') break;
+        *(uint64_t *)field = v;
+        return LOOM_OK;
+    }
+    case OPT_DOUBLE: {
+        double v = strtod(text, &end);
+        if (errno || end == text || *end || !isfinite(v)) break;
+        *(double *)field = v;
+        return LOOM_OK;
+    }
+    case OPT_STRING:
+        if (strlen(text) >= opt->size) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: %s: value longer than %zu characters", source,
+                             opt->flag, opt->size - 1);
+        }
+        snprintf(field, opt->size, "%s", text);
+        return LOOM_OK;
+    case OPT_FLAG:
+        *(int *)field = 1;
+        return LOOM_OK;
+    }
+    static const char *kinds[] = {"an integer", "an integer", "a non-negative integer",
+                                  "a number",   "a string",   "nothing"};
+    return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected %s, got '%s'", source, opt->flag,
+                     kinds[opt->type], text);
+}
+
+static const cli_opt *find_opt(const cli_opt *opts, int nopts, const char *flag) {
+    for (int i = 0; i < nopts; i++)
+        if (strcmp(opts[i].flag, flag) == 0) return &opts[i];
+    return NULL;
+}
+
+int cli_find_flag(int argc, char **argv, const char *flag) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], flag) == 0) return i;
+    return -1;
+}
+
+loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int argc, char **argv,
+                            int start) {
+    for (int i = start; i < argc; i++) {
+        const char *arg = argv[i];
+        char name[128];
+        const char *value = NULL;
+        const char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0) {
+            return loom_fail(LOOM_ERR_INPUT, "unexpected argument '%s' (options start with --)",
+                             arg);
+        }
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - arg), arg);
+            value = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg);
+        }
+        const cli_opt *opt = find_opt(opts, nopts, name);
+        if (!opt) return loom_fail(LOOM_ERR_INPUT, "unknown option '%s' (see --help)", name);
+        if (opt->offset == CLI_OPT_SKIP) {
+            if (!eq) i++;
+            continue;
+        }
+        if (opt->type == OPT_FLAG) {
+            *(int *)((char *)target + opt->offset) = 1;
+            continue;
+        }
+        if (!value) {
+            if (i + 1 >= argc) {
+                return loom_fail(LOOM_ERR_INPUT, "%s: expected a value after it", name);
+            }
+            value = argv[++i];
+        }
+        loom_status st = cli_set_value(target, opt, value, "command line");
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path) {
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        return loom_fail(LOOM_ERR_INPUT, "%s:%d:%d: invalid JSON: %s", path, err.line, err.column,
+                         err.text);
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected a JSON object of settings", path);
+    }
+    const char *key;
+    json_t *value;
+    loom_status st = LOOM_OK;
+    json_object_foreach(root, key, value) {
+        const cli_opt *opt = NULL;
+        char k[128];
+        for (int i = 0; i < nopts && !opt; i++) {
+            json_key_of(opts[i].flag, k, sizeof k);
+            if (strcmp(k, key) == 0 && opts[i].offset != CLI_OPT_SKIP) opt = &opts[i];
+        }
+        if (!opt) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: unknown key \"%s\"", path, key);
+            break;
+        }
+        char text[2048];
+        char source[1200];
+        snprintf(source, sizeof source, "%s: key \"%s\"", path, key);
+        if (json_is_string(value)) {
+            snprintf(text, sizeof text, "%s", json_string_value(value));
+        } else if (json_is_integer(value)) {
+            snprintf(text, sizeof text, "%" JSON_INTEGER_FORMAT, json_integer_value(value));
+        } else if (json_is_real(value)) {
+            snprintf(text, sizeof text, "%.17g", json_real_value(value));
+        } else if (json_is_boolean(value) && opt->type == OPT_FLAG) {
+            *(int *)((char *)target + opt->offset) = json_is_true(value);
+            continue;
+        } else {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a string or a number", source);
+            break;
+        }
+        if (opt->type == OPT_STRING && !json_is_string(value)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a string", source);
+            break;
+        }
+        if (opt->type != OPT_STRING && json_is_string(value)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a number, got a string", source);
+            break;
+        }
+        st = cli_set_value(target, opt, text, source);
+        if (st != LOOM_OK) break;
+    }
+    json_decref(root);
+    return st;
+}
+
+static void format_value(const void *target, const cli_opt *opt, char *buf, size_t cap) {
+    const char *field = (const char *)target + opt->offset;
+    switch (opt->type) {
+    case OPT_INT:
+        snprintf(buf, cap, "%d", *(const int *)field);
+        break;
+    case OPT_FLAG:
+        snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false");
+        break;
+    case OPT_I64:
+        snprintf(buf, cap, "%" PRId64, *(const int64_t *)field);
+        break;
+    case OPT_U64:
+        snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)field);
+        break;
+    case OPT_DOUBLE:
+        snprintf(buf, cap, "%g", *(const double *)field);
+        break;
+    case OPT_STRING:
+        snprintf(buf, cap, "%s", field[0] ? field : "-");
+        break;
+    }
+}
+
+void cli_print_table(const void *target, const cli_opt *opts, int nopts) {
+    loom_info("%-22s %s", "setting", "value");
+    loom_info("%-22s %s", "----------------------", "--------------------");
+    for (int i = 0; i < nopts; i++) {
+        if (opts[i].offset == CLI_OPT_SKIP) continue;
+        char value[1200];
+        format_value(target, &opts[i], value, sizeof value);
+        loom_info("%-22s %s", opts[i].flag + 2, value);
+    }
+}
+
+void cli_print_help(const char *usage, const cli_opt *opts, int nopts) {
+    printf("%s\n\noptions:\n", usage);
+    for (int i = 0; i < nopts; i++) printf("  %-24s %s\n", opts[i].flag, opts[i].help);
+}

@@ -1,0 +1,363 @@
+/*
+ * checkpoint.c — GPT weights in Hugging Face's safetensors layout, and training checkpoints
+ * (weights + AdamW moments + loop state) written so that a crash never loses a saved one.
+ *
+ * Hugging Face stores GPT-2's linear weights as Conv1D, (in, out); loom keeps nn.Linear's
+ * (out, in) like llm.c, so those tensors are transposed on the way in and out. The tied LM
+ * head is not stored; only the real vocabulary rows of wte are.
+ *
+ * Not here: the safetensors format itself (safetensors.c).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "io/checkpoint.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* One stored tensor: its HF name, stored shape, and where it lives in a flat buffer. */
+typedef struct {
+    char name[64];
+    int ndim;
+    int64_t shape[2];
+    size_t offset; /* floats into the flat layout */
+    int transpose; /* stored (in, out), held (out, in) */
+} hf_tensor;
+
+/* The HF tensors of a configuration, in file order; returns the count (2 + 12 L + 2). */
+static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info, hf_tensor *out) {
+    int64_t C = c->channels;
+    int n = 0;
+#define ADD(nm, k, nd, s0, s1, off, tr)                                                            \
+    do {                                                                                           \
+        hf_tensor *t = &out[n++];                                                                  \
+        snprintf(t->name, sizeof t->name, "%s", nm);                                               \
+        t->ndim = nd;                                                                              \
+        t->shape[0] = s0;                                                                          \
+        t->shape[1] = s1;                                                                          \
+        t->offset = info[k].offset + (size_t)(off);                                                \
+        t->transpose = tr;                                                                         \
+    } while (0)
+    ADD("wte.weight", LOOM_WTE, 2, c->vocab_size, C, 0, 0);
+    ADD("wpe.weight", LOOM_WPE, 2, c->max_seq_len, C, 0, 0);
+    for (int l = 0; l < c->num_layers; l++) {
+        char nm[64];
+        int64_t L = l;
+#define LAYER(suffix, k, nd, s0, s1, per_layer, tr)                                                \
+    do {                                                                                           \
+        snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);                                             \
+        ADD(nm, k, nd, s0, s1, L *(per_layer), tr);                                                \
+    } while (0)
+        LAYER("ln_1.weight", LOOM_LN1W, 1, C, 0, C, 0);
+        LAYER("ln_1.bias", LOOM_LN1B, 1, C, 0, C, 0);
+        LAYER("attn.c_attn.weight", LOOM_QKVW, 2, C, 3 * C, 3 * C * C, 1);
+        LAYER("attn.c_attn.bias", LOOM_QKVB, 1, 3 * C, 0, 3 * C, 0);
+        LAYER("attn.c_proj.weight", LOOM_ATTPROJW, 2, C, C, C * C, 1);
+        LAYER("attn.c_proj.bias", LOOM_ATTPROJB, 1, C, 0, C, 0);
+        LAYER("ln_2.weight", LOOM_LN2W, 1, C, 0, C, 0);
+        LAYER("ln_2.bias", LOOM_LN2B, 1, C, 0, C, 0);
+        LAYER("mlp.c_fc.weight", LOOM_FCW, 2, C, 4 * C, 4 * C * C, 1);
+        LAYER("mlp.c_fc.bias", LOOM_FCB, 1, 4 * C, 0, 4 * C, 0);
+        LAYER("mlp.c_proj.weight", LOOM_FCPROJW, 2, 4 * C, C, 4 * C * C, 1);
+        LAYER("mlp.c_proj.bias", LOOM_FCPROJB, 1, C, 0, C, 0);
+#undef LAYER
+    }
+    ADD("ln_f.weight", LOOM_LNFW, 1, C, 0, 0, 0);
+    ADD("ln_f.bias", LOOM_LNFB, 1, C, 0, 0, 0);
+#undef ADD
+    return n;
+}
+
+static hf_tensor *hf_tensor_list(const loom_gpt *model, int *count) {
+    size_t cap = 4 + 12 * (size_t)model->config.num_layers;
+    hf_tensor *list = loom_calloc(cap, sizeof *list, "tensor list");
+    if (list) *count = hf_tensors(&model->config, model->info, list);
+    return list;
+}
+
+static char *config_json(const loom_gpt_config *c) {
+    json_t *obj = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->num_layers, "heads",
+                            c->num_heads, "d_model", c->channels, "context", c->max_seq_len,
+                            "vocab", c->vocab_size, "padded_vocab", c->padded_vocab_size);
+    char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+/* Writes `prefix + name` tensors for each flat buffer given (params, or m and v). */
+static loom_status write_tensors(const char *path, const loom_gpt *model, const float *const *bufs,
+                                 const char *const *prefixes, int nbufs, const char *const *meta,
+                                 int meta_count) {
+    int count = 0;
+    hf_tensor *list = hf_tensor_list(model, &count);
+    if (!list) return LOOM_ERR_NOMEM;
+    int total = count * nbufs;
+    loom_st_tensor *tensors = loom_calloc((size_t)total, sizeof *tensors, "tensor table");
+    char(*names)[96] = loom_calloc((size_t)total, sizeof *names, "tensor names");
+    if (!tensors || !names) {
+        free(list), free(tensors), free(names);
+        return LOOM_ERR_NOMEM;
+    }
+    for (int b = 0; b < nbufs; b++) {
+        for (int i = 0; i < count; i++) {
+            loom_st_tensor *t = &tensors[b * count + i];
+            snprintf(names[b * count + i], sizeof names[0], "%s%s", prefixes[b], list[i].name);
+            t->name = names[b * count + i];
+            t->ndim = list[i].ndim;
+            t->shape[0] = list[i].shape[0];
+            t->shape[1] = list[i].shape[1];
+            t->data = bufs[b] + list[i].offset;
+            t->transpose = list[i].transpose;
+        }
+    }
+    loom_status st = loom_safetensors_write(path, tensors, total, meta, meta_count);
+    free(list), free(tensors), free(names);
+    return st;
+}
+
+loom_status loom_gpt_save_safetensors(const char *path, const loom_gpt *model) {
+    char *cfg = config_json(&model->config);
+    if (!cfg) return loom_fail(LOOM_ERR_NOMEM, "%s: cannot encode the model config", path);
+    const char *meta[] = {"format", "pt", "loom.config", cfg};
+    const float *bufs[] = {model->params_memory};
+    const char *prefixes[] = {""};
+    loom_status st = write_tensors(path, model, bufs, prefixes, 1, meta, 2);
+    free(cfg);
+    return st;
+}
+
+static loom_status read_int(json_t *obj, const char *key, int *out, const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > INT32_MAX) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: metadata loom.config: %s: expected a positive integer", path, key);
+    }
+    *out = (int)json_integer_value(v);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *c) {
+    loom_safetensors *st;
+    loom_status status = loom_safetensors_open(&st, path);
+    if (status != LOOM_OK) return status;
+    memset(c, 0, sizeof *c);
+    const char *meta = loom_safetensors_metadata(st, "loom.config");
+    if (meta) {
+        json_error_t err;
+        json_t *obj = json_loads(meta, 0, &err);
+        if (!json_is_object(obj)) {
+            json_decref(obj);
+            loom_safetensors_close(st);
+            return loom_fail(LOOM_ERR_INPUT, "%s: metadata loom.config: not a JSON object (%s)",
+                             path, err.text);
+        }
+        status = read_int(obj, "layers", &c->num_layers, path);
+        if (!status) status = read_int(obj, "heads", &c->num_heads, path);
+        if (!status) status = read_int(obj, "d_model", &c->channels, path);
+        if (!status) status = read_int(obj, "context", &c->max_seq_len, path);
+        if (!status) status = read_int(obj, "vocab", &c->vocab_size, path);
+        json_decref(obj);
+    } else {
+        /* A Hugging Face file: sizes from the shapes. */
+        const char *prefix = loom_safetensors_find(st, "wte.weight") ? "" : "transformer.";
+        char name[96];
+        snprintf(name, sizeof name, "%swte.weight", prefix);
+        const loom_st_entry *wte = loom_safetensors_find(st, name);
+        snprintf(name, sizeof name, "%swpe.weight", prefix);
+        const loom_st_entry *wpe = loom_safetensors_find(st, name);
+        if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2) {
+            loom_safetensors_close(st);
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: expected 2-D tensors wte.weight and wpe.weight (GPT-2 names)",
+                             path);
+        }
+        c->vocab_size = (int)wte->shape[0];
+        c->channels = (int)wte->shape[1];
+        c->max_seq_len = (int)wpe->shape[0];
+        c->num_heads = c->channels % 64 == 0 ? c->channels / 64 : 1;
+        for (int l = 0;; l++) {
+            snprintf(name, sizeof name, "%sh.%d.ln_1.weight", prefix, l);
+            if (!loom_safetensors_find(st, name)) break;
+            c->num_layers = l + 1;
+        }
+    }
+    loom_safetensors_close(st);
+    if (status != LOOM_OK) return status;
+    return loom_gpt_config_check(c, path);
+}
+
+/* Reads `prefix + name` tensors of a model layout into a flat buffer. */
+static loom_status read_tensors(loom_safetensors *st, const char *path, const loom_gpt *model,
+                                const char *prefix, float *buf) {
+    int count = 0;
+    hf_tensor *list = hf_tensor_list(model, &count);
+    if (!list) return LOOM_ERR_NOMEM;
+    const char *hf_prefix = "";
+    char probe[96];
+    snprintf(probe, sizeof probe, "%swte.weight", prefix);
+    if (!loom_safetensors_find(st, probe)) {
+        snprintf(probe, sizeof probe, "%stransformer.wte.weight", prefix);
+        if (loom_safetensors_find(st, probe)) hf_prefix = "transformer.";
+    }
+    loom_status status = LOOM_OK;
+    for (int i = 0; i < count && status == LOOM_OK; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s%s%s", prefix, hf_prefix, list[i].name);
+        if (!loom_safetensors_find(st, name)) {
+            status = loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s' is missing", path, name);
+            break;
+        }
+        status = loom_safetensors_read_f32(st, name, list[i].ndim, list[i].shape, list[i].transpose,
+                                           buf + list[i].offset);
+    }
+    free(list);
+    if (status == LOOM_OK) {
+        /* padded vocabulary rows are not stored: keep them zero */
+        const loom_gpt_config *c = &model->config;
+        size_t real = (size_t)c->vocab_size * (size_t)c->channels;
+        size_t padded = (size_t)c->padded_vocab_size * (size_t)c->channels;
+        memset(buf + model->info[LOOM_WTE].offset + real, 0, (padded - real) * sizeof(float));
+    }
+    return status;
+}
+
+loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model) {
+    loom_safetensors *st;
+    loom_status status = loom_safetensors_open(&st, path);
+    if (status != LOOM_OK) return status;
+    status = read_tensors(st, path, model, "", model->params_memory);
+    loom_safetensors_close(st);
+    return status;
+}
+
+#define STATE_FIELDS 6
+static const char *state_keys[STATE_FIELDS] = {"step",      "data_epoch", "data_index",
+                                               "rng_state", "bad_steps",  "skipped_total"};
+
+loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
+                                 const float *v, const loom_ckpt_state *state) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out_dir, state->step);
+    loom_status status = loom_mkdir_p(dir);
+    if (status != LOOM_OK) return status;
+
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    status = loom_gpt_save_safetensors(path, model);
+    if (status != LOOM_OK) return status;
+
+    char values[STATE_FIELDS][32];
+    uint64_t raw[STATE_FIELDS] = {(uint64_t)state->step,      state->data_epoch,
+                                  state->data_index,          state->rng_state,
+                                  (uint64_t)state->bad_steps, (uint64_t)state->skipped_total};
+    const char *meta[2 * STATE_FIELDS + 2];
+    for (int i = 0; i < STATE_FIELDS; i++) {
+        snprintf(values[i], sizeof values[i], "%" PRIu64, raw[i]);
+        meta[2 * i] = state_keys[i];
+        meta[2 * i + 1] = values[i];
+    }
+    meta[2 * STATE_FIELDS] = "format";
+    meta[2 * STATE_FIELDS + 1] = "loom.train_state.v1";
+    const float *bufs[] = {m, v};
+    const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    status = write_tensors(path, model, bufs, prefixes, 2, meta, STATE_FIELDS + 1);
+    if (status != LOOM_OK) return status;
+
+    /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
+    char pointer[64];
+    int len = snprintf(pointer, sizeof pointer, "step_%08" PRId64 "\n", state->step);
+    snprintf(path, sizeof path, "%s/checkpoints/latest", out_dir);
+    return loom_write_file_atomic(path, pointer, (size_t)len);
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static loom_status follow_latest(const char *checkpoints, char *dir, size_t cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/latest", checkpoints);
+    char *text;
+    size_t size;
+    if (loom_read_file(path, &text, &size) != LOOM_OK) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: no checkpoint pointer 'latest' (nothing saved yet?)",
+                         checkpoints);
+    }
+    while (size > 0 && (text[size - 1] == '\n' || text[size - 1] == ' ')) text[--size] = '\0';
+    if (size == 0 || strchr(text, '/')) {
+        free(text);
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected a step folder name like step_00000100",
+                         path);
+    }
+    snprintf(dir, cap, "%s/%s", checkpoints, text);
+    free(text);
+    return LOOM_OK;
+}
+
+loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/model.safetensors", path);
+    if (is_file(probe)) {
+        snprintf(dir, cap, "%s", path);
+        return LOOM_OK;
+    }
+    snprintf(probe, sizeof probe, "%s/latest", path);
+    if (is_file(probe)) return follow_latest(path, dir, cap);
+    snprintf(probe, sizeof probe, "%s/checkpoints", path);
+    if (is_dir(probe)) return follow_latest(probe, dir, cap);
+    if (!is_dir(path)) return loom_fail(LOOM_ERR_INPUT, "%s: no such checkpoint or folder", path);
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: expected a run folder, its checkpoints/ folder, or a step folder with "
+                     "model.safetensors",
+                     path);
+}
+
+static loom_status parse_u64(const char *text, uint64_t *out) {
+    if (!text || !*text) return LOOM_ERR_INPUT;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || *end || text[0] == '-') return LOOM_ERR_INPUT;
+    *out = v;
+    return LOOM_OK;
+}
+
+loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
+                                 loom_ckpt_state *state) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    loom_status status = loom_gpt_load_safetensors(path, model);
+    if (status != LOOM_OK) return status;
+
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    loom_safetensors *st;
+    status = loom_safetensors_open(&st, path);
+    if (status != LOOM_OK) return status;
+    uint64_t raw[STATE_FIELDS];
+    for (int i = 0; i < STATE_FIELDS && status == LOOM_OK; i++) {
+        if (parse_u64(loom_safetensors_metadata(st, state_keys[i]), &raw[i]) != LOOM_OK) {
+            status = loom_fail(LOOM_ERR_INPUT, "%s: metadata '%s': expected a non-negative integer",
+                               path, state_keys[i]);
+        }
+    }
+    if (status == LOOM_OK) status = read_tensors(st, path, model, "exp_avg.", m);
+    if (status == LOOM_OK) status = read_tensors(st, path, model, "exp_avg_sq.", v);
+    loom_safetensors_close(st);
+    if (status != LOOM_OK) return status;
+    state->step = (int64_t)raw[0];
+    state->data_epoch = raw[1];
+    state->data_index = raw[2];
+    state->rng_state = raw[3];
+    state->bad_steps = (int64_t)raw[4];
+    state->skipped_total = (int64_t)raw[5];
+    return LOOM_OK;
+}

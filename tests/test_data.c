@@ -1,0 +1,621 @@
+/*
+ * test_data.c — the data module: byte tokenizer, llm.c shards (against an independent byte-level
+ * parse), rejection of malformed shards, datasets from globs, the loader's order and resume, and
+ * `prepare`'s train/val split.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "loom/data.h"
+
+#include "check.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *tmp;
+
+static const char *tmp_path(const char *name) {
+    static char paths[64][1024]; /* a ring: results stay valid for 64 calls */
+    static int next;
+    char *p = paths[next++ % 64];
+    snprintf(p, sizeof paths[0], "%s/%s", tmp, name);
+    return p;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int error_mentions(const char *text) {
+    return strstr(loom_last_error(), text) != NULL;
+}
+
+static void write_raw(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n)) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+}
+
+/* Reads a whole file with plain stdio: the test's own view of the bytes. */
+static unsigned char *read_raw(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)size + 1);
+    *n = fread(buf, 1, (size_t)size, f);
+    fclose(f);
+    return buf;
+}
+
+static int32_t le_i32(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+static void put_le_i32(unsigned char *p, int32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)((uint32_t)v >> (8 * i));
+}
+
+/* A hand-made shard: header (magic, version, count) and `body_tokens` tokens of value 7. */
+static void write_crafted_shard(const char *path, int32_t magic, int32_t version, int32_t count,
+                                size_t body_tokens, size_t extra_bytes) {
+    size_t n = 1024 + 2 * body_tokens + extra_bytes;
+    unsigned char *buf = calloc(n, 1);
+    put_le_i32(buf, magic);
+    put_le_i32(buf + 4, version);
+    put_le_i32(buf + 8, count);
+    for (size_t i = 0; i < body_tokens; i++) buf[1024 + 2 * i] = 7;
+    write_raw(path, buf, n);
+    free(buf);
+}
+
+/* ---- tokenizer --------------------------------------------------------------------------- */
+
+static void test_tokenizer(void) {
+    char text[256];
+    for (int i = 0; i < 256; i++) text[i] = (char)i;
+    uint16_t tokens[258];
+    CHECK(loom_bytes_encode(text, 256, tokens) == 256, "encode count");
+    int ok = 1;
+    for (int i = 0; i < 256; i++) ok &= tokens[i] == i;
+    CHECK(ok, "every byte value is its own token");
+    tokens[256] = LOOM_BYTE_EOT;
+    tokens[257] = 300;
+    char out[300];
+    memset(out, 'x', sizeof out);
+    size_t n = loom_bytes_decode(tokens, 258, out, sizeof out);
+    CHECK(n == 258, "decoded %zu bytes", n);
+    CHECK(memcmp(out, text, 256) == 0, "all 256 byte values round trip");
+    CHECK(out[256] == '\n' && out[257] == '?' && out[258] == '\0', "EOT -> newline, 300 -> ?");
+
+    const char *doc = "hello";
+    uint16_t doc_tokens[6];
+    loom_bytes_encode(doc, 5, doc_tokens);
+    doc_tokens[5] = LOOM_BYTE_EOT;
+    char small[5];
+    n = loom_bytes_decode(doc_tokens, 6, small, sizeof small);
+    CHECK(n == 4 && strcmp(small, "hell") == 0, "decode truncates to cap-1: %zu '%s'", n, small);
+    n = loom_bytes_decode(doc_tokens, 6, out, sizeof out);
+    CHECK(n == 6 && strcmp(out, "hello\n") == 0, "document + EOT decodes to '%s'", out);
+    CHECK(loom_bytes_decode(doc_tokens, 6, out, 0) == 0, "cap 0 writes nothing");
+}
+
+/* ---- shards ------------------------------------------------------------------------------ */
+
+static void test_shard_round_trip(void) {
+    enum { N = 1000 };
+    uint16_t tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = (uint16_t)(i * 2654435761u >> 7);
+    tokens[0] = 0;
+    tokens[1] = 255;
+    tokens[2] = 256;
+    tokens[3] = 65535;
+    const char *path = tmp_path("round.bin");
+    CHECK(loom_shard_write(path, tokens, N) == LOOM_OK, "write: %s", loom_last_error());
+
+    size_t size;
+    unsigned char *raw = read_raw(path, &size);
+    CHECK(raw && size == 1024 + 2 * N, "raw size %zu", size);
+    if (raw && size == 1024 + 2 * N) {
+        CHECK(le_i32(raw) == 20240520 && le_i32(raw + 4) == 1 && le_i32(raw + 8) == N,
+              "header %d %d %d", le_i32(raw), le_i32(raw + 4), le_i32(raw + 8));
+        int zero = 1;
+        for (int s = 3; s < 256; s++) zero &= le_i32(raw + 4 * s) == 0;
+        CHECK(zero, "unused header slots are 0");
+        int same = 1;
+        for (int i = 0; i < N; i++) {
+            same &= (uint16_t)(raw[1024 + 2 * i] | raw[1024 + 2 * i + 1] << 8) == tokens[i];
+        }
+        CHECK(same, "token bytes are little-endian uint16");
+    }
+    free(raw);
+
+    uint16_t *back = NULL;
+    size_t count = 0;
+    CHECK(loom_shard_read(path, &back, &count) == LOOM_OK, "read: %s", loom_last_error());
+    CHECK(count == N && back && memcmp(back, tokens, sizeof tokens) == 0, "read equals written");
+    free(back);
+    size_t probed = 0;
+    CHECK(loom_shard_probe(path, &probed) == LOOM_OK && probed == N, "probe %zu", probed);
+
+    const char *empty = tmp_path("empty.bin");
+    CHECK(loom_shard_write(empty, tokens, 0) == LOOM_OK, "write empty shard");
+    back = NULL;
+    CHECK(loom_shard_read(empty, &back, &count) == LOOM_OK && count == 0, "empty shard reads");
+    free(back);
+    CHECK(!file_exists(tmp_path("round.bin.tmp")), "no temporary left");
+}
+
+static void expect_bad_shard(const char *name, const char *needle1, const char *needle2) {
+    const char *path = tmp_path(name);
+    uint16_t *tokens = (uint16_t *)1;
+    size_t count = 99;
+    loom_clear_error();
+    loom_status st = loom_shard_read(path, &tokens, &count);
+    CHECK(st == LOOM_ERR_INPUT, "%s: status %d", name, (int)st);
+    CHECK(tokens == NULL && count == 0, "%s: outputs cleared", name);
+    CHECK(error_mentions(path), "%s: message names the file: %s", name, loom_last_error());
+    if (needle1)
+        CHECK(error_mentions(needle1), "%s: '%s' in: %s", name, needle1, loom_last_error());
+    if (needle2)
+        CHECK(error_mentions(needle2), "%s: '%s' in: %s", name, needle2, loom_last_error());
+    size_t probed;
+    CHECK(loom_shard_probe(path, &probed) == LOOM_ERR_INPUT, "%s: probe rejects too", name);
+}
+
+static void test_bad_shards(void) {
+    write_crafted_shard(tmp_path("magic.bin"), 20240326, 1, 3, 3, 0);
+    expect_bad_shard("magic.bin", "20240520", "20240326");
+    write_crafted_shard(tmp_path("version.bin"), 20240520, 2, 3, 3, 0);
+    expect_bad_shard("version.bin", "version", "got 2");
+    write_crafted_shard(tmp_path("truncated.bin"), 20240520, 1, 5, 3, 0);
+    expect_bad_shard("truncated.bin", "1030", "1034"); /* both sizes */
+    write_crafted_shard(tmp_path("trailing.bin"), 20240520, 1, 3, 3, 1);
+    expect_bad_shard("trailing.bin", "1031", "1030");
+    /* A count that would need 4 GiB in a 1028-byte file: rejected from the size, before any
+     * allocation (under ASan a 4 GiB malloc would be reported as an allocation-size failure). */
+    write_crafted_shard(tmp_path("huge.bin"), 20240520, 1, INT32_MAX, 2, 0);
+    expect_bad_shard("huge.bin", "1028", "4294968318");
+    write_crafted_shard(tmp_path("negative.bin"), 20240520, 1, -4, 0, 0);
+    expect_bad_shard("negative.bin", "-4", NULL);
+    unsigned char short_file[100] = {0};
+    put_le_i32(short_file, 20240520);
+    write_raw(tmp_path("short.bin"), short_file, sizeof short_file);
+    expect_bad_shard("short.bin", "100", "1024");
+    write_raw(tmp_path("zero.bin"), short_file, 0);
+    expect_bad_shard("zero.bin", "0 bytes", NULL);
+    expect_bad_shard("missing.bin", "cannot open", NULL);
+
+    uint16_t t[3] = {1, 2, 3};
+    CHECK(loom_shard_write(tmp_path("no_such_dir/x.bin"), t, 3) == LOOM_ERR_IO,
+          "write into a missing directory fails");
+}
+
+/* ---- datasets ---------------------------------------------------------------------------- */
+
+static void write_shard_values(const char *name, uint16_t first, size_t count) {
+    uint16_t *tokens = malloc(count * sizeof *tokens);
+    for (size_t i = 0; i < count; i++) tokens[i] = (uint16_t)(first + i);
+    if (loom_shard_write(tmp_path(name), tokens, count) != LOOM_OK) {
+        fprintf(stderr, "setup: %s\n", loom_last_error());
+        exit(1);
+    }
+    free(tokens);
+}
+
+static void test_dataset(void) {
+    /* Written out of order; s_00 holds 100.., s_01 200.., s_02 300.. */
+    write_shard_values("s_02.bin", 300, 5);
+    write_shard_values("s_00.bin", 100, 3);
+    write_shard_values("s_01.bin", 200, 4);
+    char pattern[1200];
+    snprintf(pattern, sizeof pattern, "%s/s_*.bin", tmp);
+    loom_dataset *ds = NULL;
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_OK, "open: %s", loom_last_error());
+    if (ds) {
+        const uint16_t expect[12] = {100, 101, 102, 200, 201, 202, 203, 300, 301, 302, 303, 304};
+        CHECK(loom_dataset_num_tokens(ds) == 12, "token count %zu", loom_dataset_num_tokens(ds));
+        CHECK(memcmp(loom_dataset_tokens(ds), expect, sizeof expect) == 0,
+              "shards concatenated in name order");
+        CHECK(loom_dataset_num_files(ds) == 3 && strstr(loom_dataset_file(ds, 0), "s_00.bin") &&
+                  strstr(loom_dataset_file(ds, 2), "s_02.bin"),
+              "file list sorted");
+        CHECK(strcmp(loom_dataset_pattern(ds), pattern) == 0, "pattern kept");
+        loom_dataset_free(ds);
+    }
+
+    /* A list: given in reverse order, with a duplicate, and blanks around items. */
+    snprintf(pattern, sizeof pattern, "%s/s_02.bin , %s/s_00.bin,%s/s_0[02].bin", tmp, tmp, tmp);
+    ds = NULL;
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_OK, "open list: %s", loom_last_error());
+    if (ds) {
+        const uint16_t expect[8] = {100, 101, 102, 300, 301, 302, 303, 304};
+        CHECK(loom_dataset_num_tokens(ds) == 8 &&
+                  memcmp(loom_dataset_tokens(ds), expect, sizeof expect) == 0,
+              "list sorted, deduplicated, concatenated (%zu tokens)", loom_dataset_num_tokens(ds));
+        loom_dataset_free(ds);
+    }
+
+    snprintf(pattern, sizeof pattern, "%s/s_00.bin,%s/nothing_*.bin", tmp, tmp);
+    ds = (loom_dataset *)1;
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_ERR_INPUT && ds == NULL,
+          "unmatched pattern rejected");
+    CHECK(error_mentions("nothing_*.bin"), "names the pattern: %s", loom_last_error());
+    snprintf(pattern, sizeof pattern, "%s/s_00.bin,,%s/s_01.bin", tmp, tmp);
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_ERR_INPUT, "empty list item rejected");
+    snprintf(pattern, sizeof pattern, "%s/s_00.bin", tmp);
+    CHECK(loom_dataset_open(&ds, pattern, 0) == LOOM_ERR_INPUT, "vocab 0 rejected");
+
+    /* Vocabulary check: token 304 is at position 4 of s_02.bin. */
+    snprintf(pattern, sizeof pattern, "%s/s_*.bin", tmp);
+    CHECK(loom_dataset_open(&ds, pattern, 304) == LOOM_ERR_INPUT, "token >= vocab rejected");
+    CHECK(error_mentions("s_02.bin") && error_mentions("position 4") && error_mentions("304"),
+          "error names file, position, token: %s", loom_last_error());
+    ds = NULL;
+    CHECK(loom_dataset_open(&ds, pattern, 305) == LOOM_OK, "largest token = vocab-1 accepted");
+    loom_dataset_free(ds);
+
+    /* A bad shard inside the glob fails the dataset, naming it. */
+    write_crafted_shard(tmp_path("s_03.bin"), 20240520, 1, 9, 3, 0);
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_ERR_INPUT && error_mentions("s_03.bin"),
+          "bad shard in dataset named: %s", loom_last_error());
+    remove(tmp_path("s_03.bin"));
+}
+
+/* ---- loader ------------------------------------------------------------------------------ */
+
+/* A dataset whose token i is i, so a window is identified by its first input / T. */
+static loom_dataset *open_counting_dataset(const char *name, size_t count) {
+    write_shard_values(name, 0, count);
+    loom_dataset *ds = NULL;
+    if (loom_dataset_open(&ds, tmp_path(name), 65536) != LOOM_OK) {
+        fprintf(stderr, "setup: %s\n", loom_last_error());
+        exit(1);
+    }
+    return ds;
+}
+
+enum { T = 4, WINDOWS = 100, BATCH = 7 };
+
+/* Reads `count` windows in batches of BATCH (the last one partial) and records their ids. */
+static int read_windows(loom_loader *ld, const loom_dataset *ds, size_t count, size_t *ids) {
+    int32_t inputs[BATCH * T], targets[BATCH * T];
+    const uint16_t *tokens = loom_dataset_tokens(ds);
+    int consistent = 1;
+    for (size_t done = 0; done < count;) {
+        int b = count - done < BATCH ? (int)(count - done) : BATCH;
+        loom_loader_next(ld, b, inputs, targets);
+        for (int i = 0; i < b; i++) {
+            size_t start = (size_t)inputs[i * T];
+            ids[done + i] = start / T;
+            consistent &= start % T == 0;
+            for (int t = 0; t < T; t++) {
+                consistent &= inputs[i * T + t] == tokens[start + t];
+                consistent &= targets[i * T + t] == tokens[start + t + 1];
+                if (t + 1 < T) consistent &= targets[i * T + t] == inputs[i * T + t + 1];
+            }
+        }
+        done += (size_t)b;
+    }
+    return consistent;
+}
+
+static void test_loader_shuffle(void) {
+    loom_dataset *ds = open_counting_dataset("count.bin", WINDOWS * T + 3); /* 100 windows */
+    loom_loader *a = NULL, *b = NULL, *c = NULL;
+    CHECK(loom_loader_create(&a, ds, T, 1, 42) == LOOM_OK, "create: %s", loom_last_error());
+    CHECK(loom_loader_create(&b, ds, T, 1, 42) == LOOM_OK, "create same seed");
+    CHECK(loom_loader_create(&c, ds, T, 1, 43) == LOOM_OK, "create other seed");
+    if (!a || !b || !c) return;
+    CHECK(loom_loader_num_windows(a) == WINDOWS, "windows %zu", loom_loader_num_windows(a));
+
+    size_t ids_a[3 * WINDOWS], ids_b[3 * WINDOWS], ids_c[3 * WINDOWS];
+    CHECK(read_windows(a, ds, 3 * WINDOWS, ids_a), "inputs match the dataset, targets shifted");
+    read_windows(b, ds, 3 * WINDOWS, ids_b);
+    read_windows(c, ds, 3 * WINDOWS, ids_c);
+    for (int epoch = 0; epoch < 3; epoch++) {
+        int visits[WINDOWS] = {0};
+        int in_range = 1;
+        for (int i = 0; i < WINDOWS; i++) {
+            size_t id = ids_a[epoch * WINDOWS + i];
+            if (id < WINDOWS)
+                visits[id]++;
+            else
+                in_range = 0;
+        }
+        int once = in_range;
+        for (int w = 0; w < WINDOWS; w++) once &= visits[w] == 1;
+        CHECK(once, "epoch %d visits every window exactly once", epoch);
+    }
+    int identity = 1;
+    for (int i = 0; i < WINDOWS; i++) identity &= ids_a[i] == (size_t)i;
+    CHECK(!identity, "shuffle mode does not keep file order");
+    CHECK(memcmp(ids_a, ids_a + WINDOWS, WINDOWS * sizeof *ids_a) != 0 &&
+              memcmp(ids_a + WINDOWS, ids_a + 2 * WINDOWS, WINDOWS * sizeof *ids_a) != 0,
+          "order differs between epochs");
+    CHECK(memcmp(ids_a, ids_b, sizeof ids_a) == 0, "equal seeds give identical orders");
+    CHECK(memcmp(ids_a, ids_c, WINDOWS * sizeof *ids_a) != 0, "another seed, another order");
+    loom_loader_pos pos = loom_loader_get_pos(a);
+    CHECK(pos.epoch == 3 && pos.index == 0, "position after 3 epochs (%llu, %llu)",
+          (unsigned long long)pos.epoch, (unsigned long long)pos.index);
+    loom_loader_free(a);
+    loom_loader_free(b);
+    loom_loader_free(c);
+    loom_dataset_free(ds);
+}
+
+static void test_loader_resume(int shuffle) {
+    loom_dataset *ds = open_counting_dataset("resume.bin", WINDOWS * T + 1);
+    loom_loader *run = NULL, *resumed = NULL, *skipped = NULL;
+    loom_loader_create(&run, ds, T, shuffle, 7);
+    loom_loader_create(&resumed, ds, T, shuffle, 7);
+    loom_loader_create(&skipped, ds, T, shuffle, 7);
+    if (!run || !resumed || !skipped) {
+        CHECK(0, "create loaders: %s", loom_last_error());
+        return;
+    }
+    size_t before[23], after_run[250], after_resumed[250], after_skipped[250];
+    read_windows(run, ds, 23, before);
+    loom_loader_pos pos = loom_loader_get_pos(run);
+    CHECK(pos.epoch == 0 && pos.index == 23, "position after 23 windows");
+    read_windows(run, ds, 250, after_run); /* crosses two epoch boundaries */
+
+    CHECK(loom_loader_set_pos(resumed, pos) == LOOM_OK, "set_pos: %s", loom_last_error());
+    read_windows(resumed, ds, 250, after_resumed);
+    CHECK(memcmp(after_run, after_resumed, sizeof after_run) == 0,
+          "resumed loader continues like the uninterrupted one (shuffle=%d)", shuffle);
+    loom_loader_pos end_run = loom_loader_get_pos(run), end_resumed = loom_loader_get_pos(resumed);
+    CHECK(end_run.epoch == end_resumed.epoch && end_run.index == end_resumed.index &&
+              end_run.epoch == 2 && end_run.index == 73,
+          "same final position");
+
+    /* A position in a later epoch, restored on a loader that is still in epoch 0. */
+    loom_loader_pos late = {5, 17};
+    loom_loader_skip(skipped, 5 * WINDOWS + 17);
+    pos = loom_loader_get_pos(skipped);
+    CHECK(pos.epoch == 5 && pos.index == 17, "skip advances the position");
+    loom_loader *fresh = NULL;
+    loom_loader_create(&fresh, ds, T, shuffle, 7);
+    CHECK(loom_loader_set_pos(fresh, late) == LOOM_OK, "set_pos to a later epoch");
+    read_windows(skipped, ds, 250, after_skipped);
+    read_windows(fresh, ds, 250, after_resumed);
+    CHECK(memcmp(after_skipped, after_resumed, sizeof after_skipped) == 0,
+          "set_pos to epoch 5 equals skipping there");
+
+    loom_loader_pos bad = {0, WINDOWS};
+    CHECK(loom_loader_set_pos(fresh, bad) == LOOM_ERR_INPUT, "index >= windows rejected");
+    CHECK(error_mentions("100"), "names the window count: %s", loom_last_error());
+    loom_loader_free(run);
+    loom_loader_free(resumed);
+    loom_loader_free(skipped);
+    loom_loader_free(fresh);
+    loom_dataset_free(ds);
+}
+
+static void test_loader_sequential(void) {
+    loom_dataset *ds = open_counting_dataset("seq.bin", 10 * T + 2); /* 10 windows */
+    loom_loader *ld = NULL;
+    CHECK(loom_loader_create(&ld, ds, T, 0, 1) == LOOM_OK, "create sequential");
+    if (!ld) return;
+    size_t ids[25];
+    CHECK(read_windows(ld, ds, 25, ids), "sequential samples consistent");
+    int in_order = 1;
+    for (int i = 0; i < 25; i++) in_order &= ids[i] == (size_t)(i % 10);
+    CHECK(in_order, "sequential mode goes in file order and wraps");
+    loom_loader_pos pos = loom_loader_get_pos(ld);
+    CHECK(pos.epoch == 2 && pos.index == 5, "position (2, 5)");
+    loom_loader_free(ld);
+    loom_dataset_free(ds);
+}
+
+static void test_loader_too_short(void) {
+    loom_dataset *ds = open_counting_dataset("short_data.bin", 8);
+    loom_loader *ld = (loom_loader *)1;
+    CHECK(loom_loader_create(&ld, ds, 8, 1, 1) == LOOM_ERR_INPUT && ld == NULL,
+          "8 tokens cannot make a window of 8+1");
+    CHECK(error_mentions("short_data.bin") && error_mentions("8 tokens") && error_mentions("9"),
+          "error names the pattern and sizes: %s", loom_last_error());
+    CHECK(loom_loader_create(&ld, ds, 0, 1, 1) == LOOM_ERR_INPUT, "seq_len 0 rejected");
+    ld = NULL;
+    CHECK(loom_loader_create(&ld, ds, 7, 1, 1) == LOOM_OK && loom_loader_num_windows(ld) == 1,
+          "8 tokens make exactly one window of 7+1");
+    int32_t in[7], tg[7];
+    if (ld) {
+        loom_loader_next(ld, 1, in, tg);
+        loom_loader_next(ld, 1, in, tg);
+        CHECK(in[0] == 0 && tg[6] == 7 && loom_loader_get_pos(ld).epoch == 2, "one-window epochs");
+    }
+    loom_loader_free(ld);
+    loom_dataset_free(ds);
+}
+
+/* ---- prepare ----------------------------------------------------------------------------- */
+
+/* Appends bytes[begin, end) and EOT to out; returns the new length. */
+static size_t append_part(uint16_t *out, size_t len, const char *bytes, size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i++) out[len++] = (unsigned char)bytes[i];
+    out[len++] = LOOM_BYTE_EOT;
+    return len;
+}
+
+static int dataset_equals(const char *pattern, const uint16_t *expect, size_t n) {
+    loom_dataset *ds = NULL;
+    if (loom_dataset_open(&ds, pattern, LOOM_BYTE_VOCAB) != LOOM_OK) {
+        fprintf(stderr, "open %s: %s\n", pattern, loom_last_error());
+        return 0;
+    }
+    int same = loom_dataset_num_tokens(ds) == n &&
+               memcmp(loom_dataset_tokens(ds), expect, n * sizeof *expect) == 0;
+    if (!same)
+        fprintf(stderr, "%s: %zu tokens, expected %zu\n", pattern, loom_dataset_num_tokens(ds), n);
+    loom_dataset_free(ds);
+    return same;
+}
+
+static size_t shard_count(const char *dir, const char *name, int index) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s_%06d.bin", dir, name, index);
+    size_t count = 0;
+    if (loom_shard_probe(path, &count) != LOOM_OK) return (size_t)-1;
+    return count;
+}
+
+static void test_prepare_split(void) {
+    /* a.txt: 40 bytes including a NUL, 0xff and a newline; b.txt: 25 bytes. */
+    char a[40], b[25];
+    for (int i = 0; i < 40; i++) a[i] = (char)('A' + i % 26);
+    a[3] = '\0';
+    a[10] = (char)0xff;
+    a[35] = '\n';
+    for (int i = 0; i < 25; i++) b[i] = (char)('a' + i);
+    write_raw(tmp_path("a.txt"), a, sizeof a);
+    write_raw(tmp_path("b.txt"), b, sizeof b);
+    const char *paths[2] = {tmp_path("a.txt"), tmp_path("b.txt")};
+    char *dir = strdup(tmp_path("prepared"));
+
+    /* First run with tiny shards, to check that the second removes its extra shards. */
+    loom_prepare_opts opts = {.val_fraction = 0.25, .shard_tokens = 4, .min_val_tokens = 0};
+    CHECK(loom_prepare_text(paths, 2, dir, &opts) == LOOM_OK, "prepare: %s", loom_last_error());
+    CHECK(shard_count(dir, "train", 12) == 3, "51 train tokens in shards of 4: last holds 3");
+
+    opts.shard_tokens = 16;
+    CHECK(loom_prepare_text(paths, 2, dir, &opts) == LOOM_OK, "prepare: %s", loom_last_error());
+    /* a: round(0.25*40) = 10 val bytes; b: round(6.25) = 6. */
+    uint16_t train[64], val[64];
+    size_t n_train = append_part(train, 0, a, 0, 30);
+    n_train = append_part(train, n_train, b, 0, 19);
+    size_t n_val = append_part(val, 0, a, 30, 40);
+    n_val = append_part(val, n_val, b, 19, 25);
+    CHECK(n_train == 51 && n_val == 18, "expected sizes");
+    char pattern[1200];
+    snprintf(pattern, sizeof pattern, "%s/train_*.bin", dir);
+    CHECK(dataset_equals(pattern, train, n_train), "train shards hold the documented split");
+    snprintf(pattern, sizeof pattern, "%s/val_*.bin", dir);
+    CHECK(dataset_equals(pattern, val, n_val), "val shards hold the documented split");
+    CHECK(shard_count(dir, "train", 0) == 16 && shard_count(dir, "train", 3) == 3 &&
+              shard_count(dir, "train", 4) == (size_t)-1,
+          "train shards 16,16,16,3 and the stale ones removed");
+    CHECK(shard_count(dir, "val", 0) == 16 && shard_count(dir, "val", 1) == 2 &&
+              shard_count(dir, "val", 2) == (size_t)-1,
+          "val shards 16,2 and the stale ones removed");
+
+    /* The decoded text: each part is the file's bytes followed by EOT (decoded as newline). */
+    char text[80], expect_text[80];
+    loom_bytes_decode(val, n_val, text, sizeof text);
+    memcpy(expect_text, a + 30, 10);
+    expect_text[10] = '\n';
+    memcpy(expect_text + 11, b + 19, 6);
+    expect_text[17] = '\n';
+    CHECK(memcmp(text, expect_text, 18) == 0, "val decodes to the tails of a.txt and b.txt");
+    free(dir);
+}
+
+static void test_prepare_min_val(void) {
+    char big[100], small[40];
+    memset(big, 'x', sizeof big);
+    memset(small, 'y', sizeof small);
+    write_raw(tmp_path("big.txt"), big, sizeof big);
+    write_raw(tmp_path("small.txt"), small, sizeof small);
+    const char *paths[2] = {tmp_path("big.txt"), tmp_path("small.txt")};
+    char *dir = strdup(tmp_path("minval"));
+    /* big: max(round(10), min(32, 50)) = 32 val bytes; small: max(4, min(32, 20)) = 20. */
+    loom_prepare_opts opts = {.val_fraction = 0.1, .shard_tokens = 1000, .min_val_tokens = 33};
+    CHECK(loom_prepare_text(paths, 2, dir, &opts) == LOOM_OK, "prepare: %s", loom_last_error());
+    CHECK(shard_count(dir, "val", 0) == 33 + 21, "val = (32+EOT) + (20+EOT): %zu",
+          shard_count(dir, "val", 0));
+    CHECK(shard_count(dir, "train", 0) == 69 + 21, "train = (68+EOT) + (20+EOT): %zu",
+          shard_count(dir, "train", 0));
+
+    /* A tiny file: round(0.1 * 3) = 0 is raised to 1 val byte; a 1-byte file cannot split. */
+    write_raw(tmp_path("tiny.txt"), "abc", 3);
+    write_raw(tmp_path("one.txt"), "z", 1);
+    const char *tiny_paths[2] = {tmp_path("tiny.txt"), tmp_path("one.txt")};
+    char *dir_tiny = strdup(tmp_path("tiny"));
+    opts.min_val_tokens = 0;
+    CHECK(loom_prepare_text(tiny_paths, 2, dir_tiny, &opts) == LOOM_OK, "prepare tiny");
+    const uint16_t tiny_train[5] = {'a', 'b', LOOM_BYTE_EOT, 'z', LOOM_BYTE_EOT};
+    const uint16_t tiny_val[2] = {'c', LOOM_BYTE_EOT};
+    char pattern[1200];
+    snprintf(pattern, sizeof pattern, "%s/train_*.bin", dir_tiny);
+    CHECK(dataset_equals(pattern, tiny_train, 5), "tiny train split");
+    snprintf(pattern, sizeof pattern, "%s/val_*.bin", dir_tiny);
+    CHECK(dataset_equals(pattern, tiny_val, 2), "tiny val split: one byte + EOT");
+    free(dir_tiny);
+
+    /* Without val: no val shard at all. */
+    char *dir0 = strdup(tmp_path("noval"));
+    opts.val_fraction = 0;
+    CHECK(loom_prepare_text(paths, 2, dir0, &opts) == LOOM_OK, "prepare without val");
+    CHECK(shard_count(dir0, "train", 0) == 142 && shard_count(dir0, "val", 0) == (size_t)-1,
+          "all 140 bytes + 2 EOT in train, no val shard");
+
+    /* Defaults. */
+    loom_prepare_opts d = loom_prepare_default_opts();
+    CHECK(d.val_fraction == 0.1 && d.shard_tokens == 100000000 &&
+              d.min_val_tokens == LOOM_PREPARE_MIN_VAL_TOKENS,
+          "default options");
+    char *dir1 = strdup(tmp_path("defaults"));
+    CHECK(loom_prepare_text(paths, 2, dir1, NULL) == LOOM_OK, "prepare with NULL opts");
+    /* big: max(10, min(1024, 50)) = 50; small: max(4, min(1024, 20)) = 20. */
+    CHECK(shard_count(dir1, "val", 0) == 51 + 21, "default val split %zu",
+          shard_count(dir1, "val", 0));
+    free(dir);
+    free(dir0);
+    free(dir1);
+}
+
+static void test_prepare_errors(void) {
+    char *dir = strdup(tmp_path("never"));
+    write_raw(tmp_path("empty.txt"), "", 0);
+    const char *missing[2] = {tmp_path("a.txt"), tmp_path("missing.txt")};
+    const char *empty[1] = {tmp_path("empty.txt")};
+    const char *good[1] = {tmp_path("a.txt")};
+    loom_prepare_opts opts = loom_prepare_default_opts();
+
+    CHECK(loom_prepare_text(missing, 2, dir, &opts) == LOOM_ERR_INPUT &&
+              error_mentions("missing.txt"),
+          "missing input named: %s", loom_last_error());
+    CHECK(loom_prepare_text(empty, 1, dir, &opts) == LOOM_ERR_INPUT &&
+              error_mentions("empty.txt") && error_mentions("empty"),
+          "empty input named: %s", loom_last_error());
+    CHECK(loom_prepare_text(good, 0, dir, &opts) == LOOM_ERR_INPUT, "no inputs rejected");
+    const char *dir_input[1] = {tmp};
+    CHECK(loom_prepare_text(dir_input, 1, dir, &opts) == LOOM_ERR_INPUT,
+          "a directory is not a text file");
+    double bad_fractions[4] = {1.0, -0.1, NAN, 2.0};
+    for (int i = 0; i < 4; i++) {
+        opts.val_fraction = bad_fractions[i];
+        CHECK(loom_prepare_text(good, 1, dir, &opts) == LOOM_ERR_INPUT &&
+                  error_mentions("fraction"),
+              "fraction %g rejected", bad_fractions[i]);
+    }
+    opts = loom_prepare_default_opts();
+    opts.shard_tokens = 0;
+    CHECK(loom_prepare_text(good, 1, dir, &opts) == LOOM_ERR_INPUT, "shard_tokens 0 rejected");
+    CHECK(!file_exists(dir), "nothing written when the input is bad");
+    free(dir);
+}
+
+int main(void) {
+    tmp = check_tmpdir();
+    loom_log_set_level(LOOM_LOG_WARN); /* prepare's progress lines would drown the verdicts */
+    test_tokenizer();
+    test_shard_round_trip();
+    test_bad_shards();
+    test_dataset();
+    test_loader_shuffle();
+    test_loader_resume(1);
+    test_loader_resume(0);
+    test_loader_sequential();
+    test_loader_too_short();
+    test_prepare_split();
+    test_prepare_min_val();
+    test_prepare_errors();
+    return check_finish();
+}
