@@ -50,7 +50,7 @@ static const cli_opt train_opts[] = {
     TOPT("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
     TOPT("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
     TOPT("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
-    TOPT("--eval-batches", OPT_INT, eval_batches, "micro-batches per validation"),
+    TOPT("--eval-batches", OPT_INT, eval_batches, "global batches per validation (Megatron eval-iters)"),
     TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,

@@ -239,20 +239,23 @@ static void json_number(FILE *f, const char *key, double value, int last) {
     }
 }
 
-/* Mean loss over the first `batches` micro-batches of the validation split. */
+/* Mean loss over the first eval_batches global batches of the validation split (capped at the
+ * split's size), in micro-batches: the same windows whatever the micro-batch size. */
 static double validation_loss(trainer *t) {
     const loom_train_config *cfg = t->cfg;
     loom_loader_set_pos(t->val_loader, (loom_loader_pos){0, 0});
-    size_t windows = loom_loader_num_windows(t->val_loader);
-    int64_t batches = cfg->eval_batches;
-    int B = cfg->micro_batch_size;
-    if ((size_t)batches * (size_t)B > windows) batches = (int64_t)((windows + B - 1) / B);
+    int64_t windows = (int64_t)cfg->eval_batches * cfg->global_batch_size;
+    int64_t available = (int64_t)loom_loader_num_windows(t->val_loader);
+    if (windows > available) windows = available;
     double sum = 0.0;
-    for (int64_t i = 0; i < batches; i++) {
-        loom_loader_next(t->val_loader, B, t->inputs, t->targets);
-        sum += loom_gpt_forward(t->model, t->inputs, t->targets, B, cfg->seq_len);
+    for (int64_t done = 0; done < windows;) {
+        int b =
+            windows - done < cfg->micro_batch_size ? (int)(windows - done) : cfg->micro_batch_size;
+        loom_loader_next(t->val_loader, b, t->inputs, t->targets);
+        sum += (double)loom_gpt_forward(t->model, t->inputs, t->targets, b, cfg->seq_len) * b;
+        done += b;
     }
-    return sum / (double)batches;
+    return sum / (double)windows;
 }
 
 static int nan_injected(const loom_train_config *cfg, int64_t step) {
