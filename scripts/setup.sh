@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages loom needs, only those missing. Safe to run again.
 set -euo pipefail
-packages=(cmake gcc make pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
+packages=(cmake gcc make pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
           libjansson-dev libglpk-dev fortunes)
 missing=()
 for p in "${packages[@]}"; do
