@@ -345,8 +345,8 @@ static void test_elementwise(const loom_backend *be) {
     for (int step = 1; step <= 5; step++) {
         fill_random(g, n, 0.1);
         float *fg = to_float(g, n);
-        ref_adamw_update(p, g, m, v, n, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
-        be->adamw_update(fp, fg, fm, fv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        ref_adamw_update(p, g, m, v, n, 1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.75);
+        be->adamw_update(fp, fg, fm, fv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.75f);
         free(fg);
     }
     compare("adamw params fast vs ref", fp, p, n, 1e-5, 1e-6);

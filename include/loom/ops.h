@@ -67,9 +67,11 @@ typedef struct loom_backend {
                                   float dloss, int64_t N, int V, int Vp);
 
     /* AdamW on a contiguous range: m, v updated; decay applied when weight_decay != 0.
-     * step is 1-based (bias correction). */
+     * step is 1-based (bias correction). Gradients are multiplied by grad_scale first (global
+     * norm clipping fused in: one pass over memory instead of two). */
     void (*adamw_update)(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                         float grad_scale);
 
     /* sum of squares, accumulated in double */
     double (*sum_squares)(const float *x, int64_t n);

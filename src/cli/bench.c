@@ -80,7 +80,7 @@ static loom_status run_case(const bench_case *bc, int threads, int steps, int wa
             const loom_gpt_tensor_info *ti = &m->info[k];
             be->adamw_update(m->params_memory + ti->offset, m->grads_memory + ti->offset,
                              mom + ti->offset, vel + ti->offset, ti->numel, 1e-4f, 0.9f, 0.95f,
-                             1e-8f, ti->decay ? 0.1f : 0.0f, s + 1);
+                             1e-8f, ti->decay ? 0.1f : 0.0f, s + 1, 1.0f);
         }
         double dt = loom_now() - t0;
         loom_ops_profile_enable(0);

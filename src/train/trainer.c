@@ -316,9 +316,9 @@ static loom_status train_step(trainer *t, int64_t step) {
                   step + 1, loss, grad_norm, t->state.bad_steps, cfg->max_bad_steps);
     } else {
         t->state.bad_steps = 0;
+        float grad_scale = 1.0f;
         if (cfg->grad_clip > 0 && grad_norm > cfg->grad_clip) {
-            be->scale(model->grads_memory, (float)(cfg->grad_clip / grad_norm),
-                      (int64_t)model->num_params);
+            grad_scale = (float)(cfg->grad_clip / grad_norm);
         }
         int64_t update = step + 1 - t->state.skipped_total; /* AdamW's t counts applied updates */
         for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
@@ -326,7 +326,7 @@ static loom_status train_step(trainer *t, int64_t step) {
             be->adamw_update(model->params_memory + ti->offset, model->grads_memory + ti->offset,
                              t->m + ti->offset, t->v + ti->offset, ti->numel, (float)lr,
                              (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
-                             ti->decay ? (float)cfg->weight_decay : 0.0f, update);
+                             ti->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
         }
     }
     t->state.step = step + 1;

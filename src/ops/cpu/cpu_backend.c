@@ -100,9 +100,9 @@ static void t_softmax_xent_backward(float *dlogits, const float *probs, const in
 }
 static void t_adamw_update(float *params, const float *grads, float *m, float *v, int64_t n,
                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                           int64_t step) {
-    TIMED(LOOM_KERNEL_ADAMW,
-          cpu_adamw_update(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step));
+                           int64_t step, float grad_scale) {
+    TIMED(LOOM_KERNEL_ADAMW, cpu_adamw_update(params, grads, m, v, n, lr, beta1, beta2, eps,
+                                              weight_decay, step, grad_scale));
 }
 static double t_sum_squares(const float *x, int64_t n) {
     double r;

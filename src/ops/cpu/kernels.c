@@ -343,12 +343,13 @@ void cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t
 }
 
 void cpu_adamw_update(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                      float grad_scale) {
     float bc1 = 1.0f - powf(beta1, (float)step);
     float bc2 = 1.0f - powf(beta2, (float)step);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float g = grads[i];
+        float g = grads[i] * grad_scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * g;
         float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
         m[i] = mi;

@@ -31,7 +31,8 @@ void cpu_softmax_xent_forward(float *losses, float *probs, const float *logits,
 void cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
                                float dloss, int64_t N, int V, int Vp);
 void cpu_adamw_update(float *params, const float *grads, float *m, float *v, int64_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                      float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                      float grad_scale);
 double cpu_sum_squares(const float *x, int64_t n);
 void cpu_scale(float *x, float s, int64_t n);
 

@@ -210,10 +210,11 @@ void ref_softmax_xent_backward(double *dlogits, const double *probs, const int32
 
 void ref_adamw_update(double *params, const double *grads, double *m, double *v, int64_t n,
                       double lr, double beta1, double beta2, double eps, double weight_decay,
-                      int64_t step) {
+                      int64_t step, double grad_scale) {
     for (int64_t i = 0; i < n; i++) {
-        m[i] = beta1 * m[i] + (1.0 - beta1) * grads[i];
-        v[i] = beta2 * v[i] + (1.0 - beta2) * grads[i] * grads[i];
+        double g = grads[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0 - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0 - beta2) * g * g;
         double mhat = m[i] / (1.0 - pow(beta1, (double)step));
         double vhat = v[i] / (1.0 - pow(beta2, (double)step));
         params[i] -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * params[i]);

@@ -34,6 +34,6 @@ void ref_softmax_xent_backward(double *dlogits, const double *probs, const int32
                                double dloss, int64_t N, int V, int Vp);
 void ref_adamw_update(double *params, const double *grads, double *m, double *v, int64_t n,
                       double lr, double beta1, double beta2, double eps, double weight_decay,
-                      int64_t step);
+                      int64_t step, double grad_scale);
 
 #endif
