@@ -28,7 +28,7 @@ void loom_log(loom_log_level level, const char *fmt, ...) {
     char line[4096];
     va_list args;
     va_start(args, fmt);
-    vsnprintf(line, sizeof line, fmt, args);
+    vsnprintf(line, sizeof line, fmt, args); /* NOLINT(clang-analyzer-valist.Uninitialized) */
     va_end(args);
     fprintf(out, "%s%s%s\n", log_prefix, tag, line);
     fflush(out);

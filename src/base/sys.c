@@ -134,6 +134,7 @@ static void fsync_parent_dir(const char *path) {
 }
 
 loom_status loom_atomic_commit(loom_atomic_file *file) {
+    if (!file) return loom_fail(LOOM_ERR_IO, "atomic commit of a file that was not opened");
     loom_status st = LOOM_OK;
     if (fflush(file->stream) != 0 || fsync(fileno(file->stream)) != 0 || ferror(file->stream)) {
         st = loom_fail(LOOM_ERR_IO, "%s: write failed: %s", file->tmp_path, strerror(errno));
@@ -164,7 +165,7 @@ void loom_atomic_abort(loom_atomic_file *file) {
 loom_status loom_write_file_atomic(const char *path, const void *data, size_t size) {
     loom_atomic_file *af;
     loom_status st = loom_atomic_open(&af, path);
-    if (st != LOOM_OK) return st;
+    if (st != LOOM_OK || !af) return st != LOOM_OK ? st : LOOM_ERR_IO;
     if (size && fwrite(data, 1, size, af->stream) != size) {
         loom_atomic_abort(af);
         return loom_fail(LOOM_ERR_IO, "%s: write failed", path);

@@ -165,7 +165,7 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         st = loom_gpt_create(&t->model, &wanted, be);
         if (st == LOOM_OK) loom_gpt_init_weights(t->model, cfg->seed);
     }
-    if (st != LOOM_OK) return st;
+    if (st != LOOM_OK || !t->model) return st != LOOM_OK ? st : LOOM_ERR_RUNTIME;
     const loom_gpt_config *mc = &t->model->config;
     if (cfg->seq_len > mc->max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT,
@@ -198,7 +198,7 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     if (resume_dir[0]) {
         if ((st = loom_checkpoint_load(resume_dir, t->model, t->m, t->v, &t->state))) return st;
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
-        if ((st = loom_loader_set_pos(t->train_loader, pos)) != LOOM_OK) {
+        if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data: %s",
                              resume_dir, loom_last_error());
         }
@@ -397,7 +397,8 @@ static loom_status write_plot(const char *out) {
     size_t size;
     loom_status st = loom_read_file(path, &text, &size);
     if (st != LOOM_OK) return st;
-    size_t cap = 1024, n = 0, nv = 0;
+    size_t cap = 1, n = 0, nv = 0; /* one record per line at most */
+    for (size_t i = 0; i < size; i++) cap += text[i] == '\n';
     int64_t *steps = malloc(cap * sizeof *steps), *vsteps = malloc(cap * sizeof *vsteps);
     double *loss = malloc(cap * sizeof *loss), *vloss = malloc(cap * sizeof *vloss);
     for (char *line = text; line && *line && steps && vsteps && loss && vloss;) {
@@ -406,13 +407,6 @@ static loom_status write_plot(const char *out) {
         json_t *obj = json_loadb(line, len, 0, NULL);
         json_t *s = json_object_get(obj, "step");
         json_t *l = json_object_get(obj, "loss"), *vl = json_object_get(obj, "val_loss");
-        if (n == cap || nv == cap) {
-            cap *= 2;
-            steps = realloc(steps, cap * sizeof *steps), loss = realloc(loss, cap * sizeof *loss);
-            vsteps = realloc(vsteps, cap * sizeof *vsteps);
-            vloss = realloc(vloss, cap * sizeof *vloss);
-            if (!steps || !loss || !vsteps || !vloss) break;
-        }
         if (json_is_integer(s) && json_is_number(l)) {
             steps[n] = json_integer_value(s), loss[n++] = json_number_value(l);
         }
