@@ -77,7 +77,10 @@ static void test_init(void) {
     CHECK(padded_zero, "padded vocabulary rows are zero");
     ss = 0;
     int64_t np = m->info[LOOM_ATTPROJW].numel;
-    for (int64_t i = 0; i < np; i++) ss += m->params.attprojw[i] * m->params.attprojw[i];
+    for (int64_t i = 0; i < np; i++) {
+        float w = m->params_memory[loom_gpt_element_offset(&m->info[LOOM_ATTPROJW], i)];
+        ss += w * w;
+    }
     CHECK_CLOSE(sqrt(ss / np), 0.02 / sqrt(2.0 * c.num_layers), 0.05, 0.0, "attproj std");
     CHECK(m->params.ln1w[5] == 1.0f && m->params.lnfw[0] == 1.0f, "LayerNorm weights 1");
     CHECK(m->params.ln2b[3] == 0.0f && m->params.qkvb[7] == 0.0f, "biases 0");
@@ -113,7 +116,8 @@ static void test_gradients(void) {
          i < (int64_t)c.padded_vocab_size * c.channels; i++)
         m->params.wte[i] = 0.0f;
     for (int i = 0; i < c.num_layers * c.channels; i++) {
-        m->params.ln1w[i] = 1.0f + 0.1f * (float)(i % 7), m->params.ln2b[i] = 0.05f * (i % 5);
+        m->params_memory[loom_gpt_element_offset(&m->info[LOOM_LN1W], i)] = 1.0f + 0.1f * (i % 7);
+        m->params_memory[loom_gpt_element_offset(&m->info[LOOM_LN2B], i)] = 0.05f * (i % 5);
     }
     enum { B = 2, T = 7 };
     int32_t inputs[B * T], targets[B * T];
@@ -127,9 +131,18 @@ static void test_gradients(void) {
     loom_gpt_zero_grad(m);
     loom_gpt_backward(m, 1.0f / (B * T - 1));
 
+    /* the reference reads llm.c's tensor-major order: copy each tensor whole */
+    loom_gpt_tensor_info ref_info[LOOM_NUM_PARAM_TENSORS];
+    memcpy(ref_info, m->info, sizeof ref_info);
+    size_t at = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++)
+        ref_info[k].offset = at, at += ref_info[k].numel;
     double *params = dalloc((int64_t)m->num_params);
-    for (size_t i = 0; i < m->num_params; i++) params[i] = m->params_memory[i];
-    double ref = reference_loss(&c, m->info, params, inputs, targets, B, T);
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++)
+        for (int64_t i = 0; i < m->info[k].numel; i++)
+            params[ref_info[k].offset + i] =
+                m->params_memory[loom_gpt_element_offset(&m->info[k], i)];
+    double ref = reference_loss(&c, ref_info, params, inputs, targets, B, T);
     CHECK_CLOSE(loss, ref, 1e-5, 0.0, "fast loss vs double reference loss");
 
     const double h = 1e-5;
@@ -139,21 +152,21 @@ static void test_gradients(void) {
         if (k == LOOM_WPE) limit = (int64_t)T * c.channels; /* positions used */
         double maxg = 0.0;
         for (int64_t i = 0; i < limit; i++) {
-            double a = fabs(m->grads_memory[ti->offset + i]);
+            double a = fabs(m->grads_memory[loom_gpt_element_offset(ti, i)]);
             maxg = a > maxg ? a : maxg;
         }
         int bad = 0;
         for (int s = 0; s < 12 && bad < 3; s++) {
             int64_t i = (int64_t)(loom_rng_u64(5, (uint64_t)k, (uint64_t)s) % (uint64_t)limit);
-            double *p = params + ti->offset + i;
+            double *p = params + ref_info[k].offset + i;
             double saved = *p;
             *p = saved + h;
-            double fp = reference_loss(&c, m->info, params, inputs, targets, B, T);
+            double fp = reference_loss(&c, ref_info, params, inputs, targets, B, T);
             *p = saved - h;
-            double fm = reference_loss(&c, m->info, params, inputs, targets, B, T);
+            double fm = reference_loss(&c, ref_info, params, inputs, targets, B, T);
             *p = saved;
             double fd = (fp - fm) / (2 * h);
-            double g = m->grads_memory[ti->offset + i];
+            double g = m->grads_memory[loom_gpt_element_offset(ti, i)];
             if (!(fabs(g - fd) <= 1e-3 * maxg + 1e-3 * fabs(fd))) {
                 bad++;
                 char what[128];

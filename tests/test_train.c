@@ -216,7 +216,7 @@ static void test_hf_layout(void) {
     CHECK(loom_safetensors_read_f32(st, "h.1.attn.c_attn.weight", 2, shape, 0, w) == LOOM_OK,
           "read c_attn");
     /* stored[i][j] (in i, out j) == loom's qkvw[layer 1][j][i] */
-    const float *q1 = m->params.qkvw + (size_t)3 * C * C;
+    const float *q1 = m->params.qkvw + m->layer_stride; /* layer 1 */
     int ok = 1;
     for (int i = 0; i < C; i++)
         for (int j = 0; j < 3 * C; j++) ok &= w[(size_t)i * 3 * C + j] == q1[(size_t)j * C + i];
@@ -236,13 +236,25 @@ static void test_hf_layout(void) {
     loom_llmc_header h = {cfg.max_seq_len, V, cfg.num_layers,
                           cfg.num_heads,   C, cfg.padded_vocab_size};
     snprintf(path, sizeof path, "%s/model.bin", tmp);
-    CHECK(loom_llmc_write(path, &h, m->params_memory, m->num_params) == LOOM_OK, "llm.c write");
+    /* llm.c's file keeps each tensor whole, in order: build that by hand */
+    float *llmc = malloc(m->num_params * sizeof(float));
+    size_t at = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++)
+        for (int64_t i = 0; i < m->info[k].numel; i++)
+            llmc[at++] = m->params_memory[loom_gpt_element_offset(&m->info[k], i)];
+    CHECK(loom_llmc_write(path, &h, llmc, m->num_params) == LOOM_OK, "llm.c write");
     CHECK(loom_model_load(path, loom_backend_cpu(), &back) == LOOM_OK, "llm.c load: %s",
           loom_last_error());
     size_t qkvw_at = (size_t)cfg.padded_vocab_size * C + (size_t)cfg.max_seq_len * C +
                      (size_t)2 * cfg.num_layers * C;
-    CHECK(back && back->params.qkvw[5] == m->params_memory[qkvw_at + 5],
-          "llm.c qkvw lands in qkvw");
+    CHECK(back && back->params.qkvw[5] == llmc[qkvw_at + 5], "llm.c qkvw lands in qkvw");
+    /* layer 1's first fcw element: after wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+     * ln2w, ln2b, then layer 0's fcw */
+    size_t L = (size_t)cfg.num_layers, Cs = (size_t)C;
+    size_t fcw1 = (size_t)cfg.padded_vocab_size * Cs + (size_t)cfg.max_seq_len * Cs + 2 * L * Cs +
+                  L * 3 * Cs * Cs + L * 3 * Cs + L * Cs * Cs + L * Cs + 2 * L * Cs + 4 * Cs * Cs;
+    CHECK(back && back->params.fcw[back->layer_stride] == llmc[fcw1], "llm.c fcw layer 1");
+    free(llmc);
     CHECK(back && memcmp(back->params_memory, m->params_memory, m->num_params * 4) == 0,
           "llm.c import is exact");
     loom_gpt_free(back);

@@ -1,7 +1,11 @@
 /*
  * loom/model.h — the GPT-2 model: configuration and presets, the parameter layout (one flat
- * buffer in llm.c's tensor order, with a struct of pointers into it), initialisation, and
- * the forward and backward pass of one micro-batch.
+ * buffer with a struct of pointers into it), initialisation, and the forward and backward
+ * pass of one micro-batch.
+ *
+ * The flat buffer is layer-major: wte, wpe, then block 0's twelve tensors, block 1's, ...,
+ * then lnfw, lnfb. A block's parameters (and gradients) are contiguous, so gradient buckets
+ * become ready block by block during backward, and a pipeline stage's layers are one slice.
  *
  * The forward/backward pass is split into embedding, a range of blocks, and the head, so
  * that a pipeline stage can run only its part.
@@ -38,7 +42,7 @@ int loom_gpt_pad_vocab(int vocab_size);
  * padded_vocab_size when it is 0. */
 loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
 
-/* The 16 parameter tensors, in llm.c's order. */
+/* The 16 parameter tensors, in llm.c's order (which is also their order within a block). */
 enum {
     LOOM_WTE,
     LOOM_WPE,
@@ -59,6 +63,8 @@ enum {
     LOOM_NUM_PARAM_TENSORS
 };
 
+/* Pointers to each tensor's layer-0 slice; layer l's slice of a per-layer tensor is at
+ * + l * layer_stride (loom_gpt.layer_stride). Shapes below are logical, per layer after L. */
 typedef struct {
     float *wte;      /* (Vp, C) token embedding, tied LM head; padded rows zero */
     float *wpe;      /* (maxT, C) */
@@ -82,15 +88,29 @@ typedef struct {
     const char *name; /* llm.c-style short name, e.g. "qkvw" */
     int64_t numel;
     int ndim;
-    int64_t shape[3]; /* as stored in the flat buffer, layers outermost */
-    size_t offset;    /* in floats from the start of the flat buffer */
-    int decay;        /* weight decay applies (2-D weights) */
-    int per_layer;    /* leading L dimension */
+    int64_t shape[3];    /* logical shape, layers outermost (llm.c's) */
+    size_t offset;       /* in floats from the start of the flat buffer (layer 0's slice) */
+    size_t layer_stride; /* floats between consecutive layers' slices; 0 if not per layer */
+    int64_t layer_numel; /* elements per layer (numel for a global tensor) */
+    int decay;           /* weight decay applies (2-D weights) */
+    int per_layer;       /* leading L dimension */
 } loom_gpt_tensor_info;
 
 /* Sizes and offsets of the 16 tensors for a configuration; returns the total count. */
 size_t loom_gpt_layout(const loom_gpt_config *config,
                        loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+/* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */
+size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index);
+
+/* A contiguous run of one tensor's elements in the flat buffer (one layer's slice, or a whole
+ * global tensor), for per-tensor treatment such as weight decay. */
+typedef struct {
+    size_t offset;
+    int64_t numel;
+    int tensor; /* LOOM_WTE ... */
+    int layer;  /* -1 for global tensors */
+    int decay;
+} loom_gpt_segment;
 
 typedef struct {
     float *encoded;   /* (B, T, C) */
@@ -131,6 +151,9 @@ typedef struct {
     const loom_backend *backend;
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     size_t num_params;
+    size_t layer_stride;        /* floats per transformer block */
+    loom_gpt_segment *segments; /* in flat-buffer order, covering it exactly */
+    int num_segments;
 
     float *params_memory; /* (num_params) */
     loom_gpt_tensors params;

@@ -183,8 +183,9 @@ loom_status loom_mkdir_p(const char *path) {
             char saved = *p;
             *p = '\0';
             if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-                return loom_fail(LOOM_ERR_IO, "%s: cannot create directory: %s", buf,
-                                 strerror(errno));
+                /* a path through a file is the user's mistake, not the disk's */
+                return loom_fail(errno == ENOTDIR ? LOOM_ERR_INPUT : LOOM_ERR_IO,
+                                 "%s: cannot create directory: %s", buf, strerror(errno));
             }
             *p = saved;
             if (saved == '\0') break;
@@ -192,7 +193,7 @@ loom_status loom_mkdir_p(const char *path) {
     }
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        return loom_fail(LOOM_ERR_IO, "%s: not a directory", path);
+        return loom_fail(LOOM_ERR_INPUT, "%s: exists and is not a directory", path);
     }
     return LOOM_OK;
 }

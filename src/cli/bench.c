@@ -76,11 +76,11 @@ static loom_status run_case(const bench_case *bc, int threads, int steps, int wa
         loom_gpt_backward(m, 1.0f / (float)(bc->B * bc->T));
         double norm = be->sum_squares(m->grads_memory, (int64_t)n);
         (void)norm;
-        for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
-            const loom_gpt_tensor_info *ti = &m->info[k];
-            be->adamw_update(m->params_memory + ti->offset, m->grads_memory + ti->offset,
-                             mom + ti->offset, vel + ti->offset, ti->numel, 1e-4f, 0.9f, 0.95f,
-                             1e-8f, ti->decay ? 0.1f : 0.0f, s + 1, 1.0f);
+        for (int i = 0; i < m->num_segments; i++) {
+            const loom_gpt_segment *seg = &m->segments[i];
+            be->adamw_update(m->params_memory + seg->offset, m->grads_memory + seg->offset,
+                             mom + seg->offset, vel + seg->offset, seg->numel, 1e-4f, 0.9f, 0.95f,
+                             1e-8f, seg->decay ? 0.1f : 0.0f, s + 1, 1.0f);
         }
         double dt = loom_now() - t0;
         loom_ops_profile_enable(0);

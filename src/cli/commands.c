@@ -3,6 +3,7 @@
  * configuration resolution (defaults, then --config FILE.json, then flags), and calls into
  * the train and data modules.
  */
+#define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
 #include "loom/data.h"
 #include "loom/train.h"
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define TOPT(flag, type, field, help)                                                              \
     {                                                                                              \
@@ -50,7 +52,8 @@ static const cli_opt train_opts[] = {
     TOPT("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
     TOPT("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
     TOPT("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
-    TOPT("--eval-batches", OPT_INT, eval_batches, "global batches per validation (Megatron eval-iters)"),
+    TOPT("--eval-batches", OPT_INT, eval_batches,
+         "global batches per validation (Megatron eval-iters)"),
     TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,
@@ -62,6 +65,25 @@ static int wants_help(int argc, char **argv) {
     return cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0;
 }
 
+/* The --config FILE (or --config=FILE) argument, read before the flags so that flags win. */
+static loom_status find_config(int argc, char **argv, const char **path) {
+    *path = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *value = NULL;
+        if (!strcmp(argv[i], "--config")) {
+            value = i + 1 < argc ? argv[i + 1] : "";
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            value = argv[i] + 9;
+        } else {
+            continue;
+        }
+        if (*path) return loom_fail(LOOM_ERR_INPUT, "--config: expected one file, got two");
+        if (!value[0]) return loom_fail(LOOM_ERR_INPUT, "--config: expected a JSON file path");
+        *path = value;
+    }
+    return LOOM_OK;
+}
+
 int cmd_train(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN);
@@ -69,14 +91,23 @@ int cmd_train(int argc, char **argv) {
     }
     loom_train_config cfg;
     loom_train_config_defaults(&cfg);
-    loom_status st = LOOM_OK;
-    int at = cli_find_flag(argc, argv, "--config");
-    if (at >= 0) {
-        if (at + 1 >= argc) return cli_fail(loom_fail(LOOM_ERR_INPUT, "--config: expected a file"));
-        st = cli_parse_json(&cfg, train_opts, NTRAIN, argv[at + 1]);
-    }
+    const char *config_path = NULL;
+    loom_status st = find_config(argc, argv, &config_path);
+    if (st == LOOM_OK && config_path) st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path);
     if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2);
     if (st == LOOM_OK) st = loom_train_config_check(&cfg);
+    loom_gpt_config model_config; /* a bad preset or shape is reported before the table */
+    if (st == LOOM_OK) st = loom_train_model_config(&cfg, &model_config);
+    if (st == LOOM_OK && !cfg.resume[0] && !cfg.init_from[0] &&
+        cfg.seq_len > model_config.max_seq_len) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "config: seq_len: expected at most the model's context %d, got %d",
+                       model_config.max_seq_len, cfg.seq_len);
+    }
+    struct stat out_st;
+    if (st == LOOM_OK && stat(cfg.out, &out_st) == 0 && !S_ISDIR(out_st.st_mode)) {
+        st = loom_fail(LOOM_ERR_INPUT, "--out: %s exists and is not a directory", cfg.out);
+    }
     if (st != LOOM_OK) return cli_fail(st);
     cli_print_table(&cfg, train_opts, NTRAIN);
     st = loom_train_run(&cfg);
@@ -124,6 +155,8 @@ int cmd_prepare(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--text")) {
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) texts[ntexts++] = argv[++i];
+        } else if (!strncmp(argv[i], "--text=", 7) && argv[i][7]) {
+            texts[ntexts++] = argv[i] + 7;
         } else {
             rest[nrest++] = argv[i];
         }
@@ -133,8 +166,17 @@ int cmd_prepare(int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--text: expected at least one text file (%s)", usage);
     }
     if (st == LOOM_OK && !args.out[0]) st = loom_fail(LOOM_ERR_INPUT, "--out: expected a folder");
-    if (st == LOOM_OK && (args.seq_len <= 0 || args.shard_tokens <= 0)) {
-        st = loom_fail(LOOM_ERR_INPUT, "--seq-len and --shard-tokens: expected positive integers");
+    if (st == LOOM_OK && !(args.val_fraction >= 0 && args.val_fraction < 1)) {
+        st = loom_fail(LOOM_ERR_INPUT, "--val-fraction: expected a number in [0, 1), got %g",
+                       args.val_fraction);
+    }
+    if (st == LOOM_OK && args.seq_len <= 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected a positive integer, got %d",
+                       args.seq_len);
+    }
+    if (st == LOOM_OK && args.shard_tokens <= 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--shard-tokens: expected a positive integer, got %lld",
+                       (long long)args.shard_tokens);
     }
     if (st == LOOM_OK) {
         loom_prepare_opts opts = loom_prepare_default_opts();
@@ -183,6 +225,21 @@ int cmd_sample(int argc, char **argv) {
     if (st == LOOM_OK && !args.checkpoint[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path");
     }
+    /* checked here too, so that a bad value is reported before the model is loaded */
+    if (st == LOOM_OK && args.tokens < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--tokens: expected >= 0, got %d", args.tokens);
+    }
+    if (st == LOOM_OK && args.top_k < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--top-k: expected >= 0 (0 = all), got %d", args.top_k);
+    }
+    if (st == LOOM_OK && args.temperature < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--temperature: expected a number >= 0, got %g",
+                       args.temperature);
+    }
+    if (st == LOOM_OK && args.threads < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--threads: expected >= 0 (0 = default), got %d",
+                       args.threads);
+    }
     if (st != LOOM_OK) return cli_fail(st);
     loom_ops_set_threads(args.threads);
     loom_gpt *model;
@@ -224,8 +281,28 @@ int cmd_eval(int argc, char **argv) {
     }
     eval_args args = {.batch = 4};
     loom_status st = cli_parse_flags(&args, eval_opts, NEVAL, argc, argv, 2);
-    if (st == LOOM_OK && (!args.checkpoint[0] || !args.data[0])) {
-        st = loom_fail(LOOM_ERR_INPUT, "--checkpoint and --data: both are required");
+    if (st == LOOM_OK && !args.checkpoint[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path (both --checkpoint and "
+                                       "--data are required)");
+    }
+    if (st == LOOM_OK && !args.data[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--data: expected token shards (a glob; both --checkpoint "
+                                       "and --data are required)");
+    }
+    if (st == LOOM_OK && args.seq_len < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected >= 0 (0 = the model's context), got %d",
+                       args.seq_len);
+    }
+    if (st == LOOM_OK && args.batch <= 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--batch: expected a positive integer, got %d", args.batch);
+    }
+    if (st == LOOM_OK && args.max_windows < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--max-windows: expected >= 0 (0 = all), got %lld",
+                       (long long)args.max_windows);
+    }
+    if (st == LOOM_OK && args.threads < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--threads: expected >= 0 (0 = default), got %d",
+                       args.threads);
     }
     if (st != LOOM_OK) return cli_fail(st);
     loom_ops_set_threads(args.threads);

@@ -19,6 +19,7 @@ static void usage(FILE *out) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
+        loom_error("expected a command: train, prepare, sample, eval or bench");
         usage(stderr);
         return 2;
     }
@@ -32,7 +33,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "sample")) return cmd_sample(argc, argv);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
-    fprintf(stderr, "loom: unknown command '%s'\n", cmd);
+    loom_error("unknown command '%s'; expected train, prepare, sample, eval or bench", cmd);
     usage(stderr);
     return 2;
 }

@@ -55,8 +55,8 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
     }
     case OPT_STRING:
         if (strlen(text) >= opt->size) {
-            return loom_fail(LOOM_ERR_INPUT, "%s: %s: value longer than %zu characters", source,
-                             opt->flag, opt->size - 1);
+            return loom_fail(LOOM_ERR_INPUT, "%s: expected at most %zu characters, got %zu", source,
+                             opt->size - 1, strlen(text));
         }
         snprintf(field, opt->size, "%s", text);
         return LOOM_OK;
@@ -66,8 +66,7 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
     }
     static const char *kinds[] = {"an integer", "an integer", "a non-negative integer",
                                   "a number",   "a string",   "nothing"};
-    return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected %s, got '%s'", source, opt->flag,
-                     kinds[opt->type], text);
+    return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got '%s'", source, kinds[opt->type], text);
 }
 
 static const cli_opt *find_opt(const cli_opt *opts, int nopts, const char *flag) {
@@ -115,13 +114,27 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
             }
             value = argv[++i];
         }
-        loom_status st = cli_set_value(target, opt, value, "command line");
+        loom_status st = cli_set_value(target, opt, value, opt->flag);
         if (st != LOOM_OK) return st;
     }
     return LOOM_OK;
 }
 
 loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path) {
+    /* jansson reports a missing file as an "invalid JSON" error at line -1: say what it is */
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: cannot open the config file: %s", path,
+                         strerror(errno));
+    }
+    errno = 0;
+    if (getc(probe) == EOF && ferror(probe)) { /* a folder opens, then fails to read */
+        int read_errno = errno;
+        fclose(probe);
+        return loom_fail(LOOM_ERR_INPUT, "%s: cannot read the config file: %s", path,
+                         read_errno ? strerror(read_errno) : "read error");
+    }
+    fclose(probe);
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root) {

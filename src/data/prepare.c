@@ -135,6 +135,13 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
     if (!out_dir || !*out_dir) {
         return loom_fail(LOOM_ERR_INPUT, "prepare: output directory: expected a path, got none");
     }
+    struct stat out_st;
+    if (stat(out_dir, &out_st) == 0 && !S_ISDIR(out_st.st_mode)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: output directory: exists and is not a directory; expected a new or "
+                         "existing directory",
+                         out_dir);
+    }
     if (count < 1 || !paths) {
         return loom_fail(LOOM_ERR_INPUT, "prepare: expected at least one input text file");
     }

@@ -45,24 +45,23 @@ static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info
     ADD("wpe.weight", LOOM_WPE, 2, c->max_seq_len, C, 0, 0);
     for (int l = 0; l < c->num_layers; l++) {
         char nm[64];
-        int64_t L = l;
-#define LAYER(suffix, k, nd, s0, s1, per_layer, tr)                                                \
+#define LAYER(suffix, k, nd, s0, s1, tr)                                                           \
     do {                                                                                           \
         snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);                                             \
-        ADD(nm, k, nd, s0, s1, L *(per_layer), tr);                                                \
+        ADD(nm, k, nd, s0, s1, (size_t)l *info[k].layer_stride, tr);                               \
     } while (0)
-        LAYER("ln_1.weight", LOOM_LN1W, 1, C, 0, C, 0);
-        LAYER("ln_1.bias", LOOM_LN1B, 1, C, 0, C, 0);
-        LAYER("attn.c_attn.weight", LOOM_QKVW, 2, C, 3 * C, 3 * C * C, 1);
-        LAYER("attn.c_attn.bias", LOOM_QKVB, 1, 3 * C, 0, 3 * C, 0);
-        LAYER("attn.c_proj.weight", LOOM_ATTPROJW, 2, C, C, C * C, 1);
-        LAYER("attn.c_proj.bias", LOOM_ATTPROJB, 1, C, 0, C, 0);
-        LAYER("ln_2.weight", LOOM_LN2W, 1, C, 0, C, 0);
-        LAYER("ln_2.bias", LOOM_LN2B, 1, C, 0, C, 0);
-        LAYER("mlp.c_fc.weight", LOOM_FCW, 2, C, 4 * C, 4 * C * C, 1);
-        LAYER("mlp.c_fc.bias", LOOM_FCB, 1, 4 * C, 0, 4 * C, 0);
-        LAYER("mlp.c_proj.weight", LOOM_FCPROJW, 2, 4 * C, C, 4 * C * C, 1);
-        LAYER("mlp.c_proj.bias", LOOM_FCPROJB, 1, C, 0, C, 0);
+        LAYER("ln_1.weight", LOOM_LN1W, 1, C, 0, 0);
+        LAYER("ln_1.bias", LOOM_LN1B, 1, C, 0, 0);
+        LAYER("attn.c_attn.weight", LOOM_QKVW, 2, C, 3 * C, 1);
+        LAYER("attn.c_attn.bias", LOOM_QKVB, 1, 3 * C, 0, 0);
+        LAYER("attn.c_proj.weight", LOOM_ATTPROJW, 2, C, C, 1);
+        LAYER("attn.c_proj.bias", LOOM_ATTPROJB, 1, C, 0, 0);
+        LAYER("ln_2.weight", LOOM_LN2W, 1, C, 0, 0);
+        LAYER("ln_2.bias", LOOM_LN2B, 1, C, 0, 0);
+        LAYER("mlp.c_fc.weight", LOOM_FCW, 2, C, 4 * C, 1);
+        LAYER("mlp.c_fc.bias", LOOM_FCB, 1, 4 * C, 0, 0);
+        LAYER("mlp.c_proj.weight", LOOM_FCPROJW, 2, 4 * C, C, 1);
+        LAYER("mlp.c_proj.bias", LOOM_FCPROJB, 1, C, 0, 0);
 #undef LAYER
     }
     ADD("ln_f.weight", LOOM_LNFW, 1, C, 0, 0, 0);
@@ -314,6 +313,12 @@ loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap) {
     if (is_file(probe)) return follow_latest(path, dir, cap);
     snprintf(probe, sizeof probe, "%s/checkpoints", path);
     if (is_dir(probe)) return follow_latest(probe, dir, cap);
+    if (is_file(path)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: expected an llm.c .bin, a .safetensors file, or a run/checkpoint "
+                         "folder",
+                         path);
+    }
     if (!is_dir(path)) return loom_fail(LOOM_ERR_INPUT, "%s: no such checkpoint or folder", path);
     return loom_fail(LOOM_ERR_INPUT,
                      "%s: expected a run folder, its checkpoints/ folder, or a step folder with "

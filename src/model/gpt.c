@@ -111,21 +111,44 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
         {"lnfw", 1, {C}, 0},
         {"lnfb", 1, {C}, 0},
     };
-    size_t offset = 0;
+    /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb */
+    size_t layer_numel_total = 0;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
-        info[k].name = spec[k].name;
-        info[k].ndim = spec[k].ndim;
-        info[k].numel = 1;
+        loom_gpt_tensor_info *ti = &info[k];
+        ti->name = spec[k].name;
+        ti->ndim = spec[k].ndim;
+        ti->numel = 1;
         for (int d = 0; d < 3; d++) {
-            info[k].shape[d] = d < spec[k].ndim ? spec[k].shape[d] : 1;
-            if (d < spec[k].ndim) info[k].numel *= spec[k].shape[d];
+            ti->shape[d] = d < spec[k].ndim ? spec[k].shape[d] : 1;
+            if (d < spec[k].ndim) ti->numel *= spec[k].shape[d];
         }
+        ti->decay = spec[k].decay;
+        ti->per_layer = k >= LOOM_LN1W && k <= LOOM_FCPROJB;
+        ti->layer_numel = ti->per_layer ? ti->numel / L : ti->numel;
+        if (ti->per_layer) layer_numel_total += (size_t)ti->layer_numel;
+    }
+    size_t offset = (size_t)(info[LOOM_WTE].numel + info[LOOM_WPE].numel);
+    info[LOOM_WTE].offset = 0;
+    info[LOOM_WPE].offset = (size_t)info[LOOM_WTE].numel;
+    for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++) {
         info[k].offset = offset;
-        info[k].decay = spec[k].decay;
-        info[k].per_layer = k >= LOOM_LN1W && k <= LOOM_FCPROJB;
+        info[k].layer_stride = layer_numel_total;
+        offset += (size_t)info[k].layer_numel;
+    }
+    offset = info[LOOM_LN1W].offset + layer_numel_total * (size_t)L;
+    for (int k = LOOM_LNFW; k <= LOOM_LNFB; k++) {
+        info[k].offset = offset;
+        info[k].layer_stride = 0;
         offset += (size_t)info[k].numel;
     }
+    info[LOOM_WTE].layer_stride = info[LOOM_WPE].layer_stride = 0;
     return offset;
+}
+
+size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index) {
+    if (!info->per_layer) return info->offset + (size_t)index;
+    int64_t layer = index / info->layer_numel, within = index % info->layer_numel;
+    return info->offset + (size_t)layer * info->layer_stride + (size_t)within;
 }
 
 static void point_tensors(loom_gpt_tensors *t, float *base,
@@ -160,6 +183,29 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
     m->config = checked;
     m->backend = backend;
     m->num_params = loom_gpt_layout(&checked, m->info);
+    m->layer_stride = m->info[LOOM_LN1W].layer_stride;
+    int L = checked.num_layers;
+    m->segments = loom_calloc((size_t)(4 + 12 * L), sizeof *m->segments, "segments");
+    if (!m->segments) {
+        loom_gpt_free(m);
+        return LOOM_ERR_NOMEM;
+    }
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *ti = &m->info[k];
+        for (int l = 0; l < (ti->per_layer ? L : 1); l++) {
+            m->segments[m->num_segments++] =
+                (loom_gpt_segment){ti->offset + (size_t)l * ti->layer_stride, ti->layer_numel, k,
+                                   ti->per_layer ? l : -1, ti->decay};
+        }
+    }
+    /* in flat-buffer order */
+    for (int a = 1; a < m->num_segments; a++) {
+        loom_gpt_segment key = m->segments[a];
+        int b = a - 1;
+        for (; b >= 0 && m->segments[b].offset > key.offset; b--)
+            m->segments[b + 1] = m->segments[b];
+        m->segments[b + 1] = key;
+    }
     m->params_memory = loom_alloc_aligned(m->num_params * sizeof(float), "parameters");
     m->grads_memory = loom_alloc_aligned(m->num_params * sizeof(float), "gradients");
     if (!m->params_memory || !m->grads_memory) {
@@ -174,6 +220,7 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
 
 void loom_gpt_free(loom_gpt *m) {
     if (!m) return;
+    free(m->segments);
     loom_free_aligned(m->params_memory);
     loom_free_aligned(m->grads_memory);
     loom_free_aligned(m->acts_memory);
@@ -189,19 +236,18 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
     float proj_std = 0.02f / sqrtf(2.0f * (float)c->num_layers);
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
-        float *p = m->params_memory + ti->offset;
         int64_t n = ti->numel;
-        if (k == LOOM_LN1W || k == LOOM_LN2W || k == LOOM_LNFW) {
-            for (int64_t i = 0; i < n; i++) p[i] = 1.0f;
-        } else if (ti->decay) {
-            float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
-            int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : n;
+        /* element i of the logical tensor draws counter i of stream k, wherever it lives */
+        float value = (k == LOOM_LN1W || k == LOOM_LN2W || k == LOOM_LNFW) ? 1.0f : 0.0f;
+        float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
+        int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : n;
+        int random = ti->decay;
 #pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; i++) {
-                p[i] = i < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)i) : 0.0f;
-            }
-        } else {
-            memset(p, 0, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) {
+            float v = value;
+            if (random)
+                v = i < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)i) : 0.0f;
+            m->params_memory[loom_gpt_element_offset(ti, i)] = v;
         }
     }
 }
@@ -322,18 +368,18 @@ static void block_forward(loom_gpt *m, int l, const float *residual, int B, int 
     int C = m->config.channels, NH = m->config.num_heads;
     int64_t N = (int64_t)B * T;
     layer_acts a = layer_view(m, l, B, T);
-    int64_t lc = (int64_t)l * C;
+    size_t lc = (size_t)l * m->layer_stride; /* this block's slice of every per-layer tensor */
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
                           C);
-    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc * 3 * C, p->qkvb + lc * 3, N, C, 3 * C);
+    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc, p->qkvb + lc, N, C, 3 * C);
     be->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-    be->matmul_forward(a.attproj, a.atty, p->attprojw + lc * C, p->attprojb + lc, N, C, C);
+    be->matmul_forward(a.attproj, a.atty, p->attprojw + lc, p->attprojb + lc, N, C, C);
     be->residual_forward(a.residual2, residual, a.attproj, N * C);
     be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + lc, p->ln2b + lc, N,
                           C);
-    be->matmul_forward(a.fch, a.ln2, p->fcw + lc * 4 * C, p->fcb + lc * 4, N, C, 4 * C);
+    be->matmul_forward(a.fch, a.ln2, p->fcw + lc, p->fcb + lc, N, C, 4 * C);
     be->gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-    be->matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw + lc * 4 * C, p->fcprojb + lc, N, 4 * C, C);
+    be->matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw + lc, p->fcprojb + lc, N, 4 * C, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
 }
 
@@ -384,30 +430,30 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
     int64_t N = (int64_t)B * T;
     size_t btc = (size_t)N * (size_t)C;
     layer_acts a = layer_view(m, l, B, T);
-    int64_t lc = (int64_t)l * C;
+    size_t lc = (size_t)l * m->layer_stride;
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
     memset(ga->dfch2, 0, btc * 4 * sizeof(float));
-    be->matmul_backward(ga->dfch2, g->fcprojw + lc * 4 * C, g->fcprojb + lc, dres, a.fch_gelu,
-                        p->fcprojw + lc * 4 * C, N, 4 * C, C);
+    be->matmul_backward(ga->dfch2, g->fcprojw + lc, g->fcprojb + lc, dres, a.fch_gelu,
+                        p->fcprojw + lc, N, 4 * C, C);
     memset(ga->dfch, 0, btc * 4 * sizeof(float));
     be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * C);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->fcw + lc * 4 * C, g->fcb + lc * 4, ga->dfch, a.ln2,
-                        p->fcw + lc * 4 * C, N, C, 4 * C);
+    be->matmul_backward(ga->dbtc, g->fcw + lc, g->fcb + lc, ga->dfch, a.ln2, p->fcw + lc, N, C,
+                        4 * C);
     be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
                            a.ln2_mean, a.ln2_rstd, N, C);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     memset(ga->dbtc2, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc2, g->attprojw + lc * C, g->attprojb + lc, dres, a.atty,
-                        p->attprojw + lc * C, N, C, C);
+    be->matmul_backward(ga->dbtc2, g->attprojw + lc, g->attprojb + lc, dres, a.atty,
+                        p->attprojw + lc, N, C, C);
     memset(ga->dqkv, 0, btc * 3 * sizeof(float));
     be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, C, NH);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->qkvw + lc * 3 * C, g->qkvb + lc * 3, ga->dqkv, a.ln1,
-                        p->qkvw + lc * 3 * C, N, C, 3 * C);
+    be->matmul_backward(ga->dbtc, g->qkvw + lc, g->qkvb + lc, ga->dqkv, a.ln1, p->qkvw + lc, N, C,
+                        3 * C);
     be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
                            a.ln1_mean, a.ln1_rstd, N, C);
 }

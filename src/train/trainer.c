@@ -72,7 +72,19 @@ loom_status loom_model_load(const char *path, const loom_backend *backend, loom_
             *model = NULL;
             return loom_fail(LOOM_ERR_INPUT, "%s: header sizes do not give loom's layout", path);
         }
-        st = loom_llmc_read_params(path, &h, (*model)->params_memory, (*model)->num_params);
+        /* llm.c keeps each tensor whole (tensor-major); loom's buffer is layer-major */
+        float *flat = loom_alloc_aligned((*model)->num_params * sizeof(float), "llm.c import");
+        st = flat ? loom_llmc_read_params(path, &h, flat, (*model)->num_params) : LOOM_ERR_NOMEM;
+        if (st == LOOM_OK) {
+            size_t at = 0;
+            for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+                const loom_gpt_tensor_info *ti = &(*model)->info[k];
+                for (int64_t i = 0; i < ti->numel; i++) {
+                    (*model)->params_memory[loom_gpt_element_offset(ti, i)] = flat[at++];
+                }
+            }
+        }
+        loom_free_aligned(flat);
     } else {
         char file[4200];
         if (has_suffix(path, ".safetensors")) {
@@ -321,12 +333,12 @@ static loom_status train_step(trainer *t, int64_t step) {
             grad_scale = (float)(cfg->grad_clip / grad_norm);
         }
         int64_t update = step + 1 - t->state.skipped_total; /* AdamW's t counts applied updates */
-        for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
-            const loom_gpt_tensor_info *ti = &model->info[k];
-            be->adamw_update(model->params_memory + ti->offset, model->grads_memory + ti->offset,
-                             t->m + ti->offset, t->v + ti->offset, ti->numel, (float)lr,
+        for (int i = 0; i < model->num_segments; i++) {
+            const loom_gpt_segment *seg = &model->segments[i];
+            be->adamw_update(model->params_memory + seg->offset, model->grads_memory + seg->offset,
+                             t->m + seg->offset, t->v + seg->offset, seg->numel, (float)lr,
                              (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
-                             ti->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
+                             seg->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
         }
     }
     t->state.step = step + 1;

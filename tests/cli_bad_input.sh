@@ -1,0 +1,439 @@
+#!/usr/bin/env bash
+# cli_bad_input.sh — every bad input of the `loom` command must end with exit status 2 and one
+# clear message on stderr (one "error: " line naming the file or flag, the field and what was
+# expected), and never with a crash (signal, sanitizer report). Also checks that --help works.
+#
+# Inputs are generated here: token shards, llm.c checkpoints and safetensors files are written
+# byte by byte with printf (no python), and one valid safetensors file comes from a 1-step run
+# of the tiny model, then has its header edited.
+#
+# usage: bash tests/cli_bad_input.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
+set -u
+if [ $# -ne 2 ]; then
+    echo "usage: $0 LOOM_BINARY TMPDIR" >&2
+    exit 2
+fi
+LOOM=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+TMP=$2
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+[ -x "$LOOM" ] || { echo "not an executable: $LOOM" >&2; exit 1; }
+
+passed=0
+failed=0
+
+# ---- helpers -------------------------------------------------------------------------------
+
+crashed() { # RC STDERR_FILE: a signal, or a sanitizer/abort report
+    [ "$1" -ge 128 ] || grep -Eq 'Sanitizer|runtime error|Segmentation|Aborted|core dumped' "$2"
+}
+
+record() { # NAME WHY (empty WHY = pass) COMMAND...
+    local name=$1 why=$2
+    shift 2
+    if [ -z "$why" ]; then
+        passed=$((passed + 1))
+        echo "ok    $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL  $name: $why"
+        echo "      command: $*"
+        sed 's/^/      stderr: /' err.txt | head -n 8
+    fi
+}
+
+# bad [-u] NAME REGEX... -- COMMAND...
+# The command must exit 2, print exactly one "error: " line on stderr (-u: a usage text instead,
+# for the top-level command), and stderr must match every extended REGEX.
+bad() {
+    local usage_style=0
+    if [ "$1" = "-u" ]; then
+        usage_style=1
+        shift
+    fi
+    local name=$1
+    shift
+    local patterns=()
+    while [ "$1" != "--" ]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    "$@" >out.txt 2>err.txt </dev/null
+    local rc=$? why="" p
+    if crashed "$rc" err.txt; then
+        why="crashed (exit $rc)"
+    elif [ "$rc" -ne 2 ]; then
+        why="exit status $rc, expected 2"
+    elif [ "$usage_style" -eq 0 ] && [ "$(grep -c '^error: ' err.txt)" -ne 1 ]; then
+        why="expected exactly one 'error: ' line on stderr, got $(grep -c '^error: ' err.txt)"
+    elif [ "$usage_style" -eq 1 ] && [ ! -s err.txt ]; then
+        why="nothing on stderr"
+    else
+        for p in "${patterns[@]}"; do
+            if ! grep -Eq -- "$p" err.txt; then
+                why="stderr does not match /$p/"
+                break
+            fi
+        done
+    fi
+    record "$name" "$why" "$@"
+}
+
+# good NAME REGEX... -- COMMAND...: exit 0, no crash, stdout matches every REGEX.
+good() {
+    local name=$1
+    shift
+    local patterns=()
+    while [ "$1" != "--" ]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    "$@" >out.txt 2>err.txt </dev/null
+    local rc=$? why="" p
+    if crashed "$rc" err.txt; then
+        why="crashed (exit $rc)"
+    elif [ "$rc" -ne 0 ]; then
+        why="exit status $rc, expected 0"
+    else
+        for p in "${patterns[@]}"; do
+            if ! grep -Eq -- "$p" out.txt; then
+                why="stdout does not match /$p/"
+                break
+            fi
+        done
+    fi
+    record "$name" "$why" "$@"
+}
+
+# Little-endian integers as raw bytes.
+le32() {
+    local v=$1
+    printf "\\$(printf %03o $((v & 255)))\\$(printf %03o $(((v >> 8) & 255)))"
+    printf "\\$(printf %03o $(((v >> 16) & 255)))\\$(printf %03o $(((v >> 24) & 255)))"
+}
+le64() {
+    le32 $(($1 & 0xffffffff))
+    le32 $(($1 >> 32))
+}
+
+# shard FILE MAGIC VERSION COUNT BODY_BYTES: an llm.c token shard header + zero tokens.
+shard() {
+    { le32 "$2"; le32 "$3"; le32 "$4"; head -c 1012 /dev/zero; head -c "$5" /dev/zero; } >"$1"
+}
+
+# llmc FILE MAGIC VERSION FLOATS: an llm.c checkpoint of the tiny model's shape
+# (maxT 16, V 257, L 2, NH 2, C 16, Vp 384: 12992 parameters), zero weights.
+llmc() {
+    {
+        le32 "$2"
+        le32 "$3"
+        for v in 16 257 2 2 16 384; do le32 $v; done
+        head -c $((1024 - 32)) /dev/zero
+        head -c $((4 * $4)) /dev/zero
+    } >"$1"
+}
+
+# st FILE HEADER BODY_BYTES [DECLARED_LENGTH]: a safetensors file with a zero body.
+st() {
+    { le64 "${4:-${#2}}"; printf '%s' "$2"; head -c "$3" /dev/zero; } >"$1"
+}
+
+# ---- inputs --------------------------------------------------------------------------------
+
+mkdir -p data bad_data ckpt empty_run
+# a small deterministic text (a linear congruential generator picks words)
+words=(the quick brown fox jumps over a lazy dog and then runs far away into the deep forest)
+text="" seed=7
+for ((i = 0; i < 600; i++)); do
+    seed=$(((seed * 1103515245 + 12345) % 2147483648))
+    text+="${words[$(((seed >> 8) % ${#words[@]}))]} "
+    ((i % 10 == 9)) && text+=$'\n'
+done
+printf '%s' "$text" >text.txt
+: >empty.txt
+
+shard data/train.bin 20240520 1 400 800 # 400 zero tokens: valid, 24 windows of 16
+shard bad_data/magic.bin 12345 1 100 200
+shard bad_data/version.bin 20240520 2 100 200
+shard bad_data/truncated.bin 20240520 1 100 150
+shard bad_data/trailing.bin 20240520 1 100 201
+shard bad_data/small.bin 20240520 1 10 20
+# token 300 (bytes 0x2c 0x01) at position 5: beyond the byte vocabulary of 257
+{
+    le32 20240520; le32 1; le32 100; head -c 1012 /dev/zero
+    head -c 10 /dev/zero; printf '\054\001'; head -c 188 /dev/zero
+} >bad_data/vocab.bin
+
+llmc ckpt/ok.bin 20240326 3 12992
+llmc ckpt/magic.bin 1234 3 12992
+llmc ckpt/bf16.bin 20240326 5 12992
+llmc ckpt/truncated.bin 20240326 3 12000
+cp data/train.bin ckpt/shard.bin
+
+st ckpt/past_end.safetensors '{}' 0 1000
+st ckpt/huge_header.safetensors '{}' 0 200000000
+st ckpt/zero_header.safetensors '' 0
+printf 'abc' >ckpt/short.safetensors
+st ckpt/bad_json.safetensors '{"a": }' 0
+f32x2() { # NAME BEGIN END: a header entry of two float32 values
+    printf '"%s":{"dtype":"F32","shape":[2],"data_offsets":[%d,%d]}' "$1" "$2" "$3"
+}
+st ckpt/overlap.safetensors "{$(f32x2 a 0 8),$(f32x2 b 4 12)}" 12
+st ckpt/hole.safetensors "{$(f32x2 a 0 8),$(f32x2 b 12 20)}" 20
+
+# a valid tiny model, then copies with one edit to the header
+TINY=(--model tiny --threads 1 --seq-len 16 --micro-batch-size 2 --global-batch-size 2)
+if ! "$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_ok >run_ok.log 2>&1; then
+    echo "cannot train the tiny model for the checkpoint cases:" >&2
+    cat run_ok.log >&2
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+model=run_ok/checkpoints/step_00000001/model.safetensors
+header_len=$(($(od -An -tu8 -N8 "$model")))
+header=$(tail -c +9 "$model" | head -c "$header_len")
+tail -c +$((9 + header_len)) "$model" >model.body
+with_header() { # FILE HEADER: the valid body behind a new header
+    { le64 ${#2}; printf '%s' "$2"; cat model.body; } >"$1"
+}
+old='"ln_f.bias":{"dtype":"F32","shape":[16]'
+with_header ckpt/same.safetensors "$header"
+with_header ckpt/missing.safetensors "${header/\"ln_f.bias\":/\"ln_f.biaz\":}"
+with_header ckpt/dtype.safetensors "${header/"$old"/'"ln_f.bias":{"dtype":"F16","shape":[32]'}"
+with_header ckpt/shape.safetensors "${header/"$old"/'"ln_f.bias":{"dtype":"F32","shape":[4,4]'}"
+if ! cmp -s ckpt/same.safetensors "$model" || cmp -s ckpt/missing.safetensors "$model" ||
+    cmp -s ckpt/dtype.safetensors "$model" || cmp -s ckpt/shape.safetensors "$model"; then
+    echo "FAIL  crafting safetensors: header edits did not apply" >&2
+    failed=$((failed + 1))
+fi
+
+# run folders with a damaged checkpoint
+mkdir -p no_latest/checkpoints
+cp -r run_ok latest_dangling && echo step_00000099 >latest_dangling/checkpoints/latest
+cp -r run_ok latest_escapes && echo ../../etc >latest_escapes/checkpoints/latest
+cp -r run_ok state_truncated &&
+    truncate -s -4 state_truncated/checkpoints/step_00000001/state.safetensors
+
+TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
+
+# ---- help ----------------------------------------------------------------------------------
+
+good "loom --help" 'usage: loom' -- "$LOOM" --help
+for cmd in train prepare sample eval bench; do
+    good "loom $cmd --help" "usage: loom $cmd" '^options:' -- "$LOOM" $cmd --help
+done
+
+# ---- commands and flags --------------------------------------------------------------------
+
+bad "no command" "expected a command" -- "$LOOM"
+bad "unknown command" "unknown command 'frobnicate'" -- "$LOOM" frobnicate
+bad "unknown flag" "unknown option '--no-such-flag'" -- "$LOOM" train --no-such-flag
+bad "flag without its value" '--steps: expected a value' -- "$LOOM" train --steps
+bad "non-numeric value" "--steps: expected an integer, got 'abc'" -- "$LOOM" train --steps abc
+bad "non-numeric value (--flag=value)" "--steps: expected an integer, got 'abc'" \
+    -- "$LOOM" train --steps=abc
+bad "not-a-number lr" "--lr: expected a number, got 'nan'" -- "${TRAIN[@]}" --lr nan
+bad "negative seed" "--seed: expected a non-negative integer, got '-1'" -- "${TRAIN[@]}" --seed -1
+bad "positional argument" "unexpected argument 'extra'" -- "${TRAIN[@]}" extra
+bad "steps 0" 'steps: expected a positive integer, got 0' -- "${TRAIN[@]}" --steps 0
+bad "micro batch -1" 'micro_batch_size: expected a positive integer, got -1' \
+    -- "${TRAIN[@]}" --micro-batch-size -1
+bad "global batch not a multiple" \
+    'global_batch_size: expected a multiple of micro_batch_size 2, got 3' \
+    -- "${TRAIN[@]}" --global-batch-size 3
+bad "unknown lr schedule" 'lr_schedule: expected "constant" or "cosine", got "foo"' \
+    -- "${TRAIN[@]}" --lr-schedule foo
+bad "heads not dividing the width" 'heads: expected a divisor of d_model 128, got 3' \
+    -- "$LOOM" train --model small --heads 3 --data data/train.bin --steps 1 --out run_x
+bad "seq-len beyond the context" "seq_len: expected at most the model's context 16, got 17" \
+    -- "${TRAIN[@]}" --seq-len 17
+bad "unknown model preset" "unknown preset 'nosuch'" -- "${TRAIN[@]}" --model nosuch
+bad "value too long" '--model: expected at most 31 characters, got 40' \
+    -- "${TRAIN[@]}" --model "$(printf 'x%.0s' {1..40})"
+bad "negative threads" 'threads: expected >= 0' -- "${TRAIN[@]}" --threads -2
+bad "empty --out" 'out: expected an output folder' -- "${TRAIN[@]}" --out ''
+bad "--out is a file" '--out: text\.txt exists and is not a directory' \
+    -- "${TRAIN[@]}" --out text.txt
+bad "bench: unknown flag" "unknown option '--no-such-flag'" -- "$LOOM" bench --no-such-flag
+
+# ---- --config ------------------------------------------------------------------------------
+
+printf '{\n  "steps": 3,\n  "lr": ,\n}\n' >malformed.json
+echo '[1, 2]' >array.json
+echo '{"stepz": 3}' >unknown_key.json
+echo '{"steps": "ten"}' >string_for_number.json
+echo '{"lr_schedule": 5}' >number_for_string.json
+echo '{"steps": 1.5}' >real_for_integer.json
+echo '{"steps": 0}' >zero_steps.json
+printf '{"model": "tiny", "steps": 5, "seed": 7, "seq_len": 16, "micro_batch_size": 2,
+  "global_batch_size": 2, "threads": 1,
+  "data": "data/train.bin", "out": "run_config"}\n' >valid.json
+bad "config: missing file" 'nosuch\.json: cannot open the config file' \
+    -- "$LOOM" train --config nosuch.json
+bad "config: flag without its file" '--config: expected' -- "$LOOM" train --config
+bad "config: a folder" 'data: cannot read the config file' -- "$LOOM" train --config data
+bad "config: malformed JSON (line:column)" 'malformed\.json:3:[0-9]+: invalid JSON' \
+    -- "$LOOM" train --config malformed.json
+bad "config: array instead of object" 'array\.json: expected a JSON object' \
+    -- "$LOOM" train --config array.json
+bad "config: unknown key" 'unknown_key\.json: unknown key "stepz"' \
+    -- "$LOOM" train --config unknown_key.json
+bad "config: string for a number" 'string_for_number\.json: key "steps": expected a number' \
+    -- "$LOOM" train --config string_for_number.json
+bad "config: number for a string" 'number_for_string\.json: key "lr_schedule": expected a string' \
+    -- "$LOOM" train --config number_for_string.json
+bad "config: real for an integer" \
+    "real_for_integer\.json: key \"steps\": expected an integer, got '1\.5'" \
+    -- "$LOOM" train --config real_for_integer.json
+bad "config: value out of range" 'steps: expected a positive integer, got 0' \
+    -- "$LOOM" train --config zero_steps.json
+bad "config: --config=FILE is read" 'string_for_number\.json: key "steps"' \
+    -- "$LOOM" train --config=string_for_number.json
+bad "config: given twice" '--config: expected one file' \
+    -- "$LOOM" train --config valid.json --config=valid.json
+good "config: a flag overrides the file" '^steps +1$' '^seed +7$' '^model +tiny$' \
+    -- "$LOOM" train --config valid.json --steps 1
+if [ "$(grep -c '"loss"' run_config/metrics.jsonl 2>/dev/null)" = 1 ]; then
+    record "config: the override ran 1 step" ""
+else
+    record "config: the override ran 1 step" "run_config/metrics.jsonl lacks exactly 1 step"
+fi
+
+# ---- data ----------------------------------------------------------------------------------
+
+TRAIN_NODATA=("$LOOM" train "${TINY[@]}" --steps 1 --out run_x)
+bad "data: missing file" 'nosuch\.bin: no file matches' -- "${TRAIN_NODATA[@]}" --data nosuch.bin
+bad "data: glob matching nothing" 'nosuch/\*\.bin: no file matches' \
+    -- "${TRAIN_NODATA[@]}" --data 'nosuch/*.bin'
+bad "data: one of two globs matching nothing" 'nothing_\*: no file matches' \
+    -- "${TRAIN_NODATA[@]}" --data 'data/train.bin,nothing_*'
+bad "val-data: glob matching nothing" 'val_\*\.bin: no file matches' \
+    -- "${TRAIN_NODATA[@]}" --data data/train.bin --val-data 'val_*.bin'
+bad "data: wrong magic" 'magic\.bin: .*magic.*expected 20240520.*got 12345' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/magic.bin
+bad "data: wrong version" 'version\.bin: .*version.*expected 1, got 2' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/version.bin
+bad "data: truncated body" 'truncated\.bin: .*1174 bytes.*1224.*truncated' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/truncated.bin
+bad "data: trailing bytes" 'trailing\.bin: .*1225 bytes.*1224.*trailing' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/trailing.bin
+bad "data: token beyond the vocab" \
+    'vocab\.bin: token at position 5 is 300: expected < vocab size 257' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/vocab.bin
+bad "data: fewer tokens than one window" 'small\.bin: .*too few.*17' \
+    -- "${TRAIN_NODATA[@]}" --data bad_data/small.bin
+bad "data: empty --data" 'data: expected' -- "${TRAIN_NODATA[@]}" --data ''
+bad "eval: token beyond the vocab" 'vocab\.bin: token at position 5 is 300' \
+    -- "$LOOM" eval --checkpoint run_ok --data bad_data/vocab.bin --threads 1
+
+# ---- model files: --init-from, sample --checkpoint, eval --checkpoint ----------------------
+
+# model_bad NAME FILE REGEX: the same bad file through all three entry points
+model_bad() {
+    bad "init-from: $1" "$3" -- "${TRAIN[@]}" --init-from "$2"
+    bad "sample: $1" "$3" -- "$LOOM" sample --checkpoint "$2" --tokens 4 --threads 1
+    bad "eval: $1" "$3" -- "$LOOM" eval --checkpoint "$2" --data data/train.bin --threads 1
+}
+model_bad "missing .bin" nosuch.bin 'nosuch\.bin: cannot open'
+model_bad "missing .safetensors" nosuch.safetensors 'nosuch\.safetensors: cannot open'
+model_bad "missing folder" nosuch_run 'nosuch_run: no such checkpoint'
+model_bad "folder without a checkpoint" empty_run 'empty_run: expected a run folder'
+model_bad "llm.c wrong magic" ckpt/magic.bin 'magic\.bin: bad magic 1234, expected 20240326'
+model_bad "llm.c token shard as a model" ckpt/shard.bin \
+    "shard\.bin: magic 20240520 is llm\.c's token shard"
+model_bad "llm.c version 5 (bf16)" ckpt/bf16.bin 'bf16\.bin: version 5: bf16 .*expected version 3'
+model_bad "llm.c truncated" ckpt/truncated.bin \
+    'truncated\.bin: file is truncated: it has 49024 bytes, expected 52992'
+model_bad "safetensors header length past the end" ckpt/past_end.safetensors \
+    'past_end\.safetensors: header length 1000 exceeds the 2 bytes'
+model_bad "safetensors header length > 100,000,000" ckpt/huge_header.safetensors \
+    'huge_header\.safetensors: header length 200000000 exceeds the limit of 100000000'
+model_bad "safetensors header length 0" ckpt/zero_header.safetensors \
+    'zero_header\.safetensors: header length is 0'
+model_bad "safetensors shorter than 8 bytes" ckpt/short.safetensors \
+    'short\.safetensors: file is 3 bytes'
+model_bad "safetensors invalid JSON header" ckpt/bad_json.safetensors \
+    'bad_json\.safetensors: header is not valid JSON.*line 1, column'
+model_bad "safetensors overlapping offsets" ckpt/overlap.safetensors \
+    "overlap\.safetensors: tensor 'b': data_offsets \[4, 12\] overlap tensor 'a'"
+model_bad "safetensors hole" ckpt/hole.safetensors \
+    "hole\.safetensors: tensor 'b': .*leave a hole: bytes \[8, 12\)"
+model_bad "safetensors missing tensor" ckpt/missing.safetensors \
+    "missing\.safetensors: tensor 'ln_f\.bias' is missing"
+model_bad "safetensors wrong dtype" ckpt/dtype.safetensors \
+    "dtype\.safetensors: tensor 'ln_f\.bias': dtype F16, expected F32"
+model_bad "safetensors wrong shape" ckpt/shape.safetensors \
+    "shape\.safetensors: tensor 'ln_f\.bias': expected shape \[16\], found \[4, 4\]"
+# the untouched copy loads: the cases above fail for their edit, not for the crafting
+good "sample: the re-assembled valid safetensors loads" -- \
+    "$LOOM" sample --checkpoint ckpt/same.safetensors --tokens 4 --threads 1
+good "sample: a valid zero llm.c checkpoint loads" -- \
+    "$LOOM" sample --checkpoint ckpt/ok.bin --tokens 4 --threads 1
+
+# ---- --resume ------------------------------------------------------------------------------
+
+bad "resume: folder with no checkpoint" 'empty_run: expected a run folder' \
+    -- "${TRAIN[@]}" --resume empty_run
+bad "resume: missing folder" 'nosuch_run: no such checkpoint' -- "${TRAIN[@]}" --resume nosuch_run
+bad "resume: checkpoints/ without 'latest'" \
+    "no_latest/checkpoints: no checkpoint pointer 'latest'" \
+    -- "${TRAIN[@]}" --resume no_latest
+bad "resume: 'latest' names a missing step" \
+    'latest_dangling/checkpoints/step_00000099/model\.safetensors: cannot open' \
+    -- "${TRAIN[@]}" --resume latest_dangling
+bad "resume: 'latest' is a path" 'latest_escapes/checkpoints/latest: expected a step folder name' \
+    -- "${TRAIN[@]}" --resume latest_escapes
+bad "resume: truncated state.safetensors" \
+    'state_truncated/.*state\.safetensors: .*(truncated|beyond)' \
+    -- "${TRAIN[@]}" --steps 2 --resume state_truncated
+
+# ---- sample and eval flags -----------------------------------------------------------------
+
+bad "sample: no --checkpoint" '--checkpoint: expected a path' -- "$LOOM" sample
+bad "sample: negative --tokens" '--tokens: expected >= 0, got -1' \
+    -- "$LOOM" sample --checkpoint run_ok --tokens -1
+bad "sample: negative --top-k" '--top-k: expected >= 0' \
+    -- "$LOOM" sample --checkpoint run_ok --top-k -3
+bad "sample: negative --temperature" '--temperature: expected a number >= 0, got -1' \
+    -- "$LOOM" sample --checkpoint run_ok --temperature -1
+bad "eval: no --data" '--data: expected' -- "$LOOM" eval --checkpoint run_ok
+bad "eval: no --checkpoint" '--checkpoint: expected' -- "$LOOM" eval --data data/train.bin
+bad "eval: --seq-len beyond the context" \
+    "--seq-len: expected 1\.\.16 \(the model's context\), got 999" \
+    -- "$LOOM" eval --checkpoint run_ok --data data/train.bin --seq-len 999
+bad "eval: negative --seq-len" '--seq-len: expected >= 0.*got -4' \
+    -- "$LOOM" eval --checkpoint run_ok --data data/train.bin --seq-len -4
+bad "eval: --batch 0" '--batch: expected a positive integer' \
+    -- "$LOOM" eval --checkpoint run_ok --data data/train.bin --batch 0
+bad "eval: negative --max-windows" '--max-windows: expected >= 0.*got -1' \
+    -- "$LOOM" eval --checkpoint run_ok --data data/train.bin --max-windows -1
+
+# ---- prepare -------------------------------------------------------------------------------
+
+bad "prepare: missing text file" 'nosuch\.txt: cannot open input text' \
+    -- "$LOOM" prepare --text nosuch.txt --out prepared
+bad "prepare: empty text file" 'empty\.txt: input text is empty' \
+    -- "$LOOM" prepare --text empty.txt --out prepared
+bad "prepare: text is a folder" 'data: input text is not a regular file' \
+    -- "$LOOM" prepare --text data --out prepared
+bad "prepare: --val-fraction 1.5" 'val-fraction: expected a number in \[0, 1\), got 1\.5' \
+    -- "$LOOM" prepare --text text.txt --out prepared --val-fraction 1.5
+bad "prepare: no --text" '--text: expected at least one text file' -- "$LOOM" prepare --out prepared
+bad "prepare: no --out" '--out: expected a folder' -- "$LOOM" prepare --text text.txt
+bad "prepare: --seq-len 0" '--seq-len: expected a positive integer, got 0' \
+    -- "$LOOM" prepare --text text.txt --out prepared --seq-len 0
+bad "prepare: --shard-tokens 0" '--shard-tokens: expected a positive integer, got 0' \
+    -- "$LOOM" prepare --text text.txt --out prepared --shard-tokens 0
+bad "prepare: --out is a file" 'text\.txt: output directory: exists and is not a directory' \
+    -- "$LOOM" prepare --text text.txt --out text.txt
+if [ -e prepared ]; then
+    record "prepare: bad input writes nothing" "the folder 'prepared' was created"
+else
+    record "prepare: bad input writes nothing" ""
+fi
+good "prepare: --text=FILE" 'wrote prepared/train_000000\.bin' \
+    -- "$LOOM" prepare --text=text.txt --out prepared --seq-len 16
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# cli_workflow.sh — the happy path of the `loom` command end to end on a generated text of about
+# 50 KB: prepare -> train (tiny model, checkpoints and validation every 3 steps) -> the files a
+# run writes -> sample -> eval -> resume. A run stopped after 3 steps and resumed to 6 must log
+# byte-identical losses and gradient norms, and save byte-identical checkpoints, to a run of 6
+# steps without a stop (same thread count), with exactly one metrics record per step.
+#
+# usage: bash tests/cli_workflow.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
+set -u
+if [ $# -ne 2 ]; then
+    echo "usage: $0 LOOM_BINARY TMPDIR" >&2
+    exit 2
+fi
+LOOM=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+TMP=$2
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+[ -x "$LOOM" ] || { echo "not an executable: $LOOM" >&2; exit 1; }
+
+passed=0
+failed=0
+
+check() { # NAME WHY (empty WHY = pass)
+    if [ -z "$2" ]; then
+        passed=$((passed + 1))
+        echo "ok    $1"
+    else
+        failed=$((failed + 1))
+        echo "FAIL  $1: $2"
+    fi
+}
+
+crashed() { # RC STDERR_FILE
+    [ "$1" -ge 128 ] || grep -Eq 'Sanitizer|runtime error|Segmentation|Aborted|core dumped' "$2"
+}
+
+# run NAME LOG COMMAND...: the command must exit 0 without a crash report; output goes to LOG
+# (stdout) and LOG.err (stderr).
+run() {
+    local name=$1 log=$2
+    shift 2
+    "$@" >"$log" 2>"$log.err" </dev/null
+    local rc=$? why=""
+    if crashed "$rc" "$log.err"; then
+        why="crashed (exit $rc)"
+    elif [ "$rc" -ne 0 ]; then
+        why="exit status $rc"
+    fi
+    check "$name" "$why"
+    if [ -n "$why" ]; then
+        echo "      command: $*"
+        tail -n 8 "$log.err" | sed 's/^/      stderr: /'
+    fi
+    [ -z "$why" ]
+}
+
+# field LINE KEY: the raw text of KEY's value in one JSON line (as loom wrote it)
+field() {
+    sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" <<<"$1"
+}
+
+NUMBER='^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$'
+
+# step_records FILE: "STEP LOSS GRAD_NORM" for each training record, in file order
+step_records() {
+    local line
+    grep '"loss"' "$1" | while IFS= read -r line; do
+        echo "$(field "$line" step) $(field "$line" loss) $(field "$line" grad_norm)"
+    done
+}
+
+# ---- a deterministic text: words picked by a linear congruential generator ----------------
+
+words=(the quick brown fox jumps over a lazy dog and then runs far away into deep green forest
+    while birds sing songs of old kings who ruled the land by the sea)
+text="" seed=12345 i=0
+while [ ${#text} -lt 50000 ]; do
+    seed=$(((seed * 1103515245 + 12345) % 2147483648))
+    text+=${words[$(((seed >> 8) % ${#words[@]}))]}
+    i=$((i + 1))
+    if ((i % 12 == 0)); then text+=$'.\n'; else text+=" "; fi
+done
+printf '%s' "${text:0:50000}" >text.txt
+
+# ---- prepare -------------------------------------------------------------------------------
+
+run "prepare" prepare.log "$LOOM" prepare --text text.txt --out data --seq-len 16
+why=""
+for f in data/train_000000.bin data/val_000000.bin; do
+    [ -s "$f" ] || why="$f missing"
+done
+check "prepare wrote train and val shards" "$why"
+
+# ---- train ---------------------------------------------------------------------------------
+
+# A constant learning rate after warm-up: a run of 3 steps then resumed to 6 follows the same
+# schedule as a run of 6 (a cosine schedule depends on the total step count).
+FLAGS=(--model tiny --data 'data/train_*.bin' --val-data 'data/val_*.bin' --save-every 3
+    --eval-every 3 --threads 1 --seq-len 16 --micro-batch-size 2 --global-batch-size 4
+    --warmup-steps 2 --lr-schedule constant)
+run "train 6 steps" train_a.log "$LOOM" train "${FLAGS[@]}" --steps 6 --out run_a
+
+metrics=run_a/metrics.jsonl
+why=""
+if [ ! -s "$metrics" ]; then
+    why="$metrics missing or empty"
+else
+    steps=$(step_records "$metrics" | cut -d' ' -f1 | tr '\n' ' ')
+    [ "$steps" = "1 2 3 4 5 6 " ] || why="step records for steps '$steps', expected '1 2 3 4 5 6 '"
+fi
+check "metrics.jsonl has one record per step 1..6" "$why"
+
+why=""
+while IFS= read -r line; do
+    for key in step loss lr grad_norm ms tokens_per_s mfu; do
+        value=$(field "$line" $key)
+        if ! [[ $value =~ $NUMBER ]]; then
+            why="key '$key' is '$value' (not a finite number) in: $line"
+            break 2
+        fi
+    done
+done < <(grep '"loss"' "$metrics" 2>/dev/null)
+check "step records carry step, loss, lr, grad_norm, ms, tokens_per_s, mfu" "$why"
+
+why=""
+vals=$(grep '"val_loss"' "$metrics" 2>/dev/null | while IFS= read -r line; do
+    echo "$(field "$line" step)=$(field "$line" val_loss)"
+done | tr '\n' ' ')
+if ! [[ $vals =~ ^3=[-0-9.eE+]+\ 6=[-0-9.eE+]+\ $ ]]; then
+    why="val_loss records '$vals', expected finite values at steps 3 and 6"
+fi
+check "validation records at steps 3 and 6" "$why"
+
+why=""
+if [ ! -s run_a/loss.svg ]; then
+    why="run_a/loss.svg missing"
+elif ! grep -q '</svg>' run_a/loss.svg; then
+    why="run_a/loss.svg has no </svg>"
+fi
+check "loss.svg written" "$why"
+
+why=""
+latest=$(cat run_a/checkpoints/latest 2>/dev/null)
+if [ "$latest" != step_00000006 ]; then
+    why="checkpoints/latest is '$latest', expected step_00000006"
+else
+    for f in step_00000003/model.safetensors step_00000003/state.safetensors \
+        step_00000006/model.safetensors step_00000006/state.safetensors; do
+        [ -s "run_a/checkpoints/$f" ] || why="run_a/checkpoints/$f missing"
+    done
+fi
+check "checkpoints at steps 3 and 6, latest names step 6" "$why"
+
+# ---- sample and eval -----------------------------------------------------------------------
+
+if run "sample" sample.txt "$LOOM" sample --checkpoint run_a --tokens 20 --threads 1; then
+    bytes=$(wc -c <sample.txt)
+    check "sample printed at least 20 bytes" "$([ "$bytes" -ge 20 ] || echo "got $bytes bytes")"
+    run "sample again (same seed)" sample2.txt "$LOOM" sample --checkpoint run_a --tokens 20 \
+        --threads 1
+    check "sample is deterministic for a seed" "$(cmp -s sample.txt sample2.txt || echo differs)"
+fi
+run "sample from a step folder with a prompt" sample3.txt "$LOOM" sample \
+    --checkpoint run_a/checkpoints/step_00000003 --prompt "the fox " --tokens 8 --threads 1 &&
+    check "sample output starts with the prompt" \
+        "$(head -c 8 sample3.txt | grep -q '^the fox $' || echo "got '$(head -c 40 sample3.txt)'")"
+
+if run "eval" eval.txt "$LOOM" eval --checkpoint run_a --data 'data/val_*.bin' --threads 1; then
+    loss=$(sed -n 's/^loss \([^ ]*\) .*/\1/p' eval.txt)
+    check "eval prints a finite loss" \
+        "$([[ $loss =~ $NUMBER ]] || echo "loss line: '$(head -n 1 eval.txt)'")"
+fi
+
+# ---- resume --------------------------------------------------------------------------------
+
+run "train 3 steps (to be resumed)" train_b1.log "$LOOM" train "${FLAGS[@]}" --steps 3 --out run_b
+run "resume to 6 steps" train_b2.log "$LOOM" train "${FLAGS[@]}" --steps 6 --resume run_b \
+    --out run_b
+check "resume says where it continued" \
+    "$(grep -q 'resumed from run_b/checkpoints/step_00000003 at step 3' train_b2.log ||
+        echo 'no "resumed from ... at step 3" line')"
+
+records_a=$(step_records run_a/metrics.jsonl)
+records_b=$(step_records run_b/metrics.jsonl)
+steps_b=$(cut -d' ' -f1 <<<"$records_b" | tr '\n' ' ')
+check "resumed metrics: one record per step 1..6" \
+    "$([ "$steps_b" = "1 2 3 4 5 6 " ] || echo "steps '$steps_b'")"
+check "resumed metrics: one val_loss record each at steps 3 and 6" \
+    "$(v=$(grep '"val_loss"' run_b/metrics.jsonl | while IFS= read -r l; do field "$l" step; done |
+        tr '\n' ' ')
+        [ "$v" = "3 6 " ] || echo "val_loss steps '$v'")"
+why=""
+for s in 4 5 6; do
+    a=$(grep "^$s " <<<"$records_a")
+    b=$(grep "^$s " <<<"$records_b")
+    if [ -z "$a" ] || [ "$a" != "$b" ]; then
+        why="step $s: uninterrupted '$a', resumed '$b' (step loss grad_norm)"
+        break
+    fi
+done
+check "resumed steps 4..6: loss and grad_norm byte-identical" "$why"
+check "steps 1..3 identical too" \
+    "$([ "$(head -n 3 <<<"$records_a")" = "$(head -n 3 <<<"$records_b")" ] || echo differ)"
+why=""
+for f in model.safetensors state.safetensors; do
+    cmp -s "run_a/checkpoints/step_00000006/$f" "run_b/checkpoints/step_00000006/$f" ||
+        why="step_00000006/$f differs"
+done
+check "resumed final checkpoint byte-identical" "$why"
+
+# resuming a finished run does nothing and keeps its metrics as they are
+cp run_a/metrics.jsonl metrics_before.jsonl
+run "resume a finished run" train_a2.log "$LOOM" train "${FLAGS[@]}" --steps 6 --resume run_a \
+    --out run_a
+check "finished run's metrics unchanged" \
+    "$(cmp -s metrics_before.jsonl run_a/metrics.jsonl || echo 'metrics.jsonl changed')"
+
+# a fresh run from the trained weights
+run "init-from a safetensors file" train_c.log "$LOOM" train "${FLAGS[@]}" --steps 1 \
+    --init-from run_a/checkpoints/step_00000006/model.safetensors --out run_c
+check "init-from says so" "$(grep -q 'initialised from' train_c.log || echo 'no such line')"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
