@@ -9,9 +9,9 @@ bash scripts/build.sh build
 corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
 ./build/loom prepare --text $corpus --out data/fortunes --seq-len 128
 ./build/loom train --model small --data 'data/fortunes/train_*.bin' \
-    --val-data 'data/fortunes/val_*.bin' --steps ${STEPS:-300} --seq-len 128 \
-    --micro-batch-size 8 --global-batch-size 16 --lr 2e-3 --warmup-steps 30 \
-    --eval-every 50 --log-every 10 --out runs/fortunes "$@"
+    --val-data 'data/fortunes/val_*.bin' --steps ${STEPS:-1000} --seq-len 128 \
+    --micro-batch-size 8 --global-batch-size 16 --lr 3e-3 --warmup-steps 50 \
+    --eval-every 100 --log-every 50 --out runs/fortunes "$@"
 echo
 echo "== sample from runs/fortunes"
 ./build/loom sample --checkpoint runs/fortunes --prompt "The " --tokens 300 --temperature 0.8

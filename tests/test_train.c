@@ -83,7 +83,7 @@ static void test_overfit(void) {
     c.weight_decay = 0.0;
     snprintf(c.lr_schedule, sizeof c.lr_schedule, "constant");
     loom_train_result r;
-    CHECK(loom_train_run_ex(&c, &r) == LOOM_OK, "overfit run: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&c, NULL, &r) == LOOM_OK, "overfit run: %s", loom_last_error());
     CHECK(r.final_loss < 0.1, "over-fitting one batch: final loss %.4f, expected < 0.1",
           r.final_loss);
 }
@@ -100,7 +100,8 @@ static void test_accumulation(void) {
         loom_train_config c = tiny_config(name);
         c.micro_batch_size = micro[i];
         c.steps = 4;
-        CHECK(loom_train_run_ex(&c, &r[i]) == LOOM_OK, "accumulation run: %s", loom_last_error());
+        CHECK(loom_train_run_ex(&c, NULL, &r[i]) == LOOM_OK, "accumulation run: %s",
+              loom_last_error());
         params[i] = load_params(c.out, &n);
     }
     for (int i = 1; i < 3; i++) {
@@ -119,12 +120,12 @@ static void test_accumulation(void) {
 static void test_resume(void) {
     loom_train_config a = tiny_config("straight");
     a.save_every = 3;
-    CHECK(loom_train_run_ex(&a, NULL) == LOOM_OK, "straight run: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&a, NULL, NULL) == LOOM_OK, "straight run: %s", loom_last_error());
 
     /* continue from the step-3 checkpoint, in a fresh folder, as a new process would */
     loom_train_config b = tiny_config("resumed");
     snprintf(b.resume, sizeof b.resume, "%.900s/checkpoints/step_00000003", a.out);
-    CHECK(loom_train_run_ex(&b, NULL) == LOOM_OK, "resumed run: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&b, NULL, NULL) == LOOM_OK, "resumed run: %s", loom_last_error());
 
     char fa[1400], fb[1400];
     const char *files[] = {"model.safetensors", "state.safetensors"};
@@ -156,7 +157,8 @@ static void test_nan_skip(void) {
     c.val_data[0] = '\0';
     setenv("LOOM_DEBUG_NAN_STEPS", "2", 1);
     loom_train_result r;
-    CHECK(loom_train_run_ex(&c, &r) == LOOM_OK, "one bad step is skipped: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&c, NULL, &r) == LOOM_OK, "one bad step is skipped: %s",
+          loom_last_error());
     CHECK(r.skipped_steps == 1 && r.steps_done == 6, "skipped %lld of %lld",
           (long long)r.skipped_steps, (long long)r.steps_done);
     CHECK(isfinite(r.final_loss), "training went on after the skipped step");
@@ -165,7 +167,7 @@ static void test_nan_skip(void) {
     c.val_data[0] = '\0';
     c.max_bad_steps = 3;
     setenv("LOOM_DEBUG_NAN_STEPS", "2,3,4", 1);
-    loom_status st = loom_train_run_ex(&c, &r);
+    loom_status st = loom_train_run_ex(&c, NULL, &r);
     CHECK(st == LOOM_ERR_NUMERIC && strstr(loom_last_error(), "in a row"),
           "three bad steps in a row stop the run: %d %s", st, loom_last_error());
     CHECK(r.steps_done == 4, "stopped at step 4, got %lld", (long long)r.steps_done);

@@ -146,6 +146,10 @@ typedef struct {
     float *dfch2;     /* (B, T, 4C) */
 } loom_gpt_grad_acts;
 
+/* params_memory and grads_memory hold this many zero floats past num_params, so that a flat
+ * buffer can be split into equal shards for up to this many data-parallel ranks. */
+#define LOOM_GPT_PAD_FLOATS 4096
+
 typedef struct {
     loom_gpt_config config;
     const loom_backend *backend;
@@ -169,6 +173,12 @@ typedef struct {
     int32_t *targets; /* (B, T) of the last forward */
     int cur_B, cur_T; /* shape of the last forward */
     float mean_loss;  /* of the last forward with targets */
+
+    /* Called during backward whenever more gradients are final: every gradient at flat offset
+     * >= ready_offset will not change again in this backward (0 at the end). Data parallelism
+     * uses it to start bucket allreduces while backward goes on. NULL: not called. */
+    void (*grads_ready)(void *ctx, size_t ready_offset);
+    void *grads_ready_ctx;
 } loom_gpt;
 
 /* Allocates parameters and gradients (zeroed) for `config` (checked). */

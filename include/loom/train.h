@@ -44,6 +44,12 @@ typedef struct {
     int eval_batches;
     char resume[LOOM_PATH_MAX];    /* "" = fresh start */
     char init_from[LOOM_PATH_MAX]; /* llm.c .bin or .safetensors; "" = random init */
+    /* parallelism: the layout (a plan file, or the shortcut flags) */
+    char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
+    int data_parallel, tensor_parallel, pipeline_parallel;
+    double bucket_mb;    /* DP allreduce bucket size */
+    int zero1;           /* shard AdamW state across DP ranks */
+    double comm_timeout; /* seconds before a silent peer ends the job */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */
@@ -66,7 +72,10 @@ typedef struct {
     double final_loss, final_val_loss;
     int64_t skipped_steps;
 } loom_train_result;
-loom_status loom_train_run_ex(const loom_train_config *config, loom_train_result *result);
+/* world: the MPI world (loom_comm_init), or NULL for one process. */
+struct loom_comm;
+loom_status loom_train_run_ex(const loom_train_config *config, struct loom_comm *world,
+                              loom_train_result *result);
 
 /* Loads a model from a checkpoint: a run folder, its checkpoints/ folder, one step folder,
  * a .safetensors file (loom or Hugging Face GPT-2), or an llm.c .bin. */

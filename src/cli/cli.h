@@ -41,8 +41,16 @@ int cmd_prepare(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Prints the error and returns the exit code for status. */
 int cli_fail(loom_status status);
+
+/* Starts MPI when the process was started by a launcher (mpirun, srun, ...), sets the log
+ * prefix "[rank R] " and keeps progress output to rank 0; *world stays NULL otherwise. */
+struct loom_comm;
+loom_status cli_start_mpi(int *argc, char ***argv, struct loom_comm **world);
+/* Finalizes MPI (if started) and returns code. */
+int cli_finish(struct loom_comm *world, int code);
 
 #endif

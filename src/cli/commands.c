@@ -5,7 +5,9 @@
  */
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
+#include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/plan.h"
 #include "loom/train.h"
 
 #include <math.h>
@@ -58,6 +60,15 @@ static const cli_opt train_opts[] = {
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,
          "start from weights: llm.c .bin, .safetensors or a checkpoint"),
+    TOPT("--plan", OPT_STRING, plan, "parallel layout from a plan file (loom plan)"),
+    TOPT("--data-parallel", OPT_INT, data_parallel,
+         "data-parallel replicas (1 with more ranks: all ranks)"),
+    TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer"),
+    TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages"),
+    TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
+    TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
+         "seconds without progress before the job is ended (0 = never)"),
 };
 #define NTRAIN ((int)(sizeof train_opts / sizeof train_opts[0]))
 
@@ -84,11 +95,36 @@ static loom_status find_config(int argc, char **argv, const char **path) {
     return LOOM_OK;
 }
 
+/* --plan FILE: the layout, batch and model of a plan file replace the flags' values. */
+static loom_status apply_plan(loom_train_config *cfg, loom_comm *world) {
+    loom_plan plan;
+    loom_plan_init(&plan);
+    loom_status st = loom_plan_read(cfg->plan, &plan);
+    if (st == LOOM_OK) st = loom_plan_check(&plan, cfg->plan, world ? loom_comm_size(world) : 1);
+    if (st == LOOM_OK) {
+        cfg->data_parallel = plan.dp;
+        cfg->tensor_parallel = plan.tp;
+        cfg->pipeline_parallel = plan.pp;
+        cfg->micro_batch_size = plan.micro_batch;
+        cfg->global_batch_size = plan.global_batch;
+        cfg->layers = plan.model.num_layers;
+        cfg->heads = plan.model.num_heads;
+        cfg->d_model = plan.model.channels;
+        cfg->context = plan.model.max_seq_len;
+        cfg->vocab = plan.model.vocab_size;
+    }
+    loom_plan_free(&plan);
+    return st;
+}
+
 int cmd_train(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN);
         return 0;
     }
+    loom_comm *world = NULL;
+    loom_status init = cli_start_mpi(&argc, &argv, &world);
+    if (init != LOOM_OK) return cli_fail(init);
     loom_train_config cfg;
     loom_train_config_defaults(&cfg);
     const char *config_path = NULL;
@@ -108,11 +144,12 @@ int cmd_train(int argc, char **argv) {
     if (st == LOOM_OK && stat(cfg.out, &out_st) == 0 && !S_ISDIR(out_st.st_mode)) {
         st = loom_fail(LOOM_ERR_INPUT, "--out: %s exists and is not a directory", cfg.out);
     }
-    if (st != LOOM_OK) return cli_fail(st);
-    cli_print_table(&cfg, train_opts, NTRAIN);
-    st = loom_train_run(&cfg);
-    if (st != LOOM_OK) return cli_fail(st);
-    return 0;
+    if (st == LOOM_OK && cfg.plan[0]) st = apply_plan(&cfg, world);
+    /* a bad configuration is the same on every rank: each says so and exits cleanly */
+    if (st != LOOM_OK) return cli_finish(world, cli_fail(st));
+    if (!world || loom_comm_rank(world) == 0) cli_print_table(&cfg, train_opts, NTRAIN);
+    st = loom_train_run_ex(&cfg, world, NULL);
+    return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }
 
 /* ---- prepare ---- */

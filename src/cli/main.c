@@ -14,12 +14,13 @@ static void usage(FILE *out) {
                  "  prepare   turn text files into token shards\n"
                  "  sample    generate text from a checkpoint\n"
                  "  eval      mean loss of a checkpoint over a token file\n"
-                 "  bench     measure step time, tokens/s and MFU\n");
+                 "  bench     measure step time, tokens/s and MFU\n"
+                 "  plan      write or check a parallel layout (loom plan --help)\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        loom_error("expected a command: train, prepare, sample, eval or bench");
+        loom_error("expected a command: train, prepare, sample, eval, bench or plan");
         usage(stderr);
         return 2;
     }
@@ -33,7 +34,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "sample")) return cmd_sample(argc, argv);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
-    loom_error("unknown command '%s'; expected train, prepare, sample, eval or bench", cmd);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
+    loom_error("unknown command '%s'; expected train, prepare, sample, eval, bench or plan", cmd);
     usage(stderr);
     return 2;
 }

@@ -4,6 +4,7 @@
  * resolved-configuration table from that declaration.
  */
 #include "cli/cli.h"
+#include "loom/comm.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -11,6 +12,32 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int launched_by_mpi(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+loom_status cli_start_mpi(int *argc, char ***argv, loom_comm **world) {
+    *world = NULL;
+    if (!launched_by_mpi()) return LOOM_OK;
+    loom_status st = loom_comm_init(argc, argv, world);
+    if (st != LOOM_OK) return st;
+    if (loom_comm_size(*world) > 1) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "[rank %d] ", loom_comm_rank(*world));
+        loom_log_set_prefix(prefix);
+        if (loom_comm_rank(*world) != 0) loom_log_set_level(LOOM_LOG_WARN);
+    }
+    return LOOM_OK;
+}
+
+int cli_finish(loom_comm *world, int code) {
+    if (world) loom_comm_finalize(world);
+    return code;
+}
 
 int cli_fail(loom_status status) {
     const char *msg = loom_last_error();

@@ -206,8 +206,10 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
             m->segments[b + 1] = m->segments[b];
         m->segments[b + 1] = key;
     }
-    m->params_memory = loom_alloc_aligned(m->num_params * sizeof(float), "parameters");
-    m->grads_memory = loom_alloc_aligned(m->num_params * sizeof(float), "gradients");
+    /* spare zeros after the parameters let ZeRO-1 pad the buffer to a multiple of dp */
+    size_t capacity = m->num_params + LOOM_GPT_PAD_FLOATS;
+    m->params_memory = loom_alloc_aligned(capacity * sizeof(float), "parameters");
+    m->grads_memory = loom_alloc_aligned(capacity * sizeof(float), "gradients");
     if (!m->params_memory || !m->grads_memory) {
         loom_gpt_free(m);
         return LOOM_ERR_NOMEM;
@@ -479,8 +481,13 @@ void loom_gpt_backward(loom_gpt *m, float dloss) {
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
         block_backward(m, l, residual, B, T);
+        /* blocks l..L-1 and the final LayerNorm are done; only lower offsets change now */
+        if (m->grads_ready)
+            m->grads_ready(m->grads_ready_ctx,
+                           m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride);
     }
     be->encoder_backward(m->grads.wte, m->grads.wpe, ga->dresidual, m->inputs, B, T, C);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, 0);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {

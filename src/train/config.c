@@ -32,6 +32,10 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->eval_every = 50;
     c->log_every = 10;
     c->eval_batches = 16;
+    c->data_parallel = c->tensor_parallel = c->pipeline_parallel = 1;
+    c->bucket_mb = 25.0;
+    c->zero1 = 0;
+    c->comm_timeout = 60.0;
 }
 
 loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config *m) {
@@ -90,6 +94,20 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->eval_batches > 0, "eval_batches", "expected a positive integer, got %d",
             c->eval_batches);
     REQUIRE(c->data[0] != '\0', "data", "expected a token shard path or glob");
+    REQUIRE(c->data_parallel > 0, "data_parallel", "expected a positive integer, got %d",
+            c->data_parallel);
+    REQUIRE(c->tensor_parallel > 0, "tensor_parallel", "expected a positive integer, got %d",
+            c->tensor_parallel);
+    REQUIRE(c->pipeline_parallel > 0, "pipeline_parallel", "expected a positive integer, got %d",
+            c->pipeline_parallel);
+    REQUIRE(c->global_batch_size % (c->micro_batch_size * c->data_parallel) == 0,
+            "global_batch_size",
+            "expected a multiple of micro_batch_size x data_parallel = %d x %d, got %d",
+            c->micro_batch_size, c->data_parallel, c->global_batch_size);
+    REQUIRE(c->bucket_mb > 0, "bucket_mb", "expected a positive number of MB, got %g",
+            c->bucket_mb);
+    REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",
+            c->comm_timeout);
     REQUIRE(c->out[0] != '\0', "out", "expected an output folder");
 #undef REQUIRE
     return LOOM_OK;

@@ -6,8 +6,10 @@
  * Not here: parsing flags (cli), the model's maths (model), file formats (io, data).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/io.h"
+#include "loom/parallel.h"
 #include "loom/train.h"
 #include "io/checkpoint.h"
 #include "train/plot.h"
@@ -22,11 +24,21 @@
 typedef struct {
     const loom_train_config *cfg;
     loom_gpt *model;
-    float *m, *v; /* AdamW moments, same layout as the parameters */
+    float *m, *v;     /* AdamW moments: the parameters' layout, or this rank's ZeRO-1 shard */
+    loom_comm *world; /* NULL: one process */
+    loom_mesh mesh;
+    int have_mesh;
+    int lead; /* world rank 0: progress, metrics, checkpoints */
+    int dp, dp_rank;
+    loom_dp_sync *dp_sync; /* DP > 1 without ZeRO-1 */
+    loom_zero_shard zero;  /* ZeRO-1: this rank's range of the flat buffers */
+    float *grad_shard;     /* ZeRO-1: the reduced gradients of the range */
+    float *gather_tmp;     /* ZeRO-1: staging for the parameter all-gather */
     loom_dataset *train_data, *val_data;
     loom_loader *train_loader, *val_loader;
     int32_t *inputs, *targets;
-    int accum; /* micro-batches per step */
+    int accum;    /* micro-batches per step on each DP rank */
+    int per_rank; /* windows per step on each DP rank */
     FILE *metrics;
     double peak_gflops, flops_per_token;
     loom_ckpt_state state;
@@ -38,6 +50,10 @@ typedef struct {
 } trainer;
 
 static void trainer_free(trainer *t) {
+    loom_dp_sync_free(t->dp_sync);
+    loom_free_aligned(t->grad_shard);
+    loom_free_aligned(t->gather_tmp);
+    if (t->have_mesh) loom_mesh_free(&t->mesh);
     loom_gpt_free(t->model);
     loom_free_aligned(t->m);
     loom_free_aligned(t->v);
@@ -146,10 +162,48 @@ static loom_status metrics_truncate(const char *path, int64_t step) {
     return st;
 }
 
+/* The layout: the mesh over the world, or one process. */
+static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
+    int world_size = t->world ? loom_comm_size(t->world) : 1;
+    int dp = cfg->data_parallel, tp = cfg->tensor_parallel, pp = cfg->pipeline_parallel;
+    if (tp > 1 || pp > 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--tensor-parallel %d / --pipeline-parallel %d: tensor and pipeline "
+                         "parallelism are not implemented yet; use --data-parallel",
+                         tp, pp);
+    }
+    if (!t->world) {
+        if ((int64_t)dp * tp * pp != 1) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "--data-parallel %d: needs %d ranks; start with mpirun -np %d", dp,
+                             dp * tp * pp, dp * tp * pp);
+        }
+        t->dp = 1, t->dp_rank = 0, t->lead = 1;
+        return LOOM_OK;
+    }
+    if (world_size > 1 && dp * tp * pp == 1) dp = world_size; /* plain DP over every rank */
+    loom_status st = loom_mesh_create(t->world, dp, tp, pp, &t->mesh);
+    if (st != LOOM_OK) return st;
+    t->have_mesh = 1;
+    t->dp = t->mesh.dp_size, t->dp_rank = t->mesh.dp_rank;
+    t->lead = loom_comm_rank(t->world) == 0;
+    loom_comm_set_timeout(cfg->comm_timeout);
+    if (cfg->global_batch_size % (cfg->micro_batch_size * t->dp) != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "config: global_batch_size: expected a multiple of micro_batch_size x "
+                         "data parallel = %d x %d, got %d",
+                         cfg->micro_batch_size, t->dp, cfg->global_batch_size);
+    }
+    return LOOM_OK;
+}
+
 static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     t->cfg = cfg;
-    t->accum = cfg->global_batch_size / cfg->micro_batch_size;
     t->last_val_loss = NAN;
+    loom_status pst = setup_parallel(t, cfg);
+    if (pst != LOOM_OK) return pst;
+    t->per_rank = cfg->global_batch_size / t->dp;
+    t->accum = t->per_rank / cfg->micro_batch_size;
     loom_ops_set_threads(cfg->threads);
     const loom_backend *be = loom_backend_cpu();
 
@@ -186,6 +240,24 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     }
     if ((st = loom_gpt_reserve(t->model, cfg->micro_batch_size, cfg->seq_len))) return st;
     size_t n = t->model->num_params;
+    if (cfg->zero1 && t->dp > 1) {
+        t->zero = loom_zero_shard_of(n, t->dp, t->dp_rank);
+        if (t->zero.padded_count > n + LOOM_GPT_PAD_FLOATS) {
+            return loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
+                             LOOM_GPT_PAD_FLOATS);
+        }
+        n = t->zero.shard;
+        t->grad_shard = loom_alloc_aligned(n * sizeof(float), "ZeRO-1 gradient shard");
+        t->gather_tmp = loom_alloc_aligned(n * sizeof(float), "ZeRO-1 staging");
+        if (!t->grad_shard || !t->gather_tmp) return LOOM_ERR_NOMEM;
+    } else {
+        t->zero = loom_zero_shard_of(n, 1, 0);
+        if (t->dp > 1) {
+            st = loom_dp_sync_create(&t->dp_sync, t->mesh.dp, t->model->grads_memory, n,
+                                     (size_t)(cfg->bucket_mb * 1024 * 1024));
+            if (st != LOOM_OK) return st;
+        }
+    }
     t->m = loom_alloc_aligned(n * sizeof(float), "AdamW first moment");
     t->v = loom_alloc_aligned(n * sizeof(float), "AdamW second moment");
     size_t bt = (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len;
@@ -208,7 +280,22 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_rng_seed(&rng, cfg->seed);
     t->state = (loom_ckpt_state){.rng_state = rng.state};
     if (resume_dir[0]) {
-        if ((st = loom_checkpoint_load(resume_dir, t->model, t->m, t->v, &t->state))) return st;
+        if (t->grad_shard) {
+            /* the checkpoint holds whole moments: read them, keep this rank's range */
+            size_t full = t->model->num_params;
+            float *m = loom_alloc_aligned(full * sizeof(float), "moments");
+            float *v = loom_alloc_aligned(full * sizeof(float), "moments");
+            st = m && v ? loom_checkpoint_load(resume_dir, t->model, m, v, &t->state)
+                        : LOOM_ERR_NOMEM;
+            if (st == LOOM_OK) {
+                memcpy(t->m, m + t->zero.begin, (t->zero.end - t->zero.begin) * sizeof(float));
+                memcpy(t->v, v + t->zero.begin, (t->zero.end - t->zero.begin) * sizeof(float));
+            }
+            loom_free_aligned(m), loom_free_aligned(v);
+            if (st != LOOM_OK) return st;
+        } else if ((st = loom_checkpoint_load(resume_dir, t->model, t->m, t->v, &t->state))) {
+            return st;
+        }
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data: %s",
@@ -218,7 +305,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     }
     t->first_step = t->state.step;
 
-    /* output */
+    /* output: one writer */
+    t->flops_per_token = loom_gpt_flops_per_token(mc, cfg->seq_len);
+    if (!t->lead) return LOOM_OK;
     if ((st = loom_mkdir_p(cfg->out))) return st;
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out);
@@ -228,8 +317,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     t->metrics = fopen(path, resume_dir[0] ? "a" : "w");
     if (!t->metrics) return loom_fail(LOOM_ERR_IO, "%s: cannot open for writing", path);
 
-    t->peak_gflops = loom_ops_sgemm_peak_gflops(1024, 3);
-    t->flops_per_token = loom_gpt_flops_per_token(mc, cfg->seq_len);
+    /* every rank is assumed as fast as this one: the job's peak is world size x this */
+    int ranks = t->world ? loom_comm_size(t->world) : 1;
+    t->peak_gflops = loom_ops_sgemm_peak_gflops(1024, 3) * ranks;
     t->progress_bar = isatty(STDOUT_FILENO);
     loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d): %.2fM "
               "parameters",
@@ -238,8 +328,10 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
               cfg->seq_len, t->val_data ? "" : "; no validation");
-    loom_info("threads: %d; sgemm peak %.1f GFLOP/s (1024^3, measured); MFU is against it",
-              loom_ops_get_threads(), t->peak_gflops);
+    loom_info("ranks: %d (data parallel %d%s); threads per rank: %d; sgemm peak %.1f GFLOP/s "
+              "(1024^3, measured, x ranks); MFU is against it",
+              ranks, t->dp, t->grad_shard ? ", ZeRO-1" : "", loom_ops_get_threads(),
+              t->peak_gflops);
     return LOOM_OK;
 }
 
@@ -252,22 +344,28 @@ static void json_number(FILE *f, const char *key, double value, int last) {
 }
 
 /* Mean loss over the first eval_batches global batches of the validation split (capped at the
- * split's size), in micro-batches: the same windows whatever the micro-batch size. */
-static double validation_loss(trainer *t) {
+ * split's size), in micro-batches, the windows shared out among DP ranks: the same windows
+ * whatever the layout. */
+static loom_status validation_loss(trainer *t, double *mean) {
     const loom_train_config *cfg = t->cfg;
-    loom_loader_set_pos(t->val_loader, (loom_loader_pos){0, 0});
     int64_t windows = (int64_t)cfg->eval_batches * cfg->global_batch_size;
     int64_t available = (int64_t)loom_loader_num_windows(t->val_loader);
     if (windows > available) windows = available;
+    int64_t first = windows * t->dp_rank / t->dp, last = windows * (t->dp_rank + 1) / t->dp;
     double sum = 0.0;
-    for (int64_t done = 0; done < windows;) {
-        int b =
-            windows - done < cfg->micro_batch_size ? (int)(windows - done) : cfg->micro_batch_size;
+    if (first < last) loom_loader_set_pos(t->val_loader, (loom_loader_pos){0, (uint64_t)first});
+    for (int64_t done = first; done < last;) {
+        int b = last - done < cfg->micro_batch_size ? (int)(last - done) : cfg->micro_batch_size;
         loom_loader_next(t->val_loader, b, t->inputs, t->targets);
         sum += (double)loom_gpt_forward(t->model, t->inputs, t->targets, b, cfg->seq_len) * b;
         done += b;
     }
-    return sum / (double)windows;
+    if (t->dp > 1) {
+        loom_status st = loom_comm_allreduce_f64(t->mesh.dp, &sum, 1, LOOM_REDUCE_SUM);
+        if (st != LOOM_OK) return st;
+    }
+    *mean = sum / (double)windows;
+    return LOOM_OK;
 }
 
 static int nan_injected(const loom_train_config *cfg, int64_t step) {
@@ -299,25 +397,112 @@ static void progress_bar(const trainer *t, int64_t done) {
     fflush(stdout);
 }
 
+/* AdamW over [lo, hi) of the flat buffer, segment by segment (decay on 2-D weights only);
+ * grads, m and v are indexed from `base` (0 for whole buffers, the shard start for ZeRO-1). */
+static void adamw_range(trainer *t, size_t lo, size_t hi, size_t base, const float *grads,
+                        double lr, int64_t update, float grad_scale) {
+    const loom_train_config *cfg = t->cfg;
+    loom_gpt *model = t->model;
+    for (int i = 0; i < model->num_segments; i++) {
+        const loom_gpt_segment *seg = &model->segments[i];
+        size_t a = seg->offset > lo ? seg->offset : lo;
+        size_t b = seg->offset + (size_t)seg->numel < hi ? seg->offset + (size_t)seg->numel : hi;
+        if (a >= b) continue;
+        model->backend->adamw_update(
+            model->params_memory + a, grads + (a - base), t->m + (a - base), t->v + (a - base),
+            (int64_t)(b - a), (float)lr, (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
+            seg->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
+    }
+}
+
+/* Forward and backward of this rank's share of the global batch, with the DP gradient
+ * allreduce started bucket by bucket during the last micro-batch's backward. */
+static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
+    const loom_train_config *cfg = t->cfg;
+    loom_gpt *model = t->model;
+    int B = cfg->micro_batch_size, T = cfg->seq_len;
+    /* the mean over the global batch: every token of every rank weighs 1/(G*T) */
+    float dloss = 1.0f / ((float)B * (float)T * (float)t->accum * (float)t->dp);
+    loom_gpt_zero_grad(model);
+    loom_loader_skip(t->train_loader, (uint64_t)t->dp_rank * (uint64_t)t->per_rank);
+    *loss_sum = 0.0;
+    for (int a = 0; a < t->accum; a++) {
+        loom_loader_next(t->train_loader, B, t->inputs, t->targets);
+        loom_comm_progress("forward");
+        *loss_sum += loom_gpt_forward(model, t->inputs, t->targets, B, T);
+        int last = a == t->accum - 1;
+        if (last && t->dp_sync) {
+            loom_dp_sync_begin(t->dp_sync);
+            model->grads_ready = loom_dp_sync_ready;
+            model->grads_ready_ctx = t->dp_sync;
+        }
+        loom_comm_progress("backward");
+        loom_gpt_backward(model, dloss);
+        model->grads_ready = NULL;
+    }
+    loom_loader_skip(t->train_loader, (uint64_t)(t->dp - 1 - t->dp_rank) * (uint64_t)t->per_rank);
+    if (t->dp_sync) return loom_dp_sync_finish(t->dp_sync);
+    if (t->grad_shard) {
+        return loom_comm_reduce_scatter_f32(t->mesh.dp, model->grads_memory, t->grad_shard,
+                                            (int64_t)t->zero.shard);
+    }
+    return LOOM_OK;
+}
+
+static void write_comm_metrics(trainer *t) {
+    if (!t->have_mesh) return;
+    loom_comm *groups[3] = {t->mesh.dp, t->mesh.tp, t->mesh.pp};
+    const char *names[3] = {"dp", "tp", "pp"};
+    for (int g = 0; g < 3; g++) {
+        loom_comm_stats s = loom_comm_get_stats(groups[g]);
+        if (t->metrics) {
+            fprintf(t->metrics, "\"%s_bytes\": %" PRId64 ", \"%s_s\": %.6f, ", names[g], s.bytes,
+                    names[g], s.seconds);
+        }
+        loom_comm_reset_stats(groups[g]);
+    }
+}
+
 static loom_status train_step(trainer *t, int64_t step) {
     const loom_train_config *cfg = t->cfg;
     loom_gpt *model = t->model;
     const loom_backend *be = model->backend;
-    int B = cfg->micro_batch_size, T = cfg->seq_len;
+    int T = cfg->seq_len;
     double t0 = loom_now();
     double lr = loom_lr_at(cfg, step);
+    char note[64];
+    snprintf(note, sizeof note, "step %" PRId64, step + 1);
+    loom_comm_progress(note);
 
-    loom_gpt_zero_grad(model);
-    double loss_sum = 0.0;
-    float dloss = 1.0f / ((float)B * (float)T * (float)t->accum);
-    for (int a = 0; a < t->accum; a++) {
-        loom_loader_next(t->train_loader, B, t->inputs, t->targets);
-        loss_sum += loom_gpt_forward(model, t->inputs, t->targets, B, T);
-        loom_gpt_backward(model, dloss);
+    double loss_sum;
+    loom_status st = accumulate_gradients(t, &loss_sum);
+    if (st != LOOM_OK) return st;
+    if (nan_injected(cfg, step + 1)) {
+        (t->grad_shard ? t->grad_shard : model->grads_memory)[0] = NAN;
     }
-    double loss = loss_sum / t->accum;
-    if (nan_injected(cfg, step + 1)) model->grads_memory[0] = NAN;
-    double grad_norm = sqrt(be->sum_squares(model->grads_memory, (int64_t)model->num_params));
+    /* loss: mean over DP ranks; squared gradient norm: of the whole (reduced) gradient, from
+     * each rank's shard under ZeRO-1; every rank ends with the same numbers */
+    double sums[2] = {loss_sum / t->accum, 0.0};
+    if (t->grad_shard) {
+        sums[1] = be->sum_squares(t->grad_shard, (int64_t)(t->zero.end - t->zero.begin));
+    } else {
+        sums[1] = be->sum_squares(model->grads_memory, (int64_t)model->num_params);
+    }
+    if (t->dp > 1) {
+        /* under plain DP every rank holds the whole gradient: take rank 0's norm (MAX of equal
+         * values) rather than trusting that every rank's allreduce rounded alike */
+        double norm_sq = sums[1];
+        if (!t->grad_shard) sums[1] = 0.0;
+        st = loom_comm_allreduce_f64(t->mesh.dp, sums, 2, LOOM_REDUCE_SUM);
+        if (st == LOOM_OK && !t->grad_shard) {
+            st = loom_comm_allreduce_f64(t->mesh.dp, &norm_sq, 1, LOOM_REDUCE_MAX);
+            sums[1] = norm_sq;
+        }
+        if (st != LOOM_OK) return st;
+        sums[0] /= t->dp;
+    }
+    double loss = sums[0];
+    double grad_norm = sqrt(sums[1]);
 
     int skipped = !isfinite(loss) || !isfinite(grad_norm);
     if (skipped) {
@@ -333,12 +518,16 @@ static loom_status train_step(trainer *t, int64_t step) {
             grad_scale = (float)(cfg->grad_clip / grad_norm);
         }
         int64_t update = step + 1 - t->state.skipped_total; /* AdamW's t counts applied updates */
-        for (int i = 0; i < model->num_segments; i++) {
-            const loom_gpt_segment *seg = &model->segments[i];
-            be->adamw_update(model->params_memory + seg->offset, model->grads_memory + seg->offset,
-                             t->m + seg->offset, t->v + seg->offset, seg->numel, (float)lr,
-                             (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
-                             seg->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
+        if (t->grad_shard) {
+            adamw_range(t, t->zero.begin, t->zero.end, t->zero.begin, t->grad_shard, lr, update,
+                        grad_scale);
+            memcpy(t->gather_tmp, model->params_memory + t->zero.begin,
+                   t->zero.shard * sizeof(float));
+            st = loom_comm_allgather_f32(t->mesh.dp, t->gather_tmp, model->params_memory,
+                                         (int64_t)t->zero.shard);
+            if (st != LOOM_OK) return st;
+        } else {
+            adamw_range(t, 0, model->num_params, 0, model->grads_memory, lr, update, grad_scale);
         }
     }
     t->state.step = step + 1;
@@ -352,18 +541,23 @@ static loom_status train_step(trainer *t, int64_t step) {
     double mfu =
         t->peak_gflops > 0 ? t->flops_per_token * tokens_per_s / (t->peak_gflops * 1e9) : 0.0;
     FILE *f = t->metrics;
-    fprintf(f, "{\"step\": %" PRId64 ", ", step + 1);
-    json_number(f, "loss", loss, 0);
-    json_number(f, "lr", lr, 0);
-    json_number(f, "grad_norm", grad_norm, 0);
-    json_number(f, "ms", seconds * 1e3, 0);
-    json_number(f, "tokens_per_s", tokens_per_s, 0);
-    json_number(f, "mfu", mfu, 0);
-    fprintf(f, "\"skipped\": %s}\n", skipped ? "true" : "false");
-    fflush(f);
+    if (f) {
+        fprintf(f, "{\"step\": %" PRId64 ", ", step + 1);
+        json_number(f, "loss", loss, 0);
+        json_number(f, "lr", lr, 0);
+        json_number(f, "grad_norm", grad_norm, 0);
+        json_number(f, "ms", seconds * 1e3, 0);
+        json_number(f, "tokens_per_s", tokens_per_s, 0);
+        json_number(f, "mfu", mfu, 0);
+    }
+    write_comm_metrics(t);
+    if (f) {
+        fprintf(f, "\"skipped\": %s}\n", skipped ? "true" : "false");
+        fflush(f);
+    }
 
     int64_t done = step + 1;
-    if (done == 1 || done % cfg->log_every == 0 || done == cfg->steps || skipped) {
+    if (t->lead && (done == 1 || done % cfg->log_every == 0 || done == cfg->steps || skipped)) {
         if (t->progress_bar) printf("\r\033[K");
         loom_info("step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | "
                   "%.1f ms | %.0f tok/s | MFU %.1f%%",
@@ -380,8 +574,11 @@ static loom_status train_step(trainer *t, int64_t step) {
 }
 
 static loom_status evaluate(trainer *t) {
-    double val = validation_loss(t);
+    double val;
+    loom_status st = validation_loss(t, &val);
+    if (st != LOOM_OK) return st;
     t->last_val_loss = val;
+    if (!t->lead) return LOOM_OK;
     if (t->progress_bar) printf("\r\033[K");
     loom_info("step %6" PRId64 "/%" PRId64 " | val loss %.4f | val perplexity %.2f", t->state.step,
               t->cfg->steps, val, exp(val));
@@ -392,13 +589,56 @@ static loom_status evaluate(trainer *t) {
     return LOOM_OK;
 }
 
+/* The lead writes; under ZeRO-1 the moment shards are gathered first (every rank joins). */
 static loom_status save_checkpoint(trainer *t) {
-    loom_status st = loom_checkpoint_save(t->cfg->out, t->model, t->m, t->v, &t->state);
-    if (st == LOOM_OK) {
-        if (t->progress_bar) printf("\r\033[K");
-        loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, t->cfg->out, t->state.step);
+    const float *m = t->m, *v = t->v;
+    float *full_m = NULL, *full_v = NULL;
+    loom_status st = LOOM_OK;
+    if (t->grad_shard) {
+        size_t padded = t->zero.padded_count;
+        full_m = loom_alloc_aligned(padded * sizeof(float), "moments");
+        full_v = loom_alloc_aligned(padded * sizeof(float), "moments");
+        if (!full_m || !full_v) st = LOOM_ERR_NOMEM;
+        if (st == LOOM_OK) {
+            st = loom_comm_allgather_f32(t->mesh.dp, t->m, full_m, (int64_t)t->zero.shard);
+        }
+        if (st == LOOM_OK) {
+            st = loom_comm_allgather_f32(t->mesh.dp, t->v, full_v, (int64_t)t->zero.shard);
+        }
+        m = full_m, v = full_v;
     }
+    if (st == LOOM_OK && t->lead) {
+        st = loom_checkpoint_save(t->cfg->out, t->model, m, v, &t->state);
+        if (st == LOOM_OK) {
+            if (t->progress_bar) printf("\r\033[K");
+            loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, t->cfg->out,
+                      t->state.step);
+        }
+    }
+    loom_free_aligned(full_m);
+    loom_free_aligned(full_v);
     return st;
+}
+
+/* Data-parallel replicas must hold bit-identical parameters: compare a checksum of them. */
+static loom_status check_replicas(trainer *t) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the parameter bytes */
+    const unsigned char *bytes = (const unsigned char *)t->model->params_memory;
+    for (size_t i = 0; i < t->model->num_params * sizeof(float); i++) {
+        h = (h ^ bytes[i]) * 1099511628211ULL;
+    }
+    double hi[2] = {(double)(h >> 32), -(double)(h >> 32)},
+           lo[2] = {(double)(h & 0xffffffffu), -(double)(h & 0xffffffffu)};
+    loom_status st = loom_comm_allreduce_f64(t->mesh.dp, hi, 2, LOOM_REDUCE_MAX);
+    if (st == LOOM_OK) st = loom_comm_allreduce_f64(t->mesh.dp, lo, 2, LOOM_REDUCE_MAX);
+    if (st != LOOM_OK) return st;
+    if (hi[0] != -hi[1] || lo[0] != -lo[1]) {
+        loom_warn("data-parallel replicas hold different parameters (checksums differ)");
+    } else if (t->lead) {
+        loom_info("data-parallel replicas hold bit-identical parameters (checksum %016llx)",
+                  (unsigned long long)h);
+    }
+    return LOOM_OK;
 }
 
 /* Reads metrics.jsonl back and plots training and validation loss. */
@@ -439,12 +679,27 @@ static loom_status write_plot(const char *out) {
     return st;
 }
 
-loom_status loom_train_run_ex(const loom_train_config *cfg, loom_train_result *result) {
+loom_status loom_train_run_ex(const loom_train_config *cfg, loom_comm *world,
+                              loom_train_result *result) {
     loom_status st = loom_train_config_check(cfg);
     if (st != LOOM_OK) return st;
     trainer t;
     memset(&t, 0, sizeof t);
+    t.world = world;
     st = trainer_setup(&t, cfg);
+    int multi = world && loom_comm_size(world) > 1;
+    if (multi) {
+        /* one rank's bad file must not leave the others waiting: agree before training */
+        double code = loom_exit_code(st);
+        loom_status agreed = loom_comm_allreduce_f64(world, &code, 1, LOOM_REDUCE_MAX);
+        if (agreed != LOOM_OK) {
+            st = agreed;
+        } else if (st == LOOM_OK && code > 0) {
+            st = loom_fail(code >= 2 ? LOOM_ERR_INPUT : LOOM_ERR_RUNTIME,
+                           "another rank failed while setting up (its message says why)");
+        }
+    }
+    int setup_ok = st == LOOM_OK;
     t.run_start = loom_now();
     for (int64_t step = t.state.step; st == LOOM_OK && step < cfg->steps; step++) {
         st = train_step(&t, step);
@@ -460,7 +715,14 @@ loom_status loom_train_run_ex(const loom_train_config *cfg, loom_train_result *r
         if (t.progress_bar) printf("\r\033[K");
         if (t.val_loader && cfg->steps % cfg->eval_every != 0) st = evaluate(&t);
         if (st == LOOM_OK) st = save_checkpoint(&t);
-        if (st == LOOM_OK) st = write_plot(cfg->out);
+        if (st == LOOM_OK && t.dp > 1) st = check_replicas(&t);
+        if (st == LOOM_OK && t.lead) st = write_plot(cfg->out);
+    }
+    if (multi && setup_ok && st != LOOM_OK) {
+        /* a failure mid-training may be this rank's alone: end the whole job now */
+        char message[2048];
+        snprintf(message, sizeof message, "%s", loom_last_error());
+        loom_comm_abort(loom_exit_code(st), message);
     }
     if (result) {
         result->steps_done = t.state.step;
@@ -473,5 +735,5 @@ loom_status loom_train_run_ex(const loom_train_config *cfg, loom_train_result *r
 }
 
 loom_status loom_train_run(const loom_train_config *cfg) {
-    return loom_train_run_ex(cfg, NULL);
+    return loom_train_run_ex(cfg, NULL, NULL);
 }

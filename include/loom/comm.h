@@ -1,0 +1,144 @@
+/*
+ * loom/comm.h — the only door to MPI. Communicators (world and the TP/DP/PP groups split from
+ * it), blocking and non-blocking collectives and point-to-point transfers on float buffers,
+ * per-communicator counters of bytes and seconds, and the failure rules: every wait has a
+ * deadline, and a watchdog ends the whole job when this process stops making progress, so a
+ * dead or hung rank never leaves the others waiting forever.
+ *
+ * Not here: what is communicated or when (parallel/, model/), or anything about models.
+ */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include "loom/base.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_comm loom_comm;
+typedef struct loom_comm_request loom_comm_request;
+
+/* Threads: MPI runs at MPI_THREAD_FUNNELED — call everything here from the thread that called
+ * loom_comm_init, except loom_comm_progress, which any thread may call. Errors: functions that
+ * return loom_status fail with LOOM_ERR_RUNTIME (LOOM_ERR_NOMEM for allocations) and a message
+ * naming the operation and the group. Misuse (a negative count, a rank outside the group) is
+ * caught before anything is sent, identically on every rank; an error from MPI itself leaves
+ * the communicator unusable, and the caller should end the job (loom_comm_abort). */
+
+/* Starts MPI (or notes that it is already started) and returns the world communicator
+ * (named "world"). Safe to call in a process started without mpirun (a world of 1). In a world
+ * of more than one, starts the watchdog (see loom_comm_set_timeout); a world of one has none,
+ * since there is no peer to keep waiting. */
+loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world);
+/* Meets the other ranks in a barrier (with the usual deadline), frees the world communicator,
+ * finalizes MPI when loom_comm_init started it, and stops the watchdog. Free the groups split
+ * from the world first. */
+void loom_comm_finalize(loom_comm *world);
+/* Ends every process of the job now (MPI_Abort on the world), after printing
+ * "[rank R] error: MESSAGE" (if `message` is not NULL) on stderr. Without MPI running (before
+ * init, after finalize), exit(exit_code). Never returns. */
+void loom_comm_abort(int exit_code, const char *message) __attribute__((noreturn));
+
+int loom_comm_rank(const loom_comm *comm);
+int loom_comm_size(const loom_comm *comm);
+const char *loom_comm_name(const loom_comm *comm);
+/* This process's rank in the world (0 before init). */
+int loom_comm_world_rank(void);
+/* The world rank of member `rank` of comm (-1 when out of range). */
+int loom_comm_world_rank_of(const loom_comm *comm, int rank);
+
+/* MPI_Comm_split: ranks with the same colour form a group, ordered by key (ties by rank in
+ * parent). A rank with colour < 0 joins no group and gets *out = NULL. Collective over parent,
+ * with the usual deadline; `name` (truncated to 63 characters) is used in messages. */
+loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
+                            loom_comm **out);
+void loom_comm_free(loom_comm *comm);
+
+/* Deadline (seconds) for every wait, and for the watchdog. Default 60; <= 0 disables both.
+ * May be called before loom_comm_init; every rank should use the same value.
+ *
+ * Wait deadline: a blocking call (or loom_comm_wait) that has waited this long for its peers
+ * prints "[rank R] error: timed out after N s waiting in OP on group 'G' (ranks ...) during
+ * 'NOTE'; ..." and aborts the job. A loop of loom_comm_test is a wait too: past this long
+ * after the operation started, the test aborts the same way.
+ *
+ * Watchdog: when this process has gone this long without any comm call or loom_comm_progress,
+ * while not inside a wait, a thread prints "[rank R] error: no progress for N s during 'NOTE'
+ * — this rank hangs; ..." and ends the process; mpirun then ends the job. So any stretch of
+ * work without communication longer than the timeout (a long evaluation, writing a big
+ * checkpoint, a slow first step) must call loom_comm_progress now and then, and work that one
+ * rank does while the others wait for it (rank 0 saving a checkpoint while the rest sit in a
+ * barrier) must take less than the timeout. */
+void loom_comm_set_timeout(double seconds);
+double loom_comm_get_timeout(void);
+/* Records that this process is alive and what it is doing ("step 12: backward"); the
+ * watchdog and timeout messages name it (the first 255 characters). Cheap (a clock read and a
+ * short copy under an uncontended lock): call it often. NULL only records that the process is
+ * alive. Thread-safe. */
+void loom_comm_progress(const char *what);
+
+typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MAX } loom_reduce_op;
+
+/* Blocking collectives (all ranks of comm call them in the same order, with the same count).
+ * Counts are elements and may exceed INT_MAX (split into several MPI calls). In a group of one
+ * they are local: nothing, or a copy. */
+loom_status loom_comm_allreduce_f32(loom_comm *comm, float *buf, int64_t count, loom_reduce_op op);
+loom_status loom_comm_allreduce_f64(loom_comm *comm, double *buf, int64_t count, loom_reduce_op op);
+/* recv (count) = sum over ranks r of r's send[rank*count .. (rank+1)*count), where `rank` is
+ * this rank's; send is (size*count). recv must not overlap send. */
+loom_status loom_comm_reduce_scatter_f32(loom_comm *comm, const float *send, float *recv,
+                                         int64_t count);
+/* recv (size*count) = concatenation of every rank's send (count), in rank order. In place
+ * when send is this rank's block of recv (recv + rank*count); otherwise no overlap. */
+loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *recv, int64_t count);
+/* buf (bytes) on every rank = buf on `root`. */
+loom_status loom_comm_broadcast(loom_comm *comm, void *buf, int64_t bytes, int root);
+loom_status loom_comm_barrier(loom_comm *comm);
+
+/* Point-to-point, blocking: the sender's and the receiver's byte counts must be equal (the
+ * transfer may be split in chunks). `peer` is a rank of comm; tags are 0..LOOM_COMM_MAX_TAG.
+ * Messages between two ranks with one tag arrive in the order they were sent. */
+#define LOOM_COMM_MAX_TAG 32767
+loom_status loom_comm_send(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag);
+loom_status loom_comm_recv(loom_comm *comm, void *buf, int64_t bytes, int peer, int tag);
+
+/* Non-blocking: start, then loom_comm_wait (which frees the request). Buffers must stay
+ * untouched until then. Several operations may be in flight on one communicator; collectives
+ * must still be started in the same order on every rank. Open MPI moves non-blocking
+ * collectives forward only inside MPI calls: to overlap an iallreduce with compute, call
+ * loom_comm_test on it now and then (between layers, say). */
+loom_status loom_comm_iallreduce_f32(loom_comm *comm, float *buf, int64_t count,
+                                     loom_comm_request **request);
+loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag,
+                            loom_comm_request **request);
+loom_status loom_comm_irecv(loom_comm *comm, void *buf, int64_t bytes, int peer, int tag,
+                            loom_comm_request **request);
+/* Waits up to the timeout; past it, ends the job with a message naming this rank, the
+ * operation, the group and its ranks, and the last progress note. */
+loom_status loom_comm_wait(loom_comm_request *request);
+/* Non-blocking check: *done = 1 (and the request freed) when complete. On an error the
+ * request is freed too. Past the timeout since the operation started, aborts like a wait. */
+loom_status loom_comm_test(loom_comm_request *request, int *done);
+
+/* Traffic and waiting per communicator since the last reset: bytes this rank sent (payload,
+ * the ring algorithms' volume as nccl-tests count it, whatever algorithm MPI picks: allreduce
+ * 2(n-1)/n of the buffer; reduce-scatter and allgather (n-1)/n of the full (size*count)
+ * buffer; broadcast the bytes on the root and 0 elsewhere; send the bytes; recv 0 — and 0 for
+ * collectives in a group of one), seconds spent in blocking calls, loom_comm_wait and
+ * loom_comm_test, and operations started (blocking or not; barriers count, the barriers inside
+ * split and finalize do not). */
+typedef struct {
+    int64_t bytes;
+    double seconds;
+    int64_t calls;
+} loom_comm_stats;
+loom_comm_stats loom_comm_get_stats(const loom_comm *comm);
+void loom_comm_reset_stats(loom_comm *comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_COMM_H */

@@ -1,0 +1,141 @@
+/*
+ * loom/plan.h — the plan: the contract between the planner and the runtime (DESIGN.md, "The
+ * plan"). A plan says which model is trained with which batch, how the ranks form the
+ * (dp, tp, pp) mesh, which layers each pipeline stage runs, what is compressed, and what the
+ * planner predicted. It is written by `loom plan` and read by `loom train --plan FILE`.
+ *
+ * The file is JSON:
+ *
+ *   {
+ *     "model":   {"layers": 12, "heads": 12, "d_model": 768, "context": 1024, "vocab": 50257},
+ *     "batch":   {"global": 64, "micro": 4, "schedule": "1f1b"},
+ *     "mesh":    {"dp": 2, "tp": 2, "pp": 2},
+ *     "stages":  [{"layers": [0, 5], "embedding": true, "recompute": false},
+ *                 {"layers": [5, 12], "head": true, "recompute": true}],
+ *     "compression": {"dp": {"method": "powersgd", "rank": 4, "stages": [0]},
+ *                     "pp": {"method": "lowrank", "rank": 8, "lazy_error": true},
+ *                     "embedding_sync": "fused"},
+ *     "predicted": {"step_s": 0.0, "tokens_per_s": 0.0, "peak_bytes_per_rank": [0]}
+ *   }
+ *
+ * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
+ * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
+ * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only),
+ * "recompute" (false), a compressor's "rank" (0), "lazy_error" (false) and "stages" (all
+ * stages). Every other key is required, and unknown keys are errors.
+ *
+ * Ranks are laid out in Megatron's order: TP fastest, then DP, PP slowest, so
+ * world_rank = tp_rank + tp * (dp_rank + dp * pp_rank).
+ *
+ * Not here: choosing a plan by cost (the planner), or executing one (parallel/, train/).
+ */
+#ifndef LOOM_PLAN_H
+#define LOOM_PLAN_H
+
+#include "loom/base.h"
+#include "loom/model.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One pipeline stage: the transformer blocks [first_layer, end_layer), plus the token and
+ * position embedding on the first stage and the final LayerNorm, LM head and loss on the
+ * last one. */
+typedef struct {
+    int first_layer, end_layer;
+    int embedding, head, recompute; /* booleans */
+} loom_plan_stage;
+
+/* One compressor. method: "none", "powersgd", "lowrank", "topk" or "int8". rank: the
+ * low-rank methods' rank (> 0 for "powersgd" and "lowrank", otherwise unused and 0).
+ * lazy_error: Optimus-CC's lazy error propagation (for pipeline traffic). stages: the pipeline
+ * stages where it applies; num_stages == 0 (stages NULL) means every stage. */
+typedef struct {
+    char method[16];
+    int rank;
+    int lazy_error;
+    int *stages;    /* (num_stages) distinct indices in [0, pp) */
+    int num_stages; /* 0 = all stages */
+} loom_plan_compressor;
+
+typedef struct {
+    loom_gpt_config model; /* padded_vocab_size filled in (vocab rounded up to 128) */
+    int global_batch;      /* sequences per optimizer step, over all DP replicas */
+    int micro_batch;       /* sequences per forward/backward of one stage */
+    char schedule[16];     /* "gpipe" or "1f1b" */
+    int dp, tp, pp;
+    loom_plan_stage *stages;             /* (num_stages) */
+    int num_stages;                      /* == pp */
+    loom_plan_compressor dp_compression; /* data-parallel gradients */
+    loom_plan_compressor pp_compression; /* activations and their gradients between stages */
+    char embedding_sync[16];             /* tied embedding's gradient: "separate" or "fused" */
+    double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
+    int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
+    int num_predicted_peak;
+} loom_plan;
+
+/* An empty plan with the defaults: schedule "1f1b", compression "none", embedding_sync
+ * "separate", every size 0 (so it does not pass loom_plan_check until filled in). */
+void loom_plan_init(loom_plan *plan);
+/* Frees the arrays and leaves an empty plan (as loom_plan_init). */
+void loom_plan_free(loom_plan *plan);
+/* Deep copy into dst (which is overwritten, not freed: init or free it first). */
+loom_status loom_plan_copy(loom_plan *dst, const loom_plan *src);
+
+/* Reads and fully checks a plan file (loom_plan_check with world_size 0). Every problem is
+ * LOOM_ERR_INPUT with one message naming the file, the JSON path of the field and the
+ * expectation, e.g. "plan.json: stages[1].layers: expected [start, end) with start < end,
+ * got [7, 5]"; malformed JSON names the line and column. On failure the plan is left empty. */
+loom_status loom_plan_read(const char *path, loom_plan *plan);
+/* Checks the plan (LOOM_ERR_INPUT naming `path`), then writes it atomically, pretty-printed,
+ * keys in the order of the example above. Doubles are written so that they read back equal. */
+loom_status loom_plan_write(const char *path, const loom_plan *plan);
+
+/* The rules, in this order: model sizes positive and heads dividing d_model; batch sizes
+ * positive; schedule "gpipe" or "1f1b"; mesh sizes positive; dp*tp*pp == world_size when
+ * world_size > 0; tp dividing the heads and the padded vocabulary (so also d_model and
+ * 4*d_model); pp at most the layers; global batch a multiple of micro*dp; num_stages == pp;
+ * stage ranges non-empty, contiguous, in order, from 0 to layers; embedding true exactly on
+ * stage 0 and head exactly on the last stage; compressors' methods known, ranks > 0 where the
+ * method needs one, stage indices distinct and < pp; embedding_sync "separate" or "fused";
+ * predictions finite and >= 0. The first broken rule is reported as
+ * "SOURCE: JSON.PATH: expected ..., got ..." (LOOM_ERR_INPUT). */
+loom_status loom_plan_check(const loom_plan *plan, const char *source, int world_size);
+
+/* Builds a checked plan (messages name the source "plan") with compression "none" and no
+ * predictions. Stages are contiguous and as even as possible; when the layers do not divide
+ * evenly, the EARLIER stages get the extra layer, because the last stage also runs the LM head
+ * and the loss (for GPT-2 124M the head's matmul costs about as much as five blocks), while
+ * the first stage's embedding lookup is cheap. stage_layers, a comma-separated list of layer
+ * counts (e.g. "3,5"), overrides the split: pp positive counts summing to the layers.
+ * schedule NULL means "1f1b". The model's padded_vocab_size is recomputed from vocab_size.
+ * On failure the plan is left empty. */
+loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
+                              int micro_batch, int global_batch, const char *schedule,
+                              const char *stage_layers);
+
+/* Megatron rank order: TP fastest, then DP, PP slowest. */
+typedef struct {
+    int dp_rank, tp_rank, pp_rank;
+} loom_plan_coords;
+/* world_rank in [0, dp*tp*pp). */
+loom_plan_coords loom_plan_rank_coords(const loom_plan *plan, int world_rank);
+int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
+
+/* Micro-batches each pipeline runs per optimizer step: global / (micro * dp). */
+int loom_plan_num_micro_batches(const loom_plan *plan);
+/* Whether `compressor` is on (method other than "none") for pipeline stage `stage`. */
+int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage);
+
+/* A short human summary: model, batch, mesh, stages with their layer ranges, compression, and
+ * the rank layout table "rank -> (pp, dp, tp)" (the first 64 ranks, then a count). */
+void loom_plan_print(const loom_plan *plan, FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_PLAN_H */

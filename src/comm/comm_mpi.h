@@ -1,0 +1,83 @@
+/*
+ * comm_mpi.h — what the files of src/comm share: the layout of a communicator and of a
+ * request, and the timed wait. The only header of loom that includes <mpi.h>; it must not be
+ * included from outside src/comm.
+ */
+#ifndef LOOM_COMM_MPI_H
+#define LOOM_COMM_MPI_H
+
+#include "loom/comm.h"
+
+#include <mpi.h>
+
+struct loom_comm {
+    MPI_Comm mpi;     /* owned: freed with the communicator */
+    MPI_Comm ring;    /* owned: a duplicate for loom's own algorithms (ring.c), whose messages
+                         must never match the user's */
+    char name[64];    /* "world", "dp", "tp", ... — named in messages */
+    int rank, size;   /* this process's rank in the group, and the group's size */
+    int *world_ranks; /* (size) world rank of every member, for messages */
+    loom_comm_stats stats;
+    float *scratch; /* (scratch_count) kept between ring reduce-scatters: fresh memory for
+                       every call would pay its page faults every time */
+    int64_t scratch_count;
+};
+
+/* MPI requests held inline by a loom request; more (chunked transfers) go to the heap. */
+#define COMM_INLINE_REQUESTS 4
+
+struct loom_comm_request {
+    loom_comm *comm;
+    const char *op;         /* "allreduce", "send", ... (a string literal) */
+    int peer;               /* world rank of the other side of a send or recv; -1 otherwise */
+    double started;         /* loom_now() when the operation was started */
+    int count;              /* MPI requests posted */
+    int done;               /* leading requests seen complete */
+    MPI_Request *heap_reqs; /* (count) when more than fit inline; NULL otherwise */
+    MPI_Request inline_reqs[COMM_INLINE_REQUESTS];
+};
+
+/* The MPI requests of a loom request (an index rather than a stored pointer to itself, so that
+ * a request may be copied). */
+static inline MPI_Request *comm_request_slots(struct loom_comm_request *request) {
+    return request->heap_reqs ? request->heap_reqs : request->inline_reqs;
+}
+
+/* Elements per MPI call for elements of `elem_size` bytes (see loom_comm_set_max_chunk). */
+int64_t comm_chunk_elements(size_t elem_size);
+
+/* recv (count) = sum over ranks of send[rank*count ..), by a ring of point-to-point exchanges
+ * (ring.c). Blocking; size > 1. */
+loom_status comm_ring_reduce_scatter_f32(loom_comm *comm, const float *send, float *recv,
+                                         int64_t count);
+
+/* A barrier with a deadline that does not count in the communicator's stats; `op` names it
+ * in the timeout message ("split", "finalize"). */
+loom_status comm_timed_barrier(loom_comm *comm, const char *op);
+
+/* Turns an MPI error code into a loom error naming the operation and the group. */
+loom_status comm_mpi_fail(int code, const loom_comm *comm, const char *op);
+
+/* Marks that the process is doing something (any comm call counts), for the watchdog. */
+void comm_note_activity(void);
+
+/* Waits for every MPI request of `request` to complete, up to the timeout from the start of
+ * the wait; past it, prints one line naming the rank, the operation, the group and the last
+ * progress note, and aborts the job. Releases the request's MPI request array (not the
+ * request itself). */
+loom_status comm_request_wait(struct loom_comm_request *request);
+/* One poll; *done = 1 when every MPI request is complete (the array is then released). Past
+ * the timeout counted from when the request was started, aborts the job like a wait. */
+loom_status comm_request_test(struct loom_comm_request *request, int *done);
+/* Frees the heap array of MPI requests, if any. */
+void comm_request_release(struct loom_comm_request *request);
+
+/* The watchdog thread: started once MPI runs in a world of more than one process, stopped
+ * before MPI is finalized. */
+loom_status comm_watchdog_start(void);
+void comm_watchdog_stop(void);
+
+/* Formats "0,1,2" (at most a few dozen ranks, then "... (N in all)") into buf. */
+void comm_format_ranks(const loom_comm *comm, char *buf, size_t size);
+
+#endif

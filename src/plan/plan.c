@@ -1,0 +1,548 @@
+/*
+ * plan.c — the plan in memory: defaults, copies, the rules every plan must satisfy, the
+ * uniform (even-split) plan, and the Megatron rank layout.
+ *
+ * Every rule reports its first violation as "SOURCE: JSON.PATH: expected ..., got ...", with
+ * the path of the plan-file field, so that one message serves a plan read from a file and one
+ * built from flags. Reading and writing the file is plan_file.c.
+ *
+ * Not here: choosing a plan by cost (the planner proper).
+ */
+#include "plan/plan_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- words ---------------------------------------------------------------------------------- */
+
+static const char *const schedule_words[] = {"gpipe", "1f1b"};
+static const char *const method_words[] = {"none", "powersgd", "lowrank", "topk", "int8"};
+static const char *const embedding_sync_words[] = {"separate", "fused"};
+
+const loom_plan_words loom_plan_schedules = {schedule_words, 2};
+const loom_plan_words loom_plan_methods = {method_words, 5};
+const loom_plan_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
+
+int loom_plan_word_ok(const loom_plan_words *words, const char *value) {
+    for (int i = 0; i < words->count; i++)
+        if (strcmp(words->words[i], value) == 0) return 1;
+    return 0;
+}
+
+void loom_plan_word_list(const loom_plan_words *words, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "%s", words->count > 2 ? "one of " : "");
+    for (int i = 0; i < words->count && used < cap; i++) {
+        const char *sep = i == 0 ? "" : i == words->count - 1 ? " or " : ", ";
+        used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\"", sep, words->words[i]);
+    }
+}
+
+int loom_plan_method_has_rank(const char *method) {
+    return strcmp(method, "powersgd") == 0 || strcmp(method, "lowrank") == 0;
+}
+
+loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...) {
+    char detail[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(detail, sizeof detail, fmt, args); /* NOLINT(clang-analyzer-valist.Uninitialized) */
+    va_end(args);
+    return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", source, path, detail);
+}
+
+int loom_plan_padded_vocab(int vocab) {
+    if (vocab <= 0) return 0;
+    int64_t padded = ((int64_t)vocab + 127) / 128 * 128;
+    return padded > INT_MAX ? 0 : (int)padded;
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+static void compressor_init(loom_plan_compressor *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->method, sizeof c->method, "none");
+}
+
+void loom_plan_init(loom_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    snprintf(plan->schedule, sizeof plan->schedule, "1f1b");
+    compressor_init(&plan->dp_compression);
+    compressor_init(&plan->pp_compression);
+    snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
+}
+
+void loom_plan_free(loom_plan *plan) {
+    free(plan->stages);
+    free(plan->dp_compression.stages);
+    free(plan->pp_compression.stages);
+    free(plan->predicted_peak_bytes);
+    loom_plan_init(plan);
+}
+
+/* A copy of `count` elements of `size` bytes (NULL for none). */
+static loom_status dup_array(void **dst, const void *src, int count, size_t size,
+                             const char *what) {
+    *dst = NULL;
+    if (count <= 0 || !src) return LOOM_OK;
+    *dst = loom_malloc((size_t)count * size, what);
+    if (!*dst) return LOOM_ERR_NOMEM;
+    memcpy(*dst, src, (size_t)count * size);
+    return LOOM_OK;
+}
+
+loom_status loom_plan_copy(loom_plan *dst, const loom_plan *src) {
+    *dst = *src;
+    dst->stages = NULL;
+    dst->dp_compression.stages = NULL;
+    dst->pp_compression.stages = NULL;
+    dst->predicted_peak_bytes = NULL;
+    loom_status st = dup_array((void **)&dst->stages, src->stages, src->num_stages,
+                               sizeof *src->stages, "plan stages");
+    if (st == LOOM_OK) {
+        st = dup_array((void **)&dst->dp_compression.stages, src->dp_compression.stages,
+                       src->dp_compression.num_stages, sizeof(int), "plan compression stages");
+    }
+    if (st == LOOM_OK) {
+        st = dup_array((void **)&dst->pp_compression.stages, src->pp_compression.stages,
+                       src->pp_compression.num_stages, sizeof(int), "plan compression stages");
+    }
+    if (st == LOOM_OK) {
+        st = dup_array((void **)&dst->predicted_peak_bytes, src->predicted_peak_bytes,
+                       src->num_predicted_peak, sizeof(int64_t), "plan predictions");
+    }
+    if (st != LOOM_OK) loom_plan_free(dst);
+    return st;
+}
+
+/* ---- the rules ------------------------------------------------------------------------------ */
+
+/* A fixed-size word field, printable even if it was filled without a terminator. */
+static const char *word_of(const char *field, size_t cap, char *buf) {
+    snprintf(buf, cap + 1, "%.*s", (int)cap, field);
+    return buf;
+}
+
+static loom_status check_word(const char *source, const char *path, const char *field, size_t cap,
+                              const loom_plan_words *words) {
+    char value[64];
+    word_of(field, cap < sizeof value - 1 ? cap : sizeof value - 1, value);
+    if (memchr(field, '\0', cap) && loom_plan_word_ok(words, value)) return LOOM_OK;
+    char list[128];
+    loom_plan_word_list(words, list, sizeof list);
+    return loom_plan_fail_field(source, path, "expected %s, got \"%s\"", list, value);
+}
+
+static loom_status check_model(const loom_gpt_config *m, const char *source) {
+    const struct {
+        const char *path;
+        int value;
+    } sizes[] = {{"model.layers", m->num_layers},
+                 {"model.heads", m->num_heads},
+                 {"model.d_model", m->channels},
+                 {"model.context", m->max_seq_len},
+                 {"model.vocab", m->vocab_size}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].value <= 0) {
+            return loom_plan_fail_field(source, sizes[i].path,
+                                        "expected a positive integer, got %d", sizes[i].value);
+        }
+    }
+    int padded = loom_plan_padded_vocab(m->vocab_size);
+    if (padded == 0) {
+        return loom_plan_fail_field(source, "model.vocab", "expected at most %d, got %d",
+                                    INT_MAX / 128 * 128, m->vocab_size);
+    }
+    if (m->padded_vocab_size != padded) { /* only a plan filled in by hand can get here */
+        return loom_plan_fail_field(source, "model.vocab",
+                                    "expected padded_vocab_size %d (vocab %d rounded up to a "
+                                    "multiple of 128), got %d",
+                                    padded, m->vocab_size, m->padded_vocab_size);
+    }
+    if (m->channels % m->num_heads != 0) {
+        return loom_plan_fail_field(source, "model.heads",
+                                    "expected a divisor of model.d_model %d, got %d", m->channels,
+                                    m->num_heads);
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_batch(const loom_plan *p, const char *source) {
+    if (p->micro_batch <= 0) {
+        return loom_plan_fail_field(source, "batch.micro", "expected a positive integer, got %d",
+                                    p->micro_batch);
+    }
+    if (p->global_batch <= 0) {
+        return loom_plan_fail_field(source, "batch.global", "expected a positive integer, got %d",
+                                    p->global_batch);
+    }
+    return check_word(source, "batch.schedule", p->schedule, sizeof p->schedule,
+                      &loom_plan_schedules);
+}
+
+static loom_status check_mesh(const loom_plan *p, const char *source, int world_size) {
+    const struct {
+        const char *path;
+        int value;
+    } sizes[] = {{"mesh.dp", p->dp}, {"mesh.tp", p->tp}, {"mesh.pp", p->pp}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].value <= 0) {
+            return loom_plan_fail_field(source, sizes[i].path,
+                                        "expected a positive integer, got %d", sizes[i].value);
+        }
+    }
+    int64_t ranks = (int64_t)p->dp * p->tp * p->pp;
+    if (world_size > 0 && ranks != world_size) {
+        return loom_plan_fail_field(source, "mesh",
+                                    "expected dp*tp*pp to equal the %d ranks launched, got "
+                                    "%d*%d*%d = %" PRId64 " (the ranks this plan needs)",
+                                    world_size, p->dp, p->tp, p->pp, ranks);
+    }
+    if (ranks > INT_MAX) {
+        return loom_plan_fail_field(
+            source, "mesh", "expected dp*tp*pp of at most %d ranks, got %d*%d*%d = %" PRId64,
+            INT_MAX, p->dp, p->tp, p->pp, ranks);
+    }
+    const loom_gpt_config *m = &p->model;
+    if (m->num_heads % p->tp != 0) {
+        return loom_plan_fail_field(source, "mesh.tp",
+                                    "expected a divisor of model.heads %d (each rank takes "
+                                    "heads/tp), got %d",
+                                    m->num_heads, p->tp);
+    }
+    if (m->padded_vocab_size % p->tp != 0) {
+        return loom_plan_fail_field(source, "mesh.tp",
+                                    "expected a divisor of the padded vocabulary %d (model.vocab "
+                                    "%d rounded up to a multiple of 128), got %d",
+                                    m->padded_vocab_size, m->vocab_size, p->tp);
+    }
+    /* tp divides heads and heads divide d_model, so tp also divides d_model and 4*d_model (the
+     * MLP's hidden width): no separate rule is needed for them. */
+    if (p->pp > m->num_layers) {
+        return loom_plan_fail_field(source, "mesh.pp",
+                                    "expected at most model.layers %d stages (one layer each at "
+                                    "least), got %d",
+                                    m->num_layers, p->pp);
+    }
+    int64_t per_step = (int64_t)p->micro_batch * p->dp;
+    if (p->global_batch % per_step != 0) {
+        return loom_plan_fail_field(
+            source, "batch.global",
+            "expected a multiple of batch.micro * mesh.dp = %d*%d = %" PRId64 ", got %d",
+            p->micro_batch, p->dp, per_step, p->global_batch);
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_stage_flag(const char *source, int index, const char *key, int value,
+                                    int expected, const char *why) {
+    if ((value != 0) == expected) return LOOM_OK;
+    char path[64];
+    snprintf(path, sizeof path, "stages[%d].%s", index, key);
+    return loom_plan_fail_field(source, path, "expected %s (%s), got %s",
+                                expected ? "true" : "false", why, value ? "true" : "false");
+}
+
+static loom_status check_stages(const loom_plan *p, const char *source) {
+    if (p->num_stages != p->pp || (p->num_stages > 0 && !p->stages)) {
+        return loom_plan_fail_field(source, "stages", "expected mesh.pp = %d stages, got %d", p->pp,
+                                    p->stages ? p->num_stages : 0);
+    }
+    int last = p->num_stages - 1;
+    for (int i = 0; i < p->num_stages; i++) {
+        const loom_plan_stage *s = &p->stages[i];
+        char path[64];
+        snprintf(path, sizeof path, "stages[%d].layers", i);
+        if (s->first_layer >= s->end_layer) {
+            return loom_plan_fail_field(source, path,
+                                        "expected [start, end) with start < end, got [%d, %d]",
+                                        s->first_layer, s->end_layer);
+        }
+        if (i == 0 && s->first_layer != 0) {
+            return loom_plan_fail_field(
+                source, path, "expected the first stage to start at layer 0, got [%d, %d]",
+                s->first_layer, s->end_layer);
+        }
+        if (i > 0 && s->first_layer != p->stages[i - 1].end_layer) {
+            return loom_plan_fail_field(source, path,
+                                        "expected to start where stages[%d] ends (layer %d), got "
+                                        "[%d, %d]",
+                                        i - 1, p->stages[i - 1].end_layer, s->first_layer,
+                                        s->end_layer);
+        }
+        if (i == last && s->end_layer != p->model.num_layers) {
+            return loom_plan_fail_field(source, path,
+                                        "expected the last stage to end at model.layers %d, got "
+                                        "[%d, %d]",
+                                        p->model.num_layers, s->first_layer, s->end_layer);
+        }
+        loom_status st = check_stage_flag(source, i, "embedding", s->embedding, i == 0,
+                                          i == 0 ? "the first stage runs the embedding"
+                                                 : "only the first stage runs the embedding");
+        if (st != LOOM_OK) return st;
+        st = check_stage_flag(source, i, "head", s->head, i == last,
+                              i == last ? "the last stage runs the head"
+                                        : "only the last stage runs the head");
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_compressor(const loom_plan_compressor *c, const char *source,
+                                    const char *where, int pp) {
+    char path[96];
+    snprintf(path, sizeof path, "%s.method", where);
+    loom_status st = check_word(source, path, c->method, sizeof c->method, &loom_plan_methods);
+    if (st != LOOM_OK) return st;
+    snprintf(path, sizeof path, "%s.rank", where);
+    if (loom_plan_method_has_rank(c->method) && c->rank <= 0) {
+        return loom_plan_fail_field(
+            source, path, "expected a positive rank for method \"%s\", got %d", c->method, c->rank);
+    }
+    if (!loom_plan_method_has_rank(c->method) && c->rank != 0) {
+        return loom_plan_fail_field(
+            source, path, "expected no rank (0) for method \"%s\", which has none, got %d",
+            c->method, c->rank);
+    }
+    snprintf(path, sizeof path, "%s.stages", where);
+    if (c->num_stages < 0 || (c->num_stages > 0 && !c->stages)) {
+        return loom_plan_fail_field(
+            source, path, "expected a list of stage indices, got %d of them", c->num_stages);
+    }
+    for (int j = 0; j < c->num_stages; j++) {
+        snprintf(path, sizeof path, "%s.stages[%d]", where, j);
+        if (c->stages[j] < 0 || c->stages[j] >= pp) {
+            return loom_plan_fail_field(source, path,
+                                        "expected a stage index in [0, %d) (mesh.pp = %d), got %d",
+                                        pp, pp, c->stages[j]);
+        }
+        for (int k = 0; k < j; k++) {
+            if (c->stages[k] == c->stages[j]) {
+                return loom_plan_fail_field(
+                    source, path, "expected distinct stage indices, got %d again", c->stages[j]);
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_predicted(const loom_plan *p, const char *source) {
+    if (!isfinite(p->predicted_step_s) || p->predicted_step_s < 0) {
+        return loom_plan_fail_field(source, "predicted.step_s",
+                                    "expected a finite number >= 0, got %g", p->predicted_step_s);
+    }
+    if (!isfinite(p->predicted_tokens_per_s) || p->predicted_tokens_per_s < 0) {
+        return loom_plan_fail_field(source, "predicted.tokens_per_s",
+                                    "expected a finite number >= 0, got %g",
+                                    p->predicted_tokens_per_s);
+    }
+    if (p->num_predicted_peak < 0 || (p->num_predicted_peak > 0 && !p->predicted_peak_bytes)) {
+        return loom_plan_fail_field(source, "predicted.peak_bytes_per_rank",
+                                    "expected a list of byte counts, got %d of them",
+                                    p->num_predicted_peak);
+    }
+    for (int i = 0; i < p->num_predicted_peak; i++) {
+        if (p->predicted_peak_bytes[i] < 0) {
+            char path[64];
+            snprintf(path, sizeof path, "predicted.peak_bytes_per_rank[%d]", i);
+            return loom_plan_fail_field(source, path, "expected a byte count >= 0, got %" PRId64,
+                                        p->predicted_peak_bytes[i]);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* The rules that do not look at the stages (shared with loom_plan_uniform, which needs them
+ * to hold before it can split the layers). */
+static loom_status check_shape(const loom_plan *p, const char *source, int world_size) {
+    loom_status st = check_model(&p->model, source);
+    if (st == LOOM_OK) st = check_batch(p, source);
+    if (st == LOOM_OK) st = check_mesh(p, source, world_size);
+    return st;
+}
+
+loom_status loom_plan_check(const loom_plan *plan, const char *source, int world_size) {
+    if (!source) source = "plan";
+    loom_status st = check_shape(plan, source, world_size);
+    if (st == LOOM_OK) st = check_stages(plan, source);
+    if (st == LOOM_OK)
+        st = check_compressor(&plan->dp_compression, source, "compression.dp", plan->pp);
+    if (st == LOOM_OK)
+        st = check_compressor(&plan->pp_compression, source, "compression.pp", plan->pp);
+    if (st == LOOM_OK) {
+        st = check_word(source, "compression.embedding_sync", plan->embedding_sync,
+                        sizeof plan->embedding_sync, &loom_plan_embedding_syncs);
+    }
+    if (st == LOOM_OK) st = check_predicted(plan, source);
+    return st;
+}
+
+/* ---- building ------------------------------------------------------------------------------- */
+
+/* Parses "3,5" into pp layer counts. */
+static loom_status parse_stage_layers(const char *text, int pp, int layers, int *counts) {
+    const char *source = "plan";
+    int n = 0;
+    int64_t sum = 0;
+    const char *p = text;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        int bad_number = end == p || errno || v <= 0 || v > INT_MAX || (*end && *end != ',');
+        if (bad_number || n >= pp) {
+            return loom_plan_fail_field(source, "stage_layers",
+                                        "expected %d comma-separated positive layer counts, one "
+                                        "per stage (mesh.pp = %d), got \"%s\"",
+                                        pp, pp, text);
+        }
+        counts[n++] = (int)v;
+        sum += v;
+        if (*end == '\0') break;
+        p = end + 1;
+    }
+    if (n != pp) {
+        return loom_plan_fail_field(source, "stage_layers",
+                                    "expected %d comma-separated positive layer counts, one per "
+                                    "stage (mesh.pp = %d), got %d in \"%s\"",
+                                    pp, pp, n, text);
+    }
+    if (sum != layers) {
+        return loom_plan_fail_field(source, "stage_layers",
+                                    "expected layer counts summing to model.layers %d, got \"%s\" "
+                                    "(sum %" PRId64 ")",
+                                    layers, text, sum);
+    }
+    return LOOM_OK;
+}
+
+static loom_status build_stages(loom_plan *plan, const char *stage_layers) {
+    int pp = plan->pp, layers = plan->model.num_layers;
+    int *counts = loom_calloc((size_t)pp, sizeof *counts, "plan stage sizes");
+    if (!counts) return LOOM_ERR_NOMEM;
+    loom_status st = LOOM_OK;
+    if (stage_layers && stage_layers[0]) {
+        st = parse_stage_layers(stage_layers, pp, layers, counts);
+    } else {
+        for (int i = 0; i < pp; i++) counts[i] = layers / pp + (i < layers % pp ? 1 : 0);
+    }
+    if (st == LOOM_OK) {
+        plan->stages = loom_calloc((size_t)pp, sizeof *plan->stages, "plan stages");
+        if (!plan->stages) st = LOOM_ERR_NOMEM;
+    }
+    if (st == LOOM_OK) {
+        plan->num_stages = pp;
+        int first = 0;
+        for (int i = 0; i < pp; i++) {
+            plan->stages[i] = (loom_plan_stage){first, first + counts[i], i == 0, i == pp - 1, 0};
+            first += counts[i];
+        }
+    }
+    free(counts);
+    return st;
+}
+
+loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
+                              int micro_batch, int global_batch, const char *schedule,
+                              const char *stage_layers) {
+    loom_plan_init(plan);
+    plan->model = *model;
+    plan->model.padded_vocab_size = loom_plan_padded_vocab(model->vocab_size);
+    plan->dp = dp, plan->tp = tp, plan->pp = pp;
+    plan->micro_batch = micro_batch, plan->global_batch = global_batch;
+    if (!schedule) schedule = "1f1b";
+    loom_status st = LOOM_OK;
+    if (strlen(schedule) >= sizeof plan->schedule) {
+        char list[128];
+        loom_plan_word_list(&loom_plan_schedules, list, sizeof list);
+        st = loom_plan_fail_field("plan", "batch.schedule", "expected %s, got \"%.64s\"", list,
+                                  schedule);
+    } else {
+        snprintf(plan->schedule, sizeof plan->schedule, "%s", schedule);
+    }
+    if (st == LOOM_OK) st = check_shape(plan, "plan", 0);
+    if (st == LOOM_OK) st = build_stages(plan, stage_layers);
+    if (st == LOOM_OK) st = loom_plan_check(plan, "plan", 0);
+    if (st != LOOM_OK) loom_plan_free(plan);
+    return st;
+}
+
+/* ---- rank layout ---------------------------------------------------------------------------- */
+
+loom_plan_coords loom_plan_rank_coords(const loom_plan *plan, int world_rank) {
+    loom_plan_coords c;
+    c.tp_rank = world_rank % plan->tp;
+    c.dp_rank = world_rank / plan->tp % plan->dp;
+    c.pp_rank = world_rank / (plan->tp * plan->dp);
+    return c;
+}
+
+int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords) {
+    return coords.tp_rank + plan->tp * (coords.dp_rank + plan->dp * coords.pp_rank);
+}
+
+int loom_plan_num_micro_batches(const loom_plan *plan) {
+    int64_t per_pipeline = (int64_t)plan->micro_batch * plan->dp;
+    return per_pipeline > 0 ? (int)(plan->global_batch / per_pipeline) : 0;
+}
+
+int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage) {
+    if (strcmp(compressor->method, "none") == 0) return 0;
+    if (compressor->num_stages == 0) return 1;
+    for (int i = 0; i < compressor->num_stages; i++)
+        if (compressor->stages[i] == stage) return 1;
+    return 0;
+}
+
+/* ---- summary -------------------------------------------------------------------------------- */
+
+static void print_compressor(FILE *out, const char *name, const loom_plan_compressor *c) {
+    fprintf(out, "%s %s", name, c->method);
+    if (c->rank > 0) fprintf(out, " rank %d", c->rank);
+    if (c->lazy_error) fprintf(out, " lazy-error");
+    if (strcmp(c->method, "none") != 0) {
+        if (c->num_stages == 0) fprintf(out, " on every stage");
+        for (int i = 0; i < c->num_stages; i++)
+            fprintf(out, "%s%d", i == 0 ? " on stages " : ",", c->stages[i]);
+    }
+}
+
+void loom_plan_print(const loom_plan *plan, FILE *out) {
+    const loom_gpt_config *m = &plan->model;
+    fprintf(out, "model    %d layers, %d heads, d_model %d, context %d, vocab %d (padded %d)\n",
+            m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size,
+            m->padded_vocab_size);
+    fprintf(out, "batch    global %d, micro %d, %d micro-batches per step, schedule %s\n",
+            plan->global_batch, plan->micro_batch, loom_plan_num_micro_batches(plan),
+            plan->schedule);
+    int ranks = plan->dp * plan->tp * plan->pp;
+    fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks\n", plan->dp, plan->tp, plan->pp,
+            ranks);
+    fprintf(out, "compress ");
+    print_compressor(out, "dp", &plan->dp_compression);
+    print_compressor(out, ", pp", &plan->pp_compression);
+    fprintf(out, ", embedding sync %s\n", plan->embedding_sync);
+    if (plan->predicted_step_s > 0 || plan->predicted_tokens_per_s > 0) {
+        fprintf(out, "predicted %.4g s/step, %.4g tokens/s\n", plan->predicted_step_s,
+                plan->predicted_tokens_per_s);
+    }
+    fprintf(out, "\nstage  layers        blocks  embedding  head  recompute\n");
+    for (int i = 0; i < plan->num_stages; i++) {
+        const loom_plan_stage *s = &plan->stages[i];
+        char range[32];
+        snprintf(range, sizeof range, "[%d, %d)", s->first_layer, s->end_layer);
+        fprintf(out, "%5d  %-12s  %6d  %-9s  %-4s  %s\n", i, range, s->end_layer - s->first_layer,
+                s->embedding ? "yes" : "no", s->head ? "yes" : "no", s->recompute ? "yes" : "no");
+    }
+    enum { MAX_ROWS = 64 };
+    fprintf(out, "\nrank -> (pp, dp, tp)\n");
+    for (int r = 0; r < ranks && r < MAX_ROWS; r++) {
+        loom_plan_coords c = loom_plan_rank_coords(plan, r);
+        fprintf(out, "%4d -> (%d, %d, %d)\n", r, c.pp_rank, c.dp_rank, c.tp_rank);
+    }
+    if (ranks > MAX_ROWS) fprintf(out, "... %d more ranks\n", ranks - MAX_ROWS);
+}

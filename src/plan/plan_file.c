@@ -1,0 +1,428 @@
+/*
+ * plan_file.c — the plan file: reading (jansson, with a message naming the file, the JSON path
+ * and the expectation for every problem, and unknown keys rejected) and writing (by hand, so
+ * that the file reads like DESIGN.md's example: one line per section and per stage, keys in a
+ * fixed order).
+ *
+ * Reading checks the types and the shape of the document; the rules that relate fields to one
+ * another are loom_plan_check's (plan.c), applied to the result.
+ */
+#include "plan/plan_internal.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- reading -------------------------------------------------------------------------------- */
+
+/* A JSON value as it appears in the file (compact, at most about 60 characters), for "got". */
+static void describe(const json_t *value, char *buf, size_t cap) {
+    char *text = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) {
+        snprintf(buf, cap, "a value");
+        return;
+    }
+    if (strlen(text) > 60) {
+        snprintf(buf, cap, "%.57s...", text);
+    } else {
+        snprintf(buf, cap, "%s", text);
+    }
+    free(text);
+}
+
+static loom_status fail_type(const char *file, const char *path, const char *expected,
+                             const json_t *value) {
+    char got[80];
+    describe(value, got, sizeof got);
+    return loom_plan_fail_field(file, path, "expected %s, got %s", expected, got);
+}
+
+static void join_path(char *buf, size_t cap, const char *parent, const char *key) {
+    if (parent[0]) {
+        snprintf(buf, cap, "%s.%s", parent, key);
+    } else {
+        snprintf(buf, cap, "%s", key);
+    }
+}
+
+/* Every key of `object` must be one of `keys` (n of them). */
+static loom_status check_keys(const char *file, const json_t *object, const char *path,
+                              const char *const *keys, int n) {
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)object, key, value) {
+        int known = 0;
+        for (int i = 0; i < n && !known; i++) known = strcmp(keys[i], key) == 0;
+        if (known) continue;
+        char list[256] = "";
+        size_t used = 0;
+        for (int i = 0; i < n && used < sizeof list; i++)
+            used +=
+                (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", keys[i]);
+        char field[256];
+        join_path(field, sizeof field, path, key);
+        return loom_plan_fail_field(file, field, "unknown key (expected one of: %s)", list);
+    }
+    return LOOM_OK;
+}
+
+/* object[key], or NULL when absent; a missing required key is an error. */
+static loom_status member(const char *file, const json_t *object, const char *parent,
+                          const char *key, int required, const char *expected, json_t **out) {
+    *out = json_object_get(object, key);
+    if (*out || !required) return LOOM_OK;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    return loom_plan_fail_field(file, path, "missing (expected %s)", expected);
+}
+
+static loom_status as_object(const char *file, const char *path, const json_t *value) {
+    return json_is_object(value) ? LOOM_OK : fail_type(file, path, "an object", value);
+}
+
+static loom_status as_int(const char *file, const char *path, const json_t *value, int *out) {
+    if (!json_is_integer(value) || json_integer_value(value) < INT_MIN ||
+        json_integer_value(value) > INT_MAX) {
+        return fail_type(file, path, "an integer", value);
+    }
+    *out = (int)json_integer_value(value);
+    return LOOM_OK;
+}
+
+/* Integer member; *out keeps its value when the key is absent and not required. */
+static loom_status read_int(const char *file, const json_t *object, const char *parent,
+                            const char *key, int required, int *out) {
+    json_t *value;
+    loom_status st = member(file, object, parent, key, required, "an integer", &value);
+    if (st != LOOM_OK || !value) return st;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    return as_int(file, path, value, out);
+}
+
+static loom_status read_bool(const char *file, const json_t *object, const char *parent,
+                             const char *key, int *out) {
+    json_t *value = json_object_get(object, key);
+    if (!value) return LOOM_OK;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    if (!json_is_boolean(value)) return fail_type(file, path, "true or false", value);
+    *out = json_is_true(value);
+    return LOOM_OK;
+}
+
+static loom_status read_number(const char *file, const json_t *object, const char *parent,
+                               const char *key, double *out) {
+    json_t *value = json_object_get(object, key);
+    if (!value) return LOOM_OK;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    if (!json_is_number(value)) return fail_type(file, path, "a number", value);
+    *out = json_number_value(value);
+    return LOOM_OK;
+}
+
+/* A word from `words` into out[cap]. */
+static loom_status read_word(const char *file, const json_t *object, const char *parent,
+                             const char *key, int required, const loom_plan_words *words, char *out,
+                             size_t cap) {
+    char list[128];
+    loom_plan_word_list(words, list, sizeof list);
+    json_t *value;
+    loom_status st = member(file, object, parent, key, required, list, &value);
+    if (st != LOOM_OK || !value) return st;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    const char *text = json_string_value(value);
+    if (!text || strlen(text) >= cap || !loom_plan_word_ok(words, text)) {
+        return fail_type(file, path, list, value);
+    }
+    snprintf(out, cap, "%s", text);
+    return LOOM_OK;
+}
+
+static loom_status read_model(const char *file, const json_t *root, loom_gpt_config *m) {
+    static const char *const keys[] = {"layers", "heads", "d_model", "context", "vocab"};
+    json_t *model;
+    loom_status st = member(file, root, "", "model", 1, "an object", &model);
+    if (st == LOOM_OK) st = as_object(file, "model", model);
+    if (st == LOOM_OK) st = check_keys(file, model, "model", keys, 5);
+    if (st == LOOM_OK) st = read_int(file, model, "model", "layers", 1, &m->num_layers);
+    if (st == LOOM_OK) st = read_int(file, model, "model", "heads", 1, &m->num_heads);
+    if (st == LOOM_OK) st = read_int(file, model, "model", "d_model", 1, &m->channels);
+    if (st == LOOM_OK) st = read_int(file, model, "model", "context", 1, &m->max_seq_len);
+    if (st == LOOM_OK) st = read_int(file, model, "model", "vocab", 1, &m->vocab_size);
+    m->padded_vocab_size = loom_plan_padded_vocab(m->vocab_size);
+    return st;
+}
+
+static loom_status read_batch(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"global", "micro", "schedule"};
+    json_t *batch;
+    loom_status st = member(file, root, "", "batch", 1, "an object", &batch);
+    if (st == LOOM_OK) st = as_object(file, "batch", batch);
+    if (st == LOOM_OK) st = check_keys(file, batch, "batch", keys, 3);
+    if (st == LOOM_OK) st = read_int(file, batch, "batch", "global", 1, &plan->global_batch);
+    if (st == LOOM_OK) st = read_int(file, batch, "batch", "micro", 1, &plan->micro_batch);
+    if (st == LOOM_OK) {
+        st = read_word(file, batch, "batch", "schedule", 0, &loom_plan_schedules, plan->schedule,
+                       sizeof plan->schedule);
+    }
+    return st;
+}
+
+static loom_status read_mesh(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"dp", "tp", "pp"};
+    json_t *mesh;
+    loom_status st = member(file, root, "", "mesh", 1, "an object", &mesh);
+    if (st == LOOM_OK) st = as_object(file, "mesh", mesh);
+    if (st == LOOM_OK) st = check_keys(file, mesh, "mesh", keys, 3);
+    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "dp", 1, &plan->dp);
+    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "tp", 1, &plan->tp);
+    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "pp", 1, &plan->pp);
+    return st;
+}
+
+static loom_status read_stage(const char *file, const json_t *value, int index, int last,
+                              loom_plan_stage *stage) {
+    static const char *const keys[] = {"layers", "embedding", "head", "recompute"};
+    char path[64];
+    snprintf(path, sizeof path, "stages[%d]", index);
+    loom_status st = as_object(file, path, value);
+    if (st == LOOM_OK) st = check_keys(file, value, path, keys, 4);
+    json_t *layers = NULL;
+    if (st == LOOM_OK) {
+        st = member(file, value, path, "layers", 1, "[start, end)", &layers);
+    }
+    if (st != LOOM_OK) return st;
+    char layers_path[80];
+    snprintf(layers_path, sizeof layers_path, "%s.layers", path);
+    if (!json_is_array(layers) || json_array_size(layers) != 2 ||
+        as_int(file, layers_path, json_array_get(layers, 0), &stage->first_layer) != LOOM_OK ||
+        as_int(file, layers_path, json_array_get(layers, 1), &stage->end_layer) != LOOM_OK) {
+        return fail_type(file, layers_path, "[start, end) as two integers", layers);
+    }
+    /* absent flags mean the usual placement: embedding on the first stage, head on the last */
+    stage->embedding = index == 0;
+    stage->head = index == last;
+    stage->recompute = 0;
+    st = read_bool(file, value, path, "embedding", &stage->embedding);
+    if (st == LOOM_OK) st = read_bool(file, value, path, "head", &stage->head);
+    if (st == LOOM_OK) st = read_bool(file, value, path, "recompute", &stage->recompute);
+    return st;
+}
+
+static loom_status read_stages(const char *file, const json_t *root, loom_plan *plan) {
+    json_t *stages;
+    loom_status st = member(file, root, "", "stages", 1, "a list of stages", &stages);
+    if (st != LOOM_OK) return st;
+    if (!json_is_array(stages)) return fail_type(file, "stages", "a list of stages", stages);
+    size_t n = json_array_size(stages);
+    if (n > INT_MAX) return fail_type(file, "stages", "fewer stages", stages);
+    if (n == 0) return LOOM_OK; /* loom_plan_check says how many are expected */
+    plan->stages = loom_calloc(n, sizeof *plan->stages, "plan stages");
+    if (!plan->stages) return LOOM_ERR_NOMEM;
+    plan->num_stages = (int)n;
+    for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+        st = read_stage(file, json_array_get(stages, i), (int)i, (int)n - 1, &plan->stages[i]);
+    }
+    return st;
+}
+
+static loom_status read_compressor(const char *file, const json_t *compression, const char *key,
+                                   loom_plan_compressor *c) {
+    static const char *const keys[] = {"method", "rank", "lazy_error", "stages"};
+    char path[64];
+    join_path(path, sizeof path, "compression", key);
+    json_t *object = json_object_get(compression, key);
+    if (!object) return LOOM_OK;
+    loom_status st = as_object(file, path, object);
+    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 4);
+    if (st == LOOM_OK) {
+        st = read_word(file, object, path, "method", 1, &loom_plan_methods, c->method,
+                       sizeof c->method);
+    }
+    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
+    if (st == LOOM_OK) st = read_bool(file, object, path, "lazy_error", &c->lazy_error);
+    json_t *stages = json_object_get(object, "stages");
+    if (st != LOOM_OK || !stages) return st;
+    char stages_path[96];
+    join_path(stages_path, sizeof stages_path, path, "stages");
+    size_t n = json_array_size(stages);
+    if (!json_is_array(stages) || n == 0 || n > INT_MAX) {
+        return fail_type(file, stages_path,
+                         "a non-empty list of stage indices (leave the key out for every stage)",
+                         stages);
+    }
+    c->stages = loom_calloc(n, sizeof *c->stages, "plan compression stages");
+    if (!c->stages) return LOOM_ERR_NOMEM;
+    c->num_stages = (int)n;
+    for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+        char item[112];
+        snprintf(item, sizeof item, "%s[%zu]", stages_path, i);
+        st = as_int(file, item, json_array_get(stages, i), &c->stages[i]);
+    }
+    return st;
+}
+
+static loom_status read_compression(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"dp", "pp", "embedding_sync"};
+    json_t *compression = json_object_get(root, "compression");
+    if (!compression) return LOOM_OK;
+    loom_status st = as_object(file, "compression", compression);
+    if (st == LOOM_OK) st = check_keys(file, compression, "compression", keys, 3);
+    if (st == LOOM_OK) st = read_compressor(file, compression, "dp", &plan->dp_compression);
+    if (st == LOOM_OK) st = read_compressor(file, compression, "pp", &plan->pp_compression);
+    if (st == LOOM_OK) {
+        st = read_word(file, compression, "compression", "embedding_sync", 0,
+                       &loom_plan_embedding_syncs, plan->embedding_sync,
+                       sizeof plan->embedding_sync);
+    }
+    return st;
+}
+
+static loom_status read_predicted(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"step_s", "tokens_per_s", "peak_bytes_per_rank"};
+    json_t *predicted = json_object_get(root, "predicted");
+    if (!predicted) return LOOM_OK;
+    loom_status st = as_object(file, "predicted", predicted);
+    if (st == LOOM_OK) st = check_keys(file, predicted, "predicted", keys, 3);
+    if (st == LOOM_OK)
+        st = read_number(file, predicted, "predicted", "step_s", &plan->predicted_step_s);
+    if (st == LOOM_OK) {
+        st = read_number(file, predicted, "predicted", "tokens_per_s",
+                         &plan->predicted_tokens_per_s);
+    }
+    json_t *peaks = json_object_get(predicted, "peak_bytes_per_rank");
+    if (st != LOOM_OK || !peaks) return st;
+    size_t n = json_array_size(peaks);
+    if (!json_is_array(peaks) || n > INT_MAX) {
+        return fail_type(file, "predicted.peak_bytes_per_rank", "a list of byte counts", peaks);
+    }
+    if (n == 0) return LOOM_OK;
+    plan->predicted_peak_bytes = loom_calloc(n, sizeof(int64_t), "plan predictions");
+    if (!plan->predicted_peak_bytes) return LOOM_ERR_NOMEM;
+    plan->num_predicted_peak = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *item = json_array_get(peaks, i);
+        if (!json_is_integer(item)) {
+            char path[80];
+            snprintf(path, sizeof path, "predicted.peak_bytes_per_rank[%zu]", i);
+            return fail_type(file, path, "an integer byte count", item);
+        }
+        plan->predicted_peak_bytes[i] = (int64_t)json_integer_value(item);
+    }
+    return LOOM_OK;
+}
+
+static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"model",  "batch",       "mesh",
+                                       "stages", "compression", "predicted"};
+    if (!json_is_object(root)) return fail_type(file, "(top level)", "a JSON object", root);
+    loom_status st = check_keys(file, root, "", keys, 6);
+    if (st == LOOM_OK) st = read_model(file, root, &plan->model);
+    if (st == LOOM_OK) st = read_batch(file, root, plan);
+    if (st == LOOM_OK) st = read_mesh(file, root, plan);
+    if (st == LOOM_OK) st = read_stages(file, root, plan);
+    if (st == LOOM_OK) st = read_compression(file, root, plan);
+    if (st == LOOM_OK) st = read_predicted(file, root, plan);
+    return st;
+}
+
+loom_status loom_plan_read(const char *path, loom_plan *plan) {
+    loom_plan_init(plan);
+    char *text = NULL;
+    size_t size = 0;
+    loom_status st = loom_read_file(path, &text, &size);
+    if (st != LOOM_OK) return st;
+    json_error_t err;
+    json_t *root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    if (!root) {
+        return loom_fail(LOOM_ERR_INPUT, "%s:%d:%d: invalid JSON: %s", path, err.line, err.column,
+                         err.text);
+    }
+    st = read_document(path, root, plan);
+    json_decref(root);
+    if (st == LOOM_OK) st = loom_plan_check(plan, path, 0);
+    if (st != LOOM_OK) loom_plan_free(plan);
+    return st;
+}
+
+/* ---- writing -------------------------------------------------------------------------------- */
+
+/* The shortest %g form that reads back as the same double (finite values only). */
+static void format_double(double value, char *buf, size_t cap) {
+    for (int precision = 1; precision <= 17; precision++) {
+        snprintf(buf, cap, "%.*g", precision, value);
+        if (strtod(buf, NULL) == value) return;
+    }
+}
+
+static void write_compressor(FILE *out, const char *key, const loom_plan_compressor *c,
+                             const char *after) {
+    fprintf(out, "    \"%s\": {\"method\": \"%s\"", key, c->method);
+    if (c->rank) fprintf(out, ", \"rank\": %d", c->rank);
+    if (c->lazy_error) fprintf(out, ", \"lazy_error\": true");
+    if (c->num_stages > 0) {
+        fprintf(out, ", \"stages\": [");
+        for (int i = 0; i < c->num_stages; i++) fprintf(out, "%s%d", i ? ", " : "", c->stages[i]);
+        fprintf(out, "]");
+    }
+    fprintf(out, "}%s\n", after);
+}
+
+static void write_document(FILE *out, const loom_plan *plan) {
+    const loom_gpt_config *m = &plan->model;
+    fprintf(out, "{\n");
+    fprintf(out,
+            "  \"model\": {\"layers\": %d, \"heads\": %d, \"d_model\": %d, \"context\": %d, "
+            "\"vocab\": %d},\n",
+            m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
+    fprintf(out, "  \"batch\": {\"global\": %d, \"micro\": %d, \"schedule\": \"%s\"},\n",
+            plan->global_batch, plan->micro_batch, plan->schedule);
+    fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d},\n", plan->dp, plan->tp,
+            plan->pp);
+    fprintf(out, "  \"stages\": [\n");
+    for (int i = 0; i < plan->num_stages; i++) {
+        const loom_plan_stage *s = &plan->stages[i];
+        fprintf(out, "    {\"layers\": [%d, %d]", s->first_layer, s->end_layer);
+        if (s->embedding) fprintf(out, ", \"embedding\": true");
+        if (s->head) fprintf(out, ", \"head\": true");
+        fprintf(out, ", \"recompute\": %s}%s\n", s->recompute ? "true" : "false",
+                i + 1 < plan->num_stages ? "," : "");
+    }
+    fprintf(out, "  ],\n");
+    int predicted = plan->predicted_step_s != 0 || plan->predicted_tokens_per_s != 0 ||
+                    plan->num_predicted_peak > 0;
+    fprintf(out, "  \"compression\": {\n");
+    write_compressor(out, "dp", &plan->dp_compression, ",");
+    write_compressor(out, "pp", &plan->pp_compression, ",");
+    fprintf(out, "    \"embedding_sync\": \"%s\"\n", plan->embedding_sync);
+    fprintf(out, "  }%s\n", predicted ? "," : "");
+    if (predicted) {
+        char step[32], tokens[32];
+        format_double(plan->predicted_step_s, step, sizeof step);
+        format_double(plan->predicted_tokens_per_s, tokens, sizeof tokens);
+        fprintf(out, "  \"predicted\": {\"step_s\": %s, \"tokens_per_s\": %s", step, tokens);
+        fprintf(out, ", \"peak_bytes_per_rank\": [");
+        for (int i = 0; i < plan->num_predicted_peak; i++) {
+            fprintf(out, "%s%" PRId64, i ? ", " : "", plan->predicted_peak_bytes[i]);
+        }
+        fprintf(out, "]}\n");
+    }
+    fprintf(out, "}\n");
+}
+
+loom_status loom_plan_write(const char *path, const loom_plan *plan) {
+    /* only a plan that reads back is written: the words are known ones, so need no escaping */
+    loom_status st = loom_plan_check(plan, path, 0);
+    if (st != LOOM_OK) return st;
+    loom_atomic_file *file;
+    st = loom_atomic_open(&file, path);
+    if (st != LOOM_OK || !file) return st != LOOM_OK ? st : LOOM_ERR_IO;
+    write_document(loom_atomic_stream(file), plan);
+    return loom_atomic_commit(file);
+}

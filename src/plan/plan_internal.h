@@ -1,0 +1,37 @@
+/*
+ * plan_internal.h — what plan.c (the rules, building, rank layout) and plan_file.c (JSON
+ * reading and writing) share: the field-error message and the lists of allowed words.
+ */
+#ifndef LOOM_PLAN_INTERNAL_H
+#define LOOM_PLAN_INTERNAL_H
+
+#include "loom/plan.h"
+
+#include <stddef.h>
+
+/* The allowed values of the plan's word-valued fields. */
+typedef struct {
+    const char *const *words;
+    int count;
+} loom_plan_words;
+
+extern const loom_plan_words loom_plan_schedules;       /* batch.schedule */
+extern const loom_plan_words loom_plan_methods;         /* compression.*.method */
+extern const loom_plan_words loom_plan_embedding_syncs; /* compression.embedding_sync */
+
+/* Whether `value` is one of the words. */
+int loom_plan_word_ok(const loom_plan_words *words, const char *value);
+/* `"a" or "b"` / `one of "a", "b" or "c"`, for messages. */
+void loom_plan_word_list(const loom_plan_words *words, char *buf, size_t cap);
+/* Whether the method needs a rank > 0 ("powersgd", "lowrank"). */
+int loom_plan_method_has_rank(const char *method);
+
+/* Records "SOURCE: PATH: DETAIL" as a LOOM_ERR_INPUT error and returns LOOM_ERR_INPUT. */
+loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The padded vocabulary (vocab rounded up to a multiple of 128), or 0 when vocab is not
+ * positive or the result would not fit in an int. */
+int loom_plan_padded_vocab(int vocab);
+
+#endif

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# cli_plan.sh — `loom plan`: writing plans (even and explicit stage splits, the rank layout
+# summary), checking them (--check, against --ranks), and every bad flag or combination ending
+# with exit status 2 and one "error: " line that names the field, never a crash.
+#
+# usage: bash tests/cli_plan.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
+set -u
+if [ $# -ne 2 ]; then
+    echo "usage: $0 LOOM_BINARY TMPDIR" >&2
+    exit 2
+fi
+LOOM=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+TMP=$2
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+[ -x "$LOOM" ] || { echo "not an executable: $LOOM" >&2; exit 1; }
+
+passed=0
+failed=0
+
+# ---- helpers (as in cli_bad_input.sh) ---------------------------------------------------------
+
+crashed() { # RC STDERR_FILE: a signal, or a sanitizer/abort report
+    [ "$1" -ge 128 ] || grep -Eq 'Sanitizer|runtime error|Segmentation|Aborted|core dumped' "$2"
+}
+
+record() { # NAME WHY (empty WHY = pass) COMMAND...
+    local name=$1 why=$2
+    shift 2
+    if [ -z "$why" ]; then
+        passed=$((passed + 1))
+        echo "ok    $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL  $name: $why"
+        echo "      command: $*"
+        sed 's/^/      stderr: /' err.txt | head -n 8
+    fi
+}
+
+# bad NAME REGEX... -- COMMAND...: exit 2, exactly one "error: " line on stderr, and stderr
+# matches every extended REGEX.
+bad() {
+    local name=$1
+    shift
+    local patterns=()
+    while [ "$1" != "--" ]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    "$@" >out.txt 2>err.txt </dev/null
+    local rc=$? why="" p
+    if crashed "$rc" err.txt; then
+        why="crashed (exit $rc)"
+    elif [ "$rc" -ne 2 ]; then
+        why="exit status $rc, expected 2"
+    elif [ "$(grep -c '^error: ' err.txt)" -ne 1 ]; then
+        why="expected exactly one 'error: ' line on stderr, got $(grep -c '^error: ' err.txt)"
+    else
+        for p in "${patterns[@]}"; do
+            if ! grep -Eq -- "$p" err.txt; then
+                why="stderr does not match /$p/"
+                break
+            fi
+        done
+    fi
+    record "$name" "$why" "$@"
+}
+
+# good NAME REGEX... -- COMMAND...: exit 0, no crash, stdout matches every REGEX.
+good() {
+    local name=$1
+    shift
+    local patterns=()
+    while [ "$1" != "--" ]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    "$@" >out.txt 2>err.txt </dev/null
+    local rc=$? why="" p
+    if crashed "$rc" err.txt; then
+        why="crashed (exit $rc)"
+    elif [ "$rc" -ne 0 ]; then
+        why="exit status $rc, expected 0"
+    else
+        for p in "${patterns[@]}"; do
+            if ! grep -Eq -- "$p" out.txt; then
+                why="stdout does not match /$p/"
+                break
+            fi
+        done
+    fi
+    record "$name" "$why" "$@"
+}
+
+# file_has NAME FILE REGEX: the file exists and matches
+file_has() {
+    if [ ! -f "$2" ]; then
+        record "$1" "$2 was not written"
+    elif ! grep -Eq -- "$3" "$2"; then
+        record "$1" "$2 does not match /$3/"
+    else
+        record "$1" ""
+    fi
+}
+
+# ---- writing and checking plans ----------------------------------------------------------
+
+good "plan: gpt2 on 2x2x2" 'mesh +dp 2 x tp 2 x pp 2 = 8 ranks' '^ +0 +\[0, 6\) ' \
+    '^ +1 +\[6, 12\) ' 'rank -> \(pp, dp, tp\)' '^ +2 -> \(0, 1, 0\)' '^ +7 -> \(1, 1, 1\)' \
+    'wrote plan\.json' \
+    -- "$LOOM" plan --model gpt2 --dp 2 --tp 2 --pp 2 --micro-batch-size 4 \
+    --global-batch-size 64 --out plan.json
+file_has "plan: file has the mesh" plan.json '"mesh": \{"dp": 2, "tp": 2, "pp": 2\}'
+file_has "plan: file has stage 1" plan.json '\{"layers": \[6, 12\], "head": true'
+good "plan: --check accepts it" 'plan\.json: ok \(8 ranks\)' -- "$LOOM" plan --check plan.json
+good "plan: --check --ranks 8" 'ok \(8 ranks\)' -- "$LOOM" plan --check plan.json --ranks 8
+good "plan: --check=FILE --ranks=8" 'ok \(8 ranks\)' \
+    -- "$LOOM" plan --check=plan.json --ranks=8
+
+good "plan: 12 layers over 5 stages, earlier stages +1" '^ +0 +\[0, 3\) ' '^ +1 +\[3, 6\) ' \
+    '^ +2 +\[6, 8\) ' '^ +4 +\[10, 12\) ' \
+    -- "$LOOM" plan --model gpt2 --pp 5 --micro-batch-size 1 --out five.json
+good "plan: --stage-layers 3,5" '^ +0 +\[0, 3\) ' '^ +1 +\[3, 8\) ' \
+    -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 3,5 --out split.json
+file_has "plan: explicit split written" split.json '\{"layers": \[3, 8\], "head": true'
+good "plan: gpipe, Megatron flag names" 'schedule gpipe' 'dp 2 x tp 4 x pp 1' \
+    -- "$LOOM" plan --model gpt2 --data-parallel 2 --tensor-parallel 4 --pipeline-parallel 1 \
+    --schedule gpipe --out megatron.json
+good "plan: --ranks matching" 'wrote ranks\.json' \
+    -- "$LOOM" plan --model tiny --tp 2 --ranks 2 --out ranks.json
+good "plan: folder of --out is made" 'wrote sub/dir/plan\.json' \
+    -- "$LOOM" plan --model tiny --out sub/dir/plan.json
+good "plan: --help" 'usage: loom plan' '--stage-layers' -- "$LOOM" plan --help
+
+# DESIGN.md's example, by hand (vocab is the real one; the rest of the example as printed)
+cat >design.json <<'EOF'
+{
+  "model":   {"layers": 12, "heads": 12, "d_model": 768, "context": 1024, "vocab": 50257},
+  "batch":   {"global": 64, "micro": 4, "schedule": "1f1b"},
+  "mesh":    {"dp": 2, "tp": 2, "pp": 2},
+  "stages":  [{"layers": [0, 5], "embedding": true, "recompute": false},
+              {"layers": [5, 12], "head": true, "recompute": true}],
+  "compression": {
+    "dp":  {"method": "powersgd", "rank": 4, "stages": [0]},
+    "pp":  {"method": "lowrank", "rank": 8, "lazy_error": true},
+    "embedding_sync": "fused"},
+  "predicted": {"step_s": 0.0, "tokens_per_s": 0.0, "peak_bytes_per_rank": [0]}
+}
+EOF
+good "plan: --check DESIGN.md's example" 'dp powersgd rank 4 on stages 0,' \
+    'pp lowrank rank 8 lazy-error on every stage' '^ +1 +\[5, 12\) .*yes$' \
+    'design\.json: ok \(8 ranks\)' -- "$LOOM" plan --check design.json
+
+# ---- bad flags and combinations ------------------------------------------------------------
+
+bad "plan: tp not dividing heads" 'mesh\.tp: expected a divisor of model\.heads 12' 'got 5' \
+    -- "$LOOM" plan --model gpt2 --tp 5 --out bad.json
+if [ -e bad.json ]; then
+    record "plan: bad input writes nothing" "bad.json was written"
+else
+    record "plan: bad input writes nothing" ""
+fi
+bad "plan: tp not dividing the padded vocab" 'mesh\.tp: expected a divisor of the padded vocabulary 128' \
+    -- "$LOOM" plan --model small --heads 6 --d-model 96 --vocab 100 --tp 3 --out bad.json
+bad "plan: dp*tp*pp != --ranks" '^error: plan: mesh: ' '4 ranks launched' '2\*2\*2 = 8' \
+    -- "$LOOM" plan --model gpt2 --dp 2 --tp 2 --pp 2 --ranks 4 --out bad.json
+bad "plan: --check against the wrong --ranks" 'plan\.json: mesh: ' '16 ranks launched' \
+    '2\*2\*2 = 8' -- "$LOOM" plan --check plan.json --ranks 16
+bad "plan: stage list not summing to the layers" \
+    'stage_layers: expected layer counts summing to model\.layers 8' '"3,4"' \
+    -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 3,4 --out bad.json
+bad "plan: stage list of the wrong length" 'stage_layers: expected 2 comma-separated' \
+    -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 2,2,4 --out bad.json
+bad "plan: stage list with a zero" 'stage_layers: expected 2 comma-separated positive' \
+    -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 0,8 --out bad.json
+bad "plan: unknown schedule" 'batch\.schedule: expected "gpipe" or "1f1b", got "interleaved"' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --out bad.json
+bad "plan: global batch not a multiple of micro*dp" \
+    'batch\.global: expected a multiple of batch\.micro \* mesh\.dp = 4\*2 = 8, got 12' \
+    -- "$LOOM" plan --model gpt2 --dp 2 --micro-batch-size 4 --global-batch-size 12 --out bad.json
+bad "plan: more stages than layers" 'mesh\.pp: expected at most model\.layers 2' \
+    -- "$LOOM" plan --model tiny --pp 3 --out bad.json
+bad "plan: --dp 0" 'mesh\.dp: expected a positive integer, got 0' \
+    -- "$LOOM" plan --model tiny --dp 0 --out bad.json
+bad "plan: --micro-batch-size 0" 'batch\.micro: expected a positive integer, got 0' \
+    -- "$LOOM" plan --model tiny --micro-batch-size 0 --out bad.json
+bad "plan: heads not dividing d_model" 'model\.heads: expected a divisor of model\.d_model 16' \
+    -- "$LOOM" plan --model tiny --heads 3 --out bad.json
+bad "plan: --tp not a number" "--tp: expected an integer, got 'two'" \
+    -- "$LOOM" plan --model tiny --tp two --out bad.json
+bad "plan: unknown option" "unknown option '--tensor'" \
+    -- "$LOOM" plan --model tiny --tensor 2 --out bad.json
+bad "plan: unknown preset" "unknown preset 'gpt5'" -- "$LOOM" plan --model gpt5 --out bad.json
+bad "plan: no --out" '--out: expected a plan file' -- "$LOOM" plan --model tiny
+bad "plan: --out is a folder" '--out: sub is a directory' -- "$LOOM" plan --model tiny --out sub
+bad "plan: --ranks -1" '--ranks: expected a positive world size' \
+    -- "$LOOM" plan --model tiny --ranks -1 --out bad.json
+if [ -e bad.json ]; then
+    record "plan: no bad case wrote a file" "bad.json was written"
+else
+    record "plan: no bad case wrote a file" ""
+fi
+
+# ---- bad plan files ------------------------------------------------------------------------
+
+printf '{"model": {"layers": 2,}' >broken.json
+bad "plan: --check malformed JSON" 'broken\.json:1:[0-9]+: invalid JSON' \
+    -- "$LOOM" plan --check broken.json
+sed 's/"recompute": false}/"recompute": false, "gpu": 0}/' design.json >unknown.json
+bad "plan: --check unknown key" 'unknown\.json: stages\[0\]\.gpu: unknown key' \
+    -- "$LOOM" plan --check unknown.json
+sed 's/\[5, 12\]/[7, 5]/' design.json >range.json
+bad "plan: --check bad layer range" \
+    'range\.json: stages\[1\]\.layers: expected \[start, end\) with start < end, got \[7, 5\]' \
+    -- "$LOOM" plan --check range.json
+sed 's/"tp": 2/"tp": 5/' design.json >tp5.json
+bad "plan: --check tp not dividing heads" 'tp5\.json: mesh\.tp: expected a divisor' \
+    -- "$LOOM" plan --check tp5.json
+bad "plan: --check missing file" 'nosuch\.json: cannot open' -- "$LOOM" plan --check nosuch.json
+bad "plan: --check a folder" 'sub: not a regular file' -- "$LOOM" plan --check sub
+bad "plan: --check with layout flags" '--check: expected only --ranks with it, got --tp' \
+    -- "$LOOM" plan --check plan.json --tp 2
+bad "plan: --check empty" '--check: expected a plan file' -- "$LOOM" plan --check=
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

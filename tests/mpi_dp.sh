@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Data parallelism trains the same model as one process: every data-parallel layout (2 and 4
+# ranks, ZeRO-1, gradient accumulation, tiny buckets) must give the single-process losses,
+# validation losses and grad norms within 1e-5 relative at every step, the same final
+# parameters within 1e-5, and bit-identical replicas; a mismatched layout is a clear error.
+# usage: bash tests/mpi_dp.sh LOOM_BINARY TMPDIR COMPARE_WEIGHTS
+set -u
+LOOM=$1
+TMP=$2
+CMP=$3
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+
+for i in $(seq 1 2000); do
+    echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
+done >corpus.txt
+"$LOOM" prepare --text corpus.txt --out data --seq-len 16 >/dev/null || fail "prepare"
+
+common=(--model tiny --data 'data/train_*.bin' --val-data 'data/val_*.bin' --steps 8
+    --seq-len 16 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --warmup-steps 2
+    --eval-every 4 --eval-batches 2 --threads 1 --log-every 100 --comm-timeout 60)
+
+"$LOOM" train "${common[@]}" --out single >single.log 2>&1 || fail "single-process run: $(tail -3 single.log)"
+
+# name ranks extra-flags...
+run() {
+    local name=$1 np=$2
+    shift 2
+    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
+        ok
+    else
+        fail "$name: exit $?: $(tail -5 "$name.log")"
+    fi
+}
+
+# step loss grad_norm (one line per step) and step val_loss
+series() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1"; }
+vseries() { sed -n 's/^{"step": \([0-9]*\), "val_loss": \([^}]*\)}/\1 \2/p' "$1"; }
+
+# a b: every column after the first equal within 1e-5 relative, same number of lines
+close_series() {
+    awk 'NR == FNR { for (i = 2; i <= NF; i++) ref[FNR, i] = $i; n = FNR; next }
+         { m = FNR; for (i = 2; i <= NF; i++) { a = $i; b = ref[FNR, i]; d = a - b; if (d < 0) d = -d;
+           s = b < 0 ? -b : b; if (d > 1e-5 * s + 1e-12) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+         END { if (n != m || n == 0) { print "lines: " n " vs " m; bad = 1 } exit bad }' "$1" "$2"
+}
+
+compare_run() {
+    local name=$1
+    series single/metrics.jsonl >single.series
+    vseries single/metrics.jsonl >single.vseries
+    series "$name/metrics.jsonl" >"$name.series"
+    vseries "$name/metrics.jsonl" >"$name.vseries"
+    if out=$(close_series single.series "$name.series"); then ok; else fail "$name losses/grad norms differ from one process: $out"; fi
+    if out=$(close_series single.vseries "$name.vseries"); then ok; else fail "$name validation losses differ: $out"; fi
+    local a=single/checkpoints/step_00000008/model.safetensors
+    local b=$name/checkpoints/step_00000008/model.safetensors
+    if out=$("$CMP" "$b" "$a" 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
+    if grep -q "replicas hold bit-identical parameters" "$name.log"; then ok; else fail "$name replicas not reported identical: $(grep -i replica "$name.log")"; fi
+}
+
+run dp2 2
+compare_run dp2
+run dp4 4
+compare_run dp4
+run dp2_zero1 2 --zero1
+compare_run dp2_zero1
+run dp2_accum 2 --micro-batch-size 1 --bucket-mb 0.001
+compare_run dp2_accum
+run dp4_zero1_accum 4 --zero1 --micro-batch-size 1
+compare_run dp4_zero1_accum
+
+# resume a ZeRO-1 run under plain DP and under one process: same losses as continuing
+run zero_half 2 --zero1 --save-every 4
+if timeout 300 mpirun -np 2 "$LOOM" train "${common[@]}" --out resumed_dp --resume zero_half/checkpoints/step_00000004 >resumed_dp.log 2>&1 &&
+    "$LOOM" train "${common[@]}" --out resumed_single --resume zero_half/checkpoints/step_00000004 >resumed_single.log 2>&1; then
+    ok
+    for r in resumed_dp resumed_single; do
+        series single/metrics.jsonl | awk '$1 > 4' >single.tail
+        series "$r/metrics.jsonl" >"$r.series"
+        if out=$(close_series single.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
+    done
+else
+    fail "resume runs: $(tail -3 resumed_dp.log resumed_single.log)"
+fi
+
+# a layout that does not fit the launched ranks: exit 2 and the reason on every rank
+timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
+code=$?
+if [ "$code" -eq 2 ] && [ "$(grep -c 'error: mesh: dp x tp x pp' bad.log)" -eq 2 ]; then ok; else fail "mismatched layout: exit $code: $(tail -4 bad.log)"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

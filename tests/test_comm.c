@@ -1,0 +1,390 @@
+/*
+ * test_comm.c — the comm module on 1, 2 or 4 ranks (run under mpirun; also alone): allreduce
+ * sum and max (f32, f64) against closed forms, reduce-scatter (loom's ring) and allgather (also
+ * in place) against hand-computed blocks, broadcast, a send/recv ring, non-blocking allreduces
+ * overlapping each other, split groups, the chunked paths (the chunk lowered to 7 elements),
+ * the byte counters, and misuse caught before anything is sent.
+ *
+ * Every rank checks its own results; rank 0 prints the totals of all ranks, and every rank
+ * exits non-zero when it saw a failure (so mpirun does too).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "check.h"
+#include "comm/comm_internal.h"
+#include "loom/comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int rank, size;
+
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        loom_status check_st_ = (expr);                                                            \
+        CHECK(check_st_ == LOOM_OK, "rank %d: %s", rank, loom_last_error());                       \
+    } while (0)
+
+/* Values chosen so that sums are exact in f32: small integers times small integers. */
+static float value_f32(int r, int64_t i) {
+    return (float)((r + 1) * (i % 7 + 1));
+}
+
+static void test_basics(loom_comm *world) {
+    CHECK(loom_comm_world_rank() == rank, "world rank %d vs %d", loom_comm_world_rank(), rank);
+    CHECK(strcmp(loom_comm_name(world), "world") == 0, "name %s", loom_comm_name(world));
+    CHECK(loom_comm_world_rank_of(world, rank) == rank, "world_rank_of");
+    CHECK(loom_comm_world_rank_of(world, size) == -1, "world_rank_of out of range");
+    CHECK_OK(loom_comm_barrier(world));
+}
+
+static void test_allreduce(loom_comm *world, int64_t count) {
+    float *a = malloc((size_t)count * sizeof *a);
+    double *d = malloc((size_t)count * sizeof *d);
+    float *m = malloc((size_t)count * sizeof *m);
+    for (int64_t i = 0; i < count; i++) {
+        a[i] = value_f32(rank, i);
+        d[i] = 0.1 * (rank + 1) + (double)i;
+        m[i] = (float)(rank * (i % 3) - i);
+    }
+    CHECK_OK(loom_comm_allreduce_f32(world, a, count, LOOM_REDUCE_SUM));
+    CHECK_OK(loom_comm_allreduce_f64(world, d, count, LOOM_REDUCE_SUM));
+    CHECK_OK(loom_comm_allreduce_f32(world, m, count, LOOM_REDUCE_MAX));
+    int bad_sum = 0, bad_f64 = 0, bad_max = 0;
+    double ranks_sum = size * (size + 1) / 2.0; /* sum over r of (r + 1) */
+    for (int64_t i = 0; i < count; i++) {
+        bad_sum += a[i] != (float)(ranks_sum * (double)(i % 7 + 1));
+        bad_f64 += fabs(d[i] - (0.1 * ranks_sum + (double)size * (double)i)) > 1e-9 * (1 + i);
+        bad_max += m[i] != (float)((size - 1) * (i % 3) - i);
+    }
+    CHECK(bad_sum == 0, "rank %d: allreduce f32 sum (count %lld): %d wrong", rank, (long long)count,
+          bad_sum);
+    CHECK(bad_f64 == 0, "rank %d: allreduce f64 sum (count %lld): %d wrong", rank, (long long)count,
+          bad_f64);
+    CHECK(bad_max == 0, "rank %d: allreduce f32 max (count %lld): %d wrong", rank, (long long)count,
+          bad_max);
+
+    /* f64 max with negative values: the largest rank wins */
+    double x[3] = {-1.0 - rank, 2.5 * rank, -1e300};
+    CHECK_OK(loom_comm_allreduce_f64(world, x, 3, LOOM_REDUCE_MAX));
+    CHECK(x[0] == -1.0 && x[1] == 2.5 * (size - 1) && x[2] == -1e300, "rank %d: f64 max", rank);
+    free(a);
+    free(d);
+    free(m);
+}
+
+static void test_reduce_scatter(loom_comm *world, int64_t count) {
+    float *send = malloc((size_t)(size * count) * sizeof *send);
+    float *recv = malloc((size_t)count * sizeof *recv);
+    /* rank r sends (r + 1) * 1000 + j at position j of the full buffer */
+    for (int64_t j = 0; j < size * count; j++) send[j] = (float)((rank + 1) * 1000 + j);
+    CHECK_OK(loom_comm_reduce_scatter_f32(world, send, recv, count));
+    int bad = 0;
+    for (int64_t i = 0; i < count; i++) {
+        double expect = 1000.0 * size * (size + 1) / 2 + (double)size * (rank * count + i);
+        bad += recv[i] != (float)expect;
+    }
+    CHECK(bad == 0, "rank %d: reduce-scatter (count %lld): %d wrong", rank, (long long)count, bad);
+    free(send);
+    free(recv);
+}
+
+static void test_allgather(loom_comm *world, int64_t count) {
+    float *send = malloc((size_t)count * sizeof *send);
+    float *recv = malloc((size_t)(size * count) * sizeof *recv);
+    for (int64_t i = 0; i < count; i++) send[i] = (float)(rank * 100 + i);
+    for (int64_t j = 0; j < size * count; j++) recv[j] = -1;
+    CHECK_OK(loom_comm_allgather_f32(world, send, recv, count));
+    int bad = 0;
+    for (int r = 0; r < size; r++) {
+        for (int64_t i = 0; i < count; i++) bad += recv[r * count + i] != (float)(r * 100 + i);
+    }
+    CHECK(bad == 0, "rank %d: allgather (count %lld): %d wrong", rank, (long long)count, bad);
+
+    /* in place: this rank's block of recv is the send buffer */
+    for (int64_t j = 0; j < size * count; j++) recv[j] = -1;
+    for (int64_t i = 0; i < count; i++) recv[rank * count + i] = (float)(rank * 100 + i) + 0.5f;
+    CHECK_OK(loom_comm_allgather_f32(world, recv + rank * count, recv, count));
+    bad = 0;
+    for (int r = 0; r < size; r++) {
+        for (int64_t i = 0; i < count; i++) {
+            bad += recv[r * count + i] != (float)(r * 100 + i) + 0.5f;
+        }
+    }
+    CHECK(bad == 0, "rank %d: allgather in place (count %lld): %d wrong", rank, (long long)count,
+          bad);
+    free(send);
+    free(recv);
+}
+
+static void test_broadcast(loom_comm *world, int64_t bytes) {
+    unsigned char *buf = malloc((size_t)bytes);
+    for (int root = 0; root<size; root += size> 1 ? size - 1 : 1) {
+        for (int64_t i = 0; i < bytes; i++) {
+            buf[i] = (unsigned char)(rank == root ? (i * 7 + root) & 0xff : 0xee);
+        }
+        CHECK_OK(loom_comm_broadcast(world, buf, bytes, root));
+        int bad = 0;
+        for (int64_t i = 0; i < bytes; i++) bad += buf[i] != (unsigned char)((i * 7 + root) & 0xff);
+        CHECK(bad == 0, "rank %d: broadcast from %d (%lld bytes): %d wrong", rank, root,
+              (long long)bytes, bad);
+    }
+    free(buf);
+}
+
+/* Every rank sends to the next and receives from the previous, non-blocking and blocking. */
+static void test_ring(loom_comm *world, int64_t count) {
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    int32_t *out = malloc((size_t)count * sizeof *out);
+    int32_t *in = malloc((size_t)count * sizeof *in);
+    for (int64_t i = 0; i < count; i++) out[i] = (int32_t)(rank * 1000000 + i);
+    loom_comm_request *send_req = NULL, *recv_req = NULL;
+    int64_t bytes = count * (int64_t)sizeof *out;
+    CHECK_OK(loom_comm_irecv(world, in, bytes, prev, 5, &recv_req));
+    CHECK_OK(loom_comm_isend(world, out, bytes, next, 5, &send_req));
+    CHECK_OK(loom_comm_wait(send_req));
+    CHECK_OK(loom_comm_wait(recv_req));
+    int bad = 0;
+    for (int64_t i = 0; i < count; i++) bad += in[i] != (int32_t)(prev * 1000000 + i);
+    CHECK(bad == 0, "rank %d: isend/irecv ring (%lld ints): %d wrong", rank, (long long)count, bad);
+
+    /* blocking: even ranks send first, odd ranks receive first (with 1 rank: to itself,
+     * which needs the non-blocking receive posted first) */
+    memset(in, 0, (size_t)bytes);
+    if (size == 1) {
+        CHECK_OK(loom_comm_irecv(world, in, bytes, 0, 6, &recv_req));
+        CHECK_OK(loom_comm_send(world, out, bytes, 0, 6));
+        CHECK_OK(loom_comm_wait(recv_req));
+    } else if (rank % 2 == 0) {
+        CHECK_OK(loom_comm_send(world, out, bytes, next, 6));
+        CHECK_OK(loom_comm_recv(world, in, bytes, prev, 6));
+    } else {
+        CHECK_OK(loom_comm_recv(world, in, bytes, prev, 6));
+        CHECK_OK(loom_comm_send(world, out, bytes, next, 6));
+    }
+    bad = 0;
+    for (int64_t i = 0; i < count; i++) bad += in[i] != (int32_t)(prev * 1000000 + i);
+    CHECK(bad == 0, "rank %d: send/recv ring (%lld ints): %d wrong", rank, (long long)count, bad);
+    free(out);
+    free(in);
+}
+
+/* Two allreduces in flight at once, driven by tests while "computing". */
+static void test_iallreduce(loom_comm *world, int64_t count) {
+    float *a = malloc((size_t)count * sizeof *a);
+    float *b = malloc((size_t)count * sizeof *b);
+    for (int64_t i = 0; i < count; i++) {
+        a[i] = value_f32(rank, i);
+        b[i] = (float)(rank - i);
+    }
+    loom_comm_request *ra = NULL, *rb = NULL;
+    CHECK_OK(loom_comm_iallreduce_f32(world, a, count, &ra));
+    CHECK_OK(loom_comm_iallreduce_f32(world, b, count, &rb));
+    double busy = 0;
+    int done_a = 0, test_failed = 0;
+    for (int k = 0; k < 1000 && !done_a && !test_failed; k++) {
+        for (int j = 0; j < 1000; j++) busy += j * 1e-9;
+        test_failed = loom_comm_test(ra, &done_a) != LOOM_OK;
+    }
+    if (!done_a && !test_failed) test_failed = loom_comm_wait(ra) != LOOM_OK;
+    CHECK(!test_failed, "rank %d: test/wait: %s", rank, loom_last_error());
+    CHECK_OK(loom_comm_wait(rb));
+    int bad = 0;
+    double ranks_sum = size * (size + 1) / 2.0, rank_sum = size * (size - 1) / 2.0;
+    for (int64_t i = 0; i < count; i++) {
+        bad += a[i] != (float)(ranks_sum * (double)(i % 7 + 1));
+        bad += b[i] != (float)(rank_sum - (double)size * (double)i);
+    }
+    CHECK(bad == 0 && busy >= 0, "rank %d: iallreduce overlap (count %lld): %d wrong", rank,
+          (long long)count, bad);
+    free(a);
+    free(b);
+}
+
+static void test_split(loom_comm *world) {
+    /* colour = parity, key = -rank: each group is ordered by descending world rank */
+    int color = rank % 2;
+    loom_comm *group = NULL;
+    CHECK_OK(loom_comm_split(world, color, -rank, color ? "odd" : "even", &group));
+    if (!group) {
+        CHECK(0, "rank %d: split gave no group", rank);
+        return;
+    }
+    int members = 0, above = 0;
+    double expect_sum = 0;
+    for (int r = 0; r < size; r++) {
+        if (r % 2 != color) continue;
+        members++;
+        above += r > rank;
+        expect_sum += r;
+    }
+    CHECK(loom_comm_size(group) == members, "rank %d: group size %d, expected %d", rank,
+          loom_comm_size(group), members);
+    CHECK(loom_comm_rank(group) == above, "rank %d: group rank %d, expected %d", rank,
+          loom_comm_rank(group), above);
+    CHECK(strcmp(loom_comm_name(group), color ? "odd" : "even") == 0, "rank %d: name %s", rank,
+          loom_comm_name(group));
+    CHECK(loom_comm_world_rank_of(group, loom_comm_rank(group)) == rank,
+          "rank %d: world rank of own group rank", rank);
+    double sum = rank;
+    CHECK_OK(loom_comm_allreduce_f64(group, &sum, 1, LOOM_REDUCE_SUM));
+    CHECK(sum == expect_sum, "rank %d: group sum %g, expected %g", rank, sum, expect_sum);
+
+    /* colour < 0: in no group (here: every rank but 0) */
+    loom_comm *alone = NULL;
+    CHECK_OK(loom_comm_split(world, rank == 0 ? 0 : -1, 0, "alone", &alone));
+    CHECK(rank == 0 ? alone != NULL && loom_comm_size(alone) == 1 : alone == NULL,
+          "rank %d: split with colour < 0", rank);
+    loom_comm_free(alone);
+    loom_comm_free(group);
+}
+
+static void test_chunked(loom_comm *world) {
+    /* Every transfer above 7 elements now takes several MPI calls; counts are chosen not to
+     * divide evenly, and large enough that reduce-scatter and allgather take the per-root
+     * fallback (size * count > 7). */
+    int64_t previous = loom_comm_set_max_chunk(7);
+    CHECK(previous > 7, "default max chunk %lld", (long long)previous);
+    test_allreduce(world, 100);
+    test_reduce_scatter(world, 11);
+    test_reduce_scatter(world, 1);
+    test_allgather(world, 9);
+    test_broadcast(world, 50);
+    test_ring(world, 23);
+    test_iallreduce(world, 30);
+    loom_comm_set_max_chunk(previous);
+}
+
+static void test_stats(loom_comm *world) {
+    loom_comm_reset_stats(world);
+    loom_comm_stats s = loom_comm_get_stats(world);
+    CHECK(s.bytes == 0 && s.calls == 0 && s.seconds == 0, "rank %d: reset stats", rank);
+    const int64_t n = size;
+    float buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = 1;
+    CHECK_OK(loom_comm_allreduce_f32(world, buf, 1000, LOOM_REDUCE_SUM));
+    s = loom_comm_get_stats(world);
+    CHECK(s.bytes == 4000 * 2 * (n - 1) / n && s.calls == 1 && s.seconds >= 0,
+          "rank %d: allreduce stats bytes %lld calls %lld", rank, (long long)s.bytes,
+          (long long)s.calls);
+
+    loom_comm_reset_stats(world);
+    double d[10] = {0};
+    CHECK_OK(loom_comm_allreduce_f64(world, d, 10, LOOM_REDUCE_MAX));
+    float *full = calloc((size_t)(n * 10), sizeof *full);
+    float part[10] = {0};
+    CHECK_OK(loom_comm_reduce_scatter_f32(world, full, part, 10));
+    CHECK_OK(loom_comm_allgather_f32(world, part, full, 10));
+    s = loom_comm_get_stats(world);
+    int64_t expect = 80 * 2 * (n - 1) / n + 2 * (n - 1) * 40;
+    CHECK(s.bytes == expect && s.calls == 3, "rank %d: collective stats %lld, expected %lld", rank,
+          (long long)s.bytes, (long long)expect);
+
+    loom_comm_reset_stats(world);
+    char bytes[100] = {0};
+    CHECK_OK(loom_comm_broadcast(world, bytes, 100, 0));
+    s = loom_comm_get_stats(world);
+    expect = rank == 0 && size > 1 ? 100 : 0;
+    CHECK(s.bytes == expect && s.calls == 1, "rank %d: broadcast stats %lld, expected %lld", rank,
+          (long long)s.bytes, (long long)expect);
+
+    loom_comm_reset_stats(world);
+    loom_comm_request *r = NULL, *q = NULL;
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    char in[64];
+    CHECK_OK(loom_comm_irecv(world, in, 64, prev, 9, &q));
+    CHECK_OK(loom_comm_isend(world, bytes, 64, next, 9, &r));
+    CHECK_OK(loom_comm_wait(r));
+    CHECK_OK(loom_comm_wait(q));
+    CHECK_OK(loom_comm_iallreduce_f32(world, buf, 1000, &r));
+    CHECK_OK(loom_comm_wait(r));
+    CHECK_OK(loom_comm_barrier(world));
+    s = loom_comm_get_stats(world);
+    expect = 64 + 4000 * 2 * (n - 1) / n;
+    CHECK(s.bytes == expect && s.calls == 4, "rank %d: p2p stats %lld (calls %lld)", rank,
+          (long long)s.bytes, (long long)s.calls);
+
+    /* the ring volume of an odd byte count rounds down, without overflow for huge buffers */
+    loom_comm_reset_stats(world);
+    CHECK_OK(loom_comm_allreduce_f32(world, buf, 3, LOOM_REDUCE_SUM));
+    s = loom_comm_get_stats(world);
+    CHECK(s.bytes == 12 * 2 * (n - 1) / n, "rank %d: allreduce of 12 bytes counted %lld", rank,
+          (long long)s.bytes);
+    free(full);
+}
+
+/* Misuse fails on every rank alike, before anything is sent, and leaves the comm usable. */
+static void test_misuse(loom_comm *world) {
+    float x[4] = {0};
+    loom_comm_request *r = NULL;
+    CHECK(loom_comm_allreduce_f32(world, x, -1, LOOM_REDUCE_SUM) == LOOM_ERR_RUNTIME &&
+              strstr(loom_last_error(), "negative count"),
+          "negative count: %s", loom_last_error());
+    CHECK(loom_comm_allreduce_f32(world, NULL, 4, LOOM_REDUCE_SUM) == LOOM_ERR_RUNTIME,
+          "no buffer");
+    CHECK(loom_comm_broadcast(world, x, 4, size) == LOOM_ERR_RUNTIME &&
+              strstr(loom_last_error(), "root") && strstr(loom_last_error(), "'world'"),
+          "bad root: %s", loom_last_error());
+    CHECK(loom_comm_isend(world, x, 4, -1, 0, &r) == LOOM_ERR_RUNTIME && r == NULL, "bad peer");
+    CHECK(loom_comm_irecv(world, x, 4, 0, LOOM_COMM_MAX_TAG + 1, &r) == LOOM_ERR_RUNTIME &&
+              strstr(loom_last_error(), "tag"),
+          "bad tag: %s", loom_last_error());
+    CHECK(loom_comm_wait(NULL) == LOOM_ERR_RUNTIME, "wait on NULL");
+    float full[8] = {0};
+    CHECK(loom_comm_reduce_scatter_f32(world, full, full, 1) == LOOM_ERR_RUNTIME &&
+              strstr(loom_last_error(), "overlap"),
+          "reduce-scatter overlap: %s", loom_last_error());
+    /* still usable */
+    x[0] = 1;
+    CHECK_OK(loom_comm_allreduce_f32(world, x, 1, LOOM_REDUCE_SUM));
+    CHECK(x[0] == (float)size, "rank %d: allreduce after misuse %g", rank, x[0]);
+}
+
+static void test_timeout_setting(void) {
+    CHECK(loom_comm_get_timeout() == 60.0, "default timeout %g", loom_comm_get_timeout());
+    loom_comm_set_timeout(30);
+    CHECK(loom_comm_get_timeout() == 30.0, "timeout %g", loom_comm_get_timeout());
+    loom_comm_set_timeout(-1);
+    CHECK(loom_comm_get_timeout() == 0.0, "disabled timeout %g", loom_comm_get_timeout());
+    loom_comm_set_timeout(60);
+    loom_comm_progress("test_comm: checks");
+    loom_comm_progress(NULL);
+}
+
+int main(int argc, char **argv) {
+    loom_comm *world = NULL;
+    if (loom_comm_init(&argc, &argv, &world) != LOOM_OK) {
+        fprintf(stderr, "init: %s\n", loom_last_error());
+        return 1;
+    }
+    rank = loom_comm_rank(world);
+    size = loom_comm_size(world);
+    test_timeout_setting();
+    test_basics(world);
+    test_allreduce(world, 1000);
+    test_allreduce(world, 1);
+    test_allreduce(world, 0);
+    test_reduce_scatter(world, 257);
+    test_allgather(world, 129);
+    test_broadcast(world, 1000);
+    test_ring(world, 1000);
+    test_iallreduce(world, 100000);
+    test_split(world);
+    test_chunked(world);
+    test_stats(world);
+    test_misuse(world);
+
+    /* Totals over every rank, printed once. */
+    double counts[2] = {check_passed, check_failed};
+    int local_failed = check_failed;
+    if (loom_comm_allreduce_f64(world, counts, 2, LOOM_REDUCE_SUM) != LOOM_OK) {
+        fprintf(stderr, "rank %d: summing the results: %s\n", rank, loom_last_error());
+        local_failed = 1;
+    }
+    loom_comm_finalize(world);
+    if (rank == 0) {
+        check_passed = (int)counts[0];
+        check_failed = (int)counts[1];
+        if (check_finish() != 0) return 1;
+    }
+    return local_failed ? 1 : 0;
+}

@@ -1,0 +1,633 @@
+/*
+ * test_plan.c — the plan file and its rules: write -> read round trips, the Megatron rank
+ * layout against an independent enumeration (and REFERENCE.md's 16-rank example), the even
+ * stage split, and every rule of loom_plan_check (and every shape error of the reader) broken
+ * once by editing a valid plan's JSON text, each expected to fail with LOOM_ERR_INPUT and a
+ * message naming the file and the field's JSON path.
+ */
+#include "check.h"
+#include "loom/plan.h"
+
+#include <ctype.h>
+#include <stdint.h>
+#include <string.h>
+
+static const char *tmpdir;
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    fprintf(f, "%s", text);
+    fclose(f);
+}
+
+static int compressors_equal(const loom_plan_compressor *a, const loom_plan_compressor *b) {
+    if (strcmp(a->method, b->method) || a->rank != b->rank || a->lazy_error != b->lazy_error ||
+        a->num_stages != b->num_stages) {
+        return 0;
+    }
+    for (int i = 0; i < a->num_stages; i++)
+        if (a->stages[i] != b->stages[i]) return 0;
+    return 1;
+}
+
+static int plans_equal(const loom_plan *a, const loom_plan *b) {
+    const loom_gpt_config *ma = &a->model, *mb = &b->model;
+    if (ma->num_layers != mb->num_layers || ma->num_heads != mb->num_heads ||
+        ma->channels != mb->channels || ma->max_seq_len != mb->max_seq_len ||
+        ma->vocab_size != mb->vocab_size || ma->padded_vocab_size != mb->padded_vocab_size) {
+        return 0;
+    }
+    if (a->global_batch != b->global_batch || a->micro_batch != b->micro_batch ||
+        strcmp(a->schedule, b->schedule) || a->dp != b->dp || a->tp != b->tp || a->pp != b->pp ||
+        a->num_stages != b->num_stages) {
+        return 0;
+    }
+    for (int i = 0; i < a->num_stages; i++) {
+        const loom_plan_stage *sa = &a->stages[i], *sb = &b->stages[i];
+        if (sa->first_layer != sb->first_layer || sa->end_layer != sb->end_layer ||
+            !sa->embedding != !sb->embedding || !sa->head != !sb->head ||
+            !sa->recompute != !sb->recompute) {
+            return 0;
+        }
+    }
+    if (!compressors_equal(&a->dp_compression, &b->dp_compression) ||
+        !compressors_equal(&a->pp_compression, &b->pp_compression) ||
+        strcmp(a->embedding_sync, b->embedding_sync)) {
+        return 0;
+    }
+    if (a->predicted_step_s != b->predicted_step_s ||
+        a->predicted_tokens_per_s != b->predicted_tokens_per_s ||
+        a->num_predicted_peak != b->num_predicted_peak) {
+        return 0;
+    }
+    for (int i = 0; i < a->num_predicted_peak; i++)
+        if (a->predicted_peak_bytes[i] != b->predicted_peak_bytes[i]) return 0;
+    return 1;
+}
+
+static int is_empty_plan(const loom_plan *p) {
+    return p->stages == NULL && p->num_stages == 0 && p->dp_compression.stages == NULL &&
+           p->pp_compression.stages == NULL && p->predicted_peak_bytes == NULL &&
+           p->model.num_layers == 0;
+}
+
+static loom_gpt_config gpt2_config(void) {
+    loom_gpt_config m;
+    loom_status st = loom_gpt_preset("gpt2", &m);
+    if (st != LOOM_OK) {
+        fprintf(stderr, "no gpt2 preset: %s\n", loom_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+/* ---- round trips ---------------------------------------------------------------------------- */
+
+static void test_round_trip(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/round_trip.json", tmpdir);
+    loom_gpt_config model = gpt2_config();
+
+    /* a plan with every optional part filled in */
+    loom_plan plan;
+    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", "5,7");
+    CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    plan.stages[1].recompute = 1;
+    snprintf(plan.dp_compression.method, sizeof plan.dp_compression.method, "powersgd");
+    plan.dp_compression.rank = 4;
+    plan.dp_compression.stages = malloc(sizeof(int));
+    plan.dp_compression.stages[0] = 0;
+    plan.dp_compression.num_stages = 1;
+    snprintf(plan.pp_compression.method, sizeof plan.pp_compression.method, "lowrank");
+    plan.pp_compression.rank = 8;
+    plan.pp_compression.lazy_error = 1;
+    snprintf(plan.embedding_sync, sizeof plan.embedding_sync, "fused");
+    plan.predicted_step_s = 0.1234567890123;
+    plan.predicted_tokens_per_s = 1.0 / 3.0 * 1e6;
+    plan.num_predicted_peak = 8;
+    plan.predicted_peak_bytes = malloc(8 * sizeof(int64_t));
+    for (int i = 0; i < 8; i++) plan.predicted_peak_bytes[i] = (int64_t)80e9 + 12345 * i;
+
+    st = loom_plan_write(path, &plan);
+    CHECK(st == LOOM_OK, "write: %s", loom_last_error());
+    loom_plan back;
+    st = loom_plan_read(path, &back);
+    CHECK(st == LOOM_OK, "read back: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(plans_equal(&plan, &back), "the plan read back differs from the one written");
+        CHECK(back.model.padded_vocab_size == 50304, "padded vocab %d",
+              back.model.padded_vocab_size);
+        CHECK(loom_plan_compresses_stage(&back.dp_compression, 0) &&
+                  !loom_plan_compresses_stage(&back.dp_compression, 1),
+              "dp compression on stage 0 only");
+        CHECK(loom_plan_compresses_stage(&back.pp_compression, 0) &&
+                  loom_plan_compresses_stage(&back.pp_compression, 1),
+              "pp compression on every stage (no list)");
+        CHECK(loom_plan_num_micro_batches(&back) == 8, "64 / (4*2) = 8 micro-batches, got %d",
+              loom_plan_num_micro_batches(&back));
+    }
+    loom_plan copy;
+    st = loom_plan_copy(&copy, &plan);
+    CHECK(st == LOOM_OK && plans_equal(&copy, &plan), "copy equals the original");
+    CHECK(copy.stages != plan.stages && copy.predicted_peak_bytes != plan.predicted_peak_bytes,
+          "copy is deep");
+    loom_plan_free(&copy);
+
+    /* the file looks like DESIGN.md's example: a stage per line, keys in the fixed order */
+    char *text = NULL;
+    size_t size = 0;
+    if (loom_read_file(path, &text, &size) == LOOM_OK) {
+        CHECK(strstr(text, "{\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},") !=
+                  NULL,
+              "stage 0 line in:\n%s", text);
+        CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": true}") != NULL,
+              "stage 1 line in:\n%s", text);
+        const char *order[] = {"\"model\"",  "\"batch\"",       "\"mesh\"",
+                               "\"stages\"", "\"compression\"", "\"predicted\""};
+        const char *prev = text;
+        for (int i = 0; i < 6; i++) {
+            const char *at = strstr(text, order[i]);
+            CHECK(at && at >= prev, "key %s in order", order[i]);
+            if (at) prev = at;
+        }
+        CHECK(strstr(text, "\"step_s\": 0.1234567890123,") != NULL, "shortest double in:\n%s",
+              text);
+        free(text);
+    }
+    loom_plan_free(&back);
+    loom_plan_free(&plan);
+    CHECK(is_empty_plan(&plan), "free leaves an empty plan");
+
+    /* a plan without compression or predictions round-trips too, and pp = 1 puts the embedding
+     * and the head on the one stage */
+    st = loom_plan_uniform(&plan, &model, 4, 1, 1, 2, 32, NULL, NULL);
+    CHECK(st == LOOM_OK, "uniform pp=1: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
+              !strcmp(plan.embedding_sync, "separate"),
+          "defaults");
+    CHECK(plan.stages[0].embedding && plan.stages[0].head, "pp=1: one stage with both ends");
+    st = loom_plan_write(path, &plan);
+    CHECK(st == LOOM_OK, "write pp=1: %s", loom_last_error());
+    st = loom_plan_read(path, &back);
+    CHECK(st == LOOM_OK && plans_equal(&plan, &back), "pp=1 round trip: %s", loom_last_error());
+    loom_plan_free(&back);
+
+    /* an invalid plan is not written */
+    char bad_path[1200];
+    snprintf(bad_path, sizeof bad_path, "%s/not_written.json", tmpdir);
+    plan.tp = 5;
+    st = loom_plan_write(bad_path, &plan);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.tp"), "write refuses tp=5: %s",
+          loom_last_error());
+    FILE *f = fopen(bad_path, "r");
+    CHECK(f == NULL, "nothing written for an invalid plan");
+    if (f) fclose(f);
+    loom_plan_free(&plan);
+}
+
+/* ---- rank layout ------------------------------------------------------------------------- */
+
+/* Megatron's order written as nested loops: PP outermost, then DP, TP innermost. */
+static void brute_force_coords(int dp, int tp, int pp, loom_plan_coords *coords) {
+    int rank = 0;
+    for (int p = 0; p < pp; p++)
+        for (int d = 0; d < dp; d++)
+            for (int t = 0; t < tp; t++) coords[rank++] = (loom_plan_coords){d, t, p};
+}
+
+static void test_rank_layout_shape(int dp, int tp, int pp) {
+    loom_plan plan;
+    loom_plan_init(&plan);
+    plan.dp = dp, plan.tp = tp, plan.pp = pp;
+    int world = dp * tp * pp;
+    loom_plan_coords *expected = malloc((size_t)world * sizeof *expected);
+    brute_force_coords(dp, tp, pp, expected);
+    int mismatches = 0;
+    for (int r = 0; r < world; r++) {
+        loom_plan_coords c = loom_plan_rank_coords(&plan, r);
+        if (c.dp_rank != expected[r].dp_rank || c.tp_rank != expected[r].tp_rank ||
+            c.pp_rank != expected[r].pp_rank || loom_plan_world_rank(&plan, c) != r) {
+            mismatches++;
+        }
+    }
+    CHECK(mismatches == 0, "dp %d tp %d pp %d: %d ranks disagree with the enumeration", dp, tp, pp,
+          mismatches);
+    free(expected);
+}
+
+/* The ranks sharing every coordinate but one, as sorted lists: group g of `kind` has members
+ * groups[g * size + i]. kind 0 = TP groups, 1 = DP groups, 2 = PP groups. */
+static void groups_of(const loom_plan *plan, int kind, int *groups, int *num_groups, int *size) {
+    int world = plan->dp * plan->tp * plan->pp;
+    *size = kind == 0 ? plan->tp : kind == 1 ? plan->dp : plan->pp;
+    *num_groups = world / *size;
+    int *filled = calloc((size_t)*num_groups, sizeof *filled);
+    int *keys = malloc((size_t)*num_groups * sizeof *keys);
+    int used = 0;
+    for (int r = 0; r < world; r++) { /* ranks ascending, so each group comes out sorted */
+        loom_plan_coords c = loom_plan_rank_coords(plan, r);
+        int key = kind == 0   ? c.pp_rank * plan->dp + c.dp_rank
+                  : kind == 1 ? c.pp_rank * plan->tp + c.tp_rank
+                              : c.dp_rank * plan->tp + c.tp_rank;
+        int g = 0;
+        while (g < used && keys[g] != key) g++;
+        if (g == used) keys[used++] = key;
+        groups[g * *size + filled[g]++] = r;
+    }
+    free(filled);
+    free(keys);
+}
+
+static void test_rank_layout(void) {
+    /* REFERENCE.md: 16 ranks, TP=2, PP=4 (so DP=2): TP groups [0,1],[2,3],...; DP groups
+     * [0,2],[1,3],...; PP groups [0,4,8,12],... */
+    test_rank_layout_shape(2, 2, 4);
+    loom_plan plan;
+    loom_plan_init(&plan);
+    plan.dp = 2, plan.tp = 2, plan.pp = 4;
+    int groups[16], n, size;
+    groups_of(&plan, 0, groups, &n, &size);
+    int tp_expected[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    CHECK(n == 8 && size == 2 && !memcmp(groups, tp_expected, sizeof groups),
+          "TP groups [0,1],[2,3],...: got [%d,%d],[%d,%d],...", groups[0], groups[1], groups[2],
+          groups[3]);
+    groups_of(&plan, 1, groups, &n, &size);
+    int dp_expected[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+    CHECK(n == 8 && size == 2 && !memcmp(groups, dp_expected, sizeof groups),
+          "DP groups [0,2],[1,3],...: got [%d,%d],[%d,%d],...", groups[0], groups[1], groups[2],
+          groups[3]);
+    groups_of(&plan, 2, groups, &n, &size);
+    int pp_expected[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    CHECK(n == 4 && size == 4 && !memcmp(groups, pp_expected, sizeof groups),
+          "PP groups [0,4,8,12],...: got [%d,%d,%d,%d],...", groups[0], groups[1], groups[2],
+          groups[3]);
+    loom_plan_coords c = loom_plan_rank_coords(&plan, 13);
+    CHECK(c.pp_rank == 3 && c.dp_rank == 0 && c.tp_rank == 1, "rank 13 -> (pp 3, dp 0, tp 1)");
+
+    const int shapes[][3] = {{1, 1, 1}, {8, 1, 1}, {1, 8, 1}, {1, 1, 8},
+                             {3, 2, 2}, {2, 3, 5}, {5, 4, 3}, {1, 2, 7}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_rank_layout_shape(shapes[i][0], shapes[i][1], shapes[i][2]);
+}
+
+/* ---- stage split -------------------------------------------------------------------------- */
+
+static void check_split(const loom_plan *plan, int layers, int pp) {
+    int *seen = calloc((size_t)layers, sizeof *seen);
+    int min = layers, max = 0, ordered = 1, in_range = 1;
+    for (int s = 0; s < plan->num_stages; s++) {
+        const loom_plan_stage *st = &plan->stages[s];
+        int n = st->end_layer - st->first_layer;
+        if (n < min) min = n;
+        if (n > max) max = n;
+        if (s > 0 && n > plan->stages[s - 1].end_layer - plan->stages[s - 1].first_layer) {
+            ordered = 0;
+        }
+        for (int l = st->first_layer; l < st->end_layer; l++) {
+            if (l < 0 || l >= layers) {
+                in_range = 0;
+            } else {
+                seen[l]++;
+            }
+        }
+    }
+    int once = in_range;
+    for (int l = 0; l < layers; l++) once &= seen[l] == 1;
+    CHECK(plan->num_stages == pp, "%d layers over %d stages: %d stages", layers, pp,
+          plan->num_stages);
+    CHECK(once, "%d layers over %d stages: every layer exactly once", layers, pp);
+    CHECK(max - min <= 1, "%d layers over %d stages: sizes %d..%d", layers, pp, min, max);
+    CHECK(ordered, "%d layers over %d stages: the earlier stages get the extra layers", layers, pp);
+    free(seen);
+}
+
+static void test_stage_split(void) {
+    loom_gpt_config model = gpt2_config(); /* 12 layers, 12 heads */
+    loom_plan plan;
+    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 5, 1, 5, NULL, NULL);
+    CHECK(st == LOOM_OK, "12 layers over 5 stages: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        check_split(&plan, 12, 5);
+        const int sizes[5] = {3, 3, 2, 2, 2};
+        int same = 1;
+        for (int s = 0; s < 5; s++)
+            same &= plan.stages[s].end_layer - plan.stages[s].first_layer == sizes[s];
+        CHECK(same, "12 over 5 = 3,3,2,2,2");
+        CHECK(plan.stages[0].embedding && !plan.stages[0].head && plan.stages[4].head &&
+                  !plan.stages[4].embedding && !plan.stages[2].embedding && !plan.stages[2].head,
+              "embedding on the first stage, head on the last");
+    }
+    loom_plan_free(&plan);
+
+    int all_ok = 1;
+    for (int layers = 1; layers <= 24; layers++) {
+        model.num_layers = layers;
+        for (int pp = 1; pp <= layers; pp++) {
+            st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, 1, NULL, NULL);
+            if (st != LOOM_OK) {
+                all_ok = 0;
+                continue;
+            }
+            check_split(&plan, layers, pp);
+            loom_plan_free(&plan);
+        }
+    }
+    CHECK(all_ok, "every split of 1..24 layers builds");
+
+    /* an explicit list */
+    model.num_layers = 8;
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, "3,5");
+    CHECK(st == LOOM_OK && plan.stages[0].end_layer == 3 && plan.stages[1].first_layer == 3 &&
+              plan.stages[1].end_layer == 8,
+          "--stage-layers 3,5: %s", loom_last_error());
+    loom_plan_free(&plan);
+    const struct {
+        const char *list;
+        const char *message;
+    } bad_lists[] = {
+        {"3,4", "summing to model.layers 8"},
+        {"3,5,0", "expected 2 comma-separated"},
+        {"8", "got 1 in"},
+        {"3,x", "expected 2 comma-separated"},
+        {"0,8", "positive"},
+        {"3,,5", "expected 2"},
+        {"3,5,", "expected 2"},
+    };
+    for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
+        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, bad_lists[i].list);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "stage_layers") &&
+                  strstr(loom_last_error(), bad_lists[i].message),
+              "stage list \"%s\": %s", bad_lists[i].list, loom_last_error());
+        CHECK(is_empty_plan(&plan), "a failed build leaves an empty plan");
+    }
+
+    /* a bad mesh is named by its plan path */
+    model.num_layers = 12;
+    st = loom_plan_uniform(&plan, &model, 1, 5, 1, 1, 1, NULL, NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.tp"), "tp=5: %s",
+          loom_last_error());
+    st = loom_plan_uniform(&plan, &model, 1, 1, 13, 1, 1, NULL, NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.pp"), "pp=13 > 12 layers: %s",
+          loom_last_error());
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "zero-bubble", NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "schedule: %s",
+          loom_last_error());
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "a-very-long-schedule-name-indeed", NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "long schedule: %s",
+          loom_last_error());
+    CHECK(is_empty_plan(&plan), "a failed build leaves an empty plan");
+}
+
+/* ---- the rules, one broken at a time -------------------------------------------------------- */
+
+static const char *valid_plan =
+    "{\n"
+    "  \"model\":   {\"layers\": 12, \"heads\": 12, \"d_model\": 768, \"context\": 1024, "
+    "\"vocab\": 50257},\n"
+    "  \"batch\":   {\"global\": 64, \"micro\": 4, \"schedule\": \"1f1b\"},\n"
+    "  \"mesh\":    {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n"
+    "  \"stages\":  [{\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},\n"
+    "              {\"layers\": [5, 12], \"head\": true, \"recompute\": true}],\n"
+    "  \"compression\": {\"dp\": {\"method\": \"powersgd\", \"rank\": 4, \"stages\": [0]},\n"
+    "                  \"pp\": {\"method\": \"lowrank\", \"rank\": 8, \"lazy_error\": true},\n"
+    "                  \"embedding_sync\": \"fused\"},\n"
+    "  \"predicted\": {\"step_s\": 0.0, \"tokens_per_s\": 0.0, \"peak_bytes_per_rank\": [0]}\n"
+    "}\n";
+
+/* text with the first `find` replaced by `replace` (into out[cap]); 0 if `find` is missing */
+static int edit(const char *text, const char *find, const char *replace, char *out, size_t cap) {
+    const char *at = strstr(text, find);
+    if (!at) return 0;
+    snprintf(out, cap, "%.*s%s%s", (int)(at - text), text, replace, at + strlen(find));
+    return 1;
+}
+
+typedef struct {
+    const char *find, *replace;   /* one edit of the valid plan */
+    const char *find2, *replace2; /* and an optional second one */
+    const char *path;             /* the JSON path the message must name */
+    const char *detail;           /* and a piece of its expectation */
+} broken_case;
+
+static const broken_case broken_cases[] = {
+    /* model */
+    {"\"layers\": 12,", "\"layers\": 0,", 0, 0, "model.layers", "positive integer, got 0"},
+    {"\"heads\": 12", "\"heads\": -1", 0, 0, "model.heads", "positive integer, got -1"},
+    {"\"d_model\": 768", "\"d_model\": 0", 0, 0, "model.d_model", "positive"},
+    {"\"context\": 1024", "\"context\": 0", 0, 0, "model.context", "positive"},
+    {"\"vocab\": 50257", "\"vocab\": 0", 0, 0, "model.vocab", "positive"},
+    {"\"vocab\": 50257", "\"vocab\": 2147483647", 0, 0, "model.vocab", "at most"},
+    {"\"heads\": 12", "\"heads\": 10", 0, 0, "model.heads", "divisor of model.d_model 768"},
+    /* batch */
+    {"\"micro\": 4", "\"micro\": 0", 0, 0, "batch.micro", "positive"},
+    {"\"global\": 64", "\"global\": -64", 0, 0, "batch.global", "positive"},
+    {"\"1f1b\"", "\"interleaved\"", 0, 0, "batch.schedule", "\"gpipe\" or \"1f1b\""},
+    {"\"global\": 64", "\"global\": 60", 0, 0, "batch.global",
+     "multiple of batch.micro * mesh.dp = 4*2 = 8, got 60"},
+    /* mesh */
+    {"\"dp\": 2", "\"dp\": 0", 0, 0, "mesh.dp", "positive"},
+    {"\"tp\": 2", "\"tp\": 0", 0, 0, "mesh.tp", "positive"},
+    {"\"pp\": 2", "\"pp\": -2", 0, 0, "mesh.pp", "positive"},
+    {"\"dp\": 2", "\"dp\": 1073741824", 0, 0, "mesh", "at most"},
+    {"\"tp\": 2", "\"tp\": 5", 0, 0, "mesh.tp", "divisor of model.heads 12"},
+    {"\"tp\": 2", "\"tp\": 3", "\"vocab\": 50257", "\"vocab\": 128", "mesh.tp",
+     "divisor of the padded vocabulary 128"},
+    {"\"pp\": 2", "\"pp\": 13", 0, 0, "mesh.pp", "at most model.layers 12"},
+    /* stages */
+    {"\"pp\": 2", "\"pp\": 3", 0, 0, "stages", "expected mesh.pp = 3 stages, got 2"},
+    {"[5, 12]", "[7, 5]", 0, 0, "stages[1].layers",
+     "expected [start, end) with start < end, got [7, 5]"},
+    {"[0, 5]", "[1, 5]", 0, 0, "stages[0].layers", "start at layer 0"},
+    {"[5, 12]", "[6, 12]", 0, 0, "stages[1].layers", "where stages[0] ends (layer 5)"},
+    {"[5, 12]", "[5, 11]", 0, 0, "stages[1].layers", "end at model.layers 12"},
+    {"\"embedding\": true", "\"embedding\": false", 0, 0, "stages[0].embedding", "expected true"},
+    {"\"head\": true", "\"embedding\": true, \"head\": true", 0, 0, "stages[1].embedding",
+     "expected false"},
+    {"\"head\": true", "\"head\": false", 0, 0, "stages[1].head", "expected true"},
+    {"\"embedding\": true,", "\"embedding\": true, \"head\": true,", 0, 0, "stages[0].head",
+     "expected false"},
+    /* compression */
+    {"\"powersgd\"", "\"sparse\"", 0, 0, "compression.dp.method", "\"topk\" or \"int8\""},
+    {"\"rank\": 4", "\"rank\": 0", 0, 0, "compression.dp.rank", "positive rank"},
+    {"\"rank\": 8, ", "", 0, 0, "compression.pp.rank", "positive rank for method \"lowrank\""},
+    {"\"powersgd\"", "\"int8\"", 0, 0, "compression.dp.rank", "no rank"},
+    {"\"stages\": [0]", "\"stages\": [2]", 0, 0, "compression.dp.stages[0]",
+     "stage index in [0, 2)"},
+    {"\"stages\": [0]", "\"stages\": [-1]", 0, 0, "compression.dp.stages[0]", "stage index"},
+    {"\"stages\": [0]", "\"stages\": [1, 1]", 0, 0, "compression.dp.stages[1]", "distinct"},
+    {"\"fused\"", "\"both\"", 0, 0, "compression.embedding_sync", "\"separate\" or \"fused\""},
+    /* predictions */
+    {"\"step_s\": 0.0", "\"step_s\": -1.5", 0, 0, "predicted.step_s", ">= 0"},
+    {"\"tokens_per_s\": 0.0", "\"tokens_per_s\": -1", 0, 0, "predicted.tokens_per_s", ">= 0"},
+    {"\"peak_bytes_per_rank\": [0]", "\"peak_bytes_per_rank\": [1, -3]", 0, 0,
+     "predicted.peak_bytes_per_rank[1]", ">= 0"},
+    /* shape and types (the reader) */
+    {"\"predicted\"", "\"extra\": 1, \"predicted\"", 0, 0, "extra", "unknown key"},
+    {"\"vocab\": 50257}", "\"vocab\": 50257, \"padded_vocab\": 50304}", 0, 0, "model.padded_vocab",
+     "unknown key"},
+    {"\"recompute\": false}", "\"recompute\": false, \"gpu\": 0}", 0, 0, "stages[0].gpu",
+     "unknown key"},
+    {"\"lazy_error\"", "\"lazy\"", 0, 0, "compression.pp.lazy", "unknown key"},
+    {"\"micro\": 4, ", "", 0, 0, "batch.micro", "missing"},
+    {"  \"mesh\":    {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n", "", 0, 0, "mesh", "missing"},
+    {"\"layers\": 12", "\"layers\": \"12\"", 0, 0, "model.layers",
+     "expected an integer, got \"12\""},
+    {"\"global\": 64", "\"global\": 64.5", 0, 0, "batch.global", "expected an integer"},
+    {"\"dp\": 2", "\"dp\": 4294967298", 0, 0, "mesh.dp", "expected an integer"},
+    {"\"recompute\": true", "\"recompute\": 1", 0, 0, "stages[1].recompute", "true or false"},
+    {"[0, 5]", "[0, 5, 7]", 0, 0, "stages[0].layers", "two integers, got [0,5,7]"},
+    {"[0, 5]", "[0, 5.5]", 0, 0, "stages[0].layers", "two integers"},
+    {"\"stages\": [0]", "\"stages\": []", 0, 0, "compression.dp.stages", "non-empty"},
+    {"\"stages\": [0]", "\"stages\": [\"0\"]", 0, 0, "compression.dp.stages[0]", "integer"},
+    {"\"model\":   {", "\"model\": [{", "50257},", "50257}],", "model", "an object"},
+    {"{\"layers\": [0, 5]", "7, {\"layers\": [0, 5]", 0, 0, "stages[0]", "an object, got 7"},
+    {"\"schedule\": \"1f1b\"", "\"schedule\": null", 0, 0, "batch.schedule", "got null"},
+    {"\"step_s\": 0.0", "\"step_s\": \"fast\"", 0, 0, "predicted.step_s", "a number"},
+    {"\"peak_bytes_per_rank\": [0]", "\"peak_bytes_per_rank\": 0", 0, 0,
+     "predicted.peak_bytes_per_rank", "a list"},
+    {"\"embedding_sync\": \"fused\"", "\"embedding_sync\": \"fusedfusedfusedfused\"", 0, 0,
+     "compression.embedding_sync", "got \"fusedfusedfusedfused\""},
+};
+
+static void test_rules(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/valid.json", tmpdir);
+    write_text(path, valid_plan);
+    loom_plan plan;
+    loom_status st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_OK, "the valid plan reads: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(plan.stages[0].embedding && !plan.stages[0].head && !plan.stages[1].embedding &&
+                  plan.stages[1].head && plan.stages[1].recompute && !plan.stages[0].recompute,
+              "absent embedding/head keys mean first/last stage");
+        CHECK(plan.dp_compression.num_stages == 1 && plan.pp_compression.num_stages == 0 &&
+                  plan.pp_compression.lazy_error && !strcmp(plan.embedding_sync, "fused"),
+              "compression fields");
+        /* dp*tp*pp against the ranks launched */
+        st = loom_plan_check(&plan, path, 8);
+        CHECK(st == LOOM_OK, "8 ranks fit: %s", loom_last_error());
+        st = loom_plan_check(&plan, path, 4);
+        const char *msg = loom_last_error();
+        CHECK(st == LOOM_ERR_INPUT && strstr(msg, path) && strstr(msg, ": mesh: ") &&
+                  strstr(msg, "4 ranks launched") && strstr(msg, "2*2*2 = 8"),
+              "4 ranks for an 8-rank plan: %s", msg);
+    }
+    loom_plan_free(&plan);
+
+    for (size_t i = 0; i < sizeof broken_cases / sizeof broken_cases[0]; i++) {
+        const broken_case *c = &broken_cases[i];
+        char once[4096], text[4096];
+        int ok = edit(valid_plan, c->find, c->replace, once, sizeof once);
+        if (ok && c->find2) {
+            ok = edit(once, c->find2, c->replace2, text, sizeof text);
+        } else {
+            snprintf(text, sizeof text, "%s", once);
+        }
+        CHECK(ok, "case %zu: the edit applies (%s)", i, c->find);
+        if (!ok) continue;
+        snprintf(path, sizeof path, "%s/broken_%02zu.json", tmpdir, i);
+        write_text(path, text);
+        st = loom_plan_read(path, &plan);
+        const char *msg = loom_last_error();
+        char field[256];
+        snprintf(field, sizeof field, ": %s: ", c->path);
+        CHECK(st == LOOM_ERR_INPUT, "case %zu (%s): status %d", i, c->path, (int)st);
+        CHECK(strncmp(msg, path, strlen(path)) == 0, "case %zu: message names the file: %s", i,
+              msg);
+        CHECK(strstr(msg, field) != NULL, "case %zu: message names '%s': %s", i, c->path, msg);
+        CHECK(strstr(msg, c->detail) != NULL, "case %zu: message says '%s': %s", i, c->detail, msg);
+        CHECK(is_empty_plan(&plan), "case %zu: a failed read leaves an empty plan", i);
+        loom_plan_free(&plan);
+    }
+}
+
+/* "FILE:LINE:COLUMN: invalid JSON" */
+static int names_position(const char *msg, const char *path) {
+    size_t n = strlen(path);
+    if (strncmp(msg, path, n) != 0 || msg[n] != ':') return 0;
+    const char *p = msg + n + 1;
+    if (!isdigit((unsigned char)*p)) return 0;
+    while (isdigit((unsigned char)*p)) p++;
+    if (*p++ != ':' || !isdigit((unsigned char)*p)) return 0;
+    while (isdigit((unsigned char)*p)) p++;
+    return strncmp(p, ": invalid JSON", 14) == 0;
+}
+
+static void test_malformed(void) {
+    char path[1200], text[4096];
+    loom_plan plan;
+    const struct {
+        const char *find, *replace;
+    } edits[] = {
+        {"\"vocab\": 50257}", "\"vocab\": 50257"},           /* a missing brace */
+        {"[0, 5]", "[0, 5,]"},                               /* a trailing comma */
+        {"\"heads\": 12,", "\"heads\": 12, \"heads\": 12,"}, /* a duplicate key */
+        {"{\n", "{\n  // comment\n"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        if (!edit(valid_plan, edits[i].find, edits[i].replace, text, sizeof text)) continue;
+        snprintf(path, sizeof path, "%s/malformed_%zu.json", tmpdir, i);
+        write_text(path, text);
+        loom_status st = loom_plan_read(path, &plan);
+        CHECK(st == LOOM_ERR_INPUT && names_position(loom_last_error(), path), "malformed %zu: %s",
+              i, loom_last_error());
+        CHECK(is_empty_plan(&plan), "malformed %zu leaves an empty plan", i);
+    }
+    snprintf(path, sizeof path, "%s/empty.json", tmpdir);
+    write_text(path, "");
+    loom_status st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_ERR_INPUT && names_position(loom_last_error(), path), "empty file: %s",
+          loom_last_error());
+    snprintf(path, sizeof path, "%s/array.json", tmpdir);
+    write_text(path, "[1, 2]\n");
+    st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), path) &&
+              strstr(loom_last_error(), "expected a JSON object"),
+          "top-level array: %s", loom_last_error());
+    snprintf(path, sizeof path, "%s/no_such_plan.json", tmpdir);
+    st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), path), "missing file: %s",
+          loom_last_error());
+    st = loom_plan_read(tmpdir, &plan);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), tmpdir), "a folder: %s",
+          loom_last_error());
+
+    /* the minimal plan: only the required keys */
+    snprintf(path, sizeof path, "%s/minimal.json", tmpdir);
+    write_text(path, "{\"model\": {\"layers\": 2, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
+                     "\"vocab\": 257}, \"batch\": {\"global\": 4, \"micro\": 2}, "
+                     "\"mesh\": {\"dp\": 1, \"tp\": 2, \"pp\": 2}, "
+                     "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}]}");
+    st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_OK, "minimal plan: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
+                  !strcmp(plan.pp_compression.method, "none") &&
+                  !strcmp(plan.embedding_sync, "separate") && plan.num_predicted_peak == 0 &&
+                  plan.model.padded_vocab_size == 384,
+              "minimal plan defaults");
+        CHECK(plan.stages[0].embedding && plan.stages[1].head && !plan.stages[0].head &&
+                  !plan.stages[1].embedding,
+              "minimal plan stage ends");
+        CHECK(!loom_plan_compresses_stage(&plan.dp_compression, 0), "none compresses nothing");
+    }
+    loom_plan_free(&plan);
+}
+
+int main(void) {
+    tmpdir = check_tmpdir();
+    test_round_trip();
+    test_rank_layout();
+    test_stage_split();
+    test_rules();
+    test_malformed();
+    return check_finish();
+}
