@@ -16,6 +16,7 @@
 #define LOOM_MODEL_H
 
 #include "loom/base.h"
+#include "loom/comm.h"
 #include "loom/ops.h"
 
 #include <stddef.h>
@@ -99,6 +100,13 @@ typedef struct {
 /* Sizes and offsets of the 16 tensors for a configuration; returns the total count. */
 size_t loom_gpt_layout(const loom_gpt_config *config,
                        loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+/* The same for one rank of tensor parallelism of degree tp (Megatron): qkvw/qkvb and
+ * fcw/fcb split by output rows (this rank's heads; its quarter of the MLP), attprojw and
+ * fcprojw by input columns, wte by vocabulary rows (Vp/tp); the rest replicated. */
+size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
+                          loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+/* Whether tensor k is split across tensor-parallel ranks. */
+int loom_gpt_tensor_is_sharded(int k);
 /* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */
 size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index);
 
@@ -134,6 +142,8 @@ typedef struct {
     float *lnf_rstd;  /* (B, T) */
     float *probs;     /* (B, T, Vp) logits, then probabilities, then their gradient */
     float *losses;    /* (B, T) */
+    float *row_max;   /* (B, T) vocabulary-parallel softmax: max over every rank's logits */
+    float *row_stats; /* (2, B, T) ... sum of exp, and the target's logit */
 } loom_gpt_acts;
 
 /* Scratch for backward: one layer's worth, reused by every layer. */
@@ -153,8 +163,14 @@ typedef struct {
 typedef struct {
     loom_gpt_config config;
     const loom_backend *backend;
-    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    size_t num_params;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]; /* this rank's (local) tensors */
+    size_t num_params;                                 /* local */
+    /* tensor parallelism: sizes below are this rank's (C/tp channels of attention output,
+     * NH/tp heads, 4C/tp MLP units, Vp/tp vocabulary rows) */
+    int tp_size, tp_rank;
+    loom_comm *tp_comm;         /* borrowed; NULL when tp_size == 1 */
+    int vocab_start;            /* first vocabulary row this rank holds */
+    int vocab_local;            /* real (unpadded) rows among this rank's Vp/tp */
     size_t layer_stride;        /* floats per transformer block */
     loom_gpt_segment *segments; /* in flat-buffer order, covering it exactly */
     int num_segments;
@@ -184,6 +200,13 @@ typedef struct {
 /* Allocates parameters and gradients (zeroed) for `config` (checked). */
 loom_status loom_gpt_create(loom_gpt **model, const loom_gpt_config *config,
                             const loom_backend *backend);
+/* One tensor-parallel rank's shard of the model; tp must divide heads and the padded
+ * vocabulary, and tp_comm (size tp) carries the forward and backward allreduces. */
+loom_status loom_gpt_create_tp(loom_gpt **model, const loom_gpt_config *config,
+                               const loom_backend *backend, int tp_size, int tp_rank,
+                               loom_comm *tp_comm);
+/* Logical (llm.c-order, unsharded) index of local element `index` of tensor k. */
+int64_t loom_gpt_global_index(const loom_gpt *model, int k, int64_t index);
 void loom_gpt_free(loom_gpt *model);
 
 /* GPT-2 initialisation from a seed: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),

@@ -84,9 +84,20 @@ loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
     return LOOM_OK;
 }
 
+int loom_gpt_tensor_is_sharded(int k) {
+    return k == LOOM_WTE || k == LOOM_QKVW || k == LOOM_QKVB || k == LOOM_ATTPROJW ||
+           k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW;
+}
+
 size_t loom_gpt_layout(const loom_gpt_config *config,
                        loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t Vp = config->padded_vocab_size, C = config->channels, L = config->num_layers;
+    return loom_gpt_layout_tp(config, 1, info);
+}
+
+size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
+                          loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t C = config->channels, L = config->num_layers;
+    int64_t Vp = config->padded_vocab_size / tp, Cl = C / tp; /* this rank's rows and columns */
     int64_t maxT = config->max_seq_len;
     const struct {
         const char *name;
@@ -98,15 +109,15 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
         {"wpe", 2, {maxT, C}, 1},
         {"ln1w", 2, {L, C}, 0},
         {"ln1b", 2, {L, C}, 0},
-        {"qkvw", 3, {L, 3 * C, C}, 1},
-        {"qkvb", 2, {L, 3 * C}, 0},
-        {"attprojw", 3, {L, C, C}, 1},
+        {"qkvw", 3, {L, 3 * Cl, C}, 1},
+        {"qkvb", 2, {L, 3 * Cl}, 0},
+        {"attprojw", 3, {L, C, Cl}, 1},
         {"attprojb", 2, {L, C}, 0},
         {"ln2w", 2, {L, C}, 0},
         {"ln2b", 2, {L, C}, 0},
-        {"fcw", 3, {L, 4 * C, C}, 1},
-        {"fcb", 2, {L, 4 * C}, 0},
-        {"fcprojw", 3, {L, C, 4 * C}, 1},
+        {"fcw", 3, {L, 4 * Cl, C}, 1},
+        {"fcb", 2, {L, 4 * Cl}, 0},
+        {"fcprojw", 3, {L, C, 4 * Cl}, 1},
         {"fcprojb", 2, {L, C}, 0},
         {"lnfw", 1, {C}, 0},
         {"lnfb", 1, {C}, 0},
@@ -174,15 +185,38 @@ double loom_gpt_flops_per_token(const loom_gpt_config *config, int T) {
 
 loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
                             const loom_backend *backend) {
+    return loom_gpt_create_tp(out, config, backend, 1, 0, NULL);
+}
+
+loom_status loom_gpt_create_tp(loom_gpt **out, const loom_gpt_config *config,
+                               const loom_backend *backend, int tp_size, int tp_rank,
+                               loom_comm *tp_comm) {
     *out = NULL;
     loom_gpt_config checked = *config;
     loom_status st = loom_gpt_config_check(&checked, "model");
     if (st != LOOM_OK) return st;
+    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || (tp_size > 1 && !tp_comm)) {
+        return loom_fail(LOOM_ERR_INPUT, "model: bad tensor-parallel rank %d of %d", tp_rank,
+                         tp_size);
+    }
+    if (checked.num_heads % tp_size != 0 || checked.padded_vocab_size % tp_size != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "tensor parallel %d: expected a divisor of the heads (%d) and of the "
+                         "padded vocabulary (%d)",
+                         tp_size, checked.num_heads, checked.padded_vocab_size);
+    }
     loom_gpt *m = loom_calloc(1, sizeof *m, "model");
     if (!m) return LOOM_ERR_NOMEM;
     m->config = checked;
     m->backend = backend;
-    m->num_params = loom_gpt_layout(&checked, m->info);
+    m->tp_size = tp_size;
+    m->tp_rank = tp_rank;
+    m->tp_comm = tp_size > 1 ? tp_comm : NULL;
+    int vp_local = checked.padded_vocab_size / tp_size;
+    m->vocab_start = tp_rank * vp_local;
+    int real = checked.vocab_size - m->vocab_start;
+    m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
+    m->num_params = loom_gpt_layout_tp(&checked, tp_size, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     int L = checked.num_layers;
     m->segments = loom_calloc((size_t)(4 + 12 * L), sizeof *m->segments, "segments");
@@ -232,6 +266,38 @@ void loom_gpt_free(loom_gpt *m) {
     free(m);
 }
 
+int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
+    if (m->tp_size == 1 || !loom_gpt_tensor_is_sharded(k)) return index;
+    const loom_gpt_config *c = &m->config;
+    int64_t C = c->channels, tp = m->tp_size, r = m->tp_rank, Cl = C / tp;
+    if (k == LOOM_WTE) return index + r * (c->padded_vocab_size / tp) * C; /* rows */
+    const loom_gpt_tensor_info *ti = &m->info[k];
+    int64_t layer = index / ti->layer_numel, within = index % ti->layer_numel;
+    int64_t global_layer_numel = ti->layer_numel * tp;
+    int64_t g;
+    switch (k) {
+    case LOOM_QKVW:
+    case LOOM_QKVB: { /* rows [q | k | v], this rank's C/tp of each */
+        int64_t cols = k == LOOM_QKVW ? C : 1;
+        int64_t row = within / cols, col = within % cols;
+        int64_t part = row / Cl, in_part = row % Cl;
+        g = (part * C + r * Cl + in_part) * cols + col;
+        break;
+    }
+    case LOOM_FCW:
+    case LOOM_FCB: /* rows: this rank's 4C/tp */
+        g = within + r * ti->layer_numel;
+        break;
+    default: { /* LOOM_ATTPROJW (C, C/tp) and LOOM_FCPROJW (C, 4C/tp): columns */
+        int64_t local_cols = k == LOOM_ATTPROJW ? Cl : 4 * Cl;
+        int64_t row = within / local_cols, col = within % local_cols;
+        g = row * local_cols * tp + r * local_cols + col;
+        break;
+    }
+    }
+    return layer * global_layer_numel + g;
+}
+
 void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
     const loom_gpt_config *c = &m->config;
     float std = 0.02f;
@@ -239,47 +305,57 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
         int64_t n = ti->numel;
-        /* element i of the logical tensor draws counter i of stream k, wherever it lives */
+        /* element g of the logical (unsharded) tensor draws counter g of stream k, wherever it
+         * lives, so every layout starts from the same weights */
         float value = (k == LOOM_LN1W || k == LOOM_LN2W || k == LOOM_LNFW) ? 1.0f : 0.0f;
         float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
-        int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : n;
+        int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : INT64_MAX;
         int random = ti->decay;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
             float v = value;
-            if (random)
-                v = i < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)i) : 0.0f;
+            if (random) {
+                int64_t g = loom_gpt_global_index(m, k, i);
+                v = g < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)g) : 0.0f;
+            }
             m->params_memory[loom_gpt_element_offset(ti, i)] = v;
         }
     }
 }
 
-static size_t acts_layout(const loom_gpt_config *c, int B, int T, size_t sizes[21]) {
-    size_t L = (size_t)c->num_layers, C = (size_t)c->channels, NH = (size_t)c->num_heads;
-    size_t BT = (size_t)B * (size_t)T, Vp = (size_t)c->padded_vocab_size;
-    size_t s[21] = {BT * C,
-                    L * BT * C,
-                    L * BT,
-                    L * BT,
-                    L * BT * 3 * C,
-                    L * BT * C,
-                    L * (size_t)B * NH * (size_t)T * (size_t)T,
-                    L * BT * C,
-                    L * BT * C,
-                    L * BT * C,
-                    L * BT,
-                    L * BT,
-                    L * BT * 4 * C,
-                    L * BT * 4 * C,
-                    L * BT * C,
-                    L * BT * C,
-                    BT * C,
-                    BT,
-                    BT,
-                    BT * Vp,
-                    BT};
+#define NUM_ACTS 23
+
+/* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). */
+static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
+    const loom_gpt_config *c = &m->config;
+    size_t tp = (size_t)m->tp_size;
+    size_t L = (size_t)c->num_layers, C = (size_t)c->channels, NHl = (size_t)c->num_heads / tp;
+    size_t Cl = C / tp, BT = (size_t)B * (size_t)T, Vpl = (size_t)c->padded_vocab_size / tp;
+    size_t s[NUM_ACTS] = {BT * C,                                      /* encoded */
+                          L * BT * C,                                  /* ln1 */
+                          L * BT,                                      /* ln1_mean */
+                          L * BT,                                      /* ln1_rstd */
+                          L * BT * 3 * Cl,                             /* qkv */
+                          L * BT * Cl,                                 /* atty */
+                          L * (size_t)B * NHl * (size_t)T * (size_t)T, /* att */
+                          L * BT * C,                                  /* attproj */
+                          L * BT * C,                                  /* residual2 */
+                          L * BT * C,                                  /* ln2 */
+                          L * BT,                                      /* ln2_mean */
+                          L * BT,                                      /* ln2_rstd */
+                          L * BT * 4 * Cl,                             /* fch */
+                          L * BT * 4 * Cl,                             /* fch_gelu */
+                          L * BT * C,                                  /* fcproj */
+                          L * BT * C,                                  /* residual3 */
+                          BT * C,                                      /* lnf */
+                          BT,                                          /* lnf_mean */
+                          BT,                                          /* lnf_rstd */
+                          BT * Vpl,                                    /* probs */
+                          BT,                                          /* losses */
+                          BT,                                          /* row_max */
+                          2 * BT};                                     /* row_stats */
     size_t total = 0;
-    for (int i = 0; i < 21; i++) {
+    for (int i = 0; i < NUM_ACTS; i++) {
         /* round each buffer to 16 floats so every one starts 64-byte aligned */
         sizes[i] = (s[i] + 15) / 16 * 16;
         total += sizes[i];
@@ -303,8 +379,8 @@ loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
     m->acts_memory = m->grad_acts_memory = NULL;
     m->inputs = m->targets = NULL;
 
-    size_t sizes[21];
-    size_t total = acts_layout(&m->config, B, T, sizes);
+    size_t sizes[NUM_ACTS];
+    size_t total = acts_layout(m, B, T, sizes);
     m->acts_memory = loom_alloc_aligned(total * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
     size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
@@ -316,15 +392,15 @@ loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
     if (!m->acts_memory || !m->grad_acts_memory || !m->inputs || !m->targets) {
         return LOOM_ERR_NOMEM;
     }
-    float **slots[21] = {&m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean,
-                         &m->acts.ln1_rstd,  &m->acts.qkv,      &m->acts.atty,
-                         &m->acts.att,       &m->acts.attproj,  &m->acts.residual2,
-                         &m->acts.ln2,       &m->acts.ln2_mean, &m->acts.ln2_rstd,
-                         &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,
-                         &m->acts.residual3, &m->acts.lnf,      &m->acts.lnf_mean,
-                         &m->acts.lnf_rstd,  &m->acts.probs,    &m->acts.losses};
+    float **slots[NUM_ACTS] = {
+        &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean, &m->acts.ln1_rstd,
+        &m->acts.qkv,       &m->acts.atty,     &m->acts.att,      &m->acts.attproj,
+        &m->acts.residual2, &m->acts.ln2,      &m->acts.ln2_mean, &m->acts.ln2_rstd,
+        &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,   &m->acts.residual3,
+        &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd, &m->acts.probs,
+        &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats};
     float *p = m->acts_memory;
-    for (int i = 0; i < 21; i++) {
+    for (int i = 0; i < NUM_ACTS; i++) {
         *slots[i] = p;
         p += sizes[i];
     }
@@ -349,46 +425,146 @@ typedef struct {
 
 static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
     const loom_gpt_acts *a = &m->acts;
-    size_t C = (size_t)m->config.channels, NH = (size_t)m->config.num_heads;
+    size_t tp = (size_t)m->tp_size;
+    size_t C = (size_t)m->config.channels, NHl = (size_t)m->config.num_heads / tp, Cl = C / tp;
     size_t BT = (size_t)B * (size_t)T;
+    size_t lbt = (size_t)l * BT;
     layer_acts v = {
-        a->ln1 + l * BT * C,          a->ln1_mean + l * BT,
-        a->ln1_rstd + l * BT,         a->qkv + l * BT * 3 * C,
-        a->atty + l * BT * C,         a->att + l * (size_t)B * NH * (size_t)T * (size_t)T,
-        a->attproj + l * BT * C,      a->residual2 + l * BT * C,
-        a->ln2 + l * BT * C,          a->ln2_mean + l * BT,
-        a->ln2_rstd + l * BT,         a->fch + l * BT * 4 * C,
-        a->fch_gelu + l * BT * 4 * C, a->fcproj + l * BT * C,
-        a->residual3 + l * BT * C,
+        a->ln1 + lbt * C,           a->ln1_mean + lbt,
+        a->ln1_rstd + lbt,          a->qkv + lbt * 3 * Cl,
+        a->atty + lbt * Cl,         a->att + (size_t)l * (size_t)B * NHl * (size_t)T * (size_t)T,
+        a->attproj + lbt * C,       a->residual2 + lbt * C,
+        a->ln2 + lbt * C,           a->ln2_mean + lbt,
+        a->ln2_rstd + lbt,          a->fch + lbt * 4 * Cl,
+        a->fch_gelu + lbt * 4 * Cl, a->fcproj + lbt * C,
+        a->residual3 + lbt * C,
     };
     return v;
+}
+
+/* Sums a buffer over the tensor-parallel group (no-op without TP). A failure here cannot be
+ * handed back through forward/backward, and leaving the group out of step would hang it, so
+ * it ends the job. */
+static void tp_allreduce(loom_gpt *m, float *buf, int64_t n, loom_reduce_op op) {
+    if (m->tp_size == 1) return;
+    if (loom_comm_allreduce_f32(m->tp_comm, buf, n, op) != LOOM_OK) {
+        loom_comm_abort(1, loom_last_error());
+    }
+}
+
+static void add_bias(float *out, const float *bias, int64_t N, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) out[i * OC + o] += bias[o];
+}
+
+/* out (N,OC) = inp (N,K) @ w^T, summed over TP ranks, + bias: a row-parallel layer. Without
+ * TP the bias goes into the GEMM as usual. */
+static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
+                                 const float *bias, int64_t N, int K, int OC) {
+    const loom_backend *be = m->backend;
+    if (m->tp_size == 1) {
+        be->matmul_forward(out, inp, w, bias, N, K, OC);
+        return;
+    }
+    be->matmul_forward(out, inp, w, NULL, N, K, OC);
+    tp_allreduce(m, out, N * OC, LOOM_REDUCE_SUM);
+    add_bias(out, bias, N, OC);
 }
 
 static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
-    int C = m->config.channels, NH = m->config.num_heads;
+    int C = m->config.channels, tp = m->tp_size;
+    int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
     layer_acts a = layer_view(m, l, B, T);
     size_t lc = (size_t)l * m->layer_stride; /* this block's slice of every per-layer tensor */
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
                           C);
-    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc, p->qkvb + lc, N, C, 3 * C);
-    be->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-    be->matmul_forward(a.attproj, a.atty, p->attprojw + lc, p->attprojb + lc, N, C, C);
+    /* column-parallel QKV: this rank's heads */
+    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc, p->qkvb + lc, N, C, 3 * Cl);
+    be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    row_parallel_forward(m, a.attproj, a.atty, p->attprojw + lc, p->attprojb + lc, N, Cl, C);
     be->residual_forward(a.residual2, residual, a.attproj, N * C);
     be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + lc, p->ln2b + lc, N,
                           C);
-    be->matmul_forward(a.fch, a.ln2, p->fcw + lc, p->fcb + lc, N, C, 4 * C);
-    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-    be->matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw + lc, p->fcprojb + lc, N, 4 * C, C);
+    be->matmul_forward(a.fch, a.ln2, p->fcw + lc, p->fcb + lc, N, C, 4 * Cl);
+    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
+    row_parallel_forward(m, a.fcproj, a.fch_gelu, p->fcprojw + lc, p->fcprojb + lc, N, 4 * Cl, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
+}
+
+/* Vocabulary-parallel embedding: each rank adds the rows it holds, the sum completes them. */
+static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
+    int C = m->config.channels;
+    if (m->tp_size == 1) {
+        m->backend->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+        return;
+    }
+    float *out = m->acts.encoded;
+    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        int64_t row = inputs[bt] - start;
+        float *o = out + bt * C;
+        if (row >= 0 && row < rows) {
+            const float *w = m->params.wte + row * C;
+            for (int c = 0; c < C; c++) o[c] = w[c];
+        } else {
+            for (int c = 0; c < C; c++) o[c] = 0.0f;
+        }
+    }
+    tp_allreduce(m, out, (int64_t)B * T * C, LOOM_REDUCE_SUM);
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *pos = m->params.wpe + (bt % T) * C;
+        for (int c = 0; c < C; c++) out[bt * C + c] += pos[c];
+    }
+}
+
+/* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
+ * needs only the max, the sum of exponentials and the target's logit, summed over ranks. */
+static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N) {
+    int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
+    int64_t start = m->vocab_start;
+    float *probs = m->acts.probs, *row_max = m->acts.row_max;
+    float *sums = m->acts.row_stats, *target_logit = m->acts.row_stats + N;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float mx = -INFINITY;
+        for (int j = 0; j < Vl; j++) mx = probs[i * Vpl + j] > mx ? probs[i * Vpl + j] : mx;
+        row_max[i] = mx;
+    }
+    tp_allreduce(m, row_max, N, LOOM_REDUCE_MAX);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float *x = probs + i * Vpl;
+        int64_t t = targets[i] - start;
+        /* the target's logit, shifted by the max like the exponentials: only its owner adds it */
+        target_logit[i] = t >= 0 && t < Vl ? x[t] - row_max[i] : 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < Vl; j++) {
+            x[j] = expf(x[j] - row_max[i]);
+            sum += x[j];
+        }
+        for (int j = Vl; j < Vpl; j++) x[j] = 0.0f;
+        sums[i] = sum;
+    }
+    tp_allreduce(m, sums, 2 * N, LOOM_REDUCE_SUM);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float inv = 1.0f / sums[i];
+        for (int j = 0; j < Vl; j++) probs[i * Vpl + j] *= inv;
+        m->acts.losses[i] = targets[i] >= 0 ? logf(sums[i]) - target_logit[i] : 0.0f;
+    }
 }
 
 float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, L = c->num_layers, V = c->vocab_size;
+    int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     /* callers reserve first; the check is cheap and turns misuse into a clear abort */
     if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) abort();
@@ -396,7 +572,7 @@ float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *target
     m->cur_B = B;
     m->cur_T = T;
 
-    be->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+    embed_forward(m, inputs, B, T);
     const float *residual = m->acts.encoded;
     for (int l = 0; l < L; l++) {
         block_forward(m, l, residual, B, T);
@@ -404,13 +580,18 @@ float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *target
     }
     be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
                           m->params.lnfb, N, C);
-    be->matmul_forward(m->acts.probs, m->acts.lnf, m->params.wte, NULL, N, C, Vp);
+    /* logits of this rank's vocabulary rows (all of them without TP) */
+    be->matmul_forward(m->acts.probs, m->acts.lnf, m->params.wte, NULL, N, C, Vpl);
     if (!targets) {
         m->mean_loss = 0.0f;
         return 0.0f;
     }
     memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
-    be->softmax_xent_forward(m->acts.losses, m->acts.probs, m->acts.probs, targets, N, V, Vp);
+    if (m->tp_size == 1) {
+        be->softmax_xent_forward(m->acts.losses, m->acts.probs, m->acts.probs, targets, N, V, Vpl);
+    } else {
+        xent_parallel_forward(m, targets, N);
+    }
     double sum = 0.0;
     int64_t counted = 0;
     for (int64_t i = 0; i < N; i++) {
@@ -428,51 +609,96 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
     const loom_gpt_tensors *p = &m->params;
     const loom_gpt_tensors *g = &m->grads;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
-    int C = m->config.channels, NH = m->config.num_heads;
+    int C = m->config.channels, tp = m->tp_size;
+    int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
-    size_t btc = (size_t)N * (size_t)C;
+    size_t btc = (size_t)N * (size_t)C, btcl = (size_t)N * (size_t)Cl;
     layer_acts a = layer_view(m, l, B, T);
     size_t lc = (size_t)l * m->layer_stride;
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-    memset(ga->dfch2, 0, btc * 4 * sizeof(float));
+    memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
     be->matmul_backward(ga->dfch2, g->fcprojw + lc, g->fcprojb + lc, dres, a.fch_gelu,
-                        p->fcprojw + lc, N, 4 * C, C);
-    memset(ga->dfch, 0, btc * 4 * sizeof(float));
-    be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * C);
+                        p->fcprojw + lc, N, 4 * Cl, C);
+    memset(ga->dfch, 0, btcl * 4 * sizeof(float));
+    be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * Cl);
     memset(ga->dbtc, 0, btc * sizeof(float));
     be->matmul_backward(ga->dbtc, g->fcw + lc, g->fcb + lc, ga->dfch, a.ln2, p->fcw + lc, N, C,
-                        4 * C);
+                        4 * Cl);
+    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM); /* column-parallel input gradient */
     be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
                            a.ln2_mean, a.ln2_rstd, N, C);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
-    memset(ga->dbtc2, 0, btc * sizeof(float));
+    memset(ga->dbtc2, 0, btcl * sizeof(float));
     be->matmul_backward(ga->dbtc2, g->attprojw + lc, g->attprojb + lc, dres, a.atty,
-                        p->attprojw + lc, N, C, C);
-    memset(ga->dqkv, 0, btc * 3 * sizeof(float));
-    be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, C, NH);
+                        p->attprojw + lc, N, Cl, C);
+    memset(ga->dqkv, 0, btcl * 3 * sizeof(float));
+    be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
     memset(ga->dbtc, 0, btc * sizeof(float));
     be->matmul_backward(ga->dbtc, g->qkvw + lc, g->qkvb + lc, ga->dqkv, a.ln1, p->qkvw + lc, N, C,
-                        3 * C);
+                        3 * Cl);
+    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
                            a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+static void xent_parallel_backward(loom_gpt *m, float dloss, int64_t N) {
+    int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
+    int64_t start = m->vocab_start;
+    float *d = m->acts.probs;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float *row = d + i * Vpl;
+        if (m->targets[i] < 0) {
+            memset(row, 0, (size_t)Vpl * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < Vl; j++) row[j] *= dloss;
+        int64_t t = m->targets[i] - start;
+        if (t >= 0 && t < Vl) row[t] -= dloss;
+    }
+}
+
+static void embed_backward(loom_gpt *m, int B, int T) {
+    int C = m->config.channels;
+    const float *dout = m->grad_acts.dresidual;
+    if (m->tp_size == 1) {
+        m->backend->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
+        return;
+    }
+    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *d = dout + bt * C;
+        float *dp = m->grads.wpe + (bt % T) * C;
+        for (int c = 0; c < C; c++) dp[c] += d[c];
+        int64_t row = m->inputs[bt] - start;
+        if (row < 0 || row >= rows) continue;
+        float *dw = m->grads.wte + row * C;
+        for (int c = 0; c < C; c++) dw[c] += d[c];
+    }
 }
 
 void loom_gpt_backward(loom_gpt *m, float dloss) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
     int B = m->cur_B, T = m->cur_T;
-    int C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, L = c->num_layers, V = c->vocab_size;
+    int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
 
     /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
-    be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vp);
+    if (m->tp_size == 1) {
+        be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
+    } else {
+        xent_parallel_backward(m, dloss, N);
+    }
     memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
     be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte, N,
-                        C, Vp);
+                        C, Vpl);
+    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
     const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
     be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
@@ -482,11 +708,12 @@ void loom_gpt_backward(loom_gpt *m, float dloss) {
         const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
         block_backward(m, l, residual, B, T);
         /* blocks l..L-1 and the final LayerNorm are done; only lower offsets change now */
-        if (m->grads_ready)
+        if (m->grads_ready) {
             m->grads_ready(m->grads_ready_ctx,
                            m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride);
+        }
     }
-    be->encoder_backward(m->grads.wte, m->grads.wpe, ga->dresidual, m->inputs, B, T, C);
+    embed_backward(m, B, T);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, 0);
 }
 

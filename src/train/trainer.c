@@ -30,6 +30,7 @@ typedef struct {
     int have_mesh;
     int lead; /* world rank 0: progress, metrics, checkpoints */
     int dp, dp_rank;
+    int tp, tp_rank;
     loom_dp_sync *dp_sync; /* DP > 1 without ZeRO-1 */
     loom_zero_shard zero;  /* ZeRO-1: this rank's range of the flat buffers */
     float *grad_shard;     /* ZeRO-1: the reduced gradients of the range */
@@ -162,15 +163,37 @@ static loom_status metrics_truncate(const char *path, int64_t step) {
     return st;
 }
 
+/* Copies between a tensor-parallel shard (local layout of `shard`, as rank tp_rank) and an
+ * unsharded buffer in `full`'s layout; to_full picks the direction. Replicated tensors are
+ * copied whole. */
+static void shard_copy(const loom_gpt *shard, int tp_rank, float *local, const loom_gpt *full,
+                       float *whole, int to_full) {
+    loom_gpt view = *shard; /* the mapping depends on the rank only */
+    view.tp_rank = tp_rank;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *li = &shard->info[k], *fi = &full->info[k];
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < li->numel; i++) {
+            size_t lo = loom_gpt_element_offset(li, i);
+            size_t fo = loom_gpt_element_offset(fi, loom_gpt_global_index(&view, k, i));
+            if (to_full) {
+                whole[fo] = local[lo];
+            } else {
+                local[lo] = whole[fo];
+            }
+        }
+    }
+}
+
 /* The layout: the mesh over the world, or one process. */
 static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
     int world_size = t->world ? loom_comm_size(t->world) : 1;
     int dp = cfg->data_parallel, tp = cfg->tensor_parallel, pp = cfg->pipeline_parallel;
-    if (tp > 1 || pp > 1) {
+    if (pp > 1) {
         return loom_fail(LOOM_ERR_INPUT,
-                         "--tensor-parallel %d / --pipeline-parallel %d: tensor and pipeline "
-                         "parallelism are not implemented yet; use --data-parallel",
-                         tp, pp);
+                         "--pipeline-parallel %d: pipeline parallelism is not implemented yet; "
+                         "use --data-parallel and --tensor-parallel",
+                         pp);
     }
     if (!t->world) {
         if ((int64_t)dp * tp * pp != 1) {
@@ -178,7 +201,7 @@ static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
                              "--data-parallel %d: needs %d ranks; start with mpirun -np %d", dp,
                              dp * tp * pp, dp * tp * pp);
         }
-        t->dp = 1, t->dp_rank = 0, t->lead = 1;
+        t->dp = 1, t->dp_rank = 0, t->tp = 1, t->tp_rank = 0, t->lead = 1;
         return LOOM_OK;
     }
     if (world_size > 1 && dp * tp * pp == 1) dp = world_size; /* plain DP over every rank */
@@ -186,6 +209,7 @@ static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
     t->dp = t->mesh.dp_size, t->dp_rank = t->mesh.dp_rank;
+    t->tp = t->mesh.tp_size, t->tp_rank = t->mesh.tp_rank;
     t->lead = loom_comm_rank(t->world) == 0;
     loom_comm_set_timeout(cfg->comm_timeout);
     if (cfg->global_batch_size % (cfg->micro_batch_size * t->dp) != 0) {
@@ -212,6 +236,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_status st;
     loom_gpt_config wanted;
     if ((st = loom_train_model_config(cfg, &wanted)) != LOOM_OK) return st;
+    /* weights that come from a file are read whole (into `full`) and then cut to this rank's
+     * tensor-parallel shard; TODO: read only the shard's slices for models that do not fit */
+    loom_gpt *full = NULL;
     if (cfg->resume[0]) {
         if ((st = loom_checkpoint_resolve(cfg->resume, resume_dir, sizeof resume_dir))) return st;
         char file[4200];
@@ -223,13 +250,30 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
                       "configured one",
                       saved.num_layers, saved.num_heads, saved.channels);
         }
-        st = loom_gpt_create(&t->model, &saved, be);
+        st = loom_gpt_create(&full, &saved, be);
     } else if (cfg->init_from[0]) {
-        st = loom_model_load(cfg->init_from, be, &t->model);
+        st = loom_model_load(cfg->init_from, be, &full);
         if (st == LOOM_OK) loom_info("initialised from %s", cfg->init_from);
+    }
+    if (st != LOOM_OK) return st;
+    if (full && t->tp == 1) {
+        t->model = full; /* the whole model is this rank's */
     } else {
-        st = loom_gpt_create(&t->model, &wanted, be);
-        if (st == LOOM_OK) loom_gpt_init_weights(t->model, cfg->seed);
+        st = loom_gpt_create_tp(&t->model, full ? &full->config : &wanted, be, t->tp, t->tp_rank,
+                                t->have_mesh ? t->mesh.tp : NULL);
+        if (st == LOOM_OK && full) {
+            shard_copy(t->model, t->tp_rank, t->model->params_memory, full, full->params_memory, 0);
+        } else if (st == LOOM_OK) {
+            loom_gpt_init_weights(t->model, cfg->seed);
+        }
+        if (full && !cfg->resume[0]) {
+            loom_gpt_free(full); /* --init-from: the shard is copied out */
+            full = NULL;
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_gpt_free(full);
+        return st;
     }
     if (st != LOOM_OK || !t->model) return st != LOOM_OK ? st : LOOM_ERR_RUNTIME;
     const loom_gpt_config *mc = &t->model->config;
@@ -280,22 +324,32 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_rng_seed(&rng, cfg->seed);
     t->state = (loom_ckpt_state){.rng_state = rng.state};
     if (resume_dir[0]) {
-        if (t->grad_shard) {
-            /* the checkpoint holds whole moments: read them, keep this rank's range */
-            size_t full = t->model->num_params;
-            float *m = loom_alloc_aligned(full * sizeof(float), "moments");
-            float *v = loom_alloc_aligned(full * sizeof(float), "moments");
-            st = m && v ? loom_checkpoint_load(resume_dir, t->model, m, v, &t->state)
-                        : LOOM_ERR_NOMEM;
-            if (st == LOOM_OK) {
-                memcpy(t->m, m + t->zero.begin, (t->zero.end - t->zero.begin) * sizeof(float));
-                memcpy(t->v, v + t->zero.begin, (t->zero.end - t->zero.begin) * sizeof(float));
-            }
-            loom_free_aligned(m), loom_free_aligned(v);
-            if (st != LOOM_OK) return st;
-        } else if ((st = loom_checkpoint_load(resume_dir, t->model, t->m, t->v, &t->state))) {
-            return st;
+        /* the checkpoint holds whole tensors: read them, keep this rank's TP shard and, under
+         * ZeRO-1, its range of the moments */
+        loom_gpt *src = full ? full : t->model;
+        size_t whole = src->num_params, local = t->model->num_params;
+        float *m = loom_alloc_aligned(whole * sizeof(float), "moments");
+        float *v = loom_alloc_aligned(whole * sizeof(float), "moments");
+        float *lm = src == t->model ? m : loom_alloc_aligned(local * sizeof(float), "moments");
+        float *lv = src == t->model ? v : loom_alloc_aligned(local * sizeof(float), "moments");
+        st = m && v && lm && lv ? loom_checkpoint_load(resume_dir, src, m, v, &t->state)
+                                : LOOM_ERR_NOMEM;
+        if (st == LOOM_OK && src != t->model) {
+            shard_copy(t->model, t->tp_rank, t->model->params_memory, src, src->params_memory, 0);
+            shard_copy(t->model, t->tp_rank, lm, src, m, 0);
+            shard_copy(t->model, t->tp_rank, lv, src, v, 0);
         }
+        if (st == LOOM_OK) {
+            size_t count = t->zero.end - t->zero.begin;
+            memcpy(t->m, lm + t->zero.begin, count * sizeof(float));
+            memcpy(t->v, lv + t->zero.begin, count * sizeof(float));
+        }
+        if (lm != m) loom_free_aligned(lm);
+        if (lv != v) loom_free_aligned(lv);
+        loom_free_aligned(m), loom_free_aligned(v);
+        if (full != t->model) loom_gpt_free(full);
+        full = NULL;
+        if (st != LOOM_OK) return st;
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data: %s",
@@ -328,9 +382,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
               cfg->seq_len, t->val_data ? "" : "; no validation");
-    loom_info("ranks: %d (data parallel %d%s); threads per rank: %d; sgemm peak %.1f GFLOP/s "
-              "(1024^3, measured, x ranks); MFU is against it",
-              ranks, t->dp, t->grad_shard ? ", ZeRO-1" : "", loom_ops_get_threads(),
+    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d); threads per rank: %d; sgemm "
+              "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
+              ranks, t->dp, t->grad_shard ? " with ZeRO-1" : "", t->tp, loom_ops_get_threads(),
               t->peak_gflops);
     return LOOM_OK;
 }
@@ -415,6 +469,22 @@ static void adamw_range(trainer *t, size_t lo, size_t hi, size_t base, const flo
     }
 }
 
+/* Sums of squares over [lo, hi) of the flat buffer (grads indexed from base), split into
+ * tensor-parallel-sharded tensors (out[0]) and replicated ones (out[1]). */
+static void sum_squares_split(trainer *t, const float *grads, size_t base, size_t lo, size_t hi,
+                              double out[2]) {
+    loom_gpt *model = t->model;
+    out[0] = out[1] = 0.0;
+    for (int i = 0; i < model->num_segments; i++) {
+        const loom_gpt_segment *seg = &model->segments[i];
+        size_t a = seg->offset > lo ? seg->offset : lo;
+        size_t b = seg->offset + (size_t)seg->numel < hi ? seg->offset + (size_t)seg->numel : hi;
+        if (a >= b) continue;
+        double s = model->backend->sum_squares(grads + (a - base), (int64_t)(b - a));
+        out[t->tp > 1 && loom_gpt_tensor_is_sharded(seg->tensor) ? 0 : 1] += s;
+    }
+}
+
 /* Forward and backward of this rank's share of the global batch, with the DP gradient
  * allreduce started bucket by bucket during the last micro-batch's backward. */
 static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
@@ -466,7 +536,6 @@ static void write_comm_metrics(trainer *t) {
 static loom_status train_step(trainer *t, int64_t step) {
     const loom_train_config *cfg = t->cfg;
     loom_gpt *model = t->model;
-    const loom_backend *be = model->backend;
     int T = cfg->seq_len;
     double t0 = loom_now();
     double lr = loom_lr_at(cfg, step);
@@ -480,27 +549,33 @@ static loom_status train_step(trainer *t, int64_t step) {
     if (nan_injected(cfg, step + 1)) {
         (t->grad_shard ? t->grad_shard : model->grads_memory)[0] = NAN;
     }
-    /* loss: mean over DP ranks; squared gradient norm: of the whole (reduced) gradient, from
-     * each rank's shard under ZeRO-1; every rank ends with the same numbers */
-    double sums[2] = {loss_sum / t->accum, 0.0};
+    /* loss: mean over DP ranks. Squared gradient norm, every parameter once: tensors split
+     * across TP ranks are summed over the TP group, replicated ones counted once; under ZeRO-1
+     * each DP rank adds its range. Every rank ends with the same numbers. */
+    double sums[3] = {loss_sum / t->accum, 0.0, 0.0}; /* loss, sharded, replicated */
     if (t->grad_shard) {
-        sums[1] = be->sum_squares(t->grad_shard, (int64_t)(t->zero.end - t->zero.begin));
+        sum_squares_split(t, t->grad_shard, t->zero.begin, t->zero.begin, t->zero.end, sums + 1);
     } else {
-        sums[1] = be->sum_squares(model->grads_memory, (int64_t)model->num_params);
+        sum_squares_split(t, model->grads_memory, 0, 0, model->num_params, sums + 1);
     }
     if (t->dp > 1) {
-        /* under plain DP every rank holds the whole gradient: take rank 0's norm (MAX of equal
-         * values) rather than trusting that every rank's allreduce rounded alike */
-        double norm_sq = sums[1];
-        if (!t->grad_shard) sums[1] = 0.0;
-        st = loom_comm_allreduce_f64(t->mesh.dp, sums, 2, LOOM_REDUCE_SUM);
+        /* under plain DP every rank holds the whole gradient: take the largest of the (equal)
+         * values rather than trusting that every rank's allreduce rounded alike */
+        double norms[2] = {sums[1], sums[2]};
+        if (!t->grad_shard) sums[1] = sums[2] = 0.0;
+        st = loom_comm_allreduce_f64(t->mesh.dp, sums, 3, LOOM_REDUCE_SUM);
         if (st == LOOM_OK && !t->grad_shard) {
-            st = loom_comm_allreduce_f64(t->mesh.dp, &norm_sq, 1, LOOM_REDUCE_MAX);
-            sums[1] = norm_sq;
+            st = loom_comm_allreduce_f64(t->mesh.dp, norms, 2, LOOM_REDUCE_MAX);
+            sums[1] = norms[0], sums[2] = norms[1];
         }
         if (st != LOOM_OK) return st;
         sums[0] /= t->dp;
     }
+    if (t->tp > 1) {
+        st = loom_comm_allreduce_f64(t->mesh.tp, sums + 1, 1, LOOM_REDUCE_SUM);
+        if (st != LOOM_OK) return st;
+    }
+    sums[1] += sums[2];
     double loss = sums[0];
     double grad_norm = sqrt(sums[1]);
 
@@ -589,34 +664,81 @@ static loom_status evaluate(trainer *t) {
     return LOOM_OK;
 }
 
-/* The lead writes; under ZeRO-1 the moment shards are gathered first (every rank joins). */
+/* Assembles the unsharded weights and moments on tensor-parallel rank 0 of the writing group:
+ * the other ranks send their shards one at a time (memory: the whole model on the writer;
+ * TODO: stream tensor by tensor). Only the group of world rank 0 takes part. */
+static loom_status gather_tp(trainer *t, const float *m, const float *v, loom_gpt **full,
+                             float **full_m, float **full_v) {
+    size_t n = t->model->num_params;
+    const float *mine[3] = {t->model->params_memory, m, v};
+    if (t->tp_rank != 0) {
+        for (int b = 0; b < 3; b++) {
+            loom_status st =
+                loom_comm_send(t->mesh.tp, mine[b], (int64_t)(n * sizeof(float)), 0, b);
+            if (st != LOOM_OK) return st;
+        }
+        return LOOM_OK;
+    }
+    loom_status st = loom_gpt_create(full, &t->model->config, t->model->backend);
+    if (st != LOOM_OK) return st;
+    size_t whole = (*full)->num_params;
+    *full_m = loom_alloc_aligned(whole * sizeof(float), "moments");
+    *full_v = loom_alloc_aligned(whole * sizeof(float), "moments");
+    float *buf = loom_alloc_aligned(n * sizeof(float), "shard");
+    if (!*full_m || !*full_v || !buf) st = LOOM_ERR_NOMEM;
+    float *dst[3] = {(*full)->params_memory, *full_m, *full_v};
+    for (int r = 0; r < t->tp && st == LOOM_OK; r++) {
+        for (int b = 0; b < 3 && st == LOOM_OK; b++) {
+            if (r == 0) {
+                memcpy(buf, mine[b], n * sizeof(float));
+            } else {
+                st = loom_comm_recv(t->mesh.tp, buf, (int64_t)(n * sizeof(float)), r, b);
+            }
+            if (st == LOOM_OK) shard_copy(t->model, r, buf, *full, dst[b], 1);
+        }
+    }
+    loom_free_aligned(buf);
+    return st;
+}
+
+/* The lead writes. Under ZeRO-1 the moment ranges are gathered over DP first (every rank
+ * joins); under TP the writing group assembles the unsharded tensors. */
 static loom_status save_checkpoint(trainer *t) {
     const float *m = t->m, *v = t->v;
-    float *full_m = NULL, *full_v = NULL;
+    float *dp_m = NULL, *dp_v = NULL, *full_m = NULL, *full_v = NULL;
+    loom_gpt *full = NULL;
     loom_status st = LOOM_OK;
+    loom_comm_progress("saving a checkpoint");
     if (t->grad_shard) {
         size_t padded = t->zero.padded_count;
-        full_m = loom_alloc_aligned(padded * sizeof(float), "moments");
-        full_v = loom_alloc_aligned(padded * sizeof(float), "moments");
-        if (!full_m || !full_v) st = LOOM_ERR_NOMEM;
+        dp_m = loom_alloc_aligned(padded * sizeof(float), "moments");
+        dp_v = loom_alloc_aligned(padded * sizeof(float), "moments");
+        if (!dp_m || !dp_v) st = LOOM_ERR_NOMEM;
         if (st == LOOM_OK) {
-            st = loom_comm_allgather_f32(t->mesh.dp, t->m, full_m, (int64_t)t->zero.shard);
+            st = loom_comm_allgather_f32(t->mesh.dp, t->m, dp_m, (int64_t)t->zero.shard);
         }
         if (st == LOOM_OK) {
-            st = loom_comm_allgather_f32(t->mesh.dp, t->v, full_v, (int64_t)t->zero.shard);
+            st = loom_comm_allgather_f32(t->mesh.dp, t->v, dp_v, (int64_t)t->zero.shard);
         }
-        m = full_m, v = full_v;
+        m = dp_m, v = dp_v;
     }
-    if (st == LOOM_OK && t->lead) {
-        st = loom_checkpoint_save(t->cfg->out, t->model, m, v, &t->state);
+    const loom_gpt *writer_model = t->model;
+    int writes = t->lead;
+    if (st == LOOM_OK && t->tp > 1 && t->dp_rank == 0 && t->mesh.pp_rank == 0) {
+        st = gather_tp(t, m, v, &full, &full_m, &full_v);
+        if (full) writer_model = full, m = full_m, v = full_v;
+    }
+    if (st == LOOM_OK && writes) {
+        st = loom_checkpoint_save(t->cfg->out, writer_model, m, v, &t->state);
         if (st == LOOM_OK) {
             if (t->progress_bar) printf("\r\033[K");
             loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, t->cfg->out,
                       t->state.step);
         }
     }
-    loom_free_aligned(full_m);
-    loom_free_aligned(full_v);
+    loom_gpt_free(full);
+    loom_free_aligned(full_m), loom_free_aligned(full_v);
+    loom_free_aligned(dp_m), loom_free_aligned(dp_v);
     return st;
 }
 
