@@ -105,6 +105,9 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
  * fcprojw by input columns, wte by vocabulary rows (Vp/tp); the rest replicated. */
 size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
                           loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+/* ... for a pipeline stage holding local_layers blocks. */
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_layers,
+                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
 /* Whether tensor k is split across tensor-parallel ranks. */
 int loom_gpt_tensor_is_sharded(int k);
 /* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */
@@ -168,10 +171,20 @@ typedef struct {
     /* tensor parallelism: sizes below are this rank's (C/tp channels of attention output,
      * NH/tp heads, 4C/tp MLP units, Vp/tp vocabulary rows) */
     int tp_size, tp_rank;
-    loom_comm *tp_comm;         /* borrowed; NULL when tp_size == 1 */
-    int vocab_start;            /* first vocabulary row this rank holds */
-    int vocab_local;            /* real (unpadded) rows among this rank's Vp/tp */
-    size_t layer_stride;        /* floats per transformer block */
+    loom_comm *tp_comm; /* borrowed; NULL when tp_size == 1 */
+    int vocab_start;    /* first vocabulary row this rank holds */
+    int vocab_local;    /* real (unpadded) rows among this rank's Vp/tp */
+    /* pipeline parallelism: this stage's blocks are the model's [first_layer, first_layer +
+     * num_local_layers); the embedding stage turns tokens into the residual stream, the head
+     * stage ends it with the final LayerNorm and the loss. wte, wpe, lnf exist on every stage
+     * (the head stage's wte is the tied LM head; middle stages leave theirs unused). */
+    int first_layer, num_local_layers;
+    int has_embedding, has_head;
+    int slots, slot;      /* activation sets reserved (micro-batches in flight), the current */
+    size_t slot_floats;   /* floats per activation set */
+    int32_t *inputs_all;  /* (slots, B, T) */
+    int32_t *targets_all; /* (slots, B, T) */
+    size_t layer_stride;  /* floats per transformer block */
     loom_gpt_segment *segments; /* in flat-buffer order, covering it exactly */
     int num_segments;
 
@@ -205,6 +218,35 @@ loom_status loom_gpt_create(loom_gpt **model, const loom_gpt_config *config,
 loom_status loom_gpt_create_tp(loom_gpt **model, const loom_gpt_config *config,
                                const loom_backend *backend, int tp_size, int tp_rank,
                                loom_comm *tp_comm);
+/* Which part of the model a process holds. */
+typedef struct {
+    int first_layer, end_layer; /* [first, end) */
+    int tp_size, tp_rank;
+    loom_comm *tp_comm; /* NULL when tp_size == 1 */
+} loom_gpt_shard;
+loom_status loom_gpt_create_shard(loom_gpt **model, const loom_gpt_config *config,
+                                  const loom_backend *backend, const loom_gpt_shard *shard);
+/* Fills a loom_gpt's layout fields (config, shard, info, num_params) without allocating:
+ * enough to map another rank's shard (loom_gpt_global_index). */
+loom_status loom_gpt_describe(loom_gpt *model, const loom_gpt_config *config,
+                              const loom_gpt_shard *shard);
+
+/* Pipeline stages. Activations for `slots` micro-batches in flight at once; loom_gpt_use_slot
+ * picks the set the next forward/backward works on. */
+loom_status loom_gpt_reserve_slots(loom_gpt *model, int B, int T, int slots);
+void loom_gpt_use_slot(loom_gpt *model, int slot);
+/* This stage's forward: from tokens on the embedding stage, else from input (B,T,C); the
+ * head stage returns the mean loss (targets required there), others 0. */
+float loom_gpt_forward_stage(loom_gpt *model, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T);
+/* The residual stream after this stage's last block (B,T,C), for the next stage. */
+const float *loom_gpt_stage_output(loom_gpt *model);
+/* This stage's backward: the head stage starts from the loss (output_grad NULL), others from
+ * the gradient of their output (B,T,C). */
+void loom_gpt_backward_stage(loom_gpt *model, float dloss, const float *output_grad);
+/* The gradient of this stage's input (B,T,C), for the previous stage. */
+const float *loom_gpt_stage_input_grad(const loom_gpt *model);
+
 /* Logical (llm.c-order, unsharded) index of local element `index` of tensor k. */
 int64_t loom_gpt_global_index(const loom_gpt *model, int k, int64_t index);
 void loom_gpt_free(loom_gpt *model);

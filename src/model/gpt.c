@@ -96,7 +96,12 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
 
 size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
                           loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t C = config->channels, L = config->num_layers;
+    return loom_gpt_layout_shard(config, tp, config->num_layers, info);
+}
+
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_layers,
+                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t C = config->channels, L = local_layers;
     int64_t Vp = config->padded_vocab_size / tp, Cl = C / tp; /* this rank's rows and columns */
     int64_t maxT = config->max_seq_len;
     const struct {
@@ -191,11 +196,18 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
 loom_status loom_gpt_create_tp(loom_gpt **out, const loom_gpt_config *config,
                                const loom_backend *backend, int tp_size, int tp_rank,
                                loom_comm *tp_comm) {
-    *out = NULL;
+    loom_gpt_shard shard = {0, config->num_layers, tp_size, tp_rank, tp_comm};
+    return loom_gpt_create_shard(out, config, backend, &shard);
+}
+
+loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
+                              const loom_gpt_shard *shard) {
+    memset(m, 0, sizeof *m);
     loom_gpt_config checked = *config;
     loom_status st = loom_gpt_config_check(&checked, "model");
     if (st != LOOM_OK) return st;
-    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || (tp_size > 1 && !tp_comm)) {
+    int tp_size = shard->tp_size, tp_rank = shard->tp_rank;
+    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
         return loom_fail(LOOM_ERR_INPUT, "model: bad tensor-parallel rank %d of %d", tp_rank,
                          tp_size);
     }
@@ -205,20 +217,44 @@ loom_status loom_gpt_create_tp(loom_gpt **out, const loom_gpt_config *config,
                          "padded vocabulary (%d)",
                          tp_size, checked.num_heads, checked.padded_vocab_size);
     }
-    loom_gpt *m = loom_calloc(1, sizeof *m, "model");
-    if (!m) return LOOM_ERR_NOMEM;
+    if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
+        shard->first_layer >= shard->end_layer) {
+        return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
+                         shard->first_layer, shard->end_layer, checked.num_layers);
+    }
     m->config = checked;
-    m->backend = backend;
     m->tp_size = tp_size;
     m->tp_rank = tp_rank;
-    m->tp_comm = tp_size > 1 ? tp_comm : NULL;
+    m->tp_comm = tp_size > 1 ? shard->tp_comm : NULL;
+    m->first_layer = shard->first_layer;
+    m->num_local_layers = shard->end_layer - shard->first_layer;
+    m->has_embedding = shard->first_layer == 0;
+    m->has_head = shard->end_layer == checked.num_layers;
     int vp_local = checked.padded_vocab_size / tp_size;
     m->vocab_start = tp_rank * vp_local;
     int real = checked.vocab_size - m->vocab_start;
     m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
-    m->num_params = loom_gpt_layout_tp(&checked, tp_size, m->info);
+    m->num_params = loom_gpt_layout_shard(&checked, tp_size, m->num_local_layers, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
-    int L = checked.num_layers;
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
+                                  const loom_backend *backend, const loom_gpt_shard *shard) {
+    *out = NULL;
+    if (shard->tp_size > 1 && !shard->tp_comm) {
+        return loom_fail(LOOM_ERR_INPUT, "model: tensor parallelism needs a communicator");
+    }
+    loom_gpt *m = loom_calloc(1, sizeof *m, "model");
+    if (!m) return LOOM_ERR_NOMEM;
+    loom_status st = loom_gpt_describe(m, config, shard);
+    if (st != LOOM_OK) {
+        free(m);
+        return st;
+    }
+    m->backend = backend;
+    m->layer_stride = m->info[LOOM_LN1W].layer_stride;
+    int L = m->num_local_layers;
     m->segments = loom_calloc((size_t)(4 + 12 * L), sizeof *m->segments, "segments");
     if (!m->segments) {
         loom_gpt_free(m);
@@ -261,19 +297,24 @@ void loom_gpt_free(loom_gpt *m) {
     loom_free_aligned(m->grads_memory);
     loom_free_aligned(m->acts_memory);
     loom_free_aligned(m->grad_acts_memory);
-    free(m->inputs);
-    free(m->targets);
+    free(m->inputs_all);
+    free(m->targets_all);
     free(m);
 }
 
 int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
-    if (m->tp_size == 1 || !loom_gpt_tensor_is_sharded(k)) return index;
     const loom_gpt_config *c = &m->config;
-    int64_t C = c->channels, tp = m->tp_size, r = m->tp_rank, Cl = C / tp;
-    if (k == LOOM_WTE) return index + r * (c->padded_vocab_size / tp) * C; /* rows */
     const loom_gpt_tensor_info *ti = &m->info[k];
-    int64_t layer = index / ti->layer_numel, within = index % ti->layer_numel;
-    int64_t global_layer_numel = ti->layer_numel * tp;
+    int64_t tp = m->tp_size;
+    if (!ti->per_layer) {
+        if (tp == 1 || k != LOOM_WTE) return index;
+        return index + m->tp_rank * (int64_t)(c->padded_vocab_size / tp) * c->channels; /* rows */
+    }
+    /* a pipeline stage's layer j is the model's layer first_layer + j */
+    int64_t layer = index / ti->layer_numel + m->first_layer, within = index % ti->layer_numel;
+    int64_t global_layer_numel = ti->layer_numel * (loom_gpt_tensor_is_sharded(k) ? tp : 1);
+    if (tp == 1 || !loom_gpt_tensor_is_sharded(k)) return layer * global_layer_numel + within;
+    int64_t C = c->channels, r = m->tp_rank, Cl = C / tp;
     int64_t g;
     switch (k) {
     case LOOM_QKVW:
@@ -329,7 +370,8 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
     const loom_gpt_config *c = &m->config;
     size_t tp = (size_t)m->tp_size;
-    size_t L = (size_t)c->num_layers, C = (size_t)c->channels, NHl = (size_t)c->num_heads / tp;
+    size_t L = (size_t)m->num_local_layers, C = (size_t)c->channels;
+    size_t NHl = (size_t)c->num_heads / tp;
     size_t Cl = C / tp, BT = (size_t)B * (size_t)T, Vpl = (size_t)c->padded_vocab_size / tp;
     size_t s[NUM_ACTS] = {BT * C,                                      /* encoded */
                           L * BT * C,                                  /* ln1 */
@@ -364,34 +406,10 @@ static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS
 }
 
 loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
-    if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
-                         m->config.max_seq_len, T, B);
-    }
-    if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T) {
-        return LOOM_OK;
-    }
-    loom_free_aligned(m->acts_memory);
-    loom_free_aligned(m->grad_acts_memory);
-    free(m->inputs);
-    free(m->targets);
-    m->acts_memory = m->grad_acts_memory = NULL;
-    m->inputs = m->targets = NULL;
+    return loom_gpt_reserve_slots(m, B, T, m->slots > 0 ? m->slots : 1);
+}
 
-    size_t sizes[NUM_ACTS];
-    size_t total = acts_layout(m, B, T, sizes);
-    m->acts_memory = loom_alloc_aligned(total * sizeof(float), "activations");
-    size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
-    size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
-    size_t grad_total = 0;
-    for (int i = 0; i < 6; i++) grad_total += grad_sizes[i];
-    m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
-    m->inputs = loom_calloc(BT, sizeof(int32_t), "inputs");
-    m->targets = loom_calloc(BT, sizeof(int32_t), "targets");
-    if (!m->acts_memory || !m->grad_acts_memory || !m->inputs || !m->targets) {
-        return LOOM_ERR_NOMEM;
-    }
+void loom_gpt_use_slot(loom_gpt *m, int slot) {
     float **slots[NUM_ACTS] = {
         &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean, &m->acts.ln1_rstd,
         &m->acts.qkv,       &m->acts.atty,     &m->acts.att,      &m->acts.attproj,
@@ -399,20 +417,62 @@ loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
         &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,   &m->acts.residual3,
         &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd, &m->acts.probs,
         &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats};
-    float *p = m->acts_memory;
+    size_t sizes[NUM_ACTS];
+    acts_layout(m, m->B, m->T, sizes);
+    float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
         *slots[i] = p;
         p += sizes[i];
     }
+    size_t BT = (size_t)m->B * (size_t)m->T;
+    m->inputs = m->inputs_all + (size_t)slot * BT;
+    m->targets = m->targets_all + (size_t)slot * BT;
+    m->slot = slot;
+}
+
+loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
+    if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
+                         m->config.max_seq_len, T, B);
+    }
+    if (nslots < 1) return loom_fail(LOOM_ERR_INPUT, "model: expected at least one slot");
+    if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T &&
+        nslots <= m->slots) {
+        return LOOM_OK;
+    }
+    loom_free_aligned(m->acts_memory);
+    loom_free_aligned(m->grad_acts_memory);
+    free(m->inputs_all);
+    free(m->targets_all);
+    m->acts_memory = m->grad_acts_memory = NULL;
+    m->inputs_all = m->targets_all = m->inputs = m->targets = NULL;
+
+    size_t sizes[NUM_ACTS];
+    m->slot_floats = acts_layout(m, B, T, sizes);
+    m->acts_memory =
+        loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
+    size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
+    size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
+    size_t grad_total = 0;
+    for (int i = 0; i < 6; i++) grad_total += grad_sizes[i];
+    m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
+    m->inputs_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "inputs");
+    m->targets_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "targets");
+    if (!m->acts_memory || !m->grad_acts_memory || !m->inputs_all || !m->targets_all) {
+        return LOOM_ERR_NOMEM;
+    }
     float **gslots[6] = {&m->grad_acts.dresidual, &m->grad_acts.dbtc, &m->grad_acts.dbtc2,
                          &m->grad_acts.dqkv,      &m->grad_acts.dfch, &m->grad_acts.dfch2};
-    p = m->grad_acts_memory;
+    float *p = m->grad_acts_memory;
     for (int i = 0; i < 6; i++) {
         *gslots[i] = p;
         p += grad_sizes[i];
     }
     m->B = B;
     m->T = T;
+    m->slots = nslots;
+    loom_gpt_use_slot(m, 0);
     return LOOM_OK;
 }
 
@@ -560,24 +620,30 @@ static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N
     }
 }
 
-float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
+float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int C = c->channels, L = c->num_layers, V = c->vocab_size;
+    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     /* callers reserve first; the check is cheap and turns misuse into a clear abort */
     if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) abort();
-    memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
     m->cur_B = B;
     m->cur_T = T;
 
-    embed_forward(m, inputs, B, T);
+    if (m->has_embedding) {
+        memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
+        embed_forward(m, inputs, B, T);
+    } else {
+        memcpy(m->acts.encoded, input, (size_t)N * C * sizeof(float));
+    }
     const float *residual = m->acts.encoded;
     for (int l = 0; l < L; l++) {
         block_forward(m, l, residual, B, T);
         residual = layer_view(m, l, B, T).residual3;
     }
+    if (!m->has_head) return 0.0f;
     be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
                           m->params.lnfb, N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
@@ -602,6 +668,19 @@ float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *target
     }
     m->mean_loss = counted ? (float)(sum / (double)counted) : 0.0f;
     return m->mean_loss;
+}
+
+float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
+    return loom_gpt_forward_stage(m, inputs, NULL, targets, B, T);
+}
+
+const float *loom_gpt_stage_output(loom_gpt *m) {
+    int L = m->num_local_layers;
+    return L > 0 ? layer_view(m, L - 1, m->cur_B, m->cur_T).residual3 : m->acts.encoded;
+}
+
+const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
+    return m->grad_acts.dresidual;
 }
 
 static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T) {
@@ -680,29 +759,33 @@ static void embed_backward(loom_gpt *m, int B, int T) {
     }
 }
 
-void loom_gpt_backward(loom_gpt *m, float dloss) {
+void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
     int B = m->cur_B, T = m->cur_T;
-    int C = c->channels, L = c->num_layers, V = c->vocab_size;
+    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
 
-    /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
-    if (m->tp_size == 1) {
-        be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
+    if (m->has_head) {
+        /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
+        if (m->tp_size == 1) {
+            be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
+        } else {
+            xent_parallel_backward(m, dloss, N);
+        }
+        memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
+        be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte,
+                            N, C, Vpl);
+        tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
+        memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
+        const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
+        be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
+                               m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
     } else {
-        xent_parallel_backward(m, dloss, N);
+        memcpy(ga->dresidual, output_grad, (size_t)N * C * sizeof(float));
     }
-    memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
-    be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte, N,
-                        C, Vpl);
-    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-    memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
-    const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
-    be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
-                           m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
 
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
@@ -713,8 +796,13 @@ void loom_gpt_backward(loom_gpt *m, float dloss) {
                            m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride);
         }
     }
-    embed_backward(m, B, T);
+    /* the embedding stage ends in the embeddings; others leave d(input) in dresidual */
+    if (m->has_embedding) embed_backward(m, B, T);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, 0);
+}
+
+void loom_gpt_backward(loom_gpt *m, float dloss) {
+    loom_gpt_backward_stage(m, dloss, NULL);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
