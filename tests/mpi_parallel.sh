@@ -115,6 +115,51 @@ for layout in "2 --tensor-parallel 2" "1"; do
     fi
 done
 
+# pipeline parallelism: both schedules, 1..8 micro-batches, uneven stages, with DP and TP
+run pp2_1f1b 2 --pipeline-parallel 2
+compare_run pp2_1f1b
+run pp2_gpipe 2 --pipeline-parallel 2 --schedule gpipe
+compare_run pp2_gpipe
+run pp2_mb8 2 --pipeline-parallel 2 --micro-batch-size 1
+compare_run pp2_mb8
+run pp2_dp2 4 --pipeline-parallel 2 --data-parallel 2
+compare_run pp2_dp2
+run pp2_tp2 4 --pipeline-parallel 2 --tensor-parallel 2
+compare_run pp2_tp2
+run pp2_tp2_dp2 8 --pipeline-parallel 2 --tensor-parallel 2 --data-parallel 2 --zero1
+compare_run pp2_tp2_dp2
+
+# three layers, micro-batches of 3 sequences: uneven stages, 1 and 3 micro-batches per step
+l3=(--layers 3 --micro-batch-size 1 --global-batch-size 3)
+"$LOOM" train "${common[@]}" "${l3[@]}" --out single_l3 >single_l3.log 2>&1 || fail "single 3-layer run"
+run pp2_uneven_1f1b 2 "${l3[@]}" --pipeline-parallel 2 --stage-layers 1,2
+compare_run pp2_uneven_1f1b single_l3
+run pp2_uneven_gpipe 2 "${l3[@]}" --pipeline-parallel 2 --stage-layers 2,1 --schedule gpipe
+compare_run pp2_uneven_gpipe single_l3
+run pp3_mb1 3 --layers 3 --micro-batch-size 3 --global-batch-size 3 --pipeline-parallel 3
+compare_run pp3_mb1 single_l3
+
+# a checkpoint written under (dp 2, tp 2, pp 2) continues under (dp 1, tp 4, pp 2), under
+# the same layout (bit-exact) and under one process
+h4=(--heads 4)
+run p222_full 8 "${h4[@]}" --data-parallel 2 --tensor-parallel 2 --pipeline-parallel 2
+run p222_half 8 "${h4[@]}" --data-parallel 2 --tensor-parallel 2 --pipeline-parallel 2 --save-every 4
+half=p222_half/checkpoints/step_00000004
+run p222_resume_p142 8 "${h4[@]}" --tensor-parallel 4 --pipeline-parallel 2 --resume "$half"
+run p222_resume_same 8 "${h4[@]}" --data-parallel 2 --tensor-parallel 2 --pipeline-parallel 2 --resume "$half"
+"$LOOM" train "${common[@]}" "${h4[@]}" --out p222_resume_single --resume "$half" >p222_resume_single.log 2>&1 || fail "resume (2,2,2) in one process"
+series single_h4/metrics.jsonl | awk '$1 > 4' >single_h4.tail
+for r in p222_resume_p142 p222_resume_single p222_resume_same; do
+    series "$r/metrics.jsonl" >"$r.series"
+    if out=$(close_series single_h4.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
+done
+if cmp -s p222_full/checkpoints/step_00000008/model.safetensors p222_resume_same/checkpoints/step_00000008/model.safetensors &&
+    cmp -s p222_full/checkpoints/step_00000008/state.safetensors p222_resume_same/checkpoints/step_00000008/state.safetensors; then
+    ok
+else
+    fail "resume under the same (2,2,2) layout is not bit-exact"
+fi
+
 # resume a ZeRO-1 run under plain DP and under one process: same losses as continuing
 run zero_half 2 --zero1 --save-every 4
 if timeout 300 mpirun -np 2 "$LOOM" train "${common[@]}" --out resumed_dp --resume zero_half/checkpoints/step_00000004 >resumed_dp.log 2>&1 &&

@@ -65,6 +65,11 @@ static const cli_opt train_opts[] = {
          "data-parallel replicas (1 with more ranks: all ranks)"),
     TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer"),
     TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages"),
+    TOPT("--schedule", OPT_STRING, schedule, "pipeline schedule: 1f1b or gpipe"),
+    TOPT("--stage-layers", OPT_STRING, stage_layers,
+         "layers per pipeline stage, e.g. 3,5 (default: as even as possible)"),
+    TOPT("--micro-batches", OPT_INT, micro_batches,
+         "micro-batches per step and replica (sets the global batch; 0 = from it)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
     TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
@@ -112,6 +117,14 @@ static loom_status apply_plan(loom_train_config *cfg, loom_comm *world) {
         cfg->d_model = plan.model.channels;
         cfg->context = plan.model.max_seq_len;
         cfg->vocab = plan.model.vocab_size;
+        snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan.schedule);
+        size_t used = 0;
+        cfg->stage_layers[0] = '\0';
+        for (int s = 0; s < plan.num_stages && used < sizeof cfg->stage_layers; s++) {
+            used += (size_t)snprintf(cfg->stage_layers + used, sizeof cfg->stage_layers - used,
+                                     "%s%d", s ? "," : "",
+                                     plan.stages[s].end_layer - plan.stages[s].first_layer);
+        }
     }
     loom_plan_free(&plan);
     return st;
@@ -131,6 +144,12 @@ int cmd_train(int argc, char **argv) {
     loom_status st = find_config(argc, argv, &config_path);
     if (st == LOOM_OK && config_path) st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path);
     if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2);
+    if (st == LOOM_OK && cfg.micro_batches < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--micro-batches: expected >= 0, got %d", cfg.micro_batches);
+    }
+    if (st == LOOM_OK && cfg.micro_batches > 0) {
+        cfg.global_batch_size = cfg.micro_batch_size * cfg.micro_batches * cfg.data_parallel;
+    }
     if (st == LOOM_OK) st = loom_train_config_check(&cfg);
     loom_gpt_config model_config; /* a bad preset or shape is reported before the table */
     if (st == LOOM_OK) st = loom_train_model_config(&cfg, &model_config);

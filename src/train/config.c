@@ -36,6 +36,7 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->bucket_mb = 25.0;
     c->zero1 = 0;
     c->comm_timeout = 60.0;
+    snprintf(c->schedule, sizeof c->schedule, "1f1b");
 }
 
 loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config *m) {
@@ -104,6 +105,8 @@ loom_status loom_train_config_check(const loom_train_config *c) {
             "global_batch_size",
             "expected a multiple of micro_batch_size x data_parallel = %d x %d, got %d",
             c->micro_batch_size, c->data_parallel, c->global_batch_size);
+    REQUIRE(!strcmp(c->schedule, "1f1b") || !strcmp(c->schedule, "gpipe"), "schedule",
+            "expected \"1f1b\" or \"gpipe\", got \"%s\"", c->schedule);
     REQUIRE(c->bucket_mb > 0, "bucket_mb", "expected a positive number of MB, got %g",
             c->bucket_mb);
     REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",

@@ -21,6 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* pipeline messages */
+
 typedef struct {
     const loom_train_config *cfg;
     loom_gpt *model;
@@ -31,10 +33,17 @@ typedef struct {
     int lead; /* world rank 0: progress, metrics, checkpoints */
     int dp, dp_rank;
     int tp, tp_rank;
-    loom_dp_sync *dp_sync; /* DP > 1 without ZeRO-1 */
-    loom_zero_shard zero;  /* ZeRO-1: this rank's range of the flat buffers */
-    float *grad_shard;     /* ZeRO-1: the reduced gradients of the range */
-    float *gather_tmp;     /* ZeRO-1: staging for the parameter all-gather */
+    int pp, pp_rank;
+    int *stage_first, *stage_end;      /* (pp) layer range of every pipeline stage */
+    loom_comm *embed_comm;             /* first and last stage of this (dp, tp) position; or NULL */
+    loom_pipe_stage_schedule schedule; /* this stage's actions for one step (pp > 1) */
+    int32_t *mb_inputs, *mb_targets;   /* (accum, B, T): this step's micro-batches */
+    float *act_in;                     /* (slots, B, T, C): activations received */
+    float *grad_out;                   /* (B, T, C): gradient of this stage's output */
+    loom_dp_sync *dp_sync;             /* DP > 1 without ZeRO-1 */
+    loom_zero_shard zero;              /* ZeRO-1: this rank's range of the flat buffers */
+    float *grad_shard;                 /* ZeRO-1: the reduced gradients of the range */
+    float *gather_tmp;                 /* ZeRO-1: staging for the parameter all-gather */
     loom_dataset *train_data, *val_data;
     loom_loader *train_loader, *val_loader;
     int32_t *inputs, *targets;
@@ -51,6 +60,14 @@ typedef struct {
 } trainer;
 
 static void trainer_free(trainer *t) {
+    free(t->stage_first);
+    free(t->stage_end);
+    loom_comm_free(t->embed_comm);
+    loom_pipe_schedule_free(&t->schedule);
+    free(t->mb_inputs);
+    free(t->mb_targets);
+    loom_free_aligned(t->act_in);
+    loom_free_aligned(t->grad_out);
     loom_dp_sync_free(t->dp_sync);
     loom_free_aligned(t->grad_shard);
     loom_free_aligned(t->gather_tmp);
@@ -163,19 +180,20 @@ static loom_status metrics_truncate(const char *path, int64_t step) {
     return st;
 }
 
-/* Copies between a tensor-parallel shard (local layout of `shard`, as rank tp_rank) and an
- * unsharded buffer in `full`'s layout; to_full picks the direction. Replicated tensors are
- * copied whole. */
-static void shard_copy(const loom_gpt *shard, int tp_rank, float *local, const loom_gpt *full,
-                       float *whole, int to_full) {
-    loom_gpt view = *shard; /* the mapping depends on the rank only */
-    view.tp_rank = tp_rank;
+/* Copies between one rank's shard (layout described by `shard`: its TP rank and pipeline
+ * stage) and an unsharded buffer in `full`'s layout; to_full picks the direction. Towards the
+ * full buffer only what the shard owns is copied: its blocks, the embeddings from the first
+ * stage and the final LayerNorm from the last (other stages hold idle copies). */
+static void shard_copy(const loom_gpt *shard, float *local, const loom_gpt *full, float *whole,
+                       int to_full) {
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if (to_full && (k == LOOM_WTE || k == LOOM_WPE) && !shard->has_embedding) continue;
+        if (to_full && (k == LOOM_LNFW || k == LOOM_LNFB) && !shard->has_head) continue;
         const loom_gpt_tensor_info *li = &shard->info[k], *fi = &full->info[k];
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < li->numel; i++) {
             size_t lo = loom_gpt_element_offset(li, i);
-            size_t fo = loom_gpt_element_offset(fi, loom_gpt_global_index(&view, k, i));
+            size_t fo = loom_gpt_element_offset(fi, loom_gpt_global_index(shard, k, i));
             if (to_full) {
                 whole[fo] = local[lo];
             } else {
@@ -185,24 +203,59 @@ static void shard_copy(const loom_gpt *shard, int tp_rank, float *local, const l
     }
 }
 
+/* Pipeline stage layer ranges from "3,5" (or as even as possible, earlier stages first). */
+static loom_status parse_stages(trainer *t, const char *text, int layers) {
+    int pp = t->pp;
+    t->stage_first = loom_calloc((size_t)pp, sizeof(int), "stages");
+    t->stage_end = loom_calloc((size_t)pp, sizeof(int), "stages");
+    if (!t->stage_first || !t->stage_end) return LOOM_ERR_NOMEM;
+    if (pp > layers) {
+        return loom_fail(LOOM_ERR_INPUT, "--pipeline-parallel %d: more stages than the %d layers",
+                         pp, layers);
+    }
+    int at = 0;
+    const char *p = text;
+    for (int s = 0; s < pp; s++) {
+        int size = layers / pp + (s < layers % pp);
+        if (text[0]) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v <= 0 || (*end != ',' && *end != '\0') ||
+                (s < pp - 1) != (*end == ',')) {
+                return loom_fail(LOOM_ERR_INPUT,
+                                 "--stage-layers: expected %d positive layer counts separated by "
+                                 "commas, got \"%s\"",
+                                 pp, text);
+            }
+            size = (int)v;
+            p = *end ? end + 1 : end;
+        }
+        t->stage_first[s] = at;
+        t->stage_end[s] = at + size;
+        at += size;
+    }
+    if (at != layers) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--stage-layers: \"%s\" adds up to %d layers, the model has %d", text, at,
+                         layers);
+    }
+    return LOOM_OK;
+}
+
 /* The layout: the mesh over the world, or one process. */
-static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
+static loom_status setup_parallel(trainer *t, const loom_train_config *cfg, int layers) {
     int world_size = t->world ? loom_comm_size(t->world) : 1;
     int dp = cfg->data_parallel, tp = cfg->tensor_parallel, pp = cfg->pipeline_parallel;
-    if (pp > 1) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--pipeline-parallel %d: pipeline parallelism is not implemented yet; "
-                         "use --data-parallel and --tensor-parallel",
-                         pp);
-    }
     if (!t->world) {
         if ((int64_t)dp * tp * pp != 1) {
-            return loom_fail(LOOM_ERR_INPUT,
-                             "--data-parallel %d: needs %d ranks; start with mpirun -np %d", dp,
-                             dp * tp * pp, dp * tp * pp);
+            return loom_fail(
+                LOOM_ERR_INPUT,
+                "data x tensor x pipeline parallel = %d x %d x %d needs %d ranks; start "
+                "with mpirun -np %d",
+                dp, tp, pp, dp * tp * pp, dp * tp * pp);
         }
-        t->dp = 1, t->dp_rank = 0, t->tp = 1, t->tp_rank = 0, t->lead = 1;
-        return LOOM_OK;
+        t->dp = t->tp = t->pp = 1, t->dp_rank = t->tp_rank = t->pp_rank = 0, t->lead = 1;
+        return parse_stages(t, cfg->stage_layers, layers);
     }
     if (world_size > 1 && dp * tp * pp == 1) dp = world_size; /* plain DP over every rank */
     loom_status st = loom_mesh_create(t->world, dp, tp, pp, &t->mesh);
@@ -210,6 +263,7 @@ static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
     t->have_mesh = 1;
     t->dp = t->mesh.dp_size, t->dp_rank = t->mesh.dp_rank;
     t->tp = t->mesh.tp_size, t->tp_rank = t->mesh.tp_rank;
+    t->pp = t->mesh.pp_size, t->pp_rank = t->mesh.pp_rank;
     t->lead = loom_comm_rank(t->world) == 0;
     loom_comm_set_timeout(cfg->comm_timeout);
     if (cfg->global_batch_size % (cfg->micro_batch_size * t->dp) != 0) {
@@ -218,16 +272,19 @@ static loom_status setup_parallel(trainer *t, const loom_train_config *cfg) {
                          "data parallel = %d x %d, got %d",
                          cfg->micro_batch_size, t->dp, cfg->global_batch_size);
     }
-    return LOOM_OK;
+    if ((st = parse_stages(t, cfg->stage_layers, layers)) != LOOM_OK) return st;
+    if (t->pp > 1) {
+        /* the tied embedding lives on the first and the last stage: their gradients meet */
+        int ends = t->pp_rank == 0 || t->pp_rank == t->pp - 1;
+        st = loom_comm_split(t->world, ends ? t->dp_rank * t->tp + t->tp_rank : -1, t->pp_rank,
+                             "embedding", &t->embed_comm);
+    }
+    return st;
 }
 
 static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     t->cfg = cfg;
     t->last_val_loss = NAN;
-    loom_status pst = setup_parallel(t, cfg);
-    if (pst != LOOM_OK) return pst;
-    t->per_rank = cfg->global_batch_size / t->dp;
-    t->accum = t->per_rank / cfg->micro_batch_size;
     loom_ops_set_threads(cfg->threads);
     const loom_backend *be = loom_backend_cpu();
 
@@ -236,6 +293,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_status st;
     loom_gpt_config wanted;
     if ((st = loom_train_model_config(cfg, &wanted)) != LOOM_OK) return st;
+    if ((st = setup_parallel(t, cfg, wanted.num_layers)) != LOOM_OK) return st;
+    t->per_rank = cfg->global_batch_size / t->dp;
+    t->accum = t->per_rank / cfg->micro_batch_size;
     /* weights that come from a file are read whole (into `full`) and then cut to this rank's
      * tensor-parallel shard; TODO: read only the shard's slices for models that do not fit */
     loom_gpt *full = NULL;
@@ -256,13 +316,14 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         if (st == LOOM_OK) loom_info("initialised from %s", cfg->init_from);
     }
     if (st != LOOM_OK) return st;
-    if (full && t->tp == 1) {
+    if (full && t->tp == 1 && t->pp == 1) {
         t->model = full; /* the whole model is this rank's */
     } else {
-        st = loom_gpt_create_tp(&t->model, full ? &full->config : &wanted, be, t->tp, t->tp_rank,
-                                t->have_mesh ? t->mesh.tp : NULL);
+        loom_gpt_shard shard = {t->stage_first[t->pp_rank], t->stage_end[t->pp_rank], t->tp,
+                                t->tp_rank, t->have_mesh ? t->mesh.tp : NULL};
+        st = loom_gpt_create_shard(&t->model, full ? &full->config : &wanted, be, &shard);
         if (st == LOOM_OK && full) {
-            shard_copy(t->model, t->tp_rank, t->model->params_memory, full, full->params_memory, 0);
+            shard_copy(t->model, t->model->params_memory, full, full->params_memory, 0);
         } else if (st == LOOM_OK) {
             loom_gpt_init_weights(t->model, cfg->seed);
         }
@@ -282,7 +343,24 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
                          "config: seq_len: expected at most the model's context %d, got %d",
                          mc->max_seq_len, cfg->seq_len);
     }
-    if ((st = loom_gpt_reserve(t->model, cfg->micro_batch_size, cfg->seq_len))) return st;
+    int slots = 1;
+    if (t->pp > 1) {
+        loom_schedule_kind kind;
+        if ((st = loom_schedule_kind_parse(cfg->schedule, &kind)) != LOOM_OK) return st;
+        st = loom_pipe_schedule(kind, t->pp, t->accum, t->pp_rank, &t->schedule);
+        if (st != LOOM_OK) return st;
+        slots = loom_pipe_peak_in_flight(&t->schedule);
+        size_t btc = (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len * (size_t)mc->channels;
+        size_t bt_all = (size_t)t->accum * (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len;
+        t->act_in = loom_alloc_aligned(btc * (size_t)slots * sizeof(float), "stage inputs");
+        t->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
+        t->mb_inputs = loom_calloc(bt_all, sizeof(int32_t), "micro-batch inputs");
+        t->mb_targets = loom_calloc(bt_all, sizeof(int32_t), "micro-batch targets");
+        if (!t->act_in || !t->grad_out || !t->mb_inputs || !t->mb_targets) return LOOM_ERR_NOMEM;
+    }
+    if ((st = loom_gpt_reserve_slots(t->model, cfg->micro_batch_size, cfg->seq_len, slots))) {
+        return st;
+    }
     size_t n = t->model->num_params;
     if (cfg->zero1 && t->dp > 1) {
         t->zero = loom_zero_shard_of(n, t->dp, t->dp_rank);
@@ -335,9 +413,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         st = m && v && lm && lv ? loom_checkpoint_load(resume_dir, src, m, v, &t->state)
                                 : LOOM_ERR_NOMEM;
         if (st == LOOM_OK && src != t->model) {
-            shard_copy(t->model, t->tp_rank, t->model->params_memory, src, src->params_memory, 0);
-            shard_copy(t->model, t->tp_rank, lm, src, m, 0);
-            shard_copy(t->model, t->tp_rank, lv, src, v, 0);
+            shard_copy(t->model, t->model->params_memory, src, src->params_memory, 0);
+            shard_copy(t->model, lm, src, m, 0);
+            shard_copy(t->model, lv, src, v, 0);
         }
         if (st == LOOM_OK) {
             size_t count = t->zero.end - t->zero.begin;
@@ -382,10 +460,12 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
               cfg->seq_len, t->val_data ? "" : "; no validation");
-    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d); threads per rank: %d; sgemm "
-              "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
-              ranks, t->dp, t->grad_shard ? " with ZeRO-1" : "", t->tp, loom_ops_get_threads(),
-              t->peak_gflops);
+    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
+              "threads per rank: %d; sgemm peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is "
+              "against it",
+              ranks, t->dp, t->grad_shard ? " with ZeRO-1" : "", t->tp, t->pp,
+              t->pp > 1 ? ", schedule " : "", t->pp > 1 ? cfg->schedule : "",
+              loom_ops_get_threads(), t->peak_gflops);
     return LOOM_OK;
 }
 
@@ -411,11 +491,34 @@ static loom_status validation_loss(trainer *t, double *mean) {
     for (int64_t done = first; done < last;) {
         int b = last - done < cfg->micro_batch_size ? (int)(last - done) : cfg->micro_batch_size;
         loom_loader_next(t->val_loader, b, t->inputs, t->targets);
-        sum += (double)loom_gpt_forward(t->model, t->inputs, t->targets, b, cfg->seq_len) * b;
+        loom_comm_progress("validation");
+        if (t->pp == 1) {
+            sum += (double)loom_gpt_forward(t->model, t->inputs, t->targets, b, cfg->seq_len) * b;
+        } else {
+            /* forward only, stage after stage */
+            loom_gpt *m = t->model;
+            int64_t bytes = (int64_t)b * cfg->seq_len * m->config.channels * (int64_t)sizeof(float);
+            loom_status st = LOOM_OK;
+            loom_gpt_use_slot(m, 0);
+            if (!m->has_embedding)
+                st = loom_comm_recv(t->mesh.pp, t->act_in, bytes, t->pp_rank - 1, TAG_ACT);
+            if (st != LOOM_OK) return st;
+            float loss =
+                loom_gpt_forward_stage(m, t->inputs, t->act_in, t->targets, b, cfg->seq_len);
+            if (m->has_head) sum += (double)loss * b;
+            if (!m->has_head)
+                st = loom_comm_send(t->mesh.pp, loom_gpt_stage_output(m), bytes, t->pp_rank + 1,
+                                    TAG_ACT);
+            if (st != LOOM_OK) return st;
+        }
         done += b;
     }
     if (t->dp > 1) {
         loom_status st = loom_comm_allreduce_f64(t->mesh.dp, &sum, 1, LOOM_REDUCE_SUM);
+        if (st != LOOM_OK) return st;
+    }
+    if (t->pp > 1) {
+        loom_status st = loom_comm_allreduce_f64(t->mesh.pp, &sum, 1, LOOM_REDUCE_SUM);
         if (st != LOOM_OK) return st;
     }
     *mean = sum / (double)windows;
@@ -480,6 +583,11 @@ static void sum_squares_split(trainer *t, const float *grads, size_t base, size_
         size_t a = seg->offset > lo ? seg->offset : lo;
         size_t b = seg->offset + (size_t)seg->numel < hi ? seg->offset + (size_t)seg->numel : hi;
         if (a >= b) continue;
+        /* each parameter once: the embeddings where they are used first, the final LayerNorm
+         * on the head stage (other stages' copies are idle or mirror them) */
+        int k = seg->tensor;
+        if ((k == LOOM_WTE || k == LOOM_WPE) && !model->has_embedding) continue;
+        if ((k == LOOM_LNFW || k == LOOM_LNFB) && !model->has_head) continue;
         double s = model->backend->sum_squares(grads + (a - base), (int64_t)(b - a));
         out[t->tp > 1 && loom_gpt_tensor_is_sharded(seg->tensor) ? 0 : 1] += s;
     }
@@ -487,6 +595,71 @@ static void sum_squares_split(trainer *t, const float *grads, size_t base, size_
 
 /* Forward and backward of this rank's share of the global batch, with the DP gradient
  * allreduce started bucket by bucket during the last micro-batch's backward. */
+static void start_dp_overlap(trainer *t) {
+    if (!t->dp_sync) return;
+    loom_dp_sync_begin(t->dp_sync);
+    t->model->grads_ready = loom_dp_sync_ready;
+    t->model->grads_ready_ctx = t->dp_sync;
+}
+
+/* One step's micro-batches through the pipeline, following this stage's schedule (plain data:
+ * see loom_pipe_schedule). Activations and their gradients go point to point to the
+ * neighbouring stages; blocking transfers in list order cannot deadlock. */
+static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
+    const loom_train_config *cfg = t->cfg;
+    loom_gpt *model = t->model;
+    int B = cfg->micro_batch_size, T = cfg->seq_len, slots = model->slots;
+    size_t bt = (size_t)B * (size_t)T, btc = bt * (size_t)model->config.channels;
+    int64_t bytes = (int64_t)(btc * sizeof(float));
+    loom_comm *pp = t->mesh.pp;
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < t->schedule.count && st == LOOM_OK; i++) {
+        loom_pipe_action act = t->schedule.actions[i];
+        int mb = act.micro_batch, slot = mb % slots;
+        float *input = t->act_in + (size_t)slot * btc;
+        switch (act.op) {
+        case LOOM_PIPE_RECV_ACT:
+            st = loom_comm_recv(pp, input, bytes, t->pp_rank - 1, TAG_ACT);
+            break;
+        case LOOM_PIPE_FORWARD:
+            loom_gpt_use_slot(model, slot);
+            loom_comm_progress("pipeline forward");
+            *loss_sum += loom_gpt_forward_stage(model, t->mb_inputs + (size_t)mb * bt, input,
+                                                t->mb_targets + (size_t)mb * bt, B, T);
+            break;
+        case LOOM_PIPE_SEND_ACT:
+            loom_gpt_use_slot(model, slot);
+            st = loom_comm_send(pp, loom_gpt_stage_output(model), bytes, t->pp_rank + 1, TAG_ACT);
+            break;
+        case LOOM_PIPE_RECV_GRAD:
+            st = loom_comm_recv(pp, t->grad_out, bytes, t->pp_rank + 1, TAG_GRAD);
+            break;
+        case LOOM_PIPE_BACKWARD:
+            loom_gpt_use_slot(model, slot);
+            if (mb == t->accum - 1) start_dp_overlap(t);
+            loom_comm_progress("pipeline backward");
+            loom_gpt_backward_stage(model, dloss, model->has_head ? NULL : t->grad_out);
+            model->grads_ready = NULL;
+            break;
+        case LOOM_PIPE_SEND_GRAD:
+            st = loom_comm_send(pp, loom_gpt_stage_input_grad(model), bytes, t->pp_rank - 1,
+                                TAG_GRAD);
+            break;
+        }
+    }
+    return st;
+}
+
+/* The tied embedding's two copies (first and last stage) get the sum of both gradients. */
+static loom_status sync_embedding(trainer *t, float *grads) {
+    if (!t->embed_comm) return LOOM_OK;
+    const loom_gpt_tensor_info *wte = &t->model->info[LOOM_WTE];
+    return loom_comm_allreduce_f32(t->embed_comm, grads + wte->offset, wte->numel, LOOM_REDUCE_SUM);
+}
+
+/* Forward and backward of this rank's share of the global batch (through the pipeline when
+ * there is one), with the DP gradient allreduce started bucket by bucket during the last
+ * micro-batch's backward. */
 static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     const loom_train_config *cfg = t->cfg;
     loom_gpt *model = t->model;
@@ -496,27 +669,41 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     loom_gpt_zero_grad(model);
     loom_loader_skip(t->train_loader, (uint64_t)t->dp_rank * (uint64_t)t->per_rank);
     *loss_sum = 0.0;
-    for (int a = 0; a < t->accum; a++) {
-        loom_loader_next(t->train_loader, B, t->inputs, t->targets);
-        loom_comm_progress("forward");
-        *loss_sum += loom_gpt_forward(model, t->inputs, t->targets, B, T);
-        int last = a == t->accum - 1;
-        if (last && t->dp_sync) {
-            loom_dp_sync_begin(t->dp_sync);
-            model->grads_ready = loom_dp_sync_ready;
-            model->grads_ready_ctx = t->dp_sync;
+    loom_status st = LOOM_OK;
+    if (t->pp > 1) {
+        /* every stage reads the same windows: the first needs the tokens, the last the targets */
+        size_t bt = (size_t)B * (size_t)T;
+        for (int a = 0; a < t->accum; a++) {
+            loom_loader_next(t->train_loader, B, t->mb_inputs + (size_t)a * bt,
+                             t->mb_targets + (size_t)a * bt);
         }
-        loom_comm_progress("backward");
-        loom_gpt_backward(model, dloss);
-        model->grads_ready = NULL;
+        st = run_pipeline(t, dloss, loss_sum);
+    } else {
+        for (int a = 0; a < t->accum; a++) {
+            loom_loader_next(t->train_loader, B, t->inputs, t->targets);
+            loom_comm_progress("forward");
+            *loss_sum += loom_gpt_forward(model, t->inputs, t->targets, B, T);
+            if (a == t->accum - 1) start_dp_overlap(t);
+            loom_comm_progress("backward");
+            loom_gpt_backward(model, dloss);
+            model->grads_ready = NULL;
+        }
     }
     loom_loader_skip(t->train_loader, (uint64_t)(t->dp - 1 - t->dp_rank) * (uint64_t)t->per_rank);
-    if (t->dp_sync) return loom_dp_sync_finish(t->dp_sync);
+    if (st != LOOM_OK) return st;
+    if (t->dp_sync) {
+        st = loom_dp_sync_finish(t->dp_sync);
+        if (st == LOOM_OK) st = sync_embedding(t, model->grads_memory);
+        return st;
+    }
     if (t->grad_shard) {
+        /* the embedding first: ZeRO ranges differ between the stages' buffers */
+        st = sync_embedding(t, model->grads_memory);
+        if (st != LOOM_OK) return st;
         return loom_comm_reduce_scatter_f32(t->mesh.dp, model->grads_memory, t->grad_shard,
                                             (int64_t)t->zero.shard);
     }
-    return LOOM_OK;
+    return sync_embedding(t, model->grads_memory);
 }
 
 static void write_comm_metrics(trainer *t) {
@@ -573,6 +760,12 @@ static loom_status train_step(trainer *t, int64_t step) {
     }
     if (t->tp > 1) {
         st = loom_comm_allreduce_f64(t->mesh.tp, sums + 1, 1, LOOM_REDUCE_SUM);
+        if (st != LOOM_OK) return st;
+    }
+    if (t->pp > 1) {
+        /* the loss lives on the last stage, the norm's parts on every stage */
+        if (!t->model->has_head) sums[0] = 0.0;
+        st = loom_comm_allreduce_f64(t->mesh.pp, sums, 3, LOOM_REDUCE_SUM);
         if (st != LOOM_OK) return st;
     }
     sums[1] += sums[2];
@@ -664,17 +857,18 @@ static loom_status evaluate(trainer *t) {
     return LOOM_OK;
 }
 
-/* Assembles the unsharded weights and moments on tensor-parallel rank 0 of the writing group:
- * the other ranks send their shards one at a time (memory: the whole model on the writer;
- * TODO: stream tensor by tensor). Only the group of world rank 0 takes part. */
-static loom_status gather_tp(trainer *t, const float *m, const float *v, loom_gpt **full,
-                             float **full_m, float **full_v) {
+/* Assembles the unsharded weights and moments on world rank 0: every other rank of the first
+ * data-parallel replica (all TP ranks of all stages) sends its shard, one at a time (memory:
+ * the whole model on the writer; TODO: stream tensor by tensor). */
+static loom_status gather_shards(trainer *t, const float *m, const float *v, loom_gpt **full,
+                                 float **full_m, float **full_v) {
     size_t n = t->model->num_params;
     const float *mine[3] = {t->model->params_memory, m, v};
-    if (t->tp_rank != 0) {
+    enum { TAG_SHARD = 100 };
+    if (!t->lead) {
         for (int b = 0; b < 3; b++) {
             loom_status st =
-                loom_comm_send(t->mesh.tp, mine[b], (int64_t)(n * sizeof(float)), 0, b);
+                loom_comm_send(t->world, mine[b], (int64_t)(n * sizeof(float)), 0, TAG_SHARD + b);
             if (st != LOOM_OK) return st;
         }
         return LOOM_OK;
@@ -684,25 +878,36 @@ static loom_status gather_tp(trainer *t, const float *m, const float *v, loom_gp
     size_t whole = (*full)->num_params;
     *full_m = loom_alloc_aligned(whole * sizeof(float), "moments");
     *full_v = loom_alloc_aligned(whole * sizeof(float), "moments");
-    float *buf = loom_alloc_aligned(n * sizeof(float), "shard");
-    if (!*full_m || !*full_v || !buf) st = LOOM_ERR_NOMEM;
+    if (!*full_m || !*full_v) return LOOM_ERR_NOMEM;
     float *dst[3] = {(*full)->params_memory, *full_m, *full_v};
-    for (int r = 0; r < t->tp && st == LOOM_OK; r++) {
-        for (int b = 0; b < 3 && st == LOOM_OK; b++) {
-            if (r == 0) {
-                memcpy(buf, mine[b], n * sizeof(float));
-            } else {
-                st = loom_comm_recv(t->mesh.tp, buf, (int64_t)(n * sizeof(float)), r, b);
+    for (int stage = 0; stage < t->pp && st == LOOM_OK; stage++) {
+        for (int r = 0; r < t->tp && st == LOOM_OK; r++) {
+            loom_gpt desc;
+            loom_gpt_shard shard = {t->stage_first[stage], t->stage_end[stage], t->tp, r, NULL};
+            st = loom_gpt_describe(&desc, &t->model->config, &shard);
+            int sender = stage * t->dp * t->tp + r; /* Megatron order, data-parallel rank 0 */
+            float *buf = NULL;
+            if (st == LOOM_OK && sender != 0) {
+                buf = loom_alloc_aligned(desc.num_params * sizeof(float), "shard");
+                if (!buf) st = LOOM_ERR_NOMEM;
             }
-            if (st == LOOM_OK) shard_copy(t->model, r, buf, *full, dst[b], 1);
+            for (int b = 0; b < 3 && st == LOOM_OK; b++) {
+                const float *src = mine[b];
+                if (sender != 0) {
+                    st = loom_comm_recv(t->world, buf, (int64_t)(desc.num_params * sizeof(float)),
+                                        sender, TAG_SHARD + b);
+                    src = buf;
+                }
+                if (st == LOOM_OK) shard_copy(&desc, (float *)src, *full, dst[b], 1);
+            }
+            loom_free_aligned(buf);
         }
     }
-    loom_free_aligned(buf);
     return st;
 }
 
 /* The lead writes. Under ZeRO-1 the moment ranges are gathered over DP first (every rank
- * joins); under TP the writing group assembles the unsharded tensors. */
+ * joins); under TP or PP the first replica's ranks send their shards to the lead. */
 static loom_status save_checkpoint(trainer *t) {
     const float *m = t->m, *v = t->v;
     float *dp_m = NULL, *dp_v = NULL, *full_m = NULL, *full_v = NULL;
@@ -724,8 +929,8 @@ static loom_status save_checkpoint(trainer *t) {
     }
     const loom_gpt *writer_model = t->model;
     int writes = t->lead;
-    if (st == LOOM_OK && t->tp > 1 && t->dp_rank == 0 && t->mesh.pp_rank == 0) {
-        st = gather_tp(t, m, v, &full, &full_m, &full_v);
+    if (st == LOOM_OK && (t->tp > 1 || t->pp > 1) && t->dp_rank == 0) {
+        st = gather_shards(t, m, v, &full, &full_m, &full_v);
         if (full) writer_model = full, m = full_m, v = full_v;
     }
     if (st == LOOM_OK && writes) {
