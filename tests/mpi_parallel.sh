@@ -174,6 +174,31 @@ else
     fail "resume runs: $(tail -3 resumed_dp.log resumed_single.log)"
 fi
 
+# --trace: one Chrome trace-event file for the job, a process per rank, the pipeline visible
+run traced 4 --pipeline-parallel 2 --data-parallel 2 --trace traced/trace.json
+if [ -s traced/trace.json ] && grep -q '"traceEvents"' traced/trace.json &&
+    [ "$(grep -o '"name":"process_name"' traced/trace.json | wc -l)" -eq 4 ] &&
+    grep -q '"send_act"' traced/trace.json && grep -q '"recv_grad"' traced/trace.json &&
+    grep -q '"gradient sync (wait)"' traced/trace.json; then
+    ok
+else
+    fail "trace file: $(head -c 300 traced/trace.json)"
+fi
+
+# a rank that dies or hangs mid-training ends the whole job, non-zero, within the timeout,
+# and the messages name the rank
+for mode in exit hang; do
+    start=$(date +%s)
+    LOOM_DEBUG_FAIL="1:3:$mode" timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out "fail_$mode" --comm-timeout 3 >"fail_$mode.log" 2>&1
+    code=$?
+    elapsed=$(($(date +%s) - start))
+    if [ "$code" -ne 0 ] && [ "$code" -ne 124 ] && [ "$elapsed" -lt 30 ] && grep -q -E "rank 1|\],1\]" "fail_$mode.log"; then
+        ok
+    else
+        fail "rank 1 $mode: exit $code after ${elapsed}s: $(grep -i -E 'error|rank 1' "fail_$mode.log" | head -3)"
+    fi
+done
+
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?

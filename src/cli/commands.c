@@ -71,6 +71,8 @@ static const cli_opt train_opts[] = {
     TOPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (sets the global batch; 0 = from it)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    TOPT("--trace", OPT_STRING, trace,
+         "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
     TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
     TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
          "seconds without progress before the job is ended (0 = never)"),

@@ -175,6 +175,11 @@ void comm_watchdog_stop(void) {
 
 /* ---- timed wait -------------------------------------------------------------------------- */
 
+/* A wait gives up only at this multiple of the timeout: a peer that hangs is then caught first
+ * by its own watchdog (at the timeout), whose message names it; the waiters' message, which
+ * cannot tell which peer is silent, comes only if that fails. */
+#define WAIT_GRACE 1.5
+
 __attribute__((noreturn)) static void timeout_abort(const struct loom_comm_request *request,
                                                     double timeout) {
     char ranks[256], note[300], peer[48] = "";
@@ -185,7 +190,7 @@ __attribute__((noreturn)) static void timeout_abort(const struct loom_comm_reque
                  request->peer);
     }
     fprintf(stderr,
-            "[rank %d] error: timed out after %g s waiting in %s%s on group '%s' (ranks %s)%s; "
+            "[rank %d] error: timed out after %.1f s waiting in %s%s on group '%s' (ranks %s)%s; "
             "a peer rank has died or hangs — aborting the job\n",
             loom_comm_world_rank(), timeout, request->op, peer, request->comm->name, ranks, note);
     fflush(stderr);
@@ -243,7 +248,7 @@ loom_status comm_request_wait(struct loom_comm_request *request) {
         }
         if (complete) break;
         double elapsed = loom_now() - start;
-        if (timeout > 0 && elapsed > timeout) timeout_abort(request, timeout);
+        if (timeout > 0 && elapsed > WAIT_GRACE * timeout) timeout_abort(request, elapsed);
         wait_backoff(elapsed);
     }
     atomic_store(&waiting, 0);
@@ -270,7 +275,9 @@ loom_status comm_request_test(struct loom_comm_request *request, int *done) {
     /* A loop that only tests is a wait too, and must not hang: the deadline runs from the
      * start of the operation. */
     double timeout = atomic_load(&timeout_seconds);
-    if (timeout > 0 && loom_now() - request->started > timeout) timeout_abort(request, timeout);
+    if (timeout > 0 && loom_now() - request->started > WAIT_GRACE * timeout) {
+        timeout_abort(request, loom_now() - request->started);
+    }
     return LOOM_OK;
 }
 

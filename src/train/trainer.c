@@ -10,6 +10,7 @@
 #include "loom/data.h"
 #include "loom/io.h"
 #include "loom/parallel.h"
+#include "loom/trace.h"
 #include "loom/train.h"
 #include "io/checkpoint.h"
 #include "train/plot.h"
@@ -40,6 +41,7 @@ typedef struct {
     int32_t *mb_inputs, *mb_targets;   /* (accum, B, T): this step's micro-batches */
     float *act_in;                     /* (slots, B, T, C): activations received */
     float *grad_out;                   /* (B, T, C): gradient of this stage's output */
+    loom_trace *trace;                 /* NULL: not tracing */
     loom_dp_sync *dp_sync;             /* DP > 1 without ZeRO-1 */
     loom_zero_shard zero;              /* ZeRO-1: this rank's range of the flat buffers */
     float *grad_shard;                 /* ZeRO-1: the reduced gradients of the range */
@@ -60,6 +62,7 @@ typedef struct {
 } trainer;
 
 static void trainer_free(trainer *t) {
+    loom_trace_free(t->trace);
     free(t->stage_first);
     free(t->stage_end);
     loom_comm_free(t->embed_comm);
@@ -540,6 +543,22 @@ static int nan_injected(const loom_train_config *cfg, int64_t step) {
     return 0;
 }
 
+/* Test hook: LOOM_DEBUG_FAIL="RANK:STEP:exit|hang" makes world rank RANK die or hang at the
+ * start of (1-based) step STEP, to check that the job still ends, in bounded time. */
+static void injected_failure(const trainer *t, int64_t step) {
+    const char *env = getenv("LOOM_DEBUG_FAIL");
+    if (!env || !t->world) return;
+    int rank = -1;
+    long long at = -1;
+    char mode[16] = "";
+    if (sscanf(env, "%d:%lld:%15s", &rank, &at, mode) != 3) return;
+    if (rank != loom_comm_rank(t->world) || at != step) return;
+    if (!strcmp(mode, "exit")) _exit(3);
+    if (!strcmp(mode, "hang")) {
+        for (;;) pause();
+    }
+}
+
 static void progress_bar(const trainer *t, int64_t done) {
     const loom_train_config *cfg = t->cfg;
     int64_t run_done = done - t->first_step, run_total = cfg->steps - t->first_step;
@@ -617,6 +636,8 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
         loom_pipe_action act = t->schedule.actions[i];
         int mb = act.micro_batch, slot = mb % slots;
         float *input = t->act_in + (size_t)slot * btc;
+        int compute = act.op == LOOM_PIPE_FORWARD || act.op == LOOM_PIPE_BACKWARD;
+        double t0 = loom_trace_now_us();
         switch (act.op) {
         case LOOM_PIPE_RECV_ACT:
             st = loom_comm_recv(pp, input, bytes, t->pp_rank - 1, TAG_ACT);
@@ -646,6 +667,10 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
                                 TAG_GRAD);
             break;
         }
+        loom_trace_event(t->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
+                         loom_pipe_op_name(act.op), compute ? "compute" : "pp",
+                         t0 - loom_trace_origin_us(t->trace), loom_trace_now_us() - t0,
+                         t->state.step + 1, mb);
     }
     return st;
 }
@@ -656,6 +681,8 @@ static loom_status sync_embedding(trainer *t, float *grads) {
     const loom_gpt_tensor_info *wte = &t->model->info[LOOM_WTE];
     return loom_comm_allreduce_f32(t->embed_comm, grads + wte->offset, wte->numel, LOOM_REDUCE_SUM);
 }
+
+static loom_status reduce_gradients(trainer *t);
 
 /* Forward and backward of this rank's share of the global batch (through the pipeline when
  * there is one), with the DP gradient allreduce started bucket by bucket during the last
@@ -682,15 +709,35 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
         for (int a = 0; a < t->accum; a++) {
             loom_loader_next(t->train_loader, B, t->inputs, t->targets);
             loom_comm_progress("forward");
+            double t0 = loom_trace_now_us();
             *loss_sum += loom_gpt_forward(model, t->inputs, t->targets, B, T);
+            double t1 = loom_trace_now_us();
             if (a == t->accum - 1) start_dp_overlap(t);
             loom_comm_progress("backward");
             loom_gpt_backward(model, dloss);
             model->grads_ready = NULL;
+            double origin = loom_trace_origin_us(t->trace);
+            loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "forward", "compute", t0 - origin,
+                             t1 - t0, t->state.step + 1, a);
+            loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "backward", "compute", t1 - origin,
+                             loom_trace_now_us() - t1, t->state.step + 1, a);
         }
     }
     loom_loader_skip(t->train_loader, (uint64_t)(t->dp - 1 - t->dp_rank) * (uint64_t)t->per_rank);
     if (st != LOOM_OK) return st;
+    double t0 = loom_trace_now_us();
+    st = reduce_gradients(t);
+    loom_trace_event(t->trace, LOOM_TRACE_DP, "gradient sync (wait)", "dp",
+                     t0 - loom_trace_origin_us(t->trace), loom_trace_now_us() - t0,
+                     t->state.step + 1, -1);
+    return st;
+}
+
+/* Data-parallel reduction (finishing the overlapped buckets, or ZeRO-1's reduce-scatter) and
+ * the tied embedding's sum between first and last stage. */
+static loom_status reduce_gradients(trainer *t) {
+    loom_gpt *model = t->model;
+    loom_status st;
     if (t->dp_sync) {
         st = loom_dp_sync_finish(t->dp_sync);
         if (st == LOOM_OK) st = sync_embedding(t, model->grads_memory);
@@ -729,6 +776,7 @@ static loom_status train_step(trainer *t, int64_t step) {
     char note[64];
     snprintf(note, sizeof note, "step %" PRId64, step + 1);
     loom_comm_progress(note);
+    injected_failure(t, step + 1);
 
     double loss_sum;
     loom_status st = accumulate_gradients(t, &loss_sum);
@@ -785,6 +833,7 @@ static loom_status train_step(trainer *t, int64_t step) {
         if (cfg->grad_clip > 0 && grad_norm > cfg->grad_clip) {
             grad_scale = (float)(cfg->grad_clip / grad_norm);
         }
+        double t_opt = loom_trace_now_us();
         int64_t update = step + 1 - t->state.skipped_total; /* AdamW's t counts applied updates */
         if (t->grad_shard) {
             adamw_range(t, t->zero.begin, t->zero.end, t->zero.begin, t->grad_shard, lr, update,
@@ -797,6 +846,9 @@ static loom_status train_step(trainer *t, int64_t step) {
         } else {
             adamw_range(t, 0, model->num_params, 0, model->grads_memory, lr, update, grad_scale);
         }
+        loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "optimizer", "compute",
+                         t_opt - loom_trace_origin_us(t->trace), loom_trace_now_us() - t_opt,
+                         step + 1, -1);
     }
     t->state.step = step + 1;
     loom_loader_pos pos = loom_loader_get_pos(t->train_loader);
@@ -1027,6 +1079,13 @@ loom_status loom_train_run_ex(const loom_train_config *cfg, loom_comm *world,
         }
     }
     int setup_ok = st == LOOM_OK;
+    if (st == LOOM_OK && cfg->trace[0]) {
+        /* a common time origin: every rank starts its clock as the barrier releases */
+        if (world) st = loom_comm_barrier(world);
+        if (st == LOOM_OK) {
+            st = loom_trace_create(&t.trace, world ? loom_comm_rank(world) : 0, (size_t)1 << 20);
+        }
+    }
     t.run_start = loom_now();
     for (int64_t step = t.state.step; st == LOOM_OK && step < cfg->steps; step++) {
         st = train_step(&t, step);
@@ -1044,6 +1103,10 @@ loom_status loom_train_run_ex(const loom_train_config *cfg, loom_comm *world,
         if (st == LOOM_OK) st = save_checkpoint(&t);
         if (st == LOOM_OK && t.dp > 1) st = check_replicas(&t);
         if (st == LOOM_OK && t.lead) st = write_plot(cfg->out);
+    }
+    if (st == LOOM_OK && t.trace) {
+        st = loom_trace_write(t.trace, world, cfg->trace);
+        if (st == LOOM_OK && t.lead) loom_info("trace: %s (open in Perfetto)", cfg->trace);
     }
     if (multi && setup_ok && st != LOOM_OK) {
         /* a failure mid-training may be this rank's alone: end the whole job now */
