@@ -54,6 +54,7 @@ typedef struct {
     int micro_batches;         /* > 0: global batch = micro x this x data parallel */
     char stage_layers[256];    /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
     char trace[LOOM_PATH_MAX]; /* Chrome trace-event JSON of the run ("" = none) */
+    int no_save;               /* no checkpoint at the end (benchmarks) */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */

@@ -42,6 +42,7 @@ int cmd_sample(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_bench_train(int argc, char **argv);
 
 /* Prints the error and returns the exit code for status. */
 int cli_fail(loom_status status);

@@ -10,6 +10,7 @@
 #include "loom/plan.h"
 #include "loom/train.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ static const cli_opt train_opts[] = {
     TOPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (sets the global batch; 0 = from it)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
     TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
@@ -376,4 +378,115 @@ int cmd_eval(int argc, char **argv) {
     printf("loss %.6f  perplexity %.4f  tokens %lld  (windows of %d)\n", loss, exp(loss),
            (long long)tokens, T);
     return 0;
+}
+
+/* ---- bench --train: training steps of any layout on synthetic tokens ---- */
+
+static int compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Summarises metrics.jsonl after `warmup` steps: medians of ms and tokens/s and MFU, and the
+ * share of the step each group's communication kept this rank waiting. */
+static loom_status bench_report(const loom_train_config *cfg, int ranks, int warmup) {
+    char path[LOOM_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out);
+    char *text;
+    size_t size;
+    loom_status st = loom_read_file(path, &text, &size);
+    if (st != LOOM_OK) return st;
+    int64_t cap = cfg->steps, n = 0;
+    double *ms = calloc((size_t)cap, sizeof(double)), *tps = calloc((size_t)cap, sizeof(double));
+    double *mfu = calloc((size_t)cap, sizeof(double)), wait[3] = {0}, total_s = 0.0;
+    const char *groups[3] = {"dp_s", "tp_s", "pp_s"};
+    for (char *line = text; ms && tps && mfu && line && *line;) {
+        char *next = strchr(line, '\n');
+        size_t len = next ? (size_t)(next - line) : strlen(line);
+        json_t *obj = json_loadb(line, len, 0, NULL);
+        json_t *step = json_object_get(obj, "step"), *m = json_object_get(obj, "ms");
+        if (json_is_integer(step) && json_integer_value(step) > warmup && json_is_number(m) &&
+            n < cap) {
+            ms[n] = json_number_value(m);
+            tps[n] = json_number_value(json_object_get(obj, "tokens_per_s"));
+            mfu[n] = json_number_value(json_object_get(obj, "mfu"));
+            total_s += ms[n] / 1e3;
+            for (int g = 0; g < 3; g++)
+                wait[g] += json_number_value(json_object_get(obj, groups[g]));
+            n++;
+        }
+        json_decref(obj);
+        line = next ? next + 1 : NULL;
+    }
+    if (n == 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "bench: no timed steps (steps %lld <= warmup %d)",
+                       (long long)cfg->steps, warmup);
+    } else {
+        qsort(ms, (size_t)n, sizeof(double), compare_double);
+        qsort(tps, (size_t)n, sizeof(double), compare_double);
+        qsort(mfu, (size_t)n, sizeof(double), compare_double);
+        printf("layout dp %d tp %d pp %d (%s, %d ranks, %d threads each), micro %d seq %d global "
+               "%d | %8.1f ms/step | %8.0f tok/s | MFU %5.1f%% | waiting on dp %4.1f%% tp %4.1f%% "
+               "pp %4.1f%% of the step (rank 0)\n",
+               cfg->data_parallel, cfg->tensor_parallel, cfg->pipeline_parallel,
+               cfg->pipeline_parallel > 1 ? cfg->schedule : "no pipeline", ranks,
+               loom_ops_get_threads(), cfg->micro_batch_size, cfg->seq_len, cfg->global_batch_size,
+               ms[n / 2], tps[n / 2], 100 * mfu[n / 2], 100 * wait[0] / total_s,
+               100 * wait[1] / total_s, 100 * wait[2] / total_s);
+    }
+    free(text), free(ms), free(tps), free(mfu);
+    return st;
+}
+
+int cmd_bench_train(int argc, char **argv) {
+    loom_comm *world = NULL;
+    loom_status st = cli_start_mpi(&argc, &argv, &world);
+    if (st != LOOM_OK) return cli_fail(st);
+    int ranks = world ? loom_comm_size(world) : 1, rank = world ? loom_comm_rank(world) : 0;
+    loom_train_config cfg;
+    loom_train_config_defaults(&cfg);
+    snprintf(cfg.model, sizeof cfg.model, "gpt2");
+    cfg.micro_batch_size = 4, cfg.seq_len = 64, cfg.global_batch_size = 8, cfg.steps = 12;
+    cfg.warmup_steps = 0, cfg.eval_every = 0, cfg.no_save = 1, cfg.log_every = 1000000;
+    snprintf(cfg.out, sizeof cfg.out, "runs/bench");
+    int warmup = 2;
+    /* drop --train and --warmup N; the rest are train flags */
+    char **rest = calloc((size_t)argc, sizeof *rest);
+    int nrest = 0;
+    if (!rest) return cli_finish(world, cli_fail(loom_fail(LOOM_ERR_NOMEM, "out of memory")));
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--train")) continue;
+        if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+            warmup = atoi(argv[++i]);
+            continue;
+        }
+        rest[nrest++] = argv[i];
+    }
+    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0);
+    free(rest);
+    if (st == LOOM_OK && ranks > 1 &&
+        cfg.data_parallel * cfg.tensor_parallel * cfg.pipeline_parallel == 1) {
+        cfg.data_parallel = ranks;
+    }
+    loom_gpt_config model;
+    if (st == LOOM_OK) st = loom_train_model_config(&cfg, &model);
+    /* synthetic tokens, written once by rank 0: enough windows for every step */
+    snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
+    if (st == LOOM_OK && rank == 0) {
+        size_t count =
+            ((size_t)cfg.steps * (size_t)cfg.global_batch_size + 2) * (size_t)cfg.seq_len + 1;
+        uint16_t *tokens = malloc(count * sizeof *tokens);
+        st = tokens ? loom_mkdir_p(cfg.out) : LOOM_ERR_NOMEM;
+        for (size_t i = 0; st == LOOM_OK && i < count; i++) {
+            tokens[i] = (uint16_t)(loom_rng_u64(cfg.seed, 7, i) % (uint64_t)model.vocab_size);
+        }
+        if (st == LOOM_OK) st = loom_shard_write(cfg.data, tokens, count);
+        free(tokens);
+    }
+    if (world && loom_comm_barrier(world) != LOOM_OK && st == LOOM_OK) st = LOOM_ERR_RUNTIME;
+    if (st != LOOM_OK) return cli_finish(world, cli_fail(st));
+    loom_log_set_level(LOOM_LOG_WARN);
+    st = loom_train_run_ex(&cfg, world, NULL);
+    if (st == LOOM_OK && rank == 0) st = bench_report(&cfg, ranks, warmup);
+    return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }

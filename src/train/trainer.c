@@ -1100,7 +1100,7 @@ loom_status loom_train_run_ex(const loom_train_config *cfg, loom_comm *world,
     if (st == LOOM_OK && t.state.step > t.first_step) {
         if (t.progress_bar) printf("\r\033[K");
         if (t.val_loader && cfg->steps % cfg->eval_every != 0) st = evaluate(&t);
-        if (st == LOOM_OK) st = save_checkpoint(&t);
+        if (st == LOOM_OK && !cfg->no_save) st = save_checkpoint(&t);
         if (st == LOOM_OK && t.dp > 1) st = check_replicas(&t);
         if (st == LOOM_OK && t.lead) st = write_plot(cfg->out);
     }
