@@ -20,8 +20,7 @@ typedef struct {
     char cases[64];
 } bench_args;
 
-#define BOPT(flag, type, field, help)                                                              \
-    { flag, type, offsetof(bench_args, field), sizeof(((bench_args *)0)->field), help }
+#define BOPT(...) CLI_OPT(bench_args, __VA_ARGS__)
 
 static const cli_opt bench_opts[] = {
     BOPT("--steps", OPT_INT, steps, "timed steps per case (median reported)"),

@@ -23,6 +23,10 @@ typedef struct {
     const char *help;
 } cli_opt;
 
+/* One table row for field `field` of struct `type`. */
+#define CLI_OPT(type, flag, kind, field, help)                                                     \
+    { flag, kind, offsetof(type, field), sizeof(((type *)0)->field), help }
+
 /* Parses one value into target + opt->offset; `source` names where it came from. */
 loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source);
 /* Applies argv[start..argc) flags to target. Unknown flags are errors. */

@@ -17,11 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define TOPT(flag, type, field, help)                                                              \
-    {                                                                                              \
-        flag, type, offsetof(loom_train_config, field), sizeof(((loom_train_config *)0)->field),   \
-            help                                                                                   \
-    }
+#define TOPT(...) CLI_OPT(loom_train_config, __VA_ARGS__)
 
 static const cli_opt train_opts[] = {
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
@@ -185,8 +181,7 @@ typedef struct {
     char text_placeholder[2];
 } prepare_args;
 
-#define POPT(flag, type, field, help)                                                              \
-    { flag, type, offsetof(prepare_args, field), sizeof(((prepare_args *)0)->field), help }
+#define POPT(...) CLI_OPT(prepare_args, __VA_ARGS__)
 
 static const cli_opt prepare_opts[] = {
     {"--text", OPT_STRING, CLI_OPT_SKIP, 0, "text files (one document each); several allowed"},
@@ -259,8 +254,7 @@ typedef struct {
     uint64_t seed;
 } sample_args;
 
-#define SOPT(flag, type, field, help)                                                              \
-    { flag, type, offsetof(sample_args, field), sizeof(((sample_args *)0)->field), help }
+#define SOPT(...) CLI_OPT(sample_args, __VA_ARGS__)
 
 static const cli_opt sample_opts[] = {
     SOPT("--checkpoint", OPT_STRING, checkpoint,
@@ -320,8 +314,7 @@ typedef struct {
     int64_t max_windows;
 } eval_args;
 
-#define EOPT(flag, type, field, help)                                                              \
-    { flag, type, offsetof(eval_args, field), sizeof(((eval_args *)0)->field), help }
+#define EOPT(...) CLI_OPT(eval_args, __VA_ARGS__)
 
 static const cli_opt eval_opts[] = {
     EOPT("--checkpoint", OPT_STRING, checkpoint,

@@ -32,8 +32,7 @@ typedef struct {
     char check[PLAN_PATH_MAX];
 } plan_args;
 
-#define POPT(flag, type, field, help)                                                              \
-    { flag, type, offsetof(plan_args, field), sizeof(((plan_args *)0)->field), help }
+#define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
 
 static const cli_opt plan_opts[] = {
     POPT("--model", OPT_STRING, model,
