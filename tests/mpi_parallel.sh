@@ -129,6 +129,22 @@ compare_run pp2_tp2
 run pp2_tp2_dp2 8 --pipeline-parallel 2 --tensor-parallel 2 --data-parallel 2 --zero1
 compare_run pp2_tp2_dp2
 
+# activation recomputation: all stages, or only those a plan file marks
+run pp2_recompute 2 --pipeline-parallel 2 --micro-batch-size 1 --recompute
+compare_run pp2_recompute
+run pp2_gpipe_recompute 2 --pipeline-parallel 2 --schedule gpipe --recompute
+compare_run pp2_gpipe_recompute
+cat >plan_recompute.json <<'PLAN'
+{"model": {"layers": 2, "heads": 2, "d_model": 16, "context": 16, "vocab": 257},
+ "batch": {"global": 8, "micro": 2, "schedule": "1f1b"},
+ "mesh": {"dp": 1, "tp": 1, "pp": 2},
+ "stages": [{"layers": [0, 1], "embedding": true, "recompute": true},
+            {"layers": [1, 2], "head": true}]}
+PLAN
+run pp2_plan_recompute 2 --plan plan_recompute.json
+compare_run pp2_plan_recompute
+if grep -q "recompute" pp2_plan_recompute.log; then ok; else fail "plan recompute not reported"; fi
+
 # three layers, micro-batches of 3 sequences: uneven stages, 1 and 3 micro-batches per step
 l3=(--layers 3 --micro-batch-size 1 --global-batch-size 3)
 "$LOOM" train "${common[@]}" "${l3[@]}" --out single_l3 >single_l3.log 2>&1 || fail "single 3-layer run"

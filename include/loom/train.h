@@ -47,14 +47,16 @@ typedef struct {
     /* parallelism: the layout (a plan file, or the shortcut flags) */
     char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
     int data_parallel, tensor_parallel, pipeline_parallel;
-    double bucket_mb;          /* DP allreduce bucket size */
-    int zero1;                 /* shard AdamW state across DP ranks */
-    double comm_timeout;       /* seconds before a silent peer ends the job */
-    char schedule[16];         /* pipeline schedule: "1f1b" or "gpipe" */
-    int micro_batches;         /* > 0: global batch = micro x this x data parallel */
-    char stage_layers[256];    /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
-    char trace[LOOM_PATH_MAX]; /* Chrome trace-event JSON of the run ("" = none) */
-    int no_save;               /* no checkpoint at the end (benchmarks) */
+    double bucket_mb;           /* DP allreduce bucket size */
+    int zero1;                  /* shard AdamW state across DP ranks */
+    double comm_timeout;        /* seconds before a silent peer ends the job */
+    char schedule[16];          /* pipeline schedule: "1f1b" or "gpipe" */
+    int micro_batches;          /* > 0: global batch = micro x this x data parallel */
+    char stage_layers[256];     /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
+    char trace[LOOM_PATH_MAX];  /* Chrome trace-event JSON of the run ("" = none) */
+    int no_save;                /* no checkpoint at the end (benchmarks) */
+    int recompute;              /* pipeline stages keep only their inputs; backward recomputes */
+    char recompute_stages[256]; /* ... only these stages, e.g. "0,2" (from a plan file) */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */

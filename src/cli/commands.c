@@ -69,6 +69,8 @@ static const cli_opt train_opts[] = {
          "micro-batches per step and replica (sets the global batch; 0 = from it)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
+    TOPT("--recompute", OPT_FLAG, recompute,
+         "pipeline stages keep only their inputs and recompute activations in backward"),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
     TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
@@ -118,6 +120,14 @@ static loom_status apply_plan(loom_train_config *cfg, loom_comm *world) {
         cfg->context = plan.model.max_seq_len;
         cfg->vocab = plan.model.vocab_size;
         snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan.schedule);
+        size_t listed = 0;
+        cfg->recompute_stages[0] = '\0';
+        for (int s = 0; s < plan.num_stages && listed < sizeof cfg->recompute_stages; s++) {
+            if (!plan.stages[s].recompute) continue;
+            listed += (size_t)snprintf(cfg->recompute_stages + listed,
+                                       sizeof cfg->recompute_stages - listed, "%s%d",
+                                       listed ? "," : "", s);
+        }
         size_t used = 0;
         cfg->stage_layers[0] = '\0';
         for (int s = 0; s < plan.num_stages && used < sizeof cfg->stage_layers; s++) {

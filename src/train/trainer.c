@@ -42,6 +42,9 @@ typedef struct {
     float *act_in;                     /* (slots, B, T, C): activations received */
     float *grad_out;                   /* (B, T, C): gradient of this stage's output */
     loom_trace *trace;                 /* NULL: not tracing */
+    int recompute;                     /* this stage recomputes activations in backward */
+    int in_flight;                     /* micro-batches whose inputs this stage keeps */
+    int last_forward_mb;               /* whose activations the model holds (recompute) */
     loom_dp_sync *dp_sync;             /* DP > 1 without ZeRO-1 */
     loom_zero_shard zero;              /* ZeRO-1: this rank's range of the flat buffers */
     float *grad_shard;                 /* ZeRO-1: the reduced gradients of the range */
@@ -206,6 +209,18 @@ static void shard_copy(const loom_gpt *shard, float *local, const loom_gpt *full
     }
 }
 
+/* Whether stage `stage` appears in a comma-separated list like "0,2". */
+static int stage_listed(const char *list, int stage) {
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v == stage) return 1;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
 /* Pipeline stage layer ranges from "3,5" (or as even as possible, earlier stages first). */
 static loom_status parse_stages(trainer *t, const char *text, int layers) {
     int pp = t->pp;
@@ -353,9 +368,12 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         st = loom_pipe_schedule(kind, t->pp, t->accum, t->pp_rank, &t->schedule);
         if (st != LOOM_OK) return st;
         slots = loom_pipe_peak_in_flight(&t->schedule);
+        t->in_flight = slots;
+        t->recompute = cfg->recompute || stage_listed(cfg->recompute_stages, t->pp_rank);
+        if (t->recompute) slots = 1; /* one activation set; inputs kept for every micro-batch */
         size_t btc = (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len * (size_t)mc->channels;
         size_t bt_all = (size_t)t->accum * (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len;
-        t->act_in = loom_alloc_aligned(btc * (size_t)slots * sizeof(float), "stage inputs");
+        t->act_in = loom_alloc_aligned(btc * (size_t)t->in_flight * sizeof(float), "stage inputs");
         t->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
         t->mb_inputs = loom_calloc(bt_all, sizeof(int32_t), "micro-batch inputs");
         t->mb_targets = loom_calloc(bt_all, sizeof(int32_t), "micro-batch targets");
@@ -463,12 +481,13 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
               cfg->seq_len, t->val_data ? "" : "; no validation");
-    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
+    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s%s); "
               "threads per rank: %d; sgemm peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is "
               "against it",
               ranks, t->dp, t->grad_shard ? " with ZeRO-1" : "", t->tp, t->pp,
               t->pp > 1 ? ", schedule " : "", t->pp > 1 ? cfg->schedule : "",
-              loom_ops_get_threads(), t->peak_gflops);
+              t->recompute ? ", this stage recomputes activations" : "", loom_ops_get_threads(),
+              t->peak_gflops);
     return LOOM_OK;
 }
 
@@ -632,12 +651,15 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
     int64_t bytes = (int64_t)(btc * sizeof(float));
     loom_comm *pp = t->mesh.pp;
     loom_status st = LOOM_OK;
+    t->last_forward_mb = -1;
     for (int i = 0; i < t->schedule.count && st == LOOM_OK; i++) {
         loom_pipe_action act = t->schedule.actions[i];
-        int mb = act.micro_batch, slot = mb % slots;
-        float *input = t->act_in + (size_t)slot * btc;
+        int mb = act.micro_batch, slot = t->recompute ? 0 : mb % slots;
+        float *input = t->act_in + (size_t)(mb % t->in_flight) * btc;
         int compute = act.op == LOOM_PIPE_FORWARD || act.op == LOOM_PIPE_BACKWARD;
         double t0 = loom_trace_now_us();
+        const int32_t *tokens = t->mb_inputs + (size_t)mb * bt;
+        const int32_t *targets = t->mb_targets + (size_t)mb * bt;
         switch (act.op) {
         case LOOM_PIPE_RECV_ACT:
             st = loom_comm_recv(pp, input, bytes, t->pp_rank - 1, TAG_ACT);
@@ -645,11 +667,15 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
         case LOOM_PIPE_FORWARD:
             loom_gpt_use_slot(model, slot);
             loom_comm_progress("pipeline forward");
-            *loss_sum += loom_gpt_forward_stage(model, t->mb_inputs + (size_t)mb * bt, input,
-                                                t->mb_targets + (size_t)mb * bt, B, T);
+            *loss_sum += loom_gpt_forward_stage(model, tokens, input, targets, B, T);
+            t->last_forward_mb = mb;
             break;
         case LOOM_PIPE_SEND_ACT:
             loom_gpt_use_slot(model, slot);
+            if (t->recompute && t->last_forward_mb != mb) {
+                loom_gpt_forward_stage(model, tokens, input, targets, B, T);
+                t->last_forward_mb = mb;
+            }
             st = loom_comm_send(pp, loom_gpt_stage_output(model), bytes, t->pp_rank + 1, TAG_ACT);
             break;
         case LOOM_PIPE_RECV_GRAD:
@@ -657,6 +683,12 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
             break;
         case LOOM_PIPE_BACKWARD:
             loom_gpt_use_slot(model, slot);
+            if (t->recompute && t->last_forward_mb != mb) {
+                /* activations were dropped: rebuild them from the kept input */
+                loom_comm_progress("pipeline recompute");
+                loom_gpt_forward_stage(model, tokens, input, targets, B, T);
+                t->last_forward_mb = mb;
+            }
             if (mb == t->accum - 1) start_dp_overlap(t);
             loom_comm_progress("pipeline backward");
             loom_gpt_backward_stage(model, dloss, model->has_head ? NULL : t->grad_out);
