@@ -26,6 +26,7 @@ tokens() { sed -n 's/.*| *\([0-9.]*\) tok\/s.*/\1/p' "$out/$1.txt"; }
 
 run single "$LOOM" bench "${common[@]}" --threads 2
 run dp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --data-parallel 2
+run dp2_zero1 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --data-parallel 2 --zero1
 run pp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --pipeline-parallel 2
 run tp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --tensor-parallel 2
 

@@ -48,7 +48,6 @@ typedef struct {
     loom_dp_sync *dp_sync;             /* DP > 1 without ZeRO-1 */
     loom_zero_shard zero;              /* ZeRO-1: this rank's range of the flat buffers */
     float *grad_shard;                 /* ZeRO-1: the reduced gradients of the range */
-    float *gather_tmp;                 /* ZeRO-1: staging for the parameter all-gather */
     loom_dataset *train_data, *val_data;
     loom_loader *train_loader, *val_loader;
     int32_t *inputs, *targets;
@@ -76,7 +75,6 @@ static void trainer_free(trainer *t) {
     loom_free_aligned(t->grad_out);
     loom_dp_sync_free(t->dp_sync);
     loom_free_aligned(t->grad_shard);
-    loom_free_aligned(t->gather_tmp);
     if (t->have_mesh) loom_mesh_free(&t->mesh);
     loom_gpt_free(t->model);
     loom_free_aligned(t->m);
@@ -391,8 +389,7 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         }
         n = t->zero.shard;
         t->grad_shard = loom_alloc_aligned(n * sizeof(float), "ZeRO-1 gradient shard");
-        t->gather_tmp = loom_alloc_aligned(n * sizeof(float), "ZeRO-1 staging");
-        if (!t->grad_shard || !t->gather_tmp) return LOOM_ERR_NOMEM;
+        if (!t->grad_shard) return LOOM_ERR_NOMEM;
     } else {
         t->zero = loom_zero_shard_of(n, 1, 0);
         if (t->dp > 1) {
@@ -870,10 +867,9 @@ static loom_status train_step(trainer *t, int64_t step) {
         if (t->grad_shard) {
             adamw_range(t, t->zero.begin, t->zero.end, t->zero.begin, t->grad_shard, lr, update,
                         grad_scale);
-            memcpy(t->gather_tmp, model->params_memory + t->zero.begin,
-                   t->zero.shard * sizeof(float));
-            st = loom_comm_allgather_f32(t->mesh.dp, t->gather_tmp, model->params_memory,
-                                         (int64_t)t->zero.shard);
+            /* in place: this rank's range already sits at rank x shard in the buffer */
+            st = loom_comm_allgather_f32(t->mesh.dp, model->params_memory + t->zero.begin,
+                                         model->params_memory, (int64_t)t->zero.shard);
             if (st != LOOM_OK) return st;
         } else {
             adamw_range(t, 0, model->num_params, 0, model->grads_memory, lr, update, grad_scale);
