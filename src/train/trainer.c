@@ -45,6 +45,8 @@ typedef struct {
     int recompute;                     /* this stage recomputes activations in backward */
     int in_flight;                     /* micro-batches whose inputs this stage keeps */
     int last_forward_mb;               /* whose activations the model holds (recompute) */
+    float *send_buf;                   /* (2, in_flight, B, T, C): outgoing acts and grads */
+    loom_comm_request **send_req;      /* (2, in_flight): their non-blocking sends */
     loom_dp_sync *dp_sync;             /* DP > 1 without ZeRO-1 */
     loom_zero_shard zero;              /* ZeRO-1: this rank's range of the flat buffers */
     float *grad_shard;                 /* ZeRO-1: the reduced gradients of the range */
@@ -73,6 +75,8 @@ static void trainer_free(trainer *t) {
     free(t->mb_targets);
     loom_free_aligned(t->act_in);
     loom_free_aligned(t->grad_out);
+    loom_free_aligned(t->send_buf);
+    free(t->send_req);
     loom_dp_sync_free(t->dp_sync);
     loom_free_aligned(t->grad_shard);
     if (t->have_mesh) loom_mesh_free(&t->mesh);
@@ -373,6 +377,9 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         size_t bt_all = (size_t)t->accum * (size_t)cfg->micro_batch_size * (size_t)cfg->seq_len;
         t->act_in = loom_alloc_aligned(btc * (size_t)t->in_flight * sizeof(float), "stage inputs");
         t->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
+        t->send_buf = loom_alloc_aligned(2 * btc * (size_t)t->in_flight * sizeof(float), "sends");
+        t->send_req = loom_calloc(2 * (size_t)t->in_flight, sizeof *t->send_req, "sends");
+        if (!t->send_buf || !t->send_req) return LOOM_ERR_NOMEM;
         t->mb_inputs = loom_calloc(bt_all, sizeof(int32_t), "micro-batch inputs");
         t->mb_targets = loom_calloc(bt_all, sizeof(int32_t), "micro-batch targets");
         if (!t->act_in || !t->grad_out || !t->mb_inputs || !t->mb_targets) return LOOM_ERR_NOMEM;
@@ -637,9 +644,37 @@ static void start_dp_overlap(trainer *t) {
     t->model->grads_ready_ctx = t->dp_sync;
 }
 
+/* Sends `bytes` from src to the neighbouring stage without waiting: the data is copied into a
+ * ring slot (kind 0: activations, 1: gradients; one slot per micro-batch in flight), whose
+ * previous send is completed first. */
+static loom_status send_async(trainer *t, int kind, int mb, const float *src, int64_t bytes,
+                              int peer, int tag) {
+    int slot = kind * t->in_flight + mb % t->in_flight;
+    loom_status st = LOOM_OK;
+    if (t->send_req[slot]) st = loom_comm_wait(t->send_req[slot]);
+    t->send_req[slot] = NULL;
+    if (st != LOOM_OK) return st;
+    float *buf = t->send_buf + (size_t)slot * (size_t)(bytes / (int64_t)sizeof(float));
+    memcpy(buf, src, (size_t)bytes);
+    return loom_comm_isend(t->mesh.pp, buf, bytes, peer, tag, &t->send_req[slot]);
+}
+
+static loom_status wait_sends(trainer *t) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < 2 * t->in_flight; i++) {
+        if (!t->send_req[i]) continue;
+        loom_status r = loom_comm_wait(t->send_req[i]);
+        t->send_req[i] = NULL;
+        if (st == LOOM_OK) st = r;
+    }
+    return st;
+}
+
 /* One step's micro-batches through the pipeline, following this stage's schedule (plain data:
  * see loom_pipe_schedule). Activations and their gradients go point to point to the
- * neighbouring stages; blocking transfers in list order cannot deadlock. */
+ * neighbouring stages: sends are non-blocking (completed when their buffer comes round again,
+ * or at the end of the step), receives wait at their place in the list, which cannot
+ * deadlock. */
 static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
     const loom_train_config *cfg = t->cfg;
     loom_gpt *model = t->model;
@@ -673,7 +708,7 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
                 loom_gpt_forward_stage(model, tokens, input, targets, B, T);
                 t->last_forward_mb = mb;
             }
-            st = loom_comm_send(pp, loom_gpt_stage_output(model), bytes, t->pp_rank + 1, TAG_ACT);
+            st = send_async(t, 0, mb, loom_gpt_stage_output(model), bytes, t->pp_rank + 1, TAG_ACT);
             break;
         case LOOM_PIPE_RECV_GRAD:
             st = loom_comm_recv(pp, t->grad_out, bytes, t->pp_rank + 1, TAG_GRAD);
@@ -692,8 +727,8 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
             model->grads_ready = NULL;
             break;
         case LOOM_PIPE_SEND_GRAD:
-            st = loom_comm_send(pp, loom_gpt_stage_input_grad(model), bytes, t->pp_rank - 1,
-                                TAG_GRAD);
+            st = send_async(t, 1, mb, loom_gpt_stage_input_grad(model), bytes, t->pp_rank - 1,
+                            TAG_GRAD);
             break;
         }
         loom_trace_event(t->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
@@ -701,7 +736,8 @@ static loom_status run_pipeline(trainer *t, float dloss, double *loss_sum) {
                          t0 - loom_trace_origin_us(t->trace), loom_trace_now_us() - t0,
                          t->state.step + 1, mb);
     }
-    return st;
+    loom_status sent = wait_sends(t);
+    return st != LOOM_OK ? st : sent;
 }
 
 /* The tied embedding's two copies (first and last stage) get the sum of both gradients. */
