@@ -10,7 +10,7 @@ bash scripts/setup.sh
 bash scripts/build.sh build
 corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
 # shellcheck disable=SC2086
-./build/loom prepare --text $corpus --out data/fortunes --seq-len 128
+./build/loom prepare --text $corpus --out data/fortunes --seq-len 256
 ranks=${RANKS:-2}
 launch=()
 if [ "$ranks" -gt 1 ]; then
@@ -24,8 +24,8 @@ else
     threads=0
 fi
 "${launch[@]}" ./build/loom train --model small --data 'data/fortunes/train_*.bin' \
-    --val-data 'data/fortunes/val_*.bin' --steps "${STEPS:-1000}" --seq-len 128 \
-    --micro-batch-size 8 --global-batch-size 16 --lr 3e-3 --warmup-steps 50 \
+    --val-data 'data/fortunes/val_*.bin' --steps "${STEPS:-1000}" --seq-len 256 \
+    --micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --warmup-steps 50 \
     --eval-every 100 --log-every 50 --threads "$threads" --out runs/fortunes "$@"
 echo
 echo "== sample from runs/fortunes"
