@@ -102,6 +102,14 @@ typedef struct {
  * given; header padded with spaces to a multiple of 8 bytes. Stream the data (no full copy of
  * the model in memory; transposition in bounded chunks). Bad arguments (duplicate or reserved
  * names, bad shapes, invalid UTF-8) are LOOM_ERR_INPUT; write failures LOOM_ERR_IO. */
+/* The same, with each tensor's data supplied just before it is written: fill(ctx, i) returns
+ * tensor i's data (in memory layout, as `data` would be; valid until the next call), or NULL
+ * after recording an error. The table's data pointers are then ignored, so a writer never needs
+ * more than one tensor in memory. */
+typedef const float *(*loom_st_fill)(void *ctx, int index);
+loom_status loom_safetensors_write_fill(const char *path, const loom_st_tensor *tensors, int count,
+                                        const char *const *meta, int meta_count, loom_st_fill fill,
+                                        void *ctx);
 loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int count,
                                    const char *const *meta, int meta_count);
 

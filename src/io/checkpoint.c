@@ -25,12 +25,14 @@ typedef struct {
     int64_t shape[2];
     size_t offset; /* floats into the flat layout */
     int transpose; /* stored (in, out), held (out, in) */
+    int tensor;    /* LOOM_WTE ... */
+    int layer;     /* -1 for global tensors */
 } hf_tensor;
 
 /* The HF tensors of a configuration, in file order; returns the count (2 + 12 L + 2). */
 static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info, hf_tensor *out) {
     int64_t C = c->channels;
-    int n = 0;
+    int n = 0, layer_ = -1;
 #define ADD(nm, k, nd, s0, s1, off, tr)                                                            \
     do {                                                                                           \
         hf_tensor *t = &out[n++];                                                                  \
@@ -40,11 +42,14 @@ static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info
         t->shape[1] = s1;                                                                          \
         t->offset = info[k].offset + (size_t)(off);                                                \
         t->transpose = tr;                                                                         \
+        t->tensor = k;                                                                             \
+        t->layer = info[k].per_layer ? layer_ : -1;                                                \
     } while (0)
     ADD("wte.weight", LOOM_WTE, 2, c->vocab_size, C, 0, 0);
     ADD("wpe.weight", LOOM_WPE, 2, c->max_seq_len, C, 0, 0);
     for (int l = 0; l < c->num_layers; l++) {
         char nm[64];
+        layer_ = l;
 #define LAYER(suffix, k, nd, s0, s1, tr)                                                           \
     do {                                                                                           \
         snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);                                             \
@@ -86,10 +91,27 @@ static char *config_json(const loom_gpt_config *c) {
     return text;
 }
 
-/* Writes `prefix + name` tensors for each flat buffer given (params, or m and v). */
+/* Adapts loom_ckpt_fill (buffer, tensor, layer) to the writer's per-index callback. */
+typedef struct {
+    const hf_tensor *list;
+    int count;
+    int first_buffer;
+    loom_ckpt_fill fill;
+    void *ctx;
+} fill_adapter;
+
+static const float *adapter_fill(void *ctx, int index) {
+    const fill_adapter *a = ctx;
+    const hf_tensor *t = &a->list[index % a->count];
+    return a->fill(a->ctx, a->first_buffer + index / a->count, t->tensor, t->layer);
+}
+
+/* Writes `prefix + name` tensors for each flat buffer given (params, or m and v); with `fill`,
+ * the data comes slice by slice from it instead (buffers numbered from first_buffer). */
 static loom_status write_tensors(const char *path, const loom_gpt *model, const float *const *bufs,
                                  const char *const *prefixes, int nbufs, const char *const *meta,
-                                 int meta_count) {
+                                 int meta_count, loom_ckpt_fill fill, void *fill_ctx,
+                                 int first_buffer) {
     int count = 0;
     hf_tensor *list = hf_tensor_list(model, &count);
     if (!list) return LOOM_ERR_NOMEM;
@@ -108,11 +130,13 @@ static loom_status write_tensors(const char *path, const loom_gpt *model, const 
             t->ndim = list[i].ndim;
             t->shape[0] = list[i].shape[0];
             t->shape[1] = list[i].shape[1];
-            t->data = bufs[b] + list[i].offset;
+            t->data = bufs ? bufs[b] + list[i].offset : NULL;
             t->transpose = list[i].transpose;
         }
     }
-    loom_status st = loom_safetensors_write(path, tensors, total, meta, meta_count);
+    fill_adapter adapter = {list, count, first_buffer, fill, fill_ctx};
+    loom_status st = loom_safetensors_write_fill(path, tensors, total, meta, meta_count,
+                                                 fill ? adapter_fill : NULL, &adapter);
     free(list), free(tensors), free(names);
     return st;
 }
@@ -123,7 +147,7 @@ loom_status loom_gpt_save_safetensors(const char *path, const loom_gpt *model) {
     const char *meta[] = {"format", "pt", "loom.config", cfg};
     const float *bufs[] = {model->params_memory};
     const char *prefixes[] = {""};
-    loom_status st = write_tensors(path, model, bufs, prefixes, 1, meta, 2);
+    loom_status st = write_tensors(path, model, bufs, prefixes, 1, meta, 2, NULL, NULL, 0);
     free(cfg);
     return st;
 }
@@ -236,15 +260,22 @@ loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model) {
 static const char *state_keys[STATE_FIELDS] = {"step",      "data_epoch", "data_index",
                                                "rng_state", "bad_steps",  "skipped_total"};
 
-loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
-                                 const float *v, const loom_ckpt_state *state) {
+/* Model file, state file, then the pointer: the shared body of both save functions. */
+static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
+                                   const float *const *bufs, loom_ckpt_fill fill, void *ctx,
+                                   const loom_ckpt_state *state) {
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out_dir, state->step);
     loom_status status = loom_mkdir_p(dir);
     if (status != LOOM_OK) return status;
 
+    char *cfg = config_json(&model->config);
+    if (!cfg) return loom_fail(LOOM_ERR_NOMEM, "%s: cannot encode the model config", dir);
+    const char *model_meta[] = {"format", "pt", "loom.config", cfg};
+    const char *model_prefix[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    status = loom_gpt_save_safetensors(path, model);
+    status = write_tensors(path, model, bufs, model_prefix, 1, model_meta, 2, fill, ctx, 0);
+    free(cfg);
     if (status != LOOM_OK) return status;
 
     char values[STATE_FIELDS][32];
@@ -259,10 +290,10 @@ loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, con
     }
     meta[2 * STATE_FIELDS] = "format";
     meta[2 * STATE_FIELDS + 1] = "loom.train_state.v1";
-    const float *bufs[] = {m, v};
     const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/state.safetensors", dir);
-    status = write_tensors(path, model, bufs, prefixes, 2, meta, STATE_FIELDS + 1);
+    status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, STATE_FIELDS + 1,
+                           fill, ctx, 1);
     if (status != LOOM_OK) return status;
 
     /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
@@ -270,6 +301,18 @@ loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, con
     int len = snprintf(pointer, sizeof pointer, "step_%08" PRId64 "\n", state->step);
     snprintf(path, sizeof path, "%s/checkpoints/latest", out_dir);
     return loom_write_file_atomic(path, pointer, (size_t)len);
+}
+
+loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
+                                 const float *v, const loom_ckpt_state *state) {
+    const float *bufs[3] = {model->params_memory, m, v};
+    return checkpoint_save(out_dir, model, bufs, NULL, NULL, state);
+}
+
+loom_status loom_checkpoint_save_fill(const char *out_dir, const loom_gpt *layout,
+                                      loom_ckpt_fill fill, void *ctx,
+                                      const loom_ckpt_state *state) {
+    return checkpoint_save(out_dir, layout, NULL, fill, ctx, state);
 }
 
 static int is_dir(const char *path) {

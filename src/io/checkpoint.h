@@ -32,6 +32,16 @@ loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model);
  * OUT/checkpoints/latest at it; the pointer moves only after both files are on disk. */
 loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
                                  const float *v, const loom_ckpt_state *state);
+/* The same, for a model no process holds whole: `layout` describes the unsharded model
+ * (loom_gpt_describe), and fill(ctx, buffer, tensor, layer) returns one slice at a time —
+ * buffer 0 the parameters, 1 exp_avg, 2 exp_avg_sq; tensor LOOM_WTE...; layer -1 for the
+ * global tensors — in the unsharded layout of that slice (info[tensor].layer_numel floats),
+ * valid until the next call; NULL after loom_fail. Slices are asked for in file order:
+ * every tensor of buffer 0, then of 1, then of 2. */
+typedef const float *(*loom_ckpt_fill)(void *ctx, int buffer, int tensor, int layer);
+loom_status loom_checkpoint_save_fill(const char *out_dir, const loom_gpt *layout,
+                                      loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state);
+
 /* Finds the checkpoint folder for PATH: a step folder, a checkpoints/ folder or a run folder
  * (through its "latest" pointer). */
 loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap);

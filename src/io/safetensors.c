@@ -660,6 +660,9 @@ loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, in
 /* ---- writing ----------------------------------------------------------------------------- */
 
 /* Checks one tensor to be written and returns its byte count. */
+/* Set while a fill callback provides the data (the table then carries shapes only). */
+static _Thread_local int st_data_may_be_null;
+
 static loom_status st_check_tensor(const char *path, int index, const loom_st_tensor *t,
                                    uint64_t *bytes) {
     const char *name = t->name ? t->name : "(null)";
@@ -689,7 +692,7 @@ static loom_status st_check_tensor(const char *path, int index, const loom_st_te
         *bytes > SIZE_MAX) {
         return loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s': too large", path, name);
     }
-    if (elements > 0 && !t->data) {
+    if (elements > 0 && !t->data && !st_data_may_be_null) {
         return loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s': data is NULL", path, name);
     }
     return LOOM_OK;
@@ -822,14 +825,22 @@ static int st_write_transposed(FILE *f, const float *data, size_t rows, size_t c
 
 loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int count,
                                    const char *const *meta, int meta_count) {
+    return loom_safetensors_write_fill(path, tensors, count, meta, meta_count, NULL, NULL);
+}
+
+loom_status loom_safetensors_write_fill(const char *path, const loom_st_tensor *tensors, int count,
+                                        const char *const *meta, int meta_count, loom_st_fill fill,
+                                        void *ctx) {
     if (count < 0 || meta_count < 0 || (count > 0 && !tensors) || (meta_count > 0 && !meta)) {
         return loom_fail(LOOM_ERR_INPUT, "%s: bad arguments (count %d, meta_count %d)", path, count,
                          meta_count);
     }
     char *header = NULL;
     size_t header_len = 0;
+    st_data_may_be_null = fill != NULL;
     loom_status status =
         st_build_header(path, tensors, count, meta, meta_count, &header, &header_len);
+    st_data_may_be_null = 0;
     if (status != LOOM_OK) return status;
 
     /* One scratch buffer, large enough for a row of the widest transposed tensor. */
@@ -852,21 +863,34 @@ loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tenso
     unsigned char prefix[8];
     store_le64(prefix, header_len);
     int ok = fwrite(prefix, 1, 8, f) == 8 && fwrite(header, 1, header_len, f) == header_len;
+    loom_status fill_status = LOOM_OK;
     for (int i = 0; i < count && ok; i++) {
         const loom_st_tensor *t = &tensors[i];
         size_t elements = 1;
         for (int d = 0; d < t->ndim; d++) elements *= (size_t)t->shape[d];
+        const float *data = t->data;
+        if (fill) {
+            data = fill(ctx, i);
+            if (!data && elements > 0) {
+                fill_status = LOOM_ERR_RUNTIME;
+                ok = 0;
+                break;
+            }
+        }
         if (t->transpose) {
-            ok = st_write_transposed(f, t->data, (size_t)t->shape[0], (size_t)t->shape[1], scratch,
+            ok = st_write_transposed(f, data, (size_t)t->shape[0], (size_t)t->shape[1], scratch,
                                      scratch_n);
         } else {
-            ok = st_write_floats(f, t->data, elements, scratch, scratch_n);
+            ok = st_write_floats(f, data, elements, scratch, scratch_n);
         }
     }
     free(scratch);
     free(header);
     if (!ok) {
-        status = loom_fail(LOOM_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        /* a failed fill has recorded its own message */
+        status = fill_status != LOOM_OK
+                     ? fill_status
+                     : loom_fail(LOOM_ERR_IO, "%s: write failed: %s", path, strerror(errno));
         loom_atomic_abort(af);
         return status;
     }

@@ -973,61 +973,125 @@ static loom_status evaluate(trainer *t) {
     return LOOM_OK;
 }
 
-/* Assembles the unsharded weights and moments on world rank 0: every other rank of the first
- * data-parallel replica (all TP ranks of all stages) sends its shard, one at a time (memory:
- * the whole model on the writer; TODO: stream tensor by tensor). */
-static loom_status gather_shards(trainer *t, const float *m, const float *v, loom_gpt **full,
-                                 float **full_m, float **full_v) {
-    size_t n = t->model->num_params;
-    const float *mine[3] = {t->model->params_memory, m, v};
-    enum { TAG_SHARD = 100 };
-    if (!t->lead) {
-        for (int b = 0; b < 3; b++) {
+/* ---- checkpoints of a sharded model, streamed slice by slice ----------------------------
+ * The lead writes the single-process files; the first replica's other ranks send it their
+ * part of each tensor slice (one layer of one tensor) in file order, so no process ever holds
+ * more than its shard plus one slice. */
+
+enum { TAG_SHARD = 100 };
+
+/* The pipeline stage that holds a slice: its layer's, the embeddings on the first, lnf on the
+ * last. */
+static int owner_stage(const trainer *t, int k, int layer) {
+    if (layer >= 0) {
+        for (int s = 0; s < t->pp; s++)
+            if (layer >= t->stage_first[s] && layer < t->stage_end[s]) return s;
+    }
+    return (k == LOOM_WTE || k == LOOM_WPE) ? 0 : t->pp - 1;
+}
+
+/* This rank's local copy of slice (k, layer) of buffer b and its length. */
+static const float *local_slice(const loom_gpt *shard, const float *buf, int k, int layer,
+                                int64_t *count) {
+    const loom_gpt_tensor_info *li = &shard->info[k];
+    *count = li->layer_numel;
+    size_t local_layer = layer >= 0 ? (size_t)(layer - shard->first_layer) : 0;
+    return buf + li->offset + local_layer * li->layer_stride;
+}
+
+typedef struct {
+    trainer *t;
+    const float *mine[3]; /* this rank's parameters, exp_avg, exp_avg_sq (local layout) */
+    loom_gpt full;        /* the unsharded layout (no memory) */
+    float *slice;         /* one unsharded slice, assembled */
+    float *recv;          /* one rank's part of it */
+} slice_stream;
+
+static const float *stream_fill(void *ctx, int b, int k, int layer) {
+    slice_stream *c = ctx;
+    trainer *t = c->t;
+    int s = owner_stage(t, k, layer);
+    int parts = loom_gpt_tensor_is_sharded(k) ? t->tp : 1; /* replicated: TP rank 0 sends */
+    const loom_gpt_tensor_info *fi = &c->full.info[k];
+    for (int r = 0; r < parts; r++) {
+        loom_gpt desc;
+        loom_gpt_shard shard = {t->stage_first[s], t->stage_end[s], t->tp, r, NULL};
+        if (loom_gpt_describe(&desc, &t->model->config, &shard) != LOOM_OK) return NULL;
+        int sender = s * t->dp * t->tp + r; /* Megatron order, data-parallel rank 0 */
+        int64_t n;
+        const float *src = local_slice(&desc, c->mine[b], k, layer, &n);
+        if (sender != 0) {
+            if (loom_comm_recv(t->world, c->recv, n * (int64_t)sizeof(float), sender,
+                               TAG_SHARD + b) != LOOM_OK) {
+                return NULL;
+            }
+            src = c->recv;
+        }
+        int64_t base = layer >= 0 ? (int64_t)(layer - desc.first_layer) * n : 0;
+        int64_t shift = layer >= 0 ? (int64_t)layer * fi->layer_numel : 0;
+        for (int64_t j = 0; j < n; j++) {
+            c->slice[loom_gpt_global_index(&desc, k, base + j) - shift] = src[j];
+        }
+    }
+    return c->slice;
+}
+
+/* The senders' side: the same slices, in the same order, for the ones this rank provides. */
+static loom_status stream_send(trainer *t, const float *const mine[3]) {
+    const loom_gpt_config *c = &t->model->config;
+    for (int b = 0; b < 3; b++) {
+        for (int item = 0; item < 4 + 12 * c->num_layers; item++) {
+            int k, layer = -1;
+            if (item < 2) {
+                k = item; /* wte, wpe */
+            } else if (item < 2 + 12 * c->num_layers) {
+                layer = (item - 2) / 12;
+                k = LOOM_LN1W + (item - 2) % 12;
+            } else {
+                k = LOOM_LNFW + (item - 2 - 12 * c->num_layers);
+            }
+            if (owner_stage(t, k, layer) != t->pp_rank) continue;
+            if (!loom_gpt_tensor_is_sharded(k) && t->tp_rank != 0) continue;
+            int64_t n;
+            const float *src = local_slice(t->model, mine[b], k, layer, &n);
             loom_status st =
-                loom_comm_send(t->world, mine[b], (int64_t)(n * sizeof(float)), 0, TAG_SHARD + b);
+                loom_comm_send(t->world, src, n * (int64_t)sizeof(float), 0, TAG_SHARD + b);
             if (st != LOOM_OK) return st;
         }
-        return LOOM_OK;
     }
-    loom_status st = loom_gpt_create(full, &t->model->config, t->model->backend);
+    return LOOM_OK;
+}
+
+static loom_status save_streamed(trainer *t, const float *m, const float *v) {
+    const float *mine[3] = {t->model->params_memory, m, v};
+    if (!t->lead) return stream_send(t, mine);
+    slice_stream c;
+    memset(&c, 0, sizeof c);
+    c.t = t;
+    for (int b = 0; b < 3; b++) c.mine[b] = mine[b];
+    loom_gpt_shard whole = {0, t->model->config.num_layers, 1, 0, NULL};
+    loom_status st = loom_gpt_describe(&c.full, &t->model->config, &whole);
     if (st != LOOM_OK) return st;
-    size_t whole = (*full)->num_params;
-    *full_m = loom_alloc_aligned(whole * sizeof(float), "moments");
-    *full_v = loom_alloc_aligned(whole * sizeof(float), "moments");
-    if (!*full_m || !*full_v) return LOOM_ERR_NOMEM;
-    float *dst[3] = {(*full)->params_memory, *full_m, *full_v};
-    for (int stage = 0; stage < t->pp && st == LOOM_OK; stage++) {
-        for (int r = 0; r < t->tp && st == LOOM_OK; r++) {
-            loom_gpt desc;
-            loom_gpt_shard shard = {t->stage_first[stage], t->stage_end[stage], t->tp, r, NULL};
-            st = loom_gpt_describe(&desc, &t->model->config, &shard);
-            int sender = stage * t->dp * t->tp + r; /* Megatron order, data-parallel rank 0 */
-            float *buf = NULL;
-            if (st == LOOM_OK && sender != 0) {
-                buf = loom_alloc_aligned(desc.num_params * sizeof(float), "shard");
-                if (!buf) st = LOOM_ERR_NOMEM;
-            }
-            for (int b = 0; b < 3 && st == LOOM_OK; b++) {
-                const float *src = mine[b];
-                if (sender != 0) {
-                    st = loom_comm_recv(t->world, buf, (int64_t)(desc.num_params * sizeof(float)),
-                                        sender, TAG_SHARD + b);
-                    src = buf;
-                }
-                if (st == LOOM_OK) shard_copy(&desc, (float *)src, *full, dst[b], 1);
-            }
-            loom_free_aligned(buf);
-        }
+    size_t largest = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if ((size_t)c.full.info[k].layer_numel > largest)
+            largest = (size_t)c.full.info[k].layer_numel;
     }
+    c.slice = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
+    c.recv = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
+    if (!c.slice || !c.recv) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK)
+        st = loom_checkpoint_save_fill(t->cfg->out, &c.full, stream_fill, &c, &t->state);
+    loom_free_aligned(c.slice);
+    loom_free_aligned(c.recv);
     return st;
 }
 
 /* The lead writes. Under ZeRO-1 the moment ranges are gathered over DP first (every rank
- * joins); under TP or PP the first replica's ranks send their shards to the lead. */
+ * joins); under TP or PP the first replica's ranks stream their slices to the lead. */
 static loom_status save_checkpoint(trainer *t) {
     const float *m = t->m, *v = t->v;
-    float *dp_m = NULL, *dp_v = NULL, *full_m = NULL, *full_v = NULL;
-    loom_gpt *full = NULL;
+    float *dp_m = NULL, *dp_v = NULL;
     loom_status st = LOOM_OK;
     loom_comm_progress("saving a checkpoint");
     if (t->grad_shard) {
@@ -1043,22 +1107,15 @@ static loom_status save_checkpoint(trainer *t) {
         }
         m = dp_m, v = dp_v;
     }
-    const loom_gpt *writer_model = t->model;
-    int writes = t->lead;
-    if (st == LOOM_OK && (t->tp > 1 || t->pp > 1) && t->dp_rank == 0) {
-        st = gather_shards(t, m, v, &full, &full_m, &full_v);
-        if (full) writer_model = full, m = full_m, v = full_v;
+    if (st == LOOM_OK && (t->tp > 1 || t->pp > 1)) {
+        if (t->dp_rank == 0) st = save_streamed(t, m, v);
+    } else if (st == LOOM_OK && t->lead) {
+        st = loom_checkpoint_save(t->cfg->out, t->model, m, v, &t->state);
     }
-    if (st == LOOM_OK && writes) {
-        st = loom_checkpoint_save(t->cfg->out, writer_model, m, v, &t->state);
-        if (st == LOOM_OK) {
-            if (t->progress_bar) printf("\r\033[K");
-            loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, t->cfg->out,
-                      t->state.step);
-        }
+    if (st == LOOM_OK && t->lead) {
+        if (t->progress_bar) printf("\r\033[K");
+        loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, t->cfg->out, t->state.step);
     }
-    loom_gpt_free(full);
-    loom_free_aligned(full_m), loom_free_aligned(full_v);
     loom_free_aligned(dp_m), loom_free_aligned(dp_v);
     return st;
 }
