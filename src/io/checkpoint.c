@@ -213,11 +213,35 @@ loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *
 }
 
 /* Reads `prefix + name` tensors of a model layout into a flat buffer. */
+static loom_status read_tensors_take(loom_safetensors *st, const char *path, const loom_gpt *model,
+                                     const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
+                                     int buffer);
+
 static loom_status read_tensors(loom_safetensors *st, const char *path, const loom_gpt *model,
                                 const char *prefix, float *buf) {
+    return read_tensors_take(st, path, model, prefix, buf, NULL, NULL, 0);
+}
+
+/* Reads `prefix + name` tensors into buf (the model's flat layout) or, with `take`, one slice
+ * at a time into a scratch buffer handed to take(ctx, buffer, tensor, layer, slice). */
+static loom_status read_tensors_take(loom_safetensors *st, const char *path, const loom_gpt *model,
+                                     const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
+                                     int buffer) {
     int count = 0;
     hf_tensor *list = hf_tensor_list(model, &count);
     if (!list) return LOOM_ERR_NOMEM;
+    float *slice = NULL;
+    if (take) {
+        int64_t largest = 0;
+        for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+            if (model->info[k].layer_numel > largest) largest = model->info[k].layer_numel;
+        }
+        slice = loom_alloc_aligned((size_t)largest * sizeof(float), "checkpoint slice");
+        if (!slice) {
+            free(list);
+            return LOOM_ERR_NOMEM;
+        }
+    }
     const char *hf_prefix = "";
     char probe[96];
     snprintf(probe, sizeof probe, "%swte.weight", prefix);
@@ -233,11 +257,20 @@ static loom_status read_tensors(loom_safetensors *st, const char *path, const lo
             status = loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s' is missing", path, name);
             break;
         }
+        if (!take) {
+            status = loom_safetensors_read_f32(st, name, list[i].ndim, list[i].shape,
+                                               list[i].transpose, buf + list[i].offset);
+            continue;
+        }
+        /* padded vocabulary rows are not stored: zero, as in a fresh model */
+        memset(slice, 0, (size_t)model->info[list[i].tensor].layer_numel * sizeof(float));
         status = loom_safetensors_read_f32(st, name, list[i].ndim, list[i].shape, list[i].transpose,
-                                           buf + list[i].offset);
+                                           slice);
+        if (status == LOOM_OK) status = take(ctx, buffer, list[i].tensor, list[i].layer, slice);
     }
     free(list);
-    if (status == LOOM_OK) {
+    loom_free_aligned(slice);
+    if (status == LOOM_OK && !take) {
         /* padded vocabulary rows are not stored: keep them zero */
         const loom_gpt_config *c = &model->config;
         size_t real = (size_t)c->vocab_size * (size_t)c->channels;
@@ -379,15 +412,18 @@ static loom_status parse_u64(const char *text, uint64_t *out) {
     return LOOM_OK;
 }
 
-loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
-                                 loom_ckpt_state *state) {
+static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
+                                   loom_ckpt_take take, void *ctx, loom_ckpt_state *state) {
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    loom_status status = loom_gpt_load_safetensors(path, model);
+    loom_safetensors *st;
+    loom_status status = loom_safetensors_open(&st, path);
+    if (status != LOOM_OK) return status;
+    status = read_tensors_take(st, path, model, "", model->params_memory, take, ctx, 0);
+    loom_safetensors_close(st);
     if (status != LOOM_OK) return status;
 
     snprintf(path, sizeof path, "%s/state.safetensors", dir);
-    loom_safetensors *st;
     status = loom_safetensors_open(&st, path);
     if (status != LOOM_OK) return status;
     uint64_t raw[STATE_FIELDS];
@@ -397,8 +433,10 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
                                path, state_keys[i]);
         }
     }
-    if (status == LOOM_OK) status = read_tensors(st, path, model, "exp_avg.", m);
-    if (status == LOOM_OK) status = read_tensors(st, path, model, "exp_avg_sq.", v);
+    if (status == LOOM_OK) status = read_tensors_take(st, path, model, "exp_avg.", m, take, ctx, 1);
+    if (status == LOOM_OK) {
+        status = read_tensors_take(st, path, model, "exp_avg_sq.", v, take, ctx, 2);
+    }
     loom_safetensors_close(st);
     if (status != LOOM_OK) return status;
     state->step = (int64_t)raw[0];
@@ -408,4 +446,14 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
     state->bad_steps = (int64_t)raw[4];
     state->skipped_total = (int64_t)raw[5];
     return LOOM_OK;
+}
+
+loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
+                                 loom_ckpt_state *state) {
+    return checkpoint_load(dir, model, m, v, NULL, NULL, state);
+}
+
+loom_status loom_checkpoint_load_take(const char *dir, const loom_gpt *layout, loom_ckpt_take take,
+                                      void *ctx, loom_ckpt_state *state) {
+    return checkpoint_load(dir, (loom_gpt *)layout, NULL, NULL, take, ctx, state);
 }

@@ -42,6 +42,14 @@ typedef const float *(*loom_ckpt_fill)(void *ctx, int buffer, int tensor, int la
 loom_status loom_checkpoint_save_fill(const char *out_dir, const loom_gpt *layout,
                                       loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state);
 
+/* Reads a checkpoint slice by slice (same numbering as loom_ckpt_fill) for a model no process
+ * holds whole: take(ctx, buffer, tensor, layer, slice) receives each slice of the unsharded
+ * `layout` and keeps what it needs. */
+typedef loom_status (*loom_ckpt_take)(void *ctx, int buffer, int tensor, int layer,
+                                      const float *slice);
+loom_status loom_checkpoint_load_take(const char *dir, const loom_gpt *layout, loom_ckpt_take take,
+                                      void *ctx, loom_ckpt_state *state);
+
 /* Finds the checkpoint folder for PATH: a step folder, a checkpoints/ folder or a run folder
  * (through its "latest" pointer). */
 loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap);

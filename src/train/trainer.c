@@ -262,6 +262,49 @@ static loom_status parse_stages(trainer *t, const char *text, int layers) {
     return LOOM_OK;
 }
 
+/* Resume of a sharded run: slice by slice, this rank keeps its part of the parameters and the
+ * moments (then its ZeRO-1 range of the moments); nothing larger than one slice is read. */
+typedef struct {
+    loom_gpt *model;
+    float *dst[3]; /* parameters, exp_avg, exp_avg_sq in the local layout */
+} slice_take;
+
+static loom_status take_slice(void *ctx, int b, int k, int layer, const float *slice) {
+    slice_take *c = ctx;
+    loom_gpt *m = c->model;
+    if (layer >= 0 && (layer < m->first_layer || layer >= m->first_layer + m->num_local_layers)) {
+        return LOOM_OK; /* another stage's */
+    }
+    const loom_gpt_tensor_info *li = &m->info[k];
+    int64_t n = li->layer_numel;
+    size_t local_layer = layer >= 0 ? (size_t)(layer - m->first_layer) : 0;
+    float *dst = c->dst[b] + li->offset + local_layer * li->layer_stride;
+    int64_t base = layer >= 0 ? (int64_t)local_layer * n : 0;
+    int64_t full_layer = n * (loom_gpt_tensor_is_sharded(k) ? m->tp_size : 1);
+    int64_t shift = layer >= 0 ? (int64_t)layer * full_layer : 0;
+    for (int64_t j = 0; j < n; j++) dst[j] = slice[loom_gpt_global_index(m, k, base + j) - shift];
+    return LOOM_OK;
+}
+
+static loom_status resume_sharded(trainer *t, const char *dir) {
+    size_t local = t->model->num_params;
+    float *lm = loom_alloc_aligned(local * sizeof(float), "moments");
+    float *lv = loom_alloc_aligned(local * sizeof(float), "moments");
+    loom_gpt layout;
+    loom_gpt_shard whole = {0, t->model->config.num_layers, 1, 0, NULL};
+    loom_status st =
+        lm && lv ? loom_gpt_describe(&layout, &t->model->config, &whole) : LOOM_ERR_NOMEM;
+    slice_take c = {t->model, {t->model->params_memory, lm, lv}};
+    if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, &t->state);
+    if (st == LOOM_OK) {
+        size_t count = t->zero.end - t->zero.begin;
+        memcpy(t->m, lm + t->zero.begin, count * sizeof(float));
+        memcpy(t->v, lv + t->zero.begin, count * sizeof(float));
+    }
+    loom_free_aligned(lm), loom_free_aligned(lv);
+    return st;
+}
+
 /* The layout: the mesh over the world, or one process. */
 static loom_status setup_parallel(trainer *t, const loom_train_config *cfg, int layers) {
     int world_size = t->world ? loom_comm_size(t->world) : 1;
@@ -330,7 +373,11 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
                       "configured one",
                       saved.num_layers, saved.num_heads, saved.channels);
         }
-        st = loom_gpt_create(&full, &saved, be);
+        if (t->tp == 1 && t->pp == 1) {
+            st = loom_gpt_create(&full, &saved, be);
+        } else {
+            wanted = saved; /* the shard is created below and filled slice by slice */
+        }
     } else if (cfg->init_from[0]) {
         st = loom_model_load(cfg->init_from, be, &full);
         if (st == LOOM_OK) loom_info("initialised from %s", cfg->init_from);
@@ -426,7 +473,11 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
     loom_rng rng;
     loom_rng_seed(&rng, cfg->seed);
     t->state = (loom_ckpt_state){.rng_state = rng.state};
-    if (resume_dir[0]) {
+    if (resume_dir[0] && !full && (t->tp > 1 || t->pp > 1)) {
+        /* sharded: read the checkpoint one slice at a time, keep this rank's part */
+        st = resume_sharded(t, resume_dir);
+        if (st != LOOM_OK) return st;
+    } else if (resume_dir[0]) {
         /* the checkpoint holds whole tensors: read them, keep this rank's TP shard and, under
          * ZeRO-1, its range of the moments */
         loom_gpt *src = full ? full : t->model;
@@ -453,6 +504,8 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         if (full != t->model) loom_gpt_free(full);
         full = NULL;
         if (st != LOOM_OK) return st;
+    }
+    if (resume_dir[0]) {
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data: %s",
