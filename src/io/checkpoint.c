@@ -82,6 +82,17 @@ static hf_tensor *hf_tensor_list(const loom_gpt *model, int *count) {
     return list;
 }
 
+int loom_checkpoint_slices(const loom_gpt_config *config, int *tensors, int *layers) {
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout(config, info);
+    hf_tensor *list = loom_calloc(4 + 12 * (size_t)config->num_layers, sizeof *list, "tensor list");
+    if (!list) return -1;
+    int count = hf_tensors(config, info, list);
+    for (int i = 0; i < count; i++) tensors[i] = list[i].tensor, layers[i] = list[i].layer;
+    free(list);
+    return count;
+}
+
 static char *config_json(const loom_gpt_config *c) {
     json_t *obj = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->num_layers, "heads",
                             c->num_heads, "d_model", c->channels, "context", c->max_seq_len,

@@ -42,6 +42,10 @@ typedef const float *(*loom_ckpt_fill)(void *ctx, int buffer, int tensor, int la
 loom_status loom_checkpoint_save_fill(const char *out_dir, const loom_gpt *layout,
                                       loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state);
 
+/* The slices of a checkpoint file in file order (what fill and take see): tensors[i] and
+ * layers[i] for i < the returned count (4 + 12 L; arrays that long); -1 when out of memory. */
+int loom_checkpoint_slices(const loom_gpt_config *config, int *tensors, int *layers);
+
 /* Reads a checkpoint slice by slice (same numbering as loom_ckpt_fill) for a model no process
  * holds whole: take(ctx, buffer, tensor, layer, slice) receives each slice of the unsharded
  * `layout` and keeps what it needs. */

@@ -1091,28 +1091,23 @@ static const float *stream_fill(void *ctx, int b, int k, int layer) {
 
 /* The senders' side: the same slices, in the same order, for the ones this rank provides. */
 static loom_status stream_send(trainer *t, const float *const mine[3]) {
-    const loom_gpt_config *c = &t->model->config;
-    for (int b = 0; b < 3; b++) {
-        for (int item = 0; item < 4 + 12 * c->num_layers; item++) {
-            int k, layer = -1;
-            if (item < 2) {
-                k = item; /* wte, wpe */
-            } else if (item < 2 + 12 * c->num_layers) {
-                layer = (item - 2) / 12;
-                k = LOOM_LN1W + (item - 2) % 12;
-            } else {
-                k = LOOM_LNFW + (item - 2 - 12 * c->num_layers);
-            }
+    size_t most = 4 + 12 * (size_t)t->model->config.num_layers;
+    int *tensors = loom_calloc(most, sizeof(int), "slices"),
+        *layers = loom_calloc(most, sizeof(int), "slices");
+    int count = tensors && layers ? loom_checkpoint_slices(&t->model->config, tensors, layers) : -1;
+    loom_status st = count < 0 ? LOOM_ERR_NOMEM : LOOM_OK;
+    for (int b = 0; b < 3 && st == LOOM_OK; b++) {
+        for (int i = 0; i < count && st == LOOM_OK; i++) {
+            int k = tensors[i], layer = layers[i];
             if (owner_stage(t, k, layer) != t->pp_rank) continue;
             if (!loom_gpt_tensor_is_sharded(k) && t->tp_rank != 0) continue;
             int64_t n;
             const float *src = local_slice(t->model, mine[b], k, layer, &n);
-            loom_status st =
-                loom_comm_send(t->world, src, n * (int64_t)sizeof(float), 0, TAG_SHARD + b);
-            if (st != LOOM_OK) return st;
+            st = loom_comm_send(t->world, src, n * (int64_t)sizeof(float), 0, TAG_SHARD + b);
         }
     }
-    return LOOM_OK;
+    free(tensors), free(layers);
+    return st;
 }
 
 static loom_status save_streamed(trainer *t, const float *m, const float *v) {
