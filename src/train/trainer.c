@@ -188,25 +188,16 @@ static loom_status metrics_truncate(const char *path, int64_t step) {
     return st;
 }
 
-/* Copies between one rank's shard (layout described by `shard`: its TP rank and pipeline
- * stage) and an unsharded buffer in `full`'s layout; to_full picks the direction. Towards the
- * full buffer only what the shard owns is copied: its blocks, the embeddings from the first
- * stage and the final LayerNorm from the last (other stages hold idle copies). */
-static void shard_copy(const loom_gpt *shard, float *local, const loom_gpt *full, float *whole,
-                       int to_full) {
+/* Fills one rank's shard (local layout of `shard`: its TP rank and pipeline stage) from an
+ * unsharded buffer in `full`'s layout. */
+static void shard_from_full(const loom_gpt *shard, float *local, const loom_gpt *full,
+                            const float *whole) {
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
-        if (to_full && (k == LOOM_WTE || k == LOOM_WPE) && !shard->has_embedding) continue;
-        if (to_full && (k == LOOM_LNFW || k == LOOM_LNFB) && !shard->has_head) continue;
         const loom_gpt_tensor_info *li = &shard->info[k], *fi = &full->info[k];
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < li->numel; i++) {
-            size_t lo = loom_gpt_element_offset(li, i);
-            size_t fo = loom_gpt_element_offset(fi, loom_gpt_global_index(shard, k, i));
-            if (to_full) {
-                whole[fo] = local[lo];
-            } else {
-                local[lo] = whole[fo];
-            }
+            local[loom_gpt_element_offset(li, i)] =
+                whole[loom_gpt_element_offset(fi, loom_gpt_global_index(shard, k, i))];
         }
     }
 }
@@ -390,14 +381,12 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
                                 t->tp_rank, t->have_mesh ? t->mesh.tp : NULL};
         st = loom_gpt_create_shard(&t->model, full ? &full->config : &wanted, be, &shard);
         if (st == LOOM_OK && full) {
-            shard_copy(t->model, t->model->params_memory, full, full->params_memory, 0);
-        } else if (st == LOOM_OK) {
-            loom_gpt_init_weights(t->model, cfg->seed);
+            shard_from_full(t->model, t->model->params_memory, full, full->params_memory);
+        } else if (st == LOOM_OK && !cfg->resume[0]) {
+            loom_gpt_init_weights(t->model, cfg->seed); /* a resume fills it from the file */
         }
-        if (full && !cfg->resume[0]) {
-            loom_gpt_free(full); /* --init-from: the shard is copied out */
-            full = NULL;
-        }
+        loom_gpt_free(full); /* --init-from: the shard is copied out */
+        full = NULL;
     }
     if (st != LOOM_OK) {
         loom_gpt_free(full);
@@ -478,31 +467,17 @@ static loom_status trainer_setup(trainer *t, const loom_train_config *cfg) {
         st = resume_sharded(t, resume_dir);
         if (st != LOOM_OK) return st;
     } else if (resume_dir[0]) {
-        /* the checkpoint holds whole tensors: read them, keep this rank's TP shard and, under
-         * ZeRO-1, its range of the moments */
-        loom_gpt *src = full ? full : t->model;
-        size_t whole = src->num_params, local = t->model->num_params;
+        /* one process holds the whole model; under ZeRO-1 it keeps its range of the moments */
+        size_t whole = t->model->num_params;
         float *m = loom_alloc_aligned(whole * sizeof(float), "moments");
         float *v = loom_alloc_aligned(whole * sizeof(float), "moments");
-        float *lm = src == t->model ? m : loom_alloc_aligned(local * sizeof(float), "moments");
-        float *lv = src == t->model ? v : loom_alloc_aligned(local * sizeof(float), "moments");
-        st = m && v && lm && lv ? loom_checkpoint_load(resume_dir, src, m, v, &t->state)
-                                : LOOM_ERR_NOMEM;
-        if (st == LOOM_OK && src != t->model) {
-            shard_copy(t->model, t->model->params_memory, src, src->params_memory, 0);
-            shard_copy(t->model, lm, src, m, 0);
-            shard_copy(t->model, lv, src, v, 0);
-        }
+        st = m && v ? loom_checkpoint_load(resume_dir, t->model, m, v, &t->state) : LOOM_ERR_NOMEM;
         if (st == LOOM_OK) {
             size_t count = t->zero.end - t->zero.begin;
-            memcpy(t->m, lm + t->zero.begin, count * sizeof(float));
-            memcpy(t->v, lv + t->zero.begin, count * sizeof(float));
+            memcpy(t->m, m + t->zero.begin, count * sizeof(float));
+            memcpy(t->v, v + t->zero.begin, count * sizeof(float));
         }
-        if (lm != m) loom_free_aligned(lm);
-        if (lv != v) loom_free_aligned(lv);
         loom_free_aligned(m), loom_free_aligned(v);
-        if (full != t->model) loom_gpt_free(full);
-        full = NULL;
         if (st != LOOM_OK) return st;
     }
     if (resume_dir[0]) {
