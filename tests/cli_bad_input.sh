@@ -141,10 +141,10 @@ bad "not-a-number lr" "--lr: expected a number, got 'nan'" -- "${TRAIN[@]}" --lr
 bad "negative seed" "--seed: expected a non-negative integer, got '-1'" -- "${TRAIN[@]}" --seed -1
 bad "positional argument" "unexpected argument 'extra'" -- "${TRAIN[@]}" extra
 bad "steps 0" 'steps: expected a positive integer, got 0' -- "${TRAIN[@]}" --steps 0
-bad "micro batch -1" 'micro_batch_size: expected a positive integer, got -1' \
+bad "micro batch -1" '--micro-batch-size: expected a positive integer, got -1' \
     -- "${TRAIN[@]}" --micro-batch-size -1
 bad "global batch not a multiple" \
-    'global_batch_size: expected a multiple of micro_batch_size 2, got 3' \
+    '--global-batch-size: expected a multiple of micro batch 2 x data parallel 1 = 2, got 3' \
     -- "${TRAIN[@]}" --global-batch-size 3
 bad "unknown lr schedule" 'lr_schedule: expected "constant" or "cosine", got "foo"' \
     -- "${TRAIN[@]}" --lr-schedule foo

@@ -90,15 +90,19 @@ bad "plan: stage list with a zero" 'stage_layers: expected 2 comma-separated pos
 bad "plan: unknown schedule" 'batch\.schedule: expected "gpipe" or "1f1b", got "interleaved"' \
     -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --out bad.json
 bad "plan: global batch not a multiple of micro*dp" \
-    'batch\.global: expected a multiple of batch\.micro \* mesh\.dp = 4\*2 = 8, got 12' \
+    'global-batch-size: expected a multiple of micro batch 4 x data parallel 2 = 8, got 12' \
     -- "$LOOM" plan --model gpt2 --dp 2 --micro-batch-size 4 --global-batch-size 12 --out bad.json
 bad "plan: more stages than layers" 'mesh\.pp: expected at most model\.layers 2' \
     -- "$LOOM" plan --model tiny --pp 3 --out bad.json
-bad "plan: --dp 0" 'mesh\.dp: expected a positive integer, got 0' \
-    -- "$LOOM" plan --model tiny --dp 0 --out bad.json
-bad "plan: --micro-batch-size 0" 'batch\.micro: expected a positive integer, got 0' \
-    -- "$LOOM" plan --model tiny --micro-batch-size 0 --out bad.json
-bad "plan: heads not dividing d_model" 'model\.heads: expected a divisor of model\.d_model 16' \
+bad "plan: --dp -1" 'data-parallel: expected a positive integer, got -1' \
+    -- "$LOOM" plan --model tiny --dp -1 --out bad.json
+bad "plan: --micro-batch-size -2" 'micro-batch-size: expected a positive integer, got -2' \
+    -- "$LOOM" plan --model tiny --micro-batch-size -2 --out bad.json
+bad "plan: --micro-batches and --global-batch-size disagree" 'global-batch-size 12 and --micro-batches 2 disagree' \
+    -- "$LOOM" plan --model tiny --micro-batch-size 2 --micro-batches 2 --global-batch-size 12 --out bad.json
+bad "plan: --ranks not divisible by tp x pp" 'expected a divisor of the 6 ranks launched' \
+    -- "$LOOM" plan --model tiny --tp 2 --pp 2 --ranks 6 --out bad.json
+bad "plan: heads not dividing d_model" 'heads: expected a divisor of d_model 16' \
     -- "$LOOM" plan --model tiny --heads 3 --out bad.json
 bad "plan: --tp not a number" "--tp: expected an integer, got 'two'" \
     -- "$LOOM" plan --model tiny --tp two --out bad.json

@@ -143,7 +143,14 @@ cat >plan_recompute.json <<'PLAN'
  "stages": [{"layers": [0, 1], "embedding": true, "recompute": true},
             {"layers": [1, 2], "head": true}]}
 PLAN
-run pp2_plan_recompute 2 --plan plan_recompute.json
+# with --plan, the flags that set what the plan sets (model, batch sizes) are left out
+plan_common=(--data 'data/train_*.bin' --val-data 'data/val_*.bin' --steps 8 --seq-len 16
+    --lr 3e-3 --warmup-steps 2 --eval-every 4 --eval-batches 2 --threads 1 --log-every 100
+    --comm-timeout 60)
+if timeout 300 mpirun -np 2 "$LOOM" train "${plan_common[@]}" --out pp2_plan_recompute \
+    --plan plan_recompute.json >pp2_plan_recompute.log 2>&1; then ok; else
+    fail "pp2_plan_recompute: exit $?: $(grep -m1 error pp2_plan_recompute.log)"
+fi
 compare_run pp2_plan_recompute
 if grep -q "recompute" pp2_plan_recompute.log; then ok; else fail "plan recompute not reported"; fi
 
@@ -220,7 +227,7 @@ done
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?
-if [ "$code" -eq 2 ] && [ "$(grep -c 'error: mesh: dp x tp x pp' bad.log)" -eq 2 ]; then ok; else fail "mismatched layout: exit $code: $(tail -4 bad.log)"; fi
+if [ "$code" -eq 2 ] && [ "$(grep -c 'error: plan: mesh: expected dp\*tp\*pp to equal the 2 ranks launched' bad.log)" -eq 2 ]; then ok; else fail "mismatched layout: exit $code: $(tail -4 bad.log)"; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -6,7 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
-#include "io/checkpoint.h"
+#include "loom/io.h"
 #include "loom/data.h"
 #include "loom/io.h"
 #include "loom/train.h"

@@ -38,10 +38,25 @@ typedef struct {
 /* Names: "gpt2" (124M), "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny" (tests), "small"
  * (the quick-start model). Vocabulary 50257 (tiny/small: 257 bytes). */
 loom_status loom_gpt_preset(const char *name, loom_gpt_config *config);
+/* The padded vocabulary: vocab rounded up to a multiple of 128 (0 when vocab is not positive or
+ * the result does not fit in an int). The one place this rule lives. */
 int loom_gpt_pad_vocab(int vocab_size);
-/* Checks every field; `source` names where the values came from, for the message. Fills in
- * padded_vocab_size when it is 0. */
+/* The rules every model description obeys (a plan for a model this build cannot train
+ * included): sizes positive, heads dividing d_model, the vocabulary paddable; padded_vocab_size
+ * filled in when 0, else it must equal the padding. Messages read "SOURCE: PREFIXfield: ...";
+ * prefix is "" for run configurations and "model." for plan files. */
+loom_status loom_gpt_config_check_shape(loom_gpt_config *config, const char *source,
+                                        const char *prefix);
+/* The shape rules plus what this build can train (uint16 token ids, BLAS int sizes); `source`
+ * names where the values came from, for the message. */
 loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
+#define LOOM_GPT_DEFAULT_PRESET "small"
+/* A preset (NULL or "": LOOM_GPT_DEFAULT_PRESET) with any non-zero override applied, checked
+ * (loom_gpt_config_check_shape, prefix
+ * ""); the one resolution `loom train` and `loom plan` share. */
+loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, int d_model,
+                                    int context, int vocab, const char *source,
+                                    loom_gpt_config *config);
 
 /* The 16 parameter tensors, in llm.c's order (which is also their order within a block). */
 enum {
@@ -271,6 +286,11 @@ float loom_gpt_forward(loom_gpt *model, const int32_t *inputs, const int32_t *ta
 void loom_gpt_backward(loom_gpt *model, float dloss);
 
 void loom_gpt_zero_grad(loom_gpt *model);
+
+/* Sets (or, with NULL, clears) the hook backward calls whenever more gradients are final (see
+ * loom_gpt.grads_ready). */
+void loom_gpt_set_grads_ready(loom_gpt *model, void (*grads_ready)(void *ctx, size_t ready_offset),
+                              void *ctx);
 
 /* Model FLOPs per token for training at sequence length T: 6N + 6LCT, N the parameter count
  * without the padded vocabulary rows (the standard MFU numerator). */

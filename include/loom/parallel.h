@@ -11,6 +11,9 @@
 
 #include "loom/base.h"
 #include "loom/comm.h"
+#include "loom/model.h"
+#include "loom/plan.h"
+#include "loom/trace.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -19,37 +22,74 @@
 extern "C" {
 #endif
 
-/* Ranks in Megatron order: world = pp_rank * (dp * tp) + dp_rank * tp + tp_rank. */
+/* ---- the runtime's side of the plan ------------------------------------------------------
+ * The plan (loom/plan.h) is the contract: everything it says is executed here or refused by
+ * the name of its field. Refuses what this build cannot run yet: compression.dp and
+ * compression.pp with a method other than "none", compression.embedding_sync "fused"
+ * ("SOURCE: compression.dp.method: \"powersgd\" is not supported by this build"). */
+loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source);
+
+/* ---- the rank mesh ---------------------------------------------------------------------------
+ * Ranks in Megatron order (loom_plan_rank_coords): TP fastest, then DP, PP slowest. With no
+ * world (one process) every size is 1 and every group NULL. */
 typedef struct {
-    loom_comm *world;        /* borrowed */
-    loom_comm *tp, *dp, *pp; /* owned */
+    loom_comm *world;        /* borrowed; NULL: one process */
+    const loom_plan *plan;   /* borrowed */
+    loom_comm *tp, *dp, *pp; /* owned; NULL without a world */
+    loom_comm *embedding;    /* first and last stage of this (dp, tp) position when pp > 1,
+                                where the tied embedding's two copies live; else NULL */
     int dp_size, tp_size, pp_size;
     int dp_rank, tp_rank, pp_rank;
+    int lead; /* world rank 0: progress, metrics, checkpoints */
 } loom_mesh;
 
-/* Splits the world into the three group kinds. dp * tp * pp must equal the world size: the
- * error names the launched and the required rank counts, and is the same on every rank. */
-loom_status loom_mesh_create(loom_comm *world, int dp, int tp, int pp, loom_mesh *mesh);
+/* Splits the world into the group kinds. dp * tp * pp must equal the world size (with no
+ * world, 1): the error names the launched and the required rank counts, and is the same on
+ * every rank. */
+loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh *mesh);
 void loom_mesh_free(loom_mesh *mesh);
+/* World rank of the given coordinates (the plan's rank formula). */
+int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank);
+/* The pipeline stage that holds slice (tensor k, layer) of the model: the layer's stage, the
+ * embeddings (wte, wpe) on the first, the final LayerNorm on the last (layer -1 for the
+ * tensors that are not per layer). */
+int loom_mesh_owner_stage(const loom_mesh *mesh, int k, int layer);
+/* This rank's part of the model (its stage's layers, its TP rank and group). */
+loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh);
 
-/* Data-parallel gradient synchronisation over one flat gradient buffer.
+/* ---- gradient synchronisation ---------------------------------------------------------------
+ * Everything that makes the replicas' and stages' gradients and parameters agree after a
+ * backward: data-parallel sums (bucketed, overlapping backward) or ZeRO-1 (reduce-scatter, a
+ * sharded update, all-gather), the tied embedding's two copies on the first and the last stage,
+ * the loss and the global gradient norm over every rank (each parameter once), and the check
+ * that the replicas hold identical parameters.
  *
- * The buffer is cut into buckets of about bucket_bytes, from the top (highest offsets, whose
- * gradients backward finishes first) down. loom_dp_sync_ready(offset) starts the allreduce of
- * every bucket lying wholly at or above offset; loom_dp_sync_finish starts the rest and waits
- * for all. Gradients are SUMMED (scale the loss by 1/dp beforehand to get the mean). */
-typedef struct loom_dp_sync loom_dp_sync;
-loom_status loom_dp_sync_create(loom_dp_sync **sync, loom_comm *dp, float *grads, size_t count,
-                                size_t bucket_bytes);
-void loom_dp_sync_free(loom_dp_sync *sync);
-int loom_dp_sync_num_buckets(const loom_dp_sync *sync);
-/* Starts a new round (no bucket in flight). */
-void loom_dp_sync_begin(loom_dp_sync *sync);
-/* Gradients at offsets >= ready_offset are final: start their buckets. Fits loom_gpt's
- * grads_ready hook (ctx = the sync). */
-void loom_dp_sync_ready(void *sync, size_t ready_offset);
-/* Starts what is left and waits for every bucket. */
-loom_status loom_dp_sync_finish(loom_dp_sync *sync);
+ * Buckets are tensor-aligned: a bucket is a list of whole tensor slices (one layer of one
+ * tensor, or a global tensor) with their (rows, cols) shapes, never a cut through one, so that a
+ * compressor can work per matrix. They are formed from the top of the layer-major buffer down
+ * (backward finishes the last blocks first), each at least bucket_bytes unless it is the last.
+ * A bucket's synchronisation is a small state machine (phases, advanced by polling from the
+ * model's grads_ready hook and at the end), so that a compressor can add phases (encode, a
+ * first collective, decode, a second one) without changing the driver. */
+
+typedef struct {
+    size_t offset;      /* in floats, in the model's flat buffer */
+    int64_t rows, cols; /* the matrix a compressor sees (1-D tensors: 1 x numel) */
+    int tensor, layer;  /* LOOM_WTE ..., layer -1 for global tensors */
+} loom_grad_matrix;
+
+typedef struct {
+    size_t begin, end;          /* [begin, end) of the flat buffer */
+    loom_grad_matrix *matrices; /* (count) in buffer order, tiling [begin, end) */
+    int count;
+} loom_grad_bucket;
+
+/* Splits a model's gradient buffer into tensor-aligned buckets of at least bucket_bytes (the
+ * last one may be smaller; a tensor slice larger than that is a bucket of its own), from the
+ * top down: buckets[0] ends at num_params. Free with loom_grad_buckets_free. */
+loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
+                                   loom_grad_bucket **buckets, int *count);
+void loom_grad_buckets_free(loom_grad_bucket *buckets, int count);
 
 /* ZeRO-1: the flat buffer (padded to a multiple of dp) is split into dp contiguous shards;
  * rank r owns [r * shard, (r + 1) * shard). */
@@ -59,6 +99,67 @@ typedef struct {
     size_t begin, end;   /* this rank's range, end clipped to the real count */
 } loom_zero_shard;
 loom_zero_shard loom_zero_shard_of(size_t count, int dp_size, int dp_rank);
+
+typedef struct {
+    int zero1;           /* shard the optimizer: reduce-scatter, update a range, all-gather */
+    double bucket_bytes; /* data-parallel bucket size */
+} loom_grad_sync_opts;
+
+typedef struct loom_grad_sync loom_grad_sync;
+loom_status loom_grad_sync_create(loom_grad_sync **sync, const loom_mesh *mesh, loom_gpt *model,
+                                  const loom_grad_sync_opts *opts);
+void loom_grad_sync_free(loom_grad_sync *sync);
+/* Installs the model's grads_ready hook for the coming backward (the last micro-batch's):
+ * buckets start as backward finishes them. loom_grad_sync_after_backward removes it. */
+void loom_grad_sync_before_backward(loom_grad_sync *sync);
+void loom_grad_sync_after_backward(loom_grad_sync *sync);
+/* Completes the step's synchronisation: the remaining buckets (or ZeRO-1's reduce-scatter) and
+ * the tied embedding's sum. */
+loom_status loom_grad_sync_finish(loom_grad_sync *sync);
+/* The range of the flat buffer this rank updates and the gradients for it: the whole buffer,
+ * or under ZeRO-1 its shard (grads indexed from range.begin). */
+loom_zero_shard loom_grad_sync_range(const loom_grad_sync *sync);
+float *loom_grad_sync_grads(loom_grad_sync *sync);
+/* Mean loss over the global batch and the global gradient norm, identical on every rank:
+ * loss_sum is this rank's sum of micro-batch mean losses (counted on the last stage only);
+ * every parameter's gradient counts once (TP-sharded tensors summed over TP, replicated ones
+ * once, the embeddings where they are first used, the final LayerNorm on the last stage). */
+loom_status loom_grad_sync_loss_and_norm(loom_grad_sync *sync, double loss_sum, int micro_batches,
+                                         double *loss, double *grad_norm);
+/* After the update of this rank's range: under ZeRO-1 every replica gets every range back. */
+loom_status loom_grad_sync_share_params(loom_grad_sync *sync);
+/* Data-parallel replicas must hold bit-identical parameters: fails (LOOM_ERR_RUNTIME, naming
+ * the replicas that differ) when they do not. */
+loom_status loom_grad_sync_check_replicas(loom_grad_sync *sync);
+/* Test hook: poisons one gradient (the first of this rank's range) with NaN. */
+void loom_grad_sync_poison(loom_grad_sync *sync);
+
+/* ---- the pipeline executor ------------------------------------------------------------------
+ * Runs this stage's schedule (below) for one step: micro-batches through forward and backward,
+ * activations and their gradients point to point to the neighbouring stages (non-blocking sends
+ * from a ring of buffers, receives where the schedule has them). With one stage it is the plain
+ * gradient-accumulation loop. Every send and receive of activations or their gradients passes
+ * an encode and a decode point (identity now; compression fills them in). Validation runs
+ * forward-only through the same executor. */
+typedef struct loom_pipeline loom_pipeline;
+/* B, T: micro-batch shape; the model's activation slots are reserved here. */
+loom_status loom_pipeline_create(loom_pipeline **pipe, const loom_mesh *mesh, loom_gpt *model,
+                                 int B, int T);
+void loom_pipeline_free(loom_pipeline *pipe);
+int loom_pipeline_micro_batches(const loom_pipeline *pipe);
+/* Whether this stage recomputes activations in backward (the plan's stages[].recompute). */
+int loom_pipeline_recomputes(const loom_pipeline *pipe);
+void loom_pipeline_set_trace(loom_pipeline *pipe, loom_trace *trace);
+/* One training step's forward and backward. inputs, targets: (m, B, T) for this replica (every
+ * stage passes them; the first uses the tokens, the last the targets). dloss: each token's
+ * weight in the objective. sync (or NULL): its hook runs during the last micro-batch's
+ * backward. *loss_sum: the sum of the micro-batches' mean losses (last stage; 0 elsewhere). */
+loom_status loom_pipeline_train(loom_pipeline *pipe, const int32_t *inputs, const int32_t *targets,
+                                float dloss, loom_grad_sync *sync, int64_t step, double *loss_sum);
+/* Forward only, one micro-batch of b <= B sequences, stage after stage; *loss: its mean loss on
+ * the last stage, 0 elsewhere. */
+loom_status loom_pipeline_forward(loom_pipeline *pipe, const int32_t *inputs,
+                                  const int32_t *targets, int b, double *loss);
 
 /* ---- pipeline schedules (as data) ---------------------------------------------------------
  * For p stages and m micro-batches, each stage gets the ordered list of actions it executes in

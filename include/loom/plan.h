@@ -118,6 +118,33 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
                               int micro_batch, int global_batch, const char *schedule,
                               const char *stage_layers);
 
+/* What layout flags ask for (`loom train`'s and `loom plan`'s, with one set of defaults): 0 or
+ * NULL means "the default". The batch rule lives here and nowhere else:
+ *   global batch = micro batch x micro-batches x dp.
+ *   dp             0: the ranks left over, world_size / (tp x pp) (1 when world_size is 0)
+ *   tp, pp         0: 1
+ *   micro_batches  per replica and step; 0: global / (micro x dp), or pp when global is 0 too
+ *                  (a pipeline of pp stages wants at least pp micro-batches in flight)
+ *   global_batch   0: micro x micro_batches x dp; when both are given they must agree
+ *   schedule       NULL or "": "1f1b"
+ *   stage_layers   NULL or "": as even as possible (loom_plan_uniform)
+ *   recompute      every stage recomputes its activations in backward */
+#define LOOM_PLAN_DEFAULT_MICRO_BATCH 8
+typedef struct {
+    int dp, tp, pp;
+    int micro_batch; /* sequences per forward/backward; 0: LOOM_PLAN_DEFAULT_MICRO_BATCH */
+    int global_batch, micro_batches;
+    const char *schedule, *stage_layers;
+    int recompute;
+} loom_plan_request;
+
+/* Resolves the request's defaults for world_size ranks (0: no world, as `loom plan` without
+ * --ranks) and builds the checked plan (loom_plan_uniform). Messages name the flags
+ * (--data-parallel, --micro-batches, --global-batch-size, ...). On failure the plan is left
+ * empty. */
+loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
+                                   const loom_plan_request *request, int world_size);
+
 /* Megatron rank order: TP fastest, then DP, PP slowest. */
 typedef struct {
     int dp_rank, tp_rank, pp_rank;

@@ -4,6 +4,8 @@
  * lines, metrics.jsonl, loss plot), checkpoints every N steps, resume, and generation and
  * evaluation from a checkpoint.
  *
+ * The layout comes as a plan (loom/plan.h), the contract; parallel/ executes it.
+ *
  * Not here: parsing flags or JSON files (the CLI does that and fills loom_train_config).
  */
 #ifndef LOOM_TRAIN_H
@@ -11,6 +13,7 @@
 
 #include "loom/base.h"
 #include "loom/model.h"
+#include "loom/plan.h"
 
 #include <stdint.h>
 
@@ -21,7 +24,8 @@ extern "C" {
 #define LOOM_PATH_MAX 1024
 
 typedef struct {
-    /* model: a preset, with any field overridden when non-zero */
+    /* model: a preset ("" = LOOM_GPT_DEFAULT_PRESET), with any field overridden when non-zero;
+     * a run that resumes or starts from a file takes that file's model */
     char model[32];
     int layers, heads, d_model, context, vocab;
     /* data */
@@ -29,9 +33,9 @@ typedef struct {
     char val_data[LOOM_PATH_MAX]; /* "" = no validation */
     /* schedule */
     int64_t steps;
-    int micro_batch_size, seq_len, global_batch_size; /* global = micro x accumulation */
-    double lr, min_lr_ratio;                          /* cosine decays to lr * min_lr_ratio */
-    char lr_schedule[16];                             /* "constant" or "cosine" */
+    int seq_len;
+    double lr, min_lr_ratio; /* cosine decays to lr * min_lr_ratio */
+    char lr_schedule[16];    /* "constant" or "cosine" */
     int64_t warmup_steps;
     /* optimizer */
     double weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip 0 disables */
@@ -44,49 +48,70 @@ typedef struct {
     int eval_batches;
     char resume[LOOM_PATH_MAX];    /* "" = fresh start */
     char init_from[LOOM_PATH_MAX]; /* llm.c .bin or .safetensors; "" = random init */
-    /* parallelism: the layout (a plan file, or the shortcut flags) */
+    char trace[LOOM_PATH_MAX];     /* Chrome trace-event JSON of the run ("" = none) */
+    int no_save;                   /* no checkpoint at the end (benchmarks) */
+    /* the layout: a plan file, or the flags below (loom_plan_request: 0 / "" = default) */
     char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
     int data_parallel, tensor_parallel, pipeline_parallel;
-    double bucket_mb;           /* DP allreduce bucket size */
-    int zero1;                  /* shard AdamW state across DP ranks */
-    double comm_timeout;        /* seconds before a silent peer ends the job */
-    char schedule[16];          /* pipeline schedule: "1f1b" or "gpipe" */
-    int micro_batches;          /* > 0: global batch = micro x this x data parallel */
-    char stage_layers[256];     /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
-    char trace[LOOM_PATH_MAX];  /* Chrome trace-event JSON of the run ("" = none) */
-    int no_save;                /* no checkpoint at the end (benchmarks) */
-    int recompute;              /* pipeline stages keep only their inputs; backward recomputes */
-    char recompute_stages[256]; /* ... only these stages, e.g. "0,2" (from a plan file) */
+    int micro_batch_size, global_batch_size, micro_batches;
+    char schedule[16];      /* pipeline schedule: "1f1b" or "gpipe" */
+    char stage_layers[256]; /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
+    int recompute;          /* every stage keeps only its inputs; backward recomputes */
+    /* how the layout runs (not part of a plan) */
+    double bucket_mb;    /* DP allreduce bucket size */
+    int zero1;           /* shard AdamW state across DP ranks */
+    double comm_timeout; /* seconds before a silent peer ends the job */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */
 void loom_train_config_defaults(loom_train_config *config);
-/* Checks ranges and relations (global batch a multiple of micro batch, ...). */
+/* Checks ranges and relations of what is not the layout (the plan checks that). */
 loom_status loom_train_config_check(const loom_train_config *config);
-/* The model configuration the run config describes (preset + overrides). */
+/* The model the run trains: the checkpoint's with --resume, the file's with --init-from, else
+ * the preset with overrides. Explicit model settings that contradict such a file are refused
+ * (LOOM_ERR_INPUT naming both). */
 loom_status loom_train_model_config(const loom_train_config *config, loom_gpt_config *model);
+/* Whether the config sets any part of the model (preset or a size). */
+int loom_train_config_sets_model(const loom_train_config *config);
+/* The plan of the config's layout flags for world_size ranks (0 or 1: one process): the model of
+ * loom_train_model_config and loom_plan_from_request, the constructor `loom plan` uses. */
+loom_status loom_train_plan(const loom_train_config *config, int world_size, loom_plan *plan);
 
 /* Learning rate at 0-based step `step` of `total`. */
 double loom_lr_at(const loom_train_config *config, int64_t step);
-
-/* Runs the training described by config; prints progress; writes metrics, checkpoints and
- * the loss plot under config->out. */
-loom_status loom_train_run(const loom_train_config *config);
 
 /* What a finished run reports, for tests and benchmarks. */
 typedef struct {
     int64_t steps_done;
     double final_loss, final_val_loss;
     int64_t skipped_steps;
+    double median_step_s, median_tokens_per_s; /* over the steps after the first */
+    int64_t peak_rss_bytes;                    /* this rank's */
 } loom_train_result;
-/* world: the MPI world (loom_comm_init), or NULL for one process. */
+
+/* Runs the training the plan lays out (checked against the world, refused by field name where
+ * this build cannot execute it) with the config's data, optimiser and output settings; prints
+ * progress; writes metrics, checkpoints and the loss plot under config->out. world: the MPI
+ * world (loom_comm_init), or NULL for one process. result may be NULL. */
 struct loom_comm;
+loom_status loom_train(const loom_train_config *config, const loom_plan *plan,
+                       struct loom_comm *world, loom_train_result *result);
+/* The same with the plan of the config's flags (loom_train_plan). */
 loom_status loom_train_run_ex(const loom_train_config *config, struct loom_comm *world,
                               loom_train_result *result);
+loom_status loom_train_run(const loom_train_config *config);
 
-/* Loads a model from a checkpoint: a run folder, its checkpoints/ folder, one step folder,
- * a .safetensors file (loom or Hugging Face GPT-2), or an llm.c .bin. */
-loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model);
+/* One record of a metrics.jsonl file (fields absent from the record are NaN). */
+typedef struct {
+    int64_t step;
+    int is_validation; /* a validation record (val_loss) rather than a step's */
+    double loss, val_loss, lr, grad_norm, ms, tokens_per_s, mfu;
+    double comm_s[3], comm_bytes[3]; /* dp, tp, pp */
+    int skipped;
+} loom_metrics_record;
+/* Reads every record of a metrics.jsonl (lines that are not records are skipped); free
+ * *records with free(). */
+loom_status loom_metrics_read(const char *path, loom_metrics_record **records, size_t *count);
 
 typedef struct {
     int tokens;

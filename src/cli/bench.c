@@ -134,7 +134,7 @@ int cmd_bench(int argc, char **argv) {
     bench_args args = {.steps = 10, .warmup = 2};
     snprintf(args.threads, sizeof args.threads, "1,2");
     snprintf(args.cases, sizeof args.cases, "a,b");
-    loom_status st = cli_parse_flags(&args, bench_opts, NBENCH, argc, argv, 2);
+    loom_status st = cli_parse_flags(&args, bench_opts, NBENCH, argc, argv, 2, NULL);
     if (st == LOOM_OK && (args.steps < 1 || args.warmup < 0)) {
         st = loom_fail(LOOM_ERR_INPUT, "--steps: expected >= 1; --warmup: expected >= 0");
     }

@@ -29,11 +29,14 @@ typedef struct {
 
 /* Parses one value into target + opt->offset; `source` names where it came from. */
 loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source);
-/* Applies argv[start..argc) flags to target. Unknown flags are errors. */
+/* Applies argv[start..argc) flags to target. Unknown flags are errors. seen (nopts entries, or
+ * NULL) gets a 1 for every option that was given. */
 loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int argc, char **argv,
-                            int start);
-/* Applies a JSON object file's keys (snake_case) to target; unknown keys are errors. */
-loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path);
+                            int start, unsigned char *seen);
+/* Applies a JSON object file's keys (snake_case) to target; unknown keys are errors. seen as
+ * above. */
+loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path,
+                           unsigned char *seen);
 void cli_print_help(const char *usage, const cli_opt *opts, int nopts);
 /* Prints every option with its resolved value as a table. */
 void cli_print_table(const void *target, const cli_opt *opts, int nopts);

@@ -7,10 +7,10 @@
 #include "cli/cli.h"
 #include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/io.h"
 #include "loom/plan.h"
 #include "loom/train.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -23,7 +23,8 @@ static const cli_opt train_opts[] = {
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
      "JSON file with these settings in snake_case (flags win)"},
     TOPT("--model", OPT_STRING, model,
-         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, small, tiny"),
+         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, small, tiny (default small, or the "
+         "model of --resume / --init-from)"),
     TOPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
     TOPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
     TOPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
@@ -32,10 +33,10 @@ static const cli_opt train_opts[] = {
     TOPT("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
     TOPT("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
     TOPT("--steps", OPT_I64, steps, "optimizer steps"),
-    TOPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
+    TOPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward (0 = 8)"),
     TOPT("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
     TOPT("--global-batch-size", OPT_INT, global_batch_size,
-         "sequences per step (multiple of the micro batch: gradient accumulation)"),
+         "sequences per step = micro x micro-batches x data parallel (0 = from --micro-batches)"),
     TOPT("--lr", OPT_DOUBLE, lr, "peak learning rate"),
     TOPT("--lr-schedule", OPT_STRING, lr_schedule, "constant or cosine (after warm-up)"),
     TOPT("--min-lr-ratio", OPT_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
@@ -59,14 +60,14 @@ static const cli_opt train_opts[] = {
          "start from weights: llm.c .bin, .safetensors or a checkpoint"),
     TOPT("--plan", OPT_STRING, plan, "parallel layout from a plan file (loom plan)"),
     TOPT("--data-parallel", OPT_INT, data_parallel,
-         "data-parallel replicas (1 with more ranks: all ranks)"),
-    TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer"),
-    TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages"),
-    TOPT("--schedule", OPT_STRING, schedule, "pipeline schedule: 1f1b or gpipe"),
+         "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
+    TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
+    TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (0 = 1)"),
+    TOPT("--schedule", OPT_STRING, schedule, "pipeline schedule: 1f1b (default) or gpipe"),
     TOPT("--stage-layers", OPT_STRING, stage_layers,
          "layers per pipeline stage, e.g. 3,5 (default: as even as possible)"),
     TOPT("--micro-batches", OPT_INT, micro_batches,
-         "micro-batches per step and replica (sets the global batch; 0 = from it)"),
+         "micro-batches per step and replica (0 = from the global batch, else the stages)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
     TOPT("--recompute", OPT_FLAG, recompute,
@@ -102,42 +103,66 @@ static loom_status find_config(int argc, char **argv, const char **path) {
     return LOOM_OK;
 }
 
-/* --plan FILE: the layout, batch and model of a plan file replace the flags' values. */
-static loom_status apply_plan(loom_train_config *cfg, loom_comm *world) {
-    loom_plan plan;
-    loom_plan_init(&plan);
-    loom_status st = loom_plan_read(cfg->plan, &plan);
-    if (st == LOOM_OK) st = loom_plan_check(&plan, cfg->plan, world ? loom_comm_size(world) : 1);
-    if (st == LOOM_OK) {
-        cfg->data_parallel = plan.dp;
-        cfg->tensor_parallel = plan.tp;
-        cfg->pipeline_parallel = plan.pp;
-        cfg->micro_batch_size = plan.micro_batch;
-        cfg->global_batch_size = plan.global_batch;
-        cfg->layers = plan.model.num_layers;
-        cfg->heads = plan.model.num_heads;
-        cfg->d_model = plan.model.channels;
-        cfg->context = plan.model.max_seq_len;
-        cfg->vocab = plan.model.vocab_size;
-        snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan.schedule);
-        size_t listed = 0;
-        cfg->recompute_stages[0] = '\0';
-        for (int s = 0; s < plan.num_stages && listed < sizeof cfg->recompute_stages; s++) {
-            if (!plan.stages[s].recompute) continue;
-            listed += (size_t)snprintf(cfg->recompute_stages + listed,
-                                       sizeof cfg->recompute_stages - listed, "%s%d",
-                                       listed ? "," : "", s);
-        }
-        size_t used = 0;
-        cfg->stage_layers[0] = '\0';
-        for (int s = 0; s < plan.num_stages && used < sizeof cfg->stage_layers; s++) {
-            used += (size_t)snprintf(cfg->stage_layers + used, sizeof cfg->stage_layers - used,
-                                     "%s%d", s ? "," : "",
-                                     plan.stages[s].end_layer - plan.stages[s].first_layer);
+/* What a plan file sets: with --plan FILE these flags (or config keys) would contradict it. */
+static const char *const plan_owned[] = {"--model",
+                                         "--layers",
+                                         "--heads",
+                                         "--d-model",
+                                         "--context",
+                                         "--vocab",
+                                         "--data-parallel",
+                                         "--tensor-parallel",
+                                         "--pipeline-parallel",
+                                         "--micro-batch-size",
+                                         "--global-batch-size",
+                                         "--micro-batches",
+                                         "--schedule",
+                                         "--stage-layers",
+                                         "--recompute"};
+
+static loom_status refuse_plan_conflicts(const loom_train_config *cfg, const unsigned char *seen) {
+    for (int i = 0; i < NTRAIN; i++) {
+        if (!seen[i]) continue;
+        for (size_t j = 0; j < sizeof plan_owned / sizeof plan_owned[0]; j++) {
+            if (strcmp(train_opts[i].flag, plan_owned[j]) != 0) continue;
+            return loom_fail(LOOM_ERR_INPUT,
+                             "--plan %s: %s sets what the plan file sets (model, layout, batch "
+                             "sizes, schedule, stages); change the plan (loom plan) or drop %s",
+                             cfg->plan, train_opts[i].flag, train_opts[i].flag);
         }
     }
-    loom_plan_free(&plan);
+    return LOOM_OK;
+}
+
+/* The one plan the run executes: the plan file, or the layout flags through the constructor
+ * `loom plan` uses. */
+static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
+                              int world_size, loom_plan *plan) {
+    loom_plan_init(plan);
+    if (!cfg->plan[0]) return loom_train_plan(cfg, world_size, plan);
+    loom_status st = refuse_plan_conflicts(cfg, seen);
+    if (st == LOOM_OK) st = loom_plan_read(cfg->plan, plan);
+    if (st == LOOM_OK) st = loom_plan_check(plan, cfg->plan, world_size);
     return st;
+}
+
+/* The resolved values of the layout, for the configuration table. */
+static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
+    const loom_gpt_config *m = &plan->model;
+    cfg->layers = m->num_layers, cfg->heads = m->num_heads, cfg->d_model = m->channels;
+    cfg->context = m->max_seq_len, cfg->vocab = m->vocab_size;
+    cfg->data_parallel = plan->dp, cfg->tensor_parallel = plan->tp;
+    cfg->pipeline_parallel = plan->pp;
+    cfg->micro_batch_size = plan->micro_batch, cfg->global_batch_size = plan->global_batch;
+    cfg->micro_batches = loom_plan_num_micro_batches(plan);
+    snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan->schedule);
+    size_t used = 0;
+    cfg->stage_layers[0] = '\0';
+    for (int s = 0; s < plan->num_stages && used < sizeof cfg->stage_layers; s++) {
+        used +=
+            (size_t)snprintf(cfg->stage_layers + used, sizeof cfg->stage_layers - used, "%s%d",
+                             s ? "," : "", plan->stages[s].end_layer - plan->stages[s].first_layer);
+    }
 }
 
 int cmd_train(int argc, char **argv) {
@@ -150,34 +175,34 @@ int cmd_train(int argc, char **argv) {
     if (init != LOOM_OK) return cli_fail(init);
     loom_train_config cfg;
     loom_train_config_defaults(&cfg);
+    unsigned char seen[NTRAIN];
+    memset(seen, 0, sizeof seen);
     const char *config_path = NULL;
     loom_status st = find_config(argc, argv, &config_path);
-    if (st == LOOM_OK && config_path) st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path);
-    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2);
-    if (st == LOOM_OK && cfg.micro_batches < 0) {
-        st = loom_fail(LOOM_ERR_INPUT, "--micro-batches: expected >= 0, got %d", cfg.micro_batches);
+    if (st == LOOM_OK && config_path) {
+        st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path, seen);
     }
-    if (st == LOOM_OK && cfg.micro_batches > 0) {
-        cfg.global_batch_size = cfg.micro_batch_size * cfg.micro_batches * cfg.data_parallel;
-    }
+    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2, seen);
     if (st == LOOM_OK) st = loom_train_config_check(&cfg);
-    loom_gpt_config model_config; /* a bad preset or shape is reported before the table */
-    if (st == LOOM_OK) st = loom_train_model_config(&cfg, &model_config);
-    if (st == LOOM_OK && !cfg.resume[0] && !cfg.init_from[0] &&
-        cfg.seq_len > model_config.max_seq_len) {
-        st = loom_fail(LOOM_ERR_INPUT,
-                       "config: seq_len: expected at most the model's context %d, got %d",
-                       model_config.max_seq_len, cfg.seq_len);
-    }
     struct stat out_st;
     if (st == LOOM_OK && stat(cfg.out, &out_st) == 0 && !S_ISDIR(out_st.st_mode)) {
         st = loom_fail(LOOM_ERR_INPUT, "--out: %s exists and is not a directory", cfg.out);
     }
-    if (st == LOOM_OK && cfg.plan[0]) st = apply_plan(&cfg, world);
+    loom_plan plan;
+    loom_plan_init(&plan);
+    if (st == LOOM_OK) st = build_plan(&cfg, seen, world ? loom_comm_size(world) : 1, &plan);
     /* a bad configuration is the same on every rank: each says so and exits cleanly */
-    if (st != LOOM_OK) return cli_finish(world, cli_fail(st));
-    if (!world || loom_comm_rank(world) == 0) cli_print_table(&cfg, train_opts, NTRAIN);
-    st = loom_train_run_ex(&cfg, world, NULL);
+    if (st != LOOM_OK) {
+        loom_plan_free(&plan);
+        return cli_finish(world, cli_fail(st));
+    }
+    if (!world || loom_comm_rank(world) == 0) {
+        loom_train_config shown = cfg;
+        show_plan(&shown, &plan);
+        cli_print_table(&shown, train_opts, NTRAIN);
+    }
+    st = loom_train(&cfg, &plan, world, NULL);
+    loom_plan_free(&plan);
     return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }
 
@@ -226,7 +251,7 @@ int cmd_prepare(int argc, char **argv) {
             rest[nrest++] = argv[i];
         }
     }
-    loom_status st = cli_parse_flags(&args, prepare_opts, NPREPARE, nrest, rest, 0);
+    loom_status st = cli_parse_flags(&args, prepare_opts, NPREPARE, nrest, rest, 0, NULL);
     if (st == LOOM_OK && ntexts == 0) {
         st = loom_fail(LOOM_ERR_INPUT, "--text: expected at least one text file (%s)", usage);
     }
@@ -285,7 +310,7 @@ int cmd_sample(int argc, char **argv) {
         return 0;
     }
     sample_args args = {.tokens = 200, .top_k = 40, .temperature = 0.8, .seed = 42};
-    loom_status st = cli_parse_flags(&args, sample_opts, NSAMPLE, argc, argv, 2);
+    loom_status st = cli_parse_flags(&args, sample_opts, NSAMPLE, argc, argv, 2, NULL);
     if (st == LOOM_OK && !args.checkpoint[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path");
     }
@@ -343,7 +368,7 @@ int cmd_eval(int argc, char **argv) {
         return 0;
     }
     eval_args args = {.batch = 4};
-    loom_status st = cli_parse_flags(&args, eval_opts, NEVAL, argc, argv, 2);
+    loom_status st = cli_parse_flags(&args, eval_opts, NEVAL, argc, argv, 2, NULL);
     if (st == LOOM_OK && !args.checkpoint[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path (both --checkpoint and "
                                        "--data are required)");
@@ -392,52 +417,43 @@ static int compare_double(const void *a, const void *b) {
 
 /* Summarises metrics.jsonl after `warmup` steps: medians of ms and tokens/s and MFU, and the
  * share of the step each group's communication kept this rank waiting. */
-static loom_status bench_report(const loom_train_config *cfg, int ranks, int warmup) {
+static loom_status bench_report(const loom_train_config *cfg, const loom_plan *plan, int ranks,
+                                int warmup) {
     char path[LOOM_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out);
-    char *text;
-    size_t size;
-    loom_status st = loom_read_file(path, &text, &size);
+    loom_metrics_record *records;
+    size_t count;
+    loom_status st = loom_metrics_read(path, &records, &count);
     if (st != LOOM_OK) return st;
-    int64_t cap = cfg->steps, n = 0;
-    double *ms = calloc((size_t)cap, sizeof(double)), *tps = calloc((size_t)cap, sizeof(double));
-    double *mfu = calloc((size_t)cap, sizeof(double)), wait[3] = {0}, total_s = 0.0;
-    const char *groups[3] = {"dp_s", "tp_s", "pp_s"};
-    for (char *line = text; ms && tps && mfu && line && *line;) {
-        char *next = strchr(line, '\n');
-        size_t len = next ? (size_t)(next - line) : strlen(line);
-        json_t *obj = json_loadb(line, len, 0, NULL);
-        json_t *step = json_object_get(obj, "step"), *m = json_object_get(obj, "ms");
-        if (json_is_integer(step) && json_integer_value(step) > warmup && json_is_number(m) &&
-            n < cap) {
-            ms[n] = json_number_value(m);
-            tps[n] = json_number_value(json_object_get(obj, "tokens_per_s"));
-            mfu[n] = json_number_value(json_object_get(obj, "mfu"));
-            total_s += ms[n] / 1e3;
-            for (int g = 0; g < 3; g++)
-                wait[g] += json_number_value(json_object_get(obj, groups[g]));
-            n++;
-        }
-        json_decref(obj);
-        line = next ? next + 1 : NULL;
+    double *ms = calloc(count + 1, sizeof(double)), *tps = calloc(count + 1, sizeof(double));
+    double *mfu = calloc(count + 1, sizeof(double)), wait[3] = {0}, total_s = 0.0;
+    size_t n = 0;
+    for (size_t i = 0; ms && tps && mfu && i < count; i++) {
+        const loom_metrics_record *r = &records[i];
+        if (r->is_validation || r->step <= warmup || !isfinite(r->ms)) continue;
+        ms[n] = r->ms, tps[n] = r->tokens_per_s, mfu[n] = r->mfu;
+        total_s += r->ms / 1e3;
+        for (int g = 0; g < 3; g++) wait[g] += isfinite(r->comm_s[g]) ? r->comm_s[g] : 0.0;
+        n++;
     }
-    if (n == 0) {
+    if (!ms || !tps || !mfu) {
+        st = loom_fail(LOOM_ERR_NOMEM, "bench: out of memory");
+    } else if (n == 0) {
         st = loom_fail(LOOM_ERR_INPUT, "bench: no timed steps (steps %lld <= warmup %d)",
                        (long long)cfg->steps, warmup);
     } else {
-        qsort(ms, (size_t)n, sizeof(double), compare_double);
-        qsort(tps, (size_t)n, sizeof(double), compare_double);
-        qsort(mfu, (size_t)n, sizeof(double), compare_double);
+        qsort(ms, n, sizeof(double), compare_double);
+        qsort(tps, n, sizeof(double), compare_double);
+        qsort(mfu, n, sizeof(double), compare_double);
         printf("layout dp %d tp %d pp %d (%s, %d ranks, %d threads each), micro %d seq %d global "
                "%d | %8.1f ms/step | %8.0f tok/s | MFU %5.1f%% | waiting on dp %4.1f%% tp %4.1f%% "
                "pp %4.1f%% of the step (rank 0)\n",
-               cfg->data_parallel, cfg->tensor_parallel, cfg->pipeline_parallel,
-               cfg->pipeline_parallel > 1 ? cfg->schedule : "no pipeline", ranks,
-               loom_ops_get_threads(), cfg->micro_batch_size, cfg->seq_len, cfg->global_batch_size,
+               plan->dp, plan->tp, plan->pp, plan->pp > 1 ? plan->schedule : "no pipeline", ranks,
+               loom_ops_get_threads(), plan->micro_batch, cfg->seq_len, plan->global_batch,
                ms[n / 2], tps[n / 2], 100 * mfu[n / 2], 100 * wait[0] / total_s,
                100 * wait[1] / total_s, 100 * wait[2] / total_s);
     }
-    free(text), free(ms), free(tps), free(mfu);
+    free(records), free(ms), free(tps), free(mfu);
     return st;
 }
 
@@ -465,31 +481,30 @@ int cmd_bench_train(int argc, char **argv) {
         }
         rest[nrest++] = argv[i];
     }
-    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0);
+    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0, NULL);
     free(rest);
-    if (st == LOOM_OK && ranks > 1 &&
-        cfg.data_parallel * cfg.tensor_parallel * cfg.pipeline_parallel == 1) {
-        cfg.data_parallel = ranks;
-    }
-    loom_gpt_config model;
-    if (st == LOOM_OK) st = loom_train_model_config(&cfg, &model);
+    loom_plan plan;
+    loom_plan_init(&plan);
+    if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {
         size_t count =
-            ((size_t)cfg.steps * (size_t)cfg.global_batch_size + 2) * (size_t)cfg.seq_len + 1;
+            ((size_t)cfg.steps * (size_t)plan.global_batch + 2) * (size_t)cfg.seq_len + 1;
         uint16_t *tokens = malloc(count * sizeof *tokens);
         st = tokens ? loom_mkdir_p(cfg.out) : LOOM_ERR_NOMEM;
         for (size_t i = 0; st == LOOM_OK && i < count; i++) {
-            tokens[i] = (uint16_t)(loom_rng_u64(cfg.seed, 7, i) % (uint64_t)model.vocab_size);
+            tokens[i] = (uint16_t)(loom_rng_u64(cfg.seed, 7, i) % (uint64_t)plan.model.vocab_size);
         }
         if (st == LOOM_OK) st = loom_shard_write(cfg.data, tokens, count);
         free(tokens);
     }
     if (world && loom_comm_barrier(world) != LOOM_OK && st == LOOM_OK) st = LOOM_ERR_RUNTIME;
-    if (st != LOOM_OK) return cli_finish(world, cli_fail(st));
-    loom_log_set_level(LOOM_LOG_WARN);
-    st = loom_train_run_ex(&cfg, world, NULL);
-    if (st == LOOM_OK && rank == 0) st = bench_report(&cfg, ranks, warmup);
+    if (st == LOOM_OK) {
+        loom_log_set_level(LOOM_LOG_WARN);
+        st = loom_train(&cfg, &plan, world, NULL);
+    }
+    if (st == LOOM_OK && rank == 0) st = bench_report(&cfg, &plan, ranks, warmup);
+    loom_plan_free(&plan);
     return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }

@@ -109,7 +109,7 @@ int cli_find_flag(int argc, char **argv, const char *flag) {
 }
 
 loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int argc, char **argv,
-                            int start) {
+                            int start, unsigned char *seen) {
     for (int i = start; i < argc; i++) {
         const char *arg = argv[i];
         char name[128];
@@ -127,6 +127,7 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
         }
         const cli_opt *opt = find_opt(opts, nopts, name);
         if (!opt) return loom_fail(LOOM_ERR_INPUT, "unknown option '%s' (see --help)", name);
+        if (seen) seen[opt - opts] = 1;
         if (opt->offset == CLI_OPT_SKIP) {
             if (!eq) i++;
             continue;
@@ -147,7 +148,8 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
     return LOOM_OK;
 }
 
-loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path) {
+loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path,
+                           unsigned char *seen) {
     /* jansson reports a missing file as an "invalid JSON" error at line -1: say what it is */
     FILE *probe = fopen(path, "rb");
     if (!probe) {
@@ -186,6 +188,7 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
             st = loom_fail(LOOM_ERR_INPUT, "%s: unknown key \"%s\"", path, key);
             break;
         }
+        if (seen) seen[opt - opts] = 1;
         char text[2048];
         char source[1200];
         snprintf(source, sizeof source, "%s: key \"%s\"", path, key);

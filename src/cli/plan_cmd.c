@@ -24,7 +24,7 @@ typedef struct {
     char model[64];
     int layers, heads, d_model, context, vocab;
     int dp, tp, pp;
-    int micro_batch_size, global_batch_size;
+    int micro_batch_size, global_batch_size, micro_batches, recompute;
     char schedule[64];
     char stage_layers[256];
     int ranks;
@@ -42,7 +42,7 @@ static const cli_opt plan_opts[] = {
     POPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
     POPT("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
     POPT("--vocab", OPT_INT, vocab, "real vocabulary size (0 = preset; padded to 128)"),
-    POPT("--dp", OPT_INT, dp, "data-parallel replicas"),
+    POPT("--dp", OPT_INT, dp, "data-parallel replicas (0 = the ranks left: --ranks / (tp x pp))"),
     POPT("--data-parallel", OPT_INT, dp, "same as --dp"),
     POPT("--tp", OPT_INT, tp, "tensor-parallel ranks per layer"),
     POPT("--tensor-parallel", OPT_INT, tp, "same as --tp"),
@@ -50,7 +50,10 @@ static const cli_opt plan_opts[] = {
     POPT("--pipeline-parallel", OPT_INT, pp, "same as --pp"),
     POPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
     POPT("--global-batch-size", OPT_INT, global_batch_size,
-         "sequences per step (0 = micro * dp * pp: pp micro-batches per pipeline)"),
+         "sequences per step (0 = micro x micro-batches x dp)"),
+    POPT("--micro-batches", OPT_INT, micro_batches,
+         "micro-batches per step and replica (0 = from the global batch, else pp)"),
+    POPT("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
     POPT("--schedule", OPT_STRING, schedule, "pipeline schedule: gpipe or 1f1b"),
     POPT("--stage-layers", OPT_STRING, stage_layers,
          "layers per stage, comma-separated (e.g. 3,5; default: even, earlier stages +1)"),
@@ -103,17 +106,6 @@ static int run_check(const plan_args *args, int argc, char **argv) {
     return 0;
 }
 
-static loom_status resolve_model(const plan_args *args, loom_gpt_config *m) {
-    loom_status st = loom_gpt_preset(args->model, m);
-    if (st != LOOM_OK) return st;
-    if (args->layers) m->num_layers = args->layers;
-    if (args->heads) m->num_heads = args->heads;
-    if (args->d_model) m->channels = args->d_model;
-    if (args->context) m->max_seq_len = args->context;
-    if (args->vocab) m->vocab_size = args->vocab;
-    return LOOM_OK;
-}
-
 /* The output must be a file path; its folder is made if missing. */
 static loom_status prepare_out(const char *out) {
     if (!out[0]) return loom_fail(LOOM_ERR_INPUT, "--out: expected a plan file to write");
@@ -133,30 +125,26 @@ static loom_status prepare_out(const char *out) {
 
 static int run_build(const plan_args *args) {
     loom_gpt_config model;
-    loom_status st = resolve_model(args, &model);
+    loom_status st =
+        loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
+                                args->context, args->vocab, "model configuration", &model);
     if (st == LOOM_OK && args->ranks < 0) {
         st = loom_fail(LOOM_ERR_INPUT,
                        "--ranks: expected a positive world size (0 = no check), got %d",
                        args->ranks);
     }
-    int global = args->global_batch_size;
-    if (global == 0) { /* micro * dp * pp; when that is not positive, the check names the culprit */
-        long long product = (long long)args->micro_batch_size * args->dp * args->pp;
-        global = product > 0 ? (int)product : args->micro_batch_size;
-        if (st == LOOM_OK && product > 0x7fffffff) {
-            st = loom_fail(LOOM_ERR_INPUT,
-                           "--global-batch-size: expected a value, since micro * dp * pp = %lld "
-                           "is too large for the default",
-                           product);
-        }
-    }
+    loom_plan_request request = {args->dp,
+                                 args->tp,
+                                 args->pp,
+                                 args->micro_batch_size,
+                                 args->global_batch_size,
+                                 args->micro_batches,
+                                 args->schedule,
+                                 args->stage_layers,
+                                 args->recompute};
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) {
-        st = loom_plan_uniform(&plan, &model, args->dp, args->tp, args->pp, args->micro_batch_size,
-                               global, args->schedule, args->stage_layers);
-    }
-    if (st == LOOM_OK && args->ranks > 0) st = loom_plan_check(&plan, "plan", args->ranks);
+    if (st == LOOM_OK) st = loom_plan_from_request(&plan, &model, &request, args->ranks);
     if (st == LOOM_OK) st = prepare_out(args->out);
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {
@@ -174,10 +162,9 @@ int cmd_plan(int argc, char **argv) {
         cli_print_help(plan_usage, plan_opts, NPLAN);
         return 0;
     }
-    plan_args args = {.dp = 1, .tp = 1, .pp = 1, .micro_batch_size = 8};
-    snprintf(args.model, sizeof args.model, "small"); /* loom train's default model */
-    snprintf(args.schedule, sizeof args.schedule, "1f1b");
-    loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2);
+    plan_args args; /* zero: the defaults loom train has too (loom_plan_request) */
+    memset(&args, 0, sizeof args);
+    loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
     int check_given = 0;
     for (int i = 2; i < argc; i++) check_given |= !strncmp(argv[i], "--check", 7);
     if (st == LOOM_OK && check_given && !args.check[0]) {

@@ -9,7 +9,7 @@
  * Not here: the safetensors format itself (safetensors.c).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "io/checkpoint.h"
+#include "loom/io.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -10,6 +10,7 @@
  */
 #include "loom/model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,9 @@ static const gpt_preset presets[] = {
 };
 
 int loom_gpt_pad_vocab(int vocab_size) {
-    return (vocab_size + 127) / 128 * 128;
+    if (vocab_size <= 0) return 0;
+    int64_t padded = ((int64_t)vocab_size + 127) / 128 * 128;
+    return padded > INT_MAX ? 0 : (int)padded;
 }
 
 loom_status loom_gpt_preset(const char *name, loom_gpt_config *config) {
@@ -46,35 +49,62 @@ loom_status loom_gpt_preset(const char *name, loom_gpt_config *config) {
                      name);
 }
 
-loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
+loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, int d_model,
+                                    int context, int vocab, const char *source,
+                                    loom_gpt_config *m) {
+    loom_status st = loom_gpt_preset(preset && preset[0] ? preset : LOOM_GPT_DEFAULT_PRESET, m);
+    if (st != LOOM_OK) return st;
+    if (layers) m->num_layers = layers;
+    if (heads) m->num_heads = heads;
+    if (d_model) m->channels = d_model;
+    if (context) m->max_seq_len = context;
+    if (vocab) m->vocab_size = vocab;
+    m->padded_vocab_size = 0;
+    return loom_gpt_config_check_shape(m, source, "");
+}
+
+loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
+                                        const char *prefix) {
     struct {
         const char *field;
         int value;
-    } positive[] = {{"context", c->max_seq_len},
-                    {"vocab", c->vocab_size},
-                    {"layers", c->num_layers},
+    } positive[] = {{"layers", c->num_layers},
                     {"heads", c->num_heads},
-                    {"d_model", c->channels}};
+                    {"d_model", c->channels},
+                    {"context", c->max_seq_len},
+                    {"vocab", c->vocab_size}};
     for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++) {
         if (positive[i].value <= 0) {
-            return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected a positive integer, got %d", source,
-                             positive[i].field, positive[i].value);
+            return loom_fail(LOOM_ERR_INPUT, "%s: %s%s: expected a positive integer, got %d",
+                             source, prefix, positive[i].field, positive[i].value);
         }
     }
     if (c->channels % c->num_heads != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: heads: expected a divisor of d_model %d, got %d heads", source,
-                         c->channels, c->num_heads);
+        return loom_fail(LOOM_ERR_INPUT, "%s: %sheads: expected a divisor of %sd_model %d, got %d",
+                         source, prefix, prefix, c->channels, c->num_heads);
     }
+    int padded = loom_gpt_pad_vocab(c->vocab_size);
+    if (padded == 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %svocab: expected at most %d, got %d", source, prefix,
+                         INT_MAX / 128 * 128, c->vocab_size);
+    }
+    if (c->padded_vocab_size == 0) c->padded_vocab_size = padded;
+    if (c->padded_vocab_size != padded) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %svocab: expected a padded vocabulary of %d (%d rounded up to a "
+                         "multiple of 128), got %d",
+                         source, prefix, padded, c->vocab_size, c->padded_vocab_size);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
+    loom_status st = loom_gpt_config_check_shape(c, source, "");
+    if (st != LOOM_OK) return st;
     if (c->vocab_size > 65536) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: vocab: expected at most 65536 (token ids are uint16), got %d", source,
                          c->vocab_size);
-    }
-    if (c->padded_vocab_size == 0) c->padded_vocab_size = loom_gpt_pad_vocab(c->vocab_size);
-    if (c->padded_vocab_size < c->vocab_size) {
-        return loom_fail(LOOM_ERR_INPUT, "%s: padded vocab %d is smaller than vocab %d", source,
-                         c->padded_vocab_size, c->vocab_size);
     }
     /* Keep every buffer's element count well inside int for the BLAS interface. */
     int64_t widest = (int64_t)c->padded_vocab_size * c->channels;
@@ -807,4 +837,10 @@ void loom_gpt_backward(loom_gpt *m, float dloss) {
 
 void loom_gpt_zero_grad(loom_gpt *m) {
     memset(m->grads_memory, 0, m->num_params * sizeof(float));
+}
+
+void loom_gpt_set_grads_ready(loom_gpt *m, void (*grads_ready)(void *ctx, size_t ready_offset),
+                              void *ctx) {
+    m->grads_ready = grads_ready;
+    m->grads_ready_ctx = ctx;
 }

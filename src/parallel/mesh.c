@@ -1,39 +1,68 @@
 /*
  * mesh.c — the rank mesh: TP, DP and PP groups split from the world once, in Megatron's
- * order (TP varies fastest, then DP, PP slowest), so TP groups sit on neighbouring ranks.
+ * order (TP varies fastest, then DP, PP slowest; the formula is the plan's), so TP groups sit
+ * on neighbouring ranks; plus the group of the tied embedding's two copies. Also what the
+ * runtime refuses of a plan, and which stage holds which part of the model.
  */
 #include "loom/parallel.h"
 
 #include <string.h>
 
-loom_status loom_mesh_create(loom_comm *world, int dp, int tp, int pp, loom_mesh *mesh) {
-    memset(mesh, 0, sizeof *mesh);
-    int size = loom_comm_size(world), rank = loom_comm_rank(world);
-    if (dp <= 0 || tp <= 0 || pp <= 0) {
-        return loom_fail(LOOM_ERR_INPUT, "mesh: dp, tp and pp must be positive, got %d, %d, %d", dp,
-                         tp, pp);
+loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
+    const struct {
+        const char *field;
+        const loom_plan_compressor *compressor;
+    } compressors[] = {{"compression.dp.method", &plan->dp_compression},
+                       {"compression.pp.method", &plan->pp_compression}};
+    for (size_t i = 0; i < sizeof compressors / sizeof compressors[0]; i++) {
+        const char *method = compressors[i].compressor->method;
+        if (strcmp(method, "none") != 0) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: %s: \"%s\" is not supported by this build (compression is not "
+                             "built yet); expected \"none\"",
+                             source, compressors[i].field, method);
+        }
     }
-    if ((int64_t)dp * tp * pp != size) {
+    if (strcmp(plan->embedding_sync, "separate") != 0) {
         return loom_fail(LOOM_ERR_INPUT,
-                         "mesh: dp x tp x pp = %d x %d x %d = %lld ranks, but %d were launched; "
-                         "start with mpirun -np %lld or change the layout",
-                         dp, tp, pp, (long long)dp * tp * pp, size, (long long)dp * tp * pp);
+                         "%s: compression.embedding_sync: \"%s\" is not supported by this build; "
+                         "expected \"separate\"",
+                         source, plan->embedding_sync);
     }
+    return LOOM_OK;
+}
+
+loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh *mesh) {
+    memset(mesh, 0, sizeof *mesh);
     mesh->world = world;
+    mesh->plan = plan;
+    int dp = plan->dp, tp = plan->tp, pp = plan->pp;
+    int size = world ? loom_comm_size(world) : 1, rank = world ? loom_comm_rank(world) : 0;
+    if ((int64_t)dp * tp * pp != size) {
+        long long need = (long long)dp * tp * pp;
+        return loom_fail(LOOM_ERR_INPUT,
+                         "mesh: dp x tp x pp = %d x %d x %d = %lld ranks, but %d %s launched; "
+                         "start with mpirun -np %lld or change the layout",
+                         dp, tp, pp, need, size, size == 1 ? "was" : "were", need);
+    }
     mesh->dp_size = dp, mesh->tp_size = tp, mesh->pp_size = pp;
-    mesh->tp_rank = rank % tp;
-    mesh->dp_rank = (rank / tp) % dp;
-    mesh->pp_rank = rank / (tp * dp);
+    loom_plan_coords c = loom_plan_rank_coords(plan, rank);
+    mesh->dp_rank = c.dp_rank, mesh->tp_rank = c.tp_rank, mesh->pp_rank = c.pp_rank;
+    mesh->lead = rank == 0;
+    if (!world) return LOOM_OK;
     /* colours: the coordinates that stay fixed within a group */
-    loom_status st =
-        loom_comm_split(world, mesh->pp_rank * dp + mesh->dp_rank, mesh->tp_rank, "tp", &mesh->tp);
+    loom_status st = loom_comm_split(world, c.pp_rank * dp + c.dp_rank, c.tp_rank, "tp", &mesh->tp);
     if (st == LOOM_OK) {
-        st = loom_comm_split(world, mesh->pp_rank * tp + mesh->tp_rank, mesh->dp_rank, "dp",
-                             &mesh->dp);
+        st = loom_comm_split(world, c.pp_rank * tp + c.tp_rank, c.dp_rank, "dp", &mesh->dp);
     }
     if (st == LOOM_OK) {
-        st = loom_comm_split(world, mesh->dp_rank * tp + mesh->tp_rank, mesh->pp_rank, "pp",
-                             &mesh->pp);
+        st = loom_comm_split(world, c.dp_rank * tp + c.tp_rank, c.pp_rank, "pp", &mesh->pp);
+    }
+    if (st == LOOM_OK && pp > 1) {
+        /* the tied embedding lives on the first and the last stage: their gradients meet */
+        int ends = c.pp_rank == 0 || c.pp_rank == pp - 1;
+        st = loom_comm_split(world, ends ? c.dp_rank * tp + c.tp_rank : -1, c.pp_rank, "embedding",
+                             &mesh->embedding);
     }
     if (st != LOOM_OK) loom_mesh_free(mesh);
     return st;
@@ -43,5 +72,26 @@ void loom_mesh_free(loom_mesh *mesh) {
     loom_comm_free(mesh->tp);
     loom_comm_free(mesh->dp);
     loom_comm_free(mesh->pp);
-    mesh->tp = mesh->dp = mesh->pp = NULL;
+    loom_comm_free(mesh->embedding);
+    mesh->tp = mesh->dp = mesh->pp = mesh->embedding = NULL;
+}
+
+int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank) {
+    return loom_plan_world_rank(mesh->plan, (loom_plan_coords){dp_rank, tp_rank, pp_rank});
+}
+
+int loom_mesh_owner_stage(const loom_mesh *mesh, int k, int layer) {
+    const loom_plan *plan = mesh->plan;
+    if (layer >= 0) {
+        for (int s = 0; s < plan->num_stages; s++) {
+            if (layer >= plan->stages[s].first_layer && layer < plan->stages[s].end_layer) return s;
+        }
+    }
+    return (k == LOOM_WTE || k == LOOM_WPE) ? 0 : plan->num_stages - 1;
+}
+
+loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh) {
+    const loom_plan_stage *stage = &mesh->plan->stages[mesh->pp_rank];
+    return (loom_gpt_shard){stage->first_layer, stage->end_layer, mesh->tp_size, mesh->tp_rank,
+                            mesh->tp_size > 1 ? mesh->tp : NULL};
 }

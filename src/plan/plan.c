@@ -55,12 +55,6 @@ loom_status loom_plan_fail_field(const char *source, const char *path, const cha
     return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", source, path, detail);
 }
 
-int loom_plan_padded_vocab(int vocab) {
-    if (vocab <= 0) return 0;
-    int64_t padded = ((int64_t)vocab + 127) / 128 * 128;
-    return padded > INT_MAX ? 0 : (int)padded;
-}
-
 /* ---- life cycle ----------------------------------------------------------------------------- */
 
 static void compressor_init(loom_plan_compressor *c) {
@@ -138,37 +132,9 @@ static loom_status check_word(const char *source, const char *path, const char *
 }
 
 static loom_status check_model(const loom_gpt_config *m, const char *source) {
-    const struct {
-        const char *path;
-        int value;
-    } sizes[] = {{"model.layers", m->num_layers},
-                 {"model.heads", m->num_heads},
-                 {"model.d_model", m->channels},
-                 {"model.context", m->max_seq_len},
-                 {"model.vocab", m->vocab_size}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        if (sizes[i].value <= 0) {
-            return loom_plan_fail_field(source, sizes[i].path,
-                                        "expected a positive integer, got %d", sizes[i].value);
-        }
-    }
-    int padded = loom_plan_padded_vocab(m->vocab_size);
-    if (padded == 0) {
-        return loom_plan_fail_field(source, "model.vocab", "expected at most %d, got %d",
-                                    INT_MAX / 128 * 128, m->vocab_size);
-    }
-    if (m->padded_vocab_size != padded) { /* only a plan filled in by hand can get here */
-        return loom_plan_fail_field(source, "model.vocab",
-                                    "expected padded_vocab_size %d (vocab %d rounded up to a "
-                                    "multiple of 128), got %d",
-                                    padded, m->vocab_size, m->padded_vocab_size);
-    }
-    if (m->channels % m->num_heads != 0) {
-        return loom_plan_fail_field(source, "model.heads",
-                                    "expected a divisor of model.d_model %d, got %d", m->channels,
-                                    m->num_heads);
-    }
-    return LOOM_OK;
+    loom_gpt_config copy = *m;
+    if (copy.padded_vocab_size == 0) copy.padded_vocab_size = -1; /* must have been filled in */
+    return loom_gpt_config_check_shape(&copy, source, "model.");
 }
 
 static loom_status check_batch(const loom_plan *p, const char *source) {
@@ -451,7 +417,7 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
                               const char *stage_layers) {
     loom_plan_init(plan);
     plan->model = *model;
-    plan->model.padded_vocab_size = loom_plan_padded_vocab(model->vocab_size);
+    plan->model.padded_vocab_size = loom_gpt_pad_vocab(model->vocab_size);
     plan->dp = dp, plan->tp = tp, plan->pp = pp;
     plan->micro_batch = micro_batch, plan->global_batch = global_batch;
     if (!schedule) schedule = "1f1b";
@@ -469,6 +435,74 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
     if (st == LOOM_OK) st = loom_plan_check(plan, "plan", 0);
     if (st != LOOM_OK) loom_plan_free(plan);
     return st;
+}
+
+loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
+                                   const loom_plan_request *r, int world_size) {
+    loom_plan_init(plan);
+    int tp = r->tp ? r->tp : 1, pp = r->pp ? r->pp : 1, dp = r->dp;
+    const struct {
+        const char *flag;
+        int value;
+    } counts[] = {{"--data-parallel", r->dp},
+                  {"--tensor-parallel", r->tp},
+                  {"--pipeline-parallel", r->pp},
+                  {"--micro-batch-size", r->micro_batch},
+                  {"--global-batch-size", r->global_batch},
+                  {"--micro-batches", r->micro_batches}};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        if (counts[i].value < 0) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: expected a positive integer, got %d",
+                             counts[i].flag, counts[i].value);
+        }
+    }
+    int micro = r->micro_batch ? r->micro_batch : LOOM_PLAN_DEFAULT_MICRO_BATCH;
+    int64_t model_parallel = (int64_t)tp * pp;
+    if (dp == 0 && world_size > 0) {
+        if (world_size % model_parallel != 0) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "--tensor-parallel %d x --pipeline-parallel %d = %lld: expected a "
+                             "divisor of the %d ranks launched (data parallel takes the rest)",
+                             tp, pp, (long long)model_parallel, world_size);
+        }
+        dp = (int)(world_size / model_parallel);
+    } else if (dp == 0) {
+        dp = 1;
+    }
+    int64_t per_replica = (int64_t)micro * dp, global = r->global_batch;
+    if (r->micro_batches > 0) {
+        int64_t implied = per_replica * r->micro_batches;
+        if (global > 0 && global != implied) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "--global-batch-size %lld and --micro-batches %d disagree: micro "
+                             "batch %d x %d micro-batches x data parallel %d = %lld",
+                             (long long)global, r->micro_batches, micro, r->micro_batches, dp,
+                             (long long)implied);
+        }
+        global = implied;
+    } else if (global == 0) {
+        global = per_replica * pp;
+    }
+    if (global % per_replica != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--global-batch-size: expected a multiple of micro batch %d x data "
+                         "parallel %d = %lld, got %lld",
+                         micro, dp, (long long)per_replica, (long long)global);
+    }
+    if (global > INT_MAX) {
+        return loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected at most %d, got %lld",
+                         INT_MAX, (long long)global);
+    }
+    loom_status st =
+        loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global,
+                          r->schedule && r->schedule[0] ? r->schedule : NULL, r->stage_layers);
+    if (st == LOOM_OK && world_size > 0) st = loom_plan_check(plan, "plan", world_size);
+    if (st != LOOM_OK) {
+        loom_plan_free(plan);
+        return st;
+    }
+    for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute != 0;
+    return LOOM_OK;
 }
 
 /* ---- rank layout ---------------------------------------------------------------------------- */

@@ -154,7 +154,7 @@ static loom_status read_model(const char *file, const json_t *root, loom_gpt_con
     if (st == LOOM_OK) st = read_int(file, model, "model", "d_model", 1, &m->channels);
     if (st == LOOM_OK) st = read_int(file, model, "model", "context", 1, &m->max_seq_len);
     if (st == LOOM_OK) st = read_int(file, model, "model", "vocab", 1, &m->vocab_size);
-    m->padded_vocab_size = loom_plan_padded_vocab(m->vocab_size);
+    m->padded_vocab_size = loom_gpt_pad_vocab(m->vocab_size);
     return st;
 }
 

@@ -30,8 +30,4 @@ int loom_plan_method_has_rank(const char *method);
 loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* The padded vocabulary (vocab rounded up to a multiple of 128), or 0 when vocab is not
- * positive or the result would not fit in an int. */
-int loom_plan_padded_vocab(int vocab);
-
 #endif

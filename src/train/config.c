@@ -2,6 +2,7 @@
  * config.c — the run configuration: defaults, checks, the model it describes, and the
  * learning-rate schedule.
  */
+#include "loom/io.h"
 #include "loom/train.h"
 
 #include <math.h>
@@ -9,12 +10,9 @@
 
 void loom_train_config_defaults(loom_train_config *c) {
     memset(c, 0, sizeof *c);
-    snprintf(c->model, sizeof c->model, "small");
     snprintf(c->data, sizeof c->data, "data/train_*.bin");
     c->steps = 200;
-    c->micro_batch_size = 8;
     c->seq_len = 128;
-    c->global_batch_size = 8;
     c->lr = 1e-3;
     c->min_lr_ratio = 0.1;
     snprintf(c->lr_schedule, sizeof c->lr_schedule, "cosine");
@@ -32,23 +30,62 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->eval_every = 50;
     c->log_every = 10;
     c->eval_batches = 16;
-    c->data_parallel = c->tensor_parallel = c->pipeline_parallel = 1;
+    /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
     c->bucket_mb = 25.0;
     c->zero1 = 0;
     c->comm_timeout = 60.0;
-    snprintf(c->schedule, sizeof c->schedule, "1f1b");
+}
+
+int loom_train_config_sets_model(const loom_train_config *c) {
+    return c->model[0] || c->layers || c->heads || c->d_model || c->context || c->vocab;
+}
+
+static int same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
+    return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
+           a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
+           a->vocab_size == b->vocab_size;
 }
 
 loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config *m) {
-    loom_status st = loom_gpt_preset(c->model, m);
+    if (c->resume[0] && c->init_from[0]) {
+        return loom_fail(
+            LOOM_ERR_INPUT,
+            "--resume and --init-from: expected one of them (--resume continues a "
+            "run with its optimizer state; --init-from starts a new one from weights)");
+    }
+    loom_gpt_config given;
+    loom_status st = loom_gpt_config_resolve(c->model, c->layers, c->heads, c->d_model, c->context,
+                                             c->vocab, "model configuration", &given);
     if (st != LOOM_OK) return st;
-    if (c->layers) m->num_layers = c->layers;
-    if (c->heads) m->num_heads = c->heads;
-    if (c->d_model) m->channels = c->d_model;
-    if (c->context) m->max_seq_len = c->context;
-    if (c->vocab) m->vocab_size = c->vocab;
-    m->padded_vocab_size = 0;
-    return loom_gpt_config_check(m, "model configuration");
+    const char *file = c->resume[0] ? c->resume : c->init_from;
+    const char *flag = c->resume[0] ? "--resume" : "--init-from";
+    if (!file[0]) {
+        *m = given;
+        return loom_gpt_config_check(m, "model configuration");
+    }
+    if ((st = loom_model_config_of(file, m)) != LOOM_OK) return st;
+    if (loom_train_config_sets_model(c) && !same_model(m, &given)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s %s: the file's model (%d layers, %d heads, d_model %d, context %d, "
+                         "vocab %d) differs from the configured one (%d layers, %d heads, "
+                         "d_model %d, context %d, vocab %d); drop the model settings to train the "
+                         "file's model",
+                         flag, file, m->num_layers, m->num_heads, m->channels, m->max_seq_len,
+                         m->vocab_size, given.num_layers, given.num_heads, given.channels,
+                         given.max_seq_len, given.vocab_size);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_plan *plan) {
+    loom_plan_init(plan);
+    loom_gpt_config model;
+    loom_status st = loom_train_model_config(c, &model);
+    if (st != LOOM_OK) return st;
+    loom_plan_request request = {c->data_parallel,    c->tensor_parallel,   c->pipeline_parallel,
+                                 c->micro_batch_size, c->global_batch_size, c->micro_batches,
+                                 c->schedule,         c->stage_layers,      c->recompute};
+    return loom_plan_from_request(plan, &model, &request, world_size > 1 ? world_size : 1);
 }
 
 loom_status loom_train_config_check(const loom_train_config *c) {
@@ -61,14 +98,7 @@ loom_status loom_train_config_check(const loom_train_config *c) {
         }                                                                                          \
     } while (0)
     REQUIRE(c->steps > 0, "steps", "expected a positive integer, got %lld", (long long)c->steps);
-    REQUIRE(c->micro_batch_size > 0, "micro_batch_size", "expected a positive integer, got %d",
-            c->micro_batch_size);
     REQUIRE(c->seq_len > 0, "seq_len", "expected a positive integer, got %d", c->seq_len);
-    REQUIRE(c->global_batch_size > 0, "global_batch_size", "expected a positive integer, got %d",
-            c->global_batch_size);
-    REQUIRE(c->global_batch_size % c->micro_batch_size == 0, "global_batch_size",
-            "expected a multiple of micro_batch_size %d, got %d", c->micro_batch_size,
-            c->global_batch_size);
     REQUIRE(c->lr >= 0 && isfinite(c->lr), "lr", "expected a non-negative number, got %g", c->lr);
     REQUIRE(c->min_lr_ratio >= 0 && c->min_lr_ratio <= 1, "min_lr_ratio",
             "expected a number in [0, 1], got %g", c->min_lr_ratio);
@@ -95,18 +125,6 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->eval_batches > 0, "eval_batches", "expected a positive integer, got %d",
             c->eval_batches);
     REQUIRE(c->data[0] != '\0', "data", "expected a token shard path or glob");
-    REQUIRE(c->data_parallel > 0, "data_parallel", "expected a positive integer, got %d",
-            c->data_parallel);
-    REQUIRE(c->tensor_parallel > 0, "tensor_parallel", "expected a positive integer, got %d",
-            c->tensor_parallel);
-    REQUIRE(c->pipeline_parallel > 0, "pipeline_parallel", "expected a positive integer, got %d",
-            c->pipeline_parallel);
-    REQUIRE(c->global_batch_size % (c->micro_batch_size * c->data_parallel) == 0,
-            "global_batch_size",
-            "expected a multiple of micro_batch_size x data_parallel = %d x %d, got %d",
-            c->micro_batch_size, c->data_parallel, c->global_batch_size);
-    REQUIRE(!strcmp(c->schedule, "1f1b") || !strcmp(c->schedule, "gpipe"), "schedule",
-            "expected \"1f1b\" or \"gpipe\", got \"%s\"", c->schedule);
     REQUIRE(c->bucket_mb > 0, "bucket_mb", "expected a positive number of MB, got %g",
             c->bucket_mb);
     REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",

@@ -1,0 +1,89 @@
+/*
+ * model_load.c — a whole model from any file users have: an llm.c fp32 .bin, a .safetensors
+ * (loom's or Hugging Face's GPT-2), or a loom checkpoint (a run folder, its checkpoints/ folder
+ * or one step folder). Also just the configuration such a file describes, without reading any
+ * weights, so that a run can be planned for it.
+ *
+ * Not here: sharded loading (a rank that holds part of the model reads a checkpoint slice by
+ * slice with loom_checkpoint_load_take).
+ */
+#include "loom/io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The safetensors file behind PATH: PATH itself, or a checkpoint's model.safetensors. */
+static loom_status weights_file(const char *path, char *file, size_t cap) {
+    if (has_suffix(path, ".safetensors")) {
+        snprintf(file, cap, "%s", path);
+        return LOOM_OK;
+    }
+    char dir[4096];
+    loom_status st = loom_checkpoint_resolve(path, dir, sizeof dir);
+    if (st == LOOM_OK) snprintf(file, cap, "%s/model.safetensors", dir);
+    return st;
+}
+
+loom_status loom_model_config_of(const char *path, loom_gpt_config *config) {
+    if (has_suffix(path, ".bin")) {
+        loom_llmc_header h;
+        loom_status st = loom_llmc_read_header(path, &h);
+        if (st != LOOM_OK) return st;
+        *config = (loom_gpt_config){h.max_seq_len, h.vocab_size, h.padded_vocab_size,
+                                    h.num_layers,  h.num_heads,  h.channels};
+        return loom_gpt_config_check(config, path);
+    }
+    char file[4200];
+    loom_status st = weights_file(path, file, sizeof file);
+    if (st == LOOM_OK) st = loom_gpt_config_from_safetensors(file, config);
+    return st;
+}
+
+/* llm.c keeps each tensor whole (tensor-major); loom's buffer is layer-major. */
+static loom_status load_llmc(const char *path, loom_gpt *model) {
+    loom_llmc_header h;
+    loom_status st = loom_llmc_read_header(path, &h);
+    if (st != LOOM_OK) return st;
+    if (model->num_params != loom_llmc_param_count(&h)) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: header sizes do not give loom's layout", path);
+    }
+    float *flat = loom_alloc_aligned(model->num_params * sizeof(float), "llm.c import");
+    st = flat ? loom_llmc_read_params(path, &h, flat, model->num_params) : LOOM_ERR_NOMEM;
+    if (st == LOOM_OK) {
+        size_t at = 0;
+        for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+            const loom_gpt_tensor_info *ti = &model->info[k];
+            for (int64_t i = 0; i < ti->numel; i++) {
+                model->params_memory[loom_gpt_element_offset(ti, i)] = flat[at++];
+            }
+        }
+    }
+    loom_free_aligned(flat);
+    return st;
+}
+
+loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model) {
+    *model = NULL;
+    loom_gpt_config config;
+    loom_status st = loom_model_config_of(path, &config);
+    if (st == LOOM_OK) st = loom_gpt_create(model, &config, backend);
+    if (st != LOOM_OK) return st;
+    if (has_suffix(path, ".bin")) {
+        st = load_llmc(path, *model);
+    } else {
+        char file[4200];
+        st = weights_file(path, file, sizeof file);
+        if (st == LOOM_OK) st = loom_gpt_load_safetensors(file, *model);
+    }
+    if (st != LOOM_OK) {
+        loom_gpt_free(*model);
+        *model = NULL;
+    }
+    return st;
+}

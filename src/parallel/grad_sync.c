@@ -1,0 +1,334 @@
+/*
+ * grad_sync.c — what makes gradients and parameters agree across ranks after a backward:
+ * data-parallel sums in tensor-aligned buckets that start while backward still runs, or ZeRO-1
+ * (reduce-scatter, the caller updates its range, all-gather); the tied embedding's sum between
+ * the first and the last pipeline stage; the loss and global gradient norm over every rank; and
+ * the check that replicas hold identical parameters.
+ *
+ * Not here: the optimizer's arithmetic (train/), MPI (comm/), the model's maths (model/).
+ */
+#include "loom/parallel.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- tensor-aligned buckets ------------------------------------------------------------------ */
+
+/* The matrix a compressor would see for one segment: 2-D weights as (rows, cols) of one layer,
+ * everything else as a row. */
+static loom_grad_matrix matrix_of(const loom_gpt *model, const loom_gpt_segment *seg) {
+    const loom_gpt_tensor_info *ti = &model->info[seg->tensor];
+    int matrix_dims = ti->per_layer ? ti->ndim - 1 : ti->ndim; /* without the layer axis */
+    loom_grad_matrix m = {seg->offset, 1, seg->numel, seg->tensor, seg->layer};
+    if (matrix_dims == 2) {
+        m.rows = ti->shape[ti->ndim - 2];
+        m.cols = ti->shape[ti->ndim - 1];
+    }
+    return m;
+}
+
+loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
+                                   loom_grad_bucket **out, int *count) {
+    *out = NULL, *count = 0;
+    size_t per_bucket = bucket_bytes / sizeof(float);
+    if (per_bucket == 0) per_bucket = 1;
+    int n = model->num_segments;
+    loom_grad_bucket *buckets = loom_calloc((size_t)(n > 0 ? n : 1), sizeof *buckets, "buckets");
+    if (!buckets) return LOOM_ERR_NOMEM;
+    int made = 0;
+    for (int hi = n - 1; hi >= 0;) {
+        /* take segments from the top down until the bucket is full */
+        int lo = hi;
+        size_t size = (size_t)model->segments[lo].numel;
+        while (lo > 0 && size < per_bucket) size += (size_t)model->segments[--lo].numel;
+        loom_grad_bucket *b = &buckets[made];
+        b->count = hi - lo + 1;
+        b->matrices = loom_calloc((size_t)b->count, sizeof *b->matrices, "bucket matrices");
+        if (!b->matrices) {
+            loom_grad_buckets_free(buckets, made);
+            return LOOM_ERR_NOMEM;
+        }
+        for (int i = 0; i < b->count; i++)
+            b->matrices[i] = matrix_of(model, &model->segments[lo + i]);
+        b->begin = model->segments[lo].offset;
+        b->end = model->segments[hi].offset + (size_t)model->segments[hi].numel;
+        made++;
+        hi = lo - 1;
+    }
+    *out = buckets, *count = made;
+    return LOOM_OK;
+}
+
+void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
+    if (!buckets) return;
+    for (int i = 0; i < count; i++) free(buckets[i].matrices);
+    free(buckets);
+}
+
+/* ---- the synchroniser ------------------------------------------------------------------------ */
+
+/* A bucket's round: IDLE until backward has finished it, then one phase per collective. A
+ * compressor adds phases (encode, allreduce of P, orthogonalise, allreduce of Q, decode) here,
+ * each started when the previous one completes. */
+typedef enum { BUCKET_IDLE, BUCKET_REDUCING, BUCKET_DONE } bucket_phase;
+
+typedef struct {
+    bucket_phase phase;
+    loom_comm_request *request; /* the phase's collective in flight, or NULL */
+} bucket_state;
+
+struct loom_grad_sync {
+    const loom_mesh *mesh;
+    loom_gpt *model;
+    int zero1;
+    loom_zero_shard range;     /* what this rank updates: all, or its ZeRO-1 shard */
+    float *grad_shard;         /* ZeRO-1: the reduced gradients of the range */
+    loom_grad_bucket *buckets; /* plain DP with dp > 1 */
+    bucket_state *state;
+    int num_buckets;
+    int started;       /* buckets 0 .. started-1 have left IDLE */
+    loom_status error; /* first failure of this round */
+};
+
+loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, loom_gpt *model,
+                                  const loom_grad_sync_opts *opts) {
+    *out = NULL;
+    loom_grad_sync *s = loom_calloc(1, sizeof *s, "gradient sync");
+    if (!s) return LOOM_ERR_NOMEM;
+    s->mesh = mesh, s->model = model;
+    size_t n = model->num_params;
+    loom_status st = LOOM_OK;
+    if (opts->zero1 && mesh->dp_size > 1) {
+        s->zero1 = 1;
+        s->range = loom_zero_shard_of(n, mesh->dp_size, mesh->dp_rank);
+        if (s->range.padded_count > n + LOOM_GPT_PAD_FLOATS) {
+            st = loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
+                           LOOM_GPT_PAD_FLOATS);
+        } else {
+            s->grad_shard = loom_alloc_aligned(s->range.shard * sizeof(float), "ZeRO-1 shard");
+            if (!s->grad_shard) st = LOOM_ERR_NOMEM;
+        }
+    } else {
+        s->range = loom_zero_shard_of(n, 1, 0);
+        if (mesh->dp_size > 1) {
+            st = loom_grad_buckets_make(model, (size_t)opts->bucket_bytes, &s->buckets,
+                                        &s->num_buckets);
+            if (st == LOOM_OK) {
+                s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");
+                if (!s->state) st = LOOM_ERR_NOMEM;
+            }
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_grad_sync_free(s);
+        return st;
+    }
+    *out = s;
+    return LOOM_OK;
+}
+
+void loom_grad_sync_free(loom_grad_sync *s) {
+    if (!s) return;
+    loom_free_aligned(s->grad_shard);
+    loom_grad_buckets_free(s->buckets, s->num_buckets);
+    free(s->state);
+    free(s);
+}
+
+static void keep_error(loom_grad_sync *s, loom_status st) {
+    if (st != LOOM_OK && s->error == LOOM_OK) s->error = st;
+}
+
+/* Moves bucket b on as far as it can go without waiting (or, with wait, to DONE). */
+static void bucket_advance(loom_grad_sync *s, int b, int wait) {
+    bucket_state *bs = &s->state[b];
+    const loom_grad_bucket *bucket = &s->buckets[b];
+    if (bs->phase == BUCKET_IDLE) {
+        float *grads = s->model->grads_memory + bucket->begin;
+        loom_status st = loom_comm_iallreduce_f32(
+            s->mesh->dp, grads, (int64_t)(bucket->end - bucket->begin), &bs->request);
+        keep_error(s, st);
+        bs->phase = st == LOOM_OK ? BUCKET_REDUCING : BUCKET_DONE;
+    }
+    if (bs->phase == BUCKET_REDUCING && bs->request) {
+        int done = 0;
+        loom_status st = wait ? loom_comm_wait(bs->request) : loom_comm_test(bs->request, &done);
+        if (wait || done || st != LOOM_OK) bs->request = NULL, bs->phase = BUCKET_DONE;
+        keep_error(s, st);
+    }
+}
+
+/* The model's grads_ready hook: every gradient at or above ready_offset is final. */
+static void grads_ready(void *ctx, size_t ready_offset) {
+    loom_grad_sync *s = ctx;
+    while (s->started < s->num_buckets && s->buckets[s->started].begin >= ready_offset) {
+        bucket_advance(s, s->started++, 0);
+    }
+    /* MPI moves a non-blocking collective along only inside MPI calls: poke the ones in
+     * flight, so they progress while backward computes the next block */
+    for (int b = 0; b < s->started; b++) bucket_advance(s, b, 0);
+}
+
+void loom_grad_sync_before_backward(loom_grad_sync *s) {
+    if (!s || !s->buckets) return;
+    s->started = 0;
+    s->error = LOOM_OK;
+    for (int b = 0; b < s->num_buckets; b++) s->state[b] = (bucket_state){BUCKET_IDLE, NULL};
+    loom_gpt_set_grads_ready(s->model, grads_ready, s);
+}
+
+void loom_grad_sync_after_backward(loom_grad_sync *s) {
+    if (s) loom_gpt_set_grads_ready(s->model, NULL, NULL);
+}
+
+/* The tied embedding's two copies (first and last stage) get the sum of both gradients. */
+static loom_status sync_embedding(loom_grad_sync *s) {
+    if (!s->mesh->embedding) return LOOM_OK;
+    const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
+    return loom_comm_allreduce_f32(s->mesh->embedding, s->model->grads_memory + wte->offset,
+                                   wte->numel, LOOM_REDUCE_SUM);
+}
+
+loom_status loom_grad_sync_finish(loom_grad_sync *s) {
+    if (s->zero1) {
+        /* the embedding first: ZeRO ranges differ between the stages' buffers */
+        loom_status st = sync_embedding(s);
+        if (st != LOOM_OK) return st;
+        return loom_comm_reduce_scatter_f32(s->mesh->dp, s->model->grads_memory, s->grad_shard,
+                                            (int64_t)s->range.shard);
+    }
+    if (s->buckets) {
+        grads_ready(s, 0); /* whatever backward did not start (a hook-less backward: all) */
+        for (int b = 0; b < s->num_buckets; b++) bucket_advance(s, b, 1);
+        loom_status st = s->error;
+        s->error = LOOM_OK;
+        if (st != LOOM_OK) return st;
+    }
+    return sync_embedding(s);
+}
+
+loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {
+    return s->range;
+}
+
+float *loom_grad_sync_grads(loom_grad_sync *s) {
+    return s->zero1 ? s->grad_shard : s->model->grads_memory;
+}
+
+void loom_grad_sync_poison(loom_grad_sync *s) {
+    loom_grad_sync_grads(s)[0] = NAN;
+}
+
+/* Sums of squares over this rank's range, split into TP-sharded tensors (out[0]) and the rest
+ * (out[1]); each parameter once: the embeddings where they are used first, the final LayerNorm
+ * on the head stage (other stages' copies are idle or mirror them). */
+static void sum_squares(const loom_grad_sync *s, double out[2]) {
+    const loom_gpt *model = s->model;
+    const float *grads = s->zero1 ? s->grad_shard : model->grads_memory;
+    size_t lo = s->range.begin, hi = s->range.end;
+    out[0] = out[1] = 0.0;
+    for (int i = 0; i < model->num_segments; i++) {
+        const loom_gpt_segment *seg = &model->segments[i];
+        size_t a = seg->offset > lo ? seg->offset : lo;
+        size_t b = seg->offset + (size_t)seg->numel < hi ? seg->offset + (size_t)seg->numel : hi;
+        if (a >= b) continue;
+        int k = seg->tensor;
+        if ((k == LOOM_WTE || k == LOOM_WPE) && !model->has_embedding) continue;
+        if ((k == LOOM_LNFW || k == LOOM_LNFB) && !model->has_head) continue;
+        double sq = model->backend->sum_squares(grads + (a - lo), (int64_t)(b - a));
+        out[s->mesh->tp_size > 1 && loom_gpt_tensor_is_sharded(k) ? 0 : 1] += sq;
+    }
+}
+
+loom_status loom_grad_sync_loss_and_norm(loom_grad_sync *s, double loss_sum, int micro_batches,
+                                         double *loss, double *grad_norm) {
+    const loom_mesh *mesh = s->mesh;
+    double sums[3] = {loss_sum / micro_batches, 0.0, 0.0}; /* loss, sharded, replicated */
+    sum_squares(s, sums + 1);
+    loom_status st = LOOM_OK;
+    if (mesh->dp_size > 1) {
+        /* under plain DP every rank holds the whole gradient: take the largest of the (equal)
+         * values rather than trusting that every rank's allreduce rounded alike; under ZeRO-1
+         * each rank adds its range */
+        double norms[2] = {sums[1], sums[2]};
+        if (!s->zero1) sums[1] = sums[2] = 0.0;
+        st = loom_comm_allreduce_f64(mesh->dp, sums, 3, LOOM_REDUCE_SUM);
+        if (st == LOOM_OK && !s->zero1) {
+            st = loom_comm_allreduce_f64(mesh->dp, norms, 2, LOOM_REDUCE_MAX);
+            sums[1] = norms[0], sums[2] = norms[1];
+        }
+        sums[0] /= mesh->dp_size;
+    }
+    if (st == LOOM_OK && mesh->tp_size > 1) {
+        st = loom_comm_allreduce_f64(mesh->tp, sums + 1, 1, LOOM_REDUCE_SUM);
+    }
+    if (st == LOOM_OK && mesh->pp_size > 1) {
+        /* the loss lives on the last stage, the norm's parts on every stage */
+        if (!s->model->has_head) sums[0] = 0.0;
+        st = loom_comm_allreduce_f64(mesh->pp, sums, 3, LOOM_REDUCE_SUM);
+    }
+    *loss = sums[0];
+    *grad_norm = sqrt(sums[1] + sums[2]);
+    return st;
+}
+
+loom_status loom_grad_sync_share_params(loom_grad_sync *s) {
+    if (!s->zero1) return LOOM_OK;
+    /* in place: this rank's range already sits at rank x shard in the buffer */
+    float *params = s->model->params_memory;
+    return loom_comm_allgather_f32(s->mesh->dp, params + s->range.begin, params,
+                                   (int64_t)s->range.shard);
+}
+
+loom_status loom_grad_sync_check_replicas(loom_grad_sync *s) {
+    const loom_mesh *mesh = s->mesh;
+    if (mesh->dp_size < 2) return LOOM_OK;
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the parameter bytes */
+    const unsigned char *bytes = (const unsigned char *)s->model->params_memory;
+    for (size_t i = 0; i < s->model->num_params * sizeof(float); i++) {
+        h = (h ^ bytes[i]) * 1099511628211ULL;
+    }
+    /* every replica's checksum, in two exactly representable halves */
+    int dp = mesh->dp_size;
+    double *all = loom_calloc(2 * (size_t)dp, sizeof *all, "replica checksums");
+    if (!all) return LOOM_ERR_NOMEM;
+    all[2 * mesh->dp_rank] = (double)(h >> 32);
+    all[2 * mesh->dp_rank + 1] = (double)(h & 0xffffffffu);
+    loom_status st = loom_comm_allreduce_f64(mesh->dp, all, 2 * dp, LOOM_REDUCE_SUM);
+    char differing[256] = "";
+    size_t used = 0;
+    for (int r = 1; st == LOOM_OK && r < dp && used < sizeof differing - 16; r++) {
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+            used += (size_t)snprintf(differing + used, sizeof differing - used, "%s%d",
+                                     used ? ", " : "", r);
+        }
+    }
+    free(all);
+    if (st != LOOM_OK) return st;
+    if (used > 0) {
+        return loom_fail(LOOM_ERR_RUNTIME,
+                         "data-parallel replicas differ: replica(s) %s of stage %d, tensor rank "
+                         "%d hold parameters other than replica 0's (checksums differ); the "
+                         "replicas no longer train the same model",
+                         differing, mesh->pp_rank, mesh->tp_rank);
+    }
+    if (mesh->lead) {
+        loom_info("data-parallel replicas hold bit-identical parameters (checksum %016" PRIx64 ")",
+                  h);
+    }
+    return LOOM_OK;
+}
+
+loom_zero_shard loom_zero_shard_of(size_t count, int dp_size, int dp_rank) {
+    loom_zero_shard z;
+    size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
+    z.padded_count = (count + dp - 1) / dp * dp;
+    z.shard = z.padded_count / dp;
+    z.begin = (size_t)dp_rank * z.shard;
+    z.end = z.begin + z.shard;
+    if (z.end > count) z.end = count;
+    if (z.begin > count) z.begin = count;
+    return z;
+}

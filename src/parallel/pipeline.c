@@ -1,0 +1,225 @@
+/*
+ * pipeline.c — the executor of this stage's schedule: one step's micro-batches through
+ * forward and backward, activations and their gradients point to point to the neighbouring
+ * stages. Sends are non-blocking from a ring of buffers (one per micro-batch in flight,
+ * completed when the slot comes round again or at the end of the step); receives wait at their
+ * place in the list, which cannot deadlock (see the contract in loom/parallel.h). With one stage
+ * the schedule is forward, backward, forward, ...: plain gradient accumulation.
+ *
+ * Every activation or activation gradient that crosses a link goes through encode_send and
+ * recv_decode: the identity today (the wire format is the floats themselves); the compression
+ * issue puts its encoder and decoder there.
+ *
+ * Not here: the schedules themselves (schedule.c), gradient synchronisation (grad_sync.c).
+ */
+#include "loom/parallel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_ACT = 1, TAG_GRAD = 2 };
+enum { KIND_ACT = 0, KIND_GRAD = 1 }; /* what a message carries */
+
+struct loom_pipeline {
+    const loom_mesh *mesh;
+    loom_gpt *model;
+    int B, T;
+    int micro_batches;                 /* per step on this replica */
+    loom_pipe_stage_schedule schedule; /* this stage's actions for one step */
+    int recompute;                     /* activations rebuilt in backward from the kept input */
+    int in_flight;                     /* micro-batches whose inputs this stage keeps */
+    int last_forward_mb;               /* whose activations the model holds (recompute) */
+    float *act_in;                     /* (in_flight, B, T, C): activations received */
+    float *grad_out;                   /* (B, T, C): gradient of this stage's output */
+    float *send_buf;                   /* (2, in_flight, B, T, C): outgoing messages */
+    loom_comm_request **send_req;      /* (2, in_flight): their non-blocking sends */
+    loom_trace *trace;                 /* NULL: not tracing */
+};
+
+loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loom_gpt *model, int B,
+                                 int T) {
+    *out = NULL;
+    loom_pipeline *p = loom_calloc(1, sizeof *p, "pipeline");
+    if (!p) return LOOM_ERR_NOMEM;
+    const loom_plan *plan = mesh->plan;
+    p->mesh = mesh, p->model = model, p->B = B, p->T = T;
+    p->micro_batches = loom_plan_num_micro_batches(plan);
+    p->recompute = plan->stages[mesh->pp_rank].recompute && mesh->pp_size > 1;
+    loom_schedule_kind kind;
+    loom_status st = loom_schedule_kind_parse(plan->schedule, &kind);
+    if (st == LOOM_OK) {
+        st = loom_pipe_schedule(kind, mesh->pp_size, p->micro_batches, mesh->pp_rank, &p->schedule);
+    }
+    if (st == LOOM_OK) {
+        p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
+        /* recomputation keeps one activation set; inputs are kept for every micro-batch */
+        st = loom_gpt_reserve_slots(model, B, T, p->recompute ? 1 : p->in_flight);
+    }
+    if (st == LOOM_OK && mesh->pp_size > 1) {
+        size_t btc = (size_t)B * (size_t)T * (size_t)model->config.channels;
+        p->act_in = loom_alloc_aligned(btc * (size_t)p->in_flight * sizeof(float), "stage inputs");
+        p->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
+        p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->in_flight * sizeof(float), "sends");
+        p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof *p->send_req, "sends");
+        if (!p->act_in || !p->grad_out || !p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
+    }
+    if (st != LOOM_OK) {
+        loom_pipeline_free(p);
+        return st;
+    }
+    *out = p;
+    return LOOM_OK;
+}
+
+void loom_pipeline_free(loom_pipeline *p) {
+    if (!p) return;
+    loom_pipe_schedule_free(&p->schedule);
+    loom_free_aligned(p->act_in);
+    loom_free_aligned(p->grad_out);
+    loom_free_aligned(p->send_buf);
+    free(p->send_req);
+    free(p);
+}
+
+int loom_pipeline_micro_batches(const loom_pipeline *p) {
+    return p->micro_batches;
+}
+
+int loom_pipeline_recomputes(const loom_pipeline *p) {
+    return p->recompute;
+}
+
+void loom_pipeline_set_trace(loom_pipeline *p, loom_trace *trace) {
+    p->trace = trace;
+}
+
+/* ---- links: encode/decode points --------------------------------------------------------------
+ */
+
+/* Sends rows x cols floats of `kind` to `peer` without waiting: encoded into a ring slot (one per
+ * micro-batch in flight and kind) whose previous send is completed first. */
+static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *src, int64_t rows,
+                               int64_t cols, int peer) {
+    int slot = kind * p->in_flight + mb % p->in_flight;
+    loom_status st = LOOM_OK;
+    if (p->send_req[slot]) st = loom_comm_wait(p->send_req[slot]);
+    p->send_req[slot] = NULL;
+    if (st != LOOM_OK) return st;
+    size_t floats = (size_t)rows * (size_t)cols;
+    float *wire = p->send_buf + (size_t)slot * floats;
+    memcpy(wire, src, floats * sizeof(float)); /* identity encoding */
+    int64_t wire_bytes = (int64_t)(floats * sizeof(float));
+    return loom_comm_isend(p->mesh->pp, wire, wire_bytes, peer,
+                           kind == KIND_ACT ? TAG_ACT : TAG_GRAD, &p->send_req[slot]);
+}
+
+/* Receives a message of `kind` from `peer` and decodes it into dst (rows x cols floats). With
+ * the identity encoding the wire buffer is dst itself. */
+static loom_status recv_decode(loom_pipeline *p, int kind, float *dst, int64_t rows, int64_t cols,
+                               int peer) {
+    int64_t wire_bytes = rows * cols * (int64_t)sizeof(float);
+    return loom_comm_recv(p->mesh->pp, dst, wire_bytes, peer,
+                          kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
+}
+
+static loom_status wait_sends(loom_pipeline *p) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; p->send_req && i < 2 * p->in_flight; i++) {
+        if (!p->send_req[i]) continue;
+        loom_status r = loom_comm_wait(p->send_req[i]);
+        p->send_req[i] = NULL;
+        if (st == LOOM_OK) st = r;
+    }
+    return st;
+}
+
+/* ---- training ----------------------------------------------------------------------------------
+ */
+
+/* Rebuilds micro-batch mb's activations from its kept input when recomputation dropped them. */
+static void ensure_activations(loom_pipeline *p, int mb, const int32_t *tokens, const float *input,
+                               const int32_t *targets) {
+    if (!p->recompute || p->last_forward_mb == mb) return;
+    loom_comm_progress("pipeline recompute");
+    loom_gpt_forward_stage(p->model, tokens, input, targets, p->B, p->T);
+    p->last_forward_mb = mb;
+}
+
+loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const int32_t *targets,
+                                float dloss, loom_grad_sync *sync, int64_t step, double *loss_sum) {
+    loom_gpt *model = p->model;
+    int B = p->B, T = p->T, stage = p->mesh->pp_rank;
+    size_t bt = (size_t)B * (size_t)T;
+    int64_t rows = (int64_t)bt, cols = model->config.channels;
+    loom_status st = LOOM_OK;
+    *loss_sum = 0.0;
+    p->last_forward_mb = -1;
+    for (int i = 0; i < p->schedule.count && st == LOOM_OK; i++) {
+        loom_pipe_action act = p->schedule.actions[i];
+        int mb = act.micro_batch, slot = p->recompute ? 0 : mb % model->slots;
+        float *input =
+            p->act_in ? p->act_in + (size_t)(mb % p->in_flight) * bt * (size_t)cols : NULL;
+        const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
+        int compute = act.op == LOOM_PIPE_FORWARD || act.op == LOOM_PIPE_BACKWARD;
+        double t0 = loom_trace_now_us();
+        switch (act.op) {
+        case LOOM_PIPE_RECV_ACT:
+            st = recv_decode(p, KIND_ACT, input, rows, cols, stage - 1);
+            break;
+        case LOOM_PIPE_FORWARD:
+            loom_gpt_use_slot(model, slot);
+            loom_comm_progress("forward");
+            *loss_sum += loom_gpt_forward_stage(model, tokens, input, mb_targets, B, T);
+            p->last_forward_mb = mb;
+            break;
+        case LOOM_PIPE_SEND_ACT:
+            loom_gpt_use_slot(model, slot);
+            ensure_activations(p, mb, tokens, input, mb_targets);
+            st = encode_send(p, KIND_ACT, mb, loom_gpt_stage_output(model), rows, cols, stage + 1);
+            break;
+        case LOOM_PIPE_RECV_GRAD:
+            st = recv_decode(p, KIND_GRAD, p->grad_out, rows, cols, stage + 1);
+            break;
+        case LOOM_PIPE_BACKWARD:
+            loom_gpt_use_slot(model, slot);
+            ensure_activations(p, mb, tokens, input, mb_targets);
+            if (mb == p->micro_batches - 1) loom_grad_sync_before_backward(sync);
+            loom_comm_progress("backward");
+            loom_gpt_backward_stage(model, dloss, model->has_head ? NULL : p->grad_out);
+            loom_grad_sync_after_backward(sync);
+            break;
+        case LOOM_PIPE_SEND_GRAD:
+            st = encode_send(p, KIND_GRAD, mb, loom_gpt_stage_input_grad(model), rows, cols,
+                             stage - 1);
+            break;
+        }
+        loom_trace_event(p->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
+                         loom_pipe_op_name(act.op), compute ? "compute" : "pp",
+                         t0 - loom_trace_origin_us(p->trace), loom_trace_now_us() - t0, step + 1,
+                         mb);
+    }
+    loom_status sent = wait_sends(p);
+    return st != LOOM_OK ? st : sent;
+}
+
+/* ---- forward only (validation) --------------------------------------------------------------- */
+
+loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const int32_t *targets,
+                                  int b, double *loss) {
+    loom_gpt *model = p->model;
+    int T = p->T, stage = p->mesh->pp_rank;
+    int64_t rows = (int64_t)b * T, cols = model->config.channels;
+    loom_status st = LOOM_OK;
+    loom_gpt_use_slot(model, 0);
+    if (!model->has_embedding) st = recv_decode(p, KIND_ACT, p->act_in, rows, cols, stage - 1);
+    if (st != LOOM_OK) return st;
+    loom_comm_progress("validation");
+    float mean = loom_gpt_forward_stage(model, inputs, p->act_in, targets, b, T);
+    *loss = model->has_head ? (double)mean : 0.0;
+    if (!model->has_head) {
+        st = encode_send(p, KIND_ACT, 0, loom_gpt_stage_output(model), rows, cols, stage + 1);
+        loom_status sent = wait_sends(p);
+        if (st == LOOM_OK) st = sent;
+    }
+    return st;
+}

@@ -1,0 +1,244 @@
+/*
+ * checkpointing.c — a run's checkpoints under any layout. The files are always the
+ * single-process ones (io/checkpoint.c), so a run resumes under any other layout.
+ *
+ * One mapping connects a checkpoint slice (one layer of one tensor, or a global tensor, in the
+ * unsharded layout) with a rank's shard: slice_part says where the shard's part of a slice lies
+ * in the rank's buffer and slice_pos where each of its elements lies in the slice. Saving
+ * streams: the first replica's ranks send their parts to the lead, which assembles one slice at
+ * a time; resuming and --init-from from a checkpoint take each slice as it is read and keep
+ * this rank's part. No rank holds more than its shard plus one slice.
+ */
+#include "train/train_internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_SHARD = 100 };
+
+/* ---- the slice <-> shard mapping ---------------------------------------------------------------
+ */
+
+typedef struct {
+    size_t local;  /* where the shard's part of the slice starts in its flat buffer */
+    int64_t count; /* its elements */
+    int64_t base;  /* local logical index of its first element */
+    int64_t shift; /* global logical index of the slice's first element */
+} slice_part;
+
+static int holds_layer(const loom_gpt *shard, int layer) {
+    return layer < 0 ||
+           (layer >= shard->first_layer && layer < shard->first_layer + shard->num_local_layers);
+}
+
+static slice_part part_of(const loom_gpt *shard, int k, int layer) {
+    const loom_gpt_tensor_info *li = &shard->info[k];
+    slice_part sp = {li->offset, li->layer_numel, 0, 0};
+    if (layer >= 0) {
+        size_t local_layer = (size_t)(layer - shard->first_layer);
+        int64_t full_layer = li->layer_numel * (loom_gpt_tensor_is_sharded(k) ? shard->tp_size : 1);
+        sp.local += local_layer * li->layer_stride;
+        sp.base = (int64_t)local_layer * li->layer_numel;
+        sp.shift = (int64_t)layer * full_layer;
+    }
+    return sp;
+}
+
+/* Position within the unsharded slice of the part's element j. */
+static int64_t slice_pos(const loom_gpt *shard, int k, const slice_part *sp, int64_t j) {
+    return loom_gpt_global_index(shard, k, sp->base + j) - sp->shift;
+}
+
+/* ---- reading: keep this rank's part of each slice ------------------------------------------- */
+
+typedef struct {
+    const loom_gpt *shard;
+    float *dst[3]; /* parameters, exp_avg, exp_avg_sq in the local layout; NULL: not wanted */
+} slice_take;
+
+static loom_status take_slice(void *ctx, int b, int k, int layer, const float *slice) {
+    slice_take *c = ctx;
+    if (!c->dst[b] || !holds_layer(c->shard, layer)) return LOOM_OK;
+    slice_part sp = part_of(c->shard, k, layer);
+    float *dst = c->dst[b] + sp.local;
+    for (int64_t j = 0; j < sp.count; j++) dst[j] = slice[slice_pos(c->shard, k, &sp, j)];
+    return LOOM_OK;
+}
+
+static loom_status unsharded_layout(const loom_gpt *model, loom_gpt *layout) {
+    loom_gpt_shard whole = {0, model->config.num_layers, 1, 0, NULL};
+    return loom_gpt_describe(layout, &model->config, &whole);
+}
+
+/* Moments come back whole (local layout) and are cut to this rank's ZeRO range. */
+static void keep_range(loom_adamw *opt, const float *m, const float *v) {
+    size_t count = opt->range.end - opt->range.begin;
+    memcpy(opt->m, m + opt->range.begin, count * sizeof(float));
+    memcpy(opt->v, v + opt->range.begin, count * sizeof(float));
+}
+
+loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
+                                     loom_adamw *opt, loom_ckpt_state *state) {
+    size_t n = model->num_params;
+    float *m = loom_alloc_aligned(n * sizeof(float), "moments");
+    float *v = loom_alloc_aligned(n * sizeof(float), "moments");
+    loom_status st = m && v ? LOOM_OK : LOOM_ERR_NOMEM;
+    if (st == LOOM_OK && mesh->tp_size == 1 && mesh->pp_size == 1) {
+        st = loom_checkpoint_load(dir, model, m, v, state);
+    } else if (st == LOOM_OK) {
+        loom_gpt layout;
+        slice_take c = {model, {model->params_memory, m, v}};
+        st = unsharded_layout(model, &layout);
+        if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
+    }
+    if (st == LOOM_OK) keep_range(opt, m, v);
+    loom_free_aligned(m), loom_free_aligned(v);
+    return st;
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+loom_status loom_run_init_from(const char *path, loom_gpt *model) {
+    loom_gpt layout;
+    loom_status st = unsharded_layout(model, &layout);
+    if (st != LOOM_OK) return st;
+    slice_take c = {model, {model->params_memory, NULL, NULL}};
+    if (!has_suffix(path, ".bin") && !has_suffix(path, ".safetensors")) {
+        /* a loom checkpoint: slice by slice, only this rank's part kept */
+        char dir[4096];
+        loom_ckpt_state ignored;
+        st = loom_checkpoint_resolve(path, dir, sizeof dir);
+        if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, &ignored);
+        return st;
+    }
+    /* other files are read whole, then each slice is taken from the whole model */
+    loom_gpt *full;
+    st = loom_model_load(path, model->backend, &full);
+    if (st != LOOM_OK) return st;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *fi = &full->info[k];
+        int layers = fi->per_layer ? full->config.num_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            const float *slice = full->params_memory + fi->offset + (size_t)l * fi->layer_stride;
+            take_slice(&c, 0, k, fi->per_layer ? l : -1, slice);
+        }
+    }
+    loom_gpt_free(full);
+    return LOOM_OK;
+}
+
+/* ---- writing: the lead assembles each slice from the first replica's parts ------------------ */
+
+typedef struct {
+    const loom_mesh *mesh;
+    const loom_gpt *model;
+    const float *mine[3]; /* this rank's parameters, exp_avg, exp_avg_sq (local layout) */
+    loom_gpt full;        /* the unsharded layout (no memory) */
+    float *slice;         /* one unsharded slice, assembled */
+    float *recv;          /* one rank's part of it */
+} slice_stream;
+
+static const float *stream_fill(void *ctx, int b, int k, int layer) {
+    slice_stream *c = ctx;
+    const loom_mesh *mesh = c->mesh;
+    const loom_plan_stage *stage = &mesh->plan->stages[loom_mesh_owner_stage(mesh, k, layer)];
+    int s = (int)(stage - mesh->plan->stages);
+    int parts = loom_gpt_tensor_is_sharded(k) ? mesh->tp_size : 1; /* replicated: TP rank 0 */
+    for (int r = 0; r < parts; r++) {
+        loom_gpt desc;
+        loom_gpt_shard shard = {stage->first_layer, stage->end_layer, mesh->tp_size, r, NULL};
+        if (loom_gpt_describe(&desc, &c->model->config, &shard) != LOOM_OK) return NULL;
+        slice_part sp = part_of(&desc, k, layer);
+        int sender = loom_mesh_world_rank(mesh, 0, r, s);
+        const float *src = c->mine[b] + sp.local;
+        if (sender != 0) {
+            if (loom_comm_recv(mesh->world, c->recv, sp.count * (int64_t)sizeof(float), sender,
+                               TAG_SHARD + b) != LOOM_OK) {
+                return NULL;
+            }
+            src = c->recv;
+        }
+        for (int64_t j = 0; j < sp.count; j++) c->slice[slice_pos(&desc, k, &sp, j)] = src[j];
+    }
+    return c->slice;
+}
+
+/* The senders' side: the same slices, in the same order, for the parts this rank provides. */
+static loom_status stream_send(const loom_mesh *mesh, const loom_gpt *model,
+                               const float *const mine[3]) {
+    size_t most = 4 + 12 * (size_t)model->config.num_layers;
+    int *tensors = loom_calloc(most, sizeof(int), "slices");
+    int *layers = loom_calloc(most, sizeof(int), "slices");
+    int count = tensors && layers ? loom_checkpoint_slices(&model->config, tensors, layers) : -1;
+    loom_status st = count < 0 ? LOOM_ERR_NOMEM : LOOM_OK;
+    for (int b = 0; b < 3 && st == LOOM_OK; b++) {
+        for (int i = 0; i < count && st == LOOM_OK; i++) {
+            int k = tensors[i], layer = layers[i];
+            if (loom_mesh_owner_stage(mesh, k, layer) != mesh->pp_rank) continue;
+            if (!loom_gpt_tensor_is_sharded(k) && mesh->tp_rank != 0) continue;
+            slice_part sp = part_of(model, k, layer);
+            st = loom_comm_send(mesh->world, mine[b] + sp.local, sp.count * (int64_t)sizeof(float),
+                                0, TAG_SHARD + b);
+        }
+    }
+    free(tensors), free(layers);
+    return st;
+}
+
+static loom_status save_streamed(const char *out, const loom_mesh *mesh, const loom_gpt *model,
+                                 const float *const mine[3], const loom_ckpt_state *state) {
+    if (!mesh->lead) return stream_send(mesh, model, mine);
+    slice_stream c;
+    memset(&c, 0, sizeof c);
+    c.mesh = mesh, c.model = model;
+    for (int b = 0; b < 3; b++) c.mine[b] = mine[b];
+    loom_status st = unsharded_layout(model, &c.full);
+    if (st != LOOM_OK) return st;
+    size_t largest = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if ((size_t)c.full.info[k].layer_numel > largest) {
+            largest = (size_t)c.full.info[k].layer_numel;
+        }
+    }
+    c.slice = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
+    c.recv = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
+    if (!c.slice || !c.recv) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK) st = loom_checkpoint_save_fill(out, &c.full, stream_fill, &c, state);
+    loom_free_aligned(c.slice);
+    loom_free_aligned(c.recv);
+    return st;
+}
+
+loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
+                                     const loom_adamw *opt, const loom_ckpt_state *state) {
+    const float *m = opt->m, *v = opt->v;
+    float *dp_m = NULL, *dp_v = NULL;
+    loom_status st = LOOM_OK;
+    loom_comm_progress("saving a checkpoint");
+    if (opt->range.shard != opt->range.padded_count) {
+        /* ZeRO-1: every replica's range of the moments, gathered (every DP rank joins) */
+        size_t padded = opt->range.padded_count;
+        dp_m = loom_alloc_aligned(padded * sizeof(float), "moments");
+        dp_v = loom_alloc_aligned(padded * sizeof(float), "moments");
+        if (!dp_m || !dp_v) st = LOOM_ERR_NOMEM;
+        int64_t shard = (int64_t)opt->range.shard;
+        if (st == LOOM_OK) st = loom_comm_allgather_f32(mesh->dp, opt->m, dp_m, shard);
+        if (st == LOOM_OK) st = loom_comm_allgather_f32(mesh->dp, opt->v, dp_v, shard);
+        m = dp_m, v = dp_v;
+    }
+    if (st == LOOM_OK && (mesh->tp_size > 1 || mesh->pp_size > 1)) {
+        const float *mine[3] = {model->params_memory, m, v};
+        if (mesh->dp_rank == 0) st = save_streamed(out, mesh, model, mine, state);
+    } else if (st == LOOM_OK && mesh->lead) {
+        st = loom_checkpoint_save(out, model, m, v, state);
+    }
+    if (st == LOOM_OK && mesh->lead) {
+        loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, out, state->step);
+    }
+    loom_free_aligned(dp_m), loom_free_aligned(dp_v);
+    return st;
+}

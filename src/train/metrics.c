@@ -1,0 +1,241 @@
+/*
+ * metrics.c — metrics.jsonl: one JSON object per step (loss, lr, grad norm, time, tokens/s,
+ * MFU, and per group the bytes sent and seconds spent waiting) and one per validation, written
+ * with jansson; the one reader of such files; and the loss series kept in memory for the plot
+ * (a resumed run starts from the records it keeps).
+ *
+ * Not here: drawing (plot.c).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "train/plot.h"
+#include "train/train_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- reading ------------------------------------------------------------------------------------
+ */
+
+static double number_or_nan(const json_t *obj, const char *key) {
+    const json_t *v = json_object_get(obj, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+loom_status loom_metrics_read(const char *path, loom_metrics_record **records, size_t *count) {
+    *records = NULL, *count = 0;
+    char *text;
+    size_t size;
+    loom_status st = loom_read_file(path, &text, &size);
+    if (st != LOOM_OK) return st;
+    size_t cap = 1;
+    for (size_t i = 0; i < size; i++) cap += text[i] == '\n';
+    loom_metrics_record *out = loom_calloc(cap, sizeof *out, "metrics records");
+    if (!out) {
+        free(text);
+        return LOOM_ERR_NOMEM;
+    }
+    size_t n = 0;
+    static const char *const groups[3] = {"dp", "tp", "pp"};
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        size_t len = next ? (size_t)(next - line) : strlen(line);
+        json_t *obj = json_loadb(line, len, 0, NULL);
+        json_t *step = json_object_get(obj, "step");
+        if (json_is_integer(step)) {
+            loom_metrics_record *r = &out[n++];
+            r->step = json_integer_value(step);
+            r->val_loss = number_or_nan(obj, "val_loss");
+            r->is_validation = json_object_get(obj, "val_loss") != NULL;
+            r->loss = number_or_nan(obj, "loss");
+            r->lr = number_or_nan(obj, "lr");
+            r->grad_norm = number_or_nan(obj, "grad_norm");
+            r->ms = number_or_nan(obj, "ms");
+            r->tokens_per_s = number_or_nan(obj, "tokens_per_s");
+            r->mfu = number_or_nan(obj, "mfu");
+            for (int g = 0; g < 3; g++) {
+                char key[16];
+                snprintf(key, sizeof key, "%s_s", groups[g]);
+                r->comm_s[g] = number_or_nan(obj, key);
+                snprintf(key, sizeof key, "%s_bytes", groups[g]);
+                r->comm_bytes[g] = number_or_nan(obj, key);
+            }
+            r->skipped = json_is_true(json_object_get(obj, "skipped"));
+        }
+        json_decref(obj);
+        line = next ? next + 1 : NULL;
+    }
+    free(text);
+    *records = out, *count = n;
+    return LOOM_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------------------------
+ */
+
+struct loom_metrics {
+    char path[LOOM_PATH_MAX + 32];
+    FILE *file;
+    int64_t *steps, *val_steps; /* the series for the plot */
+    double *loss, *val_loss;
+    size_t n, n_val, cap, cap_val;
+};
+
+static int grow(void **array, size_t *cap, size_t need, size_t size) {
+    if (need <= *cap) return 1;
+    size_t bigger = *cap ? *cap * 2 : 256;
+    while (bigger < need) bigger *= 2;
+    void *p = realloc(*array, bigger * size);
+    if (!p) return 0;
+    *array = p, *cap = bigger;
+    return 1;
+}
+
+/* Appends a point; a series' two arrays grow in step from the same capacity, so one count
+ * of it serves both. */
+static loom_status keep_point(loom_metrics *m, int validation, int64_t step, double value) {
+    if (validation) {
+        size_t cap = m->cap_val;
+        if (!grow((void **)&m->val_steps, &cap, m->n_val + 1, sizeof *m->val_steps) ||
+            !grow((void **)&m->val_loss, &m->cap_val, m->n_val + 1, sizeof *m->val_loss)) {
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory keeping the loss series");
+        }
+        m->val_steps[m->n_val] = step, m->val_loss[m->n_val++] = value;
+    } else {
+        size_t cap = m->cap;
+        if (!grow((void **)&m->steps, &cap, m->n + 1, sizeof *m->steps) ||
+            !grow((void **)&m->loss, &m->cap, m->n + 1, sizeof *m->loss)) {
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory keeping the loss series");
+        }
+        m->steps[m->n] = step, m->loss[m->n++] = value;
+    }
+    return LOOM_OK;
+}
+
+/* Keeps the records of steps up to `step` (a resumed run rewrites the rest) and their series. */
+static loom_status keep_until(loom_metrics *m, int64_t step) {
+    if (access(m->path, F_OK) != 0) return LOOM_OK;
+    char *text;
+    size_t size;
+    loom_status st = loom_read_file(m->path, &text, &size);
+    if (st != LOOM_OK) return st;
+    char *kept = loom_malloc(size + 1, "metrics");
+    if (!kept) {
+        free(text);
+        return LOOM_ERR_NOMEM;
+    }
+    size_t used = 0;
+    for (char *line = text; st == LOOM_OK && line && *line;) {
+        char *next = strchr(line, '\n');
+        size_t len = next ? (size_t)(next - line) : strlen(line);
+        json_t *obj = json_loadb(line, len, 0, NULL);
+        json_t *s = json_object_get(obj, "step");
+        if (json_is_integer(s) && json_integer_value(s) <= step) {
+            memcpy(kept + used, line, len);
+            used += len;
+            kept[used++] = '\n';
+            json_t *l = json_object_get(obj, "loss"), *vl = json_object_get(obj, "val_loss");
+            if (json_is_number(l))
+                st = keep_point(m, 0, json_integer_value(s), json_number_value(l));
+            if (st == LOOM_OK && json_is_number(vl)) {
+                st = keep_point(m, 1, json_integer_value(s), json_number_value(vl));
+            }
+        }
+        json_decref(obj);
+        line = next ? next + 1 : NULL;
+    }
+    if (st == LOOM_OK) st = loom_write_file_atomic(m->path, kept, used);
+    free(text);
+    free(kept);
+    return st;
+}
+
+loom_status loom_metrics_open(loom_metrics **out, const char *dir, int64_t resume_step) {
+    *out = NULL;
+    loom_metrics *m = loom_calloc(1, sizeof *m, "metrics");
+    if (!m) return LOOM_ERR_NOMEM;
+    snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", dir);
+    loom_status st = resume_step >= 0 ? keep_until(m, resume_step) : LOOM_OK;
+    if (st == LOOM_OK) {
+        m->file = fopen(m->path, resume_step >= 0 ? "a" : "w");
+        if (!m->file) st = loom_fail(LOOM_ERR_IO, "%s: cannot open for writing", m->path);
+    }
+    if (st != LOOM_OK) {
+        loom_metrics_close(m);
+        return st;
+    }
+    *out = m;
+    return LOOM_OK;
+}
+
+void loom_metrics_close(loom_metrics *m) {
+    if (!m) return;
+    if (m->file) fclose(m->file);
+    free(m->steps), free(m->loss), free(m->val_steps), free(m->val_loss);
+    free(m);
+}
+
+/* A finite number, or null (JSON has no NaN). */
+static json_t *number(double value) {
+    return isfinite(value) ? json_real(value) : json_null();
+}
+
+static loom_status write_record(loom_metrics *m, json_t *obj) {
+    int bad = !obj || json_dumpf(obj, m->file, JSON_REAL_PRECISION(9)) != 0 ||
+              fputc('\n', m->file) == EOF || fflush(m->file) != 0;
+    json_decref(obj);
+    return bad ? loom_fail(LOOM_ERR_IO, "%s: cannot write a metrics record", m->path) : LOOM_OK;
+}
+
+loom_status loom_metrics_step(loom_metrics *m, const loom_step_record *r) {
+    /* the groups' counters are read and reset on every rank, written by the lead */
+    loom_comm *groups[3] = {r->mesh->dp, r->mesh->tp, r->mesh->pp};
+    static const char *const names[3] = {"dp", "tp", "pp"};
+    loom_comm_stats stats[3] = {{0}};
+    for (int g = 0; g < 3; g++) {
+        if (!groups[g]) continue;
+        stats[g] = loom_comm_get_stats(groups[g]);
+        loom_comm_reset_stats(groups[g]);
+    }
+    if (!m) return LOOM_OK;
+    json_t *obj = json_object();
+    json_object_set_new(obj, "step", json_integer(r->step));
+    json_object_set_new(obj, "loss", number(r->loss));
+    json_object_set_new(obj, "lr", number(r->lr));
+    json_object_set_new(obj, "grad_norm", number(r->grad_norm));
+    json_object_set_new(obj, "ms", number(r->seconds * 1e3));
+    json_object_set_new(obj, "tokens_per_s", number(r->tokens_per_s));
+    json_object_set_new(obj, "mfu", number(r->mfu));
+    for (int g = 0; g < 3 && r->mesh->world; g++) {
+        char key[16];
+        snprintf(key, sizeof key, "%s_bytes", names[g]);
+        json_object_set_new(obj, key, json_integer(stats[g].bytes));
+        snprintf(key, sizeof key, "%s_s", names[g]);
+        json_object_set_new(obj, key, number(stats[g].seconds));
+    }
+    json_object_set_new(obj, "skipped", json_boolean(r->skipped));
+    loom_status st = write_record(m, obj);
+    if (st == LOOM_OK) st = keep_point(m, 0, r->step, r->loss);
+    return st;
+}
+
+loom_status loom_metrics_validation(loom_metrics *m, int64_t step, double val_loss) {
+    if (!m) return LOOM_OK;
+    json_t *obj = json_object();
+    json_object_set_new(obj, "step", json_integer(step));
+    json_object_set_new(obj, "val_loss", number(val_loss));
+    loom_status st = write_record(m, obj);
+    if (st == LOOM_OK) st = keep_point(m, 1, step, val_loss);
+    return st;
+}
+
+loom_status loom_metrics_plot(loom_metrics *m, const char *out) {
+    char path[LOOM_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/loss.svg", out);
+    loom_status st = loom_plot_loss_svg(path, "loom: training loss", m->steps, m->loss, m->n,
+                                        m->val_steps, m->val_loss, m->n_val);
+    if (st == LOOM_OK) loom_info("loss plot: %s", path);
+    return st;
+}

@@ -1,0 +1,74 @@
+/*
+ * train_internal.h — the pieces of the training module the loop (trainer.c) puts together:
+ * the AdamW state and update (optimizer.c), checkpoints of a run under any layout
+ * (checkpointing.c), metrics.jsonl and the loss plot (metrics.c), and validation (eval.c).
+ */
+#ifndef LOOM_TRAIN_INTERNAL_H
+#define LOOM_TRAIN_INTERNAL_H
+
+#include "loom/data.h"
+#include "loom/io.h"
+#include "loom/parallel.h"
+#include "loom/train.h"
+
+#include <stdio.h>
+
+/* ---- optimizer.c ---- */
+
+/* AdamW's moments for the range of the flat buffer this rank updates (all of it, or its ZeRO-1
+ * shard). */
+typedef struct {
+    loom_zero_shard range;
+    float *m, *v; /* (range.shard) first and second moments, indexed from range.begin */
+} loom_adamw;
+
+loom_status loom_adamw_create(loom_adamw *opt, loom_zero_shard range);
+void loom_adamw_free(loom_adamw *opt);
+/* One update of params[range] from grads (indexed from range.begin), segment by segment: decay
+ * on 2-D weights only; update counts applied updates (AdamW's t); grad_scale is the clipping
+ * factor. */
+void loom_adamw_step(loom_adamw *opt, loom_gpt *model, const float *grads,
+                     const loom_train_config *cfg, double lr, int64_t update, float grad_scale);
+
+/* ---- checkpointing.c ---- */
+
+/* Writes OUT/checkpoints/step_N of the run: the single-process files whatever the layout.
+ * Collective: every rank calls it. */
+loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
+                                     const loom_adamw *opt, const loom_ckpt_state *state);
+/* Resumes from checkpoint folder dir: this rank's part of the parameters and of the moments
+ * (its range), and the loop state. A sharded rank reads one slice at a time. */
+loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
+                                     loom_adamw *opt, loom_ckpt_state *state);
+/* --init-from: fills this rank's part of the parameters from any model file. */
+loom_status loom_run_init_from(const char *path, loom_gpt *model);
+
+/* ---- metrics.c ---- */
+
+/* metrics.jsonl (rank 0 writes it) and the series kept for the loss plot. */
+typedef struct loom_metrics loom_metrics;
+/* Opens OUT/metrics.jsonl: fresh, or (resume_step >= 0) keeping the records up to that step,
+ * whose series the plot keeps too. */
+loom_status loom_metrics_open(loom_metrics **metrics, const char *out, int64_t resume_step);
+void loom_metrics_close(loom_metrics *metrics);
+typedef struct {
+    int64_t step;
+    double loss, lr, grad_norm, seconds, tokens_per_s, mfu;
+    int skipped;
+    const loom_mesh *mesh; /* its groups' byte and time counters are written, then reset */
+} loom_step_record;
+loom_status loom_metrics_step(loom_metrics *metrics, const loom_step_record *record);
+loom_status loom_metrics_validation(loom_metrics *metrics, int64_t step, double val_loss);
+/* Writes OUT/loss.svg from the series. */
+loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
+
+/* ---- eval.c ---- */
+
+/* Mean loss over the first eval_batches global batches of the validation split (capped at the
+ * split's size), micro-batch by micro-batch through the pipeline, the windows shared out among
+ * the replicas: the same windows whatever the layout. Collective. */
+loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
+                                loom_pipeline *pipe, loom_loader *loader, int32_t *inputs,
+                                int32_t *targets, double *mean);
+
+#endif
