@@ -2,9 +2,10 @@
  * test_schedule.c — pipeline schedules (GPipe, 1F1B) as data. For every stage count 1..6,
  * micro-batch count in {1, 2, 3, 5, 8} and both kinds: each stage forwards and backwards every
  * micro-batch once, in a dependency-respecting order; the two ends of every link list their
- * sends and receives in the same order; a step-by-step simulation of all stages together
- * finishes (no deadlock) both with buffered sends and with synchronous (rendezvous) sends, and
- * its makespan (forward 1, backward 2, communication 0) is the ideal 3 * (m + p - 1); activation
+ * sends and receives in the same order; all stages run together finish (no deadlock) both with
+ * buffered sends (the library's simulator, loom_pipe_simulate) and with synchronous (rendezvous)
+ * sends (a step-by-step simulation kept here: the library models only non-blocking sends), and
+ * the makespan (forward 1, backward 2, communication 0) is the ideal 3 * (m + p - 1); activation
  * memory (peak in flight) is m for GPipe and min(p - stage, m) for 1F1B. Bad arguments fail
  * with LOOM_ERR_INPUT and a message naming the value. Last, the checkers themselves are shown
  * to catch broken schedules (swapped, dropped, reordered and renumbered actions).
@@ -198,27 +199,27 @@ static const char *link_order_problem(const pipeline *pl, int s) {
 
 /* ---- running all stages together ---------------------------------------------------------- */
 
-typedef enum {
-    SEND_BUFFERED,   /* a send completes at once (MPI_Isend / eager); a receive blocks */
-    SEND_RENDEZVOUS, /* a send blocks until the peer is at the matching receive (MPI_Ssend) */
-} send_semantics;
+/* With non-blocking (buffered) sends: the library's simulator (loom_pipe_simulate), forward 1,
+ * backward 2, free links. NULL when every stage finished, else why not; *makespan is the step's
+ * length. */
+static const char *simulate_buffered(const pipeline *pl, double *makespan) {
+    double forward[MAX_STAGES], backward[MAX_STAGES], link[MAX_STAGES] = {0};
+    for (int s = 0; s < pl->stages; s++) forward[s] = 1.0, backward[s] = 2.0;
+    loom_pipe_sim_times times = {pl->stages, pl->stages - 1, forward, backward, link, link};
+    loom_pipe_sim_result result;
+    loom_status st = loom_pipe_simulate(pl->stage, pl->stages, &times, &result);
+    *makespan = result.makespan_s;
+    loom_pipe_sim_result_free(&result);
+    return st == LOOM_OK ? NULL : PROBLEM("buffered sends: %s", loom_last_error());
+}
 
-/* Messages in flight on one direction of one link, first in first out (MPI's non-overtaking
- * order for one source and tag). */
-typedef struct {
-    int micro_batch[64];
-    double sent_at[64];
-    int head, tail;
-} channel;
-
+/* With synchronous (rendezvous) sends, which the library does not model: a send blocks until
+ * the peer is at the matching receive (MPI_Ssend), and both complete together. */
 typedef struct {
     const pipeline *pl;
-    send_semantics semantics;
     int pc[MAX_STAGES];
     double clock[MAX_STAGES];
-    channel act[MAX_STAGES];  /* act[s]: s -> s + 1 */
-    channel grad[MAX_STAGES]; /* grad[s]: s + 1 -> s */
-    const char *error;        /* a message matched to the wrong micro-batch */
+    const char *error; /* a message matched to the wrong micro-batch */
 } simulation;
 
 static double op_duration(loom_pipe_op op) {
@@ -230,21 +231,8 @@ static const loom_pipe_action *next_action(const simulation *sim, int s) {
     return sim->pc[s] < sched->count ? &sched->actions[sim->pc[s]] : NULL;
 }
 
-/* Receive on stage s from channel ch: blocks while nothing has been sent. */
-static int try_receive(simulation *sim, int s, channel *ch, const loom_pipe_action *a) {
-    if (ch->head == ch->tail) return 0;
-    if (ch->micro_batch[ch->head] != a->micro_batch) {
-        sim->error = PROBLEM("stage %d: %s %d got micro-batch %d", s, loom_pipe_op_name(a->op),
-                             a->micro_batch, ch->micro_batch[ch->head]);
-        return 0;
-    }
-    if (ch->sent_at[ch->head] > sim->clock[s]) sim->clock[s] = ch->sent_at[ch->head];
-    ch->head++;
-    return 1;
-}
-
-/* Rendezvous: the send on stage s to stage peer completes, together with the peer's receive,
- * only when the peer's next action is that receive. */
+/* The send on stage s to stage peer completes, together with the peer's receive, only when the
+ * peer's next action is that receive. */
 static int try_rendezvous(simulation *sim, int s, int peer, loom_pipe_op receive,
                           const loom_pipe_action *a) {
     const loom_pipe_action *b = next_action(sim, peer);
@@ -273,36 +261,21 @@ static int step(simulation *sim, int s) {
                    : s == sim->pl->stages - 1) {
         sim->error =
             PROBLEM("stage %d: %s across the end of the pipeline", s, loom_pipe_op_name(a->op));
-    } else if (sim->semantics == SEND_BUFFERED) {
-        channel *out = a->op == LOOM_PIPE_SEND_ACT    ? &sim->act[s]
-                       : a->op == LOOM_PIPE_SEND_GRAD ? &sim->grad[s - 1]
-                                                      : NULL;
-        if (out && out->tail == (int)(sizeof out->micro_batch / sizeof *out->micro_batch)) {
-            sim->error = PROBLEM("stage %d: more messages in flight than the test can hold", s);
-        } else if (out) {
-            out->micro_batch[out->tail] = a->micro_batch;
-            out->sent_at[out->tail] = sim->clock[s];
-            out->tail++;
-            done = 1;
-        } else {
-            done = try_receive(sim, s,
-                               a->op == LOOM_PIPE_RECV_ACT ? &sim->act[s - 1] : &sim->grad[s], a);
-        }
     } else if (a->op == LOOM_PIPE_SEND_ACT) {
         done = try_rendezvous(sim, s, s + 1, LOOM_PIPE_RECV_ACT, a);
     } else if (a->op == LOOM_PIPE_SEND_GRAD) {
         done = try_rendezvous(sim, s, s - 1, LOOM_PIPE_RECV_GRAD, a);
-    } /* a rendezvous receive completes when its sender steps */
+    } /* a receive completes when its sender steps */
     if (done) sim->pc[s]++;
     return done;
 }
 
 /* Runs every stage as far as it can until none can move. Returns NULL when every stage finished,
  * else what stopped them; *makespan is the latest stage clock. */
-static const char *simulate(const pipeline *pl, send_semantics semantics, double *makespan) {
+static const char *simulate_rendezvous(const pipeline *pl, double *makespan) {
     simulation sim;
     memset(&sim, 0, sizeof sim);
-    sim.pl = pl, sim.semantics = semantics;
+    sim.pl = pl;
     int progress = 1;
     while (progress && !sim.error) {
         progress = 0;
@@ -316,9 +289,8 @@ static const char *simulate(const pipeline *pl, send_semantics semantics, double
     for (int s = 0; s < pl->stages; s++) {
         const loom_pipe_action *a = next_action(&sim, s);
         if (a) {
-            return PROBLEM("deadlock (%s sends): stage %d stuck at action %d, %s %d",
-                           semantics == SEND_BUFFERED ? "buffered" : "rendezvous", s, sim.pc[s],
-                           loom_pipe_op_name(a->op), a->micro_batch);
+            return PROBLEM("deadlock (rendezvous sends): stage %d stuck at action %d, %s %d", s,
+                           sim.pc[s], loom_pipe_op_name(a->op), a->micro_batch);
         }
     }
     return NULL;
@@ -331,8 +303,8 @@ static const char *pipeline_problem(const pipeline *pl, loom_schedule_kind kind)
     for (int s = 0; s < pl->stages && !p; s++) p = compute_order_problem(pl, s, kind);
     for (int s = 0; s + 1 < pl->stages && !p; s++) p = link_order_problem(pl, s);
     double makespan;
-    if (!p) p = simulate(pl, SEND_BUFFERED, &makespan);
-    if (!p) p = simulate(pl, SEND_RENDEZVOUS, &makespan);
+    if (!p) p = simulate_buffered(pl, &makespan);
+    if (!p) p = simulate_rendezvous(pl, &makespan);
     return p;
 }
 
@@ -361,11 +333,11 @@ static void test_all_layouts(void) {
                 /* Ideal makespan: m forward+backward pairs on the slowest path plus the (p - 1)
                  * fill and drain, i.e. bubble (p - 1) * (F + B), for both kinds and semantics. */
                 double ideal = 3.0 * (m + p - 1), buffered = 0, rendezvous = 0;
-                const char *sim_problem = simulate(&pl, SEND_BUFFERED, &buffered);
+                const char *sim_problem = simulate_buffered(&pl, &buffered);
                 CHECK(!sim_problem && buffered == ideal,
                       "%s p=%d m=%d: buffered makespan %g, expected %g (%s)", name, p, m, buffered,
                       ideal, sim_problem ? sim_problem : "finished");
-                sim_problem = simulate(&pl, SEND_RENDEZVOUS, &rendezvous);
+                sim_problem = simulate_rendezvous(&pl, &rendezvous);
                 CHECK(!sim_problem && rendezvous == ideal,
                       "%s p=%d m=%d: rendezvous makespan %g, expected %g (%s)", name, p, m,
                       rendezvous, ideal, sim_problem ? sim_problem : "finished");
@@ -531,10 +503,25 @@ static void test_checkers_catch_breakage(void) {
         swap_actions(find_action(&pl.stage[2], LOOM_PIPE_RECV_ACT, 2),
                      find_action(&pl.stage[2], LOOM_PIPE_SEND_GRAD, 1));
         double makespan;
-        const char *buffered = simulate(&pl, SEND_BUFFERED, &makespan);
+        const char *buffered = simulate_buffered(&pl, &makespan);
         CHECK(buffered == NULL, "buffered sends should survive the swap: %s", buffered);
-        const char *rendezvous = simulate(&pl, SEND_RENDEZVOUS, &makespan);
+        const char *rendezvous = simulate_rendezvous(&pl, &makespan);
         CHECK(rendezvous && strstr(rendezvous, "deadlock"), "rendezvous sends should deadlock");
+    }
+    free_pipeline(&pl);
+
+    /* mutation 0 deadlocks even with buffered sends: stage 1 waits for gradient 1 before it
+     * sends activation 2, which stage 2 waits for before it sends that gradient */
+    if (build_pipeline(&pl, LOOM_SCHEDULE_1F1B, 3, 4)) {
+        swap_actions(find_action(&pl.stage[1], LOOM_PIPE_SEND_ACT, 2),
+                     find_action(&pl.stage[1], LOOM_PIPE_RECV_GRAD, 1));
+        double makespan;
+        const char *buffered = simulate_buffered(&pl, &makespan);
+        CHECK(buffered && strstr(buffered, "deadlock") && strstr(buffered, "stage 1 waits") &&
+                  strstr(buffered, "stage 2 waits"),
+              "buffered sends should deadlock on stages 1 and 2: %s",
+              buffered ? buffered : "finished");
+        if (buffered) printf("caught by the simulator alone: %s\n", buffered);
     }
     free_pipeline(&pl);
 }

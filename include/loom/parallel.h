@@ -234,6 +234,77 @@ const char *loom_pipe_op_name(loom_pipe_op op);
  * backward not yet): the activation memory the stage must plan for. */
 int loom_pipe_peak_in_flight(const loom_pipe_stage_schedule *s);
 
+/* ---- schedule simulator --------------------------------------------------------------------
+ * Times one training step of p stages running their schedules together, as the pipeline
+ * executor runs them, from how long each piece takes. The planner uses it to predict a step;
+ * the compression policy uses the slack to see which messages are worth compressing.
+ *
+ * Semantics. Each stage walks its list in order, all starting at time 0.
+ *   FORWARD, BACKWARD  take the stage's forward_s / backward_s (one micro-batch).
+ *   SEND_ACT/SEND_GRAD are non-blocking and take no time on the sender; the message arrives at
+ *                      send time + the link's transfer time (act_link_s for activations going
+ *                      up, grad_link_s for gradients coming down; they may differ, e.g. when
+ *                      only one direction is compressed).
+ *   RECV_ACT/RECV_GRAD block until the matching message has arrived; the action starts when
+ *                      the stage reaches it and ends when the message is in hand.
+ * Matching: the k-th send of one kind on a link pairs with the k-th receive of that kind there
+ * (MPI's order for one source and tag); by the schedule contract above both are the same
+ * micro-batch, and a pair that is not is an error. A send without a receive is an error too,
+ * and a schedule that cannot finish (receives waiting on sends that come after them) is
+ * reported as a deadlock naming the stuck stages and actions; the simulator never loops.
+ *
+ * Slack is the critical-path analysis of the step as a graph: one node per action, edges from
+ * each action to the next on its stage (weighted by the next one's duration) and from each send
+ * to its receive (weighted by the link time). Earliest times come from running the step as
+ * above; latest allowed times from a backward pass from the makespan. A message's slack is its
+ * latest allowed arrival (its receive's latest end) minus its arrival: how much later it could
+ * arrive without delaying the step. An action's slack is the same for its end.
+ *
+ * Not modelled: a send's cost on the sender (encoding, copies), link contention between
+ * messages, recomputation (fold it into backward_s), the data-parallel gradient sync and the
+ * optimizer after the pipeline. */
+
+/* How long things take, in seconds: finite and >= 0. The lengths are stated so that they can be
+ * checked against the schedules. */
+typedef struct {
+    int stages;                /* p: entries of forward_s and backward_s */
+    int links;                 /* p - 1: entries of act_link_s and grad_link_s */
+    const double *forward_s;   /* (stages,) one micro-batch's forward on each stage */
+    const double *backward_s;  /* (stages,) one micro-batch's backward on each stage */
+    const double *act_link_s;  /* (links,) [s]: activation from stage s to s + 1, send to arrival;
+                                  NULL allowed when links is 0 */
+    const double *grad_link_s; /* (links,) [s]: gradient from stage s + 1 to s; NULL when 0 */
+} loom_pipe_sim_times;
+
+typedef struct {
+    double start_s, end_s; /* when the stage reached the action; when it finished it (for a
+                              receive: when the message was in hand; for a send: start_s) */
+    double slack_s;        /* how much later the action could end without delaying the step */
+    int critical;          /* 1 when slack_s is zero (up to LOOM_PIPE_SIM_TOLERANCE) */
+    /* sends only (0 for other actions): */
+    double arrival_s;       /* when the message reaches the receiving stage */
+    double message_slack_s; /* how much later it could arrive without delaying the step */
+} loom_pipe_sim_action;
+
+/* Slack at most this fraction of the makespan counts as zero (rounding in the backward pass). */
+#define LOOM_PIPE_SIM_TOLERANCE 1e-9
+
+typedef struct {
+    int stages;                   /* p */
+    loom_pipe_sim_action **stage; /* (p,) stage[s][i]: action i of stage s's schedule */
+    loom_pipe_sim_action *memory; /* (total actions,) what stage[] points into */
+    double makespan_s;            /* when the last action of any stage ends */
+} loom_pipe_sim_result;
+
+/* Simulates `stages` schedules (schedules[s] is stage s's list) with `times`. Bad arguments
+ * (NULL, stages < 1, lengths in times that do not match, a negative or non-finite time, an
+ * action out of range or across the end of the pipeline, unmatched or mismatched messages,
+ * deadlock) give LOOM_ERR_INPUT naming the value; *out is then empty. Free the result with
+ * loom_pipe_sim_result_free. */
+loom_status loom_pipe_simulate(const loom_pipe_stage_schedule *schedules, int stages,
+                               const loom_pipe_sim_times *times, loom_pipe_sim_result *out);
+void loom_pipe_sim_result_free(loom_pipe_sim_result *result);
+
 #ifdef __cplusplus
 }
 #endif
