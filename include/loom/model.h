@@ -297,6 +297,111 @@ void loom_gpt_set_grads_ready(loom_gpt *model, void (*grads_ready)(void *ctx, si
 int64_t loom_gpt_num_real_params(const loom_gpt_config *config);
 double loom_gpt_flops_per_token(const loom_gpt_config *config, int T);
 
+/* ==== Cost facts (src/model/cost.c) =========================================================
+ * What one tensor-parallel rank of a part of the model costs for one micro-batch of B sequences
+ * of T tokens: FLOPs, bytes held, activation bytes kept for backward, and the tensor-parallel
+ * allreduces. The planner reads these instead of restating the model's formulas; nothing here
+ * allocates a model or communicates.
+ *
+ * FLOPs count GEMMs only, 2*m*n*k each; attention's QK^T and AV over the full T x T, as
+ * Megatron counts them (the causal kernels skip about half). Left out, being O(B*T*C) against
+ * the GEMMs' O(B*T*C^2): LayerNorm, GELU, the softmaxes (attention and cross-entropy), bias
+ * and residual adds, the embedding lookup, and the AdamW update. Backward is the input-gradient
+ * GEMMs (dX = dY W, and attention's dQ, dK, dA, dV: zero-bubble's B part) plus the
+ * weight-gradient GEMMs (dW = dY^T X: the W part); each is as large as its forward GEMM, so
+ * backward is exactly twice forward.
+ * Tensor-parallel traffic is counted as allreduce calls and their payload (the bytes of the
+ * buffer being summed; a ring sends 2(tp-1)/tp of it from each rank); none when tp == 1.
+ * Bytes are fp32 (4 per element) unless a field says int32. */
+
+/* One part of the model on one TP rank, per micro-batch. */
+typedef struct {
+    int64_t flops_fwd;         /* FLOPs: forward GEMMs */
+    int64_t flops_bwd_input;   /* FLOPs: backward's input-gradient GEMMs */
+    int64_t flops_bwd_weight;  /* FLOPs: backward's weight-gradient GEMMs */
+    int64_t param_bytes;       /* bytes: this rank's shard of the parameters the part uses */
+    int64_t act_bytes;         /* bytes: activations kept for backward, the part's share of a
+                                * slot (loom_gpt_reserve_slots) before per-buffer rounding */
+    int64_t tp_allreduces_fwd; /* count: allreduces in the TP group during forward */
+    int64_t tp_bytes_fwd;      /* bytes: their payload, summed */
+    int64_t tp_allreduces_bwd; /* count: ... during backward */
+    int64_t tp_bytes_bwd;      /* bytes: their payload, summed */
+} loom_gpt_part_cost;
+
+/* One transformer block: params 12C^2/tp + 7C/tp + 6C (the split weights and biases, the
+ * replicated LayerNorms and row-parallel biases); activations (B,T) x (6C + 12C/tp + 4) +
+ * (B, NH/tp, T, T); allreduces of (B,T,C) after attention-out and MLP-down in forward, and of
+ * the (B,T,C) input gradients of QKV and MLP-up in backward. The config is checked; tp must
+ * divide the heads and the padded vocabulary, 1 <= T <= max_seq_len, B >= 1. */
+loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
+                                loom_gpt_part_cost *cost);
+/* The embedding: wte rows Vp/tp and wpe; the stage input (B,T,C) `encoded`; no GEMM; forward
+ * allreduces the (B,T,C) embedding output, backward nothing. */
+loom_status loom_gpt_cost_embedding(const loom_gpt_config *config, int tp, int B, int T,
+                                    loom_gpt_part_cost *cost);
+/* The head: final LayerNorm, tied LM head (wte's Vp/tp rows; the same tensor the embedding
+ * counts) and the loss; the GEMM (B*T, C) x (C, Vp/tp); activations lnf (B,T,C), probs
+ * (B,T,Vp/tp) and (B,T) x 6 statistics; forward allreduces row max (B,T) and [sum exp, target
+ * logit] (2,B,T), backward the (B,T,C) gradient of lnf. */
+loom_status loom_gpt_cost_head(const loom_gpt_config *config, int tp, int B, int T,
+                               loom_gpt_part_cost *cost);
+
+/* A pipeline stage on one TP rank, as the planner would lay it out. */
+typedef struct {
+    int tp;                     /* tensor-parallel degree */
+    int first_layer, end_layer; /* the stage's blocks [first_layer, end_layer), non-empty */
+    int has_embedding;          /* must be first_layer == 0 (the model decides it so) */
+    int has_head;               /* must be end_layer == num_layers */
+    int B, T;                   /* micro-batch: sequences, tokens per sequence */
+    int in_flight;              /* micro-batches whose activations are live at once (>= 1;
+                                 * 1F1B: stages after this one, plus one) */
+    int recompute;              /* keep only each micro-batch's input, rerun forward before
+                                 * its backward */
+} loom_gpt_stage_spec;
+
+typedef struct {
+    /* compute, per micro-batch */
+    int64_t flops_fwd;        /* FLOPs: blocks + head (the embedding has no GEMM) */
+    int64_t flops_bwd_input;  /* FLOPs: input-gradient GEMMs */
+    int64_t flops_bwd_weight; /* FLOPs: weight-gradient GEMMs */
+    int64_t flops_bwd;        /* FLOPs: input + weight = 2 * flops_fwd */
+    int64_t flops_recompute;  /* FLOPs: the forward rerun before backward (= flops_fwd with
+                               * recompute, else 0; the schedule decides whether a micro-batch
+                               * needs it: 1F1B's last stage runs backward right after forward) */
+    /* memory on this rank */
+    int64_t param_bytes;          /* bytes: the shard's flat buffer, num_params fp32 (every stage
+                                   * holds wte, wpe, lnfw, lnfb: loom_gpt_layout_shard) */
+    int64_t grad_bytes;           /* bytes: gradients, as many as parameters */
+    int64_t optimizer_bytes;      /* bytes: AdamW m and v (2, num_params) fp32, before ZeRO-1
+                                   * divides them by the data-parallel degree */
+    int64_t act_slot_bytes;       /* bytes: one activation set as loom_gpt_reserve_slots allocates
+                                   * it: slot_floats fp32 (every stage's slot has the embedding
+                                   * output and the head's buffers, used or not) + inputs and
+                                   * targets (2, B, T) int32 */
+    int64_t act_slot_token_bytes; /* bytes: the (2, B, T) int32 part of act_slot_bytes */
+    int64_t act_bytes_keep;       /* bytes: in_flight slots (no recomputation) */
+    int64_t act_bytes_recompute;  /* bytes: one slot + in_flight stage inputs
+                                   * (in_flight, B, T, C) fp32 */
+    int64_t act_bytes;            /* bytes: the one of the two that spec.recompute picks */
+    int64_t grad_scratch_bytes;   /* bytes: backward scratch, one per stage: (14, B, T, C)
+                                   * fp32 (full C even under TP: gpt.c allocates it so) */
+    int64_t total_bytes;          /* bytes: param + grad + optimizer + act + grad_scratch (not the
+                                   * trainer's pipeline buffers, DP buckets or LOOM_GPT_PAD_FLOATS) */
+    /* tensor-parallel allreduces, per micro-batch */
+    int64_t tp_allreduces_fwd, tp_bytes_fwd;             /* count; payload bytes */
+    int64_t tp_allreduces_bwd, tp_bytes_bwd;             /* count; payload bytes */
+    int64_t tp_allreduces_recompute, tp_bytes_recompute; /* the rerun forward's; 0 without */
+    /* pipeline point-to-point, per micro-batch */
+    int64_t pp_act_bytes;  /* bytes: output (B,T,C) fp32 sent to the next stage; 0 on the last */
+    int64_t pp_grad_bytes; /* bytes: input gradient (B,T,C) fp32 sent back; 0 on the first */
+} loom_gpt_stage_cost;
+
+/* Totals for a stage; checks the spec (names the field it refuses) and that no total
+ * overflows int64. */
+loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_stage_spec *spec,
+                                loom_gpt_stage_cost *cost);
+/* ==== end of cost facts ====================================================================== */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,316 @@
+/*
+ * cost.c — the model's cost facts: FLOPs, bytes and tensor-parallel traffic of a block, the
+ * embedding, the head and a whole pipeline stage, for one TP rank and one micro-batch.
+ *
+ * Parameter counts come from loom_gpt_layout_shard (the layout owns them). The GEMM list, the
+ * allreduces and the activation buffers are read off gpt.c (block_forward, embed_forward,
+ * xent_parallel_forward, the backward passes, acts_layout and loom_gpt_reserve_slots);
+ * tests/test_cost.c holds them to the real allocation and tests/test_cost_tp.c to the traffic
+ * a real tp=2 run counts, so a change there that is not made here fails a test.
+ *
+ * Not here: time (the planner turns FLOPs and bytes into seconds with a cluster's numbers),
+ * data or pipeline parallelism's own traffic, or the schedule's choice of in-flight counts.
+ */
+#include "loom/model.h"
+
+#include <string.h>
+
+#define FP32  ((int64_t)sizeof(float))
+#define INT32 ((int64_t)sizeof(int32_t))
+
+/* Checked copies of what every cost function needs. */
+typedef struct {
+    loom_gpt_config config;
+    int64_t tp, B, T, N, C, Cl, NHl, Vpl; /* N = B*T; local widths under TP */
+} cost_shape;
+
+static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B, int T,
+                                   cost_shape *s) {
+    memset(s, 0, sizeof *s);
+    s->config = *config;
+    loom_status st = loom_gpt_config_check(&s->config, "model cost");
+    if (st != LOOM_OK) return st;
+    const loom_gpt_config *c = &s->config;
+    if (tp < 1 || c->num_heads % tp != 0 || c->padded_vocab_size % tp != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: tp: expected a divisor of the heads (%d) and of the padded "
+                         "vocabulary (%d), got %d",
+                         c->num_heads, c->padded_vocab_size, tp);
+    }
+    if (B < 1) return loom_fail(LOOM_ERR_INPUT, "model cost: B: expected >= 1, got %d", B);
+    if (T < 1 || T > c->max_seq_len) {
+        return loom_fail(LOOM_ERR_INPUT, "model cost: T: expected 1..%d (the context), got %d",
+                         c->max_seq_len, T);
+    }
+    s->tp = tp;
+    s->B = B;
+    s->T = T;
+    s->N = (int64_t)B * T;
+    s->C = c->channels;
+    s->Cl = s->C / tp;
+    s->NHl = c->num_heads / tp;
+    s->Vpl = c->padded_vocab_size / tp;
+    return LOOM_OK;
+}
+
+/* Activation floats of one block, per buffer, in acts_layout's order (ln1 ... residual3). */
+#define BLOCK_ACTS 15
+static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
+    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    int64_t v[BLOCK_ACTS] = {
+        N * C,                       /* ln1 */
+        N,                           /* ln1_mean */
+        N,                           /* ln1_rstd */
+        N * 3 * Cl,                  /* qkv */
+        N * Cl,                      /* atty */
+        s->B * s->NHl * s->T * s->T, /* att: softmax probabilities, full T x T */
+        N * C,                       /* attproj */
+        N * C,                       /* residual2 */
+        N * C,                       /* ln2 */
+        N,                           /* ln2_mean */
+        N,                           /* ln2_rstd */
+        N * 4 * Cl,                  /* fch */
+        N * 4 * Cl,                  /* fch_gelu */
+        N * C,                       /* fcproj */
+        N * C,                       /* residual3 */
+    };
+    memcpy(f, v, sizeof v);
+}
+
+/* The head's buffers, in acts_layout's order (lnf ... row_stats). */
+#define HEAD_ACTS 7
+static void head_act_floats(const cost_shape *s, int64_t f[HEAD_ACTS]) {
+    int64_t N = s->N;
+    int64_t v[HEAD_ACTS] = {
+        N * s->C,   /* lnf */
+        N,          /* lnf_mean */
+        N,          /* lnf_rstd */
+        N * s->Vpl, /* probs: logits of this rank's vocabulary rows */
+        N,          /* losses */
+        N,          /* row_max */
+        2 * N,      /* row_stats */
+    };
+    memcpy(f, v, sizeof v);
+}
+
+static int64_t sum(const int64_t *v, int n) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += v[i];
+    return total;
+}
+
+/* acts_layout rounds every buffer (all local layers of one kind together) up to 16 floats. */
+static int64_t round16(int64_t floats) {
+    return (floats + 15) / 16 * 16;
+}
+
+/* Floats of one activation slot of a stage with `layers` blocks: every stage's slot has the
+ * embedding output (its input), the blocks and the head's buffers. */
+static int64_t slot_floats(const cost_shape *s, int64_t layers) {
+    int64_t block[BLOCK_ACTS], head[HEAD_ACTS];
+    block_act_floats(s, block);
+    head_act_floats(s, head);
+    int64_t total = round16(s->N * s->C); /* encoded */
+    for (int i = 0; i < BLOCK_ACTS; i++) total += round16(layers * block[i]);
+    for (int i = 0; i < HEAD_ACTS; i++) total += round16(head[i]);
+    return total;
+}
+
+static void set_tp(const cost_shape *s, loom_gpt_part_cost *cost, int64_t fwd_calls,
+                   int64_t fwd_floats, int64_t bwd_calls, int64_t bwd_floats) {
+    if (s->tp == 1) return; /* tp_allreduce returns at once */
+    cost->tp_allreduces_fwd = fwd_calls;
+    cost->tp_bytes_fwd = fwd_floats * FP32;
+    cost->tp_allreduces_bwd = bwd_calls;
+    cost->tp_bytes_bwd = bwd_floats * FP32;
+}
+
+static void block_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
+    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    memset(cost, 0, sizeof *cost);
+    /* per head (T, hs) x (hs, T) and (T, T) x (T, hs), NH/tp heads of hs = C/NH: B*T*T*Cl */
+    int64_t attention = 2 * s->B * s->T * s->T * Cl * 2; /* QK^T and AV */
+    int64_t weights = 2 * N * C * 3 * Cl                 /* qkv: (N, C) x (C, 3C/tp) */
+                      + 2 * N * Cl * C      /* attproj: (N, C/tp) x (C/tp, C), row-parallel */
+                      + 2 * N * C * 4 * Cl  /* fc: (N, C) x (C, 4C/tp) */
+                      + 2 * N * 4 * Cl * C; /* fcproj: (N, 4C/tp) x (4C/tp, C), row-parallel */
+    cost->flops_fwd = weights + attention;
+    cost->flops_bwd_input = weights + 2 * attention; /* dQ and dK; dA and dV */
+    cost->flops_bwd_weight = weights;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    cost->param_bytes = (int64_t)info[LOOM_LN1W].layer_stride * FP32;
+    int64_t acts[BLOCK_ACTS];
+    block_act_floats(s, acts);
+    cost->act_bytes = sum(acts, BLOCK_ACTS) * FP32;
+    /* forward: after attention-out and after MLP-down (row-parallel); backward: the input
+     * gradients of MLP-up and of QKV (column-parallel) */
+    set_tp(s, cost, 2, 2 * N * C, 2, 2 * N * C);
+}
+
+static void embedding_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
+    memset(cost, 0, sizeof *cost);
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    cost->param_bytes = (info[LOOM_WTE].numel + info[LOOM_WPE].numel) * FP32;
+    cost->act_bytes = s->N * s->C * FP32; /* encoded */
+    /* forward sums every rank's rows of the lookup; backward scatters into wte's own rows */
+    set_tp(s, cost, 1, s->N * s->C, 0, 0);
+}
+
+static void head_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
+    memset(cost, 0, sizeof *cost);
+    int64_t lm_head = 2 * s->N * s->C * s->Vpl; /* (N, C) x (C, Vp/tp) */
+    cost->flops_fwd = lm_head;
+    cost->flops_bwd_input = lm_head;
+    cost->flops_bwd_weight = lm_head;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    cost->param_bytes =
+        (info[LOOM_WTE].numel + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * FP32;
+    int64_t acts[HEAD_ACTS];
+    head_act_floats(s, acts);
+    cost->act_bytes = sum(acts, HEAD_ACTS) * FP32;
+    /* forward: row max (N), then [sum exp, target logit] (2, N); backward: d(lnf) (N, C) */
+    set_tp(s, cost, 2, 3 * s->N, 1, s->N * s->C);
+}
+
+/* Upper bounds of the totals, in double: refuse before int64 arithmetic could overflow. */
+static loom_status check_range(const cost_shape *s, int64_t layers, int in_flight) {
+    double N = (double)s->N, C = (double)s->C, T = (double)s->T, L = (double)layers;
+    double Vp = (double)s->config.padded_vocab_size, NH = (double)s->config.num_heads;
+    double maxT = (double)s->config.max_seq_len;
+    double fwd = L * (24.0 * N * C * C + 4.0 * N * T * C) + 2.0 * N * C * Vp;
+    double slot =
+        4.0 * (L * (N * (18.0 * C + 4.0) + N * T * NH) + N * (2.0 * C + Vp + 6.0) + 16.0 * 24.0) +
+        8.0 * N;
+    double params = L * (12.0 * C * C + 13.0 * C) + C * (Vp + maxT + 2.0);
+    double bytes = (double)in_flight * (slot + 4.0 * N * C) + 16.0 * params + 56.0 * N * C;
+    if (4.0 * fwd > 0x1p62 || bytes > 0x1p62) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: stage of %lld layers, B*T %lld, %d in flight: totals too "
+                         "large to count in 64 bits",
+                         (long long)layers, (long long)s->N, in_flight);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
+                                loom_gpt_part_cost *cost) {
+    cost_shape s;
+    loom_status st = cost_shape_make(config, tp, B, T, &s);
+    if (st == LOOM_OK) st = check_range(&s, 1, 1);
+    if (st != LOOM_OK) return st;
+    block_cost(&s, cost);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_cost_embedding(const loom_gpt_config *config, int tp, int B, int T,
+                                    loom_gpt_part_cost *cost) {
+    cost_shape s;
+    loom_status st = cost_shape_make(config, tp, B, T, &s);
+    if (st == LOOM_OK) st = check_range(&s, 1, 1);
+    if (st != LOOM_OK) return st;
+    embedding_cost(&s, cost);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_cost_head(const loom_gpt_config *config, int tp, int B, int T,
+                               loom_gpt_part_cost *cost) {
+    cost_shape s;
+    loom_status st = cost_shape_make(config, tp, B, T, &s);
+    if (st == LOOM_OK) st = check_range(&s, 1, 1);
+    if (st != LOOM_OK) return st;
+    head_cost(&s, cost);
+    return LOOM_OK;
+}
+
+static loom_status check_stage_spec(const loom_gpt_config *c, const loom_gpt_stage_spec *spec) {
+    int L = c->num_layers;
+    if (spec->first_layer < 0 || spec->end_layer > L || spec->first_layer >= spec->end_layer) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: stage layers: expected [first, end) with 0 <= first < end "
+                         "<= %d, got [%d, %d)",
+                         L, spec->first_layer, spec->end_layer);
+    }
+    if (!spec->has_embedding != !(spec->first_layer == 0)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: stage has_embedding: expected %s for layers [%d, %d) (the "
+                         "embedding goes with layer 0), got %s",
+                         spec->first_layer == 0 ? "true" : "false", spec->first_layer,
+                         spec->end_layer, spec->has_embedding ? "true" : "false");
+    }
+    if (!spec->has_head != !(spec->end_layer == L)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: stage has_head: expected %s for layers [%d, %d) (the head "
+                         "goes with layer %d), got %s",
+                         spec->end_layer == L ? "true" : "false", spec->first_layer,
+                         spec->end_layer, L - 1, spec->has_head ? "true" : "false");
+    }
+    if (spec->in_flight < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "model cost: stage in_flight: expected >= 1, got %d",
+                         spec->in_flight);
+    }
+    return LOOM_OK;
+}
+
+static void add_tp(loom_gpt_stage_cost *cost, const loom_gpt_part_cost *part, int64_t times) {
+    cost->tp_allreduces_fwd += times * part->tp_allreduces_fwd;
+    cost->tp_bytes_fwd += times * part->tp_bytes_fwd;
+    cost->tp_allreduces_bwd += times * part->tp_allreduces_bwd;
+    cost->tp_bytes_bwd += times * part->tp_bytes_bwd;
+}
+
+loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_stage_spec *spec,
+                                loom_gpt_stage_cost *cost) {
+    memset(cost, 0, sizeof *cost);
+    cost_shape s;
+    loom_status st = cost_shape_make(config, spec->tp, spec->B, spec->T, &s);
+    if (st != LOOM_OK) return st;
+    if ((st = check_stage_spec(&s.config, spec)) != LOOM_OK) return st;
+    int64_t layers = spec->end_layer - spec->first_layer;
+    if ((st = check_range(&s, layers, spec->in_flight)) != LOOM_OK) return st;
+
+    loom_gpt_part_cost block, embedding, head;
+    block_cost(&s, &block);
+    embedding_cost(&s, &embedding);
+    head_cost(&s, &head);
+
+    /* the embedding has no GEMM, so only blocks and head compute */
+    cost->flops_fwd = layers * block.flops_fwd + (spec->has_head ? head.flops_fwd : 0);
+    cost->flops_bwd_input =
+        layers * block.flops_bwd_input + (spec->has_head ? head.flops_bwd_input : 0);
+    cost->flops_bwd_weight =
+        layers * block.flops_bwd_weight + (spec->has_head ? head.flops_bwd_weight : 0);
+    cost->flops_bwd = cost->flops_bwd_input + cost->flops_bwd_weight;
+    /* the trainer reruns loom_gpt_forward_stage whole, head and loss included */
+    cost->flops_recompute = spec->recompute ? cost->flops_fwd : 0;
+
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    cost->param_bytes =
+        (int64_t)loom_gpt_layout_shard(&s.config, (int)s.tp, (int)layers, info) * FP32;
+    cost->grad_bytes = cost->param_bytes;
+    cost->optimizer_bytes = 2 * cost->param_bytes;
+
+    cost->act_slot_token_bytes = 2 * s.N * INT32;
+    cost->act_slot_bytes = slot_floats(&s, layers) * FP32 + cost->act_slot_token_bytes;
+    cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
+    cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.N * s.C * FP32;
+    cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;
+    /* dresidual, dbtc, dbtc2 (B,T,C); dqkv (B,T,3C); dfch, dfch2 (B,T,4C) */
+    cost->grad_scratch_bytes = 14 * s.N * s.C * FP32;
+    cost->total_bytes = cost->param_bytes + cost->grad_bytes + cost->optimizer_bytes +
+                        cost->act_bytes + cost->grad_scratch_bytes;
+
+    add_tp(cost, &block, layers);
+    if (spec->has_embedding) add_tp(cost, &embedding, 1);
+    if (spec->has_head) add_tp(cost, &head, 1);
+    if (spec->recompute) {
+        cost->tp_allreduces_recompute = cost->tp_allreduces_fwd;
+        cost->tp_bytes_recompute = cost->tp_bytes_fwd;
+    }
+
+    cost->pp_act_bytes = spec->has_head ? 0 : s.N * s.C * FP32;
+    cost->pp_grad_bytes = spec->has_embedding ? 0 : s.N * s.C * FP32;
+    return LOOM_OK;
+}

@@ -1,0 +1,429 @@
+/*
+ * test_cost.c — the model's cost facts against independent references: parameter bytes against
+ * the layout a real model gets (loom_gpt_describe) and a closed formula; activation bytes
+ * against what loom_gpt_reserve_slots really allocates; forward FLOPs against a GEMM list
+ * written out here, Megatron's per-iteration count and loom_gpt_flops_per_token; the
+ * tensor-parallel allreduces against Megatron's rule (test_cost_tp measures them in a real
+ * tp=2 run); GPT-3 175B without overflow; and refusals of bad specs.
+ */
+#include "check.h"
+#include "loom/model.h"
+
+#include <limits.h>
+#include <string.h>
+
+static loom_gpt_config small_config(void) {
+    /* L=3 so that a pipeline has a middle stage; C/NH = 8; Vp = 384 (divisible by 1, 2, 4) */
+    loom_gpt_config c = {32, 257, 0, 3, 4, 32};
+    c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
+    return c;
+}
+
+static loom_gpt_config gpt3_config(void) {
+    loom_gpt_config c = {2048, 50257, 0, 96, 96, 12288};
+    c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
+    return c;
+}
+
+static loom_gpt_stage_spec stage_spec(const loom_gpt_config *c, int tp, int first, int end, int B,
+                                      int T, int in_flight, int recompute) {
+    return (loom_gpt_stage_spec){.tp = tp,
+                                 .first_layer = first,
+                                 .end_layer = end,
+                                 .has_embedding = first == 0,
+                                 .has_head = end == c->num_layers,
+                                 .B = B,
+                                 .T = T,
+                                 .in_flight = in_flight,
+                                 .recompute = recompute};
+}
+
+/* ---- parameters ------------------------------------------------------------------------ */
+
+static void test_params(void) {
+    loom_gpt_config c = small_config();
+    int64_t C = c.channels;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        loom_gpt_part_cost block, embed, head;
+        CHECK(loom_gpt_cost_block(&c, tp, 2, 8, &block) == LOOM_OK, "block tp %d", tp);
+        CHECK(loom_gpt_cost_embedding(&c, tp, 2, 8, &embed) == LOOM_OK, "embedding tp %d", tp);
+        CHECK(loom_gpt_cost_head(&c, tp, 2, 8, &head) == LOOM_OK, "head tp %d", tp);
+        /* split: qkvw 3C*C, attprojw C*C, fcw 4C*C, fcprojw 4C*C, qkvb 3C, fcb 4C; replicated:
+         * ln1, ln2 (2C each), attprojb, fcprojb (C each) */
+        int64_t block_floats = (12 * C * C + 7 * C) / tp + 6 * C;
+        CHECK(block.param_bytes == 4 * block_floats, "block params tp %d: %lld vs %lld", tp,
+              (long long)block.param_bytes, (long long)(4 * block_floats));
+        int64_t wte = (int64_t)c.padded_vocab_size / tp * C, wpe = (int64_t)c.max_seq_len * C;
+        CHECK(embed.param_bytes == 4 * (wte + wpe), "embedding params tp %d", tp);
+        CHECK(head.param_bytes == 4 * (wte + 2 * C), "head params tp %d", tp);
+
+        /* every stage of every split against the layout a real shard gets */
+        for (int first = 0; first < c.num_layers; first++) {
+            for (int end = first + 1; end <= c.num_layers; end++) {
+                loom_gpt_stage_spec spec = stage_spec(&c, tp, first, end, 2, 8, 1, 0);
+                loom_gpt_stage_cost cost;
+                CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "stage [%d,%d)", first,
+                      end);
+                loom_gpt model;
+                loom_gpt_shard shard = {first, end, tp, tp - 1, NULL};
+                CHECK(loom_gpt_describe(&model, &c, &shard) == LOOM_OK, "describe");
+                CHECK(cost.param_bytes == 4 * (int64_t)model.num_params,
+                      "stage [%d,%d) tp %d params %lld vs describe %zu floats", first, end, tp,
+                      (long long)cost.param_bytes, model.num_params);
+                /* every stage holds wte, wpe and lnf (used or not) besides its blocks */
+                CHECK(cost.param_bytes ==
+                          (end - first) * block.param_bytes + embed.param_bytes + 4 * 2 * C,
+                      "stage [%d,%d) params by parts", first, end);
+                CHECK(cost.grad_bytes == cost.param_bytes, "grads");
+                CHECK(cost.optimizer_bytes == 2 * cost.param_bytes, "AdamW m, v");
+            }
+        }
+    }
+}
+
+/* ---- activations against the real allocation ------------------------------------------- */
+
+/* A token that is never used: reserving activations makes no collective call, but a shard of
+ * tp > 1 needs a communicator to be created. */
+static char unused_comm;
+
+static void check_allocation(const loom_gpt_config *c, int tp, int first, int end, int B, int T,
+                             int slots) {
+    loom_gpt *m = NULL;
+    loom_gpt_shard shard = {first, end, tp, 0, tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
+        loom_gpt_reserve_slots(m, B, T, slots) != LOOM_OK) {
+        CHECK(0, "create and reserve: %s", loom_last_error());
+        loom_gpt_free(m);
+        return;
+    }
+    loom_gpt_stage_spec spec = stage_spec(c, tp, first, end, B, T, slots, 0);
+    loom_gpt_stage_cost cost;
+    CHECK(loom_gpt_cost_stage(c, &spec, &cost) == LOOM_OK, "stage cost");
+    int64_t token_bytes = 2 * (int64_t)B * T * (int64_t)sizeof(int32_t);
+    CHECK(cost.act_slot_token_bytes == token_bytes, "token bytes");
+    CHECK(cost.act_slot_bytes - token_bytes == 4 * (int64_t)m->slot_floats,
+          "tp %d [%d,%d) B %d T %d: slot %lld vs allocated %lld", tp, first, end, B, T,
+          (long long)(cost.act_slot_bytes - token_bytes), (long long)(4 * m->slot_floats));
+    CHECK(cost.act_bytes_keep == (int64_t)m->slots * cost.act_slot_bytes, "%d slots", m->slots);
+    if (slots > 1) {
+        /* slots sit one after another: the distance between two is one slot */
+        loom_gpt_use_slot(m, 0);
+        const char *acts0 = (const char *)m->acts.encoded, *tokens0 = (const char *)m->inputs;
+        loom_gpt_use_slot(m, 1);
+        CHECK((const char *)m->acts.encoded - acts0 == cost.act_slot_bytes - token_bytes,
+              "slot stride");
+        CHECK(2 * ((const char *)m->inputs - tokens0) == token_bytes, "token stride");
+    }
+    /* backward scratch: one block from dresidual to the end of dfch2 (B,T,4C) */
+    int64_t scratch = (const char *)m->grad_acts.dfch2 - (const char *)m->grad_acts.dresidual +
+                      (int64_t)B * T * 4 * c->channels * (int64_t)sizeof(float);
+    CHECK(cost.grad_scratch_bytes == scratch, "grad scratch %lld vs %lld",
+          (long long)cost.grad_scratch_bytes, (long long)scratch);
+    loom_gpt_free(m);
+}
+
+static void test_activations(void) {
+    loom_gpt_config c = small_config();
+    int shapes[][2] = {{2, 16}, {1, 7}, {3, 5}, {4, 32}};
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            int B = shapes[i][0], T = shapes[i][1];
+            check_allocation(&c, tp, 0, 3, B, T, 1);
+            check_allocation(&c, tp, 0, 1, B, T, 3);
+            check_allocation(&c, tp, 1, 2, B, T, 2);
+            check_allocation(&c, tp, 1, 3, B, T, 1);
+        }
+    }
+    /* With B*T a multiple of 16 no buffer is rounded, and a slot is exactly the parts: every
+     * stage's slot holds the embedding output and the head's buffers. */
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        loom_gpt_part_cost block, embed, head;
+        loom_gpt_cost_block(&c, tp, 2, 16, &block);
+        loom_gpt_cost_embedding(&c, tp, 2, 16, &embed);
+        loom_gpt_cost_head(&c, tp, 2, 16, &head);
+        int64_t C = c.channels, N = 32, NH = c.num_heads;
+        int64_t block_floats = N * (6 * C + 12 * C / tp + 4) + 2 * NH / tp * 16 * 16;
+        CHECK(block.act_bytes == 4 * block_floats, "block acts tp %d: %lld vs %lld", tp,
+              (long long)block.act_bytes, (long long)(4 * block_floats));
+        CHECK(embed.act_bytes == 4 * N * C, "embedding acts");
+        CHECK(head.act_bytes == 4 * N * (C + c.padded_vocab_size / tp + 6), "head acts");
+        for (int layers = 1; layers <= 3; layers++) {
+            loom_gpt_stage_spec spec = stage_spec(&c, tp, 3 - layers, 3, 2, 16, 1, 0);
+            loom_gpt_stage_cost cost;
+            loom_gpt_cost_stage(&c, &spec, &cost);
+            CHECK(cost.act_slot_bytes - cost.act_slot_token_bytes ==
+                      layers * block.act_bytes + embed.act_bytes + head.act_bytes,
+                  "slot = parts, %d layers tp %d", layers, tp);
+        }
+    }
+    /* recomputation: one slot, plus every in-flight micro-batch's (B,T,C) input */
+    loom_gpt_stage_spec spec = stage_spec(&c, 2, 0, 2, 3, 5, 4, 1);
+    loom_gpt_stage_cost keep, recompute;
+    CHECK(loom_gpt_cost_stage(&c, &spec, &recompute) == LOOM_OK, "recompute");
+    spec.recompute = 0;
+    CHECK(loom_gpt_cost_stage(&c, &spec, &keep) == LOOM_OK, "keep");
+    int64_t input = 3 * 5 * (int64_t)c.channels * 4;
+    CHECK(recompute.act_bytes == recompute.act_slot_bytes + 4 * input, "recompute acts");
+    CHECK(keep.act_bytes == 4 * keep.act_slot_bytes, "kept acts");
+    CHECK(recompute.act_bytes_keep == keep.act_bytes &&
+              keep.act_bytes_recompute == recompute.act_bytes,
+          "both figures either way");
+    CHECK(recompute.flops_recompute == recompute.flops_fwd && keep.flops_recompute == 0,
+          "recompute FLOPs");
+    CHECK(recompute.tp_bytes_recompute == recompute.tp_bytes_fwd && keep.tp_bytes_recompute == 0,
+          "recompute TP bytes");
+    CHECK(keep.total_bytes == keep.param_bytes * 4 + keep.act_bytes + keep.grad_scratch_bytes,
+          "total");
+}
+
+/* ---- FLOPs ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t m, n, k, count;
+} gemm;
+
+/* Every GEMM of one forward of the whole model on one TP rank, written from the model's
+ * shapes: (m x k) times (k x n), `count` times. */
+static int64_t forward_gemm_flops(const loom_gpt_config *c, int64_t tp, int64_t B, int64_t T) {
+    int64_t C = c->channels, NH = c->num_heads, hs = C / NH, L = c->num_layers;
+    int64_t Vp = c->padded_vocab_size;
+    gemm list[] = {
+        {B * T, 3 * C / tp, C, L},   /* ln1 @ qkvw^T, this rank's heads */
+        {T, T, hs, L * B * NH / tp}, /* q @ k^T per head */
+        {T, hs, T, L * B * NH / tp}, /* softmax @ v per head */
+        {B * T, C, C / tp, L},       /* atty @ attprojw^T (then the TP sum) */
+        {B * T, 4 * C / tp, C, L},   /* ln2 @ fcw^T */
+        {B * T, C, 4 * C / tp, L},   /* gelu @ fcprojw^T */
+        {B * T, Vp / tp, C, 1},      /* lnf @ wte^T, this rank's vocabulary rows */
+    };
+    int64_t flops = 0;
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
+        flops += 2 * list[i].m * list[i].n * list[i].k * list[i].count;
+    }
+    return flops;
+}
+
+static void test_flops(void) {
+    loom_gpt_config configs[2] = {small_config(), {0}};
+    loom_gpt_preset("gpt2", &configs[1]);
+    for (int ci = 0; ci < 2; ci++) {
+        const loom_gpt_config *c = &configs[ci];
+        int L = c->num_layers, B = 2, T = ci == 0 ? 16 : 1024;
+        loom_gpt_stage_cost whole1 = {0};
+        for (int tp = 1; tp <= 4; tp *= 2) {
+            loom_gpt_stage_spec spec = stage_spec(c, tp, 0, L, B, T, 1, 0);
+            loom_gpt_stage_cost whole;
+            CHECK(loom_gpt_cost_stage(c, &spec, &whole) == LOOM_OK, "whole model");
+            int64_t expected = forward_gemm_flops(c, tp, B, T);
+            CHECK(whole.flops_fwd == expected, "config %d tp %d: forward %lld vs GEMM list %lld",
+                  ci, tp, (long long)whole.flops_fwd, (long long)expected);
+            CHECK(whole.flops_bwd == 2 * whole.flops_fwd, "backward = 2 x forward");
+            CHECK(whole.flops_bwd == whole.flops_bwd_input + whole.flops_bwd_weight, "B + W");
+            if (tp == 1) whole1 = whole;
+            /* each rank does 1/tp of every GEMM */
+            CHECK(whole.flops_fwd * tp == whole1.flops_fwd, "tp %d splits FLOPs evenly", tp);
+
+            /* a pipeline's stages add up to the whole */
+            int64_t fwd = 0, bwd_input = 0, bwd_weight = 0;
+            int cuts[] = {0, 1, L - 1, L};
+            for (int s = 0; s < 3; s++) {
+                if (cuts[s] >= cuts[s + 1]) continue;
+                loom_gpt_stage_spec part = stage_spec(c, tp, cuts[s], cuts[s + 1], B, T, 1, 0);
+                loom_gpt_stage_cost cost;
+                CHECK(loom_gpt_cost_stage(c, &part, &cost) == LOOM_OK, "stage");
+                fwd += cost.flops_fwd;
+                bwd_input += cost.flops_bwd_input;
+                bwd_weight += cost.flops_bwd_weight;
+            }
+            CHECK(fwd == whole.flops_fwd && bwd_input == whole.flops_bwd_input &&
+                      bwd_weight == whole.flops_bwd_weight,
+                  "stages sum to the model");
+        }
+        /* The weight-gradient GEMMs equal the forward's weight GEMMs: everything but attention's
+         * 4*B*T*T*C per layer. */
+        double attention = 4.0 * B * (double)T * T * c->channels * L;
+        CHECK_CLOSE((double)whole1.flops_bwd_weight, (double)whole1.flops_fwd - attention, 0, 0,
+                    "weight-gradient GEMMs");
+
+        /* Megatron (Narayanan et al. 2021) without recomputation, per micro-batch:
+         * 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) = forward + backward (tp = 1), V padded. */
+        double h = c->channels, s = T, l = L, V = c->padded_vocab_size;
+        double megatron = 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h));
+        CHECK_CLOSE((double)(whole1.flops_fwd + whole1.flops_bwd), megatron, 1e-12, 0,
+                    "Megatron's count");
+        /* With recomputation Megatron counts 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): the blocks'
+         * forward once more, not the head's. loom's trainer reruns the whole stage forward, the
+         * head included, so ours is that plus one head GEMM 2 B s h V. */
+        loom_gpt_stage_spec spec = stage_spec(c, 1, 0, L, B, T, 1, 1);
+        loom_gpt_stage_cost rec;
+        CHECK(loom_gpt_cost_stage(c, &spec, &rec) == LOOM_OK, "recompute");
+        double megatron_rec = 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+        CHECK_CLOSE((double)(rec.flops_fwd + rec.flops_bwd + rec.flops_recompute),
+                    megatron_rec + 2.0 * B * s * h * V, 1e-12, 0, "Megatron's count, recompute");
+
+        /* loom_gpt_flops_per_token = 6 N + 6 L C T: N the real parameters (wpe, biases and
+         * LayerNorms included, padded vocabulary rows not), attention at half of the full
+         * T x T (Kaplan's causal count). Ours per token, 3 x forward, is 6 x (GEMM weights:
+         * 12 L C^2 + Vp C) + 12 L C T. So ours - 6LCT - 6(Vp - V)C + 6(13 L C + maxT C + 2C)
+         * is that figure exactly. */
+        double Cd = c->channels, tokens = (double)B * T;
+        double ours = (double)(whole1.flops_fwd + whole1.flops_bwd) / tokens;
+        double converted = ours - 6.0 * l * Cd * T - 6.0 * (V - c->vocab_size) * Cd +
+                           6.0 * (13.0 * l * Cd + c->max_seq_len * Cd + 2.0 * Cd);
+        CHECK_CLOSE(converted, loom_gpt_flops_per_token(c, T), 1e-12, 0, "6N + 6LCT");
+    }
+}
+
+/* ---- tensor-parallel traffic ----------------------------------------------------------- */
+
+/* From gpt.c (and Megatron's rule "one allreduce of B*T*C in forward and one in backward, per
+ * attention and per MLP"): a block's forward sums attention-out and MLP-down, its backward the
+ * input gradients of MLP-up and QKV; the embedding's forward sums the lookup; the head's
+ * forward sums row max (B,T) and [sum exp, target logit] (2,B,T), its backward d(lnf).
+ * test_cost_tp counts them in a real run on two ranks. */
+static void test_tp_traffic(void) {
+    loom_gpt_config c = small_config();
+    int B = 3, T = 5;
+    int64_t btc = 4LL * B * T * c.channels, bt = 4LL * B * T;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        int on = tp > 1;
+        loom_gpt_part_cost block, embed, head;
+        loom_gpt_cost_block(&c, tp, B, T, &block);
+        loom_gpt_cost_embedding(&c, tp, B, T, &embed);
+        loom_gpt_cost_head(&c, tp, B, T, &head);
+        CHECK(block.tp_allreduces_fwd == 2 * on && block.tp_bytes_fwd == 2 * btc * on &&
+                  block.tp_allreduces_bwd == 2 * on && block.tp_bytes_bwd == 2 * btc * on,
+              "block tp %d", tp);
+        CHECK(embed.tp_allreduces_fwd == on && embed.tp_bytes_fwd == btc * on &&
+                  embed.tp_allreduces_bwd == 0 && embed.tp_bytes_bwd == 0,
+              "embedding tp %d", tp);
+        CHECK(head.tp_allreduces_fwd == 2 * on && head.tp_bytes_fwd == 3 * bt * on &&
+                  head.tp_allreduces_bwd == on && head.tp_bytes_bwd == btc * on,
+              "head tp %d", tp);
+        loom_gpt_stage_spec spec = stage_spec(&c, tp, 1, 2, B, T, 1, 0);
+        loom_gpt_stage_cost middle;
+        loom_gpt_cost_stage(&c, &spec, &middle);
+        CHECK(middle.tp_allreduces_fwd == 2 * on && middle.tp_bytes_bwd == 2 * btc * on,
+              "middle stage tp %d", tp);
+        CHECK(middle.pp_act_bytes == btc && middle.pp_grad_bytes == btc, "middle p2p");
+        spec = stage_spec(&c, tp, 0, 3, B, T, 1, 0);
+        loom_gpt_stage_cost whole;
+        loom_gpt_cost_stage(&c, &spec, &whole);
+        CHECK(whole.tp_allreduces_fwd == (3 * 2 + 1 + 2) * on &&
+                  whole.tp_allreduces_bwd == (3 * 2 + 1) * on,
+              "whole model tp %d", tp);
+        CHECK(whole.tp_bytes_fwd == (7 * btc + 3 * bt) * on && whole.tp_bytes_bwd == 7 * btc * on,
+              "whole model bytes tp %d", tp);
+        CHECK(whole.pp_act_bytes == 0 && whole.pp_grad_bytes == 0, "no p2p on one stage");
+    }
+}
+
+/* ---- GPT-3 175B ------------------------------------------------------------------------ */
+
+static void test_gpt3(void) {
+    loom_gpt_config c = gpt3_config();
+    int64_t L = 96, C = 12288, V = 50257, maxT = 2048;
+    /* 12 L C^2 (weights) + 13 L C (biases, LayerNorms) + V C + maxT C + 2C */
+    int64_t formula = 12 * L * C * C + 13 * L * C + V * C + maxT * C + 2 * C;
+    CHECK(loom_gpt_num_real_params(&c) == formula, "real params %lld vs %lld",
+          (long long)loom_gpt_num_real_params(&c), (long long)formula);
+    CHECK_CLOSE((double)formula, 174.6e9, 0.001, 0, "GPT-3's 175B");
+
+    loom_gpt_stage_spec spec = stage_spec(&c, 1, 0, 96, 1, 2048, 1, 0);
+    loom_gpt_stage_cost whole;
+    CHECK(loom_gpt_cost_stage(&c, &spec, &whole) == LOOM_OK, "175B whole: %s", loom_last_error());
+    int64_t padded = formula + (int64_t)(c.padded_vocab_size - V) * C;
+    CHECK(whole.param_bytes == 4 * padded, "175B param bytes");
+    CHECK(whole.flops_fwd == forward_gemm_flops(&c, 1, 1, 2048), "175B forward FLOPs");
+    CHECK(whole.flops_fwd > 0 && whole.total_bytes > whole.param_bytes, "no overflow");
+
+    /* tp = 8 divides heads and the padded vocabulary; 8 stages of 12 layers, 1F1B in flight */
+    int64_t sum_params = 0, sum_fwd = 0, sum_tp = 0;
+    for (int s = 0; s < 8; s++) {
+        spec = stage_spec(&c, 8, 12 * s, 12 * s + 12, 1, 2048, 8 - s, 0);
+        loom_gpt_stage_cost cost;
+        CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "175B stage %d: %s", s,
+              loom_last_error());
+        sum_params += cost.param_bytes;
+        sum_fwd += cost.flops_fwd;
+        sum_tp += cost.tp_bytes_fwd;
+        CHECK(cost.act_bytes > 0 && cost.total_bytes > cost.act_bytes, "stage %d sizes", s);
+        if (s == 0) {
+            printf("GPT-3 175B, tp 8, stage 0 of 8 (12 layers, 8 in flight, B 1, T 2048): "
+                   "params %.2f GiB, optimizer %.2f GiB, activations %.2f GiB (recompute %.2f), "
+                   "total %.2f GiB; forward %.3e FLOPs; TP forward %.1f MiB in %lld allreduces\n",
+                   cost.param_bytes / 0x1p30, cost.optimizer_bytes / 0x1p30,
+                   cost.act_bytes_keep / 0x1p30, cost.act_bytes_recompute / 0x1p30,
+                   cost.total_bytes / 0x1p30, (double)cost.flops_fwd, cost.tp_bytes_fwd / 0x1p20,
+                   (long long)cost.tp_allreduces_fwd);
+        }
+    }
+    /* eight TP ranks of eight stages hold the model once, plus wte, wpe and lnf on every stage
+     * but the one they belong to (wte counted once per stage and TP rank at Vp/8 rows) */
+    int64_t extra = 7 * (4 * ((int64_t)c.padded_vocab_size / 8 * C + maxT * C + 2 * C));
+    int64_t replicated = 4 * (13 * L * C - 7 * L * C + maxT * C + 2 * C); /* per TP rank */
+    CHECK(8 * (sum_params - extra) - 7 * replicated == whole.param_bytes,
+          "stages x tp hold the model: %lld vs %lld", (long long)(8 * (sum_params - extra)),
+          (long long)whole.param_bytes);
+    CHECK(8 * sum_fwd == whole.flops_fwd, "stages x tp compute the model");
+    printf("GPT-3 175B: %lld parameters (%lld padded); forward %.4e FLOPs per sequence of 2048, "
+           "training (3x) %.4e; TP forward payload at tp 8, one rank per stage, summed over the 8 "
+           "stages: %.1f MiB\n",
+           (long long)formula, (long long)padded, (double)whole.flops_fwd,
+           3.0 * (double)whole.flops_fwd, sum_tp / 0x1p20);
+
+    /* too large to count in 64 bits is refused, not wrapped */
+    spec = stage_spec(&c, 1, 0, 96, INT_MAX, 2048, 1, 0);
+    CHECK(loom_gpt_cost_stage(&c, &spec, &whole) == LOOM_ERR_INPUT, "overflow refused");
+    loom_gpt_part_cost block;
+    CHECK(loom_gpt_cost_block(&c, 1, INT_MAX, 2048, &block) == LOOM_ERR_INPUT,
+          "block overflow refused");
+}
+
+/* ---- refusals -------------------------------------------------------------------------- */
+
+static void expect_refused(const loom_gpt_config *c, loom_gpt_stage_spec spec, const char *field) {
+    loom_gpt_stage_cost cost;
+    loom_status st = loom_gpt_cost_stage(c, &spec, &cost);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), field),
+          "expected a refusal naming '%s', got status %d: %s", field, st, loom_last_error());
+}
+
+static void test_refusals(void) {
+    loom_gpt_config c = small_config();
+    loom_gpt_stage_spec good = stage_spec(&c, 2, 0, 2, 2, 8, 1, 0), spec;
+    spec = good, spec.tp = 3;
+    expect_refused(&c, spec, "tp");
+    spec = good, spec.tp = 0;
+    expect_refused(&c, spec, "tp");
+    spec = good, spec.T = 33;
+    expect_refused(&c, spec, "T");
+    spec = good, spec.B = 0;
+    expect_refused(&c, spec, "B");
+    spec = good, spec.first_layer = 2;
+    expect_refused(&c, spec, "layers");
+    spec = good, spec.end_layer = 4;
+    expect_refused(&c, spec, "layers");
+    spec = good, spec.has_embedding = 0;
+    expect_refused(&c, spec, "has_embedding");
+    spec = good, spec.has_head = 1;
+    expect_refused(&c, spec, "has_head");
+    spec = good, spec.in_flight = 0;
+    expect_refused(&c, spec, "in_flight");
+    loom_gpt_config bad = c;
+    bad.num_heads = 5;
+    expect_refused(&bad, good, "heads");
+    loom_gpt_part_cost part;
+    CHECK(loom_gpt_cost_block(&c, 8, 1, 1, &part) == LOOM_ERR_INPUT, "tp 8 does not divide 4");
+}
+
+int main(void) {
+    test_params();
+    test_activations();
+    test_flops();
+    test_tp_traffic();
+    test_gpt3();
+    test_refusals();
+    return check_finish();
+}
