@@ -54,14 +54,14 @@ static double dot(const double *a, const double *b, int64_t n) {
     return s;
 }
 
-/* Central differences of f with respect to x[0..n), compared to analytic, on up to 40 indices. */
+/* Central differences of f with respect to every x[0..n), compared to analytic. The sizes in
+ * this file are small enough for all of them (a sample would miss a wrong row, head or tail). */
 typedef double (*objective_fn)(void *ctx);
 static void fd_check(const char *what, objective_fn f, void *ctx, double *x, int64_t n,
                      const double *analytic) {
     const double h = 1e-6;
-    int64_t stride = n > 40 ? n / 40 : 1;
     int bad = 0;
-    for (int64_t i = 0; i < n && bad < 3; i += stride) {
+    for (int64_t i = 0; i < n && bad < 3; i++) {
         double saved = x[i];
         x[i] = saved + h;
         double fp = f(ctx);
@@ -335,8 +335,16 @@ static void test_elementwise(const loom_backend *be) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)fa[i] * fa[i];
     CHECK_CLOSE(be->sum_squares(fa, n), ss, 1e-12, 0.0, "sum_squares");
+    /* scale: every element against a double reference. By 0.5 the float product is exact; by
+     * 0.3f it is the double product rounded to float, within half an ulp (2^-24 relative). */
+    double *scaled = dalloc(n);
+    for (int64_t i = 0; i < n; i++) scaled[i] = 0.5 * (double)fa[i];
     be->scale(fa, 0.5f, n);
-    compare("scale", fa, (double[]){0.5 * (float)a[0]}, 1, 1e-7, 0.0);
+    compare("scale by 0.5 (exact)", fa, scaled, n, 0.0, 0.0);
+    for (int64_t i = 0; i < n; i++) scaled[i] = (double)0.3f * (double)fa[i];
+    be->scale(fa, 0.3f, n);
+    compare("scale by 0.3", fa, scaled, n, 0x1p-24, 0.0);
+    free(scaled);
 
     /* AdamW: five steps with decay, fast (float) vs reference (double) */
     double *p = dalloc(n), *g = dalloc(n), *m = dalloc(n), *v = dalloc(n);

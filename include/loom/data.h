@@ -3,9 +3,11 @@
  * datasets made of shards, a deterministic sample loader whose position can be checkpointed,
  * and `loom prepare` (text files -> train/val shards).
  *
+ * Datasets map their shards read-only instead of copying them, so a rank's memory does not grow
+ * with the corpus and the ranks of one machine share the pages through the page cache.
+ *
  * Not here: BPE/GPT-2 tokenisation (bring llm.c shards for that), sharding samples across
- * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip),
- * and memory mapping (a dataset holds a uint16 copy of all its tokens).
+ * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip).
  */
 #ifndef LOOM_DATA_H
 #define LOOM_DATA_H
@@ -53,17 +55,47 @@ loom_status loom_shard_probe(const char *path, size_t *count);
 /* ---- datasets ----------------------------------------------------------------------------
  * One or more shards given as a glob pattern, or a comma-separated list of patterns (so a path
  * cannot contain a comma). All matches are sorted by path (strcmp), duplicates dropped, and
- * concatenated. A pattern that matches nothing is an error naming it. Every token must be
- * < vocab_size (the error names the file, the position in that file and the token). */
+ * concatenated: global token position p lies in the file f with
+ * file_start(f) <= p < file_start(f + 1), at offset p - file_start(f). A pattern that matches
+ * nothing is an error naming it.
+ *
+ * loom_dataset_open validates every shard (header, version, size = 1024 + 2*count), reads its
+ * tokens once through a small buffer to check each is < vocab_size (the error names the file,
+ * the position in that file and the token), then maps the file read-only (mmap, MAP_PRIVATE).
+ * No token is copied: resident memory grows only with the pages that windows touch, and those
+ * are clean file pages shared with every other process mapping the same shards. The check reads
+ * the whole corpus once per open (skipped when vocab_size is 65536: every uint16 fits). Shards
+ * must not be truncated or rewritten in place while a dataset maps them (reading a truncated
+ * mapping raises SIGBUS); replacing a file by rename, as loom_shard_write does, is safe.
+ *
+ * loom_dataset_describe is the lazy open: it validates headers and sizes (the same errors as
+ * loom_dataset_open except the token check, which needs the tokens) and records the counts, but
+ * neither reads nor maps any token. A loader over it has the same windows, order and positions
+ * as one over the opened dataset (they depend on the counts only), so a rank that needs neither
+ * inputs nor targets — a middle pipeline stage — describes the data and advances its loader with
+ * loom_loader_skip where the other stages call loom_loader_next. loom_dataset_read and
+ * loom_loader_next refuse a described dataset (LOOM_ERR_INPUT). */
 
 typedef struct loom_dataset loom_dataset;
 loom_status loom_dataset_open(loom_dataset **ds, const char *pattern, int vocab_size);
+loom_status loom_dataset_describe(loom_dataset **ds, const char *pattern);
 void loom_dataset_free(loom_dataset *ds);
 size_t loom_dataset_num_tokens(const loom_dataset *ds);
-const uint16_t *loom_dataset_tokens(const loom_dataset *ds); /* (num_tokens,) */
+/* 1 when opened (tokens readable), 0 when described. */
+int loom_dataset_has_tokens(const loom_dataset *ds);
+/* Copies tokens [position, position + count) into out (count entries), across file boundaries.
+ * LOOM_ERR_INPUT when the range is outside [0, num_tokens) or the dataset is described. */
+loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t count, uint16_t *out);
 const char *loom_dataset_pattern(const loom_dataset *ds);
 int loom_dataset_num_files(const loom_dataset *ds);
 const char *loom_dataset_file(const loom_dataset *ds, int index); /* sorted order */
+/* Global position of file index's first token, for index in [0, num_files]; index num_files
+ * gives num_tokens, so file index holds file_start(index + 1) - file_start(index) tokens.
+ * SIZE_MAX for any other index. */
+size_t loom_dataset_file_start(const loom_dataset *ds, int index);
+/* The file holding global position (skipping empty files), and in *offset (if not NULL) the
+ * position within it; -1 when position >= num_tokens. */
+int loom_dataset_locate(const loom_dataset *ds, size_t position, size_t *offset);
 
 /* ---- sample loader -----------------------------------------------------------------------
  * A sample (window) is seq_len+1 consecutive tokens starting at a multiple of seq_len:
@@ -71,10 +103,13 @@ const char *loom_dataset_file(const loom_dataset *ds, int index); /* sorted orde
  * fewer than 1 window is an error naming the pattern and the sizes. In shuffle mode each epoch
  * visits every window once in an order that is a function of (seed, epoch) only: Fisher–Yates
  * over the identity, driven by a loom_rng seeded with loom_rng_u64(seed, LOOM_LOADER_RNG_STREAM,
- * epoch). In sequential mode windows go in file order every epoch. The whole position is
- * (epoch, index): index is the next window's rank within the epoch's order. Save it in
- * checkpoints; restoring it with the same dataset, seq_len, mode and seed reproduces the stream.
- * The loader borrows the dataset's tokens: the dataset must outlive it. */
+ * epoch): for i = windows down to 2, swap entries i-1 and j, j uniform in [0, i) (draw
+ * r = loom_rng_next until r >= 2^64 mod i, then j = r mod i). In sequential mode windows go in file
+ * order every epoch. The whole position is (epoch, index): index is the next window's rank within
+ * the epoch's order. Save it in checkpoints; restoring it with the same dataset, seq_len, mode and
+ * seed reproduces the stream. Windows may span file boundaries (the dataset is one concatenation).
+ * The loader borrows the dataset, which must outlive it; it may be a described one (see above), on
+ * which only the position can move. */
 
 #define LOOM_LOADER_RNG_STREAM 0x6c6f61646572ULL /* "loader" */
 
@@ -88,8 +123,9 @@ loom_status loom_loader_create(loom_loader **ld, const loom_dataset *ds, int seq
 void loom_loader_free(loom_loader *ld);
 size_t loom_loader_num_windows(const loom_loader *ld);
 /* Fills inputs (batch, seq_len) and targets (batch, seq_len) (targets = inputs shifted by one)
- * with the next `batch` windows, advancing the position (wrapping to the next epoch). */
-void loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targets);
+ * with the next `batch` windows, advancing the position (wrapping to the next epoch).
+ * LOOM_ERR_INPUT, with the position unchanged, when the dataset was only described. */
+loom_status loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targets);
 /* Advances the position by `count` windows without copying (for example, to skip the other
  * data-parallel ranks' part of a global batch). */
 void loom_loader_skip(loom_loader *ld, uint64_t count);

@@ -1,24 +1,42 @@
 /*
  * dataset.c — a dataset is the concatenation of the shards matched by one or more glob
- * patterns, sorted by path. The shards are probed first (header and size), so the tokens are
- * read straight into one allocation of exactly the right size; every token is checked against
- * the vocabulary once, here, so the loader and the model never need to.
+ * patterns, sorted by path. Opened, each shard is validated (header and size), its tokens are
+ * checked against the vocabulary by reading the file once through a small buffer, and the file
+ * is then mapped read-only: a rank holds no copy of the tokens, and ranks on one machine share
+ * the pages through the page cache. Described, a dataset only knows the shards' token counts,
+ * which is all a loader needs to keep its position.
+ *
+ * Why check at open rather than per window: bad input is refused where it enters, naming the
+ * file, before any training step; the loader and the model then never check. Why read the check
+ * through a buffer rather than through the mapping: the mapping's pages would then stay resident
+ * in this process (RSS the size of the corpus) until touched again or reclaimed.
  *
  * Not here: sample order (loader.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "shard_stream.h"
 
+#include <errno.h>
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+typedef struct {
+    char *path;
+    size_t first; /* global position of this shard's first token */
+    size_t count;
+    void *map;                 /* the whole file, mapped read-only; NULL if described or empty */
+    size_t map_bytes;          /* 1024 + 2*count */
+    const unsigned char *body; /* (count, 2) little-endian tokens inside map */
+} shard_view;
 
 struct loom_dataset {
     char *pattern;
-    char **files; /* (num_files,) sorted, distinct */
+    shard_view *shards; /* (num_files,) sorted by path, distinct */
     int num_files;
-    uint16_t *tokens; /* (num_tokens,) all shards back to back */
     size_t num_tokens;
+    int has_tokens; /* 1 when opened (mapped), 0 when only described */
 };
 
 typedef struct {
@@ -106,54 +124,88 @@ static loom_status expand_patterns(const char *patterns, path_list *list) {
     return LOOM_OK;
 }
 
-static loom_status check_vocab(const char *path, const uint16_t *tokens, size_t count,
-                               int vocab_size) {
-    for (size_t i = 0; i < count; i++) {
-        if (tokens[i] >= vocab_size) {
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: token at position %zu is %u: expected < vocab size %d", path, i,
-                             (unsigned)tokens[i], vocab_size);
+enum { CHECK_CHUNK_TOKENS = 1 << 15 };
+
+/* Streams the tokens of an open shard (positioned at its first token) and checks each against
+ * the vocabulary. */
+static loom_status check_vocab(FILE *file, const char *path, size_t count, int vocab_size) {
+    if (vocab_size >= 65536) return LOOM_OK; /* every uint16 fits */
+    unsigned char *chunk = loom_malloc(2 * CHECK_CHUNK_TOKENS, "shard check buffer");
+    if (!chunk) return LOOM_ERR_NOMEM;
+    loom_status status = LOOM_OK;
+    for (size_t done = 0; done < count && status == LOOM_OK;) {
+        size_t n = count - done < CHECK_CHUNK_TOKENS ? count - done : CHECK_CHUNK_TOKENS;
+        if (fread(chunk, 2, n, file) != n) {
+            status =
+                loom_fail(LOOM_ERR_INPUT, "%s: short read at token %zu of %zu", path, done, count);
+            break;
         }
+        for (size_t i = 0; i < n; i++) {
+            unsigned token = (unsigned)chunk[2 * i] | (unsigned)chunk[2 * i + 1] << 8;
+            if (token >= (unsigned)vocab_size) {
+                status = loom_fail(LOOM_ERR_INPUT,
+                                   "%s: token at position %zu is %u: expected < vocab size %d",
+                                   path, done + i, token, vocab_size);
+                break;
+            }
+        }
+        done += n;
     }
-    return LOOM_OK;
+    free(chunk);
+    return status;
 }
 
-/* Probes every shard, allocates once, reads and checks each shard in place. */
-static loom_status load_tokens(loom_dataset *ds, int vocab_size) {
-    size_t *counts = loom_calloc((size_t)ds->num_files, sizeof *counts, "shard counts");
-    if (!counts) return LOOM_ERR_NOMEM;
+/* Validates one shard, checks its tokens, and maps it, all through one open file: what is
+ * mapped is the file that was checked. */
+static loom_status map_shard(shard_view *shard, int vocab_size) {
+    FILE *file;
+    size_t count;
+    loom_status status = loom_shard_open(shard->path, &file, &count);
+    if (status != LOOM_OK) return status;
+    status = check_vocab(file, shard->path, count, vocab_size);
+    if (status == LOOM_OK && count > 0) {
+        size_t bytes = LOOM_SHARD_HEADER_BYTES + 2 * count;
+        void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fileno(file), 0);
+        if (map == MAP_FAILED) {
+            status = loom_fail(LOOM_ERR_IO, "%s: cannot map the shard (%zu bytes): %s", shard->path,
+                               bytes, strerror(errno));
+        } else {
+            shard->map = map;
+            shard->map_bytes = bytes;
+            shard->body = (const unsigned char *)map + LOOM_SHARD_HEADER_BYTES;
+        }
+    }
+    fclose(file);
+    if (status == LOOM_OK) shard->count = count;
+    return status;
+}
+
+/* Opens (map = 1) or probes (map = 0) every shard, then lays them end to end. */
+static loom_status load_shards(loom_dataset *ds, int map, int vocab_size) {
     loom_status status = LOOM_OK;
+    for (int i = 0; i < ds->num_files && status == LOOM_OK; i++) {
+        shard_view *shard = &ds->shards[i];
+        status = map ? map_shard(shard, vocab_size) : loom_shard_probe(shard->path, &shard->count);
+    }
     size_t total = 0;
     for (int i = 0; i < ds->num_files && status == LOOM_OK; i++) {
-        status = loom_shard_probe(ds->files[i], &counts[i]);
-        if (status == LOOM_OK && counts[i] > SIZE_MAX / 2 - total) {
+        if (ds->shards[i].count > SIZE_MAX / 2 - total) {
             status = loom_fail(LOOM_ERR_INPUT, "%s: dataset too large", ds->pattern);
         }
-        total += counts[i];
+        ds->shards[i].first = total;
+        total += ds->shards[i].count;
     }
-    if (status == LOOM_OK) {
-        ds->tokens = loom_malloc(total * sizeof *ds->tokens, "dataset tokens");
-        if (!ds->tokens) status = LOOM_ERR_NOMEM;
-    }
-    size_t offset = 0;
-    for (int i = 0; i < ds->num_files && status == LOOM_OK; i++) {
-        status = loom_shard_read_into(ds->files[i], ds->tokens + offset, counts[i]);
-        if (status == LOOM_OK) {
-            status = check_vocab(ds->files[i], ds->tokens + offset, counts[i], vocab_size);
-        }
-        offset += counts[i];
-    }
-    free(counts);
     if (status == LOOM_OK) ds->num_tokens = total;
     return status;
 }
 
-loom_status loom_dataset_open(loom_dataset **out, const char *pattern, int vocab_size) {
+static loom_status dataset_create(loom_dataset **out, const char *pattern, int map,
+                                  int vocab_size) {
     *out = NULL;
     if (!pattern || !*pattern) {
         return loom_fail(LOOM_ERR_INPUT, "data pattern: expected a glob pattern, got nothing");
     }
-    if (vocab_size < 1 || vocab_size > 65536) {
+    if (map && (vocab_size < 1 || vocab_size > 65536)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: vocab size: expected 1..65536 for uint16 tokens, "
                          "got %d",
@@ -171,14 +223,20 @@ loom_status loom_dataset_open(loom_dataset **out, const char *pattern, int vocab
     if (status == LOOM_OK && list.count > (size_t)INT32_MAX) {
         status = loom_fail(LOOM_ERR_INPUT, "%s: too many shards (%zu)", pattern, list.count);
     }
+    if (status == LOOM_OK) {
+        ds->shards = loom_calloc(list.count, sizeof *ds->shards, "dataset shards");
+        if (!ds->shards) status = LOOM_ERR_NOMEM;
+    }
     if (status != LOOM_OK) {
         path_list_free(&list);
         loom_dataset_free(ds);
         return status;
     }
-    ds->files = list.items; /* the dataset takes the list */
+    for (size_t i = 0; i < list.count; i++) ds->shards[i].path = list.items[i]; /* taken */
+    free(list.items);
     ds->num_files = (int)list.count;
-    status = load_tokens(ds, vocab_size);
+    ds->has_tokens = map;
+    status = load_shards(ds, map, vocab_size);
     if (status != LOOM_OK) {
         loom_dataset_free(ds);
         return status;
@@ -187,11 +245,21 @@ loom_status loom_dataset_open(loom_dataset **out, const char *pattern, int vocab
     return LOOM_OK;
 }
 
+loom_status loom_dataset_open(loom_dataset **out, const char *pattern, int vocab_size) {
+    return dataset_create(out, pattern, 1, vocab_size);
+}
+
+loom_status loom_dataset_describe(loom_dataset **out, const char *pattern) {
+    return dataset_create(out, pattern, 0, 0);
+}
+
 void loom_dataset_free(loom_dataset *ds) {
     if (!ds) return;
-    for (int i = 0; i < ds->num_files; i++) free(ds->files[i]);
-    free(ds->files);
-    free(ds->tokens);
+    for (int i = 0; i < ds->num_files; i++) {
+        if (ds->shards[i].map) munmap(ds->shards[i].map, ds->shards[i].map_bytes);
+        free(ds->shards[i].path);
+    }
+    free(ds->shards);
     free(ds->pattern);
     free(ds);
 }
@@ -200,8 +268,8 @@ size_t loom_dataset_num_tokens(const loom_dataset *ds) {
     return ds->num_tokens;
 }
 
-const uint16_t *loom_dataset_tokens(const loom_dataset *ds) {
-    return ds->tokens;
+int loom_dataset_has_tokens(const loom_dataset *ds) {
+    return ds->has_tokens;
 }
 
 const char *loom_dataset_pattern(const loom_dataset *ds) {
@@ -213,5 +281,61 @@ int loom_dataset_num_files(const loom_dataset *ds) {
 }
 
 const char *loom_dataset_file(const loom_dataset *ds, int index) {
-    return index >= 0 && index < ds->num_files ? ds->files[index] : NULL;
+    return index >= 0 && index < ds->num_files ? ds->shards[index].path : NULL;
+}
+
+size_t loom_dataset_file_start(const loom_dataset *ds, int index) {
+    if (index < 0 || index > ds->num_files) return SIZE_MAX;
+    return index == ds->num_files ? ds->num_tokens : ds->shards[index].first;
+}
+
+/* The shard holding position (< num_tokens): the last one starting at or before it, which
+ * steps over empty shards (they start where their successor does). */
+static int find_shard(const loom_dataset *ds, size_t position) {
+    int low = 0, high = ds->num_files - 1;
+    while (low < high) {
+        int mid = low + (high - low + 1) / 2;
+        if (ds->shards[mid].first <= position)
+            low = mid;
+        else
+            high = mid - 1;
+    }
+    return low;
+}
+
+int loom_dataset_locate(const loom_dataset *ds, size_t position, size_t *offset) {
+    if (position >= ds->num_tokens) return -1;
+    int file = find_shard(ds, position);
+    if (offset) *offset = position - ds->shards[file].first;
+    return file;
+}
+
+loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t count,
+                              uint16_t *out) {
+    if (!ds->has_tokens) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: dataset was described, not opened: its tokens cannot be read",
+                         ds->pattern);
+    }
+    if (position > ds->num_tokens || count > ds->num_tokens - position) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: tokens [%zu, %zu + %zu) are outside the %zu tokens",
+                         ds->pattern, position, position, count, ds->num_tokens);
+    }
+    if (count == 0) return LOOM_OK;
+    int little = loom_host_is_little_endian();
+    size_t offset = 0;
+    for (int file = loom_dataset_locate(ds, position, &offset); count > 0; file++, offset = 0) {
+        const shard_view *shard = &ds->shards[file];
+        size_t n = shard->count - offset < count ? shard->count - offset : count;
+        if (n == 0) continue; /* an empty shard */
+        const unsigned char *src = shard->body + 2 * offset;
+        if (little) {
+            memcpy(out, src, 2 * n);
+        } else {
+            for (size_t i = 0; i < n; i++) out[i] = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+        }
+        out += n;
+        count -= n;
+    }
+    return LOOM_OK;
 }

@@ -5,6 +5,10 @@
  * index) is the loader's whole state: resuming from a checkpoint rebuilds the permutation and
  * continues exactly where the interrupted run would have.
  *
+ * The loader works in global token positions (window w starts at w*seq_len) and leaves it to the
+ * dataset to find the file, so a window may straddle two shards. Only the token count decides
+ * the windows, which is why a loader over a described dataset keeps the same positions.
+ *
  * Not here: splitting batches across ranks (the caller reads or skips windows) or any check of
  * token values (the dataset did that when it was opened).
  */
@@ -14,7 +18,8 @@
 #include <string.h>
 
 struct loom_loader {
-    const uint16_t *tokens; /* borrowed from the dataset */
+    const loom_dataset *ds; /* borrowed */
+    uint16_t *window;       /* (seq_len + 1,) the window being copied out */
     size_t num_windows;
     int seq_len; /* T */
     int shuffle;
@@ -62,19 +67,20 @@ loom_status loom_loader_create(loom_loader **out, const loom_dataset *ds, int se
     }
     loom_loader *ld = loom_calloc(1, sizeof *ld, "loader");
     if (!ld) return LOOM_ERR_NOMEM;
-    ld->tokens = loom_dataset_tokens(ds);
+    ld->ds = ds;
     ld->num_windows = windows;
     ld->seq_len = seq_len;
     ld->shuffle = shuffle != 0;
     ld->seed = seed;
-    if (ld->shuffle) {
+    ld->window = loom_malloc(((size_t)seq_len + 1) * sizeof *ld->window, "loader window");
+    if (ld->window && ld->shuffle) {
         ld->order = loom_malloc(windows * sizeof *ld->order, "loader window order");
-        if (!ld->order) {
-            free(ld);
-            return LOOM_ERR_NOMEM;
-        }
-        build_epoch_order(ld);
     }
+    if (!ld->window || (ld->shuffle && !ld->order)) {
+        loom_loader_free(ld);
+        return LOOM_ERR_NOMEM;
+    }
+    if (ld->shuffle) build_epoch_order(ld);
     *out = ld;
     return LOOM_OK;
 }
@@ -82,6 +88,7 @@ loom_status loom_loader_create(loom_loader **out, const loom_dataset *ds, int se
 void loom_loader_free(loom_loader *ld) {
     if (!ld) return;
     free(ld->order);
+    free(ld->window);
     free(ld);
 }
 
@@ -89,11 +96,15 @@ size_t loom_loader_num_windows(const loom_loader *ld) {
     return ld->num_windows;
 }
 
-void loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targets) {
+loom_status loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targets) {
     size_t T = (size_t)ld->seq_len;
     for (int b = 0; b < batch; b++) {
         size_t window = ld->shuffle ? ld->order[ld->pos.index] : (size_t)ld->pos.index;
-        const uint16_t *src = ld->tokens + window * T;
+        /* In range by construction (window*T + T + 1 <= num_windows*T + 1 <= num_tokens), so
+         * this fails only on a described dataset, and then at the first window. */
+        loom_status status = loom_dataset_read(ld->ds, window * T, T + 1, ld->window);
+        if (status != LOOM_OK) return status;
+        const uint16_t *src = ld->window;
         int32_t *in = inputs + (size_t)b * T, *tgt = targets + (size_t)b * T;
         for (size_t t = 0; t < T; t++) {
             in[t] = src[t];
@@ -101,6 +112,7 @@ void loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_t *targ
         }
         loom_loader_skip(ld, 1);
     }
+    return LOOM_OK;
 }
 
 void loom_loader_skip(loom_loader *ld, uint64_t count) {

@@ -17,11 +17,6 @@
 
 enum { HEADER_SLOTS = LOOM_SHARD_HEADER_BYTES / 4, CHUNK_TOKENS = 1 << 15 };
 
-static int host_is_little_endian(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
 static int32_t read_le_i32(const unsigned char *p) {
     uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     return (int32_t)u;
@@ -34,8 +29,7 @@ static void write_le_i32(unsigned char *p, int32_t value) {
 
 /* ---- reading ----------------------------------------------------------------------------- */
 
-/* Opens path, validates header and size; on success *file is positioned at the first token. */
-static loom_status open_shard(const char *path, FILE **file, size_t *count) {
+loom_status loom_shard_open(const char *path, FILE **file, size_t *count) {
     *file = NULL;
     *count = 0;
     FILE *f = fopen(path, "rb");
@@ -94,7 +88,7 @@ static loom_status read_tokens(FILE *f, const char *path, uint16_t *dst, size_t 
     if (count && fread(dst, sizeof *dst, count, f) != count) {
         return loom_fail(LOOM_ERR_INPUT, "%s: short read of %zu tokens", path, count);
     }
-    if (!host_is_little_endian()) {
+    if (!loom_host_is_little_endian()) {
         for (size_t i = 0; i < count; i++) dst[i] = (uint16_t)(dst[i] >> 8 | dst[i] << 8);
     }
     return LOOM_OK;
@@ -102,7 +96,7 @@ static loom_status read_tokens(FILE *f, const char *path, uint16_t *dst, size_t 
 
 loom_status loom_shard_probe(const char *path, size_t *count) {
     FILE *f;
-    loom_status status = open_shard(path, &f, count);
+    loom_status status = loom_shard_open(path, &f, count);
     if (status == LOOM_OK) fclose(f);
     return status;
 }
@@ -112,7 +106,7 @@ loom_status loom_shard_read(const char *path, uint16_t **tokens, size_t *count) 
     *count = 0;
     FILE *f;
     size_t n;
-    loom_status status = open_shard(path, &f, &n);
+    loom_status status = loom_shard_open(path, &f, &n);
     if (status != LOOM_OK) return status;
     uint16_t *buf = loom_malloc(n * sizeof *buf, path);
     if (!buf) {
@@ -128,21 +122,6 @@ loom_status loom_shard_read(const char *path, uint16_t **tokens, size_t *count) 
     *tokens = buf;
     *count = n;
     return LOOM_OK;
-}
-
-loom_status loom_shard_read_into(const char *path, uint16_t *dst, size_t expected_count) {
-    FILE *f;
-    size_t n;
-    loom_status status = open_shard(path, &f, &n);
-    if (status != LOOM_OK) return status;
-    if (n != expected_count) {
-        fclose(f);
-        return loom_fail(LOOM_ERR_INPUT, "%s: token count changed from %zu to %zu while reading",
-                         path, expected_count, n);
-    }
-    status = read_tokens(f, path, dst, n);
-    fclose(f);
-    return status;
 }
 
 /* ---- writing ----------------------------------------------------------------------------- */

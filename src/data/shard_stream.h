@@ -1,12 +1,18 @@
 /*
  * shard_stream.h — private to src/data: writing an llm.c shard token by token (so `prepare`
- * never holds a whole shard in memory), and reading a validated shard into memory the caller
- * owns (so a dataset concatenates shards without a second copy).
+ * never holds a whole shard in memory), and opening a validated shard as a stream (so a dataset
+ * can check its tokens and map it through one open file).
  */
 #ifndef LOOM_DATA_SHARD_STREAM_H
 #define LOOM_DATA_SHARD_STREAM_H
 
 #include "loom/data.h"
+
+/* Shards are little-endian; on such a host their token bytes can be copied as they are. */
+static inline int loom_host_is_little_endian(void) {
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
 
 typedef struct loom_shard_stream loom_shard_stream;
 
@@ -21,8 +27,9 @@ loom_status loom_shard_stream_commit(loom_shard_stream *stream);
 /* Drops the temporary file; frees the stream. NULL is fine. */
 void loom_shard_stream_abort(loom_shard_stream *stream);
 
-/* Reads the shard at path into dst, which has room for exactly expected_count tokens (from an
- * earlier loom_shard_probe); a file whose count changed since is an error. */
-loom_status loom_shard_read_into(const char *path, uint16_t *dst, size_t expected_count);
+/* Opens the shard at path and validates it like loom_shard_probe (header, and a file size of
+ * exactly 1024 + 2*count bytes, measured on this open file). On success *file is positioned at
+ * the first token (fclose it); on error *file is NULL, *count 0, and the message names path. */
+loom_status loom_shard_open(const char *path, FILE **file, size_t *count);
 
 #endif
