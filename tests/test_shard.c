@@ -13,7 +13,7 @@
  * model's maths (test_model.c).
  */
 #include "check.h"
-#include "io/checkpoint.h"
+#include "loom/io.h"
 #include "loom/model.h"
 #include "loom/ops.h"
 #include "loom/parallel.h"

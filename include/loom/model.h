@@ -43,7 +43,7 @@ loom_status loom_gpt_preset(const char *name, loom_gpt_config *config);
 int loom_gpt_pad_vocab(int vocab_size);
 /* The rules every model description obeys (a plan for a model this build cannot train
  * included): sizes positive, heads dividing d_model, the vocabulary paddable; padded_vocab_size
- * filled in when 0, else it must equal the padding. Messages read "SOURCE: PREFIXfield: ...";
+ * filled in when 0 (else at least the vocabulary). Messages read "SOURCE: PREFIXfield: ...";
  * prefix is "" for run configurations and "model." for plan files. */
 loom_status loom_gpt_config_check_shape(loom_gpt_config *config, const char *source,
                                         const char *prefix);

@@ -89,11 +89,10 @@ loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
                          INT_MAX / 128 * 128, c->vocab_size);
     }
     if (c->padded_vocab_size == 0) c->padded_vocab_size = padded;
-    if (c->padded_vocab_size != padded) {
+    if (c->padded_vocab_size < c->vocab_size) {
         return loom_fail(LOOM_ERR_INPUT,
-                         "%s: %svocab: expected a padded vocabulary of %d (%d rounded up to a "
-                         "multiple of 128), got %d",
-                         source, prefix, padded, c->vocab_size, c->padded_vocab_size);
+                         "%s: %svocab: expected a padded vocabulary of at least %d, got %d", source,
+                         prefix, c->vocab_size, c->padded_vocab_size);
     }
     return LOOM_OK;
 }

@@ -133,8 +133,15 @@ static loom_status check_word(const char *source, const char *path, const char *
 
 static loom_status check_model(const loom_gpt_config *m, const char *source) {
     loom_gpt_config copy = *m;
-    if (copy.padded_vocab_size == 0) copy.padded_vocab_size = -1; /* must have been filled in */
-    return loom_gpt_config_check_shape(&copy, source, "model.");
+    loom_status st = loom_gpt_config_check_shape(&copy, source, "model.");
+    int padded = loom_gpt_pad_vocab(m->vocab_size);
+    if (st == LOOM_OK && m->padded_vocab_size != padded) { /* only a plan filled in by hand */
+        return loom_plan_fail_field(source, "model.vocab",
+                                    "expected padded_vocab_size %d (vocab %d rounded up to a "
+                                    "multiple of 128), got %d",
+                                    padded, m->vocab_size, m->padded_vocab_size);
+    }
+    return st;
 }
 
 static loom_status check_batch(const loom_plan *p, const char *source) {

@@ -6,8 +6,8 @@
 #include "train/train_internal.h"
 
 loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
-                                loom_pipeline *pipe, loom_loader *loader, int32_t *inputs,
-                                int32_t *targets, double *mean) {
+                                loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
+                                int32_t *inputs, int32_t *targets, double *mean) {
     const loom_plan *plan = mesh->plan;
     int64_t windows = (int64_t)cfg->eval_batches * plan->global_batch;
     int64_t available = (int64_t)loom_loader_num_windows(loader);
@@ -18,9 +18,10 @@ loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *m
     if (first < last) loom_loader_set_pos(loader, (loom_loader_pos){0, (uint64_t)first});
     for (int64_t done = first; done < last;) {
         int b = last - done < plan->micro_batch ? (int)(last - done) : plan->micro_batch;
-        loom_loader_next(loader, b, inputs, targets);
         double loss;
-        loom_status st = loom_pipeline_forward(pipe, inputs, targets, b, &loss);
+        loom_status st = LOOM_OK;
+        if (loom_dataset_has_tokens(data)) st = loom_loader_next(loader, b, inputs, targets);
+        if (st == LOOM_OK) st = loom_pipeline_forward(pipe, inputs, targets, b, &loss);
         if (st != LOOM_OK) return st;
         sum += loss * b;
         done += b;

@@ -130,9 +130,9 @@ loom_status loom_eval_loss(loom_gpt *model, const char *data, int seq_len, int b
         int64_t windows = (int64_t)loom_loader_num_windows(ld);
         if (max_windows > 0 && max_windows < windows) windows = max_windows;
         double sum = 0.0;
-        for (int64_t done = 0; done < windows;) {
+        for (int64_t done = 0; done < windows && st == LOOM_OK;) {
             int b = windows - done < batch ? (int)(windows - done) : batch;
-            loom_loader_next(ld, b, inputs, targets);
+            if ((st = loom_loader_next(ld, b, inputs, targets)) != LOOM_OK) break;
             sum += (double)loom_gpt_forward(model, inputs, targets, b, seq_len) * b;
             done += b;
         }

@@ -68,7 +68,7 @@ loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
  * split's size), micro-batch by micro-batch through the pipeline, the windows shared out among
  * the replicas: the same windows whatever the layout. Collective. */
 loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
-                                loom_pipeline *pipe, loom_loader *loader, int32_t *inputs,
-                                int32_t *targets, double *mean);
+                                loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
+                                int32_t *inputs, int32_t *targets, double *mean);
 
 #endif

@@ -124,15 +124,23 @@ static loom_status check_model(const trainer *t, const char *resume_dir) {
     return LOOM_OK;
 }
 
+/* Middle pipeline stages need neither tokens nor targets: their datasets are described (sizes,
+ * no token pages), so that their loaders still move in step with the others'. */
+static loom_status open_dataset(const trainer *t, loom_dataset **ds, const char *pattern) {
+    if (t->model->has_embedding || t->model->has_head) {
+        return loom_dataset_open(ds, pattern, t->plan->model.vocab_size);
+    }
+    return loom_dataset_describe(ds, pattern);
+}
+
 static loom_status open_data(trainer *t) {
     const loom_train_config *cfg = t->cfg;
-    int vocab = t->plan->model.vocab_size;
-    loom_status st = loom_dataset_open(&t->train_data, cfg->data, vocab);
+    loom_status st = open_dataset(t, &t->train_data, cfg->data);
     if (st == LOOM_OK) {
         st = loom_loader_create(&t->train_loader, t->train_data, cfg->seq_len, 1, cfg->seed);
     }
     if (st == LOOM_OK && cfg->val_data[0] && cfg->eval_every > 0) {
-        st = loom_dataset_open(&t->val_data, cfg->val_data, vocab);
+        st = open_dataset(t, &t->val_data, cfg->val_data);
         if (st == LOOM_OK) {
             st = loom_loader_create(&t->val_loader, t->val_data, cfg->seq_len, 0, cfg->seed);
         }
@@ -276,13 +284,20 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     loom_gpt_zero_grad(t->model);
     /* every stage reads the same windows: the first needs the tokens, the last the targets */
     loom_loader_skip(t->train_loader, (uint64_t)mesh->dp_rank * per_replica);
-    for (int a = 0; a < m; a++) {
-        loom_loader_next(t->train_loader, B, t->inputs + (size_t)a * bt,
-                         t->targets + (size_t)a * bt);
+    loom_status st = LOOM_OK;
+    for (int a = 0; a < m && st == LOOM_OK; a++) {
+        if (loom_dataset_has_tokens(t->train_data)) {
+            st = loom_loader_next(t->train_loader, B, t->inputs + (size_t)a * bt,
+                                  t->targets + (size_t)a * bt);
+        } else {
+            loom_loader_skip(t->train_loader, (uint64_t)B);
+        }
     }
     loom_loader_skip(t->train_loader, (uint64_t)(mesh->dp_size - 1 - mesh->dp_rank) * per_replica);
-    loom_status st = loom_pipeline_train(t->pipe, t->inputs, t->targets, dloss, t->sync,
-                                         t->state.step, loss_sum);
+    if (st == LOOM_OK) {
+        st = loom_pipeline_train(t->pipe, t->inputs, t->targets, dloss, t->sync, t->state.step,
+                                 loss_sum);
+    }
     if (st != LOOM_OK) return st;
     double t0 = loom_trace_now_us();
     st = loom_grad_sync_finish(t->sync);
@@ -370,7 +385,8 @@ static loom_status train_step(trainer *t, int64_t step) {
 static loom_status evaluate(trainer *t) {
     double val;
     loom_status st =
-        loom_run_validation(t->cfg, &t->mesh, t->pipe, t->val_loader, t->inputs, t->targets, &val);
+        loom_run_validation(t->cfg, &t->mesh, t->pipe, t->val_data, t->val_loader, t->inputs,
+                            t->targets, &val);
     if (st != LOOM_OK) return st;
     t->last_val_loss = val;
     if (!t->mesh.lead) return LOOM_OK;
