@@ -224,6 +224,18 @@ for mode in exit hang; do
     fi
 done
 
+# every event lies within the run: timestamps from 0 (the barrier before training) up to the
+# run's length, and each rank's pipeline actions in order (an origin subtracted twice, or a
+# wrong clock, puts them far outside)
+if python3 - traced/trace.json <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+ts = [e["ts"] for e in ev]
+ok = ev and min(ts) >= 0 and max(ts) < 600e6
+sys.exit(0 if ok else 1)
+PY
+then ok; else fail "trace timestamps outside the run"; fi
+
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?

@@ -195,7 +195,7 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
         }
         loom_trace_event(p->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
                          loom_pipe_op_name(act.op), compute ? "compute" : "pp",
-                         t0 - loom_trace_origin_us(p->trace), loom_trace_now_us() - t0, step + 1,
+                         t0, loom_trace_now_us() - t0, step + 1,
                          mb);
     }
     loom_status sent = wait_sends(p);

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* ---- reading ------------------------------------------------------------------------------------
@@ -238,4 +239,54 @@ loom_status loom_metrics_plot(loom_metrics *m, const char *out) {
                                         m->val_steps, m->val_loss, m->n_val);
     if (st == LOOM_OK) loom_info("loss plot: %s", path);
     return st;
+}
+
+/* ---- measuring a run ------------------------------------------------------------------------ */
+
+static int compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void loom_run_measure(double *step_seconds, int64_t steps, double tokens_per_step,
+                      loom_train_result *r) {
+    int64_t from = steps > 1 ? 1 : 0, n = steps - from;
+    double median = 0.0;
+    if (n > 0) {
+        qsort(step_seconds + from, (size_t)n, sizeof(double), compare_double);
+        median = step_seconds[from + n / 2];
+    }
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    r->median_step_s = median;
+    r->median_tokens_per_s = median > 0 ? tokens_per_step / median : 0.0;
+    r->peak_rss_bytes = (int64_t)usage.ru_maxrss * 1024;
+}
+
+loom_status loom_run_report_prediction(const loom_plan *plan, const loom_mesh *mesh,
+                                       const loom_train_result *r) {
+    double peak = (double)r->peak_rss_bytes;
+    loom_status st = LOOM_OK;
+    if (mesh->world) st = loom_comm_allreduce_f64(mesh->world, &peak, 1, LOOM_REDUCE_MAX);
+    if (st != LOOM_OK || !mesh->lead) return st;
+    int64_t predicted_peak = 0;
+    for (int i = 0; i < plan->num_predicted_peak; i++) {
+        if (plan->predicted_peak_bytes[i] > predicted_peak) {
+            predicted_peak = plan->predicted_peak_bytes[i];
+        }
+    }
+    if (plan->predicted_step_s > 0) {
+        loom_info("step time: predicted %.4g s, measured %.4g s (median)", plan->predicted_step_s,
+                  r->median_step_s);
+    }
+    if (plan->predicted_tokens_per_s > 0) {
+        loom_info("tokens/s: predicted %.4g, measured %.4g", plan->predicted_tokens_per_s,
+                  r->median_tokens_per_s);
+    }
+    if (predicted_peak > 0) {
+        loom_info("peak memory per rank: predicted %.1f MiB, measured %.1f MiB (largest resident "
+                  "set of any rank)",
+                  (double)predicted_peak / 1048576.0, peak / 1048576.0);
+    }
+    return LOOM_OK;
 }

@@ -71,4 +71,29 @@ loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *m
                                 loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
                                 int32_t *inputs, int32_t *targets, double *mean);
 
+/* ---- test hooks (trainer.c) ---- */
+
+/* Failures and numeric trouble on demand, for the tests; read from the environment once. */
+typedef struct {
+    int64_t nan_steps[16]; /* LOOM_DEBUG_NAN_STEPS="3,4,5": poison these (1-based) steps */
+    int num_nan_steps;
+    int fail_rank;     /* LOOM_DEBUG_FAIL="RANK:STEP:exit|hang": world rank RANK dies or */
+    int64_t fail_step; /* hangs at the start of STEP */
+    char fail_mode[16];
+    int diverge; /* LOOM_DEBUG_DIVERGE=1: replica 1 changes a parameter before the check */
+} loom_test_hooks;
+
+loom_test_hooks loom_test_hooks_read(void);
+
+/* ---- measuring a run (metrics.c) ---- */
+
+/* Medians over the steps after the first (which pays for first touches), and this rank's peak
+ * resident memory, into r. */
+void loom_run_measure(double *step_seconds, int64_t steps, double tokens_per_step,
+                      loom_train_result *r);
+/* The plan's predictions (information, not instructions) beside what was measured; the peak is
+ * the largest of any rank's. Collective. */
+loom_status loom_run_report_prediction(const loom_plan *plan, const loom_mesh *mesh,
+                                       const loom_train_result *r);
+
 #endif

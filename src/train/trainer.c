@@ -18,36 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
-
-/* Failures and numeric trouble on demand, for the tests; read from the environment once. */
-typedef struct {
-    int64_t nan_steps[16]; /* LOOM_DEBUG_NAN_STEPS="3,4,5": poison these (1-based) steps */
-    int num_nan_steps;
-    int fail_rank;     /* LOOM_DEBUG_FAIL="RANK:STEP:exit|hang": world rank RANK dies or */
-    int64_t fail_step; /* hangs at the start of STEP */
-    char fail_mode[16];
-    int diverge; /* LOOM_DEBUG_DIVERGE=1: replica 1 changes a parameter before the check */
-} test_hooks;
-
-static test_hooks read_test_hooks(void) {
-    test_hooks h = {.fail_rank = -1, .fail_step = -1};
-    const char *env = getenv("LOOM_DEBUG_NAN_STEPS");
-    for (const char *p = env ? env : ""; *p && h.num_nan_steps < 16;) {
-        char *end;
-        long long v = strtoll(p, &end, 10);
-        if (end == p) break;
-        h.nan_steps[h.num_nan_steps++] = v;
-        p = *end ? end + 1 : end;
-    }
-    env = getenv("LOOM_DEBUG_FAIL");
-    long long at;
-    if (env && sscanf(env, "%d:%lld:%15s", &h.fail_rank, &at, h.fail_mode) == 3) h.fail_step = at;
-    env = getenv("LOOM_DEBUG_DIVERGE");
-    h.diverge = env && atoi(env) == 1;
-    return h;
-}
 
 typedef struct {
     const loom_train_config *cfg;
@@ -64,7 +35,7 @@ typedef struct {
     loom_metrics *metrics;     /* the lead's */
     loom_trace *trace;         /* NULL: not tracing */
     loom_ckpt_state state;
-    test_hooks hooks;
+    loom_test_hooks hooks;
     double peak_gflops, flops_per_token;
     int progress_bar;
     double run_start;
@@ -193,7 +164,7 @@ static void print_setup(const trainer *t) {
 static loom_status trainer_setup(trainer *t, loom_comm *world) {
     const loom_train_config *cfg = t->cfg;
     loom_ops_set_threads(cfg->threads);
-    t->hooks = read_test_hooks();
+    t->hooks = loom_test_hooks_read();
     char resume_dir[4096] = "";
     loom_status st = loom_parallel_check_plan(t->plan, cfg->plan[0] ? cfg->plan : "plan");
     if (st == LOOM_OK && cfg->resume[0]) {
@@ -257,7 +228,7 @@ static void progress_bar(const trainer *t, int64_t done) {
 }
 
 static void injected_failure(const trainer *t, int64_t step) {
-    const test_hooks *h = &t->hooks;
+    const loom_test_hooks *h = &t->hooks;
     if (!t->mesh.world || h->fail_step != step) return;
     if (h->fail_rank != loom_comm_rank(t->mesh.world)) return;
     if (!strcmp(h->fail_mode, "exit")) _exit(3);
@@ -302,7 +273,7 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     double t0 = loom_trace_now_us();
     st = loom_grad_sync_finish(t->sync);
     loom_trace_event(t->trace, LOOM_TRACE_DP, "gradient sync (wait)", "dp",
-                     t0 - loom_trace_origin_us(t->trace), loom_trace_now_us() - t0,
+                     t0, loom_trace_now_us() - t0,
                      t->state.step + 1, -1);
     return st;
 }
@@ -319,7 +290,7 @@ static loom_status apply_update(trainer *t, int64_t step, double lr, double grad
     loom_adamw_step(&t->opt, t->model, loom_grad_sync_grads(t->sync), cfg, lr, update, grad_scale);
     loom_status st = loom_grad_sync_share_params(t->sync);
     loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "optimizer", "compute",
-                     t0 - loom_trace_origin_us(t->trace), loom_trace_now_us() - t0, step + 1, -1);
+                     t0, loom_trace_now_us() - t0, step + 1, -1);
     return st;
 }
 
@@ -384,9 +355,8 @@ static loom_status train_step(trainer *t, int64_t step) {
 
 static loom_status evaluate(trainer *t) {
     double val;
-    loom_status st =
-        loom_run_validation(t->cfg, &t->mesh, t->pipe, t->val_data, t->val_loader, t->inputs,
-                            t->targets, &val);
+    loom_status st = loom_run_validation(t->cfg, &t->mesh, t->pipe, t->val_data, t->val_loader,
+                                         t->inputs, t->targets, &val);
     if (st != LOOM_OK) return st;
     t->last_val_loss = val;
     if (!t->mesh.lead) return LOOM_OK;
@@ -401,56 +371,6 @@ static loom_status save(trainer *t) {
     return loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
 }
 
-static int compare_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Medians over the steps after the first (which pays for first touches), and peak memory. */
-static void measure(trainer *t, loom_train_result *r) {
-    int64_t from = t->timed > 1 ? 1 : 0, n = t->timed - from;
-    double median = 0.0;
-    if (n > 0) {
-        qsort(t->step_seconds + from, (size_t)n, sizeof(double), compare_double);
-        median = t->step_seconds[from + n / 2];
-    }
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    r->median_step_s = median;
-    r->median_tokens_per_s =
-        median > 0 ? (double)t->plan->global_batch * t->cfg->seq_len / median : 0.0;
-    r->peak_rss_bytes = (int64_t)usage.ru_maxrss * 1024;
-}
-
-/* The plan's predictions (information, not instructions) beside what was measured. */
-static loom_status report_prediction(trainer *t, const loom_train_result *r) {
-    const loom_plan *plan = t->plan;
-    double peak = (double)r->peak_rss_bytes;
-    loom_status st = LOOM_OK;
-    if (t->mesh.world) st = loom_comm_allreduce_f64(t->mesh.world, &peak, 1, LOOM_REDUCE_MAX);
-    if (st != LOOM_OK || !t->mesh.lead) return st;
-    int64_t predicted_peak = 0;
-    for (int i = 0; i < plan->num_predicted_peak; i++) {
-        if (plan->predicted_peak_bytes[i] > predicted_peak) {
-            predicted_peak = plan->predicted_peak_bytes[i];
-        }
-    }
-    if (plan->predicted_step_s > 0) {
-        loom_info("step time: predicted %.4g s, measured %.4g s (median)", plan->predicted_step_s,
-                  r->median_step_s);
-    }
-    if (plan->predicted_tokens_per_s > 0) {
-        loom_info("tokens/s: predicted %.4g, measured %.4g", plan->predicted_tokens_per_s,
-                  r->median_tokens_per_s);
-    }
-    if (predicted_peak > 0) {
-        loom_info("peak memory per rank: predicted %.1f MiB, measured %.1f MiB (largest resident "
-                  "set of any rank)",
-                  (double)predicted_peak / 1048576.0, peak / 1048576.0);
-    }
-    return LOOM_OK;
-}
-
 static loom_status finish_run(trainer *t, loom_train_result *r) {
     const loom_train_config *cfg = t->cfg;
     loom_status st = LOOM_OK;
@@ -460,8 +380,8 @@ static loom_status finish_run(trainer *t, loom_train_result *r) {
     if (st == LOOM_OK && t->hooks.diverge && t->mesh.dp_rank == 1) t->model->params_memory[0] += 1;
     if (st == LOOM_OK) st = loom_grad_sync_check_replicas(t->sync);
     if (st == LOOM_OK && t->metrics) st = loom_metrics_plot(t->metrics, cfg->out);
-    measure(t, r);
-    if (st == LOOM_OK) st = report_prediction(t, r);
+    loom_run_measure(t->step_seconds, t->timed, (double)t->plan->global_batch * cfg->seq_len, r);
+    if (st == LOOM_OK) st = loom_run_report_prediction(t->plan, &t->mesh, r);
     return st;
 }
 
