@@ -292,6 +292,49 @@ bad "resume: truncated state.safetensors" \
     'state_truncated/.*state\.safetensors: .*(truncated|beyond)' \
     -- "${TRAIN[@]}" --steps 2 --resume state_truncated
 
+# ---- conflicting settings and the plan contract ---------------------------------------------
+
+bad "resume with init-from" '--resume and --init-from: expected one of them' \
+    -- "${TRAIN[@]}" --resume run_ok --init-from run_ok
+bad "init-from a file whose model differs from the flags" \
+    '--init-from run_ok: the file.s model \(2 layers.*differs from the configured one \(3 layers' \
+    -- "${TRAIN[@]}" --layers 3 --init-from run_ok
+bad "resume a checkpoint whose model differs from the flags" \
+    '--resume run_ok: the file.s model \(2 layers, 2 heads, d_model 16.*d_model 32' \
+    -- "${TRAIN[@]}" --d-model 32 --resume run_ok
+"$LOOM" plan --model tiny --out tiny_plan.json >/dev/null 2>&1
+bad "plan with a flag that sets what the plan sets" \
+    '--plan tiny_plan\.json: --tensor-parallel sets what the plan file sets' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --tensor-parallel 1 --out run_p
+echo '{"micro_batch_size": 2}' >plan_conflict.json
+bad "plan with a config key that sets what the plan sets" \
+    '--plan tiny_plan\.json: --micro-batch-size sets what the plan file sets' \
+    -- "$LOOM" train --config plan_conflict.json --plan tiny_plan.json --data data/train.bin --out run_p
+sed 's/"pp": {"method": "none"}/"pp": {"method": "lowrank", "rank": 4}/' tiny_plan.json \
+    >tiny_plan_pp.json
+bad "plan asking for pipeline compression" \
+    'tiny_plan_pp\.json: compression\.pp\.method: "lowrank" is not supported by this build' \
+    -- "$LOOM" train --plan tiny_plan_pp.json --data data/train.bin --seq-len 16 --out run_p
+sed 's/"embedding_sync": "separate"/"embedding_sync": "fused"/' tiny_plan.json \
+    >tiny_plan_fused.json
+bad "plan asking for fused embedding sync" \
+    'compression\.embedding_sync: "fused" is not supported by this build' \
+    -- "$LOOM" train --plan tiny_plan_fused.json --data data/train.bin --seq-len 16 --out run_p
+python3 - <<'PY'
+import json
+p = json.load(open("tiny_plan.json"))
+p["predicted"] = {"step_s": 0.25, "tokens_per_s": 512.0, "peak_bytes_per_rank": [104857600]}
+json.dump(p, open("tiny_plan_predicted.json", "w"))
+PY
+good "a plan's predictions are printed beside the measurements" \
+    'step time: predicted 0\.25 s, measured [0-9.e-]+ s' 'tokens/s: predicted 512, measured' \
+    'peak memory per rank: predicted 100\.0 MiB, measured [0-9.]+ MiB' \
+    -- "$LOOM" train --plan tiny_plan_predicted.json --data data/train.bin --seq-len 16 --steps 3 \
+    --eval-every 0 --no-save --out run_p
+good "plan file with the flags it does not hold" 'step +1/1' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --seq-len 16 --steps 1 \
+    --eval-every 0 --no-save --out run_p
+
 # ---- sample and eval flags -----------------------------------------------------------------
 
 bad "sample: no --checkpoint" '--checkpoint: expected a path' -- "$LOOM" sample

@@ -81,8 +81,15 @@ run dp2_zero1 2 --zero1
 compare_run dp2_zero1
 run dp2_accum 2 --micro-batch-size 1 --bucket-mb 0.001
 compare_run dp2_accum
-run dp4_zero1_accum 4 --zero1 --micro-batch-size 1
+run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
 compare_run dp4_zero1_accum
+# --micro-batches counts per replica after the implicit dp = world size: 2 ranks x 2 x micro 2
+# is the global batch of 8 (the rule once ran before dp was known and halved it)
+run dp2_micro_batches 2 --micro-batches 2
+compare_run dp2_micro_batches
+if grep -q "global batch 8 = micro 2 x 2 micro-batches x 2" dp2_micro_batches.log; then ok; else
+    fail "--micro-batches 2 on 2 implicit replicas: $(grep -m1 'global batch' dp2_micro_batches.log)"
+fi
 
 # tensor parallelism, alone and with data parallelism
 run tp2 2 --tensor-parallel 2
@@ -235,6 +242,27 @@ ok = ev and min(ts) >= 0 and max(ts) < 600e6
 sys.exit(0 if ok else 1)
 PY
 then ok; else fail "trace timestamps outside the run"; fi
+
+# replicas that stop agreeing end the job with an error naming them (the invariant compression
+# will rely on); LOOM_DEBUG_DIVERGE changes one parameter on replica 1 before the check
+LOOM_DEBUG_DIVERGE=1 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out diverged \
+    >diverged.log 2>&1
+code=$?
+if [ "$code" -ne 0 ] && grep -q "data-parallel replicas differ: replica(s) 1 " diverged.log; then ok; else
+    fail "diverged replicas: exit $code: $(grep -m2 -i -E 'error|replica' diverged.log)"
+fi
+
+# a plan asking for what this build cannot run is refused by the field's name, on every rank
+sed 's/"mesh"/"compression": {"dp": {"method": "powersgd", "rank": 2}}, "mesh"/' \
+    plan_recompute.json >plan_compressed.json
+timeout 120 mpirun -np 2 "$LOOM" train "${plan_common[@]}" --plan plan_compressed.json \
+    --out compressed >compressed.log 2>&1
+code=$?
+if [ "$code" -eq 2 ] && [ "$(grep -c 'compression.dp.method: "powersgd" is not supported' compressed.log)" -eq 2 ]; then
+    ok
+else
+    fail "plan with compression: exit $code: $(grep -m1 error compressed.log)"
+fi
 
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
