@@ -83,6 +83,12 @@ run dp2_accum 2 --micro-batch-size 1 --bucket-mb 0.001
 compare_run dp2_accum
 run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
 compare_run dp4_zero1_accum
+# ZeRO-1's reduce-scatter runs bucket by bucket as a ring during backward: with tiny buckets
+# most of a bucket's blocks are empty on most ranks, and many rings are in flight at once
+run dp4_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005
+compare_run dp4_zero1_tiny_buckets
+run pp2_dp2_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005 --pipeline-parallel 2
+compare_run pp2_dp2_zero1_tiny_buckets
 # --micro-batches counts per replica after the implicit dp = world size: 2 ranks x 2 x micro 2
 # is the global batch of 8 (the rule once ran before dp was known and halved it)
 run dp2_micro_batches 2 --micro-batches 2

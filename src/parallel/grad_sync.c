@@ -69,57 +69,89 @@ void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
 
 /* ---- the synchroniser ------------------------------------------------------------------------ */
 
-/* A bucket's round: IDLE until backward has finished it, then one phase per collective. A
- * compressor adds phases (encode, allreduce of P, orthogonalise, allreduce of Q, decode) here,
- * each started when the previous one completes. */
-typedef enum { BUCKET_IDLE, BUCKET_REDUCING, BUCKET_DONE } bucket_phase;
+/* A bucket's round: IDLE until backward has finished it, then its phases, each started when
+ * the previous one completes, advanced by polling (between blocks of backward) and at the end.
+ *   plain DP:  REDUCING (one non-blocking allreduce of the bucket, in place) -> DONE
+ *   ZeRO-1:    RING step 0 .. dp-2 -> DONE: a reduce-scatter of the bucket as a ring of
+ *              point-to-point exchanges (Open MPI's own reduce-scatter is 30-50x slower here,
+ *              see comm/ring.c), in place: step s sends block rank-s-1 of the bucket to the next
+ *              rank and adds block rank-s-2 from the previous one; after the last step this
+ *              rank's block (the bucket's part of its ZeRO range) holds the sum.
+ * A compressor adds its phases (encode, a first collective, decode, a second) the same way. */
+typedef enum { BUCKET_IDLE, BUCKET_REDUCING, BUCKET_RING, BUCKET_DONE } bucket_phase;
 
 typedef struct {
     bucket_phase phase;
-    loom_comm_request *request; /* the phase's collective in flight, or NULL */
+    loom_comm_request *request; /* REDUCING: the allreduce; RING: the step's receive */
+    loom_comm_request *send;    /* RING: the step's send */
+    int step;                   /* RING: 0 .. dp-2 */
+    float *incoming;            /* RING: (largest block) the step's received block */
 } bucket_state;
+
+enum { TAG_RING = 200 }; /* + bucket index: each bucket's ring messages pair among themselves */
 
 struct loom_grad_sync {
     const loom_mesh *mesh;
     loom_gpt *model;
     int zero1;
     loom_zero_shard range;     /* what this rank updates: all, or its ZeRO-1 shard */
-    float *grad_shard;         /* ZeRO-1: the reduced gradients of the range */
-    loom_grad_bucket *buckets; /* plain DP with dp > 1 */
+    loom_grad_bucket *buckets; /* dp > 1 */
     bucket_state *state;
     int num_buckets;
     int started;       /* buckets 0 .. started-1 have left IDLE */
+    int held;          /* the bucket holding wte waits for the embedding sum (-1: none) */
     loom_status error; /* first failure of this round */
 };
+
+/* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
+static void ring_block(const loom_grad_sync *s, int b, int r, size_t *begin, size_t *count) {
+    const loom_grad_bucket *bucket = &s->buckets[b];
+    size_t lo = (size_t)r * s->range.shard, hi = lo + s->range.shard;
+    if (lo < bucket->begin) lo = bucket->begin;
+    if (hi > bucket->end) hi = bucket->end;
+    *begin = lo;
+    *count = hi > lo ? hi - lo : 0;
+}
+
+static int modulo(int a, int n) {
+    return ((a % n) + n) % n;
+}
 
 loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, loom_gpt *model,
                                   const loom_grad_sync_opts *opts) {
     *out = NULL;
     loom_grad_sync *s = loom_calloc(1, sizeof *s, "gradient sync");
     if (!s) return LOOM_ERR_NOMEM;
-    s->mesh = mesh, s->model = model;
+    s->mesh = mesh, s->model = model, s->held = -1;
     size_t n = model->num_params;
+    int dp = mesh->dp_size;
+    s->zero1 = opts->zero1 && dp > 1;
+    s->range = loom_zero_shard_of(n, s->zero1 ? dp : 1, s->zero1 ? mesh->dp_rank : 0);
     loom_status st = LOOM_OK;
-    if (opts->zero1 && mesh->dp_size > 1) {
-        s->zero1 = 1;
-        s->range = loom_zero_shard_of(n, mesh->dp_size, mesh->dp_rank);
-        if (s->range.padded_count > n + LOOM_GPT_PAD_FLOATS) {
-            st = loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
-                           LOOM_GPT_PAD_FLOATS);
-        } else {
-            s->grad_shard = loom_alloc_aligned(s->range.shard * sizeof(float), "ZeRO-1 shard");
-            if (!s->grad_shard) st = LOOM_ERR_NOMEM;
+    if (s->zero1 && s->range.padded_count > n + LOOM_GPT_PAD_FLOATS) {
+        st = loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
+                       LOOM_GPT_PAD_FLOATS);
+    }
+    if (st == LOOM_OK && dp > 1) {
+        st =
+            loom_grad_buckets_make(model, (size_t)opts->bucket_bytes, &s->buckets, &s->num_buckets);
+    }
+    if (st == LOOM_OK && dp > 1) {
+        s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");
+        if (!s->state) st = LOOM_ERR_NOMEM;
+        if (st == LOOM_OK && s->num_buckets + TAG_RING > LOOM_COMM_MAX_TAG) {
+            st = loom_fail(LOOM_ERR_INPUT, "--bucket-mb: %d buckets; expected at most %d",
+                           s->num_buckets, LOOM_COMM_MAX_TAG - TAG_RING);
         }
-    } else {
-        s->range = loom_zero_shard_of(n, 1, 0);
-        if (mesh->dp_size > 1) {
-            st = loom_grad_buckets_make(model, (size_t)opts->bucket_bytes, &s->buckets,
-                                        &s->num_buckets);
-            if (st == LOOM_OK) {
-                s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");
-                if (!s->state) st = LOOM_ERR_NOMEM;
-            }
+    }
+    for (int b = 0; st == LOOM_OK && s->zero1 && b < s->num_buckets; b++) {
+        size_t largest = 0, begin, count;
+        for (int r = 0; r < dp; r++) {
+            ring_block(s, b, r, &begin, &count);
+            if (count > largest) largest = count;
         }
+        s->state[b].incoming = loom_alloc_aligned((largest ? largest : 1) * sizeof(float), "ring");
+        if (!s->state[b].incoming) st = LOOM_ERR_NOMEM;
     }
     if (st != LOOM_OK) {
         loom_grad_sync_free(s);
@@ -131,7 +163,7 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
 
 void loom_grad_sync_free(loom_grad_sync *s) {
     if (!s) return;
-    loom_free_aligned(s->grad_shard);
+    for (int b = 0; s->state && b < s->num_buckets; b++) loom_free_aligned(s->state[b].incoming);
     loom_grad_buckets_free(s->buckets, s->num_buckets);
     free(s->state);
     free(s);
@@ -141,33 +173,85 @@ static void keep_error(loom_grad_sync *s, loom_status st) {
     if (st != LOOM_OK && s->error == LOOM_OK) s->error = st;
 }
 
+/* Posts ring step `step` of bucket b. */
+static loom_status ring_post(loom_grad_sync *s, int b) {
+    bucket_state *bs = &s->state[b];
+    const loom_mesh *mesh = s->mesh;
+    int dp = mesh->dp_size, rank = mesh->dp_rank;
+    size_t out_begin, out_count, in_begin, in_count;
+    ring_block(s, b, modulo(rank - bs->step - 1, dp), &out_begin, &out_count);
+    ring_block(s, b, modulo(rank - bs->step - 2, dp), &in_begin, &in_count);
+    int tag = TAG_RING + b;
+    loom_status st = loom_comm_irecv(mesh->dp, bs->incoming, (int64_t)(in_count * sizeof(float)),
+                                     modulo(rank - 1, dp), tag, &bs->request);
+    if (st == LOOM_OK) {
+        st = loom_comm_isend(mesh->dp, s->model->grads_memory + out_begin,
+                             (int64_t)(out_count * sizeof(float)), modulo(rank + 1, dp), tag,
+                             &bs->send);
+    }
+    return st;
+}
+
+/* Completes (wait) or checks (test) one request; 1 when it is done. */
+static int settle(loom_grad_sync *s, loom_comm_request **request, int wait) {
+    if (!*request) return 1;
+    int done = 0;
+    loom_status st = wait ? loom_comm_wait(*request) : loom_comm_test(*request, &done);
+    if (wait || done || st != LOOM_OK) *request = NULL;
+    keep_error(s, st);
+    return *request == NULL;
+}
+
 /* Moves bucket b on as far as it can go without waiting (or, with wait, to DONE). */
 static void bucket_advance(loom_grad_sync *s, int b, int wait) {
     bucket_state *bs = &s->state[b];
     const loom_grad_bucket *bucket = &s->buckets[b];
-    if (bs->phase == BUCKET_IDLE) {
-        float *grads = s->model->grads_memory + bucket->begin;
-        loom_status st = loom_comm_iallreduce_f32(
-            s->mesh->dp, grads, (int64_t)(bucket->end - bucket->begin), &bs->request);
+    if (bs->phase == BUCKET_IDLE && !s->zero1) {
+        loom_status st =
+            loom_comm_iallreduce_f32(s->mesh->dp, s->model->grads_memory + bucket->begin,
+                                     (int64_t)(bucket->end - bucket->begin), &bs->request);
         keep_error(s, st);
         bs->phase = st == LOOM_OK ? BUCKET_REDUCING : BUCKET_DONE;
-    }
-    if (bs->phase == BUCKET_REDUCING && bs->request) {
-        int done = 0;
-        loom_status st = wait ? loom_comm_wait(bs->request) : loom_comm_test(bs->request, &done);
-        if (wait || done || st != LOOM_OK) bs->request = NULL, bs->phase = BUCKET_DONE;
+    } else if (bs->phase == BUCKET_IDLE) {
+        bs->step = 0;
+        loom_status st = ring_post(s, b);
         keep_error(s, st);
+        bs->phase = st == LOOM_OK ? BUCKET_RING : BUCKET_DONE;
+    }
+    if (bs->phase == BUCKET_REDUCING && settle(s, &bs->request, wait)) bs->phase = BUCKET_DONE;
+    while (bs->phase == BUCKET_RING) {
+        int received = settle(s, &bs->request, wait), sent = settle(s, &bs->send, wait);
+        if (!received || !sent) return;
+        if (s->error != LOOM_OK) {
+            bs->phase = BUCKET_DONE;
+            return;
+        }
+        size_t begin, count;
+        ring_block(s, b, modulo(s->mesh->dp_rank - bs->step - 2, s->mesh->dp_size), &begin, &count);
+        float *sum = s->model->grads_memory + begin;
+        for (size_t i = 0; i < count; i++) sum[i] += bs->incoming[i];
+        if (++bs->step == s->mesh->dp_size - 1) {
+            bs->phase = BUCKET_DONE;
+        } else {
+            loom_status st = ring_post(s, b);
+            keep_error(s, st);
+            if (st != LOOM_OK) bs->phase = BUCKET_DONE;
+        }
     }
 }
 
-/* The model's grads_ready hook: every gradient at or above ready_offset is final. */
+/* The model's grads_ready hook: every gradient at or above ready_offset is final. The bucket
+ * holding the tied embedding waits for finish: the embedding's two copies are summed first
+ * (under ZeRO-1 the stages' ranges differ), and a blocking sum here, inside backward, would
+ * stall the pipeline. */
 static void grads_ready(void *ctx, size_t ready_offset) {
     loom_grad_sync *s = ctx;
     while (s->started < s->num_buckets && s->buckets[s->started].begin >= ready_offset) {
+        if (s->started == s->held) break;
         bucket_advance(s, s->started++, 0);
     }
-    /* MPI moves a non-blocking collective along only inside MPI calls: poke the ones in
-     * flight, so they progress while backward computes the next block */
+    /* MPI moves non-blocking operations along only inside MPI calls: poke the ones in flight,
+     * so they progress while backward computes the next block */
     for (int b = 0; b < s->started; b++) bucket_advance(s, b, 0);
 }
 
@@ -175,7 +259,14 @@ void loom_grad_sync_before_backward(loom_grad_sync *s) {
     if (!s || !s->buckets) return;
     s->started = 0;
     s->error = LOOM_OK;
-    for (int b = 0; b < s->num_buckets; b++) s->state[b] = (bucket_state){BUCKET_IDLE, NULL};
+    s->held = -1;
+    if (s->mesh->embedding) {
+        const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
+        for (int b = 0; b < s->num_buckets; b++) {
+            if (s->buckets[b].begin <= wte->offset && wte->offset < s->buckets[b].end) s->held = b;
+        }
+    }
+    for (int b = 0; b < s->num_buckets; b++) s->state[b].phase = BUCKET_IDLE;
     loom_gpt_set_grads_ready(s->model, grads_ready, s);
 }
 
@@ -192,21 +283,16 @@ static loom_status sync_embedding(loom_grad_sync *s) {
 }
 
 loom_status loom_grad_sync_finish(loom_grad_sync *s) {
-    if (s->zero1) {
-        /* the embedding first: ZeRO ranges differ between the stages' buffers */
-        loom_status st = sync_embedding(s);
-        if (st != LOOM_OK) return st;
-        return loom_comm_reduce_scatter_f32(s->mesh->dp, s->model->grads_memory, s->grad_shard,
-                                            (int64_t)s->range.shard);
-    }
-    if (s->buckets) {
-        grads_ready(s, 0); /* whatever backward did not start (a hook-less backward: all) */
-        for (int b = 0; b < s->num_buckets; b++) bucket_advance(s, b, 1);
-        loom_status st = s->error;
-        s->error = LOOM_OK;
-        if (st != LOOM_OK) return st;
-    }
-    return sync_embedding(s);
+    if (!s->buckets) return sync_embedding(s);
+    /* the held bucket (the tied embedding's) may start once both copies are summed */
+    loom_status st = s->held >= 0 ? sync_embedding(s) : LOOM_OK;
+    keep_error(s, st);
+    s->held = -1;
+    grads_ready(s, 0); /* whatever backward did not start */
+    for (int b = 0; b < s->num_buckets; b++) bucket_advance(s, b, 1);
+    st = s->error;
+    s->error = LOOM_OK;
+    return st;
 }
 
 loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {
@@ -214,7 +300,7 @@ loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {
 }
 
 float *loom_grad_sync_grads(loom_grad_sync *s) {
-    return s->zero1 ? s->grad_shard : s->model->grads_memory;
+    return s->model->grads_memory + s->range.begin;
 }
 
 void loom_grad_sync_poison(loom_grad_sync *s) {
@@ -226,7 +312,7 @@ void loom_grad_sync_poison(loom_grad_sync *s) {
  * on the head stage (other stages' copies are idle or mirror them). */
 static void sum_squares(const loom_grad_sync *s, double out[2]) {
     const loom_gpt *model = s->model;
-    const float *grads = s->zero1 ? s->grad_shard : model->grads_memory;
+    const float *grads = model->grads_memory;
     size_t lo = s->range.begin, hi = s->range.end;
     out[0] = out[1] = 0.0;
     for (int i = 0; i < model->num_segments; i++) {
@@ -237,7 +323,7 @@ static void sum_squares(const loom_grad_sync *s, double out[2]) {
         int k = seg->tensor;
         if ((k == LOOM_WTE || k == LOOM_WPE) && !model->has_embedding) continue;
         if ((k == LOOM_LNFW || k == LOOM_LNFB) && !model->has_head) continue;
-        double sq = model->backend->sum_squares(grads + (a - lo), (int64_t)(b - a));
+        double sq = model->backend->sum_squares(grads + a, (int64_t)(b - a));
         out[s->mesh->tp_size > 1 && loom_gpt_tensor_is_sharded(k) ? 0 : 1] += sq;
     }
 }
