@@ -144,6 +144,16 @@ compare_run pp2_tp2
 run pp2_tp2_dp2 8 --pipeline-parallel 2 --tensor-parallel 2 --data-parallel 2 --zero1
 compare_run pp2_tp2_dp2
 
+# --init-from under TP and PP: each rank reads only its slices of the file, and training goes on
+# as one process does from the same weights
+start=single/checkpoints/step_00000008/model.safetensors
+"$LOOM" train "${common[@]}" --init-from "$start" --out single_init >single_init.log 2>&1 ||
+    fail "single-process --init-from: $(tail -3 single_init.log)"
+run init_tp2_pp2 4 --tensor-parallel 2 --pipeline-parallel 2 --init-from "$start"
+compare_run init_tp2_pp2 single_init
+run init_pp2_checkpoint 2 --pipeline-parallel 2 --init-from single
+compare_run init_pp2_checkpoint single_init
+
 # activation recomputation: all stages, or only those a plan file marks
 run pp2_recompute 2 --pipeline-parallel 2 --micro-batch-size 1 --recompute
 compare_run pp2_recompute

@@ -149,6 +149,50 @@ static void test_read_by_hand(void) {
 }
 
 /* GPT-2 124M's real sizes, as a check of the count formula at scale. */
+/* Slice by slice: the slices, in file order, are the tensors whole (wte, wpe, lnf) or one layer
+ * at a time, and laid end to end they are the file's parameters. */
+typedef struct {
+    float *all;
+    size_t at;
+    int calls, order_ok;
+    int last_tensor, last_layer;
+    const loom_llmc_header *h;
+} slice_log;
+
+static loom_status log_slice(void *ctx, int tensor, int layer, const float *slice) {
+    slice_log *c = ctx;
+    size_t sizes[16];
+    loom_llmc_tensor_sizes(c->h, sizes);
+    int global = tensor == 0 || tensor == 1 || tensor >= 14;
+    size_t n = global ? sizes[tensor] : sizes[tensor] / (size_t)c->h->num_layers;
+    int expected_layer = tensor == c->last_tensor ? c->last_layer + 1 : (global ? -1 : 0);
+    if (global) expected_layer = -1;
+    if (tensor < c->last_tensor || layer != expected_layer) c->order_ok = 0;
+    memcpy(c->all + c->at, slice, n * sizeof(float));
+    c->at += n;
+    c->calls++;
+    c->last_tensor = tensor, c->last_layer = layer;
+    return LOOM_OK;
+}
+
+static void test_read_slices(void) {
+    char path[1024];
+    path_in_tmp(path, sizeof path, "tiny_slices.bin");
+    write_by_hand(path, tiny_slots, TINY_COUNT);
+    loom_llmc_header h;
+    CHECK(loom_llmc_read_header(path, &h) == LOOM_OK, "header: %s", loom_last_error());
+    float whole[TINY_COUNT], sliced[TINY_COUNT];
+    CHECK(loom_llmc_read_params(path, &h, whole, TINY_COUNT) == LOOM_OK, "read params");
+    slice_log c = {sliced, 0, 0, 1, -1, -1, &h};
+    CHECK(loom_llmc_read_slices(path, &h, log_slice, &c) == LOOM_OK, "read slices: %s",
+          loom_last_error());
+    CHECK(c.at == TINY_COUNT, "slices hold %zu floats, expected %d", c.at, TINY_COUNT);
+    CHECK(c.calls == 4 + 12 * h.num_layers, "%d slices, expected %d", c.calls,
+          4 + 12 * h.num_layers);
+    CHECK(c.order_ok, "slices in file order, layers counting up");
+    CHECK(memcmp(whole, sliced, sizeof whole) == 0, "slices end to end equal the parameters");
+}
+
 static void test_gpt2_count(void) {
     loom_llmc_header h = {1024, 50257, 12, 12, 768, 50304};
     CHECK(loom_llmc_param_count(&h) == 124475904u, "GPT-2 124M count %zu",
@@ -223,6 +267,7 @@ static void test_bad_files(void) {
 int main(void) {
     tmp = check_tmpdir();
     test_read_by_hand();
+    test_read_slices();
     test_gpt2_count();
     test_bad_files();
     return check_finish();

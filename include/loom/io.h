@@ -145,6 +145,13 @@ loom_status loom_llmc_read_header(const char *path, loom_llmc_header *h);
  * header must equal *h. */
 loom_status loom_llmc_read_params(const char *path, const loom_llmc_header *h, float *dst,
                                   size_t count);
+/* Reads the parameters one slice at a time, in file order: fn(ctx, tensor, layer, slice) gets
+ * each tensor (0..15, llm.c's order, which is LOOM_WTE...'s) whole for wte, wpe, lnfw, lnfb
+ * (layer -1) and one layer at a time for the others; slice is valid until the next call. The
+ * file's header must equal *h. Never holds more than one slice. */
+typedef loom_status (*loom_llmc_slice_fn)(void *ctx, int tensor, int layer, const float *slice);
+loom_status loom_llmc_read_slices(const char *path, const loom_llmc_header *h,
+                                  loom_llmc_slice_fn fn, void *ctx);
 /* Writes a version-3 checkpoint atomically; count must equal loom_llmc_param_count(h). */
 loom_status loom_llmc_write(const char *path, const loom_llmc_header *h, const float *params,
                             size_t count);
@@ -196,6 +203,11 @@ typedef loom_status (*loom_ckpt_take)(void *ctx, int buffer, int tensor, int lay
                                       const float *slice);
 loom_status loom_checkpoint_load_take(const char *dir, const loom_gpt *layout, loom_ckpt_take take,
                                       void *ctx, loom_ckpt_state *state);
+/* The weights of one safetensors model file (loom's or Hugging Face's) slice by slice, as
+ * take(ctx, 0, tensor, layer, slice) in the unsharded `layout`: for a rank that holds part of
+ * the model and starts from a file (--init-from). */
+loom_status loom_gpt_load_safetensors_take(const char *path, const loom_gpt *layout,
+                                           loom_ckpt_take take, void *ctx);
 
 /* Finds the checkpoint folder for PATH: a step folder, a checkpoints/ folder or a run folder
  * (through its "latest" pointer). */

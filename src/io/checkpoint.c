@@ -464,6 +464,16 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
     return checkpoint_load(dir, model, m, v, NULL, NULL, state);
 }
 
+loom_status loom_gpt_load_safetensors_take(const char *path, const loom_gpt *layout,
+                                           loom_ckpt_take take, void *ctx) {
+    loom_safetensors *st;
+    loom_status status = loom_safetensors_open(&st, path);
+    if (status != LOOM_OK) return status;
+    status = read_tensors_take(st, path, layout, "", NULL, take, ctx, 0);
+    loom_safetensors_close(st);
+    return status;
+}
+
 loom_status loom_checkpoint_load_take(const char *dir, const loom_gpt *layout, loom_ckpt_take take,
                                       void *ctx, loom_ckpt_state *state) {
     return checkpoint_load(dir, (loom_gpt *)layout, NULL, NULL, take, ctx, state);

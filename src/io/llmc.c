@@ -243,6 +243,55 @@ loom_status loom_llmc_read_params(const char *path, const loom_llmc_header *h, f
     return status;
 }
 
+loom_status loom_llmc_read_slices(const char *path, const loom_llmc_header *h,
+                                  loom_llmc_slice_fn fn, void *ctx) {
+    size_t sizes[LOOM_LLMC_NUM_TENSORS];
+    if (!loom_llmc_tensor_sizes(h, sizes)) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: header sizes overflow", path);
+    }
+    FILE *f;
+    loom_llmc_header read;
+    loom_status status = llmc_open(path, &f, &read);
+    if (status != LOOM_OK) return status;
+    if (memcmp(&read, h, sizeof read) != 0) {
+        fclose(f);
+        return loom_fail(LOOM_ERR_INPUT, "%s: header changed since it was read", path);
+    }
+    /* wte, wpe, lnfw, lnfb are whole; the other twelve have one slice per layer */
+    size_t largest = 0;
+    for (int k = 0; k < LOOM_LLMC_NUM_TENSORS; k++) {
+        int global = k == 0 || k == 1 || k >= 14;
+        size_t n = global ? sizes[k] : sizes[k] / (size_t)h->num_layers;
+        if (n > largest) largest = n;
+    }
+    float *slice = loom_alloc_aligned((largest ? largest : 1) * sizeof(float), "llm.c slice");
+    if (!slice) status = LOOM_ERR_NOMEM;
+    for (int k = 0; k < LOOM_LLMC_NUM_TENSORS && status == LOOM_OK; k++) {
+        int global = k == 0 || k == 1 || k >= 14;
+        int layers = global ? 1 : h->num_layers;
+        size_t n = global ? sizes[k] : sizes[k] / (size_t)h->num_layers;
+        for (int l = 0; l < layers && status == LOOM_OK; l++) {
+            if (fread(slice, sizeof(float), n, f) != n) {
+                status = loom_fail(LOOM_ERR_IO, "%s: reading tensor %s failed", path,
+                                   loom_llmc_tensor_name(k));
+                break;
+            }
+#if HOST_BIG_ENDIAN
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &slice[i], 4);
+                u = __builtin_bswap32(u);
+                memcpy(&slice[i], &u, 4);
+            }
+#endif
+            status = fn(ctx, k, global ? -1 : l, slice);
+        }
+    }
+    loom_free_aligned(slice);
+    fclose(f);
+    return status;
+}
+
 static int llmc_write_params(FILE *f, const float *params, size_t count) {
 #if HOST_BIG_ENDIAN
     for (size_t i = 0; i < count; i++) {

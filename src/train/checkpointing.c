@@ -7,7 +7,8 @@
  * in the rank's buffer and slice_pos where each of its elements lies in the slice. Saving
  * streams: the first replica's ranks send their parts to the lead, which assembles one slice at
  * a time; resuming and --init-from from a checkpoint take each slice as it is read and keep
- * this rank's part. No rank holds more than its shard plus one slice.
+ * this rank's part; so does --init-from from any model file. No rank holds more than its shard
+ * plus one slice.
  */
 #include "train/train_internal.h"
 
@@ -102,33 +103,34 @@ static int has_suffix(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+static loom_status take_llmc_slice(void *ctx, int tensor, int layer, const float *slice) {
+    return take_slice(ctx, 0, tensor, layer, slice);
+}
+
 loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_gpt layout;
     loom_status st = unsharded_layout(model, &layout);
     if (st != LOOM_OK) return st;
     slice_take c = {model, {model->params_memory, NULL, NULL}};
-    if (!has_suffix(path, ".bin") && !has_suffix(path, ".safetensors")) {
-        /* a loom checkpoint: slice by slice, only this rank's part kept */
-        char dir[4096];
-        loom_ckpt_state ignored;
-        st = loom_checkpoint_resolve(path, dir, sizeof dir);
-        if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, &ignored);
+    if (has_suffix(path, ".bin")) {
+        loom_llmc_header h;
+        st = loom_llmc_read_header(path, &h);
+        if (st == LOOM_OK && (h.padded_vocab_size != model->config.padded_vocab_size ||
+                              loom_llmc_param_count(&h) != layout.num_params)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: header sizes do not give the model's layout", path);
+        }
+        if (st == LOOM_OK) st = loom_llmc_read_slices(path, &h, take_llmc_slice, &c);
         return st;
     }
-    /* other files are read whole, then each slice is taken from the whole model */
-    loom_gpt *full;
-    st = loom_model_load(path, model->backend, &full);
-    if (st != LOOM_OK) return st;
-    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
-        const loom_gpt_tensor_info *fi = &full->info[k];
-        int layers = fi->per_layer ? full->config.num_layers : 1;
-        for (int l = 0; l < layers; l++) {
-            const float *slice = full->params_memory + fi->offset + (size_t)l * fi->layer_stride;
-            take_slice(&c, 0, k, fi->per_layer ? l : -1, slice);
-        }
+    char file[4200];
+    if (has_suffix(path, ".safetensors")) {
+        snprintf(file, sizeof file, "%s", path);
+    } else {
+        char dir[4096];
+        if ((st = loom_checkpoint_resolve(path, dir, sizeof dir)) != LOOM_OK) return st;
+        snprintf(file, sizeof file, "%s/model.safetensors", dir);
     }
-    loom_gpt_free(full);
-    return LOOM_OK;
+    return loom_gpt_load_safetensors_take(file, &layout, take_slice, &c);
 }
 
 /* ---- writing: the lead assembles each slice from the first replica's parts ------------------ */

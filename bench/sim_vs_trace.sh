@@ -7,20 +7,22 @@
 #
 # Two predictions: with free links, and with the links' measured latency (per direction, the
 # median of receive end - send start over the messages whose receive was already waiting, so
-# that the wait is the transfer; the two directions averaged, which cancels the offset between
-# the ranks' trace clocks). The simulator gives sends no time on the sender; the trace's send
+# that the wait is the transfer; the two directions averaged, which also cancels any offset
+# between the ranks' trace clocks). The simulator gives sends no time on the sender; the trace's send
 # events are small and are not fed in.
 #
-# usage: bash tests/sim_vs_trace.sh LOOM_BINARY PIPE_SIM TMPDIR
+# usage: bash bench/sim_vs_trace.sh [LOOM_BINARY PIPE_SIM TMPDIR]
+#        (defaults: build/loom build/tests/pipe_sim and a temporary folder)
 # env:   SIM_TRACE_MODEL  model flags (default: --model tiny --context 32)
 #        MAX_REL_ERROR    when set, exit 1 if |predicted - measured| / measured (with measured
 #                         links) exceeds it; otherwise only report (timings on a busy machine
 #                         are noisy)
-# Not registered in ctest (yet).
+# A benchmark, not a test: the figure depends on the machine's load.
 set -u
-LOOM=$(realpath "$1")
-PIPE_SIM=$(realpath "$2")
-TMP=$3
+cd "$(dirname "$0")/.."
+LOOM=$(realpath "${1:-build/loom}")
+PIPE_SIM=$(realpath "${2:-build/tests/pipe_sim}")
+TMP=${3:-$(mktemp -d)}
 MODEL=${SIM_TRACE_MODEL:---model tiny --context 32}
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
