@@ -50,6 +50,8 @@ loom_status loom_gpt_config_check_shape(loom_gpt_config *config, const char *sou
 /* The shape rules plus what this build can train (uint16 token ids, BLAS int sizes); `source`
  * names where the values came from, for the message. */
 loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
+/* Whether two configurations describe the same model (padding aside). */
+int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
 #define LOOM_GPT_DEFAULT_PRESET "small"
 /* A preset (NULL or "": LOOM_GPT_DEFAULT_PRESET) with any non-zero override applied, checked
  * (loom_gpt_config_check_shape, prefix

@@ -208,20 +208,28 @@ loom_status loom_llmc_read_header(const char *path, loom_llmc_header *h) {
     return LOOM_OK;
 }
 
-loom_status loom_llmc_read_params(const char *path, const loom_llmc_header *h, float *dst,
-                                  size_t count) {
-    FILE *f;
+/* Opens the file at its parameters, after checking that its header is still *h. */
+static loom_status llmc_open_same(const char *path, const loom_llmc_header *h, FILE **f) {
     loom_llmc_header read;
-    loom_status status = llmc_open(path, &f, &read);
+    loom_status status = llmc_open(path, f, &read);
     if (status != LOOM_OK) return status;
     if (memcmp(&read, h, sizeof read) != 0) {
-        fclose(f);
+        fclose(*f);
+        *f = NULL;
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: header changed since it was read (L=%d C=%d Vp=%d now, L=%d C=%d "
                          "Vp=%d given)",
                          path, read.num_layers, read.channels, read.padded_vocab_size,
                          h->num_layers, h->channels, h->padded_vocab_size);
     }
+    return LOOM_OK;
+}
+
+loom_status loom_llmc_read_params(const char *path, const loom_llmc_header *h, float *dst,
+                                  size_t count) {
+    FILE *f;
+    loom_status status = llmc_open_same(path, h, &f);
+    if (status != LOOM_OK) return status;
     size_t expected = loom_llmc_param_count(h);
     if (count != expected) {
         fclose(f);
@@ -250,13 +258,8 @@ loom_status loom_llmc_read_slices(const char *path, const loom_llmc_header *h,
         return loom_fail(LOOM_ERR_INPUT, "%s: header sizes overflow", path);
     }
     FILE *f;
-    loom_llmc_header read;
-    loom_status status = llmc_open(path, &f, &read);
+    loom_status status = llmc_open_same(path, h, &f);
     if (status != LOOM_OK) return status;
-    if (memcmp(&read, h, sizeof read) != 0) {
-        fclose(f);
-        return loom_fail(LOOM_ERR_INPUT, "%s: header changed since it was read", path);
-    }
     /* wte, wpe, lnfw, lnfb are whole; the other twelve have one slice per layer */
     size_t largest = 0;
     for (int k = 0; k < LOOM_LLMC_NUM_TENSORS; k++) {

@@ -63,6 +63,12 @@ loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, i
     return loom_gpt_config_check_shape(m, source, "");
 }
 
+int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b) {
+    return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
+           a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
+           a->vocab_size == b->vocab_size;
+}
+
 loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
                                         const char *prefix) {
     struct {

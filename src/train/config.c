@@ -40,12 +40,6 @@ int loom_train_config_sets_model(const loom_train_config *c) {
     return c->model[0] || c->layers || c->heads || c->d_model || c->context || c->vocab;
 }
 
-static int same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
-    return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
-           a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
-           a->vocab_size == b->vocab_size;
-}
-
 loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config *m) {
     if (c->resume[0] && c->init_from[0]) {
         return loom_fail(
@@ -64,7 +58,7 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
         return loom_gpt_config_check(m, "model configuration");
     }
     if ((st = loom_model_config_of(file, m)) != LOOM_OK) return st;
-    if (loom_train_config_sets_model(c) && !same_model(m, &given)) {
+    if (loom_train_config_sets_model(c) && !loom_gpt_config_same(m, &given)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s %s: the file's model (%d layers, %d heads, d_model %d, context %d, "
                          "vocab %d) differs from the configured one (%d layers, %d heads, "

@@ -15,19 +15,17 @@ loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *m
     int dp = mesh->dp_size;
     int64_t first = windows * mesh->dp_rank / dp, last = windows * (mesh->dp_rank + 1) / dp;
     double sum = 0.0;
-    if (first < last) loom_loader_set_pos(loader, (loom_loader_pos){0, (uint64_t)first});
-    for (int64_t done = first; done < last;) {
+    loom_status st = LOOM_OK;
+    if (first < last) st = loom_loader_set_pos(loader, (loom_loader_pos){0, (uint64_t)first});
+    for (int64_t done = first; done < last && st == LOOM_OK;) {
         int b = last - done < plan->micro_batch ? (int)(last - done) : plan->micro_batch;
-        double loss;
-        loom_status st = LOOM_OK;
+        double loss = 0.0;
         if (loom_dataset_has_tokens(data)) st = loom_loader_next(loader, b, inputs, targets);
         if (st == LOOM_OK) st = loom_pipeline_forward(pipe, inputs, targets, b, &loss);
-        if (st != LOOM_OK) return st;
         sum += loss * b;
         done += b;
     }
-    loom_status st = LOOM_OK;
-    if (dp > 1) st = loom_comm_allreduce_f64(mesh->dp, &sum, 1, LOOM_REDUCE_SUM);
+    if (st == LOOM_OK && dp > 1) st = loom_comm_allreduce_f64(mesh->dp, &sum, 1, LOOM_REDUCE_SUM);
     if (st == LOOM_OK && mesh->pp_size > 1) {
         st = loom_comm_allreduce_f64(mesh->pp, &sum, 1, LOOM_REDUCE_SUM);
     }

@@ -62,12 +62,6 @@ static void trainer_free(trainer *t) {
     free(t->step_seconds);
 }
 
-static int same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
-    return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
-           a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
-           a->vocab_size == b->vocab_size;
-}
-
 /* The plan's model, this build's limits, and a resumed checkpoint's agreement with the plan. */
 static loom_status check_model(const trainer *t, const char *resume_dir) {
     const loom_gpt_config *mc = &t->plan->model;
@@ -84,7 +78,7 @@ static loom_status check_model(const trainer *t, const char *resume_dir) {
     snprintf(file, sizeof file, "%s/model.safetensors", resume_dir);
     loom_gpt_config saved;
     if ((st = loom_gpt_config_from_safetensors(file, &saved)) != LOOM_OK) return st;
-    if (!same_model(&saved, mc)) {
+    if (!loom_gpt_config_same(&saved, mc)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--resume %s: the checkpoint's model (%d layers, %d heads, d_model %d, "
                          "context %d, vocab %d) differs from the plan's (%d, %d, %d, %d, %d)",
