@@ -656,8 +656,12 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
-    /* callers reserve first; the check is cheap and turns misuse into a clear abort */
-    if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) abort();
+    /* callers reserve first; the check is cheap and turns misuse into a clear message */
+    if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) {
+        loom_fatal("loom_gpt_forward_stage: B %d x T %d does not fit the reserved activations "
+                   "(B %d x T %d%s); call loom_gpt_reserve_slots first",
+                   B, T, m->B, m->T, m->acts_memory ? "" : ", none reserved");
+    }
     m->cur_B = B;
     m->cur_T = T;
 

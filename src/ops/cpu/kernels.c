@@ -9,6 +9,8 @@
  */
 #include "ops/cpu/kernels.h"
 
+#include "loom/base.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -99,7 +101,11 @@ void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *rstd, int64_t N, int C) {
     int nthreads = omp_get_max_threads();
     float *partial = calloc((size_t)nthreads * 2 * (size_t)C, sizeof(float));
-    if (!partial) abort(); /* a few KB; failure here means the process is already lost */
+    if (!partial) {
+        /* a few KB; failure here means the process is already lost */
+        loom_fatal("layernorm_backward: cannot allocate %zu bytes of partial sums",
+                   (size_t)nthreads * 2 * (size_t)C * sizeof(float));
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         float *pw = partial + (size_t)omp_get_thread_num() * 2 * (size_t)C;
@@ -229,8 +235,12 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     float scale = 1.0f / sqrtf((float)hs);
     int nthreads = omp_get_max_threads();
     /* one T x T scratch per thread: the gradient of the scores, never the whole (B,NH,T,T) */
-    float *scratch = malloc((size_t)nthreads * (size_t)T * (size_t)T * sizeof(float));
-    if (!scratch) abort();
+    size_t scratch_bytes = (size_t)nthreads * (size_t)T * (size_t)T * sizeof(float);
+    float *scratch = malloc(scratch_bytes);
+    if (!scratch) {
+        loom_fatal("attention_backward: cannot allocate %zu bytes of score-gradient scratch",
+                   scratch_bytes);
+    }
     int saved = blas_threads_push_single();
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t bh = 0; bh < (int64_t)B * NH; bh++) {

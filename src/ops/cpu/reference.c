@@ -4,6 +4,8 @@
  */
 #include "ops/cpu/reference.h"
 
+#include "loom/base.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -129,7 +131,7 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
     double *dp = malloc((size_t)T * sizeof(double));
-    if (!dp) abort();
+    if (!dp) loom_fatal("ref_attention_backward: cannot allocate %d doubles", T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
