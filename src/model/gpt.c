@@ -541,12 +541,6 @@ static void tp_allreduce(loom_gpt *m, float *buf, int64_t n, loom_reduce_op op) 
     }
 }
 
-static void add_bias(float *out, const float *bias, int64_t N, int OC) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) out[i * OC + o] += bias[o];
-}
-
 /* out (N,OC) = inp (N,K) @ w^T, summed over TP ranks, + bias: a row-parallel layer. Without
  * TP the bias goes into the GEMM as usual. */
 static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
@@ -558,7 +552,7 @@ static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, cons
     }
     be->matmul_forward(out, inp, w, NULL, N, K, OC);
     tp_allreduce(m, out, N * OC, LOOM_REDUCE_SUM);
-    add_bias(out, bias, N, OC);
+    be->bias_forward(out, bias, N, OC);
 }
 
 static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
@@ -584,69 +578,34 @@ static void block_forward(loom_gpt *m, int l, const float *residual, int B, int 
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
 }
 
-/* Vocabulary-parallel embedding: each rank adds the rows it holds, the sum completes them. */
+/* Vocabulary-parallel embedding: each rank looks up the rows it holds, the sum completes them. */
 static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
+    const loom_backend *be = m->backend;
     int C = m->config.channels;
     if (m->tp_size == 1) {
-        m->backend->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+        be->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
         return;
     }
-    float *out = m->acts.encoded;
-    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
-#pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        int64_t row = inputs[bt] - start;
-        float *o = out + bt * C;
-        if (row >= 0 && row < rows) {
-            const float *w = m->params.wte + row * C;
-            for (int c = 0; c < C; c++) o[c] = w[c];
-        } else {
-            for (int c = 0; c < C; c++) o[c] = 0.0f;
-        }
-    }
-    tp_allreduce(m, out, (int64_t)B * T * C, LOOM_REDUCE_SUM);
-#pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        const float *pos = m->params.wpe + (bt % T) * C;
-        for (int c = 0; c < C; c++) out[bt * C + c] += pos[c];
-    }
+    int64_t N = (int64_t)B * T;
+    int rows = m->config.padded_vocab_size / m->tp_size;
+    be->encoder_shard_forward(m->acts.encoded, inputs, m->params.wte, N, C, m->vocab_start, rows);
+    tp_allreduce(m, m->acts.encoded, N * C, LOOM_REDUCE_SUM);
+    be->position_forward(m->acts.encoded, m->params.wpe, B, T, C);
 }
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
  * needs only the max, the sum of exponentials and the target's logit, summed over ranks. */
 static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N) {
+    const loom_backend *be = m->backend;
     int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
-    int64_t start = m->vocab_start;
     float *probs = m->acts.probs, *row_max = m->acts.row_max;
-    float *sums = m->acts.row_stats, *target_logit = m->acts.row_stats + N;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float mx = -INFINITY;
-        for (int j = 0; j < Vl; j++) mx = probs[i * Vpl + j] > mx ? probs[i * Vpl + j] : mx;
-        row_max[i] = mx;
-    }
+    float *sums = m->acts.row_stats, *target_logits = m->acts.row_stats + N;
+    be->softmax_xent_shard_max(row_max, probs, N, Vl, Vpl);
     tp_allreduce(m, row_max, N, LOOM_REDUCE_MAX);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float *x = probs + i * Vpl;
-        int64_t t = targets[i] - start;
-        /* the target's logit, shifted by the max like the exponentials: only its owner adds it */
-        target_logit[i] = t >= 0 && t < Vl ? x[t] - row_max[i] : 0.0f;
-        float sum = 0.0f;
-        for (int j = 0; j < Vl; j++) {
-            x[j] = expf(x[j] - row_max[i]);
-            sum += x[j];
-        }
-        for (int j = Vl; j < Vpl; j++) x[j] = 0.0f;
-        sums[i] = sum;
-    }
-    tp_allreduce(m, sums, 2 * N, LOOM_REDUCE_SUM);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float inv = 1.0f / sums[i];
-        for (int j = 0; j < Vl; j++) probs[i * Vpl + j] *= inv;
-        m->acts.losses[i] = targets[i] >= 0 ? logf(sums[i]) - target_logit[i] : 0.0f;
-    }
+    be->softmax_xent_shard_expsum(probs, sums, target_logits, probs, row_max, targets, N, Vl, Vpl,
+                                  m->vocab_start);
+    tp_allreduce(m, sums, 2 * N, LOOM_REDUCE_SUM); /* sums and target_logits, adjacent */
+    be->softmax_xent_shard_forward(m->acts.losses, probs, sums, target_logits, targets, N, Vl, Vpl);
 }
 
 float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
@@ -756,40 +715,18 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
                            a.ln1_mean, a.ln1_rstd, N, C);
 }
 
-static void xent_parallel_backward(loom_gpt *m, float dloss, int64_t N) {
-    int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
-    int64_t start = m->vocab_start;
-    float *d = m->acts.probs;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float *row = d + i * Vpl;
-        if (m->targets[i] < 0) {
-            memset(row, 0, (size_t)Vpl * sizeof(float));
-            continue;
-        }
-        for (int j = 0; j < Vl; j++) row[j] *= dloss;
-        int64_t t = m->targets[i] - start;
-        if (t >= 0 && t < Vl) row[t] -= dloss;
-    }
-}
-
 static void embed_backward(loom_gpt *m, int B, int T) {
+    const loom_backend *be = m->backend;
     int C = m->config.channels;
     const float *dout = m->grad_acts.dresidual;
     if (m->tp_size == 1) {
-        m->backend->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
+        be->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
         return;
     }
-    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        const float *d = dout + bt * C;
-        float *dp = m->grads.wpe + (bt % T) * C;
-        for (int c = 0; c < C; c++) dp[c] += d[c];
-        int64_t row = m->inputs[bt] - start;
-        if (row < 0 || row >= rows) continue;
-        float *dw = m->grads.wte + row * C;
-        for (int c = 0; c < C; c++) dw[c] += d[c];
-    }
+    int rows = m->config.padded_vocab_size / m->tp_size;
+    be->position_backward(m->grads.wpe, dout, B, T, C);
+    be->encoder_shard_backward(m->grads.wte, dout, m->inputs, (int64_t)B * T, C, m->vocab_start,
+                               rows);
 }
 
 void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
@@ -806,7 +743,8 @@ void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad)
         if (m->tp_size == 1) {
             be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
         } else {
-            xent_parallel_backward(m, dloss, N);
+            be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
+                                            m->vocab_local, Vpl, m->vocab_start);
         }
         memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
         be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte,
