@@ -125,14 +125,18 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
 
 size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
                           loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    return loom_gpt_layout_shard(config, tp, config->num_layers, info);
+    return loom_gpt_layout_shard(config, tp, 0, config->num_layers, info);
 }
 
-size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_layers,
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
                              loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t C = config->channels, L = local_layers;
-    int64_t Vp = config->padded_vocab_size / tp, Cl = C / tp; /* this rank's rows and columns */
-    int64_t maxT = config->max_seq_len;
+    int64_t C = config->channels, L = end_layer - first_layer;
+    int has_embedding = first_layer == 0, has_head = end_layer == config->num_layers;
+    /* what a stage does not use it does not hold (0 rows): wte is the first stage's lookup
+     * and the last stage's tied LM head, wpe only the first's, the final LayerNorm the last's */
+    int64_t Vp = has_embedding || has_head ? config->padded_vocab_size / tp : 0;
+    int64_t maxT = has_embedding ? config->max_seq_len : 0, Cf = has_head ? C : 0;
+    int64_t Cl = C / tp; /* this rank's columns */
     const struct {
         const char *name;
         int ndim;
@@ -153,10 +157,11 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_la
         {"fcb", 2, {L, 4 * Cl}, 0},
         {"fcprojw", 3, {L, C, 4 * Cl}, 1},
         {"fcprojb", 2, {L, C}, 0},
-        {"lnfw", 1, {C}, 0},
-        {"lnfb", 1, {C}, 0},
+        {"lnfw", 1, {Cf}, 0},
+        {"lnfb", 1, {Cf}, 0},
     };
-    /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb */
+    /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb; a tensor
+     * the stage does not hold takes no space where it would be */
     size_t layer_numel_total = 0;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         loom_gpt_tensor_info *ti = &info[k];
@@ -202,7 +207,9 @@ static void point_tensors(loom_gpt_tensors *t, float *base,
                                              &t->qkvw,    &t->qkvb,    &t->attprojw, &t->attprojb,
                                              &t->ln2w,    &t->ln2b,    &t->fcw,      &t->fcb,
                                              &t->fcprojw, &t->fcprojb, &t->lnfw,     &t->lnfb};
-    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) *slots[k] = base + info[k].offset;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        *slots[k] = info[k].numel > 0 ? base + info[k].offset : NULL; /* not on this stage */
+    }
 }
 
 int64_t loom_gpt_num_real_params(const loom_gpt_config *config) {
@@ -263,7 +270,8 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     m->vocab_start = tp_rank * vp_local;
     int real = checked.vocab_size - m->vocab_start;
     m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
-    m->num_params = loom_gpt_layout_shard(&checked, tp_size, m->num_local_layers, m->info);
+    m->num_params =
+        loom_gpt_layout_shard(&checked, tp_size, shard->first_layer, shard->end_layer, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     return LOOM_OK;
 }
@@ -291,6 +299,7 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     }
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
+        if (ti->numel == 0) continue; /* not on this stage */
         for (int l = 0; l < (ti->per_layer ? L : 1); l++) {
             m->segments[m->num_segments++] =
                 (loom_gpt_segment){ti->offset + (size_t)l * ti->layer_stride, ti->layer_numel, k,
@@ -395,13 +404,17 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 
 #define NUM_ACTS 23
 
-/* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). */
+/* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). Every
+ * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
+ * has the head's buffers (lnf ... row_stats), the others have them at size 0. */
 static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
     const loom_gpt_config *c = &m->config;
     size_t tp = (size_t)m->tp_size;
     size_t L = (size_t)m->num_local_layers, C = (size_t)c->channels;
     size_t NHl = (size_t)c->num_heads / tp;
     size_t Cl = C / tp, BT = (size_t)B * (size_t)T, Vpl = (size_t)c->padded_vocab_size / tp;
+    size_t head = m->has_head ? BT : 0; /* rows of the head's buffers */
+
     size_t s[NUM_ACTS] = {BT * C,                                      /* encoded */
                           L * BT * C,                                  /* ln1 */
                           L * BT,                                      /* ln1_mean */
@@ -418,13 +431,13 @@ static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS
                           L * BT * 4 * Cl,                             /* fch_gelu */
                           L * BT * C,                                  /* fcproj */
                           L * BT * C,                                  /* residual3 */
-                          BT * C,                                      /* lnf */
-                          BT,                                          /* lnf_mean */
-                          BT,                                          /* lnf_rstd */
-                          BT * Vpl,                                    /* probs */
-                          BT,                                          /* losses */
-                          BT,                                          /* row_max */
-                          2 * BT};                                     /* row_stats */
+                          head * C,                                    /* lnf */
+                          head,                                        /* lnf_mean */
+                          head,                                        /* lnf_rstd */
+                          head * Vpl,                                  /* probs */
+                          head,                                        /* losses */
+                          head,                                        /* row_max */
+                          2 * head};                                   /* row_stats */
     size_t total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         /* round each buffer to 16 floats so every one starts 64-byte aligned */
@@ -450,7 +463,7 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
     acts_layout(m, m->B, m->T, sizes);
     float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
-        *slots[i] = p;
+        *slots[i] = sizes[i] > 0 ? p : NULL; /* the head's buffers off the head stage */
         p += sizes[i];
     }
     size_t BT = (size_t)m->B * (size_t)m->T;
