@@ -1,7 +1,8 @@
 /*
  * test_cost.c — the model's cost facts against independent references: parameter bytes against
  * the layout a real model gets (loom_gpt_describe) and a closed formula; activation bytes
- * against what loom_gpt_reserve_slots really allocates; forward FLOPs against a GEMM list
+ * against what loom_gpt_reserve_slots really allocates, and a middle stage of GPT-2 (no
+ * embedding, no head) written out by hand; forward FLOPs against a GEMM list
  * written out here, Megatron's per-iteration count and loom_gpt_flops_per_token; the
  * tensor-parallel allreduces against Megatron's rule (test_cost_tp measures them in a real
  * tp=2 run); GPT-3 175B without overflow; and refusals of bad specs.
@@ -70,10 +71,14 @@ static void test_params(void) {
                 CHECK(cost.param_bytes == 4 * (int64_t)model.num_params,
                       "stage [%d,%d) tp %d params %lld vs describe %zu floats", first, end, tp,
                       (long long)cost.param_bytes, model.num_params);
-                /* every stage holds wte, wpe and lnf (used or not) besides its blocks */
-                CHECK(cost.param_bytes ==
-                          (end - first) * block.param_bytes + embed.param_bytes + 4 * 2 * C,
-                      "stage [%d,%d) params by parts", first, end);
+                /* besides its blocks: wte on the first and the last stage (lookup, tied LM
+                 * head), wpe on the first, the final LayerNorm on the last */
+                int has_embedding = first == 0, has_head = end == c.num_layers;
+                int64_t parts = (end - first) * block.param_bytes +
+                                (has_embedding || has_head ? 4 * wte : 0) +
+                                (has_embedding ? 4 * wpe : 0) + (has_head ? 4 * 2 * C : 0);
+                CHECK(cost.param_bytes == parts, "stage [%d,%d) params by parts: %lld vs %lld",
+                      first, end, (long long)cost.param_bytes, (long long)parts);
                 CHECK(cost.grad_bytes == cost.param_bytes, "grads");
                 CHECK(cost.optimizer_bytes == 2 * cost.param_bytes, "AdamW m, v");
             }
@@ -136,7 +141,8 @@ static void test_activations(void) {
         }
     }
     /* With B*T a multiple of 16 no buffer is rounded, and a slot is exactly the parts: every
-     * stage's slot holds the embedding output and the head's buffers. */
+     * stage's slot holds the embedding output (its input), the head stage's also the head's
+     * buffers. */
     for (int tp = 1; tp <= 4; tp *= 2) {
         loom_gpt_part_cost block, embed, head;
         loom_gpt_cost_block(&c, tp, 2, 16, &block);
@@ -148,13 +154,16 @@ static void test_activations(void) {
               (long long)block.act_bytes, (long long)(4 * block_floats));
         CHECK(embed.act_bytes == 4 * N * C, "embedding acts");
         CHECK(head.act_bytes == 4 * N * (C + c.padded_vocab_size / tp + 6), "head acts");
-        for (int layers = 1; layers <= 3; layers++) {
-            loom_gpt_stage_spec spec = stage_spec(&c, tp, 3 - layers, 3, 2, 16, 1, 0);
-            loom_gpt_stage_cost cost;
-            loom_gpt_cost_stage(&c, &spec, &cost);
-            CHECK(cost.act_slot_bytes - cost.act_slot_token_bytes ==
-                      layers * block.act_bytes + embed.act_bytes + head.act_bytes,
-                  "slot = parts, %d layers tp %d", layers, tp);
+        for (int first = 0; first < c.num_layers; first++) {
+            for (int end = first + 1; end <= c.num_layers; end++) {
+                loom_gpt_stage_spec spec = stage_spec(&c, tp, first, end, 2, 16, 1, 0);
+                loom_gpt_stage_cost cost;
+                loom_gpt_cost_stage(&c, &spec, &cost);
+                CHECK(cost.act_slot_bytes - cost.act_slot_token_bytes ==
+                          (end - first) * block.act_bytes + embed.act_bytes +
+                              (spec.has_head ? head.act_bytes : 0),
+                      "slot = parts, stage [%d,%d) tp %d", first, end, tp);
+            }
         }
     }
     /* recomputation: one slot, plus every in-flight micro-batch's (B,T,C) input */
@@ -175,6 +184,74 @@ static void test_activations(void) {
           "recompute TP bytes");
     CHECK(keep.total_bytes == keep.param_bytes * 4 + keep.act_bytes + keep.grad_scratch_bytes,
           "total");
+}
+
+/* ---- a middle pipeline stage holds only its blocks --------------------------------------- */
+
+/* GPT-2 124M in four stages of three blocks, B 4, T 64: the middle stages' parameters and
+ * activation slot, written out here from GPT-2's shapes, against a real allocation and the cost
+ * facts; and what the head's buffers, which only the last stage has, take. */
+static void test_middle_stage(void) {
+    loom_gpt_config c;
+    loom_gpt_preset("gpt2", &c);
+    const int B = 4, T = 64, first = 3, end = 6;
+    int64_t C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size, N = (int64_t)B * T;
+    for (int tp = 1; tp <= 2; tp++) {
+        /* per block: qkv (3C x C + 3C) and fc (4C x C + 4C) split by rows, attproj (C x C) and
+         * fcproj (C x 4C) by columns, their biases (C each) and ln1, ln2 (2C each) whole */
+        int64_t block =
+            (3 * C * C + 3 * C + 4 * C * C + 4 * C) / tp + (C * C + 4 * C * C) / tp + 2 * C + 4 * C;
+        int64_t params = (end - first) * block; /* no wte, wpe or lnf */
+        /* per block (B*T a multiple of 16: nothing rounded): ln1, attproj, residual2, ln2,
+         * fcproj, residual3 (N, C); four (N) statistics; qkv (N, 3C/tp), atty (N, C/tp), fch and
+         * fch_gelu (N, 4C/tp); att (B, NH/tp, T, T); plus the stage input (N, C) */
+        int64_t block_acts = 6 * N * C + 4 * N + N * (3 * C + C + 8 * C) / tp + B * NH / tp * T * T;
+        int64_t slot = N * C + (end - first) * block_acts;
+
+        loom_gpt *m = NULL;
+        loom_gpt_shard shard = {first, end, tp, 0,
+                                tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+        if (loom_gpt_create_shard(&m, &c, loom_backend_cpu(), &shard) != LOOM_OK ||
+            loom_gpt_reserve_slots(m, B, T, 1) != LOOM_OK) {
+            CHECK(0, "gpt2 middle stage tp %d: %s", tp, loom_last_error());
+            loom_gpt_free(m);
+            continue;
+        }
+        CHECK((int64_t)m->num_params == params,
+              "gpt2 middle stage tp %d: %zu parameters, "
+              "expected %lld",
+              tp, m->num_params, (long long)params);
+        CHECK((int64_t)m->slot_floats == slot,
+              "gpt2 middle stage tp %d: slot of %zu floats, "
+              "expected %lld",
+              tp, m->slot_floats, (long long)slot);
+        CHECK(!m->params.wte && !m->params.wpe && !m->params.lnfw && !m->acts.probs && !m->acts.lnf,
+              "gpt2 middle stage tp %d: no embedding or head tensors", tp);
+        loom_gpt_free(m);
+
+        loom_gpt_stage_spec middle = stage_spec(&c, tp, first, end, B, T, 1, 0);
+        loom_gpt_stage_spec last = stage_spec(&c, tp, 9, 12, B, T, 1, 0);
+        loom_gpt_stage_cost mid_cost, last_cost;
+        CHECK(loom_gpt_cost_stage(&c, &middle, &mid_cost) == LOOM_OK &&
+                  loom_gpt_cost_stage(&c, &last, &last_cost) == LOOM_OK,
+              "gpt2 stage costs");
+        CHECK(mid_cost.param_bytes == 4 * params &&
+                  mid_cost.act_slot_bytes == 4 * slot + mid_cost.act_slot_token_bytes,
+              "gpt2 middle stage tp %d: cost facts", tp);
+        /* the last stage of as many blocks also has the head: lnf (N, C), probs (N, Vp/tp), six
+         * (N) statistics; and wte's Vp/tp rows and lnf's 2C parameters */
+        int64_t head = N * C + N * Vp / tp + 6 * N;
+        CHECK(last_cost.act_slot_bytes - mid_cost.act_slot_bytes == 4 * head,
+              "gpt2 tp %d: the head's buffers only on the last stage", tp);
+        CHECK(last_cost.param_bytes - mid_cost.param_bytes == 4 * (Vp / tp * C + 2 * C),
+              "gpt2 tp %d: tied wte and lnf only on the last stage", tp);
+        printf("GPT-2 124M, pp 4, tp %d, middle stage (3 blocks), B %d, T %d: parameters %.1f MiB "
+               "(wte, wpe, lnf left out: %.1f MiB each of params, grads, m, v); activation slot "
+               "%.1f MiB (the head's buffers left out: %.1f MiB per slot)\n",
+               tp, B, T, 4.0 * params / 0x1p20,
+               4.0 * (Vp / tp * C + c.max_seq_len * C + 2 * C) / 0x1p20, 4.0 * slot / 0x1p20,
+               4.0 * head / 0x1p20);
+    }
 }
 
 /* ---- FLOPs ----------------------------------------------------------------------------- */
@@ -359,9 +436,9 @@ static void test_gpt3(void) {
                    (long long)cost.tp_allreduces_fwd);
         }
     }
-    /* eight TP ranks of eight stages hold the model once, plus wte, wpe and lnf on every stage
-     * but the one they belong to (wte counted once per stage and TP rank at Vp/8 rows) */
-    int64_t extra = 7 * (4 * ((int64_t)c.padded_vocab_size / 8 * C + maxT * C + 2 * C));
+    /* eight TP ranks of eight stages hold the model once, plus the last stage's copy of wte
+     * (the tied LM head; Vp/8 rows per TP rank) */
+    int64_t extra = 4 * ((int64_t)c.padded_vocab_size / 8 * C);
     int64_t replicated = 4 * (13 * L * C - 7 * L * C + maxT * C + 2 * C); /* per TP rank */
     CHECK(8 * (sum_params - extra) - 7 * replicated == whole.param_bytes,
           "stages x tp hold the model: %lld vs %lld", (long long)(8 * (sum_params - extra)),
@@ -421,6 +498,7 @@ static void test_refusals(void) {
 int main(void) {
     test_params();
     test_activations();
+    test_middle_stage();
     test_flops();
     test_tp_traffic();
     test_gpt3();

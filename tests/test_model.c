@@ -10,8 +10,11 @@
 #include "loom/model.h"
 #include "ops/cpu/reference.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static double *dalloc(int64_t n) {
     double *p = calloc((size_t)n, sizeof(double));
@@ -208,9 +211,45 @@ static void test_bad_config(void) {
     loom_gpt_free(m);
 }
 
+/* Misuse that cannot be reported through a status ends the process with a reason, never a
+ * bare abort: a forward on a model whose activations were never reserved, in a child. */
+static void test_fatal_says_why(void) {
+    loom_gpt_config c;
+    loom_gpt_preset("tiny", &c);
+    loom_gpt *m;
+    CHECK(loom_gpt_create(&m, &c, loom_backend_cpu()) == LOOM_OK, "create");
+    int out[2];
+    CHECK(pipe(out) == 0, "pipe");
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(out[1], STDERR_FILENO);
+        int32_t tokens[4] = {1, 2, 3, 4};
+        loom_gpt_forward(m, tokens, NULL, 1, 4);
+        _exit(0); /* not reached when the check works */
+    }
+    close(out[1]);
+    char message[512] = "";
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof message - 1 &&
+           (n = read(out[0], message + got, sizeof message - 1 - got)) > 0)
+        got += (size_t)n;
+    message[got] = '\0';
+    close(out[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "forward without reserve aborts");
+    CHECK(strstr(message, "internal error: loom_gpt_forward_stage") &&
+              strstr(message, "loom_gpt_reserve_slots"),
+          "and says why: '%s'", message);
+    loom_gpt_free(m);
+}
+
 int main(void) {
     test_init();
     test_gradients();
     test_bad_config();
+    test_fatal_says_why();
     return check_finish();
 }

@@ -5,6 +5,11 @@
  * of the reference forward (h = 1e-6), for an objective sum(out * R) with random R; (2) the
  * fast float forward and backward equal the reference within float tolerance, with gradients
  * pre-filled with random values so that accumulation (+=) is checked too.
+ *
+ * The tensor-parallel pieces (bias, vocabulary-parallel embedding and cross-entropy) are
+ * checked the same way, and besides: a full vocabulary is cut into shards here, the shard
+ * kernels run on each, the sums and maxima across shards that the model's allreduces would do
+ * are done here, and the result must reproduce the unsharded kernels'.
  */
 #include "check.h"
 #include "loom/base.h"
@@ -18,6 +23,11 @@ static uint64_t draw_counter;
 
 static void fill_random(double *x, int64_t n, double scale) {
     for (int64_t i = 0; i < n; i++) x[i] = scale * loom_rng_normal(7, 1, draw_counter++);
+}
+
+/* inputs the fast kernels see exactly as the reference does */
+static void round_to_float(double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = (double)(float)x[i];
 }
 
 static double *dalloc(int64_t n) {
@@ -38,6 +48,7 @@ static void compare(const char *what, const float *fast, const double *ref, int6
     int bad = 0;
     for (int64_t i = 0; i < n && bad < 3; i++) {
         double a = fast[i], b = ref[i];
+        if (a == b) continue; /* equal infinities included (an empty shard's max) */
         if (!(fabs(a - b) <= atol + rtol * fabs(b))) {
             bad++;
             char msg[256];
@@ -46,6 +57,17 @@ static void compare(const char *what, const float *fast, const double *ref, int6
         }
     }
     if (!bad) CHECK(1, "%s", what);
+}
+
+/* double against double, every element, within atol */
+static void compare_doubles(const char *what, const double *a, const double *b, int64_t n,
+                            double atol) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (a[i] != b[i] && !(fabs(a[i] - b[i]) <= atol) && bad++ == 0) first = i;
+    }
+    CHECK(bad == 0, "%s: %lld of %lld differ (first [%lld]: %.17g vs %.17g)", what, (long long)bad,
+          (long long)n, (long long)first, first >= 0 ? a[first] : 0.0, first >= 0 ? b[first] : 0.0);
 }
 
 static double dot(const double *a, const double *b, int64_t n) {
@@ -322,6 +344,330 @@ static void test_softmax_xent(const loom_backend *be) {
     free(c.logits), free(c.probs), free(c.losses), free(dlogits), free(flog), free(flosses);
 }
 
+/* ---- tensor-parallel pieces ---- */
+
+/* a row-parallel layer: GEMM without bias, (the sum over ranks,) then bias_forward */
+static void test_bias(const loom_backend *be) {
+    int64_t N = 7;
+    int C = 9, OC = 13;
+    double *inp = dalloc(N * C), *w = dalloc((int64_t)OC * C), *bias = dalloc(OC);
+    double *out = dalloc(N * OC), *with_bias = dalloc(N * OC);
+    fill_random(inp, N * C, 1.0), fill_random(w, (int64_t)OC * C, 1.0);
+    fill_random(bias, OC, 1.0), fill_random(out, N * OC, 1.0);
+    round_to_float(bias, OC), round_to_float(out, N * OC);
+    float *fout = to_float(out, N * OC), *fbias = to_float(bias, OC);
+    ref_bias_forward(out, bias, N, OC);
+    be->bias_forward(fout, fbias, N, OC);
+    /* one float addition of two floats: the double sum rounded, within half an ulp */
+    compare("bias_forward fast vs ref (accumulates)", fout, out, N * OC, 0x1p-24, 0.0);
+
+    ref_matmul_forward(with_bias, inp, w, bias, N, C, OC);
+    ref_matmul_forward(out, inp, w, NULL, N, C, OC);
+    ref_bias_forward(out, bias, N, OC);
+    compare_doubles("ref: matmul then bias_forward = matmul with bias", out, with_bias, N * OC,
+                    1e-14);
+    float *finp = to_float(inp, N * C), *fw = to_float(w, (int64_t)OC * C);
+    be->matmul_forward(fout, finp, fw, NULL, N, C, OC);
+    be->bias_forward(fout, fbias, N, OC);
+    compare("fast: matmul then bias_forward = matmul with bias", fout, with_bias, N * OC, 1e-5,
+            1e-5);
+    free(inp), free(w), free(bias), free(out), free(with_bias), free(fout), free(fbias);
+    free(finp), free(fw);
+}
+
+/* ---- vocabulary-parallel embedding ---- */
+typedef struct {
+    int B, T, C, tp, rows; /* rows: wte rows per shard */
+    const int32_t *inp;
+    double *wte, *wpe, *out, *part, *R;
+} enc_shard_ctx;
+
+/* the model's forward under TP: every shard's lookup, summed, then the positions */
+static double enc_shard_objective(void *p) {
+    enc_shard_ctx *c = p;
+    int64_t n = (int64_t)c->B * c->T * c->C;
+    for (int64_t i = 0; i < n; i++) c->out[i] = 0.0;
+    for (int r = 0; r < c->tp; r++) {
+        ref_encoder_shard_forward(c->part, c->inp, c->wte + (int64_t)r * c->rows * c->C,
+                                  (int64_t)c->B * c->T, c->C, r * c->rows, c->rows);
+        for (int64_t i = 0; i < n; i++) c->out[i] += c->part[i];
+    }
+    ref_position_forward(c->out, c->wpe, c->B, c->T, c->C);
+    return dot(c->out, c->R, n);
+}
+
+static void test_encoder_shards(const loom_backend *be, int tp) {
+    enum { B = 3, T = 4, C = 8, VP = 12 };
+    /* every shard's rows, repeated tokens, the first and the last row */
+    const int32_t inp[B * T] = {0, 11, 5, 5, 3, 7, 11, 2, 9, 0, 6, 5};
+    int64_t N = B * T, no = N * C, nw = (int64_t)VP * C, np = (int64_t)T * C;
+    int rows = VP / tp;
+    char what[160];
+    enc_shard_ctx c = {B, T, C, tp, rows, inp, NULL, NULL, NULL, NULL, NULL};
+    c.wte = dalloc(nw), c.wpe = dalloc(np), c.out = dalloc(no), c.part = dalloc(no);
+    c.R = dalloc(no);
+    fill_random(c.wte, nw, 1.0), fill_random(c.wpe, np, 1.0), fill_random(c.R, no, 1.0);
+    double *pre_wte = dalloc(nw), *pre_wpe = dalloc(np);
+    fill_random(pre_wte, nw, 1.0), fill_random(pre_wpe, np, 1.0);
+    round_to_float(c.wte, nw), round_to_float(c.wpe, np), round_to_float(c.R, no);
+
+    /* reference backward against finite differences of the sharded forward */
+    double *dwte = dalloc(nw), *dwpe = dalloc(np);
+    for (int r = 0; r < tp; r++) {
+        ref_encoder_shard_backward(dwte + (int64_t)r * rows * C, c.R, inp, N, C, r * rows, rows);
+    }
+    ref_position_backward(dwpe, c.R, B, T, C);
+    snprintf(what, sizeof what, "encoder shards tp %d: dwte", tp);
+    fd_check(what, enc_shard_objective, &c, c.wte, nw, dwte);
+    snprintf(what, sizeof what, "encoder shards tp %d: dwpe", tp);
+    fd_check(what, enc_shard_objective, &c, c.wpe, np, dwpe);
+
+    /* the sharded reference is the unsharded one */
+    double *whole = dalloc(no), *whole_dwte = dalloc(nw), *whole_dwpe = dalloc(np);
+    enc_shard_objective(&c);
+    ref_encoder_forward(whole, inp, c.wte, c.wpe, B, T, C);
+    ref_encoder_backward(whole_dwte, whole_dwpe, c.R, inp, B, T, C);
+    snprintf(what, sizeof what, "encoder shards tp %d: ref shards = ref encoder", tp);
+    compare_doubles(what, c.out, whole, no, 0.0);
+    compare_doubles(what, dwte, whole_dwte, nw, 0.0);
+    compare_doubles(what, dwpe, whole_dwpe, np, 0.0);
+
+    /* fast vs reference, shard by shard; then the fast shards against the fast encoder */
+    float *fwte = to_float(c.wte, nw), *fwpe = to_float(c.wpe, np), *fR = to_float(c.R, no);
+    float *fpart = malloc(no * sizeof(float)), *fsum = calloc(no, sizeof(float));
+    float *fdwte = to_float(pre_wte, nw), *fdwpe = to_float(pre_wpe, np);
+    double *part_ref = dalloc(no), *dwte_ref = dalloc(nw), *dwpe_ref = dalloc(np);
+    for (int64_t i = 0; i < nw; i++) dwte_ref[i] = (double)fdwte[i];
+    for (int64_t i = 0; i < np; i++) dwpe_ref[i] = (double)fdwpe[i];
+    for (int r = 0; r < tp; r++) {
+        int64_t at = (int64_t)r * rows * C;
+        be->encoder_shard_forward(fpart, inp, fwte + at, N, C, r * rows, rows);
+        ref_encoder_shard_forward(part_ref, inp, c.wte + at, N, C, r * rows, rows);
+        snprintf(what, sizeof what, "encoder_shard_forward tp %d shard %d fast vs ref", tp, r);
+        compare(what, fpart, part_ref, no, 1e-7, 0.0);
+        for (int64_t i = 0; i < no; i++) fsum[i] += fpart[i];
+        be->encoder_shard_backward(fdwte + at, fR, inp, N, C, r * rows, rows);
+        ref_encoder_shard_backward(dwte_ref + at, c.R, inp, N, C, r * rows, rows);
+    }
+    snprintf(what, sizeof what, "encoder_shard_backward tp %d fast vs ref (accumulates)", tp);
+    compare(what, fdwte, dwte_ref, nw, 1e-6, 1e-6);
+    double *pos_ref = dalloc(no);
+    for (int64_t i = 0; i < no; i++) pos_ref[i] = (double)fsum[i];
+    ref_position_forward(pos_ref, c.wpe, B, T, C);
+    be->position_forward(fsum, fwpe, B, T, C);
+    snprintf(what, sizeof what, "position_forward tp %d fast vs ref (accumulates)", tp);
+    compare(what, fsum, pos_ref, no, 0x1p-24, 0.0);
+    be->position_backward(fdwpe, fR, B, T, C);
+    ref_position_backward(dwpe_ref, c.R, B, T, C);
+    snprintf(what, sizeof what, "position_backward tp %d fast vs ref (accumulates)", tp);
+    compare(what, fdwpe, dwpe_ref, np, 1e-6, 1e-6);
+
+    /* the model's tp > 1 path reproduces its tp = 1 path: lookups and gradients exactly */
+    float *fwhole = malloc(no * sizeof(float));
+    float *fwhole_dwte = to_float(pre_wte, nw), *fwhole_dwpe = to_float(pre_wpe, np);
+    be->encoder_forward(fwhole, inp, fwte, fwpe, B, T, C);
+    be->encoder_backward(fwhole_dwte, fwhole_dwpe, fR, inp, B, T, C);
+    int same = memcmp(fsum, fwhole, no * sizeof(float)) == 0;
+    same &= memcmp(fdwte, fwhole_dwte, nw * sizeof(float)) == 0;
+    same &= memcmp(fdwpe, fwhole_dwpe, np * sizeof(float)) == 0;
+    CHECK(same, "encoder tp %d: shards + sum + positions differ from encoder_forward/backward", tp);
+    free(c.wte), free(c.wpe), free(c.out), free(c.part), free(c.R), free(pre_wte), free(pre_wpe);
+    free(dwte), free(dwpe), free(whole), free(whole_dwte), free(whole_dwpe), free(fwte);
+    free(fwpe), free(fR), free(fpart), free(fsum), free(fdwte), free(fdwpe), free(part_ref);
+    free(dwte_ref), free(dwpe_ref), free(pos_ref), free(fwhole), free(fwhole_dwte);
+    free(fwhole_dwpe);
+}
+
+/* ---- vocabulary-parallel softmax cross-entropy ---- */
+enum { XS_N = 8, XS_V = 10, XS_VP = 16 };
+/* -1: a row that does not count; 4 and 8 open a shard (at tp 4, and at tp 2 and 4), 9 the last
+ * real column */
+static const int32_t xs_targets[XS_N] = {0, 9, 3, -1, 5, 2, 4, 8};
+
+typedef struct {
+    int tp, Vpl;
+    double dloss;
+    double *logits;          /* (tp, N, Vpl): shard r's logits at r * N * Vpl */
+    double *probs;           /* (tp, N, Vpl) */
+    double *max, *sums, *tl; /* (tp, N) per shard */
+    double *all_max, *all_sums, *all_tl, *losses; /* (N) across shards; losses of shard 0 */
+} xs_ctx;
+
+static int xs_real(int Vpl, int r) {
+    int real = XS_V - r * Vpl;
+    return real < 0 ? 0 : (real > Vpl ? Vpl : real);
+}
+
+/* what the model does under TP, with the allreduces done here; returns dloss * sum(losses) */
+static double xs_objective(void *p) {
+    xs_ctx *c = p;
+    int64_t N = XS_N, sn = N * c->Vpl;
+    for (int64_t i = 0; i < N; i++) c->all_max[i] = -INFINITY, c->all_sums[i] = c->all_tl[i] = 0;
+    for (int r = 0; r < c->tp; r++) {
+        ref_softmax_xent_shard_max(c->max + r * N, c->logits + r * sn, N, xs_real(c->Vpl, r),
+                                   c->Vpl);
+        for (int64_t i = 0; i < N; i++) {
+            if (c->max[r * N + i] > c->all_max[i]) c->all_max[i] = c->max[r * N + i];
+        }
+    }
+    for (int r = 0; r < c->tp; r++) {
+        ref_softmax_xent_shard_expsum(c->probs + r * sn, c->sums + r * N, c->tl + r * N,
+                                      c->logits + r * sn, c->all_max, xs_targets, N,
+                                      xs_real(c->Vpl, r), c->Vpl, r * c->Vpl);
+        for (int64_t i = 0; i < N; i++) {
+            c->all_sums[i] += c->sums[r * N + i];
+            c->all_tl[i] += c->tl[r * N + i];
+        }
+    }
+    for (int r = 0; r < c->tp; r++) {
+        ref_softmax_xent_shard_forward(c->losses, c->probs + r * sn, c->all_sums, c->all_tl,
+                                       xs_targets, N, xs_real(c->Vpl, r), c->Vpl);
+    }
+    double s = 0.0;
+    for (int64_t i = 0; i < N; i++) s += c->losses[i];
+    return c->dloss * s;
+}
+
+/* shard r's column j of row i in the full (N, Vp) matrix */
+static int64_t xs_full(int Vpl, int r, int64_t i, int j) {
+    return i * XS_VP + (int64_t)r * Vpl + j;
+}
+
+static void test_softmax_xent_shards(const loom_backend *be, int tp) {
+    int64_t N = XS_N, n = N * XS_VP;
+    int Vpl = XS_VP / tp;
+    int64_t sn = N * Vpl;
+    char what[160];
+    xs_ctx c = {.tp = tp, .Vpl = Vpl, .dloss = 1.0 / 5.0};
+    c.logits = dalloc(n), c.probs = dalloc(n), c.max = dalloc(tp * N), c.sums = dalloc(tp * N);
+    c.tl = dalloc(tp * N), c.all_max = dalloc(N), c.all_sums = dalloc(N), c.all_tl = dalloc(N);
+    c.losses = dalloc(N);
+    double *full = dalloc(n);
+    fill_random(full, n, 3.0);
+    round_to_float(full, n);
+    for (int r = 0; r < tp; r++)
+        for (int64_t i = 0; i < N; i++)
+            for (int j = 0; j < Vpl; j++)
+                c.logits[r * sn + i * Vpl + j] = full[xs_full(Vpl, r, i, j)];
+
+    /* reference backward against finite differences of the sharded forward */
+    xs_objective(&c);
+    double *dlogits = dalloc(n);
+    for (int r = 0; r < tp; r++) {
+        ref_softmax_xent_shard_backward(dlogits + r * sn, c.probs + r * sn, xs_targets, c.dloss, N,
+                                        xs_real(Vpl, r), Vpl, r * Vpl);
+    }
+    snprintf(what, sizeof what, "softmax_xent shards tp %d: dlogits", tp);
+    fd_check(what, xs_objective, &c, c.logits, n, dlogits);
+
+    /* the sharded reference is the unsharded one */
+    xs_objective(&c);
+    double *probs = dalloc(n), *losses = dalloc(N), *whole_d = dalloc(n);
+    ref_softmax_xent_forward(losses, probs, full, xs_targets, N, XS_V, XS_VP);
+    ref_softmax_xent_backward(whole_d, probs, xs_targets, c.dloss, N, XS_V, XS_VP);
+    double *gathered = dalloc(n), *gathered_d = dalloc(n);
+    for (int r = 0; r < tp; r++)
+        for (int64_t i = 0; i < N; i++)
+            for (int j = 0; j < Vpl; j++) {
+                gathered[xs_full(Vpl, r, i, j)] = c.probs[r * sn + i * Vpl + j];
+                gathered_d[xs_full(Vpl, r, i, j)] = dlogits[r * sn + i * Vpl + j];
+            }
+    snprintf(what, sizeof what, "softmax_xent tp %d: ref shards = ref softmax_xent", tp);
+    compare_doubles(what, gathered, probs, n, 1e-12);
+    compare_doubles(what, c.losses, losses, N, 1e-12);
+    compare_doubles(what, gathered_d, whole_d, n, 1e-12);
+
+    /* fast vs reference, step by step; the cross-shard max is exact, so both see the same */
+    float *flog = to_float(c.logits, n); /* probs alias logits, as in the model */
+    float *fmax = malloc(N * sizeof(float)), *fsums = malloc(N * sizeof(float));
+    float *ftl = malloc(N * sizeof(float)), *flosses = malloc(N * sizeof(float));
+    float *all_max = calloc(N, sizeof(float)), *all_sums = calloc(N, sizeof(float));
+    float *all_tl = calloc(N, sizeof(float));
+    for (int64_t i = 0; i < N; i++) all_max[i] = -INFINITY;
+    for (int r = 0; r < tp; r++) {
+        be->softmax_xent_shard_max(fmax, flog + r * sn, N, xs_real(Vpl, r), Vpl);
+        snprintf(what, sizeof what, "softmax_xent_shard_max tp %d shard %d fast vs ref", tp, r);
+        compare(what, fmax, c.max + r * N, N, 1e-7, 0.0);
+        for (int64_t i = 0; i < N; i++) all_max[i] = fmax[i] > all_max[i] ? fmax[i] : all_max[i];
+    }
+    double *exps = dalloc(sn), *sums = dalloc(N), *tl = dalloc(N);
+    float *fexps = malloc(sn * sizeof(float));
+    for (int r = 0; r < tp; r++) {
+        /* into a separate buffer (padded columns must be written), then in place as the model
+         * calls it: the same */
+        for (int64_t i = 0; i < sn; i++) fexps[i] = NAN;
+        be->softmax_xent_shard_expsum(fexps, fsums, ftl, flog + r * sn, all_max, xs_targets, N,
+                                      xs_real(Vpl, r), Vpl, r * Vpl);
+        ref_softmax_xent_shard_expsum(exps, sums, tl, c.logits + r * sn, c.all_max, xs_targets, N,
+                                      xs_real(Vpl, r), Vpl, r * Vpl);
+        snprintf(what, sizeof what, "softmax_xent_shard_expsum tp %d shard %d fast vs ref", tp, r);
+        compare(what, fexps, exps, sn, 1e-6, 0.0);
+        compare(what, fsums, sums, N, 1e-6, 0.0);
+        compare(what, ftl, tl, N, 0x1p-24, 0.0); /* a float difference: within half an ulp */
+        for (int64_t i = 0; i < N; i++) all_sums[i] += fsums[i], all_tl[i] += ftl[i];
+        be->softmax_xent_shard_expsum(flog + r * sn, fsums, ftl, flog + r * sn, all_max, xs_targets,
+                                      N, xs_real(Vpl, r), Vpl, r * Vpl);
+        CHECK(memcmp(flog + r * sn, fexps, sn * sizeof(float)) == 0,
+              "softmax_xent_shard_expsum tp %d shard %d: in place = out of place", tp, r);
+    }
+    for (int r = 0; r < tp; r++) {
+        be->softmax_xent_shard_forward(flosses, flog + r * sn, all_sums, all_tl, xs_targets, N,
+                                       xs_real(Vpl, r), Vpl);
+        snprintf(what, sizeof what, "softmax_xent_shard_forward tp %d shard %d fast vs ref", tp, r);
+        compare(what, flosses, c.losses, N, 1e-6, 1e-6);
+        compare(what, flog + r * sn, c.probs + r * sn, sn, 1e-6, 1e-7);
+    }
+    /* the fast shards reproduce the fast unsharded kernel (its exp is a polynomial) */
+    float *fwhole = to_float(gathered, n), *fwhole_losses = malloc(N * sizeof(float));
+    for (int r = 0; r < tp; r++)
+        for (int64_t i = 0; i < N; i++)
+            for (int j = 0; j < Vpl; j++) {
+                fwhole[xs_full(Vpl, r, i, j)] = (float)c.logits[r * sn + i * Vpl + j];
+            }
+    be->softmax_xent_forward(fwhole_losses, fwhole, fwhole, xs_targets, N, XS_V, XS_VP);
+    float *fgathered = malloc(n * sizeof(float));
+    for (int r = 0; r < tp; r++)
+        for (int64_t i = 0; i < N; i++)
+            for (int j = 0; j < Vpl; j++)
+                fgathered[xs_full(Vpl, r, i, j)] = flog[r * sn + i * Vpl + j];
+    double *as_double = dalloc(n);
+    for (int64_t i = 0; i < n; i++) as_double[i] = fwhole[i];
+    snprintf(what, sizeof what, "softmax_xent tp %d: fast shards = fast softmax_xent probs", tp);
+    compare(what, fgathered, as_double, n, 0.0, 1e-6);
+    for (int64_t i = 0; i < N; i++) as_double[i] = fwhole_losses[i];
+    snprintf(what, sizeof what, "softmax_xent tp %d: fast shards = fast softmax_xent losses", tp);
+    compare(what, flosses, as_double, N, 0.0, 1e-6);
+
+    /* backward in place, fast vs reference, then against the unsharded fast backward */
+    for (int r = 0; r < tp; r++) {
+        for (int64_t i = 0; i < sn; i++) fexps[i] = NAN; /* OVERWRITES: every element written */
+        be->softmax_xent_shard_backward(fexps, flog + r * sn, xs_targets, (float)c.dloss, N,
+                                        xs_real(Vpl, r), Vpl, r * Vpl);
+        snprintf(what, sizeof what, "softmax_xent_shard_backward tp %d shard %d fast vs ref", tp,
+                 r);
+        compare(what, fexps, dlogits + r * sn, sn, 1e-5, 1e-7);
+        be->softmax_xent_shard_backward(flog + r * sn, flog + r * sn, xs_targets, (float)c.dloss, N,
+                                        xs_real(Vpl, r), Vpl, r * Vpl);
+        CHECK(memcmp(flog + r * sn, fexps, sn * sizeof(float)) == 0,
+              "softmax_xent_shard_backward tp %d shard %d: in place = out of place", tp, r);
+    }
+    be->softmax_xent_backward(fwhole, fwhole, xs_targets, (float)c.dloss, N, XS_V, XS_VP);
+    for (int r = 0; r < tp; r++)
+        for (int64_t i = 0; i < N; i++)
+            for (int j = 0; j < Vpl; j++)
+                fgathered[xs_full(Vpl, r, i, j)] = flog[r * sn + i * Vpl + j];
+    for (int64_t i = 0; i < n; i++) as_double[i] = fwhole[i];
+    snprintf(what, sizeof what, "softmax_xent tp %d: fast shards = fast softmax_xent dlogits", tp);
+    compare(what, fgathered, as_double, n, 0.0, 1e-6);
+
+    free(c.logits), free(c.probs), free(c.max), free(c.sums), free(c.tl), free(c.all_max);
+    free(c.all_sums), free(c.all_tl), free(c.losses), free(full), free(dlogits), free(probs);
+    free(losses), free(whole_d), free(gathered), free(gathered_d), free(flog), free(fmax);
+    free(fsums), free(ftl), free(flosses), free(all_max), free(all_sums), free(all_tl);
+    free(fwhole), free(fwhole_losses), free(fgathered), free(as_double), free(exps), free(sums);
+    free(tl), free(fexps);
+}
+
 /* ---- residual, adamw, reductions ---- */
 static void test_elementwise(const loom_backend *be) {
     int64_t n = 1003;
@@ -374,6 +720,10 @@ int main(void) {
     test_gelu(be);
     test_encoder(be);
     test_softmax_xent(be);
+    test_bias(be);
+    for (int tp = 1; tp <= 4; tp++) test_encoder_shards(be, tp); /* 12 rows: 12, 6, 4, 3 each */
+    /* 16 columns, 10 real: at tp 4 shard 2 holds 2 real columns and shard 3 none */
+    for (int tp = 1; tp <= 4; tp *= 2) test_softmax_xent_shards(be, tp);
     test_elementwise(be);
     return check_finish();
 }

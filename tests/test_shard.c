@@ -1,9 +1,10 @@
 /*
  * test_shard.c — the sharding arithmetic in one process, no MPI: how the model is cut into
  * tensor-parallel shards and pipeline stages (loom_gpt_describe, loom_gpt_global_index,
- * loom_gpt_element_offset), how checkpoint slices map onto shards (loom_checkpoint_save_fill
- * and loom_checkpoint_load_take, driven the way the trainer drives them but from every shard of
- * a layout at once), and ZeRO-1's ranges (loom_zero_shard_of).
+ * loom_gpt_element_offset; which stage holds wte, wpe and the final LayerNorm, and that the owner
+ * of every checkpoint slice holds it), how checkpoint slices map onto shards
+ * (loom_checkpoint_save_fill and loom_checkpoint_load_take, driven the way the trainer drives them
+ * but from every shard of a layout at once), and ZeRO-1's ranges (loom_zero_shard_of).
  *
  * Every check is against a reference computed here from first principles — Megatron's split
  * described in heads, MLP units and vocabulary rows, GPT-2's tensor shapes, the checkpoint's
@@ -90,6 +91,17 @@ static int64_t ref_layer_numel(const loom_gpt_config *c, int tp, int k) {
 
 static int64_t ref_numel(const loom_gpt_config *c, int tp, int layers, int k) {
     return ref_layer_numel(c, tp, k) * (ref_is_per_layer(k) ? layers : 1);
+}
+
+/* Whether stage s of `stages` holds tensor k: its blocks always; wte where it is used, as the
+ * first stage's lookup and the last stage's tied LM head; wpe on the first; the final LayerNorm
+ * on the last. (One stage is both and holds everything.) */
+static int ref_stage_holds(int stages, int s, int k) {
+    int first = s == 0, last = s == stages - 1;
+    if (ref_is_per_layer(k)) return 1;
+    if (k == LOOM_WTE) return first || last;
+    if (k == LOOM_WPE) return first;
+    return last; /* lnfw, lnfb */
 }
 
 /* Where local element i of tensor k of a shard (rank r of tp, stage from first_layer) sits in
@@ -236,7 +248,7 @@ static void layout_free(layout *lo) {
 }
 
 /* The stage that owns a checkpoint slice: its layer's; the embeddings the first, lnf the last.
- * (Global tensors exist on every stage; only the owner's copy is the model's.) */
+ * (The last stage's wte is a copy: the tied LM head; the owner's is the one saved.) */
 static int ref_owner_stage(const layout *lo, int k, int layer) {
     for (int s = 0; s < lo->stages; s++)
         if (layer >= lo->first[s] && layer < lo->end[s]) return s;
@@ -265,18 +277,22 @@ static void check_shard_fields(const layout *lo, int s, int r) {
     CHECK(m->vocab_start == start && m->vocab_local == real,
           "%s: stage %d rank %d: vocabulary rows from %d, %d real; expected from %d, %d real",
           lo->label, s, r, m->vocab_start, m->vocab_local, start, real);
+    int64_t held = 0;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
-        int layers = lo->end[s] - lo->first[s];
-        CHECK(ti->numel == ref_numel(c, lo->tp, layers, k) &&
-                  ti->layer_numel == ref_layer_numel(c, lo->tp, k) &&
+        int layers = lo->end[s] - lo->first[s], holds = ref_stage_holds(lo->stages, s, k);
+        int64_t numel = holds ? ref_numel(c, lo->tp, layers, k) : 0;
+        int64_t layer_numel = holds ? ref_layer_numel(c, lo->tp, k) : 0;
+        CHECK(ti->numel == numel && ti->layer_numel == layer_numel &&
                   ti->per_layer == ref_is_per_layer(k),
               "%s: stage %d rank %d: %s has %lld elements (%lld per layer, per_layer %d); "
               "expected %lld (%lld)",
               lo->label, s, r, ti->name, (long long)ti->numel, (long long)ti->layer_numel,
-              ti->per_layer, (long long)ref_numel(c, lo->tp, layers, k),
-              (long long)ref_layer_numel(c, lo->tp, k));
+              ti->per_layer, (long long)numel, (long long)layer_numel);
+        held += numel;
     }
+    CHECK((int64_t)m->num_params == held, "%s: stage %d rank %d: %zu parameters, held %lld",
+          lo->label, s, r, m->num_params, (long long)held);
 }
 
 static void check_permutation(const layout *lo) {
@@ -373,7 +389,9 @@ static void check_by_hand(void) {
         {1, 4, 2, 0, LOOM_LN1W, 3, 32 + 3, "layer 1's ln1w[3]"},
         {1, 4, 2, 0, LOOM_QKVW, 0, 96 * 32, "layer 1's first Q row"},
         {1, 4, 2, 0, LOOM_FCPROJW, 64 + 1, 4096 + 1 * 128 + 1, "layer 1, row 1, column 1"},
-        {1, 4, 2, 0, LOOM_WPE, 100, 100, "wpe, whole on every stage"},
+        {0, 2, 2, 1, LOOM_WPE, 100, 100, "wpe, whole on the first stage"},
+        /* the last stage's tied LM head: the same vocabulary rows as the first stage's wte */
+        {2, 4, 2, 1, LOOM_WTE, 33, 193 * 32 + 1, "tied wte: vocabulary row 192+1, column 1"},
     };
     for (size_t i = 0; i < sizeof cases_by_hand / sizeof cases_by_hand[0]; i++) {
         loom_gpt m;
@@ -431,18 +449,23 @@ static int check_offsets(const layout *lo, int s, int r) {
     const loom_gpt_config *c = &lo->config;
     int tp = lo->tp;
     int64_t layers = lo->end[s] - lo->first[s];
-    /* layer-major: wte, wpe, the blocks (each tensor's layer slice in enum order), lnfw, lnfb */
+    /* layer-major: wte, wpe, the blocks (each tensor's layer slice in enum order), lnfw, lnfb,
+     * each global tensor only where the stage holds it (taking no space elsewhere) */
     size_t want[LOOM_NUM_PARAM_TENSORS];
     size_t at = 0, block = 0;
+    int stages = lo->stages;
     for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++) block += (size_t)ref_layer_numel(c, tp, k);
-    want[LOOM_WTE] = at, at += (size_t)ref_layer_numel(c, tp, LOOM_WTE);
-    want[LOOM_WPE] = at, at += (size_t)ref_layer_numel(c, tp, LOOM_WPE);
+    want[LOOM_WTE] = at;
+    if (ref_stage_holds(stages, s, LOOM_WTE)) at += (size_t)ref_layer_numel(c, tp, LOOM_WTE);
+    want[LOOM_WPE] = at;
+    if (ref_stage_holds(stages, s, LOOM_WPE)) at += (size_t)ref_layer_numel(c, tp, LOOM_WPE);
     for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++) {
         want[k] = at, at += (size_t)ref_layer_numel(c, tp, k);
     }
     at = want[LOOM_LN1W] + block * (size_t)layers;
-    want[LOOM_LNFW] = at, at += (size_t)c->channels;
-    want[LOOM_LNFB] = at, at += (size_t)c->channels;
+    size_t lnf = ref_stage_holds(stages, s, LOOM_LNFW) ? (size_t)c->channels : 0;
+    want[LOOM_LNFW] = at, at += lnf;
+    want[LOOM_LNFB] = at, at += lnf;
     CHECK(m->num_params == at, "%s: stage %d rank %d: %zu parameters, expected %zu", lo->label, s,
           r, m->num_params, at);
 
@@ -472,6 +495,97 @@ static int check_offsets(const layout *lo, int s, int r) {
           (long long)misplaced);
     free(hits);
     return m->num_params == at && outside == 0 && gaps == 0 && overlaps == 0 && misplaced == 0;
+}
+
+/* ---- 3b. a created shard: segments and pointers for what it holds, nothing else ----------- */
+
+/* Never used for communication: creating a shard of tp > 1 only needs a communicator. */
+static char unused_comm;
+
+static void check_created(const layout *lo, int s, int r) {
+    loom_gpt *m = NULL;
+    loom_gpt_shard shard = {lo->first[s], lo->end[s], lo->tp, r,
+                            lo->tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    loom_status st = loom_gpt_create_shard(&m, &lo->config, loom_backend_cpu(), &shard);
+    CHECK(st == LOOM_OK, "%s: create stage %d rank %d: %s", lo->label, s, r, loom_last_error());
+    if (st != LOOM_OK) return;
+    int layers = lo->end[s] - lo->first[s];
+    /* segments: in buffer order, tiling it, one per held tensor and layer */
+    size_t at = 0;
+    int tiled = 1, count[LOOM_NUM_PARAM_TENSORS] = {0};
+    for (int i = 0; i < m->num_segments; i++) {
+        const loom_gpt_segment *seg = &m->segments[i];
+        tiled &= seg->offset == at && seg->numel > 0;
+        at += (size_t)seg->numel;
+        count[seg->tensor]++;
+    }
+    CHECK(tiled && at == m->num_params, "%s: stage %d rank %d: segments do not tile the buffer",
+          lo->label, s, r);
+    const float *pointers[LOOM_NUM_PARAM_TENSORS] = {
+        m->params.wte,     m->params.wpe,     m->params.ln1w,     m->params.ln1b,
+        m->params.qkvw,    m->params.qkvb,    m->params.attprojw, m->params.attprojb,
+        m->params.ln2w,    m->params.ln2b,    m->params.fcw,      m->params.fcb,
+        m->params.fcprojw, m->params.fcprojb, m->params.lnfw,     m->params.lnfb};
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        int holds = ref_stage_holds(lo->stages, s, k);
+        int want = holds ? (ref_is_per_layer(k) ? layers : 1) : 0;
+        CHECK(count[k] == want, "%s: stage %d rank %d: %s has %d segments, expected %d", lo->label,
+              s, r, m->info[k].name, count[k], want);
+        const float *expected = holds ? m->params_memory + m->info[k].offset : NULL;
+        CHECK(pointers[k] == expected, "%s: stage %d rank %d: params.%s %s", lo->label, s, r,
+              m->info[k].name, holds ? "not at its offset" : "not NULL on a stage without it");
+    }
+    loom_gpt_free(m);
+}
+
+/* The owner of every checkpoint slice (loom_mesh_owner_stage, the trainer's rule) holds it
+ * whole; a global tensor held elsewhere is only the last stage's tied wte, which maps to the
+ * same vocabulary rows as the first stage's. */
+static void check_ownership(const layout *lo) {
+    loom_plan_stage stages[MAX_STAGES];
+    for (int s = 0; s < lo->stages; s++) {
+        stages[s] = (loom_plan_stage){lo->first[s], lo->end[s], s == 0, s == lo->stages - 1, 0};
+    }
+    loom_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.model = lo->config;
+    plan.tp = lo->tp, plan.pp = lo->stages, plan.dp = 1;
+    plan.stages = stages, plan.num_stages = lo->stages;
+    loom_mesh mesh;
+    memset(&mesh, 0, sizeof mesh);
+    mesh.plan = &plan;
+    mesh.tp_size = lo->tp, mesh.pp_size = lo->stages, mesh.dp_size = 1;
+    const loom_gpt_config *c = &lo->config;
+    int64_t unowned = 0, stray = 0, untied = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        int per_layer = ref_is_per_layer(k);
+        for (int layer = per_layer ? 0 : -1; layer < (per_layer ? c->num_layers : 0); layer++) {
+            int owner = loom_mesh_owner_stage(&mesh, k, layer);
+            for (int r = 0; r < lo->tp; r++) {
+                unowned +=
+                    shard_at(lo, owner, r)->info[k].layer_numel != ref_layer_numel(c, lo->tp, k);
+            }
+            for (int s = 0; s < lo->stages && !per_layer; s++) {
+                if (s == owner) continue;
+                for (int r = 0; r < lo->tp; r++) {
+                    const loom_gpt *copy = shard_at(lo, s, r), *own = shard_at(lo, owner, r);
+                    if (copy->info[k].numel == 0) continue;
+                    if (k != LOOM_WTE || s != lo->stages - 1) {
+                        stray++;
+                        continue;
+                    }
+                    for (int64_t i = 0; i < copy->info[k].numel; i++) {
+                        untied +=
+                            loom_gpt_global_index(copy, k, i) != loom_gpt_global_index(own, k, i);
+                    }
+                }
+            }
+        }
+    }
+    CHECK(unowned == 0 && stray == 0 && untied == 0,
+          "%s: %lld slices whose owner lacks them, %lld copies of global tensors off their "
+          "stages, %lld tied wte elements on other rows",
+          lo->label, (long long)unowned, (long long)stray, (long long)untied);
 }
 
 /* ---- 4. checkpoint slices: assembled from shards, taken back into shards ----------------- */
@@ -835,10 +949,12 @@ int main(void) {
                         for (int r = 0; r < lo.tp; r++) {
                             check_shard_fields(&lo, s, r);
                             tiled &= check_offsets(&lo, s, r);
+                            check_created(&lo, s, r);
                         }
                     }
                     check_permutation(&lo);
                     check_against_reference(&lo);
+                    check_ownership(&lo);
                     /* broken offsets would send the round trip outside its buffers */
                     if (tiled) check_round_trip(&lo, id++);
                 }

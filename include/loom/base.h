@@ -43,6 +43,12 @@ void loom_clear_error(void);
 /* The CLI's exit code for a status: 0 ok, 2 bad input, 1 anything else. */
 int loom_exit_code(loom_status status);
 
+/* For a broken invariant or a failure that cannot be handed back (a kernel's scratch
+ * allocation, a forward called before its buffers were reserved): prints "internal error:
+ * MESSAGE" to stderr and aborts, so that no abort is silent. Not for bad input, which returns
+ * a status. */
+void loom_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
 /* ---- logging ----------------------------------------------------------------------------- */
 
 typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;

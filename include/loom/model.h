@@ -6,6 +6,10 @@
  * The flat buffer is layer-major: wte, wpe, then block 0's twelve tensors, block 1's, ...,
  * then lnfw, lnfb. A block's parameters (and gradients) are contiguous, so gradient buckets
  * become ready block by block during backward, and a pipeline stage's layers are one slice.
+ * A pipeline stage's buffer keeps that order but holds only what the stage uses: wte on the
+ * first stage (the lookup) and the last (the tied LM head), wpe on the first, lnfw and lnfb on
+ * the last; a tensor it does not hold has numel 0 and takes no space. The single-stage model
+ * holds everything (llm.c's files and loom's checkpoints are in its order).
  *
  * The forward/backward pass is split into embedding, a range of blocks, and the head, so
  * that a pipeline stage can run only its part.
@@ -82,7 +86,8 @@ enum {
 };
 
 /* Pointers to each tensor's layer-0 slice; layer l's slice of a per-layer tensor is at
- * + l * layer_stride (loom_gpt.layer_stride). Shapes below are logical, per layer after L. */
+ * + l * layer_stride (loom_gpt.layer_stride). Shapes below are logical, per layer after L.
+ * NULL for a tensor this pipeline stage does not hold. */
 typedef struct {
     float *wte;      /* (Vp, C) token embedding, tied LM head; padded rows zero */
     float *wpe;      /* (maxT, C) */
@@ -122,8 +127,10 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
  * fcprojw by input columns, wte by vocabulary rows (Vp/tp); the rest replicated. */
 size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
                           loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
-/* ... for a pipeline stage holding local_layers blocks. */
-size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_layers,
+/* ... for the pipeline stage holding blocks [first_layer, end_layer): wte only when it is the
+ * first or the last stage, wpe only on the first, lnfw and lnfb only on the last (numel 0,
+ * shape[0] 0 and no space otherwise). [0, num_layers) is loom_gpt_layout_tp. */
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
                              loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
 /* Whether tensor k is split across tensor-parallel ranks. */
 int loom_gpt_tensor_is_sharded(int k);
@@ -157,6 +164,7 @@ typedef struct {
     float *fch_gelu;  /* (L, B, T, 4C) */
     float *fcproj;    /* (L, B, T, C) */
     float *residual3; /* (L, B, T, C) */
+    /* the head stage's; size 0 and NULL on the other stages */
     float *lnf;       /* (B, T, C) */
     float *lnf_mean;  /* (B, T) */
     float *lnf_rstd;  /* (B, T) */
@@ -193,8 +201,8 @@ typedef struct {
     int vocab_local;    /* real (unpadded) rows among this rank's Vp/tp */
     /* pipeline parallelism: this stage's blocks are the model's [first_layer, first_layer +
      * num_local_layers); the embedding stage turns tokens into the residual stream, the head
-     * stage ends it with the final LayerNorm and the loss. wte, wpe, lnf exist on every stage
-     * (the head stage's wte is the tied LM head; middle stages leave theirs unused). */
+     * stage ends it with the final LayerNorm and the loss. wte exists on these two only (the
+     * head stage's is the tied LM head), wpe on the embedding stage, lnf on the head stage. */
     int first_layer, num_local_layers;
     int has_embedding, has_head;
     int slots, slot;      /* activation sets reserved (micro-batches in flight), the current */
@@ -202,7 +210,8 @@ typedef struct {
     int32_t *inputs_all;  /* (slots, B, T) */
     int32_t *targets_all; /* (slots, B, T) */
     size_t layer_stride;  /* floats per transformer block */
-    loom_gpt_segment *segments; /* in flat-buffer order, covering it exactly */
+    loom_gpt_segment *segments; /* in flat-buffer order, covering it exactly (none for a
+                                 * tensor of numel 0) */
     int num_segments;
 
     float *params_memory; /* (num_params) */
@@ -371,15 +380,16 @@ typedef struct {
                                * recompute, else 0; the schedule decides whether a micro-batch
                                * needs it: 1F1B's last stage runs backward right after forward) */
     /* memory on this rank */
-    int64_t param_bytes;          /* bytes: the shard's flat buffer, num_params fp32 (every stage
-                                   * holds wte, wpe, lnfw, lnfb: loom_gpt_layout_shard) */
+    int64_t param_bytes;          /* bytes: the shard's flat buffer, num_params fp32: its blocks,
+                                   * wte on the first and last stage, wpe on the first, lnfw and
+                                   * lnfb on the last (loom_gpt_layout_shard) */
     int64_t grad_bytes;           /* bytes: gradients, as many as parameters */
     int64_t optimizer_bytes;      /* bytes: AdamW m and v (2, num_params) fp32, before ZeRO-1
                                    * divides them by the data-parallel degree */
     int64_t act_slot_bytes;       /* bytes: one activation set as loom_gpt_reserve_slots allocates
                                    * it: slot_floats fp32 (every stage's slot has the embedding
-                                   * output and the head's buffers, used or not) + inputs and
-                                   * targets (2, B, T) int32 */
+                                   * output, its input; only the head stage's has the head's
+                                   * buffers) + inputs and targets (2, B, T) int32 */
     int64_t act_slot_token_bytes; /* bytes: the (2, B, T) int32 part of act_slot_bytes */
     int64_t act_bytes_keep;       /* bytes: in_flight slots (no recomputation) */
     int64_t act_bytes_recompute;  /* bytes: one slot + in_flight stage inputs

@@ -57,6 +57,45 @@ typedef struct loom_backend {
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, int64_t N);
 
+    /* ---- tensor-parallel pieces: the arithmetic between two of the model's TP allreduces.
+     * With one rank the model calls the whole kernels above instead. */
+
+    /* out (N,OC) += bias (OC): a row-parallel layer's bias, added once after the sum over
+     * ranks (each rank's GEMM leaves it out). Its gradient is matmul_backward's dbias. */
+    void (*bias_forward)(float *out, const float *bias, int64_t N, int OC);
+    /* Vocabulary-parallel embedding: this rank holds wte rows [row_start, row_start + rows).
+     * out (N,C) = wte[inp - row_start] for the tokens it holds, 0 for the others (the sum over
+     * ranks completes every row); backward scatters dout into the rows it holds. */
+    void (*encoder_shard_forward)(float *out, const int32_t *inp, const float *wte, int64_t N,
+                                  int C, int row_start, int rows);
+    void (*encoder_shard_backward)(float *dwte, const float *dout, const int32_t *inp, int64_t N,
+                                   int C, int row_start, int rows);
+    /* out (B,T,C) += wpe[t]: the positions, added after the embedding's sum over ranks */
+    void (*position_forward)(float *out, const float *wpe, int B, int T, int C);
+    void (*position_backward)(float *dwpe, const float *dout, int B, int T, int C);
+    /* Vocabulary-parallel softmax cross-entropy (Megatron): this rank holds logits (N,Vp) of
+     * the vocabulary rows [vocab_start, vocab_start + Vp), the first V of them real (V may be
+     * 0). Between the steps the model sums over ranks: the max of row_max, then the sum of
+     * sums and of target_logits.
+     * 1. row_max (N) = the max over this rank's V real logits (-inf when V is 0). */
+    void (*softmax_xent_shard_max)(float *row_max, const float *logits, int64_t N, int V, int Vp);
+    /* 2. probs (N,Vp) = exp(logits - row_max) over the V real columns, 0 in the padded ones
+     *    (probs may alias logits); sums (N) their sum; target_logits (N) = the target's
+     *    logit - row_max where this rank holds the target, else 0. */
+    void (*softmax_xent_shard_expsum)(float *probs, float *sums, float *target_logits,
+                                      const float *logits, const float *row_max,
+                                      const int32_t *targets, int64_t N, int V, int Vp,
+                                      int vocab_start);
+    /* 3. probs (N,Vp) /= sums in place; losses (N) = log(sums) - target_logits, 0 where the
+     *    target < 0. Takes the summed sums and target_logits. */
+    void (*softmax_xent_shard_forward)(float *losses, float *probs, const float *sums,
+                                       const float *target_logits, const int32_t *targets,
+                                       int64_t N, int V, int Vp);
+    /* dlogits (N,Vp) = dloss * (probs - onehot(target)) on this rank's columns, 0 in the padded
+     * ones and in rows whose target < 0; OVERWRITES (may alias probs) */
+    void (*softmax_xent_shard_backward)(float *dlogits, const float *probs, const int32_t *targets,
+                                        float dloss, int64_t N, int V, int Vp, int vocab_start);
+
     /* Softmax cross-entropy over the first V of Vp logits per row (padded logits are left out
      * and get zero gradient). Forward: losses (N) and probs (N,Vp) (probs may alias logits).
      * A target < 0 marks a row that does not count (loss 0, zero gradient). */

@@ -1,9 +1,11 @@
 /*
- * error.c — status codes and the per-thread error message slot.
+ * error.c — status codes, the per-thread error message slot, and loom_fatal for the failures
+ * that cannot be handed back.
  */
 #include "loom/base.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static _Thread_local char error_message[2048];
@@ -45,4 +47,15 @@ void loom_clear_error(void) {
 int loom_exit_code(loom_status status) {
     if (status == LOOM_OK) return 0;
     return status == LOOM_ERR_INPUT ? 2 : 1;
+}
+
+void loom_fatal(const char *fmt, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    fprintf(stderr, "internal error: %s\n", message);
+    fflush(stderr);
+    abort();
 }

@@ -105,14 +105,14 @@ static int64_t round16(int64_t floats) {
 }
 
 /* Floats of one activation slot of a stage with `layers` blocks: every stage's slot has the
- * embedding output (its input), the blocks and the head's buffers. */
-static int64_t slot_floats(const cost_shape *s, int64_t layers) {
+ * embedding output (its input) and the blocks; the head stage's also the head's buffers. */
+static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_head) {
     int64_t block[BLOCK_ACTS], head[HEAD_ACTS];
     block_act_floats(s, block);
     head_act_floats(s, head);
     int64_t total = round16(s->N * s->C); /* encoded */
     for (int i = 0; i < BLOCK_ACTS; i++) total += round16(layers * block[i]);
-    for (int i = 0; i < HEAD_ACTS; i++) total += round16(head[i]);
+    for (int i = 0; i < HEAD_ACTS && has_head; i++) total += round16(head[i]);
     return total;
 }
 
@@ -138,7 +138,7 @@ static void block_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     cost->flops_bwd_input = weights + 2 * attention; /* dQ and dK; dA and dV */
     cost->flops_bwd_weight = weights;
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    loom_gpt_layout_tp(&s->config, (int)s->tp, info);
     cost->param_bytes = (int64_t)info[LOOM_LN1W].layer_stride * FP32;
     int64_t acts[BLOCK_ACTS];
     block_act_floats(s, acts);
@@ -151,7 +151,7 @@ static void block_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
 static void embedding_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     memset(cost, 0, sizeof *cost);
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    loom_gpt_layout_tp(&s->config, (int)s->tp, info);
     cost->param_bytes = (info[LOOM_WTE].numel + info[LOOM_WPE].numel) * FP32;
     cost->act_bytes = s->N * s->C * FP32; /* encoded */
     /* forward sums every rank's rows of the lookup; backward scatters into wte's own rows */
@@ -165,7 +165,7 @@ static void head_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     cost->flops_bwd_input = lm_head;
     cost->flops_bwd_weight = lm_head;
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    loom_gpt_layout_shard(&s->config, (int)s->tp, 1, info);
+    loom_gpt_layout_tp(&s->config, (int)s->tp, info);
     cost->param_bytes =
         (info[LOOM_WTE].numel + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * FP32;
     int64_t acts[HEAD_ACTS];
@@ -286,14 +286,17 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     /* the trainer reruns loom_gpt_forward_stage whole, head and loss included */
     cost->flops_recompute = spec->recompute ? cost->flops_fwd : 0;
 
+    /* the stage's own layout: wte, wpe and lnf only where it uses them */
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    cost->param_bytes =
-        (int64_t)loom_gpt_layout_shard(&s.config, (int)s.tp, (int)layers, info) * FP32;
+    cost->param_bytes = (int64_t)loom_gpt_layout_shard(&s.config, (int)s.tp, spec->first_layer,
+                                                       spec->end_layer, info) *
+                        FP32;
     cost->grad_bytes = cost->param_bytes;
     cost->optimizer_bytes = 2 * cost->param_bytes;
 
     cost->act_slot_token_bytes = 2 * s.N * INT32;
-    cost->act_slot_bytes = slot_floats(&s, layers) * FP32 + cost->act_slot_token_bytes;
+    cost->act_slot_bytes =
+        slot_floats(&s, layers, spec->has_head) * FP32 + cost->act_slot_token_bytes;
     cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
     cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.N * s.C * FP32;
     cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;

@@ -131,14 +131,18 @@ size_t loom_gpt_layout(const loom_gpt_config *config,
 
 size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
                           loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    return loom_gpt_layout_shard(config, tp, config->num_layers, info);
+    return loom_gpt_layout_shard(config, tp, 0, config->num_layers, info);
 }
 
-size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_layers,
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
                              loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t C = config->channels, L = local_layers;
-    int64_t Vp = config->padded_vocab_size / tp, Cl = C / tp; /* this rank's rows and columns */
-    int64_t maxT = config->max_seq_len;
+    int64_t C = config->channels, L = end_layer - first_layer;
+    int has_embedding = first_layer == 0, has_head = end_layer == config->num_layers;
+    /* what a stage does not use it does not hold (0 rows): wte is the first stage's lookup
+     * and the last stage's tied LM head, wpe only the first's, the final LayerNorm the last's */
+    int64_t Vp = has_embedding || has_head ? config->padded_vocab_size / tp : 0;
+    int64_t maxT = has_embedding ? config->max_seq_len : 0, Cf = has_head ? C : 0;
+    int64_t Cl = C / tp; /* this rank's columns */
     const struct {
         const char *name;
         int ndim;
@@ -159,10 +163,11 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int local_la
         {"fcb", 2, {L, 4 * Cl}, 0},
         {"fcprojw", 3, {L, C, 4 * Cl}, 1},
         {"fcprojb", 2, {L, C}, 0},
-        {"lnfw", 1, {C}, 0},
-        {"lnfb", 1, {C}, 0},
+        {"lnfw", 1, {Cf}, 0},
+        {"lnfb", 1, {Cf}, 0},
     };
-    /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb */
+    /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb; a tensor
+     * the stage does not hold takes no space where it would be */
     size_t layer_numel_total = 0;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         loom_gpt_tensor_info *ti = &info[k];
@@ -208,7 +213,9 @@ static void point_tensors(loom_gpt_tensors *t, float *base,
                                              &t->qkvw,    &t->qkvb,    &t->attprojw, &t->attprojb,
                                              &t->ln2w,    &t->ln2b,    &t->fcw,      &t->fcb,
                                              &t->fcprojw, &t->fcprojb, &t->lnfw,     &t->lnfb};
-    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) *slots[k] = base + info[k].offset;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        *slots[k] = info[k].numel > 0 ? base + info[k].offset : NULL; /* not on this stage */
+    }
 }
 
 int64_t loom_gpt_num_real_params(const loom_gpt_config *config) {
@@ -269,7 +276,8 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     m->vocab_start = tp_rank * vp_local;
     int real = checked.vocab_size - m->vocab_start;
     m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
-    m->num_params = loom_gpt_layout_shard(&checked, tp_size, m->num_local_layers, m->info);
+    m->num_params =
+        loom_gpt_layout_shard(&checked, tp_size, shard->first_layer, shard->end_layer, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     return LOOM_OK;
 }
@@ -297,6 +305,7 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     }
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
+        if (ti->numel == 0) continue; /* not on this stage */
         for (int l = 0; l < (ti->per_layer ? L : 1); l++) {
             m->segments[m->num_segments++] =
                 (loom_gpt_segment){ti->offset + (size_t)l * ti->layer_stride, ti->layer_numel, k,
@@ -401,13 +410,17 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 
 #define NUM_ACTS 23
 
-/* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). */
+/* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). Every
+ * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
+ * has the head's buffers (lnf ... row_stats), the others have them at size 0. */
 static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
     const loom_gpt_config *c = &m->config;
     size_t tp = (size_t)m->tp_size;
     size_t L = (size_t)m->num_local_layers, C = (size_t)c->channels;
     size_t NHl = (size_t)c->num_heads / tp;
     size_t Cl = C / tp, BT = (size_t)B * (size_t)T, Vpl = (size_t)c->padded_vocab_size / tp;
+    size_t head = m->has_head ? BT : 0; /* rows of the head's buffers */
+
     size_t s[NUM_ACTS] = {BT * C,                                      /* encoded */
                           L * BT * C,                                  /* ln1 */
                           L * BT,                                      /* ln1_mean */
@@ -424,13 +437,13 @@ static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS
                           L * BT * 4 * Cl,                             /* fch_gelu */
                           L * BT * C,                                  /* fcproj */
                           L * BT * C,                                  /* residual3 */
-                          BT * C,                                      /* lnf */
-                          BT,                                          /* lnf_mean */
-                          BT,                                          /* lnf_rstd */
-                          BT * Vpl,                                    /* probs */
-                          BT,                                          /* losses */
-                          BT,                                          /* row_max */
-                          2 * BT};                                     /* row_stats */
+                          head * C,                                    /* lnf */
+                          head,                                        /* lnf_mean */
+                          head,                                        /* lnf_rstd */
+                          head * Vpl,                                  /* probs */
+                          head,                                        /* losses */
+                          head,                                        /* row_max */
+                          2 * head};                                   /* row_stats */
     size_t total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         /* round each buffer to 16 floats so every one starts 64-byte aligned */
@@ -456,7 +469,7 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
     acts_layout(m, m->B, m->T, sizes);
     float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
-        *slots[i] = p;
+        *slots[i] = sizes[i] > 0 ? p : NULL; /* the head's buffers off the head stage */
         p += sizes[i];
     }
     size_t BT = (size_t)m->B * (size_t)m->T;
@@ -547,12 +560,6 @@ static void tp_allreduce(loom_gpt *m, float *buf, int64_t n, loom_reduce_op op) 
     }
 }
 
-static void add_bias(float *out, const float *bias, int64_t N, int OC) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) out[i * OC + o] += bias[o];
-}
-
 /* out (N,OC) = inp (N,K) @ w^T, summed over TP ranks, + bias: a row-parallel layer. Without
  * TP the bias goes into the GEMM as usual. */
 static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
@@ -564,7 +571,7 @@ static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, cons
     }
     be->matmul_forward(out, inp, w, NULL, N, K, OC);
     tp_allreduce(m, out, N * OC, LOOM_REDUCE_SUM);
-    add_bias(out, bias, N, OC);
+    be->bias_forward(out, bias, N, OC);
 }
 
 static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
@@ -590,69 +597,34 @@ static void block_forward(loom_gpt *m, int l, const float *residual, int B, int 
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
 }
 
-/* Vocabulary-parallel embedding: each rank adds the rows it holds, the sum completes them. */
+/* Vocabulary-parallel embedding: each rank looks up the rows it holds, the sum completes them. */
 static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
+    const loom_backend *be = m->backend;
     int C = m->config.channels;
     if (m->tp_size == 1) {
-        m->backend->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+        be->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
         return;
     }
-    float *out = m->acts.encoded;
-    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
-#pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        int64_t row = inputs[bt] - start;
-        float *o = out + bt * C;
-        if (row >= 0 && row < rows) {
-            const float *w = m->params.wte + row * C;
-            for (int c = 0; c < C; c++) o[c] = w[c];
-        } else {
-            for (int c = 0; c < C; c++) o[c] = 0.0f;
-        }
-    }
-    tp_allreduce(m, out, (int64_t)B * T * C, LOOM_REDUCE_SUM);
-#pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        const float *pos = m->params.wpe + (bt % T) * C;
-        for (int c = 0; c < C; c++) out[bt * C + c] += pos[c];
-    }
+    int64_t N = (int64_t)B * T;
+    int rows = m->config.padded_vocab_size / m->tp_size;
+    be->encoder_shard_forward(m->acts.encoded, inputs, m->params.wte, N, C, m->vocab_start, rows);
+    tp_allreduce(m, m->acts.encoded, N * C, LOOM_REDUCE_SUM);
+    be->position_forward(m->acts.encoded, m->params.wpe, B, T, C);
 }
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
  * needs only the max, the sum of exponentials and the target's logit, summed over ranks. */
 static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N) {
+    const loom_backend *be = m->backend;
     int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
-    int64_t start = m->vocab_start;
     float *probs = m->acts.probs, *row_max = m->acts.row_max;
-    float *sums = m->acts.row_stats, *target_logit = m->acts.row_stats + N;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float mx = -INFINITY;
-        for (int j = 0; j < Vl; j++) mx = probs[i * Vpl + j] > mx ? probs[i * Vpl + j] : mx;
-        row_max[i] = mx;
-    }
+    float *sums = m->acts.row_stats, *target_logits = m->acts.row_stats + N;
+    be->softmax_xent_shard_max(row_max, probs, N, Vl, Vpl);
     tp_allreduce(m, row_max, N, LOOM_REDUCE_MAX);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float *x = probs + i * Vpl;
-        int64_t t = targets[i] - start;
-        /* the target's logit, shifted by the max like the exponentials: only its owner adds it */
-        target_logit[i] = t >= 0 && t < Vl ? x[t] - row_max[i] : 0.0f;
-        float sum = 0.0f;
-        for (int j = 0; j < Vl; j++) {
-            x[j] = expf(x[j] - row_max[i]);
-            sum += x[j];
-        }
-        for (int j = Vl; j < Vpl; j++) x[j] = 0.0f;
-        sums[i] = sum;
-    }
-    tp_allreduce(m, sums, 2 * N, LOOM_REDUCE_SUM);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float inv = 1.0f / sums[i];
-        for (int j = 0; j < Vl; j++) probs[i * Vpl + j] *= inv;
-        m->acts.losses[i] = targets[i] >= 0 ? logf(sums[i]) - target_logit[i] : 0.0f;
-    }
+    be->softmax_xent_shard_expsum(probs, sums, target_logits, probs, row_max, targets, N, Vl, Vpl,
+                                  m->vocab_start);
+    tp_allreduce(m, sums, 2 * N, LOOM_REDUCE_SUM); /* sums and target_logits, adjacent */
+    be->softmax_xent_shard_forward(m->acts.losses, probs, sums, target_logits, targets, N, Vl, Vpl);
 }
 
 float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
@@ -662,8 +634,12 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
-    /* callers reserve first; the check is cheap and turns misuse into a clear abort */
-    if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) abort();
+    /* callers reserve first; the check is cheap and turns misuse into a clear message */
+    if (!m->acts_memory || (int64_t)B * T > (int64_t)m->B * m->T || T > m->T) {
+        loom_fatal("loom_gpt_forward_stage: B %d x T %d does not fit the reserved activations "
+                   "(B %d x T %d%s); call loom_gpt_reserve_slots first",
+                   B, T, m->B, m->T, m->acts_memory ? "" : ", none reserved");
+    }
     m->cur_B = B;
     m->cur_T = T;
 
@@ -758,40 +734,18 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
                            a.ln1_mean, a.ln1_rstd, N, C);
 }
 
-static void xent_parallel_backward(loom_gpt *m, float dloss, int64_t N) {
-    int Vpl = m->config.padded_vocab_size / m->tp_size, Vl = m->vocab_local;
-    int64_t start = m->vocab_start;
-    float *d = m->acts.probs;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float *row = d + i * Vpl;
-        if (m->targets[i] < 0) {
-            memset(row, 0, (size_t)Vpl * sizeof(float));
-            continue;
-        }
-        for (int j = 0; j < Vl; j++) row[j] *= dloss;
-        int64_t t = m->targets[i] - start;
-        if (t >= 0 && t < Vl) row[t] -= dloss;
-    }
-}
-
 static void embed_backward(loom_gpt *m, int B, int T) {
+    const loom_backend *be = m->backend;
     int C = m->config.channels;
     const float *dout = m->grad_acts.dresidual;
     if (m->tp_size == 1) {
-        m->backend->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
+        be->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
         return;
     }
-    int64_t start = m->vocab_start, rows = m->config.padded_vocab_size / m->tp_size;
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        const float *d = dout + bt * C;
-        float *dp = m->grads.wpe + (bt % T) * C;
-        for (int c = 0; c < C; c++) dp[c] += d[c];
-        int64_t row = m->inputs[bt] - start;
-        if (row < 0 || row >= rows) continue;
-        float *dw = m->grads.wte + row * C;
-        for (int c = 0; c < C; c++) dw[c] += d[c];
-    }
+    int rows = m->config.padded_vocab_size / m->tp_size;
+    be->position_backward(m->grads.wpe, dout, B, T, C);
+    be->encoder_shard_backward(m->grads.wte, dout, m->inputs, (int64_t)B * T, C, m->vocab_start,
+                               rows);
 }
 
 void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
@@ -808,7 +762,8 @@ void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad)
         if (m->tp_size == 1) {
             be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
         } else {
-            xent_parallel_backward(m, dloss, N);
+            be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
+                                            m->vocab_local, Vpl, m->vocab_start);
         }
         memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
         be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte,

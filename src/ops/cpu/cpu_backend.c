@@ -88,6 +88,47 @@ static void t_gelu_backward(float *dinp, const float *inp, const float *dout, in
 static void t_residual_forward(float *out, const float *a, const float *b, int64_t N) {
     TIMED(LOOM_KERNEL_RESIDUAL, cpu_residual_forward(out, a, b, N));
 }
+static void t_bias_forward(float *out, const float *bias, int64_t N, int OC) {
+    TIMED(LOOM_KERNEL_MATMUL, cpu_bias_forward(out, bias, N, OC));
+}
+static void t_encoder_shard_forward(float *out, const int32_t *inp, const float *wte, int64_t N,
+                                    int C, int row_start, int rows) {
+    TIMED(LOOM_KERNEL_ENCODER, cpu_encoder_shard_forward(out, inp, wte, N, C, row_start, rows));
+}
+static void t_encoder_shard_backward(float *dwte, const float *dout, const int32_t *inp, int64_t N,
+                                     int C, int row_start, int rows) {
+    TIMED(LOOM_KERNEL_ENCODER, cpu_encoder_shard_backward(dwte, dout, inp, N, C, row_start, rows));
+}
+static void t_position_forward(float *out, const float *wpe, int B, int T, int C) {
+    TIMED(LOOM_KERNEL_ENCODER, cpu_position_forward(out, wpe, B, T, C));
+}
+static void t_position_backward(float *dwpe, const float *dout, int B, int T, int C) {
+    TIMED(LOOM_KERNEL_ENCODER, cpu_position_backward(dwpe, dout, B, T, C));
+}
+static void t_softmax_xent_shard_max(float *row_max, const float *logits, int64_t N, int V,
+                                     int Vp) {
+    TIMED(LOOM_KERNEL_SOFTMAX_XENT, cpu_softmax_xent_shard_max(row_max, logits, N, V, Vp));
+}
+static void t_softmax_xent_shard_expsum(float *probs, float *sums, float *target_logits,
+                                        const float *logits, const float *row_max,
+                                        const int32_t *targets, int64_t N, int V, int Vp,
+                                        int vocab_start) {
+    TIMED(LOOM_KERNEL_SOFTMAX_XENT,
+          cpu_softmax_xent_shard_expsum(probs, sums, target_logits, logits, row_max, targets, N, V,
+                                        Vp, vocab_start));
+}
+static void t_softmax_xent_shard_forward(float *losses, float *probs, const float *sums,
+                                         const float *target_logits, const int32_t *targets,
+                                         int64_t N, int V, int Vp) {
+    TIMED(LOOM_KERNEL_SOFTMAX_XENT,
+          cpu_softmax_xent_shard_forward(losses, probs, sums, target_logits, targets, N, V, Vp));
+}
+static void t_softmax_xent_shard_backward(float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss, int64_t N, int V,
+                                          int Vp, int vocab_start) {
+    TIMED(LOOM_KERNEL_SOFTMAX_XENT,
+          cpu_softmax_xent_shard_backward(dlogits, probs, targets, dloss, N, V, Vp, vocab_start));
+}
 static void t_softmax_xent_forward(float *losses, float *probs, const float *logits,
                                    const int32_t *targets, int64_t N, int V, int Vp) {
     TIMED(LOOM_KERNEL_SOFTMAX_XENT,
@@ -126,6 +167,15 @@ static const loom_backend cpu_backend = {
     .gelu_forward = t_gelu_forward,
     .gelu_backward = t_gelu_backward,
     .residual_forward = t_residual_forward,
+    .bias_forward = t_bias_forward,
+    .encoder_shard_forward = t_encoder_shard_forward,
+    .encoder_shard_backward = t_encoder_shard_backward,
+    .position_forward = t_position_forward,
+    .position_backward = t_position_backward,
+    .softmax_xent_shard_max = t_softmax_xent_shard_max,
+    .softmax_xent_shard_expsum = t_softmax_xent_shard_expsum,
+    .softmax_xent_shard_forward = t_softmax_xent_shard_forward,
+    .softmax_xent_shard_backward = t_softmax_xent_shard_backward,
     .softmax_xent_forward = t_softmax_xent_forward,
     .softmax_xent_backward = t_softmax_xent_backward,
     .adamw_update = t_adamw_update,

@@ -9,6 +9,8 @@
  */
 #include "ops/cpu/kernels.h"
 
+#include "loom/base.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -99,7 +101,11 @@ void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *rstd, int64_t N, int C) {
     int nthreads = omp_get_max_threads();
     float *partial = calloc((size_t)nthreads * 2 * (size_t)C, sizeof(float));
-    if (!partial) abort(); /* a few KB; failure here means the process is already lost */
+    if (!partial) {
+        /* a few KB; failure here means the process is already lost */
+        loom_fatal("layernorm_backward: cannot allocate %zu bytes of partial sums",
+                   (size_t)nthreads * 2 * (size_t)C * sizeof(float));
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         float *pw = partial + (size_t)omp_get_thread_num() * 2 * (size_t)C;
@@ -229,8 +235,12 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     float scale = 1.0f / sqrtf((float)hs);
     int nthreads = omp_get_max_threads();
     /* one T x T scratch per thread: the gradient of the scores, never the whole (B,NH,T,T) */
-    float *scratch = malloc((size_t)nthreads * (size_t)T * (size_t)T * sizeof(float));
-    if (!scratch) abort();
+    size_t scratch_bytes = (size_t)nthreads * (size_t)T * (size_t)T * sizeof(float);
+    float *scratch = malloc(scratch_bytes);
+    if (!scratch) {
+        loom_fatal("attention_backward: cannot allocate %zu bytes of score-gradient scratch",
+                   scratch_bytes);
+    }
     int saved = blas_threads_push_single();
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t bh = 0; bh < (int64_t)B * NH; bh++) {
@@ -302,6 +312,121 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t
 void cpu_residual_forward(float *out, const float *a, const float *b, int64_t N) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void cpu_bias_forward(float *out, const float *bias, int64_t N, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) out[i * OC + o] += bias[o];
+}
+
+void cpu_encoder_shard_forward(float *out, const int32_t *inp, const float *wte, int64_t N, int C,
+                               int row_start, int rows) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        int64_t row = (int64_t)inp[i] - row_start;
+        float *o = out + i * C;
+        if (row >= 0 && row < rows) {
+            memcpy(o, wte + row * C, (size_t)C * sizeof(float));
+        } else {
+            memset(o, 0, (size_t)C * sizeof(float));
+        }
+    }
+}
+
+void cpu_encoder_shard_backward(float *dwte, const float *dout, const int32_t *inp, int64_t N,
+                                int C, int row_start, int rows) {
+    /* rows may repeat (the same token twice): serial, like encoder_backward's scatter */
+    for (int64_t i = 0; i < N; i++) {
+        int64_t row = (int64_t)inp[i] - row_start;
+        if (row < 0 || row >= rows) continue;
+        float *dw = dwte + row * C;
+        const float *d = dout + i * C;
+        for (int c = 0; c < C; c++) dw[c] += d[c];
+    }
+}
+
+void cpu_position_forward(float *out, const float *wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *pos = wpe + (bt % T) * C;
+        float *o = out + bt * C;
+        for (int c = 0; c < C; c++) o[c] += pos[c];
+    }
+}
+
+void cpu_position_backward(float *dwpe, const float *dout, int B, int T, int C) {
+    /* parallel over t; each position sums its batch rows in order b = 0, 1, ... */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *dp = dwpe + (int64_t)t * C;
+        for (int b = 0; b < B; b++) {
+            const float *d = dout + ((int64_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) dp[c] += d[c];
+        }
+    }
+}
+
+void cpu_softmax_xent_shard_max(float *row_max, const float *logits, int64_t N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = logits + i * Vp;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        row_max[i] = mx;
+    }
+}
+
+void cpu_softmax_xent_shard_expsum(float *probs, float *sums, float *target_logits,
+                                   const float *logits, const float *row_max,
+                                   const int32_t *targets, int64_t N, int V, int Vp,
+                                   int vocab_start) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = logits + i * Vp;
+        float *p = probs + i * Vp;
+        float mx = row_max[i];
+        int64_t t = (int64_t)targets[i] - vocab_start;
+        /* read before the exponentials overwrite it (probs may alias logits); shifted by the
+         * max like them, so that log(sum) - it is the loss */
+        target_logits[i] = t >= 0 && t < V ? x[t] - mx : 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < V; j++) {
+            p[j] = expf(x[j] - mx);
+            sum += p[j];
+        }
+        for (int j = V; j < Vp; j++) p[j] = 0.0f;
+        sums[i] = sum;
+    }
+}
+
+void cpu_softmax_xent_shard_forward(float *losses, float *probs, const float *sums,
+                                    const float *target_logits, const int32_t *targets, int64_t N,
+                                    int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float inv = 1.0f / sums[i];
+        float *p = probs + i * Vp;
+        for (int j = 0; j < V; j++) p[j] *= inv;
+        losses[i] = targets[i] >= 0 ? logf(sums[i]) - target_logits[i] : 0.0f;
+    }
+}
+
+void cpu_softmax_xent_shard_backward(float *dlogits, const float *probs, const int32_t *targets,
+                                     float dloss, int64_t N, int V, int Vp, int vocab_start) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *p = probs + i * Vp;
+        float *d = dlogits + i * Vp;
+        if (targets[i] < 0) {
+            memset(d, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < V; j++) d[j] = dloss * p[j];
+        for (int j = V; j < Vp; j++) d[j] = 0.0f;
+        int64_t t = (int64_t)targets[i] - vocab_start;
+        if (t >= 0 && t < V) d[t] -= dloss;
+    }
 }
 
 void cpu_softmax_xent_forward(float *losses, float *probs, const float *logits,

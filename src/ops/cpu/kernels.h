@@ -26,6 +26,23 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
 void cpu_gelu_forward(float *out, const float *inp, int64_t N);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N);
 void cpu_residual_forward(float *out, const float *a, const float *b, int64_t N);
+void cpu_bias_forward(float *out, const float *bias, int64_t N, int OC);
+void cpu_encoder_shard_forward(float *out, const int32_t *inp, const float *wte, int64_t N, int C,
+                               int row_start, int rows);
+void cpu_encoder_shard_backward(float *dwte, const float *dout, const int32_t *inp, int64_t N,
+                                int C, int row_start, int rows);
+void cpu_position_forward(float *out, const float *wpe, int B, int T, int C);
+void cpu_position_backward(float *dwpe, const float *dout, int B, int T, int C);
+void cpu_softmax_xent_shard_max(float *row_max, const float *logits, int64_t N, int V, int Vp);
+void cpu_softmax_xent_shard_expsum(float *probs, float *sums, float *target_logits,
+                                   const float *logits, const float *row_max,
+                                   const int32_t *targets, int64_t N, int V, int Vp,
+                                   int vocab_start);
+void cpu_softmax_xent_shard_forward(float *losses, float *probs, const float *sums,
+                                    const float *target_logits, const int32_t *targets, int64_t N,
+                                    int V, int Vp);
+void cpu_softmax_xent_shard_backward(float *dlogits, const float *probs, const int32_t *targets,
+                                     float dloss, int64_t N, int V, int Vp, int vocab_start);
 void cpu_softmax_xent_forward(float *losses, float *probs, const float *logits,
                               const int32_t *targets, int64_t N, int V, int Vp);
 void cpu_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,

@@ -4,6 +4,8 @@
  */
 #include "ops/cpu/reference.h"
 
+#include "loom/base.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -129,7 +131,7 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
     double *dp = malloc((size_t)T * sizeof(double));
-    if (!dp) abort();
+    if (!dp) loom_fatal("ref_attention_backward: cannot allocate %d doubles", T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
@@ -184,6 +186,87 @@ void ref_gelu_backward(double *dinp, const double *inp, const double *dout, int6
 
 void ref_residual_forward(double *out, const double *a, const double *b, int64_t N) {
     for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void ref_bias_forward(double *out, const double *bias, int64_t N, int OC) {
+    for (int64_t i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) out[i * OC + o] += bias[o];
+}
+
+void ref_encoder_shard_forward(double *out, const int32_t *inp, const double *wte, int64_t N, int C,
+                               int row_start, int rows) {
+    for (int64_t i = 0; i < N; i++) {
+        int64_t row = (int64_t)inp[i] - row_start;
+        int held = row >= 0 && row < rows;
+        for (int c = 0; c < C; c++) out[i * C + c] = held ? wte[row * C + c] : 0.0;
+    }
+}
+
+void ref_encoder_shard_backward(double *dwte, const double *dout, const int32_t *inp, int64_t N,
+                                int C, int row_start, int rows) {
+    for (int64_t i = 0; i < N; i++) {
+        int64_t row = (int64_t)inp[i] - row_start;
+        if (row < 0 || row >= rows) continue;
+        for (int c = 0; c < C; c++) dwte[row * C + c] += dout[i * C + c];
+    }
+}
+
+void ref_position_forward(double *out, const double *wpe, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                out[((int64_t)b * T + t) * C + c] += wpe[(int64_t)t * C + c];
+}
+
+void ref_position_backward(double *dwpe, const double *dout, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                dwpe[(int64_t)t * C + c] += dout[((int64_t)b * T + t) * C + c];
+}
+
+void ref_softmax_xent_shard_max(double *row_max, const double *logits, int64_t N, int V, int Vp) {
+    for (int64_t i = 0; i < N; i++) {
+        row_max[i] = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (logits[i * Vp + j] > row_max[i]) row_max[i] = logits[i * Vp + j];
+    }
+}
+
+void ref_softmax_xent_shard_expsum(double *probs, double *sums, double *target_logits,
+                                   const double *logits, const double *row_max,
+                                   const int32_t *targets, int64_t N, int V, int Vp,
+                                   int vocab_start) {
+    for (int64_t i = 0; i < N; i++) {
+        int64_t t = (int64_t)targets[i] - vocab_start;
+        target_logits[i] = t >= 0 && t < V ? logits[i * Vp + t] - row_max[i] : 0.0;
+        sums[i] = 0.0;
+        for (int j = 0; j < Vp; j++) {
+            probs[i * Vp + j] = j < V ? exp(logits[i * Vp + j] - row_max[i]) : 0.0;
+            sums[i] += probs[i * Vp + j];
+        }
+    }
+}
+
+void ref_softmax_xent_shard_forward(double *losses, double *probs, const double *sums,
+                                    const double *target_logits, const int32_t *targets, int64_t N,
+                                    int V, int Vp) {
+    for (int64_t i = 0; i < N; i++) {
+        for (int j = 0; j < V; j++) probs[i * Vp + j] /= sums[i];
+        losses[i] = targets[i] >= 0 ? log(sums[i]) - target_logits[i] : 0.0;
+    }
+}
+
+void ref_softmax_xent_shard_backward(double *dlogits, const double *probs, const int32_t *targets,
+                                     double dloss, int64_t N, int V, int Vp, int vocab_start) {
+    for (int64_t i = 0; i < N; i++)
+        for (int j = 0; j < Vp; j++) {
+            double d = 0.0;
+            if (targets[i] >= 0 && j < V) {
+                d = dloss * (probs[i * Vp + j] - (j + (int64_t)vocab_start == targets[i]));
+            }
+            dlogits[i * Vp + j] = d;
+        }
 }
 
 void ref_softmax_xent_forward(double *losses, double *probs, const double *logits,

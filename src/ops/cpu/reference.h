@@ -28,6 +28,23 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
 void ref_gelu_forward(double *out, const double *inp, int64_t N);
 void ref_gelu_backward(double *dinp, const double *inp, const double *dout, int64_t N);
 void ref_residual_forward(double *out, const double *a, const double *b, int64_t N);
+void ref_bias_forward(double *out, const double *bias, int64_t N, int OC);
+void ref_encoder_shard_forward(double *out, const int32_t *inp, const double *wte, int64_t N, int C,
+                               int row_start, int rows);
+void ref_encoder_shard_backward(double *dwte, const double *dout, const int32_t *inp, int64_t N,
+                                int C, int row_start, int rows);
+void ref_position_forward(double *out, const double *wpe, int B, int T, int C);
+void ref_position_backward(double *dwpe, const double *dout, int B, int T, int C);
+void ref_softmax_xent_shard_max(double *row_max, const double *logits, int64_t N, int V, int Vp);
+void ref_softmax_xent_shard_expsum(double *probs, double *sums, double *target_logits,
+                                   const double *logits, const double *row_max,
+                                   const int32_t *targets, int64_t N, int V, int Vp,
+                                   int vocab_start);
+void ref_softmax_xent_shard_forward(double *losses, double *probs, const double *sums,
+                                    const double *target_logits, const int32_t *targets, int64_t N,
+                                    int V, int Vp);
+void ref_softmax_xent_shard_backward(double *dlogits, const double *probs, const int32_t *targets,
+                                     double dloss, int64_t N, int V, int Vp, int vocab_start);
 void ref_softmax_xent_forward(double *losses, double *probs, const double *logits,
                               const int32_t *targets, int64_t N, int V, int Vp);
 void ref_softmax_xent_backward(double *dlogits, const double *probs, const int32_t *targets,
