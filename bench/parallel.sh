@@ -25,7 +25,7 @@ run() { # name, command...
 tokens() { sed -n 's/.*| *\([0-9.]*\) tok\/s.*/\1/p' "$out/$1.txt"; }
 
 run single "$LOOM" bench "${common[@]}" --threads 2
-run dp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --data-parallel 2
+run dp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --data-parallel 2 --no-zero1
 run dp2_zero1 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --data-parallel 2 --zero1
 run pp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --pipeline-parallel 2
 run tp2 mpirun -np 2 "$LOOM" bench "${common[@]}" --threads 1 --tensor-parallel 2

@@ -73,13 +73,18 @@ compare_run() {
     fi
 }
 
-run dp2 2
+# plain data parallelism (--no-zero1): bucketed allreduces during backward
+run dp2 2 --no-zero1
 compare_run dp2
-run dp4 4
+run dp4 4 --no-zero1
 compare_run dp4
+# ZeRO-1 is the default for dp > 1
+run dp2_default 2
+compare_run dp2_default
+if grep -q "data parallel 2 with ZeRO-1" dp2_default.log; then ok; else fail "ZeRO-1 is not the default"; fi
 run dp2_zero1 2 --zero1
 compare_run dp2_zero1
-run dp2_accum 2 --micro-batch-size 1 --bucket-mb 0.001
+run dp2_accum 2 --no-zero1 --micro-batch-size 1 --bucket-mb 0.001
 compare_run dp2_accum
 run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
 compare_run dp4_zero1_accum
@@ -100,7 +105,7 @@ fi
 # tensor parallelism, alone and with data parallelism
 run tp2 2 --tensor-parallel 2
 compare_run tp2
-run tp2_dp2 4 --tensor-parallel 2 --data-parallel 2
+run tp2_dp2 4 --tensor-parallel 2 --data-parallel 2 --no-zero1
 compare_run tp2_dp2
 run tp2_dp2_zero1 4 --tensor-parallel 2 --data-parallel 2 --zero1 --micro-batch-size 1
 compare_run tp2_dp2_zero1
@@ -137,7 +142,7 @@ run pp2_gpipe 2 --pipeline-parallel 2 --schedule gpipe
 compare_run pp2_gpipe
 run pp2_mb8 2 --pipeline-parallel 2 --micro-batch-size 1
 compare_run pp2_mb8
-run pp2_dp2 4 --pipeline-parallel 2 --data-parallel 2
+run pp2_dp2 4 --pipeline-parallel 2 --data-parallel 2 --no-zero1
 compare_run pp2_dp2
 run pp2_tp2 4 --pipeline-parallel 2 --tensor-parallel 2
 compare_run pp2_tp2

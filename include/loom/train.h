@@ -59,7 +59,7 @@ typedef struct {
     int recompute;          /* every stage keeps only its inputs; backward recomputes */
     /* how the layout runs (not part of a plan) */
     double bucket_mb;    /* DP allreduce bucket size */
-    int zero1;           /* shard AdamW state across DP ranks */
+    int zero1, no_zero1; /* shard AdamW state across DP ranks (default), or not */
     double comm_timeout; /* seconds before a silent peer ends the job */
 } loom_train_config;
 

@@ -74,7 +74,10 @@ static const cli_opt train_opts[] = {
          "pipeline stages keep only their inputs and recompute activations in backward"),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
-    TOPT("--zero1", OPT_FLAG, zero1, "shard the AdamW state across data-parallel ranks"),
+    TOPT("--zero1", OPT_FLAG, zero1,
+         "shard the AdamW state across data-parallel ranks (the default when dp > 1)"),
+    TOPT("--no-zero1", OPT_FLAG, no_zero1,
+         "plain data parallelism: every replica updates every parameter"),
     TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
          "seconds without progress before the job is ended (0 = never)"),
 };

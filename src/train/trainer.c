@@ -148,7 +148,8 @@ static void print_setup(const trainer *t) {
     loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
               "global batch %d = micro %d x %d micro-batches x %d; threads per rank: %d; sgemm "
               "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
-              ranks, mesh->dp_size, t->cfg->zero1 && mesh->dp_size > 1 ? " with ZeRO-1" : "",
+              ranks, mesh->dp_size,
+              loom_grad_sync_range(t->sync).shard < t->model->num_params ? " with ZeRO-1" : "",
               mesh->tp_size, mesh->pp_size, mesh->pp_size > 1 ? ", schedule " : "",
               mesh->pp_size > 1 ? t->plan->schedule : "", t->plan->global_batch,
               t->plan->micro_batch, loom_plan_num_micro_batches(t->plan), mesh->dp_size,
@@ -172,7 +173,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
-    loom_grad_sync_opts opts = {cfg->zero1, cfg->bucket_mb * 1024 * 1024};
+    loom_grad_sync_opts opts = {cfg->zero1 && !cfg->no_zero1, cfg->bucket_mb * 1024 * 1024};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
@@ -266,9 +267,8 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     if (st != LOOM_OK) return st;
     double t0 = loom_trace_now_us();
     st = loom_grad_sync_finish(t->sync);
-    loom_trace_event(t->trace, LOOM_TRACE_DP, "gradient sync (wait)", "dp",
-                     t0, loom_trace_now_us() - t0,
-                     t->state.step + 1, -1);
+    loom_trace_event(t->trace, LOOM_TRACE_DP, "gradient sync (wait)", "dp", t0,
+                     loom_trace_now_us() - t0, t->state.step + 1, -1);
     return st;
 }
 
@@ -283,8 +283,8 @@ static loom_status apply_update(trainer *t, int64_t step, double lr, double grad
     int64_t update = step + 1 - t->state.skipped_total; /* AdamW's t counts applied updates */
     loom_adamw_step(&t->opt, t->model, loom_grad_sync_grads(t->sync), cfg, lr, update, grad_scale);
     loom_status st = loom_grad_sync_share_params(t->sync);
-    loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "optimizer", "compute",
-                     t0, loom_trace_now_us() - t0, step + 1, -1);
+    loom_trace_event(t->trace, LOOM_TRACE_COMPUTE, "optimizer", "compute", t0,
+                     loom_trace_now_us() - t0, step + 1, -1);
     return st;
 }
 
