@@ -495,7 +495,25 @@ static void test_refusals(void) {
     CHECK(loom_gpt_cost_block(&c, 8, 1, 1, &part) == LOOM_ERR_INPUT, "tp 8 does not divide 4");
 }
 
+/* A model this build cannot train (d_model 25600: its MLP weight has more elements than the BLAS
+ * interface's int) can still be costed, as the planner must for a trillion parameters:
+ * 12 L C^2 of the blocks alone is 1.007e12 at L 128, C 25600. */
+static void test_trillion(void) {
+    loom_gpt_config c = {2048, 50257, 0, 128, 160, 25600};
+    loom_gpt_config trainable = c;
+    CHECK(loom_gpt_config_check(&trainable, "t") == LOOM_ERR_INPUT, "too wide to train here");
+    loom_gpt_stage_spec spec = stage_spec(&c, 8, 0, 16, 1, 2048, 1, 0);
+    loom_gpt_stage_cost cost;
+    CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "1T stage cost: %s", loom_last_error());
+    int64_t C = 25600, L = 16;
+    double blocks = 12.0 * (double)L * (double)C * (double)C / 8.0; /* this TP rank's share */
+    CHECK(cost.param_bytes > 4.0 * blocks && cost.param_bytes < 4.0 * blocks * 1.1,
+          "1T stage parameters %lld bytes, about 4 x %.4g expected", (long long)cost.param_bytes,
+          blocks);
+}
+
 int main(void) {
+    test_trillion();
     test_params();
     test_activations();
     test_middle_stage();

@@ -54,6 +54,11 @@ loom_status loom_gpt_config_check_shape(loom_gpt_config *config, const char *sou
 /* The shape rules plus what this build can train (uint16 token ids, BLAS int sizes); `source`
  * names where the values came from, for the message. */
 loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
+/* Tensor parallelism of degree tp fits the model when tp divides the heads and the padded
+ * vocabulary (each rank takes heads/tp and Vp/tp rows): the one place the rule lives. Messages
+ * read "SOURCE: FIELD: expected a divisor of PREFIXheads ..." (prefix "model." for plans). */
+loom_status loom_gpt_check_tp(const loom_gpt_config *config, int tp, const char *source,
+                              const char *field, const char *prefix);
 /* Whether two configurations describe the same model (padding aside). */
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
 #define LOOM_GPT_DEFAULT_PRESET "small"

@@ -2,16 +2,17 @@
  * cost.c — the model's cost facts: FLOPs, bytes and tensor-parallel traffic of a block, the
  * embedding, the head and a whole pipeline stage, for one TP rank and one micro-batch.
  *
- * Parameter counts come from loom_gpt_layout_shard (the layout owns them). The GEMM list, the
- * allreduces and the activation buffers are read off gpt.c (block_forward, embed_forward,
- * xent_parallel_forward, the backward passes, acts_layout and loom_gpt_reserve_slots);
- * tests/test_cost.c holds them to the real allocation and tests/test_cost_tp.c to the traffic
- * a real tp=2 run counts, so a change there that is not made here fails a test.
+ * Parameter counts come from loom_gpt_layout_shard (the layout owns them); the list of
+ * activation buffers lives here (loom_gpt_act_floats) and gpt.c allocates from it. The GEMM list
+ * and the allreduces are read off gpt.c (block_forward, embed_forward, xent_parallel_forward,
+ * the backward passes); tests/test_cost.c holds them to a hand-written count and the real
+ * allocation, and tests/test_cost_tp.c to the traffic a real tp=2 run counts, so a change there
+ * that is not made here fails a test.
  *
  * Not here: time (the planner turns FLOPs and bytes into seconds with a cluster's numbers),
  * data or pipeline parallelism's own traffic, or the schedule's choice of in-flight counts.
  */
-#include "loom/model.h"
+#include "model/model_internal.h"
 
 #include <string.h>
 
@@ -28,15 +29,11 @@ static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B,
                                    cost_shape *s) {
     memset(s, 0, sizeof *s);
     s->config = *config;
-    loom_status st = loom_gpt_config_check(&s->config, "model cost");
+    /* the shape rules only: a model this build cannot train can still be costed */
+    loom_status st = loom_gpt_config_check_shape(&s->config, "model cost", "");
+    if (st == LOOM_OK) st = loom_gpt_check_tp(&s->config, tp, "model cost", "tp", "");
     if (st != LOOM_OK) return st;
     const loom_gpt_config *c = &s->config;
-    if (tp < 1 || c->num_heads % tp != 0 || c->padded_vocab_size % tp != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "model cost: tp: expected a divisor of the heads (%d) and of the padded "
-                         "vocabulary (%d), got %d",
-                         c->num_heads, c->padded_vocab_size, tp);
-    }
     if (B < 1) return loom_fail(LOOM_ERR_INPUT, "model cost: B: expected >= 1, got %d", B);
     if (T < 1 || T > c->max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT, "model cost: T: expected 1..%d (the context), got %d",
@@ -99,20 +96,23 @@ static int64_t sum(const int64_t *v, int n) {
     return total;
 }
 
-/* acts_layout rounds every buffer (all local layers of one kind together) up to 16 floats. */
-static int64_t round16(int64_t floats) {
-    return (floats + 15) / 16 * 16;
+void loom_gpt_act_floats(const loom_gpt_config *c, int64_t tp, int64_t layers, int has_head,
+                         int64_t B, int64_t T, int64_t out[LOOM_GPT_NUM_ACTS]) {
+    cost_shape s = {.config = *c, .tp = tp, .B = B, .T = T, .N = B * T, .C = c->channels};
+    s.Cl = s.C / tp, s.NHl = c->num_heads / tp, s.Vpl = c->padded_vocab_size / tp;
+    int64_t block[BLOCK_ACTS], head[HEAD_ACTS];
+    block_act_floats(&s, block);
+    head_act_floats(&s, head);
+    out[0] = s.N * s.C; /* encoded: the stage's input (or the embedding's output) */
+    for (int i = 0; i < BLOCK_ACTS; i++) out[1 + i] = layers * block[i];
+    for (int i = 0; i < HEAD_ACTS; i++) out[1 + BLOCK_ACTS + i] = has_head ? head[i] : 0;
 }
 
-/* Floats of one activation slot of a stage with `layers` blocks: every stage's slot has the
- * embedding output (its input) and the blocks; the head stage's also the head's buffers. */
+/* Floats of one activation slot of a stage with `layers` blocks, as allocated. */
 static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_head) {
-    int64_t block[BLOCK_ACTS], head[HEAD_ACTS];
-    block_act_floats(s, block);
-    head_act_floats(s, head);
-    int64_t total = round16(s->N * s->C); /* encoded */
-    for (int i = 0; i < BLOCK_ACTS; i++) total += round16(layers * block[i]);
-    for (int i = 0; i < HEAD_ACTS && has_head; i++) total += round16(head[i]);
+    int64_t f[LOOM_GPT_NUM_ACTS], total = 0;
+    loom_gpt_act_floats(&s->config, s->tp, layers, has_head, s->B, s->T, f);
+    for (int i = 0; i < LOOM_GPT_NUM_ACTS; i++) total += loom_gpt_act_round(f[i]);
     return total;
 }
 

@@ -8,7 +8,7 @@
  *
  * Not here: optimizer, clipping, data or files.
  */
-#include "loom/model.h"
+#include "model/model_internal.h"
 
 #include <limits.h>
 #include <math.h>
@@ -61,6 +61,25 @@ loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, i
     if (vocab) m->vocab_size = vocab;
     m->padded_vocab_size = 0;
     return loom_gpt_config_check_shape(m, source, "");
+}
+
+loom_status loom_gpt_check_tp(const loom_gpt_config *c, int tp, const char *source,
+                              const char *field, const char *prefix) {
+    if (tp < 1 || c->num_heads % tp != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %s: expected a divisor of %sheads %d (each rank takes heads/tp), "
+                         "got %d",
+                         source, field, prefix, c->num_heads, tp);
+    }
+    if (c->padded_vocab_size % tp != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %s: expected a divisor of the padded vocabulary %d (%svocab %d "
+                         "rounded up to a multiple of 128), got %d",
+                         source, field, c->padded_vocab_size, prefix, c->vocab_size, tp);
+    }
+    /* tp divides heads and heads divide d_model, so tp also divides d_model and 4*d_model (the
+     * MLP's hidden width): no separate rule is needed for them. */
+    return LOOM_OK;
 }
 
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b) {
@@ -253,12 +272,8 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
         return loom_fail(LOOM_ERR_INPUT, "model: bad tensor-parallel rank %d of %d", tp_rank,
                          tp_size);
     }
-    if (checked.num_heads % tp_size != 0 || checked.padded_vocab_size % tp_size != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "tensor parallel %d: expected a divisor of the heads (%d) and of the "
-                         "padded vocabulary (%d)",
-                         tp_size, checked.num_heads, checked.padded_vocab_size);
-    }
+    st = loom_gpt_check_tp(&checked, tp_size, "model", "tensor parallel", "");
+    if (st != LOOM_OK) return st;
     if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
         shard->first_layer >= shard->end_layer) {
         return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
@@ -408,46 +423,17 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
     }
 }
 
-#define NUM_ACTS 23
+#define NUM_ACTS LOOM_GPT_NUM_ACTS
 
 /* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). Every
  * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
  * has the head's buffers (lnf ... row_stats), the others have them at size 0. */
 static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
-    const loom_gpt_config *c = &m->config;
-    size_t tp = (size_t)m->tp_size;
-    size_t L = (size_t)m->num_local_layers, C = (size_t)c->channels;
-    size_t NHl = (size_t)c->num_heads / tp;
-    size_t Cl = C / tp, BT = (size_t)B * (size_t)T, Vpl = (size_t)c->padded_vocab_size / tp;
-    size_t head = m->has_head ? BT : 0; /* rows of the head's buffers */
-
-    size_t s[NUM_ACTS] = {BT * C,                                      /* encoded */
-                          L * BT * C,                                  /* ln1 */
-                          L * BT,                                      /* ln1_mean */
-                          L * BT,                                      /* ln1_rstd */
-                          L * BT * 3 * Cl,                             /* qkv */
-                          L * BT * Cl,                                 /* atty */
-                          L * (size_t)B * NHl * (size_t)T * (size_t)T, /* att */
-                          L * BT * C,                                  /* attproj */
-                          L * BT * C,                                  /* residual2 */
-                          L * BT * C,                                  /* ln2 */
-                          L * BT,                                      /* ln2_mean */
-                          L * BT,                                      /* ln2_rstd */
-                          L * BT * 4 * Cl,                             /* fch */
-                          L * BT * 4 * Cl,                             /* fch_gelu */
-                          L * BT * C,                                  /* fcproj */
-                          L * BT * C,                                  /* residual3 */
-                          head * C,                                    /* lnf */
-                          head,                                        /* lnf_mean */
-                          head,                                        /* lnf_rstd */
-                          head * Vpl,                                  /* probs */
-                          head,                                        /* losses */
-                          head,                                        /* row_max */
-                          2 * head};                                   /* row_stats */
+    int64_t floats[LOOM_GPT_NUM_ACTS];
+    loom_gpt_act_floats(&m->config, m->tp_size, m->num_local_layers, m->has_head, B, T, floats);
     size_t total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
-        /* round each buffer to 16 floats so every one starts 64-byte aligned */
-        sizes[i] = (s[i] + 15) / 16 * 16;
+        sizes[i] = (size_t)loom_gpt_act_round(floats[i]);
         total += sizes[i];
     }
     return total;

@@ -181,20 +181,8 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
             INT_MAX, p->dp, p->tp, p->pp, ranks);
     }
     const loom_gpt_config *m = &p->model;
-    if (m->num_heads % p->tp != 0) {
-        return loom_plan_fail_field(source, "mesh.tp",
-                                    "expected a divisor of model.heads %d (each rank takes "
-                                    "heads/tp), got %d",
-                                    m->num_heads, p->tp);
-    }
-    if (m->padded_vocab_size % p->tp != 0) {
-        return loom_plan_fail_field(source, "mesh.tp",
-                                    "expected a divisor of the padded vocabulary %d (model.vocab "
-                                    "%d rounded up to a multiple of 128), got %d",
-                                    m->padded_vocab_size, m->vocab_size, p->tp);
-    }
-    /* tp divides heads and heads divide d_model, so tp also divides d_model and 4*d_model (the
-     * MLP's hidden width): no separate rule is needed for them. */
+    loom_status st = loom_gpt_check_tp(m, p->tp, source, "mesh.tp", "model.");
+    if (st != LOOM_OK) return st;
     if (p->pp > m->num_layers) {
         return loom_plan_fail_field(source, "mesh.pp",
                                     "expected at most model.layers %d stages (one layer each at "
