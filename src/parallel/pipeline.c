@@ -60,7 +60,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         p->act_in = loom_alloc_aligned(btc * (size_t)p->in_flight * sizeof(float), "stage inputs");
         p->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
         p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->in_flight * sizeof(float), "sends");
-        p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof *p->send_req, "sends");
+        p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof(loom_comm_request *), "sends");
         if (!p->act_in || !p->grad_out || !p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
     }
     if (st != LOOM_OK) {
@@ -194,9 +194,8 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
             break;
         }
         loom_trace_event(p->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
-                         loom_pipe_op_name(act.op), compute ? "compute" : "pp",
-                         t0, loom_trace_now_us() - t0, step + 1,
-                         mb);
+                         loom_pipe_op_name(act.op), compute ? "compute" : "pp", t0,
+                         loom_trace_now_us() - t0, step + 1, mb);
     }
     loom_status sent = wait_sends(p);
     return st != LOOM_OK ? st : sent;

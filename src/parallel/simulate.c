@@ -281,7 +281,8 @@ static loom_status allocate(simulation *sim, loom_pipe_sim_result *out) {
     sim->pc = loom_calloc((size_t)p, sizeof *sim->pc, "pipeline simulation");
     sim->queued = loom_calloc((size_t)p, sizeof *sim->queued, "pipeline simulation");
     sim->ready = loom_calloc((size_t)p, sizeof *sim->ready, "pipeline simulation");
-    out->stage = loom_calloc((size_t)p, sizeof *out->stage, "pipeline simulation result");
+    out->stage =
+        loom_calloc((size_t)p, sizeof(loom_pipe_sim_action *), "pipeline simulation result");
     out->memory = loom_calloc(total, sizeof *out->memory, "pipeline simulation result");
     if (!sim->partner || !sim->order || !sim->latest_end || !sim->pc || !sim->queued ||
         !sim->ready || !out->stage || !out->memory) {

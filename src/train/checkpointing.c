@@ -233,8 +233,10 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
         m = dp_m, v = dp_v;
     }
     if (st == LOOM_OK && (mesh->tp_size > 1 || mesh->pp_size > 1)) {
-        const float *mine[3] = {model->params_memory, m, v};
-        if (mesh->dp_rank == 0) st = save_streamed(out, mesh, model, mine, state);
+        if (mesh->dp_rank == 0) {
+            const float *mine[3] = {model->params_memory, m, v};
+            st = save_streamed(out, mesh, model, mine, state);
+        }
     } else if (st == LOOM_OK && mesh->lead) {
         st = loom_checkpoint_save(out, model, m, v, state);
     }

@@ -49,7 +49,7 @@ loom_status loom_run_init_from(const char *path, loom_gpt *model);
 typedef struct loom_metrics loom_metrics;
 /* Opens OUT/metrics.jsonl: fresh, or (resume_step >= 0) keeping the records up to that step,
  * whose series the plot keeps too. */
-loom_status loom_metrics_open(loom_metrics **metrics, const char *out, int64_t resume_step);
+loom_status loom_metrics_open(loom_metrics **out, const char *dir, int64_t resume_step);
 void loom_metrics_close(loom_metrics *metrics);
 typedef struct {
     int64_t step;
