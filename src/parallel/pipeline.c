@@ -57,11 +57,18 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     }
     if (st == LOOM_OK && mesh->pp_size > 1) {
         size_t btc = (size_t)B * (size_t)T * (size_t)model->config.channels;
-        p->act_in = loom_alloc_aligned(btc * (size_t)p->in_flight * sizeof(float), "stage inputs");
-        p->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
+        /* the first stage receives no activations, the last no gradients */
+        if (!model->has_embedding) {
+            p->act_in = loom_alloc_aligned(btc * (size_t)p->in_flight * sizeof(float), "inputs");
+            if (!p->act_in) st = LOOM_ERR_NOMEM;
+        }
+        if (!model->has_head) {
+            p->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
+            if (!p->grad_out) st = LOOM_ERR_NOMEM;
+        }
         p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->in_flight * sizeof(float), "sends");
         p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof(loom_comm_request *), "sends");
-        if (!p->act_in || !p->grad_out || !p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
+        if (!p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
     }
     if (st != LOOM_OK) {
         loom_pipeline_free(p);
