@@ -292,6 +292,18 @@ bad "resume: truncated state.safetensors" \
     'state_truncated/.*state\.safetensors: .*(truncated|beyond)' \
     -- "${TRAIN[@]}" --steps 2 --resume state_truncated
 
+bad "boolean flag with a bad value" "--no-save: expected true, false, 1 or 0, got 'maybe'" \
+    -- "${TRAIN[@]}" --no-save=maybe
+echo '{"recompute": "sometimes"}' >bool_bad.json
+bad "boolean config key with a bad value" \
+    'bool_bad\.json: key "recompute": expected true, false, 1 or 0, got .sometimes.' \
+    -- "${TRAIN[@]}" --config bool_bad.json
+echo '{"lr": true}' >bool_lr.json
+bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a boolean' \
+    -- "${TRAIN[@]}" --config bool_lr.json
+bad "--progress unknown" 'progress: expected "auto", "on" or "off", got "sometimes"' \
+    -- "${TRAIN[@]}" --progress sometimes
+
 # ---- conflicting settings and the plan contract ---------------------------------------------
 
 bad "resume with init-from" '--resume and --init-from: expected one of them' \

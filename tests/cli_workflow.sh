@@ -219,5 +219,35 @@ run "init-from a safetensors file" train_c.log "$LOOM" train "${FLAGS[@]}" --ste
     --init-from run_a/checkpoints/step_00000006/model.safetensors --out run_c
 check "init-from says so" "$(grep -q 'initialised from' train_c.log || echo 'no such line')"
 
+# booleans spelled out: --no-save=false saves, --no-save=true does not
+run "--no-save=false" train_d.log "$LOOM" train "${FLAGS[@]}" --steps 1 --no-save=false --out run_d
+check "--no-save=false writes a checkpoint" "$([ -f run_d/checkpoints/latest ] || echo 'no checkpoint')"
+run "--no-save=1" train_e.log "$LOOM" train "${FLAGS[@]}" --steps 1 --no-save=1 --out run_e
+check "--no-save=1 writes none" "$([ ! -e run_e/checkpoints ] || echo 'a checkpoint was written')"
+echo '{"no_save": 0}' >no_save_0.json
+run "config no_save 0" train_f.log "$LOOM" train "${FLAGS[@]}" --steps 1 --config no_save_0.json \
+    --out run_f
+check "\"no_save\": 0 writes a checkpoint" "$([ -f run_f/checkpoints/latest ] || echo 'no checkpoint')"
+
+# one run per folder: a second run with the same --out is refused while the first runs
+"$LOOM" train "${FLAGS[@]}" --steps 100000 --save-every 0 --eval-every 0 --out run_busy \
+    >busy_first.log 2>&1 &
+first=$!
+for _ in $(seq 1 100); do grep -q "step " busy_first.log 2>/dev/null && break; sleep 0.1; done
+"$LOOM" train "${FLAGS[@]}" --steps 1 --out run_busy >busy_second.log 2>&1
+rc=$?
+kill "$first" 2>/dev/null
+wait "$first" 2>/dev/null
+check "a second run on a busy --out exits 2 naming the folder" \
+    "$([ $rc -eq 2 ] && grep -q 'run_busy: another run is writing to this folder' busy_second.log || echo "exit $rc: $(tail -1 busy_second.log)")"
+run "the folder is free again once the first run is gone" train_g.log "$LOOM" train "${FLAGS[@]}" \
+    --steps 1 --out run_busy
+
+# the progress bar is for terminals: --progress off never draws it, on always does
+run "--progress on" train_h.log "$LOOM" train "${FLAGS[@]}" --steps 2 --progress on --out run_h
+check "--progress on draws the bar" "$(grep -q 'ETA' train_h.log || echo 'no bar')"
+run "--progress auto into a file" train_i.log "$LOOM" train "${FLAGS[@]}" --steps 2 --out run_i
+check "--progress auto draws no bar into a file" "$(! grep -q 'ETA' train_i.log || echo 'a bar')"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

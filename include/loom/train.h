@@ -50,6 +50,7 @@ typedef struct {
     char init_from[LOOM_PATH_MAX]; /* llm.c .bin or .safetensors; "" = random init */
     char trace[LOOM_PATH_MAX];     /* Chrome trace-event JSON of the run ("" = none) */
     int no_save;                   /* no checkpoint at the end (benchmarks) */
+    char progress[16];             /* progress bar: "auto" (a terminal, no launcher), "on", "off" */
     /* the layout: a plan file, or the flags below (loom_plan_request: 0 / "" = default) */
     char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
     int data_parallel, tensor_parallel, pipeline_parallel;

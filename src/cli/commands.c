@@ -70,6 +70,8 @@ static const cli_opt train_opts[] = {
          "micro-batches per step and replica (0 = from the global batch, else the stages)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
+    TOPT("--progress", OPT_STRING, progress,
+         "progress bar: auto (a terminal, not under mpirun), on, off"),
     TOPT("--recompute", OPT_FLAG, recompute,
          "pipeline stages keep only their inputs and recompute activations in backward"),
     TOPT("--trace", OPT_STRING, trace,

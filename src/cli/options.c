@@ -88,11 +88,20 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
         snprintf(field, opt->size, "%s", text);
         return LOOM_OK;
     case OPT_FLAG:
-        *(int *)field = 1;
-        return LOOM_OK;
+        /* a boolean spelled out: --no-save=false, "no_save": 0 */
+        if (!strcmp(text, "true") || !strcmp(text, "1")) {
+            *(int *)field = 1;
+            return LOOM_OK;
+        }
+        if (!strcmp(text, "false") || !strcmp(text, "0")) {
+            *(int *)field = 0;
+            return LOOM_OK;
+        }
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected true, false, 1 or 0, got '%s'", source,
+                         text);
     }
     static const char *kinds[] = {"an integer", "an integer", "a non-negative integer",
-                                  "a number",   "a string",   "nothing"};
+                                  "a number",   "a string",   "true or false"};
     return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got '%s'", source, kinds[opt->type], text);
 }
 
@@ -132,8 +141,8 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
             if (!eq) i++;
             continue;
         }
-        if (opt->type == OPT_FLAG) {
-            *(int *)((char *)target + opt->offset) = 1;
+        if (opt->type == OPT_FLAG && !value) {
+            *(int *)((char *)target + opt->offset) = 1; /* --flag alone: true */
             continue;
         }
         if (!value) {
@@ -201,6 +210,10 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
         } else if (json_is_boolean(value) && opt->type == OPT_FLAG) {
             *(int *)((char *)target + opt->offset) = json_is_true(value);
             continue;
+        } else if (json_is_boolean(value)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got a boolean", source,
+                           opt->type == OPT_STRING ? "a string" : "a number");
+            break;
         } else {
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a string or a number", source);
             break;
@@ -209,7 +222,7 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a string", source);
             break;
         }
-        if (opt->type != OPT_STRING && json_is_string(value)) {
+        if (opt->type != OPT_STRING && opt->type != OPT_FLAG && json_is_string(value)) {
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a number, got a string", source);
             break;
         }

@@ -29,6 +29,7 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->save_every = 0;
     c->eval_every = 50;
     c->log_every = 10;
+    snprintf(c->progress, sizeof c->progress, "auto");
     c->eval_batches = 16;
     /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
     c->bucket_mb = 25.0;
@@ -124,6 +125,9 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",
             c->comm_timeout);
     REQUIRE(c->out[0] != '\0', "out", "expected an output folder");
+    REQUIRE(!strcmp(c->progress, "auto") || !strcmp(c->progress, "on") ||
+                !strcmp(c->progress, "off"),
+            "progress", "expected \"auto\", \"on\" or \"off\", got \"%s\"", c->progress);
 #undef REQUIRE
     return LOOM_OK;
 }

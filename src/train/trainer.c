@@ -14,10 +14,13 @@
 #include "loom/trace.h"
 #include "train/train_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 typedef struct {
@@ -42,6 +45,7 @@ typedef struct {
     int64_t first_step;
     double last_loss, last_val_loss;
     double *step_seconds; /* (steps run) for the medians */
+    int lock_fd;          /* the lead's lock on the run folder (-1: none) */
     int64_t timed;
 } trainer;
 
@@ -60,6 +64,25 @@ static void trainer_free(trainer *t) {
     free(t->targets);
     loom_metrics_close(t->metrics);
     free(t->step_seconds);
+    if (t->lock_fd >= 0) close(t->lock_fd); /* releases the lock */
+}
+
+/* One run per folder: two runs with the same --out would interleave their checkpoints and
+ * metrics. The lock is the kernel's (flock), so it goes away with the process, however it
+ * ends. */
+static loom_status lock_run_folder(trainer *t) {
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/.lock", t->cfg->out);
+    t->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (t->lock_fd < 0)
+        return loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--out %s: another run is writing to this folder (it holds %s); wait "
+                         "for it or choose another --out",
+                         t->cfg->out, path);
+    }
+    return LOOM_OK;
 }
 
 /* The plan's model, this build's limits, and a resumed checkpoint's agreement with the plan. */
@@ -194,12 +217,16 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     t->flops_per_token = loom_gpt_flops_per_token(&t->plan->model, cfg->seq_len);
     if (!t->mesh.lead) return LOOM_OK;
     if ((st = loom_mkdir_p(cfg->out)) != LOOM_OK) return st;
+    if ((st = lock_run_folder(t)) != LOOM_OK) return st;
     st = loom_metrics_open(&t->metrics, cfg->out, resume_dir[0] ? t->state.step : -1);
     if (st != LOOM_OK) return st;
     /* every rank is assumed as fast as this one: the job's peak is world size x this */
     int ranks = world ? loom_comm_size(world) : 1;
     t->peak_gflops = loom_ops_sgemm_peak_gflops(1024, 3) * ranks;
-    t->progress_bar = isatty(STDOUT_FILENO);
+    /* under a launcher stdout is often a pseudo-terminal even when mpirun's output goes to a
+     * file: "auto" draws the bar only for one process on a terminal */
+    t->progress_bar = !strcmp(cfg->progress, "on") ||
+                      (!strcmp(cfg->progress, "auto") && !world && isatty(STDOUT_FILENO));
     print_setup(t);
     return LOOM_OK;
 }
@@ -397,7 +424,7 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
     if (st != LOOM_OK) return st;
     trainer t;
     memset(&t, 0, sizeof t);
-    t.cfg = cfg, t.plan = plan, t.last_val_loss = NAN;
+    t.cfg = cfg, t.plan = plan, t.last_val_loss = NAN, t.lock_fd = -1;
     st = trainer_setup(&t, world);
     int multi = world && loom_comm_size(world) > 1;
     if (multi) st = agree_on_setup(world, st);
