@@ -119,6 +119,32 @@ cp -r run_ok latest_escapes && echo ../../etc >latest_escapes/checkpoints/latest
 cp -r run_ok state_truncated &&
     truncate -s -4 state_truncated/checkpoints/step_00000001/state.safetensors
 
+# training state whose metadata says something impossible (python rewrites the header)
+edit_state() { # RUN_FOLDER KEY VALUE ("-" deletes the key)
+    cp -r run_ok "$1"
+    python3 - "$1/checkpoints/step_00000001/state.safetensors" "$2" "$3" <<'PY'
+import json, struct, sys
+path, key, value = sys.argv[1:]
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+meta = header["__metadata__"]
+if value == "-":
+    meta.pop(key, None)
+else:
+    meta[key] = value
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+}
+edit_state state_step_huge step 9223372036854775808
+edit_state state_skipped_huge skipped_total 18446744073709551615
+edit_state state_no_format format -
+edit_state state_other_format format loom.train_state.v9
+edit_state state_step_mismatch step 7
+edit_state state_bad_steps bad_steps 1
+
 TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
 
 # ---- help ----------------------------------------------------------------------------------
@@ -346,6 +372,24 @@ good "a plan's predictions are printed beside the measurements" \
 good "plan file with the flags it does not hold" 'step +1/1' \
     -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --seq-len 16 --steps 1 \
     --eval-every 0 --no-save --out run_p
+
+# ---- training state that cannot be right ----------------------------------------------------
+
+bad "resume: step beyond int64" \
+    "state_step_huge/.*state\\.safetensors: metadata 'step': expected at most 9223372036854775807" \
+    -- "${TRAIN[@]}" --steps 2 --resume state_step_huge
+bad "resume: skipped_total beyond int64" "metadata 'skipped_total': expected at most" \
+    -- "${TRAIN[@]}" --steps 2 --resume state_skipped_huge
+bad "resume: no format tag" "metadata 'format': expected \"loom\.train_state\.v1\", got none" \
+    -- "${TRAIN[@]}" --steps 2 --resume state_no_format
+bad "resume: another format" "metadata 'format': expected \"loom\.train_state\.v1\", got \"loom\.train_state\.v9\"" \
+    -- "${TRAIN[@]}" --steps 2 --resume state_other_format
+bad "resume: step differs from the folder's name" \
+    "metadata 'step': expected 1 \\(the folder's name\\), got 7" \
+    -- "${TRAIN[@]}" --steps 9 --resume state_step_mismatch
+bad "resume: more bad steps than skipped ones" \
+    'expected bad_steps <= skipped_total <= step, got bad_steps 1, skipped_total 0, step 1' \
+    -- "${TRAIN[@]}" --steps 2 --resume state_bad_steps
 
 # ---- sample and eval flags -----------------------------------------------------------------
 

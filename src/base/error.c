@@ -29,10 +29,14 @@ const char *loom_strerror(loom_status status) {
 }
 
 loom_status loom_fail(loom_status status, const char *fmt, ...) {
+    /* formatted aside first: an argument may be loom_last_error() itself (a message that wraps
+     * another), which vsnprintf must not read while it writes the same buffer */
+    char formatted[sizeof error_message];
     va_list args;
     va_start(args, fmt);
-    vsnprintf(error_message, sizeof error_message, fmt, args);
+    vsnprintf(formatted, sizeof formatted, fmt, args);
     va_end(args);
+    memcpy(error_message, formatted, sizeof formatted);
     return status;
 }
 

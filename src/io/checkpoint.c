@@ -301,8 +301,11 @@ loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model) {
 }
 
 #define STATE_FIELDS 6
+#define STATE_FORMAT "loom.train_state.v1"
 static const char *state_keys[STATE_FIELDS] = {"step",      "data_epoch", "data_index",
                                                "rng_state", "bad_steps",  "skipped_total"};
+/* the counters kept as int64_t in loom_ckpt_state */
+static const int state_signed[STATE_FIELDS] = {1, 0, 0, 0, 1, 1};
 
 /* Model file, state file, then the pointer: the shared body of both save functions. */
 static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
@@ -333,7 +336,7 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
         meta[2 * i + 1] = values[i];
     }
     meta[2 * STATE_FIELDS] = "format";
-    meta[2 * STATE_FIELDS + 1] = "loom.train_state.v1";
+    meta[2 * STATE_FIELDS + 1] = STATE_FORMAT;
     const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/state.safetensors", dir);
     status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, STATE_FIELDS + 1,
@@ -438,11 +441,38 @@ static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, f
     status = loom_safetensors_open(&st, path);
     if (status != LOOM_OK) return status;
     uint64_t raw[STATE_FIELDS];
+    const char *format = loom_safetensors_metadata(st, "format");
+    if (!format || strcmp(format, STATE_FORMAT) != 0) {
+        status = loom_fail(LOOM_ERR_INPUT, "%s: metadata 'format': expected \"%s\", got %s%s%s",
+                           path, STATE_FORMAT, format ? "\"" : "", format ? format : "none",
+                           format ? "\"" : "");
+    }
     for (int i = 0; i < STATE_FIELDS && status == LOOM_OK; i++) {
         if (parse_u64(loom_safetensors_metadata(st, state_keys[i]), &raw[i]) != LOOM_OK) {
             status = loom_fail(LOOM_ERR_INPUT, "%s: metadata '%s': expected a non-negative integer",
                                path, state_keys[i]);
+        } else if (state_signed[i] && raw[i] > (uint64_t)INT64_MAX) {
+            status = loom_fail(LOOM_ERR_INPUT,
+                               "%s: metadata '%s': expected at most %" PRId64 ", got %" PRIu64,
+                               path, state_keys[i], INT64_MAX, raw[i]);
         }
+    }
+    if (status == LOOM_OK && (raw[4] > raw[0] || raw[5] > raw[0] || raw[4] > raw[5])) {
+        status = loom_fail(LOOM_ERR_INPUT,
+                           "%s: metadata: expected bad_steps <= skipped_total <= step, got "
+                           "bad_steps %" PRIu64 ", skipped_total %" PRIu64 ", step %" PRIu64,
+                           path, raw[4], raw[5], raw[0]);
+    }
+    /* the folder's name says which step it holds: the two must agree */
+    const char *folder = strrchr(dir, '/');
+    folder = folder ? folder + 1 : dir;
+    uint64_t named;
+    if (status == LOOM_OK && strncmp(folder, "step_", 5) == 0 &&
+        parse_u64(folder + 5, &named) == LOOM_OK && named != raw[0]) {
+        status = loom_fail(LOOM_ERR_INPUT,
+                           "%s: metadata 'step': expected %" PRIu64 " (the folder's name), got "
+                           "%" PRIu64,
+                           path, named, raw[0]);
     }
     if (status == LOOM_OK) status = read_tensors_take(st, path, model, "exp_avg.", m, take, ctx, 1);
     if (status == LOOM_OK) {
