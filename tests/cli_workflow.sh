@@ -249,5 +249,45 @@ check "--progress on draws the bar" "$(grep -q 'ETA' train_h.log || echo 'no bar
 run "--progress auto into a file" train_i.log "$LOOM" train "${FLAGS[@]}" --steps 2 --out run_i
 check "--progress auto draws no bar into a file" "$(! grep -q 'ETA' train_i.log || echo 'a bar')"
 
+# SIGTERM (a preempted job) finishes the step, saves a checkpoint and exits 0; --resume goes on
+"$LOOM" train "${FLAGS[@]}" --steps 100000 --save-every 0 --eval-every 0 --log-every 1 \
+    --out run_term >term.log 2>&1 &
+job=$!
+for _ in $(seq 1 100); do grep -q "step  *2/" term.log 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$job"
+wait "$job"
+rc=$?
+check "SIGTERM: exit 0 after saving" "$([ $rc -eq 0 ] && grep -q 'stopping after step .*stop signal' term.log &&
+    [ -f run_term/checkpoints/latest ] || echo "exit $rc: $(tail -2 term.log)")"
+saved=$(sed 's/step_0*//' run_term/checkpoints/latest 2>/dev/null)
+run "resume after SIGTERM" term_resume.log "$LOOM" train "${FLAGS[@]}" --steps $((saved + 2)) \
+    --resume run_term --out run_term
+check "resume after SIGTERM goes on from the saved step" \
+    "$(grep -q "resumed from .* at step $saved" term_resume.log || echo "$(grep -m1 resumed term_resume.log)")"
+
+# a wall-clock budget: the same clean stop
+run "--exit-after-minutes" budget.log "$LOOM" train "${FLAGS[@]}" --steps 100000 --save-every 0 \
+    --eval-every 0 --exit-after-minutes 0.01 --out run_budget
+check "--exit-after-minutes stops and saves" "$(grep -q 'stopping after step .*time budget' budget.log &&
+    [ -f run_budget/checkpoints/latest ] || echo "$(tail -1 budget.log)")"
+
+# --keep-last 2 keeps the newest two checkpoints
+run "--keep-last 2" keep.log "$LOOM" train "${FLAGS[@]}" --steps 5 --save-every 1 --keep-last 2 \
+    --out run_keep
+check "--keep-last 2 leaves two step folders, the newest" \
+    "$(ls run_keep/checkpoints | tr '\n' ' ' | grep -qx 'latest step_00000004 step_00000005 ' ||
+        echo "left: $(ls run_keep/checkpoints | tr '\n' ' ')")"
+
+# what a killed save leaves (a temporary file, an empty step folder) is cleaned up on the next start
+cp -r run_keep run_dirty
+head -c 1000 /dev/zero >run_dirty/checkpoints/step_00000005/model.safetensors.tmp.12345
+mkdir run_dirty/checkpoints/step_00000006
+run "start over a killed save's leftovers" dirty.log "$LOOM" train "${FLAGS[@]}" --steps 6 \
+    --resume run_dirty --out run_dirty
+check "leftovers of a killed save removed, with a warning" \
+    "$([ ! -e run_dirty/checkpoints/step_00000005/model.safetensors.tmp.12345 ] &&
+        [ -f run_dirty/checkpoints/step_00000006/state.safetensors ] &&
+        grep -q 'left by an interrupted save' dirty.log* || echo 'not cleaned')"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -285,6 +285,27 @@ else
     fail "plan with compression: exit $code: $(grep -m1 error compressed.log)"
 fi
 
+# SIGTERM reaching one rank (as a scheduler's preemption does) stops every rank after the same
+# step: they save one checkpoint together and exit 0, and the run resumes from it
+mpirun -np 2 "$LOOM" train "${common[@]}" --steps 100000 --eval-every 0 --log-every 1 \
+    --pipeline-parallel 2 --out sigterm >sigterm.log 2>&1 &
+job=$!
+for _ in $(seq 1 200); do grep -q "step  *3/" sigterm.log 2>/dev/null && break; sleep 0.1; done
+victim=$(pgrep -P $job -x loom | sed -n 2p)
+[ -n "$victim" ] && kill -TERM "$victim"
+timeout 60 tail --pid=$job -f /dev/null
+wait $job
+code=$?
+if [ -n "$victim" ] && [ "$code" -eq 0 ] && grep -q "stopping after step" sigterm.log &&
+    [ -f sigterm/checkpoints/latest ]; then ok; else
+    fail "SIGTERM to rank 1: exit $code, victim '$victim': $(grep -m2 -iE 'error|stopping' sigterm.log)"
+fi
+saved=$(sed 's/step_0*//' sigterm/checkpoints/latest 2>/dev/null)
+if timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --steps $((saved + 1)) --eval-every 0 \
+    --pipeline-parallel 2 --resume sigterm --out sigterm >sigterm_resume.log 2>&1; then ok; else
+    fail "resume after SIGTERM: $(grep -m1 error sigterm_resume.log)"
+fi
+
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?

@@ -50,6 +50,8 @@ typedef struct {
     char init_from[LOOM_PATH_MAX]; /* llm.c .bin or .safetensors; "" = random init */
     char trace[LOOM_PATH_MAX];     /* Chrome trace-event JSON of the run ("" = none) */
     int no_save;                   /* no checkpoint at the end (benchmarks) */
+    int keep_last;                 /* keep the newest N checkpoints (0: all) */
+    double exit_after_minutes;     /* save and stop after this much wall-clock time (0: never) */
     char progress[16];             /* progress bar: "auto" (a terminal, no launcher), "on", "off" */
     /* the layout: a plan file, or the flags below (loom_plan_request: 0 / "" = default) */
     char plan[LOOM_PATH_MAX]; /* "" = from the flags below */

@@ -70,6 +70,10 @@ static const cli_opt train_opts[] = {
          "micro-batches per step and replica (0 = from the global batch, else the stages)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
+    TOPT("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (0 = all)"),
+    TOPT("--exit-after-minutes", OPT_DOUBLE, exit_after_minutes,
+         "save a checkpoint and stop after this many minutes (0 = no limit); SIGTERM and "
+         "SIGINT do the same at once"),
     TOPT("--progress", OPT_STRING, progress,
          "progress bar: auto (a terminal, not under mpirun), on, off"),
     TOPT("--recompute", OPT_FLAG, recompute,

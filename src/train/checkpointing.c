@@ -10,7 +10,13 @@
  * this rank's part; so does --init-from from any model file. No rank holds more than its shard
  * plus one slice.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "train/train_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -245,4 +251,149 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
     }
     loom_free_aligned(dp_m), loom_free_aligned(dp_v);
     return st;
+}
+
+/* ---- housekeeping of OUT/checkpoints ------------------------------------------------------- */
+
+/* step_NNNNNNNN: its number, or -1 for any other name. */
+static int64_t step_of(const char *name) {
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) return -1;
+    int64_t step = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || step > INT64_MAX / 10 - 9) return -1;
+        step = step * 10 + (*p - '0');
+    }
+    return step;
+}
+
+/* The step "latest" names, or -1. */
+static int64_t latest_step(const char *checkpoints) {
+    char path[LOOM_PATH_MAX + 64], *text = NULL;
+    size_t size;
+    snprintf(path, sizeof path, "%s/latest", checkpoints);
+    if (access(path, F_OK) != 0 || loom_read_file(path, &text, &size) != LOOM_OK) return -1;
+    text[strcspn(text, "\n")] = '\0';
+    int64_t step = step_of(text);
+    free(text);
+    return step;
+}
+
+/* Removes a step folder and the files in it (a checkpoint has no subfolders). */
+static loom_status remove_step(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return loom_fail(LOOM_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
+    struct dirent *e;
+    loom_status st = LOOM_OK;
+    while ((e = readdir(d)) != NULL && st == LOOM_OK) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char path[LOOM_PATH_MAX + 600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0)
+            st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (st == LOOM_OK && rmdir(dir) != 0) {
+        st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", dir, strerror(errno));
+    }
+    return st;
+}
+
+typedef loom_status (*step_visit)(const char *checkpoints, const char *name, int64_t step,
+                                  void *ctx);
+
+/* Calls visit for every step folder of OUT/checkpoints (none when it does not exist). */
+static loom_status each_step(const char *out, step_visit visit, void *ctx) {
+    char checkpoints[LOOM_PATH_MAX + 32];
+    snprintf(checkpoints, sizeof checkpoints, "%s/checkpoints", out);
+    DIR *d = opendir(checkpoints);
+    if (!d) return LOOM_OK;
+    struct dirent *e;
+    loom_status st = LOOM_OK;
+    while ((e = readdir(d)) != NULL && st == LOOM_OK) {
+        int64_t step = step_of(e->d_name);
+        if (step >= 0) st = visit(checkpoints, e->d_name, step, ctx);
+    }
+    closedir(d);
+    return st;
+}
+
+typedef struct {
+    int64_t *steps;
+    size_t count, cap;
+} step_list;
+
+static loom_status collect(const char *checkpoints, const char *name, int64_t step, void *ctx) {
+    step_list *list = ctx;
+    if (list->count == list->cap) {
+        size_t cap = list->cap ? 2 * list->cap : 64;
+        int64_t *grown = realloc(list->steps, cap * sizeof *grown);
+        if (!grown)
+            return loom_fail(LOOM_ERR_NOMEM, "%s: out of memory listing %s", checkpoints, name);
+        list->steps = grown, list->cap = cap;
+    }
+    list->steps[list->count++] = step;
+    return LOOM_OK;
+}
+
+static int compare_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+loom_status loom_run_prune_checkpoints(const char *out, int keep) {
+    if (keep <= 0) return LOOM_OK;
+    step_list list = {0};
+    loom_status st = each_step(out, collect, &list);
+    char checkpoints[LOOM_PATH_MAX + 32];
+    snprintf(checkpoints, sizeof checkpoints, "%s/checkpoints", out);
+    int64_t latest = latest_step(checkpoints);
+    if (st == LOOM_OK && list.count > 0)
+        qsort(list.steps, list.count, sizeof *list.steps, compare_desc);
+    for (size_t i = (size_t)keep; st == LOOM_OK && i < list.count; i++) {
+        if (list.steps[i] == latest) continue; /* never the checkpoint a resume would read */
+        char dir[LOOM_PATH_MAX + 64];
+        snprintf(dir, sizeof dir, "%s/step_%08" PRId64, checkpoints, list.steps[i]);
+        st = remove_step(dir);
+    }
+    free(list.steps);
+    return st;
+}
+
+/* A killed save leaves FILE.tmp.PID files (tens of MB each) and perhaps an empty folder. */
+static loom_status clean_step(const char *checkpoints, const char *name, int64_t step, void *ctx) {
+    (void)step, (void)ctx;
+    char dir[LOOM_PATH_MAX + 600];
+    snprintf(dir, sizeof dir, "%s/%s", checkpoints, name);
+    DIR *d = opendir(dir);
+    if (!d) return LOOM_OK;
+    struct dirent *e;
+    int files = 0, model = 0, state = 0;
+    loom_status st = LOOM_OK;
+    while ((e = readdir(d)) != NULL && st == LOOM_OK) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char path[LOOM_PATH_MAX + 1200];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (strstr(e->d_name, ".tmp.")) {
+            loom_warn("removing %s, left by an interrupted save", path);
+            if (unlink(path) != 0)
+                st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+            continue;
+        }
+        files++;
+        model |= !strcmp(e->d_name, "model.safetensors");
+        state |= !strcmp(e->d_name, "state.safetensors");
+    }
+    closedir(d);
+    if (st == LOOM_OK && files == 0) {
+        loom_warn("removing %s: an empty checkpoint folder left by an interrupted save", dir);
+        if (rmdir(dir) != 0)
+            st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", dir, strerror(errno));
+    } else if (st == LOOM_OK && !(model && state)) {
+        loom_warn("%s is incomplete (an interrupted save); it is not the latest checkpoint", dir);
+    }
+    return st;
+}
+
+loom_status loom_run_clean_checkpoints(const char *out) {
+    return each_step(out, clean_step, NULL);
 }

@@ -125,6 +125,9 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",
             c->comm_timeout);
     REQUIRE(c->out[0] != '\0', "out", "expected an output folder");
+    REQUIRE(c->keep_last >= 0, "keep_last", "expected >= 0 (0 keeps all), got %d", c->keep_last);
+    REQUIRE(c->exit_after_minutes >= 0, "exit_after_minutes",
+            "expected minutes >= 0 (0 = no limit), got %g", c->exit_after_minutes);
     REQUIRE(!strcmp(c->progress, "auto") || !strcmp(c->progress, "on") ||
                 !strcmp(c->progress, "off"),
             "progress", "expected \"auto\", \"on\" or \"off\", got \"%s\"", c->progress);

@@ -40,6 +40,12 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
  * (its range), and the loop state. A sharded rank reads one slice at a time. */
 loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
                                      loom_adamw *opt, loom_ckpt_state *state);
+/* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),
+ * deleting the others; the lead calls it after a save. */
+loom_status loom_run_prune_checkpoints(const char *out, int keep);
+/* Before a run writes to OUT: removes what a killed save left (temporary files, empty step
+ * folders) and warns about step folders without both files (they are never "latest"). */
+loom_status loom_run_clean_checkpoints(const char *out);
 /* --init-from: fills this rank's part of the parameters from any model file. */
 loom_status loom_run_init_from(const char *path, loom_gpt *model);
 
@@ -70,6 +76,20 @@ loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
 loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
                                 loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
                                 int32_t *inputs, int32_t *targets, double *mean);
+
+/* ---- stopping early (stop.c) ---- */
+
+typedef struct {
+    double deadline; /* loom_now() past which the run stops; 0: no budget */
+    int installed;
+    const char *reason; /* why the ranks agreed to stop */
+} loom_stop;
+
+/* Catches SIGTERM and SIGINT (once) and starts the clock of a budget of `minutes` (0: none). */
+void loom_stop_install(loom_stop *stop, double minutes);
+void loom_stop_remove(loom_stop *stop);
+/* After a step, collectively: *stop when any rank got a signal or the budget is spent. */
+loom_status loom_stop_agree(loom_stop *stop, const loom_mesh *mesh, int *stop_now);
 
 /* ---- test hooks (trainer.c) ---- */
 

@@ -218,6 +218,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if (!t->mesh.lead) return LOOM_OK;
     if ((st = loom_mkdir_p(cfg->out)) != LOOM_OK) return st;
     if ((st = lock_run_folder(t)) != LOOM_OK) return st;
+    if ((st = loom_run_clean_checkpoints(cfg->out)) != LOOM_OK) return st;
     st = loom_metrics_open(&t->metrics, cfg->out, resume_dir[0] ? t->state.step : -1);
     if (st != LOOM_OK) return st;
     /* every rank is assumed as fast as this one: the job's peak is world size x this */
@@ -389,14 +390,19 @@ static loom_status evaluate(trainer *t) {
 
 static loom_status save(trainer *t) {
     clear_progress_line(t);
-    return loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
+    loom_status st = loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
+    if (st == LOOM_OK && t->mesh.lead)
+        st = loom_run_prune_checkpoints(t->cfg->out, t->cfg->keep_last);
+    return st;
 }
 
-static loom_status finish_run(trainer *t, loom_train_result *r) {
+/* The end of a run: a last validation (not when stopping early), the checkpoint, the replica
+ * check, the plot and the measurements. */
+static loom_status finish_run(trainer *t, loom_train_result *r, int stopped) {
     const loom_train_config *cfg = t->cfg;
     loom_status st = LOOM_OK;
     clear_progress_line(t);
-    if (t->val_loader && cfg->steps % cfg->eval_every != 0) st = evaluate(t);
+    if (t->val_loader && !stopped && cfg->steps % cfg->eval_every != 0) st = evaluate(t);
     if (st == LOOM_OK && !cfg->no_save) st = save(t);
     if (st == LOOM_OK && t->hooks.diverge && t->mesh.dp_rank == 1) t->model->params_memory[0] += 1;
     if (st == LOOM_OK) st = loom_grad_sync_check_replicas(t->sync);
@@ -438,18 +444,32 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
         loom_pipeline_set_trace(t.pipe, t.trace);
     }
     t.run_start = loom_now();
+    loom_stop stop;
+    loom_stop_install(&stop, cfg->exit_after_minutes);
+    int stopped = 0;
     for (int64_t step = t.state.step; st == LOOM_OK && step < cfg->steps; step++) {
         st = train_step(&t, step);
         int64_t done = step + 1;
         if (st == LOOM_OK && t.val_loader && done % cfg->eval_every == 0) st = evaluate(&t);
+        int stop_now = 0;
+        if (st == LOOM_OK) st = loom_stop_agree(&stop, &t.mesh, &stop_now);
+        if (st == LOOM_OK && stop_now && done < cfg->steps) {
+            stopped = 1;
+            clear_progress_line(&t);
+            loom_info("stopping after step %" PRId64 " of %" PRId64 ": %s; saving a checkpoint "
+                      "(continue with --resume %s)",
+                      done, cfg->steps, stop.reason, cfg->out);
+            break;
+        }
         if (st == LOOM_OK && cfg->save_every > 0 && done % cfg->save_every == 0 &&
             done != cfg->steps) {
             st = save(&t);
         }
         if (st == LOOM_OK && t.progress_bar) progress_bar(&t, done);
     }
+    loom_stop_remove(&stop);
     loom_train_result r = {0};
-    if (st == LOOM_OK && t.state.step > t.first_step) st = finish_run(&t, &r);
+    if (st == LOOM_OK && t.state.step > t.first_step) st = finish_run(&t, &r, stopped);
     if (st == LOOM_OK && t.trace) {
         st = loom_trace_write(t.trace, world, cfg->trace);
         if (st == LOOM_OK && t.mesh.lead) loom_info("trace: %s (open in Perfetto)", cfg->trace);
