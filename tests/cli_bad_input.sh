@@ -330,6 +330,18 @@ bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a 
 bad "--progress unknown" 'progress: expected "auto", "on" or "off", got "sometimes"' \
     -- "${TRAIN[@]}" --progress sometimes
 
+bad "--lr 1e308" 'lr: expected a number in \[0, 10\], got 1e\+308' -- "${TRAIN[@]}" --lr 1e308
+bad "--eps 5" 'eps: expected a number in \(0, 1\], got 5' -- "${TRAIN[@]}" --eps 5
+mkdir -p trace_dir
+bad "--trace is a folder" '--trace: trace_dir is a directory' -- "${TRAIN[@]}" --trace trace_dir
+bad "--trace in a missing folder" '--trace: nosuch/t\.json: expected a file in a writable folder' \
+    -- "${TRAIN[@]}" --trace nosuch/t.json
+both() { "$@" 2>&1; } # warnings go to stderr; good() reads stdout
+good "--eval-every without --val-data warns" 'no --val-data, so no validation runs' \
+    -- both "${TRAIN[@]}" --eval-every 5 --no-save
+good "--resume at or past --steps says there is nothing to do" 'nothing to train' \
+    -- both "${TRAIN[@]}" --resume run_ok --no-save
+
 # ---- conflicting settings and the plan contract ---------------------------------------------
 
 bad "resume with init-from" '--resume and --init-from: expected one of them' \

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define TOPT(...) CLI_OPT(loom_train_config, __VA_ARGS__)
 
@@ -143,6 +144,41 @@ static loom_status refuse_plan_conflicts(const loom_train_config *cfg, const uns
     return LOOM_OK;
 }
 
+static int option_seen(const unsigned char *seen, const char *flag) {
+    for (int i = 0; i < NTRAIN; i++)
+        if (!strcmp(train_opts[i].flag, flag)) return seen[i];
+    return 0;
+}
+
+/* Files written at the end of a run are checked at its start: a bad path must not cost the run. */
+static loom_status check_output_paths(const loom_train_config *cfg) {
+    struct stat st;
+    if (stat(cfg->out, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        return loom_fail(LOOM_ERR_INPUT, "--out: %s exists and is not a directory", cfg->out);
+    }
+    if (!cfg->trace[0]) return LOOM_OK;
+    if (stat(cfg->trace, &st) == 0 && S_ISDIR(st.st_mode)) {
+        return loom_fail(LOOM_ERR_INPUT, "--trace: %s is a directory; expected a file to write",
+                         cfg->trace);
+    }
+    char dir[LOOM_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", cfg->trace);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--trace: %s: expected a file in a writable folder, and "
+                         "%s is not one",
+                         cfg->trace, dir);
+    }
+    return LOOM_OK;
+}
+
 /* The one plan the run executes: the plan file, or the layout flags through the constructor
  * `loom plan` uses. */
 static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
@@ -193,9 +229,11 @@ int cmd_train(int argc, char **argv) {
     }
     if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2, seen);
     if (st == LOOM_OK) st = loom_train_config_check(&cfg);
-    struct stat out_st;
-    if (st == LOOM_OK && stat(cfg.out, &out_st) == 0 && !S_ISDIR(out_st.st_mode)) {
-        st = loom_fail(LOOM_ERR_INPUT, "--out: %s exists and is not a directory", cfg.out);
+    if (st == LOOM_OK) st = check_output_paths(&cfg);
+    if (st == LOOM_OK && !cfg.val_data[0] && cfg.eval_every > 0 &&
+        option_seen(seen, "--eval-every") && (!world || loom_comm_rank(world) == 0)) {
+        loom_warn("--eval-every %lld: there is no --val-data, so no validation runs",
+                  (long long)cfg.eval_every);
     }
     loom_plan plan;
     loom_plan_init(&plan);

@@ -94,19 +94,21 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     } while (0)
     REQUIRE(c->steps > 0, "steps", "expected a positive integer, got %lld", (long long)c->steps);
     REQUIRE(c->seq_len > 0, "seq_len", "expected a positive integer, got %d", c->seq_len);
-    REQUIRE(c->lr >= 0 && isfinite(c->lr), "lr", "expected a non-negative number, got %g", c->lr);
+    /* an lr above 10 diverges at once in every model this trains: a typo, not a setting */
+    REQUIRE(c->lr >= 0 && c->lr <= 10, "lr", "expected a number in [0, 10], got %g", c->lr);
     REQUIRE(c->min_lr_ratio >= 0 && c->min_lr_ratio <= 1, "min_lr_ratio",
             "expected a number in [0, 1], got %g", c->min_lr_ratio);
     REQUIRE(!strcmp(c->lr_schedule, "constant") || !strcmp(c->lr_schedule, "cosine"), "lr_schedule",
             "expected \"constant\" or \"cosine\", got \"%s\"", c->lr_schedule);
     REQUIRE(c->warmup_steps >= 0, "warmup_steps", "expected >= 0, got %lld",
             (long long)c->warmup_steps);
-    REQUIRE(c->weight_decay >= 0, "weight_decay", "expected >= 0, got %g", c->weight_decay);
+    REQUIRE(c->weight_decay >= 0 && c->weight_decay <= 10, "weight_decay",
+            "expected a number in [0, 10], got %g", c->weight_decay);
     REQUIRE(c->beta1 >= 0 && c->beta1 < 1, "beta1", "expected a number in [0, 1), got %g",
             c->beta1);
     REQUIRE(c->beta2 >= 0 && c->beta2 < 1, "beta2", "expected a number in [0, 1), got %g",
             c->beta2);
-    REQUIRE(c->eps > 0, "eps", "expected a positive number, got %g", c->eps);
+    REQUIRE(c->eps > 0 && c->eps <= 1, "eps", "expected a number in (0, 1], got %g", c->eps);
     REQUIRE(c->grad_clip >= 0, "grad_clip", "expected >= 0 (0 disables), got %g", c->grad_clip);
     REQUIRE(c->max_bad_steps > 0, "max_bad_steps", "expected a positive integer, got %d",
             c->max_bad_steps);

@@ -212,6 +212,11 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data", resume_dir);
         }
         loom_info("resumed from %s at step %" PRId64, resume_dir, t->state.step);
+        if (t->state.step >= cfg->steps && t->mesh.lead) {
+            loom_warn("--steps %" PRId64 ": the checkpoint is at step %" PRId64
+                      " already; nothing to train (raise --steps to go on)",
+                      cfg->steps, t->state.step);
+        }
     }
     t->first_step = t->state.step;
     t->flops_per_token = loom_gpt_flops_per_token(&t->plan->model, cfg->seq_len);
