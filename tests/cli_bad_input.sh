@@ -166,13 +166,13 @@ bad "non-numeric value (--flag=value)" "--steps: expected an integer, got 'abc'"
 bad "not-a-number lr" "--lr: expected a number, got 'nan'" -- "${TRAIN[@]}" --lr nan
 bad "negative seed" "--seed: expected a non-negative integer, got '-1'" -- "${TRAIN[@]}" --seed -1
 bad "positional argument" "unexpected argument 'extra'" -- "${TRAIN[@]}" extra
-bad "steps 0" 'steps: expected a positive integer, got 0' -- "${TRAIN[@]}" --steps 0
+bad "steps 0" '--steps: expected a positive integer, got 0' -- "${TRAIN[@]}" --steps 0
 bad "micro batch -1" '--micro-batch-size: expected a positive integer, got -1' \
     -- "${TRAIN[@]}" --micro-batch-size -1
 bad "global batch not a multiple" \
     '--global-batch-size: expected a multiple of micro batch 2 x data parallel 1 = 2, got 3' \
     -- "${TRAIN[@]}" --global-batch-size 3
-bad "unknown lr schedule" 'lr_schedule: expected "constant" or "cosine", got "foo"' \
+bad "unknown lr schedule" '--lr-schedule: expected "constant" or "cosine", got "foo"' \
     -- "${TRAIN[@]}" --lr-schedule foo
 bad "heads not dividing the width" 'heads: expected a divisor of d_model 128, got 3' \
     -- "$LOOM" train --model small --heads 3 --data data/train.bin --steps 1 --out run_x
@@ -216,7 +216,7 @@ bad "config: number for a string" 'number_for_string\.json: key "lr_schedule": e
 bad "config: real for an integer" \
     "real_for_integer\.json: key \"steps\": expected an integer, got '1\.5'" \
     -- "$LOOM" train --config real_for_integer.json
-bad "config: value out of range" 'steps: expected a positive integer, got 0' \
+bad "config: value out of range" 'zero_steps\.json: key "steps": expected a positive integer, got 0' \
     -- "$LOOM" train --config zero_steps.json
 bad "config: --config=FILE is read" 'string_for_number\.json: key "steps"' \
     -- "$LOOM" train --config=string_for_number.json
@@ -330,6 +330,16 @@ bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a 
 bad "--progress unknown" 'progress: expected "auto", "on" or "off", got "sometimes"' \
     -- "${TRAIN[@]}" --progress sometimes
 
+echo '{"heads": 3, "d_model": 64}' >heads3.json
+bad "config file: the model's rule names the file and the key" \
+    'heads3\.json: key "heads": expected a divisor of d_model 64, got 3' \
+    -- "$LOOM" train --config heads3.json --data data/train.bin --out run_x
+echo '{"global_batch_size": 12, "micro_batch_size": 8}' >batch12.json
+bad "config file: the batch rule names the file and the key" \
+    'batch12\.json: key "global_batch_size": expected a multiple of micro batch 8' \
+    -- "$LOOM" train --config batch12.json --data data/train.bin --out run_x
+bad "a flag over the config file is named as the flag" '^error: --lr: expected a number in' \
+    -- "$LOOM" train --config batch12.json --lr 20 --data data/train.bin --out run_x
 bad "--lr 1e308" 'lr: expected a number in \[0, 10\], got 1e\+308' -- "${TRAIN[@]}" --lr 1e308
 bad "--eps 5" 'eps: expected a number in \(0, 1\], got 5' -- "${TRAIN[@]}" --eps 5
 mkdir -p trace_dir

@@ -179,6 +179,41 @@ static loom_status check_output_paths(const loom_train_config *cfg) {
     return LOOM_OK;
 }
 
+/* A setting's message names where the bad value came from. The checks below the CLI name a
+ * setting by its key ("config: heads: ...", "model configuration: heads: ...") or by its flag
+ * ("--micro-batch-size: ..."); the message is made to name the flag that set it, or the --config
+ * file and its key. A value nobody set (a default, or derived) keeps the message as it is. */
+static void name_origin(const char *path, const unsigned char *in_file,
+                        const unsigned char *in_flags) {
+    static const char *const prefixes[] = {"config: ", "model configuration: "};
+    const char *msg = loom_last_error();
+    const char *rest = msg;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        if (!strncmp(msg, prefixes[i], strlen(prefixes[i]))) rest = msg + strlen(prefixes[i]);
+    }
+    for (int i = 0; i < NTRAIN; i++) {
+        if (train_opts[i].offset == CLI_OPT_SKIP || !(in_file[i] || in_flags[i])) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%s", train_opts[i].flag + 2);
+        for (char *p = key; *p; p++) *p = *p == '-' ? '_' : *p;
+        size_t kn = strlen(key), fn = strlen(train_opts[i].flag);
+        const char *tail = NULL;
+        if (rest != msg && !strncmp(rest, key, kn) && rest[kn] == ':') tail = rest + kn;
+        if (!strncmp(msg, train_opts[i].flag, fn) && (msg[fn] == ':' || msg[fn] == ' ')) {
+            tail = msg + fn;
+        }
+        if (!tail) continue;
+        char renamed[2048];
+        if (in_flags[i]) { /* a flag wins over the file */
+            snprintf(renamed, sizeof renamed, "%s%s", train_opts[i].flag, tail);
+        } else {
+            snprintf(renamed, sizeof renamed, "%s: key \"%s\"%s", path, key, tail);
+        }
+        loom_fail(LOOM_ERR_INPUT, "%s", renamed);
+        return;
+    }
+}
+
 /* The one plan the run executes: the plan file, or the layout flags through the constructor
  * `loom plan` uses. */
 static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
@@ -220,14 +255,16 @@ int cmd_train(int argc, char **argv) {
     if (init != LOOM_OK) return cli_fail(init);
     loom_train_config cfg;
     loom_train_config_defaults(&cfg);
-    unsigned char seen[NTRAIN];
-    memset(seen, 0, sizeof seen);
+    unsigned char seen[NTRAIN], in_file[NTRAIN], in_flags[NTRAIN];
+    memset(in_file, 0, sizeof in_file);
+    memset(in_flags, 0, sizeof in_flags);
     const char *config_path = NULL;
     loom_status st = find_config(argc, argv, &config_path);
     if (st == LOOM_OK && config_path) {
-        st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path, seen);
+        st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path, in_file);
     }
-    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2, seen);
+    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2, in_flags);
+    for (int i = 0; i < NTRAIN; i++) seen[i] = in_file[i] || in_flags[i];
     if (st == LOOM_OK) st = loom_train_config_check(&cfg);
     if (st == LOOM_OK) st = check_output_paths(&cfg);
     if (st == LOOM_OK && !cfg.val_data[0] && cfg.eval_every > 0 &&
@@ -238,6 +275,7 @@ int cmd_train(int argc, char **argv) {
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = build_plan(&cfg, seen, world ? loom_comm_size(world) : 1, &plan);
+    if (st != LOOM_OK) name_origin(config_path, in_file, in_flags);
     /* a bad configuration is the same on every rank: each says so and exits cleanly */
     if (st != LOOM_OK) {
         loom_plan_free(&plan);
