@@ -145,6 +145,22 @@ edit_state state_other_format format loom.train_state.v9
 edit_state state_step_mismatch step 7
 edit_state state_bad_steps bad_steps 1
 
+# a checkpoint whose config promises a model far larger than its tensors (and this machine)
+cp -r run_ok huge_context
+python3 - huge_context/checkpoints/step_00000001/model.safetensors <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+config = json.loads(header["__metadata__"]["loom.config"])
+config["context"] = 2147483647
+header["__metadata__"]["loom.config"] = json.dumps(config)
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+
 TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
 
 # ---- help ----------------------------------------------------------------------------------
@@ -340,12 +356,25 @@ bad "config file: the batch rule names the file and the key" \
     -- "$LOOM" train --config batch12.json --data data/train.bin --out run_x
 bad "a flag over the config file is named as the flag" '^error: --lr: expected a number in' \
     -- "$LOOM" train --config batch12.json --lr 20 --data data/train.bin --out run_x
+# sizes beyond this machine are refused by name before anything is allocated
+bad "--layers 1e9" 'layers \[0, 1000000000\) of 1000000000.* needs [0-9.]+ GiB of memory, and this machine has' \
+    -- "${TRAIN[@]}" --layers 1000000000
+bad "--context 1e9" 'context 1000000000.* needs [0-9.]+ GiB of memory' \
+    -- "${TRAIN[@]}" --context 1000000000
+bad "--micro-batch-size 1e9" '--micro-batch-size 1000000000 x --seq-len 16 .* needs [0-9.]+ GiB' \
+    -- "${TRAIN[@]}" --micro-batch-size 1000000000 --global-batch-size 1000000000
+bad "eval --batch 1e9" '--batch 1000000000 x --seq-len 16 needs [0-9.]+ GiB of memory' \
+    -- "$LOOM" eval --checkpoint run_ok --data data/train.bin --batch 1000000000
+bad "sample: a checkpoint whose config says context 2^31-1" \
+    'huge_context/.*model\.safetensors: its model \(2 layers, d_model 16, context 2147483647.* needs' \
+    -- "$LOOM" sample --checkpoint huge_context
 bad "--lr 1e308" 'lr: expected a number in \[0, 10\], got 1e\+308' -- "${TRAIN[@]}" --lr 1e308
 bad "--eps 5" 'eps: expected a number in \(0, 1\], got 5' -- "${TRAIN[@]}" --eps 5
 mkdir -p trace_dir
 bad "--trace is a folder" '--trace: trace_dir is a directory' -- "${TRAIN[@]}" --trace trace_dir
-bad "--trace in a missing folder" '--trace: nosuch/t\.json: expected a file in a writable folder' \
-    -- "${TRAIN[@]}" --trace nosuch/t.json
+touch not_a_folder
+bad "--trace in a folder that is a file" '--trace: not_a_folder/t\.json: expected a file in a writable folder, and not_a_folder is not one' \
+    -- "${TRAIN[@]}" --trace not_a_folder/t.json
 both() { "$@" 2>&1; } # warnings go to stderr; good() reads stdout
 good "--eval-every without --val-data warns" 'no --val-data, so no validation runs' \
     -- both "${TRAIN[@]}" --eval-every 5 --no-save

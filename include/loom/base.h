@@ -113,6 +113,14 @@ loom_status loom_write_file_atomic(const char *path, const void *data, size_t si
 /* mkdir -p; fails naming the path. */
 loom_status loom_mkdir_p(const char *path);
 
+/* Bytes of memory this machine can still give a process (MemAvailable of /proc/meminfo, else the
+ * physical memory), shared by the ranks that run on it; 0 when unknown. */
+int64_t loom_memory_available(void);
+/* Refuses (LOOM_ERR_INPUT) a need of `bytes` that exceeds what the machine has for each of
+ * `sharers` processes: "WHAT needs X GiB ..., this machine has Y GiB available[ for each of N
+ * ranks]; HINT". Unknown memory passes. */
+loom_status loom_memory_check(int64_t bytes, int sharers, const char *what, const char *hint);
+
 #ifdef __cplusplus
 }
 #endif

@@ -146,6 +146,9 @@ typedef struct loom_pipeline loom_pipeline;
 loom_status loom_pipeline_create(loom_pipeline **pipe, const loom_mesh *mesh, loom_gpt *model,
                                  int B, int T);
 void loom_pipeline_free(loom_pipeline *pipe);
+/* Micro-batches whose activations stage `stage` of the plan holds at once (its schedule's peak),
+ * for memory estimates before anything is allocated; 0 on a bad plan. */
+int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage);
 int loom_pipeline_micro_batches(const loom_pipeline *pipe);
 /* Whether this stage recomputes activations in backward (the plan's stages[].recompute). */
 int loom_pipeline_recomputes(const loom_pipeline *pipe);

@@ -197,3 +197,28 @@ loom_status loom_mkdir_p(const char *path) {
     }
     return LOOM_OK;
 }
+
+int64_t loom_memory_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    }
+    if (f) fclose(f);
+    if (kb > 0) return (int64_t)kb * 1024;
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
+}
+
+loom_status loom_memory_check(int64_t bytes, int sharers, const char *what, const char *hint) {
+    int64_t available = loom_memory_available();
+    if (sharers < 1) sharers = 1;
+    if (available <= 0 || bytes <= available / sharers) return LOOM_OK;
+    char each[64] = "";
+    if (sharers > 1) snprintf(each, sizeof each, " for each of %d ranks", sharers);
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s needs %.2f GiB of memory, and this machine has %.2f GiB available%s; %s",
+                     what, (double)bytes / 1073741824.0, (double)available / sharers / 1073741824.0,
+                     each, hint);
+}

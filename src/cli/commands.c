@@ -170,6 +170,10 @@ static loom_status check_output_paths(const loom_train_config *cfg) {
         dir[1] = '\0';
     else
         *slash = '\0';
+    /* a folder that does not exist yet (often inside --out) is made now, not at the end */
+    if (stat(dir, &st) != 0 && loom_mkdir_p(dir) != LOOM_OK) {
+        return loom_fail(LOOM_ERR_INPUT, "--trace: %s: cannot make its folder %s", cfg->trace, dir);
+    }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) != 0) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--trace: %s: expected a file in a writable folder, and "

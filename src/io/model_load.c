@@ -68,18 +68,32 @@ static loom_status load_llmc(const char *path, loom_gpt *model) {
     return st;
 }
 
+/* A file whose config describes more than this machine holds is refused before allocating. */
+static loom_status check_fits(const char *path, const loom_gpt_config *config) {
+    loom_gpt_stage_spec spec = {1, 0, config->num_layers, 1, 1, 1, 1, 1, 0};
+    loom_gpt_stage_cost cost;
+    loom_status st = loom_gpt_cost_stage(config, &spec, &cost);
+    if (st != LOOM_OK) return st;
+    char what[4400];
+    snprintf(what, sizeof what, "%s: its model (%d layers, d_model %d, context %d, vocab %d)", path,
+             config->num_layers, config->channels, config->max_seq_len, config->vocab_size);
+    return loom_memory_check(cost.param_bytes + cost.grad_bytes, 1, what,
+                             "is the file's configuration right?");
+}
+
 loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model) {
     *model = NULL;
     loom_gpt_config config;
     loom_status st = loom_model_config_of(path, &config);
+    char file[4200];
+    if (st == LOOM_OK && !has_suffix(path, ".bin")) st = weights_file(path, file, sizeof file);
+    if (st == LOOM_OK) st = check_fits(has_suffix(path, ".bin") ? path : file, &config);
     if (st == LOOM_OK) st = loom_gpt_create(model, &config, backend);
     if (st != LOOM_OK) return st;
     if (has_suffix(path, ".bin")) {
         st = load_llmc(path, *model);
     } else {
-        char file[4200];
-        st = weights_file(path, file, sizeof file);
-        if (st == LOOM_OK) st = loom_gpt_load_safetensors(file, *model);
+        st = loom_gpt_load_safetensors(file, *model);
     }
     if (st != LOOM_OK) {
         loom_gpt_free(*model);

@@ -78,6 +78,19 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     return LOOM_OK;
 }
 
+int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage) {
+    loom_schedule_kind kind;
+    loom_pipe_stage_schedule schedule = {0};
+    int peak = 0;
+    if (loom_schedule_kind_parse(plan->schedule, &kind) == LOOM_OK &&
+        loom_pipe_schedule(kind, plan->pp, loom_plan_num_micro_batches(plan), stage, &schedule) ==
+            LOOM_OK) {
+        peak = loom_pipe_peak_in_flight(&schedule);
+    }
+    loom_pipe_schedule_free(&schedule);
+    return peak;
+}
+
 void loom_pipeline_free(loom_pipeline *p) {
     if (!p) return;
     loom_pipe_schedule_free(&p->schedule);

@@ -142,6 +142,47 @@ static loom_status open_data(trainer *t) {
     return st;
 }
 
+/* What this rank will hold (parameters, gradients, AdamW's moments, activations of the micro-
+ * batches in flight, backward scratch), from the model's cost facts, against the machine's
+ * memory shared by the ranks on it: refused before anything is allocated. */
+static loom_status check_memory(const trainer *t) {
+    const loom_plan *plan = t->plan;
+    const loom_mesh *mesh = &t->mesh;
+    const loom_plan_stage *stage = &plan->stages[mesh->pp_rank];
+    loom_gpt_stage_spec spec = {mesh->tp_size,
+                                stage->first_layer,
+                                stage->end_layer,
+                                stage->embedding,
+                                stage->head,
+                                plan->micro_batch,
+                                t->cfg->seq_len,
+                                loom_pipeline_peak_in_flight(plan, mesh->pp_rank),
+                                stage->recompute && mesh->pp_size > 1};
+    loom_gpt_stage_cost cost;
+    loom_status st = loom_gpt_cost_stage(&plan->model, &spec, &cost);
+    if (st != LOOM_OK) return st;
+    int64_t bytes = cost.total_bytes;
+    if (t->cfg->zero1 && !t->cfg->no_zero1 && mesh->dp_size > 1) {
+        bytes -= cost.optimizer_bytes - cost.optimizer_bytes / mesh->dp_size;
+    }
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* ranks on this machine */
+    int sharers = local ? atoi(local) : 1;
+    const loom_gpt_config *m = &plan->model;
+    double state_gib = (double)(bytes - cost.act_bytes - cost.grad_scratch_bytes) / 1073741824.0;
+    double act_gib = (double)(cost.act_bytes + cost.grad_scratch_bytes) / 1073741824.0;
+    char what[512];
+    snprintf(what, sizeof what,
+             "this rank's part of the model (layers [%d, %d) of %d, d_model %d, context %d, vocab "
+             "%d; tensor rank %d of %d) with --micro-batch-size %d x --seq-len %d (weights, "
+             "gradients and AdamW state %.2f GiB, activations %.2f GiB)",
+             stage->first_layer, stage->end_layer, m->num_layers, m->channels, m->max_seq_len,
+             m->vocab_size, mesh->tp_rank, mesh->tp_size, plan->micro_batch, t->cfg->seq_len,
+             state_gib, act_gib);
+    return loom_memory_check(bytes, sharers, what,
+                             "choose a smaller model or micro-batch, or split the model over more "
+                             "ranks (--pipeline-parallel, --tensor-parallel)");
+}
+
 /* This rank's part of the model: fresh, from --init-from, or (later) from the checkpoint. */
 static loom_status make_model(trainer *t) {
     const loom_train_config *cfg = t->cfg;
@@ -193,6 +234,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
     if (world) loom_comm_set_timeout(cfg->comm_timeout);
+    if ((st = check_memory(t)) != LOOM_OK) return st;
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
