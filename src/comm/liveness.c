@@ -176,8 +176,10 @@ int comm_liveness_check(struct loom_comm_request *request, double waited, double
     for (int i = 0; i < waited_count(request); i++) {
         int member = waited_member(request, i);
         if (member == self) continue;
-        /* Silence counts from this request's first ping: an answer to an earlier wait's ping
-         * says nothing about a member that had no reason to answer since. */
+        /* The rule that names a rank: its silence runs from the later of when the newest ping
+         * it answered was *sent* (not when the answer came: an answer that sat in the queue
+         * since an earlier wait must not make a stopped rank look alive now) and this
+         * request's first ping (before that, nobody asked it anything). */
         double heard =
             answered[member] > request->pings_began ? answered[member] : request->pings_began;
         if (now - heard > LIVENESS_SILENT * timeout) {
