@@ -4,8 +4,8 @@
  *
  * Every rank runs a responder thread that answers pings. A wait that has gone on for a quarter
  * of the timeout pings the members of its group it waits for, every ping interval, and
- * remembers when each one last answered. A stopped process runs no thread, so it cannot
- * answer; every other live process answers within milliseconds, whatever its main thread is
+ * remembers the oldest ping each has left unanswered. A stopped process runs no thread, so it
+ * cannot answer; every other live process answers within milliseconds, whatever its main thread is
  * doing (a long GEMM, a checkpoint, even a deadlock — which its own watchdog then names). A
  * member silent for half the timeout is therefore the stopped one, and the waiter names it and
  * ends the job (wait.c) — within three quarters of the timeout from the start of the wait,
@@ -45,7 +45,8 @@ static int liveness_on; /* main thread only */
 static MPI_Comm ping_comm = MPI_COMM_NULL, answer_comm = MPI_COMM_NULL;
 static double round_sent[LIVENESS_ROUNDS]; /* loom_now() when each round was sent (main thread) */
 static int last_round;                     /* main thread only */
-static double *answered; /* (world size) when the latest ping each rank answered was sent */
+static double *unanswered; /* (world size) when the oldest ping each rank has not answered yet
+                              was sent; 0: none outstanding */
 static int world_size;
 
 static pthread_t responder_thread;
@@ -85,11 +86,12 @@ static void *responder_main(void *unused) {
 static void free_comms(void) {
     if (ping_comm != MPI_COMM_NULL) MPI_Comm_free(&ping_comm);
     if (answer_comm != MPI_COMM_NULL) MPI_Comm_free(&answer_comm);
-    free(answered);
-    answered = NULL;
+    free(unanswered);
+    unanswered = NULL;
 }
 
 loom_status comm_liveness_start(void) {
+    if (liveness_on) return LOOM_OK;
     int rc = MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(MPI_COMM_WORLD, &ping_comm);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(MPI_COMM_WORLD, &answer_comm);
@@ -97,8 +99,8 @@ loom_status comm_liveness_start(void) {
         free_comms();
         return comm_mpi_fail(rc, NULL, "starting the liveness pings");
     }
-    answered = loom_calloc((size_t)world_size, sizeof *answered, "liveness table");
-    if (!answered) {
+    unanswered = loom_calloc((size_t)world_size, sizeof *unanswered, "liveness table");
+    if (!unanswered) {
         free_comms();
         return LOOM_ERR_NOMEM;
     }
@@ -129,7 +131,8 @@ static int waited_count(const struct loom_comm_request *request) {
     return request->peer >= 0 ? 1 : request->comm->size;
 }
 
-/* Takes every answer that has arrived and notes when the round it answers was sent. */
+/* Takes every answer that has arrived; one to a rank's oldest unanswered ping, or a later one,
+ * clears it. */
 static void collect_answers(void) {
     for (;;) {
         int found = 0;
@@ -143,7 +146,7 @@ static void collect_answers(void) {
         MPI_Mrecv(NULL, 0, MPI_BYTE, &message, MPI_STATUS_IGNORE);
         int from = status.MPI_SOURCE, round = status.MPI_TAG;
         if (from < 0 || from >= world_size || round < 0 || round >= LIVENESS_ROUNDS) continue;
-        if (round_sent[round] > answered[from]) answered[from] = round_sent[round];
+        if (round_sent[round] >= unanswered[from]) unanswered[from] = 0;
     }
 }
 
@@ -159,6 +162,7 @@ static void send_round(const struct loom_comm_request *request, double now) {
         if (MPI_Isend(NULL, 0, MPI_BYTE, member, last_round, ping_comm, &ping) == MPI_SUCCESS) {
             MPI_Request_free(&ping);
         }
+        if (unanswered[member] == 0) unanswered[member] = now;
     }
 }
 
@@ -176,14 +180,17 @@ int comm_liveness_check(struct loom_comm_request *request, double waited, double
     for (int i = 0; i < waited_count(request); i++) {
         int member = waited_member(request, i);
         if (member == self) continue;
-        /* The rule that names a rank: its silence runs from the later of when the newest ping
-         * it answered was *sent* (not when the answer came: an answer that sat in the queue
-         * since an earlier wait must not make a stopped rank look alive now) and this
-         * request's first ping (before that, nobody asked it anything). */
-        double heard =
-            answered[member] > request->pings_began ? answered[member] : request->pings_began;
-        if (now - heard > LIVENESS_SILENT * timeout) {
-            *silent_for = now - heard;
+        /* The rule that names a rank: its silence runs from the oldest ping it has left
+         * unanswered — not from its last answer, which would count against it the time this
+         * rank was not asking (the gaps of a loop of tests, compute between waits). An answer
+         * clears that ping only if it answers it or a later one (its round carries the send
+         * time), so an answer left over from an earlier wait proves nothing; and silence never
+         * counts from before this request's first ping. */
+        if (unanswered[member] == 0) continue;
+        double since =
+            unanswered[member] > request->pings_began ? unanswered[member] : request->pings_began;
+        if (now - since > LIVENESS_SILENT * timeout) {
+            *silent_for = now - since;
             return member;
         }
     }
