@@ -10,7 +10,8 @@
  *   busy_peer      rank 1 is alive but never joins; rank 0 waits in an allreduce on group 'dp'
  *   test_deadline  rank 0 polls loom_comm_test on a receive that never comes
  *   slow_peer      each rank waits for a slow (but live) peer for less than the timeout, after
- *                  working without progress notes for most of it: must succeed
+ *                  working without progress notes for most of it; then rank 0 polls a receive
+ *                  from rank 1 once, leaves it for a while, and waits: must succeed
  *   stopped        rank 1 stops itself (SIGSTOP) in the middle of allreduces on the world: it
  *                  neither dies nor answers, and a waiting rank must name it (2 or 4 ranks)
  *
@@ -61,6 +62,22 @@ static int run_slow_peer(loom_comm *world, int rank) {
                     loom_last_error());
             return 1;
         }
+    }
+    /* A receive polled once (late enough to ping the sender), then left alone for longer than
+     * the half timeout that names a silent rank, then waited for: the sender, alive and busy
+     * all along, must not be blamed for the time nobody asked it anything. */
+    float y = 0;
+    if (rank == 1) {
+        stay_busy(3.0, "test: slow sender working");
+        if (loom_comm_send(world, &y, sizeof y, 0, 0) != LOOM_OK) return 1;
+    } else {
+        loom_comm_request *request = NULL;
+        int done = 0;
+        if (loom_comm_irecv(world, &y, sizeof y, 1, 0, &request) != LOOM_OK) return 1;
+        stay_busy(0.6, "test: before polling");
+        if (loom_comm_test(request, &done) != LOOM_OK || done) return 1;
+        stay_busy(1.5, "test: not polling");
+        if (loom_comm_wait(request) != LOOM_OK) return 1;
     }
     if (rank == 0) printf("slow peer ok\n");
     return 0;
