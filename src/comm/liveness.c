@@ -7,11 +7,10 @@
  * remembers the oldest ping each has left unanswered. A stopped process runs no thread, so it
  * cannot answer; every other live process answers within milliseconds, whatever its main
  * thread is doing (a long GEMM, a checkpoint, even a deadlock — which its own watchdog then
- * names). A
- * member silent for half the timeout is therefore the stopped one, and the waiter names it and
- * ends the job (wait.c): within 3/4 of the timeout (plus two ping intervals) of the later of
- * the stop and the start of the wait, where the wait deadline alone (1.5 x the timeout, with no
- * name) came much later.
+ * names). A member silent for half the timeout is therefore the stopped one, and the waiter
+ * names it and ends the job (wait.c): within 3/4 of the timeout (plus two ping intervals) of
+ * the later of the stop and the start of the wait, where the wait deadline alone (1.5 x the
+ * timeout, with no name) came much later.
  *
  * Pings and answers are empty messages on two duplicates of the world made at start-up, so
  * they can never match a user's message, nor each other (the responder takes everything on
