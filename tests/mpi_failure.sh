@@ -2,7 +2,8 @@
 # mpi_failure.sh — runs test_comm_failure MODE on 2 ranks (2 s timeout) and checks how the job
 # ends: a dead or hung rank must end the whole job with a non-zero status within seconds, with
 # a message naming the rank (ours, or mpirun's for a rank that died); a slow but live peer must
-# not end it. Prints "N passed, N failed" and exits non-zero on failure.
+# not end it; a stopped rank (SIGSTOP: alive, but running nothing) must be named by a waiting
+# rank. Prints "N passed, N failed" and exits non-zero on failure.
 #
 # usage: bash tests/mpi_failure.sh MODE TEST_PROGRAM MPIEXEC [MPIEXEC_ARGS...]
 #   e.g. bash tests/mpi_failure.sh hang build/tests/test_comm_failure mpirun -np 2 --oversubscribe
@@ -23,7 +24,17 @@ export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 out=$(mktemp) err=$(mktemp)
-trap 'rm -f "$out" "$err"' EXIT
+# A stopped rank that the job left behind (its pid is in the output) is continued and killed.
+kill_stopped() {
+    local pid
+    pid=$(sed -n 's/^\[rank 1\] test: stopping pid \([0-9]*\)$/\1/p' "$err" | head -n1)
+    if [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$program")" ]; then
+        echo "$mode: killing the stopped rank (pid $pid), still there after the job"
+        kill -CONT "$pid" 2>/dev/null
+        kill -9 "$pid" 2>/dev/null
+    fi
+}
+trap 'kill_stopped; rm -f "$out" "$err"' EXIT
 
 passed=0
 failed=0
@@ -81,6 +92,15 @@ busy_peer)
     has "^\[rank 0\] error: timed out after [0-9.]+ s waiting in allreduce on group 'dp' \(ranks 0,1\) during 'step 3: backward'; a peer rank has died or hangs — aborting the job$"
     check "rank 0's deadline names the operation, group, ranks and step" $?
     check "one error line" $(($(our_error_lines) != 1))
+    ;;
+stopped)
+    check "ends non-zero" $((rc == 0 || rc == 124))
+    check "ends within 20 s" $((fast != 1))
+    has "^\[rank [0-9]+\] error: rank 1 stopped responding \(no answer to liveness pings for [0-9.]+ s while waiting in allreduce on group 'world' \(ranks [0-9,]+\) during 'test: allreduce with a peer that stops'\) — aborting the job$"
+    check "a waiting rank names rank 1 as stopped" $?
+    check "names no other rank" $(($(grep -c 'stopped responding' "$err") != $(grep -c 'error: rank 1 stopped responding' "$err")))
+    has 'timed out'
+    check "named before the wait deadline" $((1 - $?))
     ;;
 test_deadline)
     check "ends non-zero" $((rc == 0 || rc == 124))

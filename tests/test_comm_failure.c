@@ -1,7 +1,7 @@
 /*
- * test_comm_failure.c — a job of 2 ranks with a 2 s timeout in which something goes wrong on
- * purpose; tests/mpi_failure.sh runs it under mpirun and checks that the job ends (non-zero,
- * quickly, naming the rank) — or, for slow_peer, that it does not. MODE is one of:
+ * test_comm_failure.c — a job of 2 ranks (4 for stopped) with a 2 s timeout in which something goes
+ * wrong on purpose; tests/mpi_failure.sh runs it under mpirun and checks that the job ends
+ * (non-zero, quickly, naming the rank) — or, for slow_peer, that it does not. MODE is one of:
  *
  *   exit           rank 1 exits (status 3) while rank 0 enters an allreduce
  *   killed         rank 1 dies of SIGKILL while rank 0 enters an allreduce
@@ -10,7 +10,10 @@
  *   busy_peer      rank 1 is alive but never joins; rank 0 waits in an allreduce on group 'dp'
  *   test_deadline  rank 0 polls loom_comm_test on a receive that never comes
  *   slow_peer      each rank waits for a slow (but live) peer for less than the timeout, after
- *                  working without progress notes for most of it: must succeed
+ *                  working without progress notes for most of it; then rank 0 polls a receive
+ *                  from rank 1 once, leaves it for a while, and waits: must succeed
+ *   stopped        rank 1 stops itself (SIGSTOP) in the middle of allreduces on the world: it
+ *                  neither dies nor answers, and a waiting rank must name it (2 or 4 ranks)
  *
  * Not run by CTest directly (it is meant to fail); see mpi_failure.sh.
  */
@@ -60,8 +63,43 @@ static int run_slow_peer(loom_comm *world, int rank) {
             return 1;
         }
     }
+    /* A receive polled once (late enough to ping the sender), then left alone for longer than
+     * the half timeout that names a silent rank, then waited for: the sender, alive and busy
+     * all along, must not be blamed for the time nobody asked it anything. */
+    float y = 0;
+    if (rank == 1) {
+        stay_busy(3.0, "test: slow sender working");
+        if (loom_comm_send(world, &y, sizeof y, 0, 0) != LOOM_OK) return 1;
+    } else {
+        loom_comm_request *request = NULL;
+        int done = 0;
+        if (loom_comm_irecv(world, &y, sizeof y, 1, 0, &request) != LOOM_OK) return 1;
+        stay_busy(0.6, "test: before polling");
+        if (loom_comm_test(request, &done) != LOOM_OK || done) return 1;
+        stay_busy(1.5, "test: not polling");
+        if (loom_comm_wait(request) != LOOM_OK) return 1;
+    }
     if (rank == 0) printf("slow peer ok\n");
     return 0;
+}
+
+/* Allreduces on the world until rank 1, on its 20th, stops itself between starting one and
+ * waiting for it: its peers are then inside that allreduce, waiting for a rank that is alive
+ * to the OS but runs nothing. */
+static int run_stopped(loom_comm *world, int rank) {
+    for (int i = 0; i < 1000; i++) {
+        loom_comm_progress("test: allreduce with a peer that stops");
+        float x[16] = {0};
+        loom_comm_request *request = NULL;
+        if (loom_comm_iallreduce_f32(world, x, 16, &request) != LOOM_OK) return 1;
+        if (rank == 1 && i == 20) {
+            /* mpi_failure.sh kills this pid afterwards, should the job leave it behind. */
+            fprintf(stderr, "[rank 1] test: stopping pid %ld\n", (long)getpid());
+            raise(SIGSTOP);
+        }
+        if (loom_comm_wait(request) != LOOM_OK) return 1;
+    }
+    return 1; /* not reached: the job is ended */
 }
 
 int main(int argc, char **argv) {
@@ -73,7 +111,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = loom_comm_rank(world);
-    if (loom_comm_size(world) != 2) loom_comm_abort(2, "test_comm_failure needs 2 ranks");
+    int size = loom_comm_size(world);
+    if (size != 2 && !(size == 4 && strcmp(mode, "stopped") == 0)) {
+        loom_comm_abort(2, "test_comm_failure needs 2 ranks (2 or 4 for stopped)");
+    }
     float x[16] = {0};
     int status = 0;
 
@@ -118,9 +159,11 @@ int main(int argc, char **argv) {
         status = 1;
     } else if (strcmp(mode, "slow_peer") == 0) {
         status = run_slow_peer(world, rank);
+    } else if (strcmp(mode, "stopped") == 0) {
+        status = run_stopped(world, rank);
     } else {
         loom_comm_abort(2, "usage: test_comm_failure exit|killed|hang|watchdog|busy_peer|"
-                           "test_deadline|slow_peer");
+                           "test_deadline|slow_peer|stopped");
     }
     if (status != 0) fprintf(stderr, "[rank %d] mode %s: the job was not ended\n", rank, mode);
     loom_comm_finalize(world);

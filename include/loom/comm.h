@@ -2,8 +2,9 @@
  * loom/comm.h — the only door to MPI. Communicators (world and the TP/DP/PP groups split from
  * it), blocking and non-blocking collectives and point-to-point transfers on float buffers,
  * per-communicator counters of bytes and seconds, and the failure rules: every wait has a
- * deadline, and a watchdog ends the whole job when this process stops making progress, so a
- * dead or hung rank never leaves the others waiting forever.
+ * deadline, a watchdog ends the whole job when this process stops making progress, and a wait
+ * names a peer that stops answering altogether, so a dead, hung or stopped rank never leaves
+ * the others waiting forever.
  *
  * Not here: what is communicated or when (parallel/, model/), or anything about models.
  */
@@ -21,8 +22,9 @@ extern "C" {
 typedef struct loom_comm loom_comm;
 typedef struct loom_comm_request loom_comm_request;
 
-/* Threads: MPI runs at MPI_THREAD_FUNNELED — call everything here from the thread that called
- * loom_comm_init, except loom_comm_progress, which any thread may call. Errors: functions that
+/* Threads: call everything here from the thread that called loom_comm_init, except
+ * loom_comm_progress, which any thread may call. (MPI itself runs at MPI_THREAD_MULTIPLE, for
+ * the thread that answers liveness pings; see loom_comm_set_timeout.) Errors: functions that
  * return loom_status fail with LOOM_ERR_RUNTIME (LOOM_ERR_NOMEM for allocations) and a message
  * naming the operation and the group. Misuse (a negative count, a rank outside the group) is
  * caught before anything is sent, identically on every rank; an error from MPI itself leaves
@@ -60,10 +62,19 @@ void loom_comm_free(loom_comm *comm);
 /* Deadline (seconds) for every wait, and for the watchdog. Default 60; <= 0 disables both.
  * May be called before loom_comm_init; every rank should use the same value.
  *
- * Wait deadline: a blocking call (or loom_comm_wait) that has waited this long for its peers
- * prints "[rank R] error: timed out after N s waiting in OP on group 'G' (ranks ...) during
- * 'NOTE'; ..." and aborts the job. A loop of loom_comm_test is a wait too: past this long
- * after the operation started, the test aborts the same way.
+ * Wait deadline: a blocking call (or loom_comm_wait) that has waited 1.5 x this long for its
+ * peers (later than the two rules below, which name the rank at fault) prints "[rank R] error:
+ * timed out after N s waiting in OP on group 'G' (ranks ...) during 'NOTE'; ..." and aborts the
+ * job. A loop of loom_comm_test is a wait too: past 1.5 x this long after the operation
+ * started, the test aborts the same way.
+ *
+ * Stopped peer: a rank stopped by a signal (SIGSTOP) or frozen runs neither its code nor its
+ * watchdog. A wait that has lasted a quarter of the timeout pings the members it waits for,
+ * which answer from a thread whatever their main thread is doing; one that has not answered
+ * for half the timeout is named: "[rank R] error: rank N stopped responding (no answer to
+ * liveness pings for X s while waiting in OP on group 'G' (ranks ...) during 'NOTE') —
+ * aborting the job", and the job ends. (Not when MPI lacks MPI_THREAD_MULTIPLE: then only the
+ * wait deadline ends such a job, at 1.5 x the timeout.)
  *
  * Watchdog: when this process has gone this long without any comm call or loom_comm_progress,
  * while not inside a wait, a thread prints "[rank R] error: no progress for N s during 'NOTE'

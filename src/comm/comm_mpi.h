@@ -31,6 +31,8 @@ struct loom_comm_request {
     const char *op;         /* "allreduce", "send", ... (a string literal) */
     int peer;               /* world rank of the other side of a send or recv; -1 otherwise */
     double started;         /* loom_now() when the operation was started */
+    double pings_began;     /* loom_now() of its first liveness ping (liveness.c); 0: none yet */
+    double pinged_at;       /* loom_now() of its latest liveness ping */
     int count;              /* MPI requests posted */
     int done;               /* leading requests seen complete */
     MPI_Request *heap_reqs; /* (count) when more than fit inline; NULL otherwise */
@@ -76,6 +78,16 @@ void comm_request_release(struct loom_comm_request *request);
  * before MPI is finalized. */
 loom_status comm_watchdog_start(void);
 void comm_watchdog_stop(void);
+
+/* Liveness pings (liveness.c), on when MPI provides MPI_THREAD_MULTIPLE and the world has more
+ * than one process: start after MPI_Init_thread, stop before MPI_Finalize. */
+loom_status comm_liveness_start(void);
+void comm_liveness_stop(void);
+/* Called on every poll of a wait on `request` that has lasted `waited` seconds so far: pings
+ * the members it waits for now and then, and returns the world rank of one that has not
+ * answered for half the timeout (and how long, in *silent_for) — a stopped process — or -1. */
+int comm_liveness_check(struct loom_comm_request *request, double waited, double timeout,
+                        double *silent_for);
 
 /* Formats "0,1,2" (at most a few dozen ranks, then "... (N in all)") into buf. */
 void comm_format_ranks(const loom_comm *comm, char *buf, size_t size);

@@ -9,13 +9,16 @@
  * that hangs outside communication (a deadlock in compute, an endless loop) is caught by the
  * watchdog: a thread that ends the process when nothing has called into comm for the timeout.
  * The watchdog stays quiet while the rank sits in a wait — a slow peer is the wait's business.
+ * A rank that stopped altogether (SIGSTOP) runs no watchdog: a wait names it when it stops
+ * answering liveness pings (liveness.c).
  *
- * The watchdog thread never calls MPI (MPI runs at MPI_THREAD_FUNNELED): it writes its line
- * and _exit()s, and mpirun ends the other ranks. The state below is process-wide by nature
+ * The watchdog thread never calls MPI, so that nothing inside MPI can hold it up: it writes its
+ * line and _exit()s, and mpirun ends the other ranks. The state below is process-wide by nature
  * (one MPI runtime, one watchdog per process), hence globals — the one exception to loom's
  * rule against global mutable state beyond the logger and the error slot.
  *
- * Not here: starting MPI, communicators, or the operations themselves (comm.c, ops.c).
+ * Not here: starting MPI, communicators, the operations themselves (comm.c, ops.c), or the
+ * liveness pings (liveness.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "comm/comm_mpi.h"
@@ -176,12 +179,13 @@ void comm_watchdog_stop(void) {
 /* ---- timed wait -------------------------------------------------------------------------- */
 
 /* A wait gives up only at this multiple of the timeout: a peer that hangs is then caught first
- * by its own watchdog (at the timeout), whose message names it; the waiters' message, which
- * cannot tell which peer is silent, comes only if that fails. */
+ * by its own watchdog (at the timeout), and one that stopped by the liveness pings (at three
+ * quarters of it), both of which name it; the waiters' message, which cannot tell which peer
+ * is silent, comes only if those fail (or the peer is alive and busy but never joins). */
 #define WAIT_GRACE 1.5
 
-__attribute__((noreturn)) static void timeout_abort(const struct loom_comm_request *request,
-                                                    double timeout) {
+/* "allreduce on group 'dp' (ranks 0,1) during 'NOTE'": what this rank was waiting in. */
+static void describe_wait(const struct loom_comm_request *request, char *buf, size_t size) {
     char ranks[256], note[300], peer[48] = "";
     comm_format_ranks(request->comm, ranks, sizeof ranks);
     format_note(note, sizeof note);
@@ -189,16 +193,42 @@ __attribute__((noreturn)) static void timeout_abort(const struct loom_comm_reque
         snprintf(peer, sizeof peer, " %s rank %d", strcmp(request->op, "send") == 0 ? "to" : "from",
                  request->peer);
     }
-    fprintf(stderr,
-            "[rank %d] error: timed out after %.1f s waiting in %s%s on group '%s' (ranks %s)%s; "
-            "a peer rank has died or hangs — aborting the job\n",
-            loom_comm_world_rank(), timeout, request->op, peer, request->comm->name, ranks, note);
+    snprintf(buf, size, "%s%s on group '%s' (ranks %s)%s", request->op, peer, request->comm->name,
+             ranks, note);
+}
+
+__attribute__((noreturn)) static void abort_job(void) {
     fflush(stderr);
     /* Should MPI_Abort itself hang, the watchdog (no longer held off by the wait) ends us. */
     atomic_store(&waiting, 0);
     comm_note_activity();
     MPI_Abort(MPI_COMM_WORLD, 1);
     _exit(1);
+}
+
+__attribute__((noreturn)) static void timeout_abort(const struct loom_comm_request *request,
+                                                    double waited) {
+    char wait[700];
+    describe_wait(request, wait, sizeof wait);
+    fprintf(stderr,
+            "[rank %d] error: timed out after %.1f s waiting in %s; a peer rank has died or "
+            "hangs — aborting the job\n",
+            loom_comm_world_rank(), waited, wait);
+    abort_job();
+}
+
+/* Ends the job when a member this request waits for has stopped answering liveness pings. */
+static void check_liveness(struct loom_comm_request *request, double waited, double timeout) {
+    double silent_for = 0;
+    int stopped = comm_liveness_check(request, waited, timeout, &silent_for);
+    if (stopped < 0) return;
+    char wait[700];
+    describe_wait(request, wait, sizeof wait);
+    fprintf(stderr,
+            "[rank %d] error: rank %d stopped responding (no answer to liveness pings for %.1f s "
+            "while waiting in %s) — aborting the job\n",
+            loom_comm_world_rank(), stopped, silent_for, wait);
+    abort_job();
 }
 
 void comm_request_release(struct loom_comm_request *request) {
@@ -249,6 +279,7 @@ loom_status comm_request_wait(struct loom_comm_request *request) {
         if (complete) break;
         double elapsed = loom_now() - start;
         if (timeout > 0 && elapsed > WAIT_GRACE * timeout) timeout_abort(request, elapsed);
+        check_liveness(request, elapsed, timeout);
         wait_backoff(elapsed);
     }
     atomic_store(&waiting, 0);
@@ -275,9 +306,9 @@ loom_status comm_request_test(struct loom_comm_request *request, int *done) {
     /* A loop that only tests is a wait too, and must not hang: the deadline runs from the
      * start of the operation. */
     double timeout = atomic_load(&timeout_seconds);
-    if (timeout > 0 && loom_now() - request->started > WAIT_GRACE * timeout) {
-        timeout_abort(request, loom_now() - request->started);
-    }
+    double waited = loom_now() - request->started;
+    if (timeout > 0 && waited > WAIT_GRACE * timeout) timeout_abort(request, waited);
+    check_liveness(request, waited, timeout);
     return LOOM_OK;
 }
 
