@@ -15,6 +15,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -252,6 +254,28 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
     loom_free_aligned(dp_m), loom_free_aligned(dp_v);
     return st;
 }
+
+/* ---- the run folder: one run at a time ----------------------------------------------------------
+ */
+
+/* One run per folder: two runs with the same --out would interleave their checkpoints and
+ * metrics. The lock is the kernel's (flock), so it goes away with the process, however it
+ * ends. */
+loom_status loom_run_lock_folder(const char *out, int *fd) {
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/.lock", out);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--out %s: another run is writing to this folder (it holds %s); wait "
+                         "for it or choose another --out",
+                         out, path);
+    }
+    return LOOM_OK;
+}
+
+/* The plan's model, this build's limits, and a resumed checkpoint's agreement with the plan. */
 
 /* ---- housekeeping of OUT/checkpoints ------------------------------------------------------- */
 

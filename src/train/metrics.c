@@ -10,6 +10,7 @@
 #include "train/plot.h"
 #include "train/train_internal.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -289,4 +290,16 @@ loom_status loom_run_report_prediction(const loom_plan *plan, const loom_mesh *m
                   (double)predicted_peak / 1048576.0, peak / 1048576.0);
     }
     return LOOM_OK;
+}
+
+void loom_run_progress_bar(int64_t run_done, int64_t run_total, int64_t done, int64_t steps,
+                           double elapsed_s) {
+    double eta = run_done > 0 ? elapsed_s / (double)run_done * (double)(run_total - run_done) : 0.0;
+    int width = 30, filled = (int)(width * (double)done / (double)steps);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < filled ? '=' : ' ';
+    bar[width] = '\0';
+    printf("\r[%s] %" PRId64 "/%" PRId64 "  ETA %dm%02ds", bar, done, steps, (int)(eta / 60),
+           (int)eta % 60);
+    fflush(stdout);
 }

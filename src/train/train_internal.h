@@ -40,6 +40,12 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
  * (its range), and the loop state. A sharded rank reads one slice at a time. */
 loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
                                      loom_adamw *opt, loom_ckpt_state *state);
+/* Takes the run folder's lock (OUT/.lock, flock): refused by name while another run holds it.
+ * *fd keeps it until closed. */
+loom_status loom_run_lock_folder(const char *out, int *fd);
+/* Refuses a run whose rank part does not fit this machine's memory (memory.c). */
+loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
+                                  const loom_mesh *mesh);
 /* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),
  * deleting the others; the lead calls it after a save. */
 loom_status loom_run_prune_checkpoints(const char *out, int keep);
@@ -65,6 +71,10 @@ typedef struct {
 } loom_step_record;
 loom_status loom_metrics_step(loom_metrics *metrics, const loom_step_record *record);
 loom_status loom_metrics_validation(loom_metrics *metrics, int64_t step, double val_loss);
+/* The progress bar (a terminal's): steps done of the run's total (this invocation's run_done of
+ * run_total, for the ETA), overall done of steps. */
+void loom_run_progress_bar(int64_t run_done, int64_t run_total, int64_t done, int64_t steps,
+                           double elapsed_s);
 /* Writes OUT/loss.svg from the series. */
 loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
 

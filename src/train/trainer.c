@@ -67,25 +67,6 @@ static void trainer_free(trainer *t) {
     if (t->lock_fd >= 0) close(t->lock_fd); /* releases the lock */
 }
 
-/* One run per folder: two runs with the same --out would interleave their checkpoints and
- * metrics. The lock is the kernel's (flock), so it goes away with the process, however it
- * ends. */
-static loom_status lock_run_folder(trainer *t) {
-    char path[LOOM_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/.lock", t->cfg->out);
-    t->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (t->lock_fd < 0)
-        return loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--out %s: another run is writing to this folder (it holds %s); wait "
-                         "for it or choose another --out",
-                         t->cfg->out, path);
-    }
-    return LOOM_OK;
-}
-
-/* The plan's model, this build's limits, and a resumed checkpoint's agreement with the plan. */
 static loom_status check_model(const trainer *t, const char *resume_dir) {
     const loom_gpt_config *mc = &t->plan->model;
     loom_gpt_config model = *mc;
@@ -142,47 +123,6 @@ static loom_status open_data(trainer *t) {
     return st;
 }
 
-/* What this rank will hold (parameters, gradients, AdamW's moments, activations of the micro-
- * batches in flight, backward scratch), from the model's cost facts, against the machine's
- * memory shared by the ranks on it: refused before anything is allocated. */
-static loom_status check_memory(const trainer *t) {
-    const loom_plan *plan = t->plan;
-    const loom_mesh *mesh = &t->mesh;
-    const loom_plan_stage *stage = &plan->stages[mesh->pp_rank];
-    loom_gpt_stage_spec spec = {mesh->tp_size,
-                                stage->first_layer,
-                                stage->end_layer,
-                                stage->embedding,
-                                stage->head,
-                                plan->micro_batch,
-                                t->cfg->seq_len,
-                                loom_pipeline_peak_in_flight(plan, mesh->pp_rank),
-                                stage->recompute && mesh->pp_size > 1};
-    loom_gpt_stage_cost cost;
-    loom_status st = loom_gpt_cost_stage(&plan->model, &spec, &cost);
-    if (st != LOOM_OK) return st;
-    int64_t bytes = cost.total_bytes;
-    if (t->cfg->zero1 && !t->cfg->no_zero1 && mesh->dp_size > 1) {
-        bytes -= cost.optimizer_bytes - cost.optimizer_bytes / mesh->dp_size;
-    }
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* ranks on this machine */
-    int sharers = local ? atoi(local) : 1;
-    const loom_gpt_config *m = &plan->model;
-    double state_gib = (double)(bytes - cost.act_bytes - cost.grad_scratch_bytes) / 1073741824.0;
-    double act_gib = (double)(cost.act_bytes + cost.grad_scratch_bytes) / 1073741824.0;
-    char what[512];
-    snprintf(what, sizeof what,
-             "this rank's part of the model (layers [%d, %d) of %d, d_model %d, context %d, vocab "
-             "%d; tensor rank %d of %d) with --micro-batch-size %d x --seq-len %d (weights, "
-             "gradients and AdamW state %.2f GiB, activations %.2f GiB)",
-             stage->first_layer, stage->end_layer, m->num_layers, m->channels, m->max_seq_len,
-             m->vocab_size, mesh->tp_rank, mesh->tp_size, plan->micro_batch, t->cfg->seq_len,
-             state_gib, act_gib);
-    return loom_memory_check(bytes, sharers, what,
-                             "choose a smaller model or micro-batch, or split the model over more "
-                             "ranks (--pipeline-parallel, --tensor-parallel)");
-}
-
 /* This rank's part of the model: fresh, from --init-from, or (later) from the checkpoint. */
 static loom_status make_model(trainer *t) {
     const loom_train_config *cfg = t->cfg;
@@ -234,7 +174,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
     if (world) loom_comm_set_timeout(cfg->comm_timeout);
-    if ((st = check_memory(t)) != LOOM_OK) return st;
+    if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh)) != LOOM_OK) return st;
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
@@ -264,7 +204,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     t->flops_per_token = loom_gpt_flops_per_token(&t->plan->model, cfg->seq_len);
     if (!t->mesh.lead) return LOOM_OK;
     if ((st = loom_mkdir_p(cfg->out)) != LOOM_OK) return st;
-    if ((st = lock_run_folder(t)) != LOOM_OK) return st;
+    if ((st = loom_run_lock_folder(cfg->out, &t->lock_fd)) != LOOM_OK) return st;
     if ((st = loom_run_clean_checkpoints(cfg->out)) != LOOM_OK) return st;
     st = loom_metrics_open(&t->metrics, cfg->out, resume_dir[0] ? t->state.step : -1);
     if (st != LOOM_OK) return st;
@@ -281,20 +221,6 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
 
 static void clear_progress_line(const trainer *t) {
     if (t->progress_bar) printf("\r\033[K");
-}
-
-static void progress_bar(const trainer *t, int64_t done) {
-    const loom_train_config *cfg = t->cfg;
-    int64_t run_done = done - t->first_step, run_total = cfg->steps - t->first_step;
-    double elapsed = loom_now() - t->run_start;
-    double eta = run_done > 0 ? elapsed / (double)run_done * (double)(run_total - run_done) : 0.0;
-    int width = 30, filled = (int)(width * (double)done / (double)cfg->steps);
-    char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < filled ? '=' : ' ';
-    bar[width] = '\0';
-    printf("\r[%s] %" PRId64 "/%" PRId64 "  ETA %dm%02ds", bar, done, cfg->steps, (int)(eta / 60),
-           (int)eta % 60);
-    fflush(stdout);
 }
 
 static void injected_failure(const trainer *t, int64_t step) {
@@ -512,7 +438,10 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
             done != cfg->steps) {
             st = save(&t);
         }
-        if (st == LOOM_OK && t.progress_bar) progress_bar(&t, done);
+        if (st == LOOM_OK && t.progress_bar) {
+            loom_run_progress_bar(done - t.first_step, cfg->steps - t.first_step, done, cfg->steps,
+                                  loom_now() - t.run_start);
+        }
     }
     loom_stop_remove(&stop);
     loom_train_result r = {0};
