@@ -145,21 +145,26 @@ edit_state state_other_format format loom.train_state.v9
 edit_state state_step_mismatch step 7
 edit_state state_bad_steps bad_steps 1
 
-# a checkpoint whose config promises a model far larger than its tensors (and this machine)
-cp -r run_ok huge_context
-python3 - huge_context/checkpoints/step_00000001/model.safetensors <<'PY'
+# a checkpoint whose config promises a model far larger than its tensors (and this machine), and
+# one whose config says fewer layers than its tensors hold
+edit_config() { # RUN_FOLDER KEY VALUE: the model's loom.config metadata says KEY = VALUE
+cp -r run_ok "$1"
+python3 - "$1/checkpoints/step_00000001/model.safetensors" "$2" "$3" <<'PY'
 import json, struct, sys
 path = sys.argv[1]
 data = open(path, "rb").read()
 n = struct.unpack("<Q", data[:8])[0]
 header = json.loads(data[8:8 + n])
 config = json.loads(header["__metadata__"]["loom.config"])
-config["context"] = 2147483647
+config[sys.argv[2]] = int(sys.argv[3])
 header["__metadata__"]["loom.config"] = json.dumps(config)
 text = json.dumps(header).encode()
 text += b" " * (-len(text) % 8)
 open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
+}
+edit_config huge_context context 2147483647
+edit_config one_layer layers 1
 
 TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
 
@@ -368,6 +373,9 @@ bad "eval --batch 1e9" '--batch 1000000000 x --seq-len 16 needs [0-9.]+ GiB of m
 bad "sample: a checkpoint whose config says context 2^31-1" \
     'huge_context/.*model\.safetensors: its model \(2 layers, d_model 16, context 2147483647.* needs' \
     -- "$LOOM" sample --checkpoint huge_context
+bad "sample: a config of 1 layer over 2 layers' tensors" \
+    "one_layer/.*model\\.safetensors: tensor 'h\\.1\\..*' is not part of the model its config describes \\(1 layers" \
+    -- "$LOOM" sample --checkpoint one_layer
 bad "--lr 1e308" 'lr: expected a number in \[0, 10\], got 1e\+308' -- "${TRAIN[@]}" --lr 1e308
 bad "--eps 5" 'eps: expected a number in \(0, 1\], got 5' -- "${TRAIN[@]}" --eps 5
 mkdir -p trace_dir

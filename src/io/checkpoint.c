@@ -233,6 +233,34 @@ static loom_status read_tensors(loom_safetensors *st, const char *path, const lo
     return read_tensors_take(st, path, model, prefix, buf, NULL, NULL, 0);
 }
 
+/* A file holding tensors its config does not describe (a config that says 1 layer over a file
+ * of 2 layers' tensors) is refused, not read with the rest ignored. Tensors outside `prefix`
+ * (another buffer of the same file) are not this call's. */
+static loom_status extra_tensor(loom_safetensors *st, const char *path, const loom_gpt *model,
+                                const char *prefix, const char *hf_prefix, const hf_tensor *list,
+                                int count) {
+    size_t plen = strlen(prefix), hlen = strlen(hf_prefix);
+    for (int e = 0; e < loom_safetensors_count(st); e++) {
+        const char *name = loom_safetensors_entry(st, e)->name;
+        if (strncmp(name, prefix, plen) != 0) continue;
+        if (!plen && (!strncmp(name, "exp_avg.", 8) || !strncmp(name, "exp_avg_sq.", 11))) continue;
+        const char *bare = name + plen;
+        if (hlen && !strncmp(bare, hf_prefix, hlen)) bare += hlen;
+        int known = 0;
+        for (int i = 0; i < count && !known; i++) known = strcmp(bare, list[i].name) == 0;
+        /* Hugging Face files also hold the attention masks as buffers: not parameters */
+        if (!known && strstr(bare, ".attn.bias") == NULL &&
+            strstr(bare, ".attn.masked_bias") == NULL && strcmp(bare, "lm_head.weight") != 0) {
+            const loom_gpt_config *c = &model->config;
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: tensor '%s' is not part of the model its config describes (%d "
+                             "layers, d_model %d); the file holds more than its config says",
+                             path, name, c->num_layers, c->channels);
+        }
+    }
+    return LOOM_OK;
+}
+
 /* Reads `prefix + name` tensors into buf (the model's flat layout) or, with `take`, one slice
  * at a time into a scratch buffer handed to take(ctx, buffer, tensor, layer, slice). */
 static loom_status read_tensors_take(loom_safetensors *st, const char *path, const loom_gpt *model,
@@ -279,6 +307,7 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
                                            slice);
         if (status == LOOM_OK) status = take(ctx, buffer, list[i].tensor, list[i].layer, slice);
     }
+    if (status == LOOM_OK) status = extra_tensor(st, path, model, prefix, hf_prefix, list, count);
     free(list);
     loom_free_aligned(slice);
     if (status == LOOM_OK && !take) {
