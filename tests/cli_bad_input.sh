@@ -118,6 +118,17 @@ cp -r run_ok latest_dangling && echo step_00000099 >latest_dangling/checkpoints/
 cp -r run_ok latest_escapes && echo ../../etc >latest_escapes/checkpoints/latest
 cp -r run_ok state_truncated &&
     truncate -s -4 state_truncated/checkpoints/step_00000001/state.safetensors
+# a loop state whose step does not fit int64_t (found by tests/fuzz.py: the run started at -2^63)
+cp -r run_ok state_step_overflow &&
+    python3 - state_step_overflow/checkpoints/step_00000001/state.safetensors <<'PY'
+import struct, sys
+path = sys.argv[1]
+data = open(path, "rb").read()
+n = struct.unpack_from("<Q", data)[0]
+header = data[8:8 + n].decode().replace('"step":"1"', '"step":"9223372036854775808"', 1)
+header += " " * (-len(header) % 8)
+open(path, "wb").write(struct.pack("<Q", len(header)) + header.encode() + data[8 + n:])
+PY
 
 TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
 
@@ -291,6 +302,9 @@ bad "resume: 'latest' is a path" 'latest_escapes/checkpoints/latest: expected a 
 bad "resume: truncated state.safetensors" \
     'state_truncated/.*state\.safetensors: .*(truncated|beyond)' \
     -- "${TRAIN[@]}" --steps 2 --resume state_truncated
+bad "resume: a state step beyond int64_t" \
+    "state_step_overflow/.*state\.safetensors: metadata 'step': expected a non-negative integer below 2\^63" \
+    -- "${TRAIN[@]}" --steps 2 --resume state_step_overflow
 
 # ---- conflicting settings and the plan contract ---------------------------------------------
 

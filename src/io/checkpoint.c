@@ -303,6 +303,8 @@ loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model) {
 #define STATE_FIELDS 6
 static const char *state_keys[STATE_FIELDS] = {"step",      "data_epoch", "data_index",
                                                "rng_state", "bad_steps",  "skipped_total"};
+/* step, bad_steps and skipped_total are int64_t in loom_ckpt_state */
+static const int state_signed[STATE_FIELDS] = {1, 0, 0, 0, 1, 1};
 
 /* Model file, state file, then the pointer: the shared body of both save functions. */
 static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
@@ -439,9 +441,11 @@ static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, f
     if (status != LOOM_OK) return status;
     uint64_t raw[STATE_FIELDS];
     for (int i = 0; i < STATE_FIELDS && status == LOOM_OK; i++) {
-        if (parse_u64(loom_safetensors_metadata(st, state_keys[i]), &raw[i]) != LOOM_OK) {
-            status = loom_fail(LOOM_ERR_INPUT, "%s: metadata '%s': expected a non-negative integer",
-                               path, state_keys[i]);
+        if (parse_u64(loom_safetensors_metadata(st, state_keys[i]), &raw[i]) != LOOM_OK ||
+            (state_signed[i] && raw[i] > (uint64_t)INT64_MAX)) {
+            status =
+                loom_fail(LOOM_ERR_INPUT, "%s: metadata '%s': expected a non-negative integer%s",
+                          path, state_keys[i], state_signed[i] ? " below 2^63" : "");
         }
     }
     if (status == LOOM_OK) status = read_tensors_take(st, path, model, "exp_avg.", m, take, ctx, 1);
