@@ -139,9 +139,11 @@ def is_num(v):
     return (is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
 
 
+# the limits of int32/int64/uint64, and values whose products with small factors (12 L, 4 C)
+# wrap an int
 HUGE_NUMBERS = ["2147483647", "2147483648", "4294967296", "9223372036854775807",
                 "9223372036854775808", "18446744073709551616", "99999999999999999999999",
-                "1e308", "1e999", "1000000000"]
+                "1e308", "1e999", "1000000000", "178956971", "357913942", "536870912", "65536"]
 UNKNOWN_KEYS = ["stepz", "extra", "", "__metadata__", "LAYERS", "model ", "x" * 300]
 
 
@@ -409,8 +411,10 @@ def st_tensor_rules(path, op, expect):
     if path[0] == "__metadata__":
         if len(path) == 1:
             return "refuse" if op not in ("delete", "empty-object") else "any"
-        if op in ("unknown-key",):
+        if op == "unknown-key":
             return "same"
+        if op == "rename":  # as if deleted: a state file is refused, a model one is Hugging Face's
+            return "any"
         return expect
     if len(path) == 1:  # a tensor entry as a whole
         return "refuse" if op != "unknown-key" else "refuse"
@@ -429,10 +433,107 @@ def state_meta_values(old):
 SIGNED_STATE = {"step", "bad_steps", "skipped_total"}
 
 
+def st_with_field(doc, name, field, value):
+    """The header with tensor `name`'s `field` replaced."""
+    return Obj((k, Obj((f, value if f == field else x) for f, x in v) if k == name else v)
+               for k, v in doc)
+
+
+def st_length_mutant(rng, seed):
+    data = bytearray(seed)
+    old = struct.unpack_from("<Q", data, 0)[0]
+    value = rng.choice([0, 1, 7, old - 1, old + 1, old - 8, old + 8, len(seed) - 8, len(seed),
+                        100000000, 100000001, 2 ** 63, 2 ** 64 - 1, 2 ** 32 + old])
+    value %= 2 ** 64
+    struct.pack_into("<Q", data, 0, value)
+    return Mutant(bytes(data), "header length %d -> %d" % (old, value),
+                  "refuse" if value != old else "same", "header length")
+
+
+def st_shape_mutant(rng, doc, body, name, entry):
+    shape = list(dict(entry)["shape"])
+    op = rng.choice(["swap", "plus", "minus", "double", "add-1", "drop", "negative", "huge",
+                     "scalar", "zero"])
+    new = {
+        "swap": shape[::-1],
+        "plus": [d + 1 for d in shape] or [1],
+        "minus": [max(0, d - 1) for d in shape] or [0],
+        "double": shape[:-1] + [shape[-1] * 2] if shape else [2],
+        "add-1": [1] + shape,  # the same element count
+        "drop": shape[1:],
+        "negative": [-d for d in shape] or [-1],
+        "huge": rng.choice([[2 ** 62, 2 ** 62], [2 ** 31] + shape[1:], [2 ** 64] + shape[1:]]),
+        "zero": [0] + shape[1:],
+        "scalar": [],
+    }[op]
+    return Mutant(st_join(jdump(st_with_field(doc, name, "shape", new)), body),
+                  "%s.shape %s -> %s" % (name, shape, new), "same" if new == shape else "refuse",
+                  "header JSON")
+
+
+def st_dtype_mutant(rng, doc, body, name, entry):
+    new = rng.choice(["F16", "BF16", "F64", "I32", "U8", "f32", "F32 ", "", "F8_E4M3"])
+    return Mutant(st_join(jdump(st_with_field(doc, name, "dtype", new)), body),
+                  "%s.dtype F32 -> %s" % (name, json.dumps(new)), "refuse", "header JSON")
+
+
+def st_offsets_mutant(rng, doc, body, name, entry):
+    tensors = [(k, v) for k, v in doc if k != "__metadata__"]
+    begin, end = dict(entry)["data_offsets"]
+    op = rng.choice(["shift", "shift", "swap-same-size", "begin-end", "past-end", "huge"])
+    same = [k for k, v in tensors if k != name and
+            dict(v)["data_offsets"][1] - dict(v)["data_offsets"][0] == end - begin]
+    if op == "swap-same-size" and same:
+        # a valid file that stores the two tensors in each other's place: nothing can tell
+        other = rng.choice(same)
+        theirs = dict(dict(doc)[other])["data_offsets"]
+        doc = st_with_field(st_with_field(doc, name, "data_offsets", list(theirs)), other,
+                            "data_offsets", [begin, end])
+        return Mutant(st_join(jdump(doc), body),
+                      "data_offsets of %s and %s swapped" % (name, other), "any", "header JSON")
+    k = rng.choice([1, 4, 8, -4])
+    new = {"shift": [begin + k, end + k], "swap-same-size": [begin + k, end + k],
+           "begin-end": [end, begin], "past-end": [begin, end + len(body)],
+           "huge": [begin, 2 ** 63 + begin]}[op]
+    return Mutant(st_join(jdump(st_with_field(doc, name, "data_offsets", new)), body),
+                  "%s.data_offsets %s -> %s" % (name, [begin, end], new), "refuse", "header JSON")
+
+
+def st_names_mutant(rng, doc, body, name, entry):
+    where = "header JSON"
+    op = rng.choice(["rename", "delete", "duplicate", "extra-empty", "extra-data", "prefix"])
+    if op == "rename":
+        new = rng.choice([name + "x", name.upper(), "h.9." + name, name.replace(".", "_"),
+                          name[:-1]])
+        doc = Obj((new if k == name else k, v) for k, v in doc)
+        return Mutant(st_join(jdump(doc), body), "tensor %s renamed %s" % (name, new), "refuse",
+                      where)
+    if op == "delete":
+        doc = Obj((k, v) for k, v in doc if k != name)
+        return Mutant(st_join(jdump(doc), body), "tensor %s deleted" % name, "refuse", where)
+    if op == "duplicate":
+        text = jdump(doc)
+        entry_text = json.dumps(name) + ":" + jdump(entry)
+        text = text.replace(entry_text, entry_text + "," + entry_text, 1)
+        return Mutant(st_join(text, body), "tensor %s given twice" % name, "refuse", where)
+    if op == "prefix":  # Hugging Face's "transformer." prefix on every name
+        doc = Obj((k if k == "__metadata__" else "transformer." + k, v) for k, v in doc)
+        return Mutant(st_join(jdump(doc), body), "every tensor prefixed 'transformer.'", "same",
+                      where)
+    # tensors the model does not use (Hugging Face files carry attn.bias buffers) are ignored
+    end = len(body)
+    extra = rng.choice(["h.0.attn.bias", "lm_head.weight", "extra", "h.5.ln_1.weight"])
+    if op == "extra-empty":
+        doc.append((extra, Obj([("dtype", "F32"), ("shape", [0]), ("data_offsets", [end, end])])))
+        return Mutant(st_join(jdump(doc), body), "extra empty tensor %s" % extra, "same", where)
+    doc.append((extra, Obj([("dtype", "F32"), ("shape", [2]), ("data_offsets", [end, end + 8])])))
+    return Mutant(st_join(jdump(doc), body + struct.pack("<2f", 1.5, -2.0)),
+                  "extra tensor %s with data" % extra, "same", where)
+
+
 def safetensors_mutant(rng, seed, kind):
     header, body = st_split(seed)
     doc = jparse(header)
-    tensors = [(k, v) for k, v in doc if k != "__metadata__"]
     meta = dict(doc).get("__metadata__", Obj())
     hlen = 8 + struct.unpack_from("<Q", seed, 0)[0]
 
@@ -447,121 +548,23 @@ def safetensors_mutant(rng, seed, kind):
             return "any", "header JSON"
         return "any", "payload"
 
-    r = rng.random()
-    if kind == "state" and r < 0.4:  # the loop state is what a resumed run trusts most
+    if kind == "state" and rng.random() < 0.4:  # the loop state: what a resumed run trusts most
         return st_metadata_mutant(rng, doc, body, meta, kind)
     r = rng.random()
     if r < 0.35:
         return byte_op(rng, seed, {"header": (0, hlen)}, classify)
-    if r < 0.45:  # the 8-byte length
-        data = bytearray(seed)
-        old = struct.unpack_from("<Q", data, 0)[0]
-        value = rng.choice([0, 1, 7, old - 1, old + 1, old - 8, old + 8, len(seed) - 8,
-                            len(seed), 100000000, 100000001, 2 ** 63, 2 ** 64 - 1, 2 ** 32 + old])
-        value %= 2 ** 64
-        struct.pack_into("<Q", data, 0, value)
-        return Mutant(bytes(data), "header length %d -> %d" % (old, value),
-                      "refuse" if value != old else "same", "header length")
-    where = "header JSON"
+    if r < 0.45:
+        return st_length_mutant(rng, seed)
+    name, entry = rng.choice([(k, v) for k, v in doc if k != "__metadata__"])
     r = rng.random()
-    name, entry = rng.choice(tensors)
-    fields = dict(entry)
-    if r < 0.15:  # shape
-        shape = list(fields["shape"])
-        op = rng.choice(["swap", "plus", "minus", "double", "add-1", "drop", "negative", "huge",
-                         "scalar", "zero"])
-        if op == "swap" and len(shape) == 2:
-            new = [shape[1], shape[0]]
-        elif op == "plus":
-            new = [d + 1 for d in shape] or [1]
-        elif op == "minus":
-            new = [max(0, d - 1) for d in shape] or [0]
-        elif op == "double":
-            new = shape[:-1] + [shape[-1] * 2] if shape else [2]
-        elif op == "add-1":
-            new = [1] + shape
-        elif op == "drop":
-            new = shape[1:]
-        elif op == "negative":
-            new = [-d for d in shape] or [-1]
-        elif op == "huge":
-            new = [2 ** 62, 2 ** 62] if rng.random() < 0.5 else [2 ** 31] + shape[1:]
-        elif op == "zero":
-            new = [0] + shape[1:]
-        else:
-            new = []
-        edited = Obj((k, new if k == "shape" else v) for k, v in entry)
-        doc = Obj((k, edited if k == name else v) for k, v in doc)
-        expect = "same" if new == shape else "refuse"
-        return Mutant(st_join(jdump(doc), body), "%s.shape %s -> %s" % (name, shape, new), expect,
-                      where)
-    if r < 0.25:  # dtype
-        new = rng.choice(["F16", "BF16", "F64", "I32", "U8", "f32", "F32 ", "", "F8_E4M3"])
-        edited = Obj((k, new if k == "dtype" else v) for k, v in entry)
-        doc = Obj((k, edited if k == name else v) for k, v in doc)
-        return Mutant(st_join(jdump(doc), body), "%s.dtype F32 -> %s" % (name, json.dumps(new)),
-                      "refuse", where)
-    if r < 0.37:  # offsets
-        begin, end = fields["data_offsets"]
-        op = rng.choice(["shift", "shift", "swap-same-size", "begin-end", "past-end", "huge"])
-        if op == "swap-same-size":
-            same = [(k, v) for k, v in tensors if k != name and
-                    dict(v)["data_offsets"][1] - dict(v)["data_offsets"][0] == end - begin]
-            if same:
-                other, oentry = rng.choice(same)
-                ooff = dict(oentry)["data_offsets"]
-                new_doc = Obj()
-                for k, v in doc:
-                    if k == name:
-                        v = Obj((f, list(ooff) if f == "data_offsets" else x) for f, x in v)
-                    elif k == other:
-                        v = Obj((f, [begin, end] if f == "data_offsets" else x) for f, x in v)
-                    new_doc.append((k, v))
-                return Mutant(st_join(jdump(new_doc), body),
-                              "data_offsets of %s and %s swapped" % (name, other), "any", where)
-            op = "shift"
-        k = rng.choice([1, 4, 8, -4])
-        new = {"shift": [begin + k, end + k], "begin-end": [end, begin],
-               "past-end": [begin, end + len(body)], "huge": [begin, 2 ** 63 + begin]}[op]
-        edited = Obj((f, new if f == "data_offsets" else v) for f, v in entry)
-        doc = Obj((k2, edited if k2 == name else v) for k2, v in doc)
-        return Mutant(st_join(jdump(doc), body), "%s.data_offsets %s -> %s" % (
-            name, [begin, end], new), "refuse", where)
-    if r < 0.45:  # names
-        op = rng.choice(["rename", "delete", "duplicate", "extra-empty", "extra-data", "prefix"])
-        if op == "rename":
-            new = rng.choice([name + "x", name.upper(), "h.9." + name, name.replace(".", "_"),
-                              name[:-1]])
-            doc = Obj((new if k == name else k, v) for k, v in doc)
-            return Mutant(st_join(jdump(doc), body), "tensor %s renamed %s" % (name, new),
-                          "refuse", where)
-        if op == "delete":
-            doc = Obj((k, v) for k, v in doc if k != name)
-            return Mutant(st_join(jdump(doc), body), "tensor %s deleted" % name, "refuse", where)
-        if op == "duplicate":
-            text = jdump(doc)
-            entry_text = json.dumps(name) + ":" + jdump(entry)
-            text = text.replace(entry_text, entry_text + "," + entry_text, 1)
-            return Mutant(st_join(text, body), "tensor %s given twice" % name, "refuse", where)
-        if op == "prefix":  # every name with Hugging Face's "transformer." prefix
-            doc = Obj((k if k == "__metadata__" else "transformer." + k, v) for k, v in doc)
-            return Mutant(st_join(jdump(doc), body), "every tensor prefixed 'transformer.'",
-                          "same", where)
-        end = len(body)
-        extra_name = rng.choice(["h.0.attn.bias", "lm_head.weight", "extra", "h.5.ln_1.weight"])
-        if op == "extra-empty":
-            doc.append((extra_name, Obj([("dtype", "F32"), ("shape", [0]),
-                                         ("data_offsets", [end, end])])))
-            return Mutant(st_join(jdump(doc), body), "extra empty tensor %s" % extra_name,
-                          "same", where)
-        doc.append((extra_name, Obj([("dtype", "F32"), ("shape", [2]),
-                                     ("data_offsets", [end, end + 8])])))
-        return Mutant(st_join(jdump(doc), body + struct.pack("<2f", 1.5, -2.0)),
-                      "extra tensor %s with data" % extra_name, "same", where)
-    if r < 0.75 and meta:  # metadata
+    for limit, edit in ((0.15, st_shape_mutant), (0.25, st_dtype_mutant),
+                        (0.37, st_offsets_mutant), (0.45, st_names_mutant)):
+        if r < limit:
+            return edit(rng, doc, body, name, entry)
+    if r < 0.75 and meta:
         return st_metadata_mutant(rng, doc, body, meta, kind)
     desc, expect = json_edit(rng, doc, st_tensor_rules)
-    return Mutant(st_join(jdump(doc), body), desc, expect, where)
+    return Mutant(st_join(jdump(doc), body), desc, expect, "header JSON")
 
 
 def st_metadata_mutant(rng, doc, body, meta, kind):
@@ -620,7 +623,8 @@ def loom_config_mutant(rng, rebuild, meta, old, body):
         desc = "loom.config %s -> %s" % (short(old, 30), short(json.dumps(text), 30))
     else:
         new = {"plus": value + 1, "double": value * 2, "zero": 0, "negative": -value,
-               "huge": 2 ** 40, "string": str(value), "delete": None}[op]
+               "huge": rng.choice([2 ** 40, 2 ** 31 - 1, 357913942, 178956971, 65536]),
+               "string": str(value), "delete": None}[op]
         if op == "delete":
             cfg = Obj((k, v) for k, v in cfg if k != field)
         else:
@@ -994,6 +998,32 @@ class Harness:
         return folder
 
 
+def review_kind(op):
+    """What an operator edited, without the values: 'metadata step', 'lr (times-two)'."""
+    name = re.search(r" \(([\w-]+)\)$", op)
+    left = op.split(" -> ")[0]
+    left = left.rsplit(":", 1)[0] if ":" in left else re.sub(r" -?\d+$", "", left)
+    left = re.sub(r"\bh\.\d+\.", "h.N.", left)
+    return left + (" (%s)" % name.group(1) if name else "")
+
+
+def crash_report(stderr, frames=8):
+    """The sanitizer's first report line and the stack under it (or the last lines)."""
+    lines = stderr.splitlines()
+    for i, l in enumerate(lines):
+        if SANITIZER.search(l):
+            out = [l]
+            for nxt in lines[i + 1:]:
+                if not nxt.strip() and len(out) > 1:
+                    break
+                if nxt.strip():
+                    out.append(nxt)
+                if len(out) > frames + 1:
+                    break
+            return out
+    return [l for l in lines if l.strip()][-frames:]
+
+
 def shell_quote(s):
     return s if re.fullmatch(r"[A-Za-z0-9_./=:,+-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
@@ -1089,10 +1119,13 @@ def main():
             record["kept"] = h.keep(i, fmt, variant, mutant, result)
             line += "\n      kept: %s" % record["kept"]
             if cls == "crash":
-                tail = [l for l in result["stderr"].splitlines() if l.strip()][-12:]
-                line += "".join("\n      | " + l for l in tail)
-        (bad if cls in ("crash", "hang") else suspicious if verdict.startswith("SUSPICIOUS")
-         else review if verdict else []).append(line)
+                line += "".join("\n      | " + l for l in crash_report(result["stderr"]))
+        if cls in ("crash", "hang"):
+            bad.append(line)
+        elif verdict.startswith("SUSPICIOUS"):
+            suspicious.append(line)
+        elif verdict:
+            review.append((fmt, mutant.op, i))
         log.write(json.dumps(record) + "\n")
         if not args.quiet or cls in ("crash", "hang") or verdict:
             print(line, flush=True)
@@ -1116,6 +1149,13 @@ def main():
             print("\n%s:" % title)
             for l in lines:
                 print(l)
+    if review:
+        print("\nfor review (accepted, outcome changed, no warning), by kind:")
+        kinds = {}
+        for fmt, op, index in review:
+            kinds.setdefault((fmt, review_kind(op)), []).append(index)
+        for (fmt, kind), indices in sorted(kinds.items()):
+            print("  %4d  %-6s %s  (e.g. #%d)" % (len(indices), fmt, kind, indices[0]))
     failed = len(bad) + (len(suspicious) if args.strict else 0)
     print("%d passed, %d failed" % (args.count - failed, failed))
     return 1 if failed else 0
