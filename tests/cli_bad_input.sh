@@ -138,6 +138,7 @@ text += b" " * (-len(text) % 8)
 open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
 }
+# (found by tests/fuzz.py too: a step of 2^63 started the run at -2^63 and overran a buffer)
 edit_state state_step_huge step 9223372036854775808
 edit_state state_skipped_huge skipped_total 18446744073709551615
 edit_state state_no_format format -

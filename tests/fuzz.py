@@ -1,0 +1,1165 @@
+#!/usr/bin/env python3
+"""fuzz.py — loom's own file-format fuzzer: mutates valid files of every format loom reads and
+runs the given loom binary on each mutant, one at a time.
+
+Formats and the commands that read them:
+  shard   llm.c token shards        train --data, train --val-data, eval --data
+  llmc    llm.c fp32 checkpoints    train --init-from, sample/eval --checkpoint
+  model   model.safetensors         train --init-from, train --resume, sample/eval --checkpoint
+  state   state.safetensors         train --resume
+  config  train --config JSON       train --config
+  plan    plan files                train --plan, plan --check
+
+The valid seeds are made here with the binary itself (prepare, a 1-step tiny run, loom plan) or
+written by this script (the JSON config, an llm.c checkpoint of the tiny model's shape). Mutant i
+of seed S is a pure function of (S, i): format i mod 6, then one operator drawn from
+random.Random("S/i"): bit flips, byte and integer-slot writes at the header fields, truncation,
+extension, insertion/deletion, and structured edits (JSON values, keys and nesting; safetensors
+shapes, dtypes, offsets, names and metadata; llm.c header dimensions; token values).
+
+Each mutant run ends in one class: refused (exit 2), accepted (exit 0), failed (exit 1), crash
+(a signal, exit >= 128 or an unexpected status, or a sanitizer report), hang (no progress before
+the timeout), or slow (a training run the mutant made long, killed once it had done 20 steps).
+An accepted mutant is compared with its unmutated seed run through the same command (training
+losses, learning rates, gradient norms and the saved weights; or stdout): every operator also
+says what it expects: "refuse" (the file is broken), "same" (the edit is irrelevant to what is
+trained), or "any" (a legitimate file that may train differently). Accepted "refuse" mutants,
+and "same" mutants whose outcome changed without a "warning:" line, are SUSPICIOUS; accepted
+mutants of a header, metadata or JSON that changed the outcome are listed for REVIEW.
+
+Crashes, hangs and suspicious mutants are kept under WORKDIR/findings/ with a repro.sh.
+Exit status: 1 on any crash or hang (also on a suspicious mutant with --strict), else 0. The last
+line is "N passed, N failed" (failed = crashes + hangs [+ suspicious with --strict]).
+
+usage: fuzz.py LOOM_BINARY WORKDIR [--count N] [--seed S] [--timeout SECONDS]
+               [--formats shard,llmc,...] [--strict] [--quiet]
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+FORMATS = ["shard", "llmc", "model", "state", "config", "plan"]
+CLASSES = ["refused", "accepted", "failed", "crash", "hang", "slow"]
+TINY = ["--threads", "1", "--seq-len", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
+RUN_FLAGS = ["--threads", "1", "--eval-every", "0", "--log-every", "1", "--out", "run"]
+SANITIZER = re.compile(r"ERROR: (Address|Leak|Memory|Thread|UndefinedBehavior)Sanitizer|"
+                       r"SUMMARY: \w+Sanitizer|:[0-9]+:[0-9]+: runtime error: |"
+                       r"Segmentation fault|core dumped|stack smashing|double free")
+RSS_LIMIT = re.compile(r"hard rss limit exhausted|out of memory: allocator is trying")
+SLOW_STEPS = 20  # a training run past this many steps is a legitimately long one
+
+# ---- tiny model shape (loom's `tiny` preset) -------------------------------------------------
+
+TINY_SHAPE = dict(maxT=16, V=257, L=2, NH=2, C=16, Vp=384)
+
+
+def llmc_param_count(maxT, V, L, NH, C, Vp):
+    return Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+# ---- JSON with duplicate keys and raw number text ----------------------------------------------
+
+class Obj(list):
+    """A JSON object as a list of (key, value) pairs: keeps order and allows duplicates."""
+
+
+class Raw:
+    """A JSON token written as is (numbers Python would not print, invalid text)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def jparse(text):
+    return json.loads(text, object_pairs_hook=Obj)
+
+
+def jdump(v, indent=None, level=0):
+    pad = "" if indent is None else "\n" + " " * (indent * (level + 1))
+    end = "" if indent is None else "\n" + " " * (indent * level)
+    sep = ":" if indent is None else ": "
+    if isinstance(v, Raw):
+        return v.text
+    if isinstance(v, Obj):
+        if not v:
+            return "{}"
+        items = [json.dumps(k) + sep + jdump(x, indent, level + 1) for k, x in v]
+        return "{" + pad + ("," + pad).join(items) + end + "}"
+    if isinstance(v, list):
+        if not v:
+            return "[]"
+        return "[" + ",".join(jdump(x, None) for x in v) + "]"
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "1e999"
+    return json.dumps(v)
+
+
+def jnodes(v, path=()):
+    """Every node below the root: (path, parent, key-or-index, value)."""
+    out = []
+    if isinstance(v, Obj):
+        for i, (k, x) in enumerate(v):
+            out.append((path + (k,), v, i, x))
+            out += jnodes(x, path + (k,))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            out.append((path + (i,), v, i, x))
+            out += jnodes(x, path + (i,))
+    return out
+
+
+def jset(parent, index, value):
+    if isinstance(parent, Obj):
+        parent[index] = (parent[index][0], value)
+    else:
+        parent[index] = value
+
+
+def jpath(path):
+    return ".".join(str(p) for p in path) or "(root)"
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v):
+    return (is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
+
+
+# the limits of int32/int64/uint64, and values whose products with small factors (12 L, 4 C)
+# wrap an int
+HUGE_NUMBERS = ["2147483647", "2147483648", "4294967296", "9223372036854775807",
+                "9223372036854775808", "18446744073709551616", "99999999999999999999999",
+                "1e308", "1e999", "1000000000", "178956971", "357913942", "536870912", "65536"]
+UNKNOWN_KEYS = ["stepz", "extra", "", "__metadata__", "LAYERS", "model ", "x" * 300]
+
+
+def json_value_edit(rng, value):
+    """A new value for a JSON leaf or container: (new value, description, expectation)."""
+    choices = []
+    if is_num(value):
+        choices += [
+            ("huge", lambda: Raw(rng.choice(HUGE_NUMBERS)), "any"),
+            ("negative", lambda: -abs(value) if value else -1, "refuse"),
+            ("negative-big", lambda: Raw("-9223372036854775809"), "refuse"),
+            ("zero", lambda: 0 if is_int(value) else 0.0, "any"),
+            ("plus-one", lambda: value + 1, "any"),
+            ("times-two", lambda: value * 2, "any"),
+            ("string", lambda: str(value), "refuse"),
+            ("word", lambda: "abc", "refuse"),
+            ("bool", lambda: rng.choice([True, False]), "refuse"),
+            ("null", lambda: None, "refuse"),
+        ]
+        if is_int(value):
+            choices += [("fraction", lambda: value + 0.5, "refuse"),
+                        ("integral-real", lambda: Raw("%d.0" % value), "any"),
+                        ("exponent", lambda: Raw("%de0" % value), "any")]
+        else:
+            choices += [("tiny-real", lambda: 1e-300, "any"), ("nan-text", lambda: Raw("NaN"),
+                                                               "refuse")]
+    elif isinstance(value, str):
+        choices += [
+            ("empty", lambda: "", "any"),
+            ("other-word", lambda: rng.choice(["gpipe", "1f1b", "cosine", "constant", "none",
+                                               "tiny", "small", "gpt2", "F16", "x"]), "any"),
+            ("long", lambda: "a" * rng.choice([31, 32, 64, 255, 256, 5000]), "any"),
+            ("unicode", lambda: value + "\u00e9\u4e2d", "any"),
+            ("nul-escape", lambda: Raw(json.dumps(value)[:-1] + "\\u0000\""), "refuse"),
+            ("number", lambda: rng.choice([0, 1, -1, 2.5]), "refuse"),
+            ("bool", lambda: True, "refuse"),
+        ]
+    elif isinstance(value, bool):
+        choices += [("flip", lambda: not value, "any"), ("number-0", lambda: 0, "refuse"),
+                    ("number-1", lambda: 1, "refuse"), ("string", lambda: str(value).lower(),
+                                                         "refuse"), ("null", lambda: None,
+                                                                     "refuse")]
+    elif value is None:
+        choices += [("zero", lambda: 0, "refuse")]
+    if isinstance(value, (Obj, list)) or choices:
+        choices += [("wrap-array", lambda: [value], "refuse"),
+                    ("wrap-object", lambda: Obj([("value", value)]), "refuse")]
+    if isinstance(value, Obj):
+        choices += [("object-to-array", lambda: [x for _, x in value], "refuse"),
+                    ("empty-object", lambda: Obj(), "any")]
+    if isinstance(value, list):
+        choices += [("array-to-object", lambda: Obj((str(i), x) for i, x in enumerate(value)),
+                     "refuse"),
+                    ("empty-array", lambda: [], "any"),
+                    ("reverse", lambda: list(reversed(value)), "any"),
+                    ("drop-last", lambda: value[:-1], "any"),
+                    ("append", lambda: value + [rng.choice([0, 1, 7, -1, 99])], "any")]
+    name, make, expect = rng.choice(choices)
+    return make(), name, expect
+
+
+def json_edit(rng, doc, rules):
+    """One structured edit of a parsed document (changed in place). `rules(path, op, expect)`
+    refines the generic expectation for a format. Returns (description, expectation)."""
+    nodes = jnodes(doc)
+    path, parent, index, value = rng.choice(nodes)
+    op = rng.choice(["value"] * 6 + ["delete", "duplicate", "unknown-key", "rename"])
+    if op in ("delete", "duplicate", "unknown-key", "rename") and not isinstance(parent, Obj):
+        op = "value"
+    if op == "value":
+        new, name, expect = json_value_edit(rng, value)
+        jset(parent, index, new)
+        desc = "%s: %s -> %s (%s)" % (jpath(path), short(jdump(value)), short(jdump(new)), name)
+        if jdump(new) == jdump(value):  # e.g. a one-element array reversed
+            return desc, "same"
+        return desc, rules(path, name, expect)
+    key = parent[index][0]
+    if op == "delete":
+        del parent[index]
+        return "%s: deleted" % jpath(path), rules(path, "delete", "any")
+    if op == "duplicate":
+        copy = value if rng.random() < 0.5 else json_value_edit(rng, value)[0]
+        parent.insert(index + rng.choice([0, 1]), (key, copy))
+        return "%s: duplicated (%s)" % (jpath(path), short(jdump(copy))), \
+            rules(path, "duplicate", "refuse")
+    if op == "unknown-key":
+        new_key = rng.choice(UNKNOWN_KEYS)
+        parent.insert(rng.randrange(len(parent) + 1), (new_key, rng.choice([1, "x", True, Obj()])))
+        return "%s: unknown key %s added beside it" % (jpath(path), short(json.dumps(new_key))), \
+            rules(path[:-1] + (new_key,), "unknown-key", "refuse")
+    new_key = key.upper() if rng.random() < 0.5 else key + "_"
+    parent[index] = (new_key, value)
+    return "%s: renamed to %s" % (jpath(path), short(json.dumps(new_key))), \
+        rules(path, "rename", "refuse")
+
+
+def short(text, n=70):
+    text = str(text)
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+# ---- byte-level operators -------------------------------------------------------------------
+
+INTERESTING_BYTES = [0x00, 0x01, 0x7f, 0x80, 0xff, ord("{"), ord("}"), ord('"'), ord(","),
+                     ord(":"), ord("0"), ord("9"), ord("-"), ord(" "), ord("\\"), ord("[")]
+INTERESTING_I32 = [0, 1, -1, 2, 3, 5, 7, 16, 255, 256, 257, 65535, 65536, 0x7fffffff,
+                   -0x80000000, 0x40000000, 20240520, 20240326]
+
+
+def le32(data, at):
+    return struct.unpack_from("<i", data, at)[0]
+
+
+class Mutant:
+    def __init__(self, data, op, expect, where):
+        self.data, self.op, self.expect, self.where = data, op, expect, where
+
+
+def byte_op(rng, seed, regions, classify):
+    """Generic byte mutations. regions: name -> (start, end); classify(set of changed offsets,
+    size changed?) -> (expectation, where)."""
+    data = bytearray(seed)
+    n = len(data)
+    op = rng.choice(["bitflip", "bitflip", "byte", "byte", "truncate", "extend", "insert",
+                     "delete", "splice"])
+    header = regions["header"]
+    if op == "bitflip":
+        flips = []
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            lo, hi = header if rng.random() < 0.7 else (0, n)
+            pos = rng.randrange(lo, hi)
+            bit = rng.randrange(8)
+            data[pos] ^= 1 << bit
+            flips.append((pos, bit))
+        expect, where = classify({p for p, _ in flips}, False)
+        return Mutant(bytes(data), "bitflip " + ",".join("%d.%d" % f for f in flips), expect,
+                      where)
+    if op == "byte":
+        lo, hi = header
+        pos = rng.randrange(lo, hi)
+        old = data[pos]
+        data[pos] = rng.choice([b for b in INTERESTING_BYTES + [rng.randrange(256)] if b != old])
+        expect, where = classify({pos} if data[pos] != old else set(), False)
+        return Mutant(bytes(data), "byte @%d 0x%02x->0x%02x" % (pos, old, data[pos]), expect,
+                      where)
+    if op == "truncate":
+        cuts = [0, 1, 4, 7, 8, header[1] - 1, header[1], header[1] + 1, n - 1, n - 2, n - 4,
+                rng.randrange(n)]
+        size = rng.choice([c for c in cuts if 0 <= c < n])
+        return Mutant(bytes(data[:size]), "truncate %d->%d" % (n, size), *classify(None, True))
+    if op == "extend":
+        k = rng.choice([1, 2, 3, 4, 8, 16, 1024, rng.randrange(1, 5000)])
+        fill = rng.choice(["zeros", "ff", "random", "copy"])
+        tail = {"zeros": bytes(k), "ff": b"\xff" * k,
+                "random": bytes(rng.randrange(256) for _ in range(k)),
+                "copy": (bytes(data) * (k // n + 1))[:k]}[fill]
+        return Mutant(bytes(data) + tail, "extend +%d %s" % (k, fill), *classify(None, True))
+    if op == "insert":
+        pos = rng.randrange(*header)
+        k = rng.choice([1, 2, 4, 8])
+        data[pos:pos] = bytes(rng.choice(INTERESTING_BYTES) for _ in range(k))
+        return Mutant(bytes(data), "insert %d bytes @%d" % (k, pos), *classify(None, True))
+    if op == "delete":
+        pos = rng.randrange(*header)
+        k = rng.choice([1, 2, 4, 8])
+        del data[pos:pos + k]
+        return Mutant(bytes(data), "delete %d bytes @%d" % (k, pos), *classify(None, True))
+    # splice: overwrite a chunk with bytes from elsewhere (same size)
+    k = rng.choice([4, 8, 16, 64])
+    src = rng.randrange(0, max(1, n - k))
+    dst = rng.randrange(header[0], max(header[0] + 1, min(header[1], n - k)))
+    old = bytes(data[dst:dst + k])
+    data[dst:dst + k] = seed[src:src + k]
+    changed = {dst + i for i in range(k) if old[i] != data[dst + i]}
+    return Mutant(bytes(data), "splice %d bytes %d->%d" % (k, src, dst), *classify(changed, False))
+
+
+def slot_op(rng, seed, slots, classify):
+    """Writes an interesting int32 into a header slot (slots: the meaningful ones)."""
+    data = bytearray(seed)
+    slot = rng.choice(slots) if rng.random() < 0.85 else rng.randrange(8, 256)
+    old = le32(data, 4 * slot)
+    value = rng.choice(INTERESTING_I32 + [old + 1, old - 1, old * 2, old // 2, -old])
+    value = (value + 2 ** 31) % 2 ** 32 - 2 ** 31
+    struct.pack_into("<i", data, 4 * slot, value)
+    changed = set(range(4 * slot, 4 * slot + 4)) if value != old else set()
+    expect, where = classify(changed, False)
+    return Mutant(bytes(data), "header[%d] %d -> %d" % (slot, old, value), expect, where), slot, \
+        value
+
+
+# ---- formats --------------------------------------------------------------------------------
+
+def shard_mutant(rng, seed, vocab=257):
+    n = len(seed)
+
+    def classify(changed, resized):
+        if resized:
+            return "refuse", "size"
+        if not changed:
+            return "same", "none"
+        if min(changed) < 12:
+            return "refuse", "header"
+        if max(changed) < 1024:
+            return "same", "header (unused slots)"
+        return "any", "payload"
+
+    r = rng.random()
+    if r < 0.25:
+        return slot_op(rng, seed, [0, 1, 2], classify)[0]
+    if r < 0.4:
+        data = bytearray(seed)
+        count = (n - 1024) // 2
+        pos = rng.randrange(count)
+        old = struct.unpack_from("<H", data, 1024 + 2 * pos)[0]
+        value = rng.choice([vocab - 1, vocab, vocab + 1, 65535, 256, 0, 300])
+        struct.pack_into("<H", data, 1024 + 2 * pos, value)
+        expect = "refuse" if value >= vocab else ("same" if value == old else "any")
+        return Mutant(bytes(data), "token[%d] %d -> %d" % (pos, old, value), expect, "payload")
+    return byte_op(rng, seed, {"header": (0, 1024)}, classify)
+
+
+def llmc_mutant(rng, seed):
+    def classify(changed, resized):
+        if resized:
+            return "refuse", "size"
+        if not changed:
+            return "same", "none"
+        if min(changed) < 8:
+            return "refuse", "header"
+        if min(changed) < 32:
+            return "any", "header (dimensions)"
+        if max(changed) < 1024:
+            return "same", "header (unused slots)"
+        return "any", "payload"
+
+    if rng.random() < 0.4:
+        m, slot, value = slot_op(rng, seed, [0, 1, 2, 3, 4, 5, 6, 7], classify)
+        if 2 <= slot <= 7 and m.expect != "same":
+            dims = [le32(m.data, 4 * s) for s in range(2, 8)]
+            maxT, V, L, NH, C, Vp = dims
+            ok = min(dims) > 0 and C % NH == 0 and Vp >= V and \
+                llmc_param_count(maxT, V, L, NH, C, Vp) == llmc_param_count(**TINY_SHAPE)
+            m.expect = "any" if ok else "refuse"
+        return m
+    return byte_op(rng, seed, {"header": (0, 1024)}, classify)
+
+
+def st_split(data):
+    n = struct.unpack_from("<Q", data, 0)[0]
+    return data[8:8 + n].decode(), data[8 + n:]
+
+
+def st_join(header, body, pad=True):
+    raw = header.encode()
+    if pad:
+        raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
+def st_tensor_rules(path, op, expect):
+    """Expectations for generic JSON edits of a safetensors header."""
+    if not path:
+        return expect
+    if path[0] == "__metadata__":
+        if len(path) == 1:
+            return "refuse" if op not in ("delete", "empty-object") else "any"
+        if op == "unknown-key":
+            return "same"
+        if op == "rename":  # as if deleted: a state file is refused, a model one is Hugging Face's
+            return "any"
+        return expect
+    if len(path) == 1:  # a tensor entry as a whole
+        return "refuse" if op != "unknown-key" else "refuse"
+    return "refuse" if expect != "same" else "same"
+
+
+def state_meta_values(old):
+    return [("0", "any"), ("1", "any"), ("2", "any"), ("7", "any"), ("1000", "any"),
+            ("-1", "refuse"), ("abc", "refuse"), ("", "refuse"), ("1.5", "refuse"),
+            ("0x10", "refuse"), ("1e3", "refuse"), ("18446744073709551615", "refuse-if-signed"),
+            ("18446744073709551616", "refuse"), ("9223372036854775807", "any"),
+            ("9223372036854775808", "refuse-if-signed"), (" " + old, "same"), ("+" + old, "same"),
+            ("0" + old, "same"), (old + " ", "refuse"), (old + "\n", "refuse")]
+
+
+SIGNED_STATE = {"step", "bad_steps", "skipped_total"}
+
+
+def st_with_field(doc, name, field, value):
+    """The header with tensor `name`'s `field` replaced."""
+    return Obj((k, Obj((f, value if f == field else x) for f, x in v) if k == name else v)
+               for k, v in doc)
+
+
+def st_length_mutant(rng, seed):
+    data = bytearray(seed)
+    old = struct.unpack_from("<Q", data, 0)[0]
+    value = rng.choice([0, 1, 7, old - 1, old + 1, old - 8, old + 8, len(seed) - 8, len(seed),
+                        100000000, 100000001, 2 ** 63, 2 ** 64 - 1, 2 ** 32 + old])
+    value %= 2 ** 64
+    struct.pack_into("<Q", data, 0, value)
+    return Mutant(bytes(data), "header length %d -> %d" % (old, value),
+                  "refuse" if value != old else "same", "header length")
+
+
+def st_shape_mutant(rng, doc, body, name, entry):
+    shape = list(dict(entry)["shape"])
+    op = rng.choice(["swap", "plus", "minus", "double", "add-1", "drop", "negative", "huge",
+                     "scalar", "zero"])
+    new = {
+        "swap": shape[::-1],
+        "plus": [d + 1 for d in shape] or [1],
+        "minus": [max(0, d - 1) for d in shape] or [0],
+        "double": shape[:-1] + [shape[-1] * 2] if shape else [2],
+        "add-1": [1] + shape,  # the same element count
+        "drop": shape[1:],
+        "negative": [-d for d in shape] or [-1],
+        "huge": rng.choice([[2 ** 62, 2 ** 62], [2 ** 31] + shape[1:], [2 ** 64] + shape[1:]]),
+        "zero": [0] + shape[1:],
+        "scalar": [],
+    }[op]
+    return Mutant(st_join(jdump(st_with_field(doc, name, "shape", new)), body),
+                  "%s.shape %s -> %s" % (name, shape, new), "same" if new == shape else "refuse",
+                  "header JSON")
+
+
+def st_dtype_mutant(rng, doc, body, name, entry):
+    new = rng.choice(["F16", "BF16", "F64", "I32", "U8", "f32", "F32 ", "", "F8_E4M3"])
+    return Mutant(st_join(jdump(st_with_field(doc, name, "dtype", new)), body),
+                  "%s.dtype F32 -> %s" % (name, json.dumps(new)), "refuse", "header JSON")
+
+
+def st_offsets_mutant(rng, doc, body, name, entry):
+    tensors = [(k, v) for k, v in doc if k != "__metadata__"]
+    begin, end = dict(entry)["data_offsets"]
+    op = rng.choice(["shift", "shift", "swap-same-size", "begin-end", "past-end", "huge"])
+    same = [k for k, v in tensors if k != name and
+            dict(v)["data_offsets"][1] - dict(v)["data_offsets"][0] == end - begin]
+    if op == "swap-same-size" and same:
+        # a valid file that stores the two tensors in each other's place: nothing can tell
+        other = rng.choice(same)
+        theirs = dict(dict(doc)[other])["data_offsets"]
+        doc = st_with_field(st_with_field(doc, name, "data_offsets", list(theirs)), other,
+                            "data_offsets", [begin, end])
+        return Mutant(st_join(jdump(doc), body),
+                      "data_offsets of %s and %s swapped" % (name, other), "any", "header JSON")
+    k = rng.choice([1, 4, 8, -4])
+    new = {"shift": [begin + k, end + k], "swap-same-size": [begin + k, end + k],
+           "begin-end": [end, begin], "past-end": [begin, end + len(body)],
+           "huge": [begin, 2 ** 63 + begin]}[op]
+    return Mutant(st_join(jdump(st_with_field(doc, name, "data_offsets", new)), body),
+                  "%s.data_offsets %s -> %s" % (name, [begin, end], new), "refuse", "header JSON")
+
+
+def st_names_mutant(rng, doc, body, name, entry):
+    where = "header JSON"
+    op = rng.choice(["rename", "delete", "duplicate", "extra-empty", "extra-data", "prefix"])
+    if op == "rename":
+        new = rng.choice([name + "x", name.upper(), "h.9." + name, name.replace(".", "_"),
+                          name[:-1]])
+        doc = Obj((new if k == name else k, v) for k, v in doc)
+        return Mutant(st_join(jdump(doc), body), "tensor %s renamed %s" % (name, new), "refuse",
+                      where)
+    if op == "delete":
+        doc = Obj((k, v) for k, v in doc if k != name)
+        return Mutant(st_join(jdump(doc), body), "tensor %s deleted" % name, "refuse", where)
+    if op == "duplicate":
+        text = jdump(doc)
+        entry_text = json.dumps(name) + ":" + jdump(entry)
+        text = text.replace(entry_text, entry_text + "," + entry_text, 1)
+        return Mutant(st_join(text, body), "tensor %s given twice" % name, "refuse", where)
+    if op == "prefix":  # Hugging Face's "transformer." prefix on every name
+        doc = Obj((k if k == "__metadata__" else "transformer." + k, v) for k, v in doc)
+        return Mutant(st_join(jdump(doc), body), "every tensor prefixed 'transformer.'", "same",
+                      where)
+    # tensors the model does not use (Hugging Face files carry attn.bias buffers) are ignored
+    end = len(body)
+    extra = rng.choice(["h.0.attn.bias", "lm_head.weight", "extra", "h.5.ln_1.weight"])
+    if op == "extra-empty":
+        doc.append((extra, Obj([("dtype", "F32"), ("shape", [0]), ("data_offsets", [end, end])])))
+        return Mutant(st_join(jdump(doc), body), "extra empty tensor %s" % extra, "same", where)
+    doc.append((extra, Obj([("dtype", "F32"), ("shape", [2]), ("data_offsets", [end, end + 8])])))
+    return Mutant(st_join(jdump(doc), body + struct.pack("<2f", 1.5, -2.0)),
+                  "extra tensor %s with data" % extra, "same", where)
+
+
+def safetensors_mutant(rng, seed, kind):
+    header, body = st_split(seed)
+    doc = jparse(header)
+    meta = dict(doc).get("__metadata__", Obj())
+    hlen = 8 + struct.unpack_from("<Q", seed, 0)[0]
+
+    def classify(changed, resized):
+        if resized:
+            return "refuse", "size"
+        if not changed:
+            return "same", "none"
+        if min(changed) < 8:
+            return "refuse", "header length"
+        if min(changed) < hlen:
+            return "any", "header JSON"
+        return "any", "payload"
+
+    if kind == "state" and rng.random() < 0.4:  # the loop state: what a resumed run trusts most
+        return st_metadata_mutant(rng, doc, body, meta, kind)
+    r = rng.random()
+    if r < 0.35:
+        return byte_op(rng, seed, {"header": (0, hlen)}, classify)
+    if r < 0.45:
+        return st_length_mutant(rng, seed)
+    name, entry = rng.choice([(k, v) for k, v in doc if k != "__metadata__"])
+    r = rng.random()
+    for limit, edit in ((0.15, st_shape_mutant), (0.25, st_dtype_mutant),
+                        (0.37, st_offsets_mutant), (0.45, st_names_mutant)):
+        if r < limit:
+            return edit(rng, doc, body, name, entry)
+    if r < 0.75 and meta:
+        return st_metadata_mutant(rng, doc, body, meta, kind)
+    desc, expect = json_edit(rng, doc, st_tensor_rules)
+    return Mutant(st_join(jdump(doc), body), desc, expect, "header JSON")
+
+
+def st_metadata_mutant(rng, doc, body, meta, kind):
+    where = "metadata"
+    keys = [k for k, _ in meta]
+    key = rng.choice(keys)
+    old = dict(meta)[key]
+
+    def rebuild(new_meta):
+        return Obj((k, new_meta if k == "__metadata__" else v) for k, v in doc)
+
+    r = rng.random()
+    if r < 0.1:
+        new_meta = Obj((k, v) for k, v in meta if k != key)
+        expect = "refuse" if kind == "state" and key != "format" else "any"
+        if key == "format":
+            expect = "same"
+        return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata %s deleted" % key,
+                      expect, where)
+    if r < 0.18:
+        new_meta = Obj(meta + [(rng.choice(["note", "loom.extra", "step2"]), "1")])
+        return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata key added", "same",
+                      where)
+    if r < 0.25:
+        new = rng.choice([1, 1.5, None, True, [old], Obj()])
+        new_meta = Obj((k, new if k == key else v) for k, v in meta)
+        return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata %s: %s -> %s" % (
+            key, json.dumps(old), short(jdump(new))), "refuse", where)
+    if key == "loom.config":
+        return loom_config_mutant(rng, rebuild, meta, old, body)
+    if key == "format":
+        new = rng.choice([w for w in ["pt", "tf", "", "loom.train_state.v2",
+                                      "loom.train_state.v1", "np"] if w != old])
+        new_meta = Obj((k, new if k == key else v) for k, v in meta)
+        return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata format %s -> %s" % (
+            json.dumps(old), json.dumps(new)), "same", where)
+    new, expect = rng.choice([v for v in state_meta_values(old) if v[0] != old])
+    if expect == "refuse-if-signed":
+        expect = "refuse" if key in SIGNED_STATE else "any"
+    if key == "rng_state" and expect == "any":
+        expect = "same"  # saved for the record; nothing reads it
+    if new == old:
+        expect = "same"
+    new_meta = Obj((k, new if k == key else v) for k, v in meta)
+    return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata %s: %s -> %s" % (
+        key, json.dumps(old), json.dumps(new)), expect, where)
+
+
+def loom_config_mutant(rng, rebuild, meta, old, body):
+    cfg = jparse(old)
+    field = rng.choice([k for k, _ in cfg])
+    value = dict(cfg)[field]
+    op = rng.choice(["plus", "double", "zero", "negative", "huge", "string", "delete", "text"])
+    if op == "text":
+        text = rng.choice(["", "{", "[]", "null", old[:-1], old + "x", "{}"])
+        desc = "loom.config %s -> %s" % (short(old, 30), short(json.dumps(text), 30))
+    else:
+        new = {"plus": value + 1, "double": value * 2, "zero": 0, "negative": -value,
+               "huge": rng.choice([2 ** 40, 2 ** 31 - 1, 357913942, 178956971, 65536]),
+               "string": str(value), "delete": None}[op]
+        if op == "delete":
+            cfg = Obj((k, v) for k, v in cfg if k != field)
+        else:
+            cfg = Obj((k, new if k == field else v) for k, v in cfg)
+        text = jdump(cfg)
+        desc = "loom.config %s: %s -> %s" % (field, value, "deleted" if op == "delete" else new)
+    new_meta = Obj((k, text if k == "loom.config" else v) for k, v in meta)
+    # what the tensors pin down must be refused when it changes; heads only divide d_model
+    if field == "padded_vocab" and op != "text":
+        expect = "same"
+    elif field == "heads" and op in ("plus", "double") and 16 % (value + 1 if op == "plus"
+                                                                 else value * 2) == 0:
+        expect = "any"
+    else:
+        expect = "refuse"
+    return Mutant(st_join(jdump(rebuild(new_meta)), body), desc, expect, "metadata")
+
+
+def text_json_mutant(rng, seed, rules, indent):
+    text = seed.decode()
+    if rng.random() < 0.3:
+        def classify(changed, resized):
+            return "any", "JSON text"
+
+        m = byte_op(rng, seed, {"header": (0, len(seed))}, classify)
+        if m.op.startswith("truncate"):
+            m.expect = "same" if m.data.strip() == seed.strip() else "refuse"
+        elif m.op.startswith("extend"):
+            m.expect = "same" if m.data.strip() == seed.strip() else "refuse"
+        return m
+    doc = jparse(text)
+    desc, expect = json_edit(rng, doc, rules)
+    return Mutant((jdump(doc, indent) + "\n").encode(), desc, expect, "JSON")
+
+
+def config_rules(path, op, expect):
+    if op == "delete":
+        return "any"  # the default applies
+    return expect
+
+
+def plan_rules(path, op, expect):
+    if op == "delete" and path and path[0] == "predicted":
+        return "same" if len(path) == 1 else "any"
+    if path and path[0] == "predicted" and expect == "any":
+        return "same" if op != "huge" else "any"
+    return expect
+
+
+# ---- the seeds ------------------------------------------------------------------------------
+
+def lcg_text(words, count, seed=7):
+    out = []
+    for i in range(count):
+        seed = (seed * 1103515245 + 12345) % 2147483648
+        out.append(words[(seed >> 8) % len(words)])
+        if i % 10 == 9:
+            out.append("\n")
+    return " ".join(out)
+
+
+def write_llmc(path):
+    s = TINY_SHAPE
+    header = [20240326, 3, s["maxT"], s["V"], s["L"], s["NH"], s["C"], s["Vp"]] + [0] * 248
+    count = llmc_param_count(**s)
+    rng = random.Random(11)
+    params = [rng.gauss(0.0, 0.2) for _ in range(count)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%df" % count, *params))
+
+
+CONFIG = Obj([
+    ("model", "tiny"), ("layers", 2), ("heads", 2), ("d_model", 16), ("context", 16),
+    ("vocab", 257), ("data", "data/train_*.bin"), ("val_data", "data/val_*.bin"), ("steps", 2),
+    ("micro_batch_size", 2), ("seq_len", 16), ("global_batch_size", 2), ("lr", 0.001),
+    ("lr_schedule", "cosine"), ("min_lr_ratio", 0.1), ("warmup_steps", 1),
+    ("weight_decay", 0.1), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-08), ("grad_clip", 1.0),
+    ("max_bad_steps", 5), ("seed", 1337), ("threads", 1), ("save_every", 0),
+    ("eval_every", 2), ("eval_batches", 1), ("log_every", 1), ("no_save", False),
+    ("recompute", False), ("schedule", "1f1b"), ("bucket_mb", 25.0), ("comm_timeout", 60.0),
+])
+
+
+class Harness:
+    def __init__(self, args):
+        self.loom = os.path.abspath(args.loom)
+        self.work = os.path.abspath(args.workdir)
+        self.timeout = args.timeout
+        self.quiet = args.quiet
+        self.seeds_dir = os.path.join(self.work, "seeds")
+        self.scratch = os.path.join(self.work, "scratch")
+        self.findings = os.path.join(self.work, "findings")
+        with open(self.loom, "rb") as f:
+            self.sanitized = b"__asan_init" in f.read()
+        self.env = dict(os.environ)
+        self.env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_THREAD_LIMIT="4")
+        asan = self.env.get("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+        # big allocations return NULL (loom must say "out of memory") instead of aborting, and
+        # a mutant cannot take the shared machine's memory
+        self.env["ASAN_OPTIONS"] = asan + ":allocator_may_return_null=1:malloc_limit_mb=2048" \
+            ":hard_rss_limit_mb=3072"
+        self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+        self.baselines = {}
+
+    # -- running one command --
+
+    def limit_memory(self):
+        if not self.sanitized:  # ASan's shadow memory cannot live under an address-space limit
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    def run(self, argv, cwd, train):
+        out_path, err_path = os.path.join(cwd, "stdout.txt"), os.path.join(cwd, "stderr.txt")
+        metrics = os.path.join(cwd, "run", "metrics.jsonl")
+        start = time.time()
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL, env=self.env,
+                                    start_new_session=True, preexec_fn=self.limit_memory)
+            status, rc = None, None
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.05 if time.time() - start < 1 else 0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if train and count_lines(metrics) > SLOW_STEPS:
+                    status = "slow"
+                elif time.time() - start > self.timeout:
+                    status = "hang"
+                    self.stack_of_hang(proc.pid, cwd)
+                if status:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    rc = proc.wait()
+                    break
+        with open(out_path, "rb") as f:
+            stdout = f.read().decode(errors="replace")
+        with open(err_path, "rb") as f:
+            stderr = f.read().decode(errors="replace")
+        return status, rc, stdout, stderr, time.time() - start
+
+    def stack_of_hang(self, pid, cwd):
+        if shutil.which("gdb"):
+            try:
+                with open(os.path.join(cwd, "hang_stack.txt"), "wb") as f:
+                    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                   stdout=f, stderr=subprocess.STDOUT, timeout=30)
+            except (subprocess.SubprocessError, OSError):
+                pass
+
+    def classify(self, status, rc, stderr, train, cwd):
+        if status == "hang" and train and count_lines(os.path.join(cwd, "run", "metrics.jsonl")):
+            status = "slow"
+        if status:
+            return status, ""
+        if RSS_LIMIT.search(stderr):
+            return "failed", "out of memory (sanitizer limit)"
+        if SANITIZER.search(stderr) or rc < 0 or rc >= 128 or rc not in (0, 1, 2):
+            m = SANITIZER.search(stderr)
+            return "crash", (m.group(0) if m else "exit %d" % rc)
+        return {0: "accepted", 1: "failed", 2: "refused"}[rc], ""
+
+    def fingerprint(self, kind, cwd, stdout):
+        if kind == "stdout":
+            return stdout
+        if kind == "check":  # a plan's predictions are printed, and change nothing it runs
+            return "".join(l for l in stdout.splitlines(True) if not l.startswith("predicted"))
+        records = []
+        for line in read_text(os.path.join(cwd, "run", "metrics.jsonl")).splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                records.append(line)
+                continue
+            records.append({k: r.get(k) for k in ("step", "loss", "lr", "grad_norm", "skipped",
+                                                   "val_loss") if k in r})
+        model = ""
+        latest = read_text(os.path.join(cwd, "run", "checkpoints", "latest")).strip()
+        if latest:
+            path = os.path.join(cwd, "run", "checkpoints", latest, "model.safetensors")
+            model = latest + ":" + hashlib.sha256(read_bytes(path)).hexdigest()
+        return json.dumps({"metrics": records, "model": model}, sort_keys=True)
+
+    # -- seeds --
+
+    def make_seeds(self):
+        s = self.seeds_dir
+        marker = os.path.join(self.work, ".loom-fuzz")
+        if os.path.isdir(self.work) and os.listdir(self.work) and not os.path.exists(marker):
+            raise SystemExit("fuzz.py: %s is not empty and not a fuzz.py folder; not emptying it"
+                             % self.work)
+        shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(s)
+        write(marker, b"made by tests/fuzz.py; emptied by the next run\n")
+        words = ("the quick brown fox jumps over a lazy dog and then runs far away into the deep "
+                 "forest").split()
+        with open(os.path.join(s, "text.txt"), "w") as f:
+            f.write(lcg_text(words, 600))
+        self.must([self.loom, "prepare", "--text", "text.txt", "--out", "data", "--seq-len", "16"])
+        self.must([self.loom, "train", "--model", "tiny"] + TINY +
+                  ["--data", "data/train_*.bin", "--steps", "1", "--out", "seedrun",
+                   "--eval-every", "0", "--log-every", "1"])
+        self.must([self.loom, "plan", "--model", "tiny", "--out", "plan0.json"])
+        plan = jparse(read_text(os.path.join(s, "plan0.json")))
+        plan.append(("predicted", Obj([("step_s", 0.25), ("tokens_per_s", 512.0),
+                                       ("peak_bytes_per_rank", [104857600])])))
+        write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
+        write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
+        write_llmc(os.path.join(s, "model.bin"))
+        step = os.path.join(s, "seedrun", "checkpoints", "step_00000001")
+        self.seed_bytes = {
+            "shard": read_bytes(os.path.join(s, "data", "train_000000.bin")),
+            "llmc": read_bytes(os.path.join(s, "model.bin")),
+            "model": read_bytes(os.path.join(step, "model.safetensors")),
+            "state": read_bytes(os.path.join(step, "state.safetensors")),
+            "config": read_bytes(os.path.join(s, "config.json")),
+            "plan": read_bytes(os.path.join(s, "plan.json")),
+        }
+        # the structured editors re-encode a header: without an edit it must be the same file
+        for name in ("model", "state"):
+            header, body = st_split(self.seed_bytes[name])
+            if st_join(jdump(jparse(header)), body) != self.seed_bytes[name]:
+                raise SystemExit("fuzz.py: re-encoding the %s header changes it" % name)
+
+    def must(self, argv):
+        p = subprocess.run(argv, cwd=self.seeds_dir, env=self.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            sys.stdout.write(p.stdout.decode(errors="replace"))
+            raise SystemExit("fuzz.py: making the seeds failed: %s" % " ".join(argv))
+
+    # -- commands per format: (variant, setup(cwd, data) -> argv, fingerprint kind) --
+
+    def variants(self, fmt):
+        seeds = self.seeds_dir
+        data = ["--data", "data/train_*.bin"]
+        seedrun = os.path.join(seeds, "seedrun")
+
+        def put(name):
+            def setup(cwd, blob):
+                write(os.path.join(cwd, name), blob)
+                return name
+            return setup
+
+        def run_dir(mutated):
+            def setup(cwd, blob):
+                src = os.path.join(seedrun, "checkpoints", "step_00000001")
+                dst = os.path.join(cwd, "mrun", "checkpoints", "step_00000001")
+                os.makedirs(dst)
+                for f in ("model.safetensors", "state.safetensors"):
+                    if f != mutated:
+                        shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+                write(os.path.join(dst, mutated), blob)
+                write(os.path.join(cwd, "mrun", "checkpoints", "latest"), b"step_00000001\n")
+                return "mrun"
+            return setup
+
+        train = [self.loom, "train"]
+        tiny = ["--model", "tiny"] + TINY
+        table = {
+            "shard": [
+                ("train --data", put("m.bin"),
+                 lambda m: train + tiny + ["--data", m, "--steps", "2"] + RUN_FLAGS, "train"),
+                ("train --val-data", put("m.bin"),
+                 lambda m: train + tiny + data + ["--val-data", m, "--steps", "1"] + RUN_FLAGS +
+                 ["--eval-every", "1", "--eval-batches", "2"], "train"),
+                ("eval --data", put("m.bin"),
+                 lambda m: [self.loom, "eval", "--checkpoint", seedrun, "--data", m, "--threads",
+                            "1", "--max-windows", "16"], "stdout"),
+            ],
+            "llmc": [
+                ("train --init-from", put("m.bin"),
+                 lambda m: train + TINY + data + ["--init-from", m, "--steps", "2"] + RUN_FLAGS,
+                 "train"),
+                ("sample --checkpoint", put("m.bin"),
+                 lambda m: [self.loom, "sample", "--checkpoint", m, "--tokens", "8", "--seed",
+                            "3", "--threads", "1", "--prompt", "the"], "stdout"),
+                ("eval --checkpoint", put("m.bin"),
+                 lambda m: [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin",
+                            "--threads", "1", "--max-windows", "8"], "stdout"),
+            ],
+            "model": [
+                ("train --init-from", put("m.safetensors"),
+                 lambda m: train + TINY + data + ["--init-from", m, "--steps", "2"] + RUN_FLAGS,
+                 "train"),
+                ("train --resume", run_dir("model.safetensors"),
+                 lambda m: train + TINY + data + ["--resume", m, "--steps", "2"] + RUN_FLAGS,
+                 "train"),
+                ("sample --checkpoint", put("m.safetensors"),
+                 lambda m: [self.loom, "sample", "--checkpoint", m, "--tokens", "8", "--seed",
+                            "3", "--threads", "1", "--prompt", "the"], "stdout"),
+                ("eval --checkpoint", put("m.safetensors"),
+                 lambda m: [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin",
+                            "--threads", "1", "--max-windows", "8"], "stdout"),
+            ],
+            "state": [
+                ("train --resume", run_dir("state.safetensors"),
+                 lambda m: train + TINY + data + ["--resume", m, "--steps", "3"] + RUN_FLAGS,
+                 "train"),
+            ],
+            "config": [
+                ("train --config", put("m.json"),
+                 lambda m: train + ["--config", m, "--out", "run"], "train"),
+            ],
+            "plan": [
+                ("train --plan", put("m.json"),
+                 lambda m: train + ["--plan", m] + data + ["--seq-len", "16", "--steps", "2"] +
+                 RUN_FLAGS, "train"),
+                ("plan --check", put("m.json"),
+                 lambda m: [self.loom, "plan", "--check", m], "check"),
+            ],
+        }
+        return table[fmt]
+
+    def fresh_scratch(self):
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        os.makedirs(self.scratch)
+        os.symlink(os.path.join(self.seeds_dir, "data"), os.path.join(self.scratch, "data"))
+        return self.scratch
+
+    def run_case(self, variant, blob):
+        name, setup, command, kind = variant
+        cwd = self.fresh_scratch()
+        argv = command(setup(cwd, blob))
+        status, rc, stdout, stderr, secs = self.run(argv, cwd, kind == "train")
+        cls, note = self.classify(status, rc, stderr, kind == "train", cwd)
+        fp = self.fingerprint(kind, cwd, stdout) if cls == "accepted" else None
+        return dict(cls=cls, note=note, rc=rc, secs=secs, argv=argv, stderr=stderr, fp=fp)
+
+    def baseline(self, fmt):
+        for variant in self.variants(fmt):
+            key = (fmt, variant[0])
+            if key in self.baselines:
+                continue
+            result = self.run_case(variant, self.seed_bytes[fmt])
+            again = self.run_case(variant, self.seed_bytes[fmt])
+            if result["cls"] != "accepted":
+                sys.stdout.write(result["stderr"][-3000:])
+                raise SystemExit("fuzz.py: the unmutated %s seed is not accepted by %s (%s)" % (
+                    fmt, variant[0], result["cls"]))
+            if result["fp"] != again["fp"]:
+                raise SystemExit("fuzz.py: two runs of the unmutated %s seed through %s differ: "
+                                 "the outcome is not deterministic" % (fmt, variant[0]))
+            self.baselines[key] = result["fp"]
+
+    # -- one mutant --
+
+    def mutate(self, fmt, rng):
+        seed = self.seed_bytes[fmt]
+        if fmt == "shard":
+            return shard_mutant(rng, seed)
+        if fmt == "llmc":
+            return llmc_mutant(rng, seed)
+        if fmt in ("model", "state"):
+            return safetensors_mutant(rng, seed, fmt)
+        if fmt == "config":
+            return text_json_mutant(rng, seed, config_rules, 2)
+        return text_json_mutant(rng, seed, plan_rules, 2)
+
+    def keep(self, index, fmt, variant, mutant, result):
+        folder = os.path.join(self.findings, "%05d-%s" % (index, fmt))
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(self.scratch, folder, symlinks=True)
+        argv = [a.replace(self.scratch, ".") for a in result["argv"]]
+        with open(os.path.join(folder, "repro.sh"), "w") as f:
+            f.write("#!/bin/sh\n# %s, %s: %s (expected: %s)\n# outcome: %s %s\n" % (
+                fmt, variant[0], mutant.op, mutant.expect, result["cls"], result["note"]))
+            f.write("cd \"$(dirname \"$0\")\" && exec %s\n" % " ".join(shell_quote(a)
+                                                                       for a in argv))
+        return folder
+
+
+def review_kind(op):
+    """What an operator edited, without the values: 'metadata step', 'lr (times-two)'."""
+    name = re.search(r" \(([\w-]+)\)$", op)
+    left = op.split(" -> ")[0]
+    left = left.rsplit(":", 1)[0] if ":" in left else re.sub(r" -?\d+$", "", left)
+    left = re.sub(r"\bh\.\d+\.", "h.N.", left)
+    return left + (" (%s)" % name.group(1) if name else "")
+
+
+def crash_report(stderr, frames=8):
+    """The sanitizer's first report line and the stack under it (or the last lines)."""
+    lines = stderr.splitlines()
+    for i, l in enumerate(lines):
+        if SANITIZER.search(l):
+            out = [l]
+            for nxt in lines[i + 1:]:
+                if not nxt.strip() and len(out) > 1:
+                    break
+                if nxt.strip():
+                    out.append(nxt)
+                if len(out) > frames + 1:
+                    break
+            return out
+    return [l for l in lines if l.strip()][-frames:]
+
+
+def shell_quote(s):
+    return s if re.fullmatch(r"[A-Za-z0-9_./=:,+-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+def count_lines(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def write(path, blob):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(blob)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("loom")
+    ap.add_argument("workdir")
+    ap.add_argument("--count", type=int, default=150)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--strict", action="store_true", help="also fail on suspicious mutants")
+    ap.add_argument("--quiet", action="store_true", help="no line per mutant")
+    args = ap.parse_args()
+    formats = args.formats.split(",")
+    for f in formats:
+        if f not in FORMATS:
+            ap.error("unknown format %r (expected some of %s)" % (f, ",".join(FORMATS)))
+    h = Harness(args)
+    t0 = time.time()
+    h.make_seeds()
+    for fmt in formats:
+        h.baseline(fmt)
+    print("fuzz: %s (%s), seed %d, %d mutants of %s, timeout %g s; seeds and baselines in %.1f s"
+          % (h.loom, "sanitized" if h.sanitized else "not sanitized", args.seed, args.count,
+             ",".join(formats), args.timeout, time.time() - t0))
+    totals = {f: dict.fromkeys(CLASSES, 0) for f in formats}
+    bad, suspicious, review, silent = [], [], [], 0
+    log = open(os.path.join(h.work, "results.jsonl"), "w")
+    for i in range(args.count):
+        fmt = formats[i % len(formats)]
+        rng = random.Random("%d/%d" % (args.seed, i))
+        variants = h.variants(fmt)
+        variant = variants[rng.randrange(len(variants))]
+        mutant = h.mutate(fmt, rng)
+        result = h.run_case(variant, mutant.data)
+        cls = result["cls"]
+        totals[fmt][cls] += 1
+        verdict = ""
+        if cls == "refused" and not re.search(r"^error: ", result["stderr"], re.M):
+            silent += 1
+        if cls == "accepted":
+            changed = result["fp"] != h.baselines[(fmt, variant[0])]
+            warned = re.search(r"^warning: ", result["stderr"], re.M) is not None
+            if mutant.expect == "refuse":
+                verdict = "SUSPICIOUS: accepted a broken file (%s)" % (
+                    "outcome changed" if changed else "outcome unchanged")
+            elif mutant.expect == "same" and changed and not warned:
+                verdict = "SUSPICIOUS: an edit that should not matter changed the outcome"
+            elif changed and mutant.where not in ("payload",) and not warned:
+                verdict = "REVIEW: accepted, outcome changed"
+        line = "%5d %-6s %-20s %-8s %-6s %s" % (i, fmt, variant[0], cls, mutant.expect,
+                                                short(mutant.op, 90))
+        if result["note"]:
+            line += "  [%s]" % result["note"]
+        if verdict:
+            line += "  <- " + verdict
+        record = dict(index=i, format=fmt, command=variant[0], op=mutant.op,
+                      expect=mutant.expect, where=mutant.where, cls=cls, rc=result["rc"],
+                      note=result["note"], verdict=verdict, secs=round(result["secs"], 2))
+        if cls in ("crash", "hang") or verdict.startswith("SUSPICIOUS"):
+            record["kept"] = h.keep(i, fmt, variant, mutant, result)
+            line += "\n      kept: %s" % record["kept"]
+            if cls == "crash":
+                line += "".join("\n      | " + l for l in crash_report(result["stderr"]))
+        if cls in ("crash", "hang"):
+            bad.append(line)
+        elif verdict.startswith("SUSPICIOUS"):
+            suspicious.append(line)
+        elif verdict:
+            review.append((fmt, mutant.op, i))
+        log.write(json.dumps(record) + "\n")
+        if not args.quiet or cls in ("crash", "hang") or verdict:
+            print(line, flush=True)
+    log.close()
+    print("\n%-8s %8s %8s %8s %8s %8s %8s %8s" % (("format", "exit 2", "exit 0", "exit 1") +
+                                                   ("crash", "hang", "slow", "total")))
+    grand = dict.fromkeys(CLASSES, 0)
+    for f in formats:
+        t = totals[f]
+        for c in CLASSES:
+            grand[c] += t[c]
+        print("%-8s %8d %8d %8d %8d %8d %8d %8d" % ((f,) + tuple(t[c] for c in CLASSES) +
+                                                     (sum(t.values()),)))
+    print("%-8s %8d %8d %8d %8d %8d %8d %8d" % (("all",) + tuple(grand[c] for c in CLASSES) +
+                                                 (sum(grand.values()),)))
+    print("suspicious accepted: %d; accepted with a changed outcome, for review: %d; refused "
+          "without an 'error: ' line: %d; %.0f s" % (len(suspicious), len(review), silent,
+                                                     time.time() - t0))
+    for title, lines in (("crashes and hangs", bad), ("suspicious", suspicious)):
+        if lines:
+            print("\n%s:" % title)
+            for l in lines:
+                print(l)
+    if review:
+        print("\nfor review (accepted, outcome changed, no warning), by kind:")
+        kinds = {}
+        for fmt, op, index in review:
+            kinds.setdefault((fmt, review_kind(op)), []).append(index)
+        for (fmt, kind), indices in sorted(kinds.items()):
+            print("  %4d  %-6s %s  (e.g. #%d)" % (len(indices), fmt, kind, indices[0]))
+    failed = len(bad) + (len(suspicious) if args.strict else 0)
+    print("%d passed, %d failed" % (args.count - failed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
