@@ -130,6 +130,11 @@ loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
                          "%s: vocab: expected at most 65536 (token ids are uint16), got %d", source,
                          c->vocab_size);
     }
+    /* the segment list counts 4 + 12 L entries in an int */
+    if (c->num_layers > (INT_MAX - 4) / 12) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: layers: expected at most %d in this build, got %d",
+                         source, (INT_MAX - 4) / 12, c->num_layers);
+    }
     /* Keep every buffer's element count well inside int for the BLAS interface. */
     int64_t widest = (int64_t)c->padded_vocab_size * c->channels;
     if (widest > INT32_MAX / 2 || (int64_t)c->channels * 4 * c->channels > INT32_MAX / 2) {
@@ -297,6 +302,11 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     return LOOM_OK;
 }
 
+static int compare_segments(const void *a, const void *b) {
+    size_t x = ((const loom_gpt_segment *)a)->offset, y = ((const loom_gpt_segment *)b)->offset;
+    return (x > y) - (x < y);
+}
+
 loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
                                   const loom_backend *backend, const loom_gpt_shard *shard) {
     *out = NULL;
@@ -313,7 +323,7 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     m->backend = backend;
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     int L = m->num_local_layers;
-    m->segments = loom_calloc((size_t)(4 + 12 * L), sizeof *m->segments, "segments");
+    m->segments = loom_calloc(4 + 12 * (size_t)L, sizeof *m->segments, "segments");
     if (!m->segments) {
         loom_gpt_free(m);
         return LOOM_ERR_NOMEM;
@@ -327,14 +337,8 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
                                    ti->per_layer ? l : -1, ti->decay};
         }
     }
-    /* in flat-buffer order */
-    for (int a = 1; a < m->num_segments; a++) {
-        loom_gpt_segment key = m->segments[a];
-        int b = a - 1;
-        for (; b >= 0 && m->segments[b].offset > key.offset; b--)
-            m->segments[b + 1] = m->segments[b];
-        m->segments[b + 1] = key;
-    }
+    /* in flat-buffer order (n log n: a model may have many layers) */
+    qsort(m->segments, (size_t)m->num_segments, sizeof *m->segments, compare_segments);
     /* spare zeros after the parameters let ZeRO-1 pad the buffer to a multiple of dp */
     size_t capacity = m->num_params + LOOM_GPT_PAD_FLOATS;
     m->params_memory = loom_alloc_aligned(capacity * sizeof(float), "parameters");
