@@ -363,8 +363,10 @@ bad "config file: the batch rule names the file and the key" \
 bad "a flag over the config file is named as the flag" '^error: --lr: expected a number in' \
     -- "$LOOM" train --config batch12.json --lr 20 --data data/train.bin --out run_x
 # sizes beyond this machine are refused by name before anything is allocated
-bad "--layers 1e9" 'layers \[0, 1000000000\) of 1000000000.* needs [0-9.]+ GiB of memory, and this machine has' \
+bad "--layers 1e9" '--layers: expected at most 178956970 in this build, got 1000000000' \
     -- "${TRAIN[@]}" --layers 1000000000
+bad "--layers 1e7" 'layers \[0, 10000000\) of 10000000.* needs [0-9.]+ GiB of memory, and this machine has' \
+    -- "${TRAIN[@]}" --layers 10000000
 bad "--context 1e9" 'context 1000000000.* needs [0-9.]+ GiB of memory' \
     -- "${TRAIN[@]}" --context 1000000000
 bad "--micro-batch-size 1e9" '--micro-batch-size 1000000000 x --seq-len 16 .* needs [0-9.]+ GiB' \
