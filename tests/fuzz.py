@@ -182,10 +182,10 @@ def json_value_edit(rng, value):
             ("bool", lambda: True, "refuse"),
         ]
     elif isinstance(value, bool):
-        choices += [("flip", lambda: not value, "any"), ("number-0", lambda: 0, "refuse"),
-                    ("number-1", lambda: 1, "refuse"), ("string", lambda: str(value).lower(),
-                                                         "refuse"), ("null", lambda: None,
-                                                                     "refuse")]
+        # booleans may be spelled 0/1 or "true"/"false" (the same value as `value` when it matches)
+        choices += [("flip", lambda: not value, "any"), ("number-0", lambda: 0, "any"),
+                    ("number-1", lambda: 1, "any"), ("string", lambda: str(value).lower(), "any"),
+                    ("number-2", lambda: 2, "refuse"), ("null", lambda: None, "refuse")]
     elif value is None:
         choices += [("zero", lambda: 0, "refuse")]
     if isinstance(value, (Obj, list)) or choices:

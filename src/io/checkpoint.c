@@ -212,6 +212,10 @@ loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *
         c->channels = (int)wte->shape[1];
         c->max_seq_len = (int)wpe->shape[0];
         c->num_heads = c->channels % 64 == 0 ? c->channels / 64 : 1;
+        /* the shapes cannot say how many heads there are: say what is assumed */
+        loom_warn("%s: no loom.config metadata; assuming %d attention heads (d_model %d / 64, as "
+                  "in every GPT-2 size)",
+                  path, c->num_heads, c->channels);
         for (int l = 0;; l++) {
             snprintf(name, sizeof name, "%sh.%d.ln_1.weight", prefix, l);
             if (!loom_safetensors_find(st, name)) break;
