@@ -221,6 +221,11 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
 /* The model configuration stored in PATH: a run folder, its checkpoints/ folder, one step
  * folder, a .safetensors file (loom or Hugging Face GPT-2), or an llm.c .bin. */
 loom_status loom_model_config_of(const char *path, loom_gpt_config *config);
+/* The weights of any of those, slice by slice, as take(ctx, 0, tensor, layer, slice) in the
+ * unsharded `layout` (whose configuration the file must describe): for a rank that holds part
+ * of the model and starts from a file; never more than one slice in memory. */
+loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_ckpt_take take,
+                                 void *ctx);
 /* Loads a model from any of those (the whole model, in one process). */
 loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model);
 

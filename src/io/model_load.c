@@ -4,8 +4,8 @@
  * or one step folder). Also just the configuration such a file describes, without reading any
  * weights, so that a run can be planned for it.
  *
- * Not here: sharded loading (a rank that holds part of the model reads a checkpoint slice by
- * slice with loom_checkpoint_load_take).
+ * A rank that holds part of the model reads any of these files slice by slice
+ * (loom_model_load_take), keeping its part.
  */
 #include "loom/io.h"
 
@@ -79,6 +79,36 @@ static loom_status check_fits(const char *path, const loom_gpt_config *config) {
              config->num_layers, config->channels, config->max_seq_len, config->vocab_size);
     return loom_memory_check(cost.param_bytes + cost.grad_bytes, 1, what,
                              "is the file's configuration right?");
+}
+
+typedef struct {
+    loom_ckpt_take take;
+    void *ctx;
+} llmc_take;
+
+static loom_status take_llmc_slice(void *ctx, int tensor, int layer, const float *slice) {
+    llmc_take *c = ctx;
+    return c->take(c->ctx, 0, tensor, layer, slice);
+}
+
+loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_ckpt_take take,
+                                 void *ctx) {
+    loom_status st;
+    if (has_suffix(path, ".bin")) {
+        loom_llmc_header h;
+        st = loom_llmc_read_header(path, &h);
+        if (st == LOOM_OK && (h.padded_vocab_size != layout->config.padded_vocab_size ||
+                              loom_llmc_param_count(&h) != layout->num_params)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: header sizes do not give the model's layout", path);
+        }
+        llmc_take c = {take, ctx};
+        if (st == LOOM_OK) st = loom_llmc_read_slices(path, &h, take_llmc_slice, &c);
+        return st;
+    }
+    char file[4200];
+    st = weights_file(path, file, sizeof file);
+    if (st == LOOM_OK) st = loom_gpt_load_safetensors_take(file, layout, take, ctx);
+    return st;
 }
 
 loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model) {

@@ -195,34 +195,30 @@ static loom_status check_range(const cost_shape *s, int64_t layers, int in_fligh
     return LOOM_OK;
 }
 
-loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
-                                loom_gpt_part_cost *cost) {
+/* One part's cost after the shared checks. */
+static loom_status part_cost(const loom_gpt_config *config, int tp, int B, int T,
+                             void (*part)(const cost_shape *, loom_gpt_part_cost *),
+                             loom_gpt_part_cost *cost) {
     cost_shape s;
     loom_status st = cost_shape_make(config, tp, B, T, &s);
     if (st == LOOM_OK) st = check_range(&s, 1, 1);
-    if (st != LOOM_OK) return st;
-    block_cost(&s, cost);
-    return LOOM_OK;
+    if (st == LOOM_OK) part(&s, cost);
+    return st;
+}
+
+loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
+                                loom_gpt_part_cost *cost) {
+    return part_cost(config, tp, B, T, block_cost, cost);
 }
 
 loom_status loom_gpt_cost_embedding(const loom_gpt_config *config, int tp, int B, int T,
                                     loom_gpt_part_cost *cost) {
-    cost_shape s;
-    loom_status st = cost_shape_make(config, tp, B, T, &s);
-    if (st == LOOM_OK) st = check_range(&s, 1, 1);
-    if (st != LOOM_OK) return st;
-    embedding_cost(&s, cost);
-    return LOOM_OK;
+    return part_cost(config, tp, B, T, embedding_cost, cost);
 }
 
 loom_status loom_gpt_cost_head(const loom_gpt_config *config, int tp, int B, int T,
                                loom_gpt_part_cost *cost) {
-    cost_shape s;
-    loom_status st = cost_shape_make(config, tp, B, T, &s);
-    if (st == LOOM_OK) st = check_range(&s, 1, 1);
-    if (st != LOOM_OK) return st;
-    head_cost(&s, cost);
-    return LOOM_OK;
+    return part_cost(config, tp, B, T, head_cost, cost);
 }
 
 static loom_status check_stage_spec(const loom_gpt_config *c, const loom_gpt_stage_spec *spec) {

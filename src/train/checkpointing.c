@@ -106,39 +106,12 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
     return st;
 }
 
-static int has_suffix(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-static loom_status take_llmc_slice(void *ctx, int tensor, int layer, const float *slice) {
-    return take_slice(ctx, 0, tensor, layer, slice);
-}
-
 loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_gpt layout;
     loom_status st = unsharded_layout(model, &layout);
-    if (st != LOOM_OK) return st;
     slice_take c = {model, {model->params_memory, NULL, NULL}};
-    if (has_suffix(path, ".bin")) {
-        loom_llmc_header h;
-        st = loom_llmc_read_header(path, &h);
-        if (st == LOOM_OK && (h.padded_vocab_size != model->config.padded_vocab_size ||
-                              loom_llmc_param_count(&h) != layout.num_params)) {
-            st = loom_fail(LOOM_ERR_INPUT, "%s: header sizes do not give the model's layout", path);
-        }
-        if (st == LOOM_OK) st = loom_llmc_read_slices(path, &h, take_llmc_slice, &c);
-        return st;
-    }
-    char file[4200];
-    if (has_suffix(path, ".safetensors")) {
-        snprintf(file, sizeof file, "%s", path);
-    } else {
-        char dir[4096];
-        if ((st = loom_checkpoint_resolve(path, dir, sizeof dir)) != LOOM_OK) return st;
-        snprintf(file, sizeof file, "%s/model.safetensors", dir);
-    }
-    return loom_gpt_load_safetensors_take(file, &layout, take_slice, &c);
+    if (st == LOOM_OK) st = loom_model_load_take(path, &layout, take_slice, &c);
+    return st;
 }
 
 /* ---- writing: the lead assembles each slice from the first replica's parts ------------------ */
