@@ -1,0 +1,163 @@
+/*
+ * loom/compress.h — communication compressors behind one interface: PowerSGD and low-rank
+ * (Optimus-CC's compressed backpropagation), top-k, sign (1-bit with a scale), block-wise int8
+ * and bf16, each with its error-feedback residual and warm-start factor, and the list of method
+ * names the plan checker asks.
+ *
+ * A compressor never calls MPI (DESIGN.md, "How compression and planning fit"). It sees one
+ * matrix (rows, cols), row-major fp32; a 1-D tensor is one row. parallel/ asks it to encode the
+ * matrix into a wire buffer, moves the buffer, and asks it to decode.
+ *
+ * Two shapes of protocol:
+ *   one-shot   lowrank, topk, sign, int8, bf16: encode -> wire bytes -> decode (decode_add sums
+ *              into an fp32 buffer). Methods that cannot be summed on the wire are all-gathered
+ *              and summed by the caller in rank order, so every replica gets the same bits.
+ *   PowerSGD   (rank r, data-parallel; REFERENCE.md "Compressors"): three calls around two
+ *              allreduce-sums of fp32 factors:
+ *                powersgd_p      M = G + E (error feedback), P = M Q          -> sum P over ranks
+ *                powersgd_q      orthonormalise the summed P (LAPACK QR), Q = M^T P -> sum Q
+ *                powersgd_done   G = P Q^T (the sum's approximation), E = M - G / replicas,
+ *                                the summed Q warm-starts the next step
+ *              A matrix too small to pay (r (rows + cols) >= min_ratio rows cols) or 1-D is sent
+ *              uncompressed (loom_compressor_compresses says which).
+ *
+ * State and steps. Every piece of state (the residual E, the warm-start factor Q) exists twice:
+ * the committed copy (as of the last accepted step; what checkpoints save) and the working copy
+ * the current step updates. The first update in a step reads the committed copy; later ones
+ * (lazy error propagation over several micro-batches) read the working one. At the end of the
+ * step the caller commits (accept: the working copy becomes the committed one) or rolls back
+ * (a skipped step, a NaN/Inf gradient: the working copy is dropped), so a bad step never
+ * pollutes the state. Neither copies memory.
+ *
+ * Not here: where compression applies (the plan, parallel/), moving the bytes (comm/).
+ */
+#ifndef LOOM_COMPRESS_H
+#define LOOM_COMPRESS_H
+
+#include "loom/base.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- method names ------------------------------------------------------------------------- */
+
+typedef enum {
+    LOOM_COMPRESS_NONE,
+    LOOM_COMPRESS_POWERSGD, /* data-parallel gradients: rank-r factors, allreduced */
+    LOOM_COMPRESS_LOWRANK,  /* one sender: rank-r factors P, Q of one matrix (pipeline grads) */
+    LOOM_COMPRESS_TOPK,     /* the k largest magnitudes: values + indices */
+    LOOM_COMPRESS_SIGN,     /* one bit per entry + one scale; error feedback mandatory */
+    LOOM_COMPRESS_INT8,     /* int8 with one fp32 scale per block */
+    LOOM_COMPRESS_BF16,     /* bfloat16, round to nearest even */
+    LOOM_COMPRESS_COUNT
+} loom_compress_method;
+
+/* Where a method may be used: each bit is a place. */
+enum {
+    LOOM_COMPRESS_FOR_DP = 1,         /* data-parallel gradients: none powersgd topk sign int8 bf16 */
+    LOOM_COMPRESS_FOR_PP_GRAD = 2,    /* activation gradients between stages: none lowrank topk
+                                         int8 bf16 */
+    LOOM_COMPRESS_FOR_PP_FORWARD = 4, /* activations between stages: none bf16 int8 */
+};
+
+/* "none", "powersgd", ... ("?" out of range). */
+const char *loom_compress_method_name(loom_compress_method method);
+/* Parses a method allowed in `place` (one LOOM_COMPRESS_FOR_* bit). Anything else is
+ * LOOM_ERR_INPUT: "SOURCE: FIELD: expected one of none, powersgd, topk, sign, int8, bf16, got
+ * \"x\"". */
+loom_status loom_compress_method_parse(const char *name, int place, const char *source,
+                                       const char *field, loom_compress_method *method);
+/* Whether the method is lossy (everything but none); lossy methods keep an error-feedback
+ * residual unless it is turned off. */
+int loom_compress_is_lossy(loom_compress_method method);
+
+/* ---- options ---------------------------------------------------------------------------- */
+
+typedef struct {
+    loom_compress_method method;
+    int rank;           /* powersgd, lowrank: > 0 */
+    double fraction;    /* topk: share of entries kept, in (0, 1]; k = max(1, ceil(f n)) */
+    int error_feedback; /* keep the residual and add it to the next encode (sign: must be 1) */
+    double min_ratio;   /* powersgd, lowrank: send uncompressed when r (rows + cols) >= min_ratio
+                           rows cols; 0 means the default 0.5 */
+    int block;          /* int8: entries per scale; 0 means the default 256 */
+    uint64_t seed;      /* powersgd, lowrank: the initial Q (same seed on every replica) */
+} loom_compress_opts;
+
+/* Checks the options for a method (rank > 0 where needed, fraction in (0, 1], sign without
+ * error feedback refused by name: "sign compression needs error feedback (it does not converge
+ * without it); drop --no-error-feedback"). Messages start with `source`. */
+loom_status loom_compress_check(const loom_compress_opts *opts, const char *source);
+
+/* ---- one matrix's compressor ------------------------------------------------------------- */
+
+typedef struct loom_compressor loom_compressor;
+
+/* A compressor for one (rows x cols) matrix (rows, cols >= 1). `stream` separates matrices
+ * under one seed (the initial Q of matrix i is drawn from (seed, stream)). */
+loom_status loom_compressor_create(loom_compressor **c, const loom_compress_opts *opts,
+                                   int64_t rows, int64_t cols, uint64_t stream);
+void loom_compressor_free(loom_compressor *c);
+const loom_compress_opts *loom_compressor_opts(const loom_compressor *c);
+int64_t loom_compressor_rows(const loom_compressor *c);
+int64_t loom_compressor_cols(const loom_compressor *c);
+/* 0 when this matrix is sent as it is (powersgd/lowrank: too small to pay, or one row; none);
+ * then encode is a copy of the fp32 values and there is no state. */
+int loom_compressor_compresses(const loom_compressor *c);
+
+/* Exact wire size of one encoded matrix, in bytes (one-shot methods; for powersgd the sizes of
+ * P and Q in floats are below). Formulas, n = rows cols:
+ *   not compressing  4 n                    lowrank  4 r (rows + cols)
+ *   topk             8 k (fp32 value, uint32 index)
+ *   sign             4 + ceil(n / 8)        int8     4 ceil(n / block) + n
+ *   bf16             2 n */
+size_t loom_compressor_wire_bytes(const loom_compressor *c);
+
+/* One-shot encode: x (rows x cols) plus the residual (with error feedback) is encoded into wire
+ * (wire_bytes); the working residual becomes (x + E) - decode(wire). x is not changed. */
+void loom_compressor_encode(loom_compressor *c, const float *x, void *wire);
+/* out (rows x cols) += decode(wire). Needs no state: any replica's wire of the same shape and
+ * options decodes with any replica's compressor. */
+void loom_compressor_decode_add(const loom_compressor *c, const void *wire, float *out);
+/* out = decode(wire). */
+void loom_compressor_decode(const loom_compressor *c, const void *wire, float *out);
+
+/* PowerSGD (method powersgd, compressing). Sizes: P is rows x r, Q is cols x r, row-major.
+ * m: the gradient (rows x cols), updated in place: after powersgd_p it holds M = G + E; after
+ * powersgd_done it holds the approximation of the replicas' sum. */
+void loom_powersgd_p(loom_compressor *c, float *m, float *p);
+/* p: the P summed over the replicas; orthonormalised in place (LAPACK sgeqrf/sorgqr; a zero or
+ * rank-deficient P gives orthonormal columns all the same, never NaN); q = M^T p. */
+void loom_powersgd_q(loom_compressor *c, const float *m, float *p, float *q);
+/* p: the orthonormal P; q: Q summed over the replicas. m = p q^T; working residual = M -
+ * m / replicas; the working Q = q. */
+void loom_powersgd_done(loom_compressor *c, float *m, const float *p, const float *q,
+                        int replicas);
+
+/* Squared norm of the working residual as of the last encode / powersgd_done (0 without error
+ * feedback), for the compression-error metric. */
+double loom_compressor_residual_sq(const loom_compressor *c);
+
+/* End of step: accept (1) makes the working state the committed one; 0 drops it. */
+void loom_compressor_commit(loom_compressor *c, int accept);
+
+/* ---- state for checkpoints ---------------------------------------------------------------
+ * The committed state as a list of named fp32 arrays ("residual" rows x cols, "q" cols x r);
+ * what is listed depends on method and options only. */
+int loom_compressor_state_count(const loom_compressor *c);
+/* Entry i: its name, length in floats, and the committed array (read/write, so that a loader
+ * can fill it; loading then needs no commit). */
+const char *loom_compressor_state_name(const loom_compressor *c, int i);
+size_t loom_compressor_state_floats(const loom_compressor *c, int i);
+float *loom_compressor_state_data(loom_compressor *c, int i);
+/* Bytes of state this compressor holds (both copies). */
+size_t loom_compressor_state_bytes(const loom_compressor *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_COMPRESS_H */
