@@ -50,16 +50,32 @@ typedef struct {
     int embedding, head, recompute; /* booleans */
 } loom_plan_stage;
 
-/* One compressor. method: "none", "powersgd", "lowrank", "topk" or "int8". rank: the
- * low-rank methods' rank (> 0 for "powersgd" and "lowrank", otherwise unused and 0).
- * lazy_error: Optimus-CC's lazy error propagation (for pipeline traffic). stages: the pipeline
- * stages where it applies; num_stages == 0 (stages NULL) means every stage. */
+/* One compressor (loom/compress.h has the methods). For data-parallel gradients: method "none",
+ * "powersgd", "topk", "sign", "int8" or "bf16"; for the activation gradients between pipeline
+ * stages: "none", "lowrank", "topk", "int8" or "bf16".
+ *   rank            powersgd, lowrank (file default 4 for dp, 8 for pp; unused and 0 otherwise)
+ *   fraction        topk: share of entries kept, in (0, 1] (default 0.01)
+ *   error_feedback  dp, lossy methods: keep the residual (default true; sign requires it)
+ *   warmup_steps    dp: the first steps are sent uncompressed (default 0)
+ *   lazy_error      pp: Optimus-CC's lazy error propagation (default true)
+ *   policy          pp: which backward sends compress: "all" (default), "epilogue" (1F1B's
+ *                   cool-down sends) or "slack" (those whose simulated slack is below the time
+ *                   compression saves)
+ *   forward         pp: the forward activations' method: "none" (default), "bf16" or "int8"
+ *   stages          dp: the pipeline stages that compress ("stages" in the file); pp: the links
+ *                   (link s joins stage s and s + 1; "links" in the file) whose backward sends
+ *                   compress; num_stages == 0 (stages NULL) means all of them. */
 typedef struct {
     char method[16];
     int rank;
+    double fraction;
+    int error_feedback;
+    int warmup_steps;
     int lazy_error;
-    int *stages;    /* (num_stages) distinct indices in [0, pp) */
-    int num_stages; /* 0 = all stages */
+    char policy[16];
+    char forward[16];
+    int *stages;    /* (num_stages) distinct indices in [0, pp) (links: [0, pp - 1)) */
+    int num_stages; /* 0 = all */
 } loom_plan_compressor;
 
 typedef struct {
@@ -136,6 +152,9 @@ typedef struct {
     int global_batch, micro_batches;
     const char *schedule, *stage_layers;
     int recompute;
+    /* compression (copied into the plan and checked there); NULL: "none" */
+    const loom_plan_compressor *dp_compression, *pp_compression;
+    const char *embedding_sync; /* NULL or "": "separate" */
 } loom_plan_request;
 
 /* Resolves the request's defaults for world_size ranks (0: no world, as `loom plan` without

@@ -60,6 +60,10 @@ loom_status loom_plan_fail_field(const char *source, const char *path, const cha
 static void compressor_init(loom_plan_compressor *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->method, sizeof c->method, "none");
+    c->fraction = 0.01;
+    c->error_feedback = 1, c->lazy_error = 1;
+    snprintf(c->policy, sizeof c->policy, "all");
+    snprintf(c->forward, sizeof c->forward, "none");
 }
 
 void loom_plan_init(loom_plan *plan) {
