@@ -166,6 +166,9 @@ typedef struct {
     uint64_t rng_state;    /* the run's sequential RNG */
     int64_t bad_steps;     /* consecutive skipped steps so far */
     int64_t skipped_total; /* all skipped steps so far */
+    /* the compressor state saved beside the checkpoint (metadata "loom.compress"): which
+     * per-rank files there are and the layout and compression they belong to; "" when none */
+    char compress[512];
 } loom_ckpt_state;
 
 /* Weights as safetensors with Hugging Face GPT-2 names and Conv1D (in, out) orientation; the

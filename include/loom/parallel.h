@@ -11,6 +11,7 @@
 
 #include "loom/base.h"
 #include "loom/comm.h"
+#include "loom/compress.h"
 #include "loom/model.h"
 #include "loom/plan.h"
 #include "loom/trace.h"
@@ -24,20 +25,27 @@ extern "C" {
 
 /* ---- the runtime's side of the plan ------------------------------------------------------
  * The plan (loom/plan.h) is the contract: everything it says is executed here or refused by
- * the name of its field. Refuses what this build cannot run yet: compression.dp and
- * compression.pp with a method other than "none", compression.embedding_sync "fused"
- * ("SOURCE: compression.dp.method: \"powersgd\" is not supported by this build"). */
+ * the name of its field. Refuses what this build cannot run yet: compression.pp.policy
+ * "slack" and compression.pp.forward other than "none" ("SOURCE: compression.pp.policy:
+ * \"slack\" is not supported by this build yet; ..."). */
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source);
+/* The compressor options of one of the plan's compressors, for `place` (LOOM_COMPRESS_FOR_DP,
+ * LOOM_COMPRESS_FOR_PP_GRAD; LOOM_COMPRESS_FOR_PP_FORWARD takes the pp compressor's forward
+ * method). seed: the initial low-rank factors' (the same on every replica). */
+loom_status loom_parallel_compress_opts(const loom_plan_compressor *compressor, int place,
+                                        uint64_t seed, loom_compress_opts *opts);
 
 /* ---- the rank mesh ---------------------------------------------------------------------------
  * Ranks in Megatron order (loom_plan_rank_coords): TP fastest, then DP, PP slowest. With no
  * world (one process) every size is 1 and every group NULL. */
 typedef struct {
-    loom_comm *world;        /* borrowed; NULL: one process */
-    const loom_plan *plan;   /* borrowed */
-    loom_comm *tp, *dp, *pp; /* owned; NULL without a world */
-    loom_comm *embedding;    /* first and last stage of this (dp, tp) position when pp > 1,
-                                where the tied embedding's two copies live; else NULL */
+    loom_comm *world;         /* borrowed; NULL: one process */
+    const loom_plan *plan;    /* borrowed */
+    loom_comm *tp, *dp, *pp;  /* owned; NULL without a world */
+    loom_comm *embedding;     /* first and last stage of this (dp, tp) position when pp > 1,
+                                 where the tied embedding's two copies live; else NULL */
+    loom_comm *embedding_all; /* embedding_sync "fused": the first and last stage of every
+                                 replica at this tp rank (2 dp ranks) when pp > 1; else NULL */
     int dp_size, tp_size, pp_size;
     int dp_rank, tp_rank, pp_rank;
     int lead; /* world rank 0: progress, metrics, checkpoints */
@@ -103,7 +111,22 @@ loom_zero_shard loom_zero_shard_of(size_t count, int dp_size, int dp_rank);
 typedef struct {
     int zero1;           /* shard the optimizer: reduce-scatter, update a range, all-gather */
     double bucket_bytes; /* data-parallel bucket size */
+    uint64_t seed;       /* compressors' initial factors */
 } loom_grad_sync_opts;
+
+/* What compression did since the counters were last taken (summed over whatever the caller
+ * adds up): bytes not sent thanks to it (the uncompressed traffic minus what was sent), the
+ * pipeline's backward activation-gradient bytes as sent and as they would have been, seconds
+ * spent encoding and decoding, the squared norms of the data-parallel residuals and of the
+ * gradients they came from, and how many pipeline gradient sends there were and how many of them
+ * were compressed. */
+typedef struct {
+    int64_t dp_bytes_saved, pp_bytes_saved;
+    int64_t pp_grad_bytes, pp_grad_bytes_raw;
+    double compress_s;
+    double residual_sq, input_sq;
+    int64_t pp_grad_sends, pp_grad_sends_compressed;
+} loom_compress_stats;
 
 typedef struct loom_grad_sync loom_grad_sync;
 loom_status loom_grad_sync_create(loom_grad_sync **sync, const loom_mesh *mesh, loom_gpt *model,
@@ -111,7 +134,7 @@ loom_status loom_grad_sync_create(loom_grad_sync **sync, const loom_mesh *mesh, 
 void loom_grad_sync_free(loom_grad_sync *sync);
 /* Installs the model's grads_ready hook for the coming backward (the last micro-batch's):
  * buckets start as backward finishes them. loom_grad_sync_after_backward removes it. */
-void loom_grad_sync_before_backward(loom_grad_sync *sync);
+void loom_grad_sync_before_backward(loom_grad_sync *sync, int64_t step);
 void loom_grad_sync_after_backward(loom_grad_sync *sync);
 /* Completes the step's synchronisation: the remaining buckets (or ZeRO-1's reduce-scatter) and
  * the tied embedding's sum. */
@@ -131,6 +154,16 @@ loom_status loom_grad_sync_share_params(loom_grad_sync *sync);
 /* Data-parallel replicas must hold bit-identical parameters: fails (LOOM_ERR_RUNTIME, naming
  * the replicas that differ) when they do not. */
 loom_status loom_grad_sync_check_replicas(loom_grad_sync *sync);
+/* End of step for the compressors (the plan's compression.dp): accept keeps the state this step
+ * built (error-feedback residuals, warm-start factors), 0 (a skipped step) drops it. */
+void loom_grad_sync_commit(loom_grad_sync *sync, int accept);
+/* Adds this rank's compression counters since the last call to *stats and resets them. */
+void loom_grad_sync_take_stats(loom_grad_sync *sync, loom_compress_stats *stats);
+/* This rank's data-parallel compressors (0 when it does not compress), for checkpoints, and
+ * the bytes of state they hold. */
+int loom_grad_sync_compressor_count(const loom_grad_sync *sync);
+loom_compressor *loom_grad_sync_compressor(loom_grad_sync *sync, int i);
+size_t loom_grad_sync_state_bytes(const loom_grad_sync *sync);
 /* Test hook: poisons one gradient (the first of this rank's range) with NaN. */
 void loom_grad_sync_poison(loom_grad_sync *sync);
 
@@ -163,6 +196,14 @@ loom_status loom_pipeline_train(loom_pipeline *pipe, const int32_t *inputs, cons
  * the last stage, 0 elsewhere. */
 loom_status loom_pipeline_forward(loom_pipeline *pipe, const int32_t *inputs,
                                   const int32_t *targets, int b, double *loss);
+
+/* End of step for the gradient compressor (lazy error residual, warm-start factor): accept
+ * keeps what this step built, 0 (a skipped step) drops it. */
+void loom_pipeline_commit(loom_pipeline *pipe, int accept);
+/* Adds the pipeline's compression counters since the last call to *stats and resets them. */
+void loom_pipeline_take_stats(loom_pipeline *pipe, loom_compress_stats *stats);
+/* The compressor of the gradients this stage sends (NULL: none), for checkpoints. */
+loom_compressor *loom_pipeline_compressor(loom_pipeline *pipe);
 
 /* ---- pipeline schedules (as data) ---------------------------------------------------------
  * For p stages and m micro-batches, each stage gets the ordered list of actions it executes in
@@ -236,6 +277,13 @@ const char *loom_pipe_op_name(loom_pipe_op op);
 /* The largest number of micro-batches whose activations the stage holds at once (forward done,
  * backward not yet): the activation memory the stage must plan for. */
 int loom_pipe_peak_in_flight(const loom_pipe_stage_schedule *s);
+
+/* Optimus-CC's epilogue: the gradient sends of a stage's cool-down, the SEND_GRADs after its
+ * last FORWARD (under 1F1B the drain's, which nothing else overlaps; under GPipe all of them).
+ * cooldown (micro_batches): 1 for the micro-batches whose gradient send is one. Returns how many
+ * there are. */
+int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int micro_batches,
+                             unsigned char *cooldown);
 
 /* ---- schedule simulator --------------------------------------------------------------------
  * Times one training step of p stages running their schedules together, as the pipeline

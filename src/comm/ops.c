@@ -380,6 +380,25 @@ loom_status loom_comm_iallreduce_f32(loom_comm *comm, float *buf, int64_t count,
     return hand_out(request, status, out);
 }
 
+loom_status loom_comm_iallgather_f32(loom_comm *comm, const float *send, float *recv, int64_t count,
+                                     loom_comm_request **out) {
+    *out = NULL;
+    comm_note_activity();
+    const char *op = "allgather";
+    loom_status status = check_buffer(comm, op, send, count);
+    if (status == LOOM_OK) status = check_buffer(comm, op, recv, count);
+    if (status != LOOM_OK) return status;
+    size_t bytes = (size_t)count * sizeof(float);
+    if (overlaps(send, bytes, recv, bytes * (size_t)comm->size)) {
+        return loom_fail(LOOM_ERR_RUNTIME, "%s on group '%s': send overlaps recv", op, comm->name);
+    }
+    loom_comm_request *request = new_request();
+    if (!request) return LOOM_ERR_NOMEM;
+    status = start_allgather(comm, send, recv, count, request);
+    if (status == LOOM_OK) count_call(comm, (comm->size - 1) * count * (int64_t)sizeof(float));
+    return hand_out(request, status, out);
+}
+
 loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag,
                             loom_comm_request **out) {
     *out = NULL;

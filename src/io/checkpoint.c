@@ -362,7 +362,7 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
     uint64_t raw[STATE_FIELDS] = {(uint64_t)state->step,      state->data_epoch,
                                   state->data_index,          state->rng_state,
                                   (uint64_t)state->bad_steps, (uint64_t)state->skipped_total};
-    const char *meta[2 * STATE_FIELDS + 2];
+    const char *meta[2 * STATE_FIELDS + 4];
     for (int i = 0; i < STATE_FIELDS; i++) {
         snprintf(values[i], sizeof values[i], "%" PRIu64, raw[i]);
         meta[2 * i] = state_keys[i];
@@ -370,10 +370,15 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
     }
     meta[2 * STATE_FIELDS] = "format";
     meta[2 * STATE_FIELDS + 1] = STATE_FORMAT;
+    int meta_count = STATE_FIELDS + 1;
+    if (state->compress[0]) {
+        meta[2 * meta_count] = "loom.compress";
+        meta[2 * meta_count++ + 1] = state->compress;
+    }
     const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
     snprintf(path, sizeof path, "%s/state.safetensors", dir);
-    status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, STATE_FIELDS + 1,
-                           fill, ctx, 1);
+    status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, meta_count, fill,
+                           ctx, 1);
     if (status != LOOM_OK) return status;
 
     /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
@@ -506,6 +511,16 @@ static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, f
                            "%s: metadata 'step': expected %" PRIu64 " (the folder's name), got "
                            "%" PRIu64,
                            path, named, raw[0]);
+    }
+    const char *compress = loom_safetensors_metadata(st, "loom.compress");
+    if (status == LOOM_OK && compress && strlen(compress) >= sizeof state->compress) {
+        status = loom_fail(LOOM_ERR_INPUT,
+                           "%s: metadata 'loom.compress': expected at most %zu "
+                           "characters, got %zu",
+                           path, sizeof state->compress - 1, strlen(compress));
+    }
+    if (status == LOOM_OK) {
+        snprintf(state->compress, sizeof state->compress, "%s", compress ? compress : "");
     }
     if (status == LOOM_OK) status = read_tensors_take(st, path, model, "exp_avg.", m, take, ctx, 1);
     if (status == LOOM_OK) {

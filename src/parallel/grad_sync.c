@@ -7,7 +7,7 @@
  *
  * Not here: the optimizer's arithmetic (train/), MPI (comm/), the model's maths (model/).
  */
-#include "loom/parallel.h"
+#include "parallel_internal.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -29,8 +29,9 @@ static loom_grad_matrix matrix_of(const loom_gpt *model, const loom_gpt_segment 
     return m;
 }
 
-loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
-                                   loom_grad_bucket **out, int *count) {
+/* isolate: a tensor whose slices get buckets of their own (the fused embedding's), or -1. */
+static loom_status make_buckets(const loom_gpt *model, size_t bucket_bytes, int isolate,
+                                loom_grad_bucket **out, int *count) {
     *out = NULL, *count = 0;
     size_t per_bucket = bucket_bytes / sizeof(float);
     if (per_bucket == 0) per_bucket = 1;
@@ -42,7 +43,9 @@ loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
         /* take segments from the top down until the bucket is full */
         int lo = hi;
         size_t size = (size_t)model->segments[lo].numel;
-        while (lo > 0 && size < per_bucket) size += (size_t)model->segments[--lo].numel;
+        int alone = model->segments[lo].tensor == isolate;
+        while (!alone && lo > 0 && size < per_bucket && model->segments[lo - 1].tensor != isolate)
+            size += (size_t)model->segments[--lo].numel;
         loom_grad_bucket *b = &buckets[made];
         b->count = hi - lo + 1;
         b->matrices = loom_calloc((size_t)b->count, sizeof *b->matrices, "bucket matrices");
@@ -61,6 +64,11 @@ loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
     return LOOM_OK;
 }
 
+loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
+                                   loom_grad_bucket **out, int *count) {
+    return make_buckets(model, bucket_bytes, -1, out, count);
+}
+
 void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
     if (!buckets) return;
     for (int i = 0; i < count; i++) free(buckets[i].matrices);
@@ -77,8 +85,18 @@ void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
  *              see comm/ring.c), in place: step s sends block rank-s-1 of the bucket to the next
  *              rank and adds block rank-s-2 from the previous one; after the last step this
  *              rank's block (the bucket's part of its ZeRO range) holds the sum.
- * A compressor adds its phases (encode, a first collective, decode, a second) the same way. */
-typedef enum { BUCKET_IDLE, BUCKET_REDUCING, BUCKET_RING, BUCKET_DONE } bucket_phase;
+ *   compressed (the plan's compression.dp on this stage, after its warm-up steps):
+ *              COMPRESSED round 1 (encode, a first collective) -> round 2 (PowerSGD: decode,
+ *              a second collective) -> DONE; dp_compress.c says what each round does. Under
+ *              ZeRO-1 too: the compressed sum reaches every replica, which then updates its
+ *              own range of it. */
+typedef enum {
+    BUCKET_IDLE,
+    BUCKET_REDUCING,
+    BUCKET_RING,
+    BUCKET_COMPRESSED, /* a round of dp_compress.c's collectives in flight */
+    BUCKET_DONE
+} bucket_phase;
 
 typedef struct {
     bucket_phase phase;
@@ -100,7 +118,11 @@ struct loom_grad_sync {
     int num_buckets;
     int started;       /* buckets 0 .. started-1 have left IDLE */
     int held;          /* the bucket holding wte waits for the embedding sum (-1: none) */
+    int fused;         /* embedding_sync "fused": wte's bucket is summed over mesh->embedding_all */
     loom_status error; /* first failure of this round */
+    loom_dp_compress *compress; /* NULL: this stage sends its gradients uncompressed */
+    int warmup_steps;           /* the first steps go uncompressed */
+    int compressing;            /* this step's buckets are compressed */
 };
 
 /* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
@@ -132,9 +154,10 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
         st = loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
                        LOOM_GPT_PAD_FLOATS);
     }
+    s->fused = mesh->embedding_all != NULL;
     if (st == LOOM_OK && dp > 1) {
-        st =
-            loom_grad_buckets_make(model, (size_t)opts->bucket_bytes, &s->buckets, &s->num_buckets);
+        st = make_buckets(model, (size_t)opts->bucket_bytes, s->fused ? LOOM_WTE : -1, &s->buckets,
+                          &s->num_buckets);
     }
     if (st == LOOM_OK && dp > 1) {
         s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");
@@ -143,6 +166,20 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
             st = loom_fail(LOOM_ERR_INPUT, "--bucket-mb: %d buckets; expected at most %d",
                            s->num_buckets, LOOM_COMM_MAX_TAG - TAG_RING);
         }
+    }
+    const loom_plan_compressor *pc = &mesh->plan->dp_compression;
+    if (st == LOOM_OK && dp > 1 && loom_plan_compresses_stage(pc, mesh->pp_rank)) {
+        loom_compress_opts copts;
+        st = loom_parallel_compress_opts(pc, LOOM_COMPRESS_FOR_DP, opts->seed, &copts);
+        if (st == LOOM_OK) {
+            /* the tied embedding's two copies must get the same update: compressed on both
+             * the first and the last stage, or on neither */
+            int both = loom_plan_compresses_stage(pc, 0) &&
+                       loom_plan_compresses_stage(pc, mesh->pp_size - 1);
+            st = loom_dp_compress_create(&s->compress, &copts, s->buckets, s->num_buckets, dp,
+                                         mesh->embedding && !both ? LOOM_WTE : -1);
+        }
+        s->warmup_steps = pc->warmup_steps;
     }
     for (int b = 0; st == LOOM_OK && s->zero1 && b < s->num_buckets; b++) {
         size_t largest = 0, begin, count;
@@ -164,6 +201,7 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
 void loom_grad_sync_free(loom_grad_sync *s) {
     if (!s) return;
     for (int b = 0; s->state && b < s->num_buckets; b++) loom_free_aligned(s->state[b].incoming);
+    loom_dp_compress_free(s->compress);
     loom_grad_buckets_free(s->buckets, s->num_buckets);
     free(s->state);
     free(s);
@@ -206,7 +244,12 @@ static int settle(loom_grad_sync *s, loom_comm_request **request, int wait) {
 static void bucket_advance(loom_grad_sync *s, int b, int wait) {
     bucket_state *bs = &s->state[b];
     const loom_grad_bucket *bucket = &s->buckets[b];
-    if (bs->phase == BUCKET_IDLE && !s->zero1) {
+    if (bs->phase == BUCKET_IDLE && s->compressing) {
+        loom_status st = loom_dp_compress_start(s->compress, b, s->model->grads_memory, s->mesh->dp,
+                                                &bs->request);
+        keep_error(s, st);
+        bs->phase = st == LOOM_OK ? BUCKET_COMPRESSED : BUCKET_DONE;
+    } else if (bs->phase == BUCKET_IDLE && !s->zero1) {
         loom_status st =
             loom_comm_iallreduce_f32(s->mesh->dp, s->model->grads_memory + bucket->begin,
                                      (int64_t)(bucket->end - bucket->begin), &bs->request);
@@ -219,6 +262,15 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         bs->phase = st == LOOM_OK ? BUCKET_RING : BUCKET_DONE;
     }
     if (bs->phase == BUCKET_REDUCING && settle(s, &bs->request, wait)) bs->phase = BUCKET_DONE;
+    while (bs->phase == BUCKET_COMPRESSED && settle(s, &bs->request, wait)) {
+        loom_status st = s->error;
+        if (st == LOOM_OK) {
+            st = loom_dp_compress_next(s->compress, b, s->model->grads_memory, s->mesh->dp,
+                                       &bs->request);
+        }
+        keep_error(s, st);
+        if (st != LOOM_OK || !bs->request) bs->phase = BUCKET_DONE;
+    }
     while (bs->phase == BUCKET_RING) {
         int received = settle(s, &bs->request, wait), sent = settle(s, &bs->send, wait);
         if (!received || !sent) return;
@@ -255,8 +307,9 @@ static void grads_ready(void *ctx, size_t ready_offset) {
     for (int b = 0; b < s->started; b++) bucket_advance(s, b, 0);
 }
 
-void loom_grad_sync_before_backward(loom_grad_sync *s) {
+void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
+    s->compressing = s->compress && step >= s->warmup_steps;
     s->started = 0;
     s->error = LOOM_OK;
     s->held = -1;
@@ -274,12 +327,14 @@ void loom_grad_sync_after_backward(loom_grad_sync *s) {
     if (s) loom_gpt_set_grads_ready(s->model, NULL, NULL);
 }
 
-/* The tied embedding's two copies (first and last stage) get the sum of both gradients. */
+/* The tied embedding's two copies (first and last stage) get the sum of both gradients; fused,
+ * the sum of both copies of every replica, in one allreduce (Optimus-CC). */
 static loom_status sync_embedding(loom_grad_sync *s) {
     if (!s->mesh->embedding) return LOOM_OK;
     const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
-    return loom_comm_allreduce_f32(s->mesh->embedding, s->model->grads_memory + wte->offset,
-                                   wte->numel, LOOM_REDUCE_SUM);
+    loom_comm *group = s->fused ? s->mesh->embedding_all : s->mesh->embedding;
+    return loom_comm_allreduce_f32(group, s->model->grads_memory + wte->offset, wte->numel,
+                                   LOOM_REDUCE_SUM);
 }
 
 loom_status loom_grad_sync_finish(loom_grad_sync *s) {
@@ -287,12 +342,33 @@ loom_status loom_grad_sync_finish(loom_grad_sync *s) {
     /* the held bucket (the tied embedding's) may start once both copies are summed */
     loom_status st = s->held >= 0 ? sync_embedding(s) : LOOM_OK;
     keep_error(s, st);
+    if (s->fused && s->held >= 0) s->state[s->held].phase = BUCKET_DONE; /* wte alone: summed */
     s->held = -1;
     grads_ready(s, 0); /* whatever backward did not start */
     for (int b = 0; b < s->num_buckets; b++) bucket_advance(s, b, 1);
     st = s->error;
     s->error = LOOM_OK;
     return st;
+}
+
+void loom_grad_sync_commit(loom_grad_sync *s, int accept) {
+    if (s->compress) loom_dp_compress_commit(s->compress, accept);
+}
+
+void loom_grad_sync_take_stats(loom_grad_sync *s, loom_compress_stats *stats) {
+    if (s->compress) loom_dp_compress_take_stats(s->compress, stats);
+}
+
+int loom_grad_sync_compressor_count(const loom_grad_sync *s) {
+    return s->compress ? loom_dp_compress_count(s->compress) : 0;
+}
+
+loom_compressor *loom_grad_sync_compressor(loom_grad_sync *s, int i) {
+    return s->compress ? loom_dp_compress_get(s->compress, i) : NULL;
+}
+
+size_t loom_grad_sync_state_bytes(const loom_grad_sync *s) {
+    return s->compress ? loom_dp_compress_state_bytes(s->compress) : 0;
 }
 
 loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {

@@ -9,27 +9,37 @@
 #include <string.h>
 
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
-    const struct {
-        const char *field;
-        const loom_plan_compressor *compressor;
-    } compressors[] = {{"compression.dp.method", &plan->dp_compression},
-                       {"compression.pp.method", &plan->pp_compression}};
-    for (size_t i = 0; i < sizeof compressors / sizeof compressors[0]; i++) {
-        const char *method = compressors[i].compressor->method;
-        if (strcmp(method, "none") != 0) {
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: %s: \"%s\" is not supported by this build (compression is not "
-                             "built yet); expected \"none\"",
-                             source, compressors[i].field, method);
-        }
-    }
-    if (strcmp(plan->embedding_sync, "separate") != 0) {
+    const loom_plan_compressor *pp = &plan->pp_compression;
+    if (strcmp(pp->method, "none") != 0 && strcmp(pp->policy, "slack") == 0) {
         return loom_fail(LOOM_ERR_INPUT,
-                         "%s: compression.embedding_sync: \"%s\" is not supported by this build; "
-                         "expected \"separate\"",
-                         source, plan->embedding_sync);
+                         "%s: compression.pp.policy: \"slack\" is not supported by this build "
+                         "yet; expected \"all\" or \"epilogue\"",
+                         source);
+    }
+    if (strcmp(pp->forward, "none") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: compression.pp.forward: \"%s\" is not supported by this build "
+                         "yet; expected \"none\"",
+                         source, pp->forward);
     }
     return LOOM_OK;
+}
+
+loom_status loom_parallel_compress_opts(const loom_plan_compressor *c, int place, uint64_t seed,
+                                        loom_compress_opts *opts) {
+    memset(opts, 0, sizeof *opts);
+    const char *name = place == LOOM_COMPRESS_FOR_PP_FORWARD ? c->forward : c->method;
+    loom_status st = loom_compress_method_parse(name, place, "plan", "compression", &opts->method);
+    if (st != LOOM_OK) return st;
+    opts->rank = c->rank;
+    opts->fraction = c->fraction;
+    /* pipeline gradients: lazy error propagation is their error feedback; forward activations
+     * have none (their error would land on another micro-batch's activations) */
+    opts->error_feedback = place == LOOM_COMPRESS_FOR_DP        ? c->error_feedback
+                           : place == LOOM_COMPRESS_FOR_PP_GRAD ? c->lazy_error
+                                                                : 0;
+    opts->seed = seed;
+    return loom_compress_check(opts, "plan");
 }
 
 loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh *mesh) {
@@ -63,6 +73,12 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
         int ends = c.pp_rank == 0 || c.pp_rank == pp - 1;
         st = loom_comm_split(world, ends ? c.dp_rank * tp + c.tp_rank : -1, c.pp_rank, "embedding",
                              &mesh->embedding);
+        /* fused embedding sync: both copies of every replica in one group (2 dp ranks) */
+        int fused = strcmp(plan->embedding_sync, "fused") == 0;
+        if (st == LOOM_OK && fused) {
+            st = loom_comm_split(world, ends ? c.tp_rank : -1, rank, "embedding (all replicas)",
+                                 &mesh->embedding_all);
+        }
     }
     if (st != LOOM_OK) loom_mesh_free(mesh);
     return st;
@@ -73,7 +89,8 @@ void loom_mesh_free(loom_mesh *mesh) {
     loom_comm_free(mesh->dp);
     loom_comm_free(mesh->pp);
     loom_comm_free(mesh->embedding);
-    mesh->tp = mesh->dp = mesh->pp = mesh->embedding = NULL;
+    loom_comm_free(mesh->embedding_all);
+    mesh->tp = mesh->dp = mesh->pp = mesh->embedding = mesh->embedding_all = NULL;
 }
 
 int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank) {

@@ -7,8 +7,12 @@
  * the schedule is forward, backward, forward, ...: plain gradient accumulation.
  *
  * Every activation or activation gradient that crosses a link goes through encode_send and
- * recv_decode: the identity today (the wire format is the floats themselves); the compression
- * issue puts its encoder and decoder there.
+ * recv_decode. Activation gradients sent backward are compressed there (Optimus-CC's compressed
+ * backpropagation, the plan's compression.pp) on the links and sends the plan selects: policy
+ * "all" or "epilogue" (the sender's cool-down sends), decided from the schedules alone, so both
+ * ends of a link know per micro-batch whether a message is compressed and how long it is. The
+ * sender's residual (lazy error propagation) goes into its next compressed send, never into
+ * the same micro-batch's.
  *
  * Not here: the schedules themselves (schedule.c), gradient synchronisation (grad_sync.c).
  */
@@ -34,7 +38,63 @@ struct loom_pipeline {
     float *send_buf;                   /* (2, in_flight, B, T, C): outgoing messages */
     loom_comm_request **send_req;      /* (2, in_flight): their non-blocking sends */
     loom_trace *trace;                 /* NULL: not tracing */
+    /* compression of the activation gradients (NULL / 0: none on that link) */
+    loom_compressor *grad_encoder; /* what this stage sends to stage - 1 */
+    loom_compressor *grad_decoder; /* what stage + 1 sends here (decoding needs no state) */
+    unsigned char *encode_mb;      /* (micro_batches) which of this stage's sends compress */
+    unsigned char *decode_mb;      /* (micro_batches) which received gradients are compressed */
+    void *grad_wire;               /* (decoder's wire bytes) a compressed gradient received */
+    loom_compress_stats stats;
 };
+
+/* The compressor for the gradients crossing `link` (from stage link + 1 to link) and which of
+ * the sender's micro-batch sends use it, or *c NULL when the link sends them as they are. */
+static loom_status link_compressor(loom_pipeline *p, int link, int64_t rows, int64_t cols,
+                                   loom_compressor **c, unsigned char *which) {
+    const loom_plan *plan = p->mesh->plan;
+    const loom_plan_compressor *pc = &plan->pp_compression;
+    *c = NULL;
+    if (!loom_plan_compresses_stage(pc, link)) return LOOM_OK;
+    loom_compress_opts opts;
+    loom_status st = loom_parallel_compress_opts(pc, LOOM_COMPRESS_FOR_PP_GRAD,
+                                                 0x6c6f6f6d ^ (uint64_t)link, &opts);
+    if (st == LOOM_OK) st = loom_compressor_create(c, &opts, rows, cols, (uint64_t)link);
+    if (st != LOOM_OK) return st;
+    if (!loom_compressor_compresses(*c) ||
+        loom_compressor_wire_bytes(*c) >= (size_t)(rows * cols) * sizeof(float)) {
+        loom_compressor_free(*c); /* a message it would not make shorter */
+        *c = NULL;
+        return LOOM_OK;
+    }
+    if (strcmp(pc->policy, "epilogue") != 0) {
+        memset(which, 1, (size_t)p->micro_batches);
+        return LOOM_OK;
+    }
+    loom_schedule_kind kind;
+    loom_pipe_stage_schedule sender = {0};
+    st = loom_schedule_kind_parse(plan->schedule, &kind);
+    if (st == LOOM_OK) st = loom_pipe_schedule(kind, plan->pp, p->micro_batches, link + 1, &sender);
+    if (st == LOOM_OK) loom_pipe_cooldown_sends(&sender, p->micro_batches, which);
+    loom_pipe_schedule_free(&sender);
+    return st;
+}
+
+static loom_status compression_create(loom_pipeline *p, int64_t rows, int64_t cols) {
+    int stage = p->mesh->pp_rank, m = p->micro_batches;
+    p->encode_mb = loom_calloc((size_t)m, 1, "compressed sends");
+    p->decode_mb = loom_calloc((size_t)m, 1, "compressed receives");
+    if (!p->encode_mb || !p->decode_mb) return LOOM_ERR_NOMEM;
+    loom_status st = LOOM_OK;
+    if (stage > 0) st = link_compressor(p, stage - 1, rows, cols, &p->grad_encoder, p->encode_mb);
+    if (st == LOOM_OK && stage < p->mesh->pp_size - 1) {
+        st = link_compressor(p, stage, rows, cols, &p->grad_decoder, p->decode_mb);
+    }
+    if (st == LOOM_OK && p->grad_decoder) {
+        p->grad_wire = loom_alloc_aligned(loom_compressor_wire_bytes(p->grad_decoder), "wire");
+        if (!p->grad_wire) st = LOOM_ERR_NOMEM;
+    }
+    return st;
+}
 
 loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loom_gpt *model, int B,
                                  int T) {
@@ -69,6 +129,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->in_flight * sizeof(float), "sends");
         p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof(loom_comm_request *), "sends");
         if (!p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
+        if (st == LOOM_OK) st = compression_create(p, (int64_t)B * T, model->config.channels);
     }
     if (st != LOOM_OK) {
         loom_pipeline_free(p);
@@ -98,6 +159,11 @@ void loom_pipeline_free(loom_pipeline *p) {
     loom_free_aligned(p->grad_out);
     loom_free_aligned(p->send_buf);
     free(p->send_req);
+    loom_compressor_free(p->grad_encoder);
+    loom_compressor_free(p->grad_decoder);
+    free(p->encode_mb);
+    free(p->decode_mb);
+    loom_free_aligned(p->grad_wire);
     free(p);
 }
 
@@ -127,16 +193,47 @@ static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *
     if (st != LOOM_OK) return st;
     size_t floats = (size_t)rows * (size_t)cols;
     float *wire = p->send_buf + (size_t)slot * floats;
-    memcpy(wire, src, floats * sizeof(float)); /* identity encoding */
-    int64_t wire_bytes = (int64_t)(floats * sizeof(float));
+    int64_t raw_bytes = (int64_t)(floats * sizeof(float)), wire_bytes = raw_bytes;
+    /* training sends only (validation's may be shorter): the compressor's shape */
+    int compress = kind == KIND_GRAD && p->grad_encoder && p->encode_mb[mb] &&
+                   rows == loom_compressor_rows(p->grad_encoder);
+    if (compress) {
+        double t0 = loom_trace_now_us();
+        loom_compressor_encode(p->grad_encoder, src, wire);
+        wire_bytes = (int64_t)loom_compressor_wire_bytes(p->grad_encoder);
+        double us = loom_trace_now_us() - t0;
+        p->stats.compress_s += us * 1e-6;
+        loom_trace_event(p->trace, LOOM_TRACE_PP, "encode", "compress", t0, us, -1, mb);
+    } else {
+        memcpy(wire, src, floats * sizeof(float));
+    }
+    if (kind == KIND_GRAD) {
+        p->stats.pp_grad_bytes += wire_bytes, p->stats.pp_grad_bytes_raw += raw_bytes;
+        p->stats.pp_bytes_saved += raw_bytes - wire_bytes;
+        p->stats.pp_grad_sends++;
+        p->stats.pp_grad_sends_compressed += compress;
+    }
     return loom_comm_isend(p->mesh->pp, wire, wire_bytes, peer,
                            kind == KIND_ACT ? TAG_ACT : TAG_GRAD, &p->send_req[slot]);
 }
 
 /* Receives a message of `kind` from `peer` and decodes it into dst (rows x cols floats). With
  * the identity encoding the wire buffer is dst itself. */
-static loom_status recv_decode(loom_pipeline *p, int kind, float *dst, int64_t rows, int64_t cols,
-                               int peer) {
+static loom_status recv_decode(loom_pipeline *p, int kind, int mb, float *dst, int64_t rows,
+                               int64_t cols, int peer) {
+    if (kind == KIND_GRAD && p->grad_decoder && p->decode_mb[mb] &&
+        rows == loom_compressor_rows(p->grad_decoder)) {
+        loom_status st =
+            loom_comm_recv(p->mesh->pp, p->grad_wire,
+                           (int64_t)loom_compressor_wire_bytes(p->grad_decoder), peer, TAG_GRAD);
+        if (st != LOOM_OK) return st;
+        double t0 = loom_trace_now_us();
+        loom_compressor_decode(p->grad_decoder, p->grad_wire, dst);
+        double us = loom_trace_now_us() - t0;
+        p->stats.compress_s += us * 1e-6;
+        loom_trace_event(p->trace, LOOM_TRACE_PP, "decode", "compress", t0, us, -1, mb);
+        return LOOM_OK;
+    }
     int64_t wire_bytes = rows * cols * (int64_t)sizeof(float);
     return loom_comm_recv(p->mesh->pp, dst, wire_bytes, peer,
                           kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
@@ -184,7 +281,7 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
         double t0 = loom_trace_now_us();
         switch (act.op) {
         case LOOM_PIPE_RECV_ACT:
-            st = recv_decode(p, KIND_ACT, input, rows, cols, stage - 1);
+            st = recv_decode(p, KIND_ACT, mb, input, rows, cols, stage - 1);
             break;
         case LOOM_PIPE_FORWARD:
             loom_gpt_use_slot(model, slot);
@@ -198,12 +295,12 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
             st = encode_send(p, KIND_ACT, mb, loom_gpt_stage_output(model), rows, cols, stage + 1);
             break;
         case LOOM_PIPE_RECV_GRAD:
-            st = recv_decode(p, KIND_GRAD, p->grad_out, rows, cols, stage + 1);
+            st = recv_decode(p, KIND_GRAD, mb, p->grad_out, rows, cols, stage + 1);
             break;
         case LOOM_PIPE_BACKWARD:
             loom_gpt_use_slot(model, slot);
             ensure_activations(p, mb, tokens, input, mb_targets);
-            if (mb == p->micro_batches - 1) loom_grad_sync_before_backward(sync);
+            if (mb == p->micro_batches - 1) loom_grad_sync_before_backward(sync, step);
             loom_comm_progress("backward");
             loom_gpt_backward_stage(model, dloss, model->has_head ? NULL : p->grad_out);
             loom_grad_sync_after_backward(sync);
@@ -230,7 +327,7 @@ loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const
     int64_t rows = (int64_t)b * T, cols = model->config.channels;
     loom_status st = LOOM_OK;
     loom_gpt_use_slot(model, 0);
-    if (!model->has_embedding) st = recv_decode(p, KIND_ACT, p->act_in, rows, cols, stage - 1);
+    if (!model->has_embedding) st = recv_decode(p, KIND_ACT, 0, p->act_in, rows, cols, stage - 1);
     if (st != LOOM_OK) return st;
     loom_comm_progress("validation");
     float mean = loom_gpt_forward_stage(model, inputs, p->act_in, targets, b, T);
@@ -241,4 +338,25 @@ loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const
         if (st == LOOM_OK) st = sent;
     }
     return st;
+}
+
+/* ---- compression state ------------------------------------------------------------------------
+ */
+
+void loom_pipeline_commit(loom_pipeline *p, int accept) {
+    if (p->grad_encoder) loom_compressor_commit(p->grad_encoder, accept);
+}
+
+void loom_pipeline_take_stats(loom_pipeline *p, loom_compress_stats *stats) {
+    stats->pp_bytes_saved += p->stats.pp_bytes_saved;
+    stats->pp_grad_bytes += p->stats.pp_grad_bytes;
+    stats->pp_grad_bytes_raw += p->stats.pp_grad_bytes_raw;
+    stats->compress_s += p->stats.compress_s;
+    stats->pp_grad_sends += p->stats.pp_grad_sends;
+    stats->pp_grad_sends_compressed += p->stats.pp_grad_sends_compressed;
+    memset(&p->stats, 0, sizeof p->stats);
+}
+
+loom_compressor *loom_pipeline_compressor(loom_pipeline *p) {
+    return p->grad_encoder;
 }

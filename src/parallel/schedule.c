@@ -193,3 +193,19 @@ int loom_pipe_peak_in_flight(const loom_pipe_stage_schedule *s) {
     }
     return peak;
 }
+
+int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int micro_batches,
+                             unsigned char *cooldown) {
+    memset(cooldown, 0, (size_t)micro_batches);
+    int last_forward = -1, count = 0;
+    for (int i = 0; i < s->count; i++)
+        if (s->actions[i].op == LOOM_PIPE_FORWARD) last_forward = i;
+    for (int i = last_forward + 1; i < s->count; i++) {
+        const loom_pipe_action *a = &s->actions[i];
+        if (a->op != LOOM_PIPE_SEND_GRAD || a->micro_batch < 0 || a->micro_batch >= micro_batches)
+            continue;
+        cooldown[a->micro_batch] = 1;
+        count++;
+    }
+    return count;
+}

@@ -191,16 +191,84 @@ static loom_status write_record(loom_metrics *m, json_t *obj) {
     return bad ? loom_fail(LOOM_ERR_IO, "%s: cannot write a metrics record", m->path) : LOOM_OK;
 }
 
-loom_status loom_metrics_step(loom_metrics *m, const loom_step_record *r) {
-    /* the groups' counters are read and reset on every rank, written by the lead */
+/* Counters summed over every rank of the job (so a compressed send on any stage shows). */
+enum {
+    SUM_DP_BYTES,
+    SUM_TP_BYTES,
+    SUM_PP_BYTES,
+    SUM_DP_SAVED,
+    SUM_PP_SAVED,
+    SUM_PP_GRAD,
+    SUM_PP_GRAD_RAW,
+    SUM_COMPRESS_S,
+    SUM_RESIDUAL_SQ,
+    SUM_INPUT_SQ,
+    SUM_SENDS,
+    SUM_SENDS_COMPRESSED,
+    SUM_COUNT
+};
+
+/* Takes the step's counters on every rank and sums them over the world (collective). */
+static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
+                                double sums[SUM_COUNT]) {
     loom_comm *groups[3] = {r->mesh->dp, r->mesh->tp, r->mesh->pp};
-    static const char *const names[3] = {"dp", "tp", "pp"};
-    loom_comm_stats stats[3] = {{0}};
     for (int g = 0; g < 3; g++) {
+        stats[g] = (loom_comm_stats){0};
         if (!groups[g]) continue;
         stats[g] = loom_comm_get_stats(groups[g]);
         loom_comm_reset_stats(groups[g]);
     }
+    loom_compress_stats cs = {0};
+    if (r->sync) loom_grad_sync_take_stats(r->sync, &cs);
+    if (r->pipe) loom_pipeline_take_stats(r->pipe, &cs);
+    double v[SUM_COUNT] = {(double)stats[0].bytes,
+                           (double)stats[1].bytes,
+                           (double)stats[2].bytes,
+                           (double)cs.dp_bytes_saved,
+                           (double)cs.pp_bytes_saved,
+                           (double)cs.pp_grad_bytes,
+                           (double)cs.pp_grad_bytes_raw,
+                           cs.compress_s,
+                           cs.residual_sq,
+                           cs.input_sq,
+                           (double)cs.pp_grad_sends,
+                           (double)cs.pp_grad_sends_compressed};
+    memcpy(sums, v, sizeof v);
+    if (!r->mesh->world) return LOOM_OK;
+    loom_status st = loom_comm_allreduce_f64(r->mesh->world, sums, SUM_COUNT, LOOM_REDUCE_SUM);
+    sums[SUM_COMPRESS_S] /= loom_comm_size(r->mesh->world); /* a rank's mean */
+    return st;
+}
+
+static int compressing(const loom_plan *plan) {
+    return strcmp(plan->dp_compression.method, "none") != 0 ||
+           strcmp(plan->pp_compression.method, "none") != 0;
+}
+
+/* The progress line's note: how much less each compressed kind of traffic sent. */
+static void compression_note(loom_step_record *r, const double *sums) {
+    const loom_plan *plan = r->mesh->plan;
+    size_t used = 0, cap = sizeof r->compression;
+    r->compression[0] = '\0';
+    if (strcmp(plan->dp_compression.method, "none") != 0 && sums[SUM_DP_BYTES] > 0) {
+        used += (size_t)snprintf(r->compression + used, cap - used, " | dp bytes /%.1f",
+                                 (sums[SUM_DP_BYTES] + sums[SUM_DP_SAVED]) / sums[SUM_DP_BYTES]);
+    }
+    if (strcmp(plan->pp_compression.method, "none") != 0 && sums[SUM_PP_GRAD] > 0 && used < cap) {
+        snprintf(r->compression + used, cap - used, " | pp grads /%.1f, %.0f of %.0f sends",
+                 sums[SUM_PP_GRAD_RAW] / sums[SUM_PP_GRAD], sums[SUM_SENDS_COMPRESSED],
+                 sums[SUM_SENDS]);
+    }
+}
+
+loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
+    /* the counters are read and reset on every rank, summed over the job, written by the lead */
+    static const char *const names[3] = {"dp", "tp", "pp"};
+    loom_comm_stats stats[3];
+    double sums[SUM_COUNT];
+    loom_status st = job_counters(r, stats, sums);
+    if (st != LOOM_OK) return st;
+    compression_note(r, sums);
     if (!m) return LOOM_OK;
     json_t *obj = json_object();
     json_object_set_new(obj, "step", json_integer(r->step));
@@ -213,12 +281,31 @@ loom_status loom_metrics_step(loom_metrics *m, const loom_step_record *r) {
     for (int g = 0; g < 3 && r->mesh->world; g++) {
         char key[16];
         snprintf(key, sizeof key, "%s_bytes", names[g]);
-        json_object_set_new(obj, key, json_integer(stats[g].bytes));
+        json_object_set_new(obj, key, json_integer((json_int_t)sums[SUM_DP_BYTES + g]));
         snprintf(key, sizeof key, "%s_s", names[g]);
         json_object_set_new(obj, key, number(stats[g].seconds));
     }
+    if (r->mesh->world && compressing(r->mesh->plan)) {
+        static const struct {
+            const char *key;
+            int a, b; /* sums[a] + sums[b] (b < 0: none) */
+        } fields[] = {{"dp_bytes_raw", SUM_DP_BYTES, SUM_DP_SAVED},
+                      {"pp_bytes_raw", SUM_PP_BYTES, SUM_PP_SAVED},
+                      {"pp_grad_bytes", SUM_PP_GRAD, -1},
+                      {"pp_grad_bytes_raw", SUM_PP_GRAD_RAW, -1},
+                      {"pp_grad_sends", SUM_SENDS, -1},
+                      {"pp_grad_sends_compressed", SUM_SENDS_COMPRESSED, -1}};
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+            double v = sums[fields[i].a] + (fields[i].b >= 0 ? sums[fields[i].b] : 0.0);
+            json_object_set_new(obj, fields[i].key, json_integer((json_int_t)v));
+        }
+        json_object_set_new(obj, "compress_s", number(sums[SUM_COMPRESS_S]));
+        double error =
+            sums[SUM_INPUT_SQ] > 0 ? sqrt(sums[SUM_RESIDUAL_SQ] / sums[SUM_INPUT_SQ]) : NAN;
+        json_object_set_new(obj, "dp_compression_error", number(error));
+    }
     json_object_set_new(obj, "skipped", json_boolean(r->skipped));
-    loom_status st = write_record(m, obj);
+    st = write_record(m, obj);
     if (st == LOOM_OK) st = keep_point(m, 0, r->step, r->loss);
     return st;
 }

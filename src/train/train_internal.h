@@ -55,6 +55,22 @@ loom_status loom_run_clean_checkpoints(const char *out);
 /* --init-from: fills this rank's part of the parameters from any model file. */
 loom_status loom_run_init_from(const char *path, loom_gpt *model);
 
+/* ---- compress_state.c ---- */
+
+/* Writes this rank's compressor state beside the coming checkpoint of state->step (each rank
+ * its own file, then a barrier) and fills state->compress for the lead's state file; nothing
+ * without compression. Collective over the world. */
+loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
+                                   loom_grad_sync *sync, loom_pipeline *pipe,
+                                   loom_ckpt_state *state);
+/* Reads it back when the checkpoint's (state->compress) fits this run's layout and
+ * compression; otherwise warns once (lead) and leaves the compressors fresh. */
+loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int seq_len,
+                                   loom_grad_sync *sync, loom_pipeline *pipe,
+                                   const loom_ckpt_state *state);
+/* The start-up line on the compressors' memory (lead; nothing without compression). */
+void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_pipeline *pipe);
+
 /* ---- metrics.c ---- */
 
 /* metrics.jsonl (rank 0 writes it) and the series kept for the loss plot. */
@@ -68,8 +84,11 @@ typedef struct {
     double loss, lr, grad_norm, seconds, tokens_per_s, mfu;
     int skipped;
     const loom_mesh *mesh; /* its groups' byte and time counters are written, then reset */
+    loom_grad_sync *sync;  /* compression counters (taken, so reset) */
+    loom_pipeline *pipe;
+    char compression[96]; /* out: " | dp 134x ..." for the progress line ("" without) */
 } loom_step_record;
-loom_status loom_metrics_step(loom_metrics *metrics, const loom_step_record *record);
+loom_status loom_metrics_step(loom_metrics *metrics, loom_step_record *record);
 loom_status loom_metrics_validation(loom_metrics *metrics, int64_t step, double val_loss);
 /* The progress bar (a terminal's): steps done of the run's total (this invocation's run_done of
  * run_total, for the ETA), overall done of steps. */

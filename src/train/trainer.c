@@ -178,7 +178,8 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
-    loom_grad_sync_opts opts = {cfg->zero1 && !cfg->no_zero1, cfg->bucket_mb * 1024 * 1024};
+    loom_grad_sync_opts opts = {cfg->zero1 && !cfg->no_zero1, cfg->bucket_mb * 1024 * 1024,
+                                cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
@@ -188,6 +189,10 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     t->state = (loom_ckpt_state){.rng_state = rng.state};
     if (resume_dir[0]) {
         st = loom_run_checkpoint_load(resume_dir, &t->mesh, t->model, &t->opt, &t->state);
+        if (st == LOOM_OK) {
+            st = loom_run_compress_load(resume_dir, &t->mesh, cfg->seq_len, t->sync, t->pipe,
+                                        &t->state);
+        }
         if (st != LOOM_OK) return st;
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
@@ -216,6 +221,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     t->progress_bar = !strcmp(cfg->progress, "on") ||
                       (!strcmp(cfg->progress, "auto") && !world && isatty(STDOUT_FILENO));
     print_setup(t);
+    loom_run_compress_report(&t->mesh, t->sync, t->pipe);
     return LOOM_OK;
 }
 
@@ -316,6 +322,8 @@ static loom_status train_step(trainer *t, int64_t step) {
         t->state.bad_steps = 0;
         if ((st = apply_update(t, step, lr, grad_norm)) != LOOM_OK) return st;
     }
+    loom_grad_sync_commit(t->sync, !skipped); /* a skipped step leaves compressors as they were */
+    loom_pipeline_commit(t->pipe, !skipped);
     t->state.step = step + 1;
     loom_loader_pos pos = loom_loader_get_pos(t->train_loader);
     t->state.data_epoch = pos.epoch;
@@ -327,16 +335,17 @@ static loom_status train_step(trainer *t, int64_t step) {
     double tokens_per_s = (double)t->plan->global_batch * cfg->seq_len / seconds;
     double mfu =
         t->peak_gflops > 0 ? t->flops_per_token * tokens_per_s / (t->peak_gflops * 1e9) : 0.0;
-    loom_step_record record = {step + 1,     loss, lr,      grad_norm, seconds,
-                               tokens_per_s, mfu,  skipped, &t->mesh};
+    loom_step_record record = {step + 1, loss,    lr,       grad_norm, seconds, tokens_per_s,
+                               mfu,      skipped, &t->mesh, t->sync,   t->pipe, ""};
     if ((st = loom_metrics_step(t->metrics, &record)) != LOOM_OK) return st;
     int64_t done = step + 1;
     if (t->mesh.lead &&
         (done == 1 || done % cfg->log_every == 0 || done == cfg->steps || skipped)) {
         clear_progress_line(t);
         loom_info("step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | "
-                  "%.1f ms | %.0f tok/s | MFU %.1f%%",
-                  done, cfg->steps, loss, lr, grad_norm, seconds * 1e3, tokens_per_s, 100 * mfu);
+                  "%.1f ms | %.0f tok/s | MFU %.1f%%%s",
+                  done, cfg->steps, loss, lr, grad_norm, seconds * 1e3, tokens_per_s, 100 * mfu,
+                  record.compression);
     }
     if (t->state.bad_steps >= cfg->max_bad_steps) {
         return loom_fail(LOOM_ERR_NUMERIC,
@@ -363,7 +372,11 @@ static loom_status evaluate(trainer *t) {
 
 static loom_status save(trainer *t) {
     clear_progress_line(t);
-    loom_status st = loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
+    loom_status st =
+        loom_run_compress_save(t->cfg->out, &t->mesh, t->cfg->seq_len, t->sync, t->pipe, &t->state);
+    if (st == LOOM_OK) {
+        st = loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
+    }
     if (st == LOOM_OK && t->mesh.lead)
         st = loom_run_prune_checkpoints(t->cfg->out, t->cfg->keep_last);
     return st;

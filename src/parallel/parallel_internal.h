@@ -1,0 +1,46 @@
+/*
+ * parallel_internal.h — what the files of src/parallel/ share and nobody else sees: compressed
+ * data-parallel buckets (dp_compress.c), driven by the bucket state machine of grad_sync.c.
+ */
+#ifndef LOOM_PARALLEL_INTERNAL_H
+#define LOOM_PARALLEL_INTERNAL_H
+
+#include "loom/compress.h"
+#include "loom/parallel.h"
+
+/* Compressed synchronisation of data-parallel buckets: one compressor per matrix of every
+ * bucket, and the buffers of the bucket's collectives.
+ *   PowerSGD       round 1: encode (M = G + E, P = M Q), one allreduce of [the uncompressed
+ *                  matrices of the bucket, every P]; round 2: orthonormalise the P's, Q = M^T P,
+ *                  one allreduce of every Q; then G = P Q^T (the sum's approximation).
+ *   other methods  round 1: encode every matrix into this rank's wire buffer, one all-gather of
+ *                  the wire buffers; then G = the sum of every rank's decoded buffer, in rank
+ *                  order, so every replica gets the same bits.
+ * The gradient ends as the sum over replicas, as the uncompressed allreduce leaves it. */
+typedef struct loom_dp_compress loom_dp_compress;
+
+/* keep_tensor: a tensor (LOOM_WTE...) sent uncompressed, or -1. */
+loom_status loom_dp_compress_create(loom_dp_compress **out, const loom_compress_opts *opts,
+                                    const loom_grad_bucket *buckets, int num_buckets, int replicas,
+                                    int keep_tensor);
+void loom_dp_compress_free(loom_dp_compress *dc);
+/* Starts bucket b's first round: encodes from grads (the model's flat gradient buffer) and
+ * starts the round's collective on dp. */
+loom_status loom_dp_compress_start(loom_dp_compress *dc, int b, float *grads, loom_comm *dp,
+                                   loom_comm_request **request);
+/* After the round's collective completed: decodes, and starts the next round (*request set) or
+ * finishes the bucket (*request NULL). */
+loom_status loom_dp_compress_next(loom_dp_compress *dc, int b, float *grads, loom_comm *dp,
+                                  loom_comm_request **request);
+/* End of step: keep (accept) or drop every compressor's working state. */
+void loom_dp_compress_commit(loom_dp_compress *dc, int accept);
+/* Counters since the last call (then reset): bytes the compressed buckets did not send
+ * compared with an uncompressed allreduce of them, seconds encoding and decoding, the
+ * residuals' and the inputs' squared norms. */
+void loom_dp_compress_take_stats(loom_dp_compress *dc, loom_compress_stats *stats);
+/* Compressors of every bucket, in bucket and matrix order (for checkpoints). */
+int loom_dp_compress_count(const loom_dp_compress *dc);
+loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
+size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
+
+#endif /* LOOM_PARALLEL_INTERNAL_H */

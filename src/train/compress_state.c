@@ -1,0 +1,193 @@
+/*
+ * compress_state.c — the compressors' state (error-feedback and lazy-error residuals,
+ * warm-start factors) beside a checkpoint: every rank that holds some writes
+ * STEP/compress_rankNNNNN.safetensors before the lead moves "latest", and the checkpoint's state
+ * file names them and the layout they belong to (metadata "loom.compress"). A resume in the
+ * same layout and compression reads them back, so it continues bit-exactly; any other resume
+ * drops them with one warning and the compressors start fresh.
+ *
+ * Not here: the compressors (compress/), where they sit (parallel/), the model checkpoint (io/).
+ */
+#include "train/train_internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What must match for saved state to fit this run: the layout, the micro-batch shape (the
+ * pipeline compressors' matrices) and every compression setting. */
+static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap) {
+    const loom_plan_compressor *c[2] = {&plan->dp_compression, &plan->pp_compression};
+    size_t used = (size_t)snprintf(out, cap,
+                                   "files=compress_rank*.safetensors dp=%d tp=%d pp=%d "
+                                   "micro=%dx%d stages=",
+                                   plan->dp, plan->tp, plan->pp, plan->micro_batch, seq_len);
+    for (int s = 0; s < plan->num_stages && used < cap; s++) {
+        used += (size_t)snprintf(out + used, cap - used, "%s%d-%d", s ? "," : "",
+                                 plan->stages[s].first_layer, plan->stages[s].end_layer);
+    }
+    for (int i = 0; i < 2 && used < cap; i++) {
+        used += (size_t)snprintf(out + used, cap - used,
+                                 " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
+                                 c[i]->method, c[i]->rank, c[i]->fraction, c[i]->error_feedback,
+                                 c[i]->warmup_steps, c[i]->lazy_error, c[i]->policy, c[i]->forward);
+        for (int s = 0; s < c[i]->num_stages && used < cap; s++) {
+            used += (size_t)snprintf(out + used, cap - used, "%s%d", s ? "," : "", c[i]->stages[s]);
+        }
+        if (c[i]->num_stages == 0 && used < cap)
+            used += (size_t)snprintf(out + used, cap - used, "all");
+    }
+}
+
+/* This rank's compressors, in a fixed order: the data-parallel ones, then the pipeline's. */
+static int compressors(loom_grad_sync *sync, loom_pipeline *pipe, loom_compressor **list, int cap,
+                       char names[][24]) {
+    int n = 0, dp = loom_grad_sync_compressor_count(sync);
+    for (int i = 0; i < dp; i++) {
+        if (list && n < cap) {
+            list[n] = loom_grad_sync_compressor(sync, i);
+            snprintf(names[n], sizeof names[n], "dp.%d", i);
+        }
+        n++;
+    }
+    if (loom_pipeline_compressor(pipe)) {
+        if (list && n < cap) {
+            list[n] = loom_pipeline_compressor(pipe);
+            snprintf(names[n], sizeof names[n], "pp.grad");
+        }
+        n++;
+    }
+    return n;
+}
+
+/* Every state array of every compressor, named "<compressor>.<state>". */
+typedef struct {
+    int count;
+    loom_compressor **comp;
+    char (*names)[24];
+    char (*tensor_names)[40];
+    loom_st_tensor *tensors;
+    float **data;
+} state_list;
+
+static void state_list_free(state_list *l) {
+    free(l->comp), free(l->names), free(l->tensor_names), free(l->tensors), free(l->data);
+    memset(l, 0, sizeof *l);
+}
+
+static loom_status state_list_make(loom_grad_sync *sync, loom_pipeline *pipe, state_list *l) {
+    memset(l, 0, sizeof *l);
+    int n = compressors(sync, pipe, NULL, 0, NULL);
+    if (n == 0) return LOOM_OK;
+    l->comp = loom_calloc((size_t)n, sizeof *l->comp, "compressors");
+    l->names = loom_calloc((size_t)n, sizeof *l->names, "compressor names");
+    if (!l->comp || !l->names) return LOOM_ERR_NOMEM;
+    compressors(sync, pipe, l->comp, n, l->names);
+    int arrays = 0;
+    for (int i = 0; i < n; i++) arrays += loom_compressor_state_count(l->comp[i]);
+    l->tensor_names = loom_calloc((size_t)(arrays ? arrays : 1), sizeof *l->tensor_names, "names");
+    l->tensors = loom_calloc((size_t)(arrays ? arrays : 1), sizeof *l->tensors, "tensors");
+    l->data = loom_calloc((size_t)(arrays ? arrays : 1), sizeof *l->data, "state arrays");
+    if (!l->tensor_names || !l->tensors || !l->data) return LOOM_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < loom_compressor_state_count(l->comp[i]); j++) {
+            int k = l->count++;
+            snprintf(l->tensor_names[k], sizeof l->tensor_names[k], "%s.%s", l->names[i],
+                     loom_compressor_state_name(l->comp[i], j));
+            l->data[k] = loom_compressor_state_data(l->comp[i], j);
+            l->tensors[k] =
+                (loom_st_tensor){.name = l->tensor_names[k],
+                                 .ndim = 1,
+                                 .shape = {(int64_t)loom_compressor_state_floats(l->comp[i], j)},
+                                 .data = l->data[k]};
+        }
+    }
+    return LOOM_OK;
+}
+
+static void file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
+    snprintf(path, cap, "%s/compress_rank%05d.safetensors", dir,
+             mesh->world ? loom_comm_rank(mesh->world) : 0);
+}
+
+loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
+                                   loom_grad_sync *sync, loom_pipeline *pipe,
+                                   loom_ckpt_state *state) {
+    state->compress[0] = '\0';
+    const loom_plan *plan = mesh->plan;
+    if (!strcmp(plan->dp_compression.method, "none") &&
+        !strcmp(plan->pp_compression.method, "none"))
+        return LOOM_OK;
+    signature(plan, seq_len, state->compress, sizeof state->compress);
+    state_list l;
+    loom_status st = state_list_make(sync, pipe, &l);
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out, state->step);
+    if (st == LOOM_OK && l.count > 0) st = loom_mkdir_p(dir);
+    if (st == LOOM_OK && l.count > 0) {
+        file_of(dir, mesh, path, sizeof path);
+        const char *meta[] = {"format", "loom.compress.v1", "loom.compress", state->compress};
+        st = loom_safetensors_write(path, l.tensors, l.count, meta, 2);
+    }
+    state_list_free(&l);
+    /* every rank's file is on disk before the lead moves "latest" */
+    loom_status agreed = mesh->world ? loom_comm_barrier(mesh->world) : LOOM_OK;
+    return st != LOOM_OK ? st : agreed;
+}
+
+loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int seq_len,
+                                   loom_grad_sync *sync, loom_pipeline *pipe,
+                                   const loom_ckpt_state *state) {
+    const loom_plan *plan = mesh->plan;
+    if (!strcmp(plan->dp_compression.method, "none") &&
+        !strcmp(plan->pp_compression.method, "none"))
+        return LOOM_OK;
+    char want[sizeof state->compress];
+    signature(plan, seq_len, want, sizeof want);
+    if (strcmp(want, state->compress) != 0) {
+        if (mesh->lead) {
+            loom_warn("%s: %s; the compressors start fresh (error-feedback residuals and "
+                      "warm-start factors at zero), so this resume is not bit-exact",
+                      dir,
+                      state->compress[0] ? "its compressor state belongs to another layout or "
+                                           "compression setting: dropped"
+                                         : "the checkpoint holds no compressor state");
+        }
+        return LOOM_OK;
+    }
+    state_list l;
+    loom_status st = state_list_make(sync, pipe, &l);
+    char path[4200];
+    file_of(dir, mesh, path, sizeof path);
+    loom_safetensors *file = NULL;
+    if (st == LOOM_OK && l.count > 0) st = loom_safetensors_open(&file, path);
+    const char *saved = file ? loom_safetensors_metadata(file, "loom.compress") : NULL;
+    if (st == LOOM_OK && l.count > 0 && (!saved || strcmp(saved, want) != 0)) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: metadata 'loom.compress': expected the checkpoint's (\"%s\"), got %s",
+                       path, want, saved ? saved : "none");
+    }
+    for (int k = 0; st == LOOM_OK && k < l.count; k++) {
+        st =
+            loom_safetensors_read_f32(file, l.tensor_names[k], 1, l.tensors[k].shape, 0, l.data[k]);
+    }
+    loom_safetensors_close(file);
+    state_list_free(&l);
+    return st;
+}
+
+void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_pipeline *pipe) {
+    const loom_plan *plan = mesh->plan;
+    if (!strcmp(plan->dp_compression.method, "none") &&
+        !strcmp(plan->pp_compression.method, "none"))
+        return;
+    size_t dp = loom_grad_sync_state_bytes(sync);
+    loom_compressor *pp = loom_pipeline_compressor(pipe);
+    size_t pp_bytes = pp ? loom_compressor_state_bytes(pp) : 0;
+    loom_info("compression: dp %s, pp %s; compressor state on rank 0: %.1f MiB (data-parallel "
+              "%.1f MiB, pipeline %.1f MiB; error feedback keeps a gradient-sized residual, "
+              "twice: committed and working)",
+              plan->dp_compression.method, plan->pp_compression.method,
+              (double)(dp + pp_bytes) / 1048576.0, (double)dp / 1048576.0,
+              (double)pp_bytes / 1048576.0);
+}
