@@ -137,6 +137,9 @@ void loom_compress_sign_decode(const loom_compressor *c, const void *wire, float
 
 /* ---- int8, one scale per block ------------------------------------------------------------- */
 
+/* scale = max |v| / 127 (0 for an all-zero block), level = v / scale rounded half away from zero
+ * (roundf: the same on every machine whatever the rounding mode), clamped to [-127, 127]. */
+
 void loom_compress_int8_encode(loom_compressor *c, const float *m, float *residual, void *wire) {
     int64_t n = c->n, block = c->opts.block, blocks = (n + block - 1) / block;
     unsigned char *scales = wire;
