@@ -58,9 +58,9 @@ typedef enum {
 
 /* Where a method may be used: each bit is a place. */
 enum {
-    LOOM_COMPRESS_FOR_DP = 1,         /* data-parallel gradients: none powersgd topk sign int8 bf16 */
-    LOOM_COMPRESS_FOR_PP_GRAD = 2,    /* activation gradients between stages: none lowrank topk
-                                         int8 bf16 */
+    LOOM_COMPRESS_FOR_DP = 1,      /* data-parallel gradients: none powersgd topk sign int8 bf16 */
+    LOOM_COMPRESS_FOR_PP_GRAD = 2, /* activation gradients between stages: none lowrank topk
+                                      int8 bf16 */
     LOOM_COMPRESS_FOR_PP_FORWARD = 4, /* activations between stages: none bf16 int8 */
 };
 
@@ -80,10 +80,12 @@ int loom_compress_is_lossy(loom_compress_method method);
 typedef struct {
     loom_compress_method method;
     int rank;           /* powersgd, lowrank: > 0 */
-    double fraction;    /* topk: share of entries kept, in (0, 1]; k = max(1, ceil(f n)) */
+    double fraction;    /* topk: share of entries kept, in (0, 1]; k = max(1, ceil(f n)), f n
+                           rounded to 1e-9 relative first (0.07 of 100 keeps 7, not 8) */
     int error_feedback; /* keep the residual and add it to the next encode (sign: must be 1) */
     double min_ratio;   /* powersgd, lowrank: send uncompressed when r (rows + cols) >= min_ratio
-                           rows cols; 0 means the default 0.5 */
+                           rows cols; 0 means the default 0.5. A min_ratio above 1 can let r
+                           exceed min(rows, cols): the rank used is then min(rows, cols) */
     int block;          /* int8: entries per scale; 0 means the default 256 */
     uint64_t seed;      /* powersgd, lowrank: the initial Q (same seed on every replica) */
 } loom_compress_opts;
@@ -108,10 +110,13 @@ int64_t loom_compressor_cols(const loom_compressor *c);
 /* 0 when this matrix is sent as it is (powersgd/lowrank: too small to pay, or one row; none);
  * then encode is a copy of the fp32 values and there is no state. */
 int loom_compressor_compresses(const loom_compressor *c);
+/* powersgd, lowrank, compressing: the rank used, min(rank, rows, cols) — the r of P (rows x r)
+ * and Q (cols x r) below; 0 otherwise. */
+int loom_compressor_rank(const loom_compressor *c);
 
-/* Exact wire size of one encoded matrix, in bytes (one-shot methods; for powersgd the sizes of
- * P and Q in floats are below). Formulas, n = rows cols:
- *   not compressing  4 n                    lowrank  4 r (rows + cols)
+/* Exact wire size of one encoded matrix, in bytes (one-shot methods; for powersgd, the bytes of
+ * P and Q together, each summed once). Formulas, n = rows cols, r = loom_compressor_rank:
+ *   not compressing  4 n                    lowrank, powersgd  4 r (rows + cols)
  *   topk             8 k (fp32 value, uint32 index)
  *   sign             4 + ceil(n / 8)        int8     4 ceil(n / block) + n
  *   bf16             2 n */
@@ -135,8 +140,7 @@ void loom_powersgd_p(loom_compressor *c, float *m, float *p);
 void loom_powersgd_q(loom_compressor *c, const float *m, float *p, float *q);
 /* p: the orthonormal P; q: Q summed over the replicas. m = p q^T; working residual = M -
  * m / replicas; the working Q = q. */
-void loom_powersgd_done(loom_compressor *c, float *m, const float *p, const float *q,
-                        int replicas);
+void loom_powersgd_done(loom_compressor *c, float *m, const float *p, const float *q, int replicas);
 
 /* Squared norm of the working residual as of the last encode / powersgd_done (0 without error
  * feedback), for the compression-error metric. */
@@ -150,7 +154,8 @@ void loom_compressor_commit(loom_compressor *c, int accept);
  * what is listed depends on method and options only. */
 int loom_compressor_state_count(const loom_compressor *c);
 /* Entry i: its name, length in floats, and the committed array (read/write, so that a loader
- * can fill it; loading then needs no commit). */
+ * can fill it; loading then needs no commit). An accepted commit swaps the two copies, so the
+ * address is good until the next commit only. */
 const char *loom_compressor_state_name(const loom_compressor *c, int i);
 size_t loom_compressor_state_floats(const loom_compressor *c, int i);
 float *loom_compressor_state_data(loom_compressor *c, int i);
