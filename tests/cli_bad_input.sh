@@ -412,14 +412,64 @@ bad "plan with a config key that sets what the plan sets" \
     -- "$LOOM" train --config plan_conflict.json --plan tiny_plan.json --data data/train.bin --out run_p
 sed 's/"pp": {"method": "none"}/"pp": {"method": "lowrank", "rank": 4}/' tiny_plan.json \
     >tiny_plan_pp.json
-bad "plan asking for pipeline compression" \
-    'tiny_plan_pp\.json: compression\.pp\.method: "lowrank" is not supported by this build' \
+bad "plan asking for pipeline compression with one stage" \
+    'tiny_plan_pp\.json: compression\.pp\.method: expected "none" with one pipeline stage, got "lowrank"' \
     -- "$LOOM" train --plan tiny_plan_pp.json --data data/train.bin --seq-len 16 --out run_p
 sed 's/"embedding_sync": "separate"/"embedding_sync": "fused"/' tiny_plan.json \
     >tiny_plan_fused.json
-bad "plan asking for fused embedding sync" \
-    'compression\.embedding_sync: "fused" is not supported by this build' \
+bad "plan asking for fused embedding sync with one stage" \
+    'tiny_plan_fused\.json: compression\.embedding_sync: "fused" needs pipeline parallelism \(pp > 1\)' \
     -- "$LOOM" train --plan tiny_plan_fused.json --data data/train.bin --seq-len 16 --out run_p
+bad "plan with a compression flag" \
+    '--plan tiny_plan\.json: --dp-compression sets what the plan file sets' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --dp-compression powersgd --out run_p
+bad "plan with --embedding-sync" '--plan tiny_plan\.json: --embedding-sync sets what the plan file sets' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --embedding-sync separate --out run_p
+echo '{"no_lazy_error": true}' >plan_conflict_pp.json
+bad "plan with a compression config key" \
+    '--plan tiny_plan\.json: --no-lazy-error sets what the plan file sets' \
+    -- "$LOOM" train --config plan_conflict_pp.json --plan tiny_plan.json --data data/train.bin --out run_p
+
+# ---- compression flags ---------------------------------------------------------------------
+
+bad "train: a pipeline method for dp" \
+    '--dp-compression: compression\.dp\.method: expected one of none, powersgd, topk, sign, int8, bf16, got "lowrank"' \
+    -- "${TRAIN[@]}" --dp-compression lowrank
+bad "train: a data-parallel method for pp" \
+    '--pp-compression: compression\.pp\.method: expected one of none, lowrank, topk, int8, bf16, got "sign"' \
+    -- "${TRAIN[@]}" --pp-compression sign
+bad "train: a backward method forward" \
+    '--pp-forward-compression: compression\.pp\.forward: expected one of none, int8, bf16, got "lowrank"' \
+    -- "${TRAIN[@]}" --pp-forward-compression lowrank
+echo '{"dp_compression": "lowrank"}' >dp_lowrank.json
+bad "train: a pipeline method for dp in a config" \
+    'dp_lowrank\.json: key "dp_compression": compression\.dp\.method: expected one of none, powersgd' \
+    -- "${TRAIN[@]}" --config dp_lowrank.json
+bad "train: bad stage list" \
+    '--dp-compression-stages: expected comma-separated stage indices .*got "0,a"' \
+    -- "${TRAIN[@]}" --dp-compression int8 --dp-compression-stages 0,a
+bad "train: bad link list" '--pp-compression-links: expected comma-separated link indices .*got "1,"' \
+    -- "${TRAIN[@]}" --pp-compression int8 --pp-compression-links 1,
+bad "train: sign without error feedback" \
+    'compression\.dp\.error_feedback: sign compression needs error feedback \(it does not converge without it\)' \
+    -- "${TRAIN[@]}" --dp-compression sign --no-error-feedback
+bad "train: a fraction for a method without one" \
+    '--dp-topk-fraction 0\.1: not used with --dp-compression powersgd \(only topk keeps a fraction\)' \
+    -- "${TRAIN[@]}" --dp-compression powersgd --dp-topk-fraction 0.1
+# ZeRO-1 gives way to data-parallel compression unless --zero1 is given (the configuration table
+# shows the choice; the run itself may be refused by this build, which is not checked here)
+both "${TRAIN[@]}" --no-save --dp-compression powersgd >zero1_off.txt </dev/null
+if grep -Eq '^zero1 +false$' zero1_off.txt; then
+    record "train: dp compression turns ZeRO-1 off" ""
+else
+    record "train: dp compression turns ZeRO-1 off" "no 'zero1 false' in the table"
+fi
+both "${TRAIN[@]}" --no-save --dp-compression powersgd --zero1 >zero1_on.txt </dev/null
+if grep -Eq '^zero1 +true$' zero1_on.txt; then
+    record "train: --zero1 keeps ZeRO-1 with dp compression" ""
+else
+    record "train: --zero1 keeps ZeRO-1 with dp compression" "no 'zero1 true' in the table"
+fi
 python3 - <<'PY'
 import json
 p = json.load(open("tiny_plan.json"))

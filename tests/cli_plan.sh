@@ -61,9 +61,36 @@ cat >design.json <<'EOF'
   "predicted": {"step_s": 0.0, "tokens_per_s": 0.0, "peak_bytes_per_rank": [0]}
 }
 EOF
-good "plan: --check DESIGN.md's example" 'dp powersgd rank 4 on stages 0,' \
-    'pp lowrank rank 8 lazy-error on every stage' '^ +1 +\[5, 12\) .*yes$' \
-    'design\.json: ok \(8 ranks\)' -- "$LOOM" plan --check design.json
+good "plan: --check DESIGN.md's example" \
+    '^compress dp powersgd r4 ef stages 0, pp lowrank r8 lazy all, embedding sync fused$' \
+    '^ +1 +\[5, 12\) .*yes$' 'design\.json: ok \(8 ranks\)' -- "$LOOM" plan --check design.json
+
+# ---- compression flags -------------------------------------------------------------------
+
+good "plan: every compression flag" \
+    '^compress dp topk 5% no-ef warmup 3 stages 2,0, pp lowrank r6 no-lazy epilogue links 1 forward bf16, embedding sync fused$' \
+    'wrote compressed\.json' \
+    -- "$LOOM" plan --model gpt2 --dp 2 --pp 3 --micro-batch-size 4 --global-batch-size 64 \
+    --dp-compression topk --dp-topk-fraction 0.05 --no-error-feedback \
+    --dp-compression-warmup-steps 3 --dp-compression-stages 2,0 --pp-compression lowrank \
+    --pp-compression-rank 6 --pp-compression-links 1 --pp-compression-policy epilogue \
+    --pp-forward-compression bf16 --no-lazy-error --embedding-sync fused --out compressed.json
+file_has "plan: dp compressor written" compressed.json \
+    '"dp": \{"method": "topk", "fraction": 0\.05, "error_feedback": false, "warmup_steps": 3, "stages": \[2, 0\]\}'
+file_has "plan: pp compressor written" compressed.json \
+    '"pp": \{"method": "lowrank", "rank": 6, "lazy_error": false, "policy": "epilogue", "forward": "bf16", "links": \[1\]\}'
+file_has "plan: embedding sync written" compressed.json '"embedding_sync": "fused"'
+good "plan: --check reads the compression back" \
+    '^compress dp topk 5% no-ef warmup 3 stages 2,0, pp lowrank r6 no-lazy epilogue links 1 forward bf16, embedding sync fused$' \
+    'compressed\.json: ok \(6 ranks\)' -- "$LOOM" plan --check compressed.json
+good "plan: powersgd with its default rank" '^compress dp powersgd r4 ef, pp none, ' \
+    -- "$LOOM" plan --model tiny --dp 2 --dp-compression powersgd --out powersgd.json
+file_has "plan: powersgd written with rank 4" powersgd.json \
+    '"dp": \{"method": "powersgd", "rank": 4, "error_feedback": true, "warmup_steps": 0\}'
+good "plan: lowrank with its default rank" '^compress dp none, pp lowrank r8 lazy all, ' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-compression lowrank --out lowrank.json
+good "plan: forward compression alone" '^compress dp none, pp none forward int8, ' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-forward-compression int8 --out forward.json
 
 # ---- bad flags and combinations ------------------------------------------------------------
 
@@ -113,6 +140,53 @@ bad "plan: no --out" '--out: expected a plan file' -- "$LOOM" plan --model tiny
 bad "plan: --out is a folder" '--out: sub is a directory' -- "$LOOM" plan --model tiny --out sub
 bad "plan: --ranks -1" '--ranks: expected a positive world size' \
     -- "$LOOM" plan --model tiny --ranks -1 --out bad.json
+bad "plan: a pipeline method for dp" \
+    '--dp-compression: compression\.dp\.method: expected one of none, powersgd, topk, sign, int8, bf16, got "lowrank"' \
+    -- "$LOOM" plan --model tiny --dp-compression lowrank --out bad.json
+bad "plan: a data-parallel method for pp" \
+    '--pp-compression: compression\.pp\.method: expected one of none, lowrank, topk, int8, bf16, got "powersgd"' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-compression powersgd --out bad.json
+bad "plan: a backward method forward" \
+    '--pp-forward-compression: compression\.pp\.forward: expected one of none, int8, bf16, got "topk"' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-forward-compression topk --out bad.json
+bad "plan: unknown policy" \
+    '--pp-compression-policy: expected one of "all", "epilogue" or "slack", got "often"' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-compression int8 --pp-compression-policy often --out bad.json
+bad "plan: stage list with an empty item" \
+    '--dp-compression-stages: expected comma-separated stage indices .*got "0,,1"' \
+    -- "$LOOM" plan --model tiny --pp 2 --dp-compression int8 --dp-compression-stages 0,,1 --out bad.json
+bad "plan: link list with a negative index" \
+    '--pp-compression-links: expected comma-separated link indices .*got "-1"' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-compression int8 --pp-compression-links=-1 --out bad.json
+bad "plan: stage index past the stages" \
+    '^error: plan: compression\.dp\.stages\[0\]: expected a stage index in \[0, 2\) \(mesh\.pp = 2\), got 2' \
+    -- "$LOOM" plan --model tiny --pp 2 --dp-compression int8 --dp-compression-stages 2 --out bad.json
+bad "plan: link index past the links" \
+    '^error: plan: compression\.pp\.links\[1\]: expected a link index in \[0, 1\)' \
+    -- "$LOOM" plan --model tiny --pp 2 --pp-compression int8 --pp-compression-links 0,1 --out bad.json
+bad "plan: sign without error feedback" \
+    'compression\.dp\.error_feedback: sign compression needs error feedback \(it does not converge without it\)' \
+    -- "$LOOM" plan --model tiny --dp 2 --dp-compression sign --no-error-feedback --out bad.json
+bad "plan: topk fraction out of range" 'compression\.dp\.fraction: expected .*\(0, 1\], got 1\.5' \
+    -- "$LOOM" plan --model tiny --dp-compression topk --dp-topk-fraction 1.5 --out bad.json
+bad "plan: powersgd rank 0" 'compression\.dp\.rank: expected a positive rank for method "powersgd", got 0' \
+    -- "$LOOM" plan --model tiny --dp-compression powersgd --dp-compression-rank 0 --out bad.json
+bad "plan: a rank for a method without one" \
+    '--dp-compression-rank 8: not used with --dp-compression topk \(only powersgd has a rank\)' \
+    -- "$LOOM" plan --model tiny --dp-compression topk --dp-compression-rank 8 --out bad.json
+bad "plan: --no-error-feedback without dp compression" \
+    '--no-error-feedback: not used with --dp-compression none' \
+    -- "$LOOM" plan --model tiny --no-error-feedback --out bad.json
+bad "plan: pipeline compression with one stage" \
+    'compression\.pp\.method: expected "none" with one pipeline stage, got "lowrank"' \
+    -- "$LOOM" plan --model tiny --pp-compression lowrank --out bad.json
+bad "plan: fused embedding sync with one stage" \
+    'compression\.embedding_sync: "fused" needs pipeline parallelism \(pp > 1\)' \
+    -- "$LOOM" plan --model tiny --embedding-sync fused --out bad.json
+bad "plan: unknown embedding sync" '--embedding-sync: expected "separate" or "fused", got "both"' \
+    -- "$LOOM" plan --model tiny --pp 2 --embedding-sync both --out bad.json
+bad "plan: --check with a compression flag" '--check: expected only --ranks with it, got --dp-compression' \
+    -- "$LOOM" plan --check plan.json --dp-compression powersgd
 if [ -e bad.json ]; then
     record "plan: no bad case wrote a file" "bad.json was written"
 else
@@ -134,6 +208,17 @@ bad "plan: --check bad layer range" \
 sed 's/"tp": 2/"tp": 5/' design.json >tp5.json
 bad "plan: --check tp not dividing heads" 'tp5\.json: mesh\.tp: expected a divisor' \
     -- "$LOOM" plan --check tp5.json
+sed 's/"lazy_error": true/"error_feedback": true/' design.json >pp_ef.json
+bad "plan: --check a dp key under pp" \
+    'pp_ef\.json: compression\.pp\.error_feedback: unknown key \(expected one of: method, rank, fraction, lazy_error, policy, forward, links\)' \
+    -- "$LOOM" plan --check pp_ef.json
+sed 's/"stages": \[0\]/"links": [0]/' design.json >dp_links.json
+bad "plan: --check a pp key under dp" 'dp_links\.json: compression\.dp\.links: unknown key' \
+    -- "$LOOM" plan --check dp_links.json
+sed 's/"method": "lowrank"/"method": "sign"/' design.json >pp_sign.json
+bad "plan: --check a dp method under pp" \
+    'pp_sign\.json: compression\.pp\.method: expected one of none, lowrank, topk, int8, bf16, got "sign"' \
+    -- "$LOOM" plan --check pp_sign.json
 bad "plan: --check missing file" 'nosuch\.json: cannot open' -- "$LOOM" plan --check nosuch.json
 bad "plan: --check a folder" 'sub: not a regular file' -- "$LOOM" plan --check sub
 bad "plan: --check with layout flags" '--check: expected only --ranks with it, got --tp' \

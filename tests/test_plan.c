@@ -3,7 +3,9 @@
  * layout against an independent enumeration (and REFERENCE.md's 16-rank example), the even
  * stage split, and every rule of loom_plan_check (and every shape error of the reader) broken
  * once by editing a valid plan's JSON text, each expected to fail with LOOM_ERR_INPUT and a
- * message naming the file and the field's JSON path.
+ * message naming the file and the field's JSON path. Compression: every field of both
+ * compressors written and read back, the file's defaults, each compression rule broken on a
+ * plan in memory, loom_plan_from_request's deep copy, and the flags' translation.
  */
 #include "check.h"
 #include "loom/plan.h"
@@ -27,8 +29,10 @@ static void write_text(const char *path, const char *text) {
 }
 
 static int compressors_equal(const loom_plan_compressor *a, const loom_plan_compressor *b) {
-    if (strcmp(a->method, b->method) || a->rank != b->rank || a->lazy_error != b->lazy_error ||
-        a->num_stages != b->num_stages) {
+    if (strcmp(a->method, b->method) || a->rank != b->rank || a->fraction != b->fraction ||
+        !a->error_feedback != !b->error_feedback || a->warmup_steps != b->warmup_steps ||
+        !a->lazy_error != !b->lazy_error || strcmp(a->policy, b->policy) ||
+        strcmp(a->forward, b->forward) || a->num_stages != b->num_stages) {
         return 0;
     }
     for (int i = 0; i < a->num_stages; i++)
@@ -101,13 +105,20 @@ static void test_round_trip(void) {
     if (st != LOOM_OK) return;
     plan.stages[1].recompute = 1;
     snprintf(plan.dp_compression.method, sizeof plan.dp_compression.method, "powersgd");
-    plan.dp_compression.rank = 4;
+    plan.dp_compression.rank = 3;
+    plan.dp_compression.error_feedback = 0;
+    plan.dp_compression.warmup_steps = 7;
     plan.dp_compression.stages = malloc(sizeof(int));
     plan.dp_compression.stages[0] = 0;
     plan.dp_compression.num_stages = 1;
     snprintf(plan.pp_compression.method, sizeof plan.pp_compression.method, "lowrank");
-    plan.pp_compression.rank = 8;
-    plan.pp_compression.lazy_error = 1;
+    plan.pp_compression.rank = 12;
+    plan.pp_compression.lazy_error = 0;
+    snprintf(plan.pp_compression.policy, sizeof plan.pp_compression.policy, "slack");
+    snprintf(plan.pp_compression.forward, sizeof plan.pp_compression.forward, "int8");
+    plan.pp_compression.stages = malloc(sizeof(int));
+    plan.pp_compression.stages[0] = 0;
+    plan.pp_compression.num_stages = 1;
     snprintf(plan.embedding_sync, sizeof plan.embedding_sync, "fused");
     plan.predicted_step_s = 0.1234567890123;
     plan.predicted_tokens_per_s = 1.0 / 3.0 * 1e6;
@@ -127,16 +138,17 @@ static void test_round_trip(void) {
         CHECK(loom_plan_compresses_stage(&back.dp_compression, 0) &&
                   !loom_plan_compresses_stage(&back.dp_compression, 1),
               "dp compression on stage 0 only");
-        CHECK(loom_plan_compresses_stage(&back.pp_compression, 0) &&
-                  loom_plan_compresses_stage(&back.pp_compression, 1),
-              "pp compression on every stage (no list)");
+        CHECK(loom_plan_compresses_stage(&back.pp_compression, 0),
+              "pp compression on link 0 (the one listed)");
         CHECK(loom_plan_num_micro_batches(&back) == 8, "64 / (4*2) = 8 micro-batches, got %d",
               loom_plan_num_micro_batches(&back));
     }
     loom_plan copy;
     st = loom_plan_copy(&copy, &plan);
     CHECK(st == LOOM_OK && plans_equal(&copy, &plan), "copy equals the original");
-    CHECK(copy.stages != plan.stages && copy.predicted_peak_bytes != plan.predicted_peak_bytes,
+    CHECK(copy.stages != plan.stages && copy.predicted_peak_bytes != plan.predicted_peak_bytes &&
+              copy.dp_compression.stages != plan.dp_compression.stages &&
+              copy.pp_compression.stages != plan.pp_compression.stages,
           "copy is deep");
     loom_plan_free(&copy);
 
@@ -159,6 +171,14 @@ static void test_round_trip(void) {
         }
         CHECK(strstr(text, "\"step_s\": 0.1234567890123,") != NULL, "shortest double in:\n%s",
               text);
+        CHECK(strstr(text, "\"dp\": {\"method\": \"powersgd\", \"rank\": 3, \"error_feedback\": "
+                           "false, \"warmup_steps\": 7, \"stages\": [0]}") != NULL,
+              "dp compressor line in:\n%s", text);
+        CHECK(strstr(text,
+                     "\"pp\": {\"method\": \"lowrank\", \"rank\": 12, \"lazy_error\": "
+                     "false, \"policy\": \"slack\", \"forward\": \"int8\", \"links\": [0]}") !=
+                  NULL,
+              "pp compressor line in:\n%s", text);
         free(text);
     }
     loom_plan_free(&back);
@@ -173,6 +193,12 @@ static void test_round_trip(void) {
     CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
               !strcmp(plan.embedding_sync, "separate"),
           "defaults");
+    if (loom_plan_write(path, &plan) == LOOM_OK && loom_read_file(path, &text, &size) == LOOM_OK) {
+        CHECK(strstr(text, "\"dp\": {\"method\": \"none\"},") &&
+                  strstr(text, "\"pp\": {\"method\": \"none\"},"),
+              "no compression: the method alone in:\n%s", text);
+        free(text);
+    }
     CHECK(plan.stages[0].embedding && plan.stages[0].head, "pp=1: one stage with both ends");
     st = loom_plan_write(path, &plan);
     CHECK(st == LOOM_OK, "write pp=1: %s", loom_last_error());
@@ -454,11 +480,41 @@ static const broken_case broken_cases[] = {
     {"\"head\": true", "\"head\": false", 0, 0, "stages[1].head", "expected true"},
     {"\"embedding\": true,", "\"embedding\": true, \"head\": true,", 0, 0, "stages[0].head",
      "expected false"},
-    /* compression */
-    {"\"powersgd\"", "\"sparse\"", 0, 0, "compression.dp.method", "\"topk\" or \"int8\""},
+    /* compression: methods by place, rank, fraction, warm-up, sign, policy, indices */
+    {"\"powersgd\"", "\"sparse\"", 0, 0, "compression.dp.method",
+     "expected one of none, powersgd, topk, sign, int8, bf16, got \"sparse\""},
+    {"\"powersgd\"", "\"lowrank\"", 0, 0, "compression.dp.method",
+     "expected one of none, powersgd, topk, sign, int8, bf16, got \"lowrank\""},
+    {"\"lowrank\"", "\"powersgd\"", 0, 0, "compression.pp.method",
+     "expected one of none, lowrank, topk, int8, bf16, got \"powersgd\""},
+    {"\"lazy_error\": true", "\"forward\": \"topk\"", 0, 0, "compression.pp.forward",
+     "expected one of none, int8, bf16, got \"topk\""},
     {"\"rank\": 4", "\"rank\": 0", 0, 0, "compression.dp.rank", "positive rank"},
-    {"\"rank\": 8, ", "", 0, 0, "compression.pp.rank", "positive rank for method \"lowrank\""},
+    {"\"rank\": 8", "\"rank\": -1", 0, 0, "compression.pp.rank",
+     "positive rank for method \"lowrank\", got -1"},
     {"\"powersgd\"", "\"int8\"", 0, 0, "compression.dp.rank", "no rank"},
+    {"\"powersgd\", \"rank\": 4", "\"topk\", \"fraction\": 0", 0, 0, "compression.dp.fraction",
+     "in (0, 1], got 0"},
+    {"\"powersgd\", \"rank\": 4", "\"topk\", \"fraction\": 1.5", 0, 0, "compression.dp.fraction",
+     "in (0, 1], got 1.5"},
+    {"\"rank\": 4", "\"rank\": 4, \"fraction\": 0.5", 0, 0, "compression.dp.fraction",
+     "no fraction for method \"powersgd\" (only topk keeps one), got 0.5"},
+    {"\"rank\": 8", "\"rank\": 8, \"fraction\": 0.5", 0, 0, "compression.pp.fraction",
+     "no fraction for method \"lowrank\""},
+    {"\"rank\": 4", "\"rank\": 4, \"warmup_steps\": -1", 0, 0, "compression.dp.warmup_steps",
+     ">= 0, got -1"},
+    {"\"powersgd\", \"rank\": 4", "\"sign\", \"error_feedback\": false", 0, 0,
+     "compression.dp.error_feedback",
+     "sign compression needs error feedback (it does not converge without it)"},
+    {"\"lazy_error\": true", "\"policy\": \"lazy\"", 0, 0, "compression.pp.policy",
+     "expected one of \"all\", \"epilogue\" or \"slack\", got \"lazy\""},
+    {"\"lazy_error\": true", "\"links\": [1]", 0, 0, "compression.pp.links[0]",
+     "link index in [0, 1)"},
+    {"\"lazy_error\": true", "\"links\": [0, 0]", 0, 0, "compression.pp.links[1]",
+     "distinct link indices, got 0 again"},
+    {"\"lazy_error\": true", "\"links\": []", 0, 0, "compression.pp.links",
+     "non-empty list of link indices"},
+    {"\"lazy_error\": true", "\"links\": [\"0\"]", 0, 0, "compression.pp.links[0]", "integer"},
     {"\"stages\": [0]", "\"stages\": [2]", 0, 0, "compression.dp.stages[0]",
      "stage index in [0, 2)"},
     {"\"stages\": [0]", "\"stages\": [-1]", 0, 0, "compression.dp.stages[0]", "stage index"},
@@ -476,6 +532,33 @@ static const broken_case broken_cases[] = {
     {"\"recompute\": false}", "\"recompute\": false, \"gpu\": 0}", 0, 0, "stages[0].gpu",
      "unknown key"},
     {"\"lazy_error\"", "\"lazy\"", 0, 0, "compression.pp.lazy", "unknown key"},
+    /* a key of the other place is unknown here */
+    {"\"lazy_error\": true", "\"error_feedback\": true", 0, 0, "compression.pp.error_feedback",
+     "unknown key (expected one of: method, rank, fraction, lazy_error, policy, forward, links)"},
+    {"\"lazy_error\": true", "\"warmup_steps\": 1", 0, 0, "compression.pp.warmup_steps",
+     "unknown key"},
+    {"\"lazy_error\": true", "\"stages\": [0]", 0, 0, "compression.pp.stages", "unknown key"},
+    {"\"stages\": [0]", "\"links\": [0]", 0, 0, "compression.dp.links",
+     "unknown key (expected one of: method, rank, fraction, error_feedback, warmup_steps, "
+     "stages)"},
+    {"\"rank\": 4", "\"rank\": 4, \"lazy_error\": true", 0, 0, "compression.dp.lazy_error",
+     "unknown key"},
+    {"\"rank\": 4", "\"rank\": 4, \"policy\": \"all\"", 0, 0, "compression.dp.policy",
+     "unknown key"},
+    {"\"rank\": 4", "\"rank\": 4, \"forward\": \"none\"", 0, 0, "compression.dp.forward",
+     "unknown key"},
+    {"\"method\": \"lowrank\", ", "", 0, 0, "compression.pp.method", "missing"},
+    {"\"method\": \"powersgd\"", "\"method\": 1", 0, 0, "compression.dp.method", "a method name"},
+    {"\"lazy_error\": true", "\"forward\": 8", 0, 0, "compression.pp.forward", "a method name"},
+    {"\"rank\": 4", "\"rank\": 4, \"fraction\": \"small\"", 0, 0, "compression.dp.fraction",
+     "a number"},
+    {"\"rank\": 4", "\"rank\": 4, \"error_feedback\": 1", 0, 0, "compression.dp.error_feedback",
+     "true or false"},
+    {"\"rank\": 4", "\"rank\": 4, \"warmup_steps\": 1.5", 0, 0, "compression.dp.warmup_steps",
+     "an integer"},
+    {"\"lazy_error\": true", "\"lazy_error\": \"yes\"", 0, 0, "compression.pp.lazy_error",
+     "true or false"},
+    {"\"lazy_error\": true", "\"policy\": 3", 0, 0, "compression.pp.policy", "got 3"},
     {"\"micro\": 4, ", "", 0, 0, "batch.micro", "missing"},
     {"  \"mesh\":    {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n", "", 0, 0, "mesh", "missing"},
     {"\"layers\": 12", "\"layers\": \"12\"", 0, 0, "model.layers",
@@ -547,6 +630,423 @@ static void test_rules(void) {
         CHECK(is_empty_plan(&plan), "case %zu: a failed read leaves an empty plan", i);
         loom_plan_free(&plan);
     }
+}
+
+/* ---- compression ---------------------------------------------------------------------------- */
+
+#define SET_WORD(field, word) snprintf((field), sizeof(field), "%s", (word))
+
+/* A malloc'd list of n indices. */
+static int *index_list(int n, const int *values) {
+    int *list = malloc((size_t)n * sizeof *list);
+    if (!list) exit(1);
+    memcpy(list, values, (size_t)n * sizeof *list);
+    return list;
+}
+
+/* Every method of both places with every field away from its default, written and read back. */
+static void test_compression_round_trip(void) {
+    const struct {
+        const char *dp, *pp;
+        int dp_rank, pp_rank;
+        double dp_fraction, pp_fraction;
+        int error_feedback, warmup_steps, lazy_error;
+        const char *policy, *forward;
+        int num_stages, num_links;
+    } cases[] = {
+        {"topk", "topk", 0, 0, 1.0 / 3.0, 0.25, 1, 0, 1, "epilogue", "bf16", 2, 3},
+        {"sign", "int8", 0, 0, 0.01, 0.01, 1, 100, 0, "slack", "none", 4, 0},
+        {"int8", "bf16", 0, 0, 0.01, 0.01, 0, 1, 1, "all", "int8", 0, 1},
+        {"bf16", "none", 0, 0, 0.01, 0.01, 1, 0, 0, "slack", "int8", 1, 2},
+        {"none", "lowrank", 0, 64, 0.01, 0.01, 0, 2, 1, "epilogue", "none", 3, 0},
+        {"powersgd", "topk", 1, 0, 0.01, 1.0, 1, 0, 1, "all", "bf16", 0, 0},
+    };
+    const int stage_order[] = {3, 1, 0, 2}, link_order[] = {2, 0, 1};
+    char path[1200];
+    snprintf(path, sizeof path, "%s/compression_round_trip.json", tmpdir);
+    loom_gpt_config model = gpt2_config();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        loom_plan plan, back;
+        loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 4, 4, 64, NULL, NULL);
+        CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
+        if (st != LOOM_OK) return;
+        loom_plan_compressor *dp = &plan.dp_compression, *pp = &plan.pp_compression;
+        SET_WORD(dp->method, cases[i].dp);
+        SET_WORD(pp->method, cases[i].pp);
+        dp->rank = cases[i].dp_rank, pp->rank = cases[i].pp_rank;
+        dp->fraction = cases[i].dp_fraction, pp->fraction = cases[i].pp_fraction;
+        dp->error_feedback = cases[i].error_feedback, dp->warmup_steps = cases[i].warmup_steps;
+        pp->lazy_error = cases[i].lazy_error;
+        SET_WORD(pp->policy, cases[i].policy);
+        SET_WORD(pp->forward, cases[i].forward);
+        if (cases[i].num_stages) dp->stages = index_list(cases[i].num_stages, stage_order);
+        if (cases[i].num_links) pp->stages = index_list(cases[i].num_links, link_order);
+        dp->num_stages = cases[i].num_stages, pp->num_stages = cases[i].num_links;
+        st = loom_plan_write(path, &plan);
+        CHECK(st == LOOM_OK, "case %zu (dp %s, pp %s): write: %s", i, cases[i].dp, cases[i].pp,
+              loom_last_error());
+        st = loom_plan_read(path, &back);
+        CHECK(st == LOOM_OK && plans_equal(&plan, &back),
+              "case %zu (dp %s, pp %s): read back equal: %s", i, cases[i].dp, cases[i].pp,
+              st == LOOM_OK ? "differs" : loom_last_error());
+        if (st == LOOM_OK) loom_plan_free(&back);
+        loom_plan_free(&plan);
+    }
+}
+
+/* What a file leaves out: the rank by method, and every other field's default. */
+static void test_compression_defaults(void) {
+    const struct {
+        const char *dp, *pp;
+        int dp_rank, pp_rank;
+    } cases[] = {{"powersgd", "lowrank", 4, 8}, {"topk", "int8", 0, 0}, {"sign", "bf16", 0, 0}};
+    char path[1200], text[2048];
+    snprintf(path, sizeof path, "%s/compression_defaults.json", tmpdir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text,
+                 "{\"model\": {\"layers\": 2, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
+                 "\"vocab\": 257}, \"batch\": {\"global\": 4, \"micro\": 2}, "
+                 "\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}, "
+                 "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}], "
+                 "\"compression\": {\"dp\": {\"method\": \"%s\"}, \"pp\": {\"method\": \"%s\"}}}",
+                 cases[i].dp, cases[i].pp);
+        write_text(path, text);
+        loom_plan plan;
+        loom_status st = loom_plan_read(path, &plan);
+        CHECK(st == LOOM_OK, "dp %s, pp %s: %s", cases[i].dp, cases[i].pp, loom_last_error());
+        if (st != LOOM_OK) continue;
+        const loom_plan_compressor *dp = &plan.dp_compression, *pp = &plan.pp_compression;
+        CHECK(dp->rank == cases[i].dp_rank && pp->rank == cases[i].pp_rank,
+              "dp %s rank %d (expected %d), pp %s rank %d (expected %d)", cases[i].dp, dp->rank,
+              cases[i].dp_rank, cases[i].pp, pp->rank, cases[i].pp_rank);
+        CHECK(dp->fraction == 0.01 && pp->fraction == 0.01 && dp->error_feedback &&
+                  dp->warmup_steps == 0 && pp->lazy_error && !strcmp(pp->policy, "all") &&
+                  !strcmp(pp->forward, "none") && dp->num_stages == 0 && pp->num_stages == 0 &&
+                  !strcmp(plan.embedding_sync, "separate"),
+              "dp %s, pp %s: the other fields' defaults", cases[i].dp, cases[i].pp);
+        CHECK(loom_plan_compresses_stage(dp, 0) && loom_plan_compresses_stage(dp, 1) &&
+                  loom_plan_compresses_stage(pp, 0),
+              "no list: every stage and link");
+        loom_plan_free(&plan);
+    }
+}
+
+/* loom_plan_check of `plan` fails naming "mem: PATH: " and saying `detail`. */
+static void expect_refused(const loom_plan *plan, const char *what, const char *path,
+                           const char *detail) {
+    loom_status st = loom_plan_check(plan, "mem", 0);
+    const char *msg = loom_last_error();
+    char field[128];
+    snprintf(field, sizeof field, "mem: %s: ", path);
+    CHECK(st == LOOM_ERR_INPUT && strncmp(msg, field, strlen(field)) == 0 && strstr(msg, detail),
+          "%s: expected '%s...%s', got %s", what, field, detail, st == LOOM_OK ? "ok" : msg);
+}
+
+/* The rules a file cannot reach (one stage; fields that have no key in their place). Each case
+ * changes a copy of a valid plan that shares its arrays (never freed). */
+static void test_compression_rules(void) {
+    loom_gpt_config model = gpt2_config();
+    loom_plan one, two, p;
+    loom_status st = loom_plan_uniform(&one, &model, 2, 1, 1, 4, 64, NULL, NULL);
+    CHECK(st == LOOM_OK, "pp 1: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    st = loom_plan_uniform(&two, &model, 2, 1, 2, 4, 64, NULL, NULL);
+    CHECK(st == LOOM_OK, "pp 2: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    int link0[] = {0}, stage1[] = {1};
+
+    p = one;
+    SET_WORD(p.pp_compression.method, "lowrank");
+    p.pp_compression.rank = 8;
+    expect_refused(&p, "pp method with one stage", "compression.pp.method",
+                   "expected \"none\" with one pipeline stage, got \"lowrank\"");
+    p = one;
+    SET_WORD(p.pp_compression.forward, "bf16");
+    expect_refused(&p, "forward method with one stage", "compression.pp.forward",
+                   "expected \"none\" with one pipeline stage, got \"bf16\"");
+    p = one;
+    SET_WORD(p.embedding_sync, "fused");
+    expect_refused(&p, "fused with one stage", "compression.embedding_sync",
+                   "\"fused\" needs pipeline parallelism (pp > 1)");
+    p = one;
+    p.pp_compression.stages = link0, p.pp_compression.num_stages = 1;
+    expect_refused(&p, "a link with one stage", "compression.pp.links[0]", "in [0, 0)");
+    p = one;
+    SET_WORD(p.dp_compression.method, "int8");
+    p.dp_compression.stages = stage1, p.dp_compression.num_stages = 1;
+    expect_refused(&p, "dp stage 1 of 1", "compression.dp.stages[0]",
+                   "stage index in [0, 1) (mesh.pp = 1), got 1");
+    p = one;
+    SET_WORD(p.dp_compression.method, "int8");
+    p.dp_compression.stages = stage1, p.dp_compression.num_stages = -1;
+    expect_refused(&p, "a negative count", "compression.dp.stages", "got -1 of them");
+    p = one;
+    memset(p.dp_compression.method, 'x', sizeof p.dp_compression.method);
+    expect_refused(&p, "an unterminated method", "compression.dp.method", "expected one of");
+    p = one;
+    SET_WORD(p.dp_compression.method, "topk");
+    p.dp_compression.fraction = NAN;
+    expect_refused(&p, "fraction NaN", "compression.dp.fraction", "in (0, 1]");
+
+    /* the fields of the other place keep their defaults */
+    p = two;
+    p.dp_compression.lazy_error = 0;
+    expect_refused(&p, "dp.lazy_error", "compression.dp.lazy_error", "expected true");
+    p = two;
+    SET_WORD(p.dp_compression.policy, "slack");
+    expect_refused(&p, "dp.policy", "compression.dp.policy", "got \"slack\"");
+    p = two;
+    SET_WORD(p.dp_compression.forward, "bf16");
+    expect_refused(&p, "dp.forward", "compression.dp.forward", "got \"bf16\"");
+    p = two;
+    p.pp_compression.error_feedback = 0;
+    expect_refused(&p, "pp.error_feedback", "compression.pp.error_feedback", "got false");
+    p = two;
+    p.pp_compression.warmup_steps = 3;
+    expect_refused(&p, "pp.warmup_steps", "compression.pp.warmup_steps", "got 3");
+    p = two;
+    SET_WORD(p.pp_compression.policy, "often");
+    expect_refused(&p, "pp.policy", "compression.pp.policy", "got \"often\"");
+
+    /* and what two stages allow */
+    p = two;
+    SET_WORD(p.embedding_sync, "fused");
+    SET_WORD(p.pp_compression.method, "lowrank");
+    p.pp_compression.rank = 8;
+    SET_WORD(p.pp_compression.forward, "int8");
+    p.pp_compression.stages = link0, p.pp_compression.num_stages = 1;
+    SET_WORD(p.dp_compression.method, "sign");
+    p.dp_compression.stages = stage1, p.dp_compression.num_stages = 1;
+    st = loom_plan_check(&p, "mem", 0);
+    CHECK(st == LOOM_OK, "fused, lowrank on link 0, int8 forward, sign on stage 1: %s",
+          loom_last_error());
+    loom_plan_free(&one);
+    loom_plan_free(&two);
+}
+
+/* loom_plan_from_request copies the request's compressors (deep) and embedding sync, then checks
+ * them with the rest. */
+static void test_request_compression(void) {
+    loom_gpt_config model = gpt2_config();
+    loom_plan_compressor dp, pp;
+    loom_plan_compressor_init(&dp);
+    loom_plan_compressor_init(&pp);
+    SET_WORD(dp.method, "powersgd");
+    dp.rank = 2, dp.warmup_steps = 5;
+    dp.stages = index_list(1, (const int[]){1}), dp.num_stages = 1;
+    SET_WORD(pp.method, "topk");
+    pp.fraction = 0.125, pp.lazy_error = 0;
+    SET_WORD(pp.policy, "epilogue");
+    SET_WORD(pp.forward, "bf16");
+    pp.stages = index_list(1, (const int[]){0}), pp.num_stages = 1;
+    loom_plan_request request = {.dp = 2,
+                                 .pp = 2,
+                                 .micro_batch = 4,
+                                 .global_batch = 64,
+                                 .dp_compression = &dp,
+                                 .pp_compression = &pp,
+                                 .embedding_sync = "fused"};
+    loom_plan plan;
+    loom_status st = loom_plan_from_request(&plan, &model, &request, 4);
+    CHECK(st == LOOM_OK, "request with compression: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(compressors_equal(&plan.dp_compression, &dp) &&
+                  compressors_equal(&plan.pp_compression, &pp) &&
+                  !strcmp(plan.embedding_sync, "fused"),
+              "the plan holds the request's compression");
+        CHECK(plan.dp_compression.stages != dp.stages && plan.pp_compression.stages != pp.stages,
+              "the lists are copied, not shared");
+        loom_plan copy;
+        st = loom_plan_copy(&copy, &plan);
+        CHECK(st == LOOM_OK && plans_equal(&copy, &plan) &&
+                  copy.dp_compression.stages != plan.dp_compression.stages,
+              "copy of a compressed plan is deep");
+        if (st == LOOM_OK) loom_plan_free(&copy);
+    }
+    loom_plan_free(&plan);
+
+    /* a rule broken by the compressor is the plan's message; the plan is left empty */
+    pp.fraction = 2;
+    st = loom_plan_from_request(&plan, &model, &request, 4);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "plan: compression.pp.fraction: "),
+          "fraction 2: %s", loom_last_error());
+    CHECK(is_empty_plan(&plan), "a refused request leaves an empty plan");
+    pp.fraction = 0.125;
+    request.embedding_sync = "both";
+    st = loom_plan_from_request(&plan, &model, &request, 4);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "--embedding-sync: expected "
+                                        "\"separate\" or \"fused\", got \"both\""),
+          "embedding sync both: %s", loom_last_error());
+    request.embedding_sync = "fused";
+    request.pp = 1, request.dp_compression = NULL, request.pp_compression = NULL;
+    st = loom_plan_from_request(&plan, &model, &request, 2);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "compression.embedding_sync: \"fused\""),
+          "fused with pp 1 from a request: %s", loom_last_error());
+    request.embedding_sync = NULL;
+    st = loom_plan_from_request(&plan, &model, &request, 2);
+    CHECK(st == LOOM_OK && !strcmp(plan.dp_compression.method, "none") &&
+              !strcmp(plan.pp_compression.method, "none") &&
+              !strcmp(plan.embedding_sync, "separate"),
+          "no compression requested: none: %s", loom_last_error());
+    loom_plan_free(&plan);
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+}
+
+/* The flags' translation: methods by place, defaults by method, strict index lists, flags the
+ * method does not use refused by name, and the way back for the configuration table. */
+static void test_compression_flags(void) {
+    loom_plan_compression_flags f;
+    loom_plan_compressor dp, pp;
+    loom_plan_compression_flags_defaults(&f);
+    loom_status st = loom_plan_compression_from_flags(&f, &dp, &pp);
+    CHECK(st == LOOM_OK && !strcmp(dp.method, "none") && !strcmp(pp.method, "none") &&
+              dp.rank == 0 && pp.rank == 0 && dp.num_stages == 0,
+          "defaults: no compression: %s", loom_last_error());
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+
+    SET_WORD(f.dp_compression, "powersgd");
+    SET_WORD(f.dp_compression_stages, "2,0");
+    SET_WORD(f.pp_compression, "lowrank");
+    SET_WORD(f.pp_compression_links, "1");
+    SET_WORD(f.pp_compression_policy, "slack");
+    SET_WORD(f.pp_forward_compression, "int8");
+    f.dp_compression_warmup_steps = 9, f.no_lazy_error = 1;
+    st = loom_plan_compression_from_flags(&f, &dp, &pp);
+    CHECK(st == LOOM_OK, "powersgd + lowrank: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(dp.rank == 4 && pp.rank == 8, "default ranks 4 and 8, got %d and %d", dp.rank,
+              pp.rank);
+        CHECK(dp.num_stages == 2 && dp.stages[0] == 2 && dp.stages[1] == 0 && pp.num_stages == 1 &&
+                  pp.stages[0] == 1,
+              "index lists");
+        CHECK(dp.warmup_steps == 9 && dp.error_feedback && !pp.lazy_error &&
+                  !strcmp(pp.policy, "slack") && !strcmp(pp.forward, "int8"),
+              "the other fields");
+        /* the plan of these flags gives the flags back */
+        loom_gpt_config model = gpt2_config();
+        loom_plan_request request = {.pp = 3, .dp_compression = &dp, .pp_compression = &pp};
+        loom_plan plan;
+        st = loom_plan_from_request(&plan, &model, &request, 0);
+        CHECK(st == LOOM_OK, "plan of the flags: %s", loom_last_error());
+        if (st == LOOM_OK) {
+            loom_plan_compression_flags g;
+            loom_plan_compression_flags_of(&plan, &g);
+            CHECK(!strcmp(g.dp_compression, "powersgd") && g.dp_compression_rank == 4 &&
+                      !strcmp(g.dp_compression_stages, "2,0") &&
+                      g.dp_compression_warmup_steps == 9 && !g.no_error_feedback &&
+                      !strcmp(g.pp_compression, "lowrank") && g.pp_compression_rank == 8 &&
+                      !strcmp(g.pp_compression_links, "1") &&
+                      !strcmp(g.pp_compression_policy, "slack") &&
+                      !strcmp(g.pp_forward_compression, "int8") && g.no_lazy_error &&
+                      g.dp_topk_fraction == 0.01 && !strcmp(g.embedding_sync, "separate"),
+                  "flags of the plan");
+        }
+        loom_plan_free(&plan);
+    }
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+
+    const char *bad_lists[] = {",",  "0,", ",1", "0,,1", "a",   "-1",
+                               " 1", "1 ", "+1", "1;2",  "0x1", "99999999999"};
+    for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
+        loom_plan_compression_flags g = f;
+        SET_WORD(g.dp_compression_stages, bad_lists[i]);
+        st = loom_plan_compression_from_flags(&g, &dp, &pp);
+        CHECK(st == LOOM_ERR_INPUT &&
+                  strstr(loom_last_error(), "--dp-compression-stages: expected comma-separated "
+                                            "stage indices"),
+              "stages \"%s\": %s", bad_lists[i], loom_last_error());
+        CHECK(dp.stages == NULL && pp.stages == NULL && !strcmp(dp.method, "none"),
+              "a refused list leaves the defaults");
+        g = f;
+        SET_WORD(g.pp_compression_links, bad_lists[i]);
+        st = loom_plan_compression_from_flags(&g, &dp, &pp);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "--pp-compression-links: "),
+              "links \"%s\": %s", bad_lists[i], loom_last_error());
+    }
+
+    const struct {
+        const char *dp, *pp;
+        int dp_rank, pp_rank, no_error_feedback, no_lazy_error, warmup;
+        double dp_fraction, pp_fraction;
+        const char *stages, *links, *policy, *forward, *message;
+    } refused[] = {
+        {"lowrank", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "none",
+         "--dp-compression: compression.dp.method: expected one of none, powersgd, topk, sign, "
+         "int8, bf16, got \"lowrank\""},
+        {"none", "powersgd", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "none",
+         "--pp-compression: compression.pp.method: expected one of none, lowrank, topk, int8, "
+         "bf16, got \"powersgd\""},
+        {"none", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "topk",
+         "--pp-forward-compression: compression.pp.forward: expected one of none, int8, bf16"},
+        {"none", "lowrank", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "often", "none",
+         "--pp-compression-policy: expected one of \"all\", \"epilogue\" or \"slack\", got "
+         "\"often\""},
+        {"topk", "none", 8, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "none",
+         "--dp-compression-rank 8: not used with --dp-compression topk (only powersgd has a "
+         "rank)"},
+        {"powersgd", "none", 4, 8, 0, 0, 0, 0.5, 0.01, "", "", "all", "none",
+         "--dp-topk-fraction 0.5: not used with --dp-compression powersgd"},
+        {"none", "none", 4, 8, 1, 0, 0, 0.01, 0.01, "", "", "all", "none",
+         "--no-error-feedback: not used with --dp-compression none (nothing is compressed)"},
+        {"none", "none", 4, 8, 0, 0, 3, 0.01, 0.01, "", "", "all", "none",
+         "--dp-compression-warmup-steps 3: not used with --dp-compression none"},
+        {"none", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "0", "", "all", "none",
+         "--dp-compression-stages 0: not used with --dp-compression none"},
+        {"none", "int8", 4, 2, 0, 0, 0, 0.01, 0.01, "", "", "all", "none",
+         "--pp-compression-rank 2: not used with --pp-compression int8 (only lowrank has a rank)"},
+        {"none", "lowrank", 4, 8, 0, 0, 0, 0.01, 0.2, "", "", "all", "none",
+         "--pp-topk-fraction 0.2: not used with --pp-compression lowrank"},
+        {"none", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "", "0", "all", "bf16",
+         "--pp-compression-links 0: not used with --pp-compression none"},
+        {"none", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "epilogue", "none",
+         "--pp-compression-policy epilogue: not used with --pp-compression none"},
+        {"none", "none", 4, 8, 0, 1, 0, 0.01, 0.01, "", "", "all", "none",
+         "--no-lazy-error: not used with --pp-compression none"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        loom_plan_compression_flags g;
+        loom_plan_compression_flags_defaults(&g);
+        SET_WORD(g.dp_compression, refused[i].dp);
+        SET_WORD(g.pp_compression, refused[i].pp);
+        g.dp_compression_rank = refused[i].dp_rank, g.pp_compression_rank = refused[i].pp_rank;
+        g.no_error_feedback = refused[i].no_error_feedback;
+        g.no_lazy_error = refused[i].no_lazy_error;
+        g.dp_compression_warmup_steps = refused[i].warmup;
+        g.dp_topk_fraction = refused[i].dp_fraction, g.pp_topk_fraction = refused[i].pp_fraction;
+        SET_WORD(g.dp_compression_stages, refused[i].stages);
+        SET_WORD(g.pp_compression_links, refused[i].links);
+        SET_WORD(g.pp_compression_policy, refused[i].policy);
+        SET_WORD(g.pp_forward_compression, refused[i].forward);
+        st = loom_plan_compression_from_flags(&g, &dp, &pp);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), refused[i].message),
+              "refused case %zu: expected '%s', got %s", i, refused[i].message,
+              st == LOOM_OK ? "ok" : loom_last_error());
+        loom_plan_compressor_free(&dp);
+        loom_plan_compressor_free(&pp);
+    }
+    /* a method's own flags are fine with it; the forward method needs no backward one */
+    loom_plan_compression_flags_defaults(&f);
+    SET_WORD(f.dp_compression, "topk");
+    SET_WORD(f.pp_compression, "topk");
+    SET_WORD(f.pp_forward_compression, "bf16");
+    f.dp_topk_fraction = 0.5, f.pp_topk_fraction = 0.25, f.no_error_feedback = 1;
+    st = loom_plan_compression_from_flags(&f, &dp, &pp);
+    CHECK(st == LOOM_OK && dp.fraction == 0.5 && pp.fraction == 0.25 && dp.rank == 0 &&
+              !dp.error_feedback,
+          "topk with its fraction: %s", loom_last_error());
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+    SET_WORD(f.pp_compression, "none");
+    f.pp_topk_fraction = 0.01;
+    st = loom_plan_compression_from_flags(&f, &dp, &pp);
+    CHECK(st == LOOM_OK && !strcmp(pp.forward, "bf16"), "forward alone: %s", loom_last_error());
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
 }
 
 /* "FILE:LINE:COLUMN: invalid JSON" */
@@ -629,5 +1129,10 @@ int main(void) {
     test_stage_split();
     test_rules();
     test_malformed();
+    test_compression_round_trip();
+    test_compression_defaults();
+    test_compression_rules();
+    test_request_compression();
+    test_compression_flags();
     return check_finish();
 }

@@ -12,17 +12,26 @@
  *     "mesh":    {"dp": 2, "tp": 2, "pp": 2},
  *     "stages":  [{"layers": [0, 5], "embedding": true, "recompute": false},
  *                 {"layers": [5, 12], "head": true, "recompute": true}],
- *     "compression": {"dp": {"method": "powersgd", "rank": 4, "stages": [0]},
- *                     "pp": {"method": "lowrank", "rank": 8, "lazy_error": true},
- *                     "embedding_sync": "fused"},
+ *     "compression": {
+ *       "dp": {"method": "powersgd", "rank": 4, "error_feedback": true, "warmup_steps": 0,
+ *              "stages": [0]},
+ *       "pp": {"method": "lowrank", "rank": 8, "lazy_error": true, "policy": "all",
+ *              "forward": "none"},
+ *       "embedding_sync": "fused"},
  *     "predicted": {"step_s": 0.0, "tokens_per_s": 0.0, "peak_bytes_per_rank": [0]}
  *   }
  *
  * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
- * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only),
- * "recompute" (false), a compressor's "rank" (0), "lazy_error" (false) and "stages" (all
- * stages). Every other key is required, and unknown keys are errors.
+ * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
+ * and "recompute" (false). In "compression", "dp", "pp" and "embedding_sync" ("separate") may
+ * be left out (a left-out compressor is method "none"), and so may every compressor key but
+ * "method": "rank" (4 for powersgd, 8 for lowrank, 0 and refused otherwise), "fraction" (0.01;
+ * topk only), "error_feedback" (true), "warmup_steps" (0), "lazy_error" (true), "policy"
+ * ("all"), "forward" ("none") and "stages" / "links" (all of them). "compression.dp" takes
+ * method, rank, fraction, error_feedback, warmup_steps and stages; "compression.pp" takes
+ * method, rank, fraction, lazy_error, policy, forward and links. Every other key is required,
+ * and unknown keys (a dp-only key under pp too) are errors.
  *
  * Ranks are laid out in Megatron's order: TP fastest, then DP, PP slowest, so
  * world_rank = tp_rank + tp * (dp_rank + dp * pp_rank).
@@ -65,6 +74,9 @@ typedef struct {
  *   stages          dp: the pipeline stages that compress ("stages" in the file); pp: the links
  *                   (link s joins stage s and s + 1; "links" in the file) whose backward sends
  *                   compress; num_stages == 0 (stages NULL) means all of them. */
+#define LOOM_PLAN_DEFAULT_DP_RANK       4    /* powersgd */
+#define LOOM_PLAN_DEFAULT_PP_RANK       8    /* lowrank */
+#define LOOM_PLAN_DEFAULT_TOPK_FRACTION 0.01 /* topk, dp and pp */
 typedef struct {
     char method[16];
     int rank;
@@ -94,9 +106,14 @@ typedef struct {
     int num_predicted_peak;
 } loom_plan;
 
-/* An empty plan with the defaults: schedule "1f1b", compression "none", embedding_sync
- * "separate", every size 0 (so it does not pass loom_plan_check until filled in). */
+/* An empty plan with the defaults: schedule "1f1b", compression "none" (loom_plan_compressor_init),
+ * embedding_sync "separate", every size 0 (so it does not pass loom_plan_check until filled in). */
 void loom_plan_init(loom_plan *plan);
+/* Method "none" with the defaults of every other field (rank 0, fraction 0.01, error feedback
+ * and lazy error on, policy "all", forward "none", all stages). */
+void loom_plan_compressor_init(loom_plan_compressor *compressor);
+/* Frees the stage list and leaves the defaults (as loom_plan_compressor_init). */
+void loom_plan_compressor_free(loom_plan_compressor *compressor);
 /* Frees the arrays and leaves an empty plan (as loom_plan_init). */
 void loom_plan_free(loom_plan *plan);
 /* Deep copy into dst (which is overwritten, not freed: init or free it first). */
@@ -116,9 +133,14 @@ loom_status loom_plan_write(const char *path, const loom_plan *plan);
  * world_size > 0; tp dividing the heads and the padded vocabulary (so also d_model and
  * 4*d_model); pp at most the layers; global batch a multiple of micro*dp; num_stages == pp;
  * stage ranges non-empty, contiguous, in order, from 0 to layers; embedding true exactly on
- * stage 0 and head exactly on the last stage; compressors' methods known, ranks > 0 where the
- * method needs one, stage indices distinct and < pp; embedding_sync "separate" or "fused";
- * predictions finite and >= 0. The first broken rule is reported as
+ * stage 0 and head exactly on the last stage; then each compressor (dp, pp): its method one
+ * that loom_compress_method_parse allows there (pp.forward: a forward method), "none" for
+ * pp.method and pp.forward with one pipeline stage, rank > 0 for powersgd/lowrank and 0 for the
+ * rest, fraction in (0, 1] for topk and the default for the rest, warmup_steps >= 0, sign only
+ * with error feedback, policy "all", "epilogue" or "slack", stage indices distinct and in
+ * [0, pp), link indices distinct and in [0, pp - 1), and the fields of the other place at their
+ * defaults (they have no key in the file); embedding_sync "separate" or "fused", and "fused"
+ * only with pp > 1; predictions finite and >= 0. The first broken rule is reported as
  * "SOURCE: JSON.PATH: expected ..., got ..." (LOOM_ERR_INPUT). */
 loom_status loom_plan_check(const loom_plan *plan, const char *source, int world_size);
 
@@ -152,17 +174,50 @@ typedef struct {
     int global_batch, micro_batches;
     const char *schedule, *stage_layers;
     int recompute;
-    /* compression (copied into the plan and checked there); NULL: "none" */
+    /* compression (deep-copied into the plan and checked there); NULL: "none" */
     const loom_plan_compressor *dp_compression, *pp_compression;
     const char *embedding_sync; /* NULL or "": "separate" */
 } loom_plan_request;
 
 /* Resolves the request's defaults for world_size ranks (0: no world, as `loom plan` without
- * --ranks) and builds the checked plan (loom_plan_uniform). Messages name the flags
- * (--data-parallel, --micro-batches, --global-batch-size, ...). On failure the plan is left
- * empty. */
+ * --ranks) and builds the checked plan (loom_plan_uniform, then the compression). Messages name
+ * the flags (--data-parallel, --micro-batches, --global-batch-size, --embedding-sync, ...) or,
+ * for rules of the plan, the plan path ("plan: compression.dp.fraction: ..."). On failure the
+ * plan is left empty. */
 loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
                                    const loom_plan_request *request, int world_size);
+
+/* The compression flags of `loom train` and `loom plan`, one field per flag (the config file's
+ * key is the field's name); loom_plan_compression_flags_defaults fills in the defaults. */
+typedef struct {
+    char dp_compression[16];         /* --dp-compression: none powersgd topk sign int8 bf16 */
+    int dp_compression_rank;         /* --dp-compression-rank: powersgd only (4) */
+    double dp_topk_fraction;         /* --dp-topk-fraction: topk only (0.01) */
+    int dp_compression_warmup_steps; /* --dp-compression-warmup-steps (0) */
+    char dp_compression_stages[256]; /* --dp-compression-stages "0,1" ("": every stage) */
+    int no_error_feedback;           /* --no-error-feedback */
+    char pp_compression[16];         /* --pp-compression: none lowrank topk int8 bf16 */
+    int pp_compression_rank;         /* --pp-compression-rank: lowrank only (8) */
+    double pp_topk_fraction;         /* --pp-topk-fraction: topk only (0.01) */
+    char pp_compression_links[256];  /* --pp-compression-links "0,2" ("": every link) */
+    char pp_compression_policy[16];  /* --pp-compression-policy: all epilogue slack (all) */
+    char pp_forward_compression[16]; /* --pp-forward-compression: none bf16 int8 (none) */
+    int no_lazy_error;               /* --no-lazy-error */
+    char embedding_sync[16];         /* --embedding-sync: separate fused (separate) */
+} loom_plan_compression_flags;
+
+void loom_plan_compression_flags_defaults(loom_plan_compression_flags *flags);
+/* The two compressors the flags ask for (free them with loom_plan_compressor_free; on failure
+ * they are left at the defaults). Refused here, naming the flag: a method not allowed in its
+ * place ("--dp-compression: compression.dp.method: expected one of ..."), an index list that is
+ * not comma-separated non-negative integers, and a flag the method does not use set to another
+ * value than its default (a rank without powersgd/lowrank, a fraction without topk, any dp flag
+ * with --dp-compression none, any pp flag but --pp-forward-compression with --pp-compression
+ * none). The rules that need the mesh are loom_plan_check's. */
+loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *flags,
+                                             loom_plan_compressor *dp, loom_plan_compressor *pp);
+/* The flags that ask for the plan's compression (for showing a resolved configuration). */
+void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *flags);
 
 /* Megatron rank order: TP fastest, then DP, PP slowest. */
 typedef struct {
@@ -174,7 +229,8 @@ int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
 
 /* Micro-batches each pipeline runs per optimizer step: global / (micro * dp). */
 int loom_plan_num_micro_batches(const loom_plan *plan);
-/* Whether `compressor` is on (method other than "none") for pipeline stage `stage`. */
+/* Whether `compressor` is on (method other than "none") for pipeline stage `stage` (for
+ * pp_compression: for link `stage`, between stages stage and stage + 1). */
 int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage);
 
 /* A short human summary: model, batch, mesh, stages with their layer ranges, compression, and

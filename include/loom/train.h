@@ -60,9 +60,11 @@ typedef struct {
     char schedule[16];      /* pipeline schedule: "1f1b" or "gpipe" */
     char stage_layers[256]; /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
     int recompute;          /* every stage keeps only its inputs; backward recomputes */
+    loom_plan_compression_flags compression; /* what is compressed, and how */
     /* how the layout runs (not part of a plan) */
     double bucket_mb;    /* DP allreduce bucket size */
-    int zero1, no_zero1; /* shard AdamW state across DP ranks (default), or not */
+    int zero1, no_zero1; /* shard AdamW state across DP ranks (default), or not; the CLI turns
+                            zero1 off for data-parallel compression unless --zero1 is given */
     double comm_timeout; /* seconds before a silent peer ends the job */
 } loom_train_config;
 

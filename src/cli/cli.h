@@ -27,6 +27,43 @@ typedef struct {
 #define CLI_OPT(type, flag, kind, field, help)                                                     \
     { flag, kind, offsetof(type, field), sizeof(((type *)0)->field), help }
 
+/* The compression flags of `loom train` and `loom plan` (loom_plan_compression_flags, a field
+ * `compression` of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */
+#define CLI_COMPRESSION_OPTS(ROW)                                                                  \
+    ROW("--dp-compression", OPT_STRING, compression.dp_compression,                                \
+        "data-parallel gradients: none (default), powersgd, topk, sign, int8 or bf16"),            \
+        ROW("--dp-compression-rank", OPT_INT, compression.dp_compression_rank,                     \
+            "powersgd's rank (default 4)"),                                                        \
+        ROW("--dp-topk-fraction", OPT_DOUBLE, compression.dp_topk_fraction,                        \
+            "topk: share of the gradient's entries sent, in (0, 1] (default 0.01)"),               \
+        ROW("--dp-compression-warmup-steps", OPT_INT, compression.dp_compression_warmup_steps,     \
+            "the first steps send data-parallel gradients uncompressed (default 0)"),              \
+        ROW("--dp-compression-stages", OPT_STRING, compression.dp_compression_stages,              \
+            "pipeline stages whose gradients are compressed, e.g. 0,1 (default all)"),             \
+        ROW("--no-error-feedback", OPT_FLAG, compression.no_error_feedback,                        \
+            "drop the data-parallel compression error instead of adding it to the next step "      \
+            "(not with sign)"),                                                                    \
+        ROW("--pp-compression", OPT_STRING, compression.pp_compression,                            \
+            "activation gradients between pipeline stages: none (default), lowrank, topk, int8 "   \
+            "or bf16"),                                                                            \
+        ROW("--pp-compression-rank", OPT_INT, compression.pp_compression_rank,                     \
+            "lowrank's rank (default 8)"),                                                         \
+        ROW("--pp-topk-fraction", OPT_DOUBLE, compression.pp_topk_fraction,                        \
+            "topk: share of the activation gradient's entries sent, in (0, 1] (default 0.01)"),    \
+        ROW("--pp-compression-links", OPT_STRING, compression.pp_compression_links,                \
+            "links whose backward sends compress, e.g. 0,2 (link s joins stages s and s + 1; "     \
+            "default all)"),                                                                       \
+        ROW("--pp-compression-policy", OPT_STRING, compression.pp_compression_policy,              \
+            "which backward sends compress: all (default), epilogue (1F1B's cool-down) or slack "  \
+            "(where the schedule has slack for it)"),                                              \
+        ROW("--pp-forward-compression", OPT_STRING, compression.pp_forward_compression,            \
+            "activations sent forward between stages: none (default), bf16 or int8"),              \
+        ROW("--no-lazy-error", OPT_FLAG, compression.no_lazy_error,                                \
+            "pipeline compression error fed back at once instead of lazily (Optimus-CC)"),         \
+        ROW("--embedding-sync", OPT_STRING, compression.embedding_sync,                            \
+            "tied embedding's gradient: separate (default) or fused (one allreduce over the "      \
+            "first and last stages of every replica; needs pp > 1)")
+
 /* Parses one value into target + opt->offset; `source` names where it came from. */
 loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source);
 /* Applies argv[start..argc) flags to target. Unknown flags are errors. seen (nopts entries, or

@@ -79,10 +79,12 @@ static const cli_opt train_opts[] = {
          "progress bar: auto (a terminal, not under mpirun), on, off"),
     TOPT("--recompute", OPT_FLAG, recompute,
          "pipeline stages keep only their inputs and recompute activations in backward"),
+    CLI_COMPRESSION_OPTS(TOPT),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
     TOPT("--zero1", OPT_FLAG, zero1,
-         "shard the AdamW state across data-parallel ranks (the default when dp > 1)"),
+         "shard the AdamW state across data-parallel ranks (the default when dp > 1, but not "
+         "with data-parallel compression unless given)"),
     TOPT("--no-zero1", OPT_FLAG, no_zero1,
          "plain data parallelism: every replica updates every parameter"),
     TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
@@ -113,7 +115,8 @@ static loom_status find_config(int argc, char **argv, const char **path) {
     return LOOM_OK;
 }
 
-/* What a plan file sets: with --plan FILE these flags (or config keys) would contradict it. */
+/* What a plan file sets: with --plan FILE these flags (or config keys) would contradict it, and
+ * so would every compression flag (the fields of cfg.compression, see plan_owns). */
 static const char *const plan_owned[] = {"--model",
                                          "--layers",
                                          "--heads",
@@ -130,16 +133,21 @@ static const char *const plan_owned[] = {"--model",
                                          "--stage-layers",
                                          "--recompute"};
 
+static int plan_owns(const cli_opt *opt) {
+    size_t first = offsetof(loom_train_config, compression);
+    if (opt->offset >= first && opt->offset < first + sizeof(loom_plan_compression_flags)) return 1;
+    for (size_t j = 0; j < sizeof plan_owned / sizeof plan_owned[0]; j++)
+        if (!strcmp(opt->flag, plan_owned[j])) return 1;
+    return 0;
+}
+
 static loom_status refuse_plan_conflicts(const loom_train_config *cfg, const unsigned char *seen) {
     for (int i = 0; i < NTRAIN; i++) {
-        if (!seen[i]) continue;
-        for (size_t j = 0; j < sizeof plan_owned / sizeof plan_owned[0]; j++) {
-            if (strcmp(train_opts[i].flag, plan_owned[j]) != 0) continue;
-            return loom_fail(LOOM_ERR_INPUT,
-                             "--plan %s: %s sets what the plan file sets (model, layout, batch "
-                             "sizes, schedule, stages); change the plan (loom plan) or drop %s",
-                             cfg->plan, train_opts[i].flag, train_opts[i].flag);
-        }
+        if (!seen[i] || !plan_owns(&train_opts[i])) continue;
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--plan %s: %s sets what the plan file sets (model, layout, batch sizes, "
+                         "schedule, stages, compression); change the plan (loom plan) or drop %s",
+                         cfg->plan, train_opts[i].flag, train_opts[i].flag);
     }
     return LOOM_OK;
 }
@@ -247,6 +255,24 @@ static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
             (size_t)snprintf(cfg->stage_layers + used, sizeof cfg->stage_layers - used, "%s%d",
                              s ? "," : "", plan->stages[s].end_layer - plan->stages[s].first_layer);
     }
+    loom_plan_compression_flags_of(plan, &cfg->compression);
+}
+
+/* ZeRO-1 all-gathers the updated parameters uncompressed, as many bytes as the gradient, so with
+ * data-parallel compression it would give back most of what compression saves: it is off then
+ * unless --zero1 (flag or config key) asks for it. Said once, by rank 0 (`say`). */
+static void choose_zero1(loom_train_config *cfg, const loom_plan *plan, int zero1_given, int say) {
+    if (!strcmp(plan->dp_compression.method, "none") || zero1_given || !cfg->zero1 ||
+        cfg->no_zero1) {
+        return;
+    }
+    cfg->zero1 = 0;
+    if (say && plan->dp > 1) {
+        loom_info("ZeRO-1 off: data-parallel compression (%s) — ZeRO-1's parameter all-gather "
+                  "cannot be compressed and is as large as the gradient; pass --zero1 to combine "
+                  "them",
+                  plan->dp_compression.method);
+    }
 }
 
 int cmd_train(int argc, char **argv) {
@@ -285,7 +311,9 @@ int cmd_train(int argc, char **argv) {
         loom_plan_free(&plan);
         return cli_finish(world, cli_fail(st));
     }
-    if (!world || loom_comm_rank(world) == 0) {
+    int rank0 = !world || loom_comm_rank(world) == 0;
+    choose_zero1(&cfg, &plan, option_seen(seen, "--zero1"), rank0);
+    if (rank0) {
         loom_train_config shown = cfg;
         show_plan(&shown, &plan);
         cli_print_table(&shown, train_opts, NTRAIN);
@@ -570,11 +598,14 @@ int cmd_bench_train(int argc, char **argv) {
         }
         rest[nrest++] = argv[i];
     }
-    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0, NULL);
+    unsigned char given[NTRAIN];
+    memset(given, 0, sizeof given);
+    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0, given);
     free(rest);
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
+    if (st == LOOM_OK) choose_zero1(&cfg, &plan, option_seen(given, "--zero1"), rank == 0);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {

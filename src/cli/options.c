@@ -258,17 +258,17 @@ static void format_value(const void *target, const cli_opt *opt, char *buf, size
 }
 
 void cli_print_table(const void *target, const cli_opt *opts, int nopts) {
-    loom_info("%-22s %s", "setting", "value");
-    loom_info("%-22s %s", "----------------------", "--------------------");
+    loom_info("%-28s %s", "setting", "value");
+    loom_info("%-28s %s", "----------------------------", "--------------------");
     for (int i = 0; i < nopts; i++) {
         if (opts[i].offset == CLI_OPT_SKIP) continue;
         char value[1200];
         format_value(target, &opts[i], value, sizeof value);
-        loom_info("%-22s %s", opts[i].flag + 2, value);
+        loom_info("%-28s %s", opts[i].flag + 2, value);
     }
 }
 
 void cli_print_help(const char *usage, const cli_opt *opts, int nopts) {
     printf("%s\n\noptions:\n", usage);
-    for (int i = 0; i < nopts; i++) printf("  %-24s %s\n", opts[i].flag, opts[i].help);
+    for (int i = 0; i < nopts; i++) printf("  %-30s %s\n", opts[i].flag, opts[i].help);
 }

@@ -4,6 +4,8 @@
  * --check FILE, optionally against a world size (--ranks). Prints the plan's summary and the
  * rank layout. No MPI here: planning is for one process.
  *
+ * The compression flags are `loom train`'s (cli.h, CLI_COMPRESSION_OPTS).
+ *
  * Not here: choosing the layout by cost (that is the planner's job; this writes the layout it
  * is told).
  */
@@ -27,6 +29,7 @@ typedef struct {
     int micro_batch_size, global_batch_size, micro_batches, recompute;
     char schedule[64];
     char stage_layers[256];
+    loom_plan_compression_flags compression;
     int ranks;
     char out[PLAN_PATH_MAX];
     char check[PLAN_PATH_MAX];
@@ -57,6 +60,7 @@ static const cli_opt plan_opts[] = {
     POPT("--schedule", OPT_STRING, schedule, "pipeline schedule: gpipe or 1f1b"),
     POPT("--stage-layers", OPT_STRING, stage_layers,
          "layers per stage, comma-separated (e.g. 3,5; default: even, earlier stages +1)"),
+    CLI_COMPRESSION_OPTS(POPT),
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
     POPT("--check", OPT_STRING, check, "validate this plan file instead of writing one"),
@@ -133,18 +137,27 @@ static int run_build(const plan_args *args) {
                        "--ranks: expected a positive world size (0 = no check), got %d",
                        args->ranks);
     }
-    loom_plan_request request = {args->dp,
-                                 args->tp,
-                                 args->pp,
-                                 args->micro_batch_size,
-                                 args->global_batch_size,
-                                 args->micro_batches,
-                                 args->schedule,
-                                 args->stage_layers,
-                                 args->recompute};
+    loom_plan_compressor dp, pp;
+    loom_plan_compressor_init(&dp);
+    loom_plan_compressor_init(&pp);
+    if (st == LOOM_OK) st = loom_plan_compression_from_flags(&args->compression, &dp, &pp);
+    loom_plan_request request = {.dp = args->dp,
+                                 .tp = args->tp,
+                                 .pp = args->pp,
+                                 .micro_batch = args->micro_batch_size,
+                                 .global_batch = args->global_batch_size,
+                                 .micro_batches = args->micro_batches,
+                                 .schedule = args->schedule,
+                                 .stage_layers = args->stage_layers,
+                                 .recompute = args->recompute,
+                                 .dp_compression = &dp,
+                                 .pp_compression = &pp,
+                                 .embedding_sync = args->compression.embedding_sync};
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_plan_from_request(&plan, &model, &request, args->ranks);
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
     if (st == LOOM_OK) st = prepare_out(args->out);
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {
@@ -164,6 +177,7 @@ int cmd_plan(int argc, char **argv) {
     }
     plan_args args; /* zero: the defaults loom train has too (loom_plan_request) */
     memset(&args, 0, sizeof args);
+    loom_plan_compression_flags_defaults(&args.compression);
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
     int check_given = 0;
     for (int i = 2; i < argc; i++) check_given |= !strncmp(argv[i], "--check", 7);

@@ -1,10 +1,11 @@
 /*
  * plan.c — the plan in memory: defaults, copies, the rules every plan must satisfy, the
- * uniform (even-split) plan, and the Megatron rank layout.
+ * uniform (even-split) plan and the plan of a request, and the Megatron rank layout.
  *
  * Every rule reports its first violation as "SOURCE: JSON.PATH: expected ..., got ...", with
  * the path of the plan-file field, so that one message serves a plan read from a file and one
- * built from flags. Reading and writing the file is plan_file.c.
+ * built from flags. Reading and writing the file is plan_file.c; the compression flags are
+ * compression_flags.c.
  *
  * Not here: choosing a plan by cost (the planner proper).
  */
@@ -21,11 +22,11 @@
 /* ---- words ---------------------------------------------------------------------------------- */
 
 static const char *const schedule_words[] = {"gpipe", "1f1b"};
-static const char *const method_words[] = {"none", "powersgd", "lowrank", "topk", "int8"};
+static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
 const loom_plan_words loom_plan_schedules = {schedule_words, 2};
-const loom_plan_words loom_plan_methods = {method_words, 5};
+const loom_plan_words loom_plan_policies = {policy_words, 3};
 const loom_plan_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
 
 int loom_plan_word_ok(const loom_plan_words *words, const char *value) {
@@ -42,8 +43,14 @@ void loom_plan_word_list(const loom_plan_words *words, char *buf, size_t cap) {
     }
 }
 
-int loom_plan_method_has_rank(const char *method) {
-    return strcmp(method, "powersgd") == 0 || strcmp(method, "lowrank") == 0;
+int loom_plan_method_has_rank(loom_compress_method method) {
+    return method == LOOM_COMPRESS_POWERSGD || method == LOOM_COMPRESS_LOWRANK;
+}
+
+int loom_plan_default_rank(loom_compress_method method) {
+    return method == LOOM_COMPRESS_POWERSGD  ? LOOM_PLAN_DEFAULT_DP_RANK
+           : method == LOOM_COMPRESS_LOWRANK ? LOOM_PLAN_DEFAULT_PP_RANK
+                                             : 0;
 }
 
 loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...) {
@@ -57,20 +64,25 @@ loom_status loom_plan_fail_field(const char *source, const char *path, const cha
 
 /* ---- life cycle ----------------------------------------------------------------------------- */
 
-static void compressor_init(loom_plan_compressor *c) {
+void loom_plan_compressor_init(loom_plan_compressor *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->method, sizeof c->method, "none");
-    c->fraction = 0.01;
+    c->fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
     c->error_feedback = 1, c->lazy_error = 1;
     snprintf(c->policy, sizeof c->policy, "all");
     snprintf(c->forward, sizeof c->forward, "none");
 }
 
+void loom_plan_compressor_free(loom_plan_compressor *c) {
+    free(c->stages);
+    loom_plan_compressor_init(c);
+}
+
 void loom_plan_init(loom_plan *plan) {
     memset(plan, 0, sizeof *plan);
     snprintf(plan->schedule, sizeof plan->schedule, "1f1b");
-    compressor_init(&plan->dp_compression);
-    compressor_init(&plan->pp_compression);
+    loom_plan_compressor_init(&plan->dp_compression);
+    loom_plan_compressor_init(&plan->pp_compression);
     snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
 }
 
@@ -93,6 +105,13 @@ static loom_status dup_array(void **dst, const void *src, int count, size_t size
     return LOOM_OK;
 }
 
+/* A deep copy into dst (overwritten, not freed). */
+static loom_status compressor_copy(loom_plan_compressor *dst, const loom_plan_compressor *src) {
+    *dst = *src;
+    return dup_array((void **)&dst->stages, src->stages, src->num_stages, sizeof *src->stages,
+                     "plan compression stages");
+}
+
 loom_status loom_plan_copy(loom_plan *dst, const loom_plan *src) {
     *dst = *src;
     dst->stages = NULL;
@@ -101,14 +120,8 @@ loom_status loom_plan_copy(loom_plan *dst, const loom_plan *src) {
     dst->predicted_peak_bytes = NULL;
     loom_status st = dup_array((void **)&dst->stages, src->stages, src->num_stages,
                                sizeof *src->stages, "plan stages");
-    if (st == LOOM_OK) {
-        st = dup_array((void **)&dst->dp_compression.stages, src->dp_compression.stages,
-                       src->dp_compression.num_stages, sizeof(int), "plan compression stages");
-    }
-    if (st == LOOM_OK) {
-        st = dup_array((void **)&dst->pp_compression.stages, src->pp_compression.stages,
-                       src->pp_compression.num_stages, sizeof(int), "plan compression stages");
-    }
+    if (st == LOOM_OK) st = compressor_copy(&dst->dp_compression, &src->dp_compression);
+    if (st == LOOM_OK) st = compressor_copy(&dst->pp_compression, &src->pp_compression);
     if (st == LOOM_OK) {
         st = dup_array((void **)&dst->predicted_peak_bytes, src->predicted_peak_bytes,
                        src->num_predicted_peak, sizeof(int64_t), "plan predictions");
@@ -257,42 +270,176 @@ static loom_status check_stages(const loom_plan *p, const char *source) {
     return LOOM_OK;
 }
 
-static loom_status check_compressor(const loom_plan_compressor *c, const char *source,
-                                    const char *where, int pp) {
+/* The method in `field` (cap bytes), allowed in `place` (a LOOM_COMPRESS_FOR_* bit). */
+static loom_status check_method(const char *source, const char *path, const char *field, size_t cap,
+                                int place, loom_compress_method *method) {
+    char value[64];
+    word_of(field, cap < sizeof value - 1 ? cap : sizeof value - 1, value);
+    return loom_compress_method_parse(value, place, source, path, method);
+}
+
+/* rank and fraction, which only some methods have: the others keep the defaults, so that what
+ * the file does not say is what the plan holds. */
+static loom_status check_rank_and_fraction(const loom_plan_compressor *c, loom_compress_method m,
+                                           const char *source, const char *where) {
+    const char *name = loom_compress_method_name(m);
     char path[96];
-    snprintf(path, sizeof path, "%s.method", where);
-    loom_status st = check_word(source, path, c->method, sizeof c->method, &loom_plan_methods);
-    if (st != LOOM_OK) return st;
     snprintf(path, sizeof path, "%s.rank", where);
-    if (loom_plan_method_has_rank(c->method) && c->rank <= 0) {
+    if (loom_plan_method_has_rank(m) && c->rank <= 0) {
         return loom_plan_fail_field(
-            source, path, "expected a positive rank for method \"%s\", got %d", c->method, c->rank);
+            source, path, "expected a positive rank for method \"%s\", got %d", name, c->rank);
     }
-    if (!loom_plan_method_has_rank(c->method) && c->rank != 0) {
+    if (!loom_plan_method_has_rank(m) && c->rank != 0) {
         return loom_plan_fail_field(
-            source, path, "expected no rank (0) for method \"%s\", which has none, got %d",
-            c->method, c->rank);
+            source, path, "expected no rank (0) for method \"%s\", which has none, got %d", name,
+            c->rank);
     }
-    snprintf(path, sizeof path, "%s.stages", where);
+    snprintf(path, sizeof path, "%s.fraction", where);
+    if (m == LOOM_COMPRESS_TOPK && !(c->fraction > 0 && c->fraction <= 1)) {
+        return loom_plan_fail_field(
+            source, path, "expected the share of entries kept, in (0, 1], got %g", c->fraction);
+    }
+    if (m != LOOM_COMPRESS_TOPK && c->fraction != LOOM_PLAN_DEFAULT_TOPK_FRACTION) {
+        return loom_plan_fail_field(source, path,
+                                    "expected no fraction for method \"%s\" (only topk keeps "
+                                    "one), got %g",
+                                    name, c->fraction);
+    }
+    return LOOM_OK;
+}
+
+/* where.key: distinct indices in [0, limit); `limit_why` says where the limit comes from. */
+static loom_status check_indices(const loom_plan_compressor *c, const char *source,
+                                 const char *where, const char *key, const char *item, int limit,
+                                 const char *limit_why) {
+    char path[96];
+    snprintf(path, sizeof path, "%s.%s", where, key);
     if (c->num_stages < 0 || (c->num_stages > 0 && !c->stages)) {
-        return loom_plan_fail_field(
-            source, path, "expected a list of stage indices, got %d of them", c->num_stages);
+        return loom_plan_fail_field(source, path, "expected a list of %s indices, got %d of them",
+                                    item, c->num_stages);
     }
     for (int j = 0; j < c->num_stages; j++) {
-        snprintf(path, sizeof path, "%s.stages[%d]", where, j);
-        if (c->stages[j] < 0 || c->stages[j] >= pp) {
-            return loom_plan_fail_field(source, path,
-                                        "expected a stage index in [0, %d) (mesh.pp = %d), got %d",
-                                        pp, pp, c->stages[j]);
+        snprintf(path, sizeof path, "%s.%s[%d]", where, key, j);
+        if (c->stages[j] < 0 || c->stages[j] >= limit) {
+            return loom_plan_fail_field(source, path, "expected a %s index in [0, %d) (%s), got %d",
+                                        item, limit, limit_why, c->stages[j]);
         }
         for (int k = 0; k < j; k++) {
             if (c->stages[k] == c->stages[j]) {
                 return loom_plan_fail_field(
-                    source, path, "expected distinct stage indices, got %d again", c->stages[j]);
+                    source, path, "expected distinct %s indices, got %d again", item, c->stages[j]);
             }
         }
     }
     return LOOM_OK;
+}
+
+/* The fields of the other place have no key in the file under this compressor, so they must
+ * hold their defaults (or the plan would not read back as it was written). */
+static loom_status check_other_place(const loom_plan_compressor *c, const char *source, int is_pp) {
+    char value[64];
+    if (!is_pp && !c->lazy_error) {
+        return loom_plan_fail_field(source, "compression.dp.lazy_error",
+                                    "expected true (the default; lazy error propagation is "
+                                    "compression.pp's), got false");
+    }
+    word_of(c->policy, sizeof c->policy, value);
+    if (!is_pp && strcmp(value, "all") != 0) {
+        return loom_plan_fail_field(source, "compression.dp.policy",
+                                    "expected \"all\" (the default; the policy is "
+                                    "compression.pp's), got \"%s\"",
+                                    value);
+    }
+    word_of(c->forward, sizeof c->forward, value);
+    if (!is_pp && strcmp(value, "none") != 0) {
+        return loom_plan_fail_field(source, "compression.dp.forward",
+                                    "expected \"none\" (the default; forward compression is "
+                                    "compression.pp's), got \"%s\"",
+                                    value);
+    }
+    if (is_pp && !c->error_feedback) {
+        return loom_plan_fail_field(source, "compression.pp.error_feedback",
+                                    "expected true (the default; error feedback is "
+                                    "compression.dp's, lazy_error is the pipeline's), got false");
+    }
+    if (is_pp && c->warmup_steps != 0) {
+        return loom_plan_fail_field(source, "compression.pp.warmup_steps",
+                                    "expected 0 (the default; warm-up is compression.dp's), "
+                                    "got %d",
+                                    c->warmup_steps);
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_dp_compressor(const loom_plan *p, const char *source) {
+    const loom_plan_compressor *c = &p->dp_compression;
+    loom_compress_method m;
+    loom_status st = check_method(source, "compression.dp.method", c->method, sizeof c->method,
+                                  LOOM_COMPRESS_FOR_DP, &m);
+    if (st == LOOM_OK) st = check_rank_and_fraction(c, m, source, "compression.dp");
+    if (st != LOOM_OK) return st;
+    if (c->warmup_steps < 0) {
+        return loom_plan_fail_field(source, "compression.dp.warmup_steps",
+                                    "expected a number of steps >= 0, got %d", c->warmup_steps);
+    }
+    if (m == LOOM_COMPRESS_SIGN && !c->error_feedback) {
+        return loom_plan_fail_field(source, "compression.dp.error_feedback",
+                                    "sign compression needs error feedback (it does not converge "
+                                    "without it), got false");
+    }
+    char why[64];
+    snprintf(why, sizeof why, "mesh.pp = %d", p->pp);
+    st = check_indices(c, source, "compression.dp", "stages", "stage", p->pp, why);
+    if (st == LOOM_OK) st = check_other_place(c, source, 0);
+    return st;
+}
+
+static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
+    const loom_plan_compressor *c = &p->pp_compression;
+    loom_compress_method m, forward;
+    loom_status st = check_method(source, "compression.pp.method", c->method, sizeof c->method,
+                                  LOOM_COMPRESS_FOR_PP_GRAD, &m);
+    if (st != LOOM_OK) return st;
+    if (p->pp == 1 && m != LOOM_COMPRESS_NONE) {
+        return loom_plan_fail_field(source, "compression.pp.method",
+                                    "expected \"none\" with one pipeline stage, got \"%s\"",
+                                    loom_compress_method_name(m));
+    }
+    st = check_rank_and_fraction(c, m, source, "compression.pp");
+    if (st == LOOM_OK) {
+        st = check_word(source, "compression.pp.policy", c->policy, sizeof c->policy,
+                        &loom_plan_policies);
+    }
+    if (st == LOOM_OK) {
+        st = check_method(source, "compression.pp.forward", c->forward, sizeof c->forward,
+                          LOOM_COMPRESS_FOR_PP_FORWARD, &forward);
+    }
+    if (st != LOOM_OK) return st;
+    if (p->pp == 1 && forward != LOOM_COMPRESS_NONE) {
+        return loom_plan_fail_field(source, "compression.pp.forward",
+                                    "expected \"none\" with one pipeline stage, got \"%s\"",
+                                    loom_compress_method_name(forward));
+    }
+    char why[96];
+    snprintf(why, sizeof why, "link s joins stages s and s + 1 of mesh.pp = %d", p->pp);
+    st = check_indices(c, source, "compression.pp", "links", "link", p->pp - 1, why);
+    if (st == LOOM_OK) st = check_other_place(c, source, 1);
+    return st;
+}
+
+static loom_status check_compression(const loom_plan *p, const char *source) {
+    loom_status st = check_dp_compressor(p, source);
+    if (st == LOOM_OK) st = check_pp_compressor(p, source);
+    if (st == LOOM_OK) {
+        st = check_word(source, "compression.embedding_sync", p->embedding_sync,
+                        sizeof p->embedding_sync, &loom_plan_embedding_syncs);
+    }
+    if (st == LOOM_OK && p->pp == 1 && strcmp(p->embedding_sync, "fused") == 0) {
+        return loom_plan_fail_field(source, "compression.embedding_sync",
+                                    "\"fused\" needs pipeline parallelism (pp > 1), got mesh.pp = "
+                                    "1");
+    }
+    return st;
 }
 
 static loom_status check_predicted(const loom_plan *p, const char *source) {
@@ -334,14 +481,7 @@ loom_status loom_plan_check(const loom_plan *plan, const char *source, int world
     if (!source) source = "plan";
     loom_status st = check_shape(plan, source, world_size);
     if (st == LOOM_OK) st = check_stages(plan, source);
-    if (st == LOOM_OK)
-        st = check_compressor(&plan->dp_compression, source, "compression.dp", plan->pp);
-    if (st == LOOM_OK)
-        st = check_compressor(&plan->pp_compression, source, "compression.pp", plan->pp);
-    if (st == LOOM_OK) {
-        st = check_word(source, "compression.embedding_sync", plan->embedding_sync,
-                        sizeof plan->embedding_sync, &loom_plan_embedding_syncs);
-    }
+    if (st == LOOM_OK) st = check_compression(plan, source);
     if (st == LOOM_OK) st = check_predicted(plan, source);
     return st;
 }
@@ -436,6 +576,31 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
     return st;
 }
 
+/* The request's compression into the plan (checked with the rest by loom_plan_check). */
+static loom_status request_compression(loom_plan *plan, const loom_plan_request *r) {
+    const char *sync = r->embedding_sync;
+    if (sync && sync[0]) {
+        if (strlen(sync) >= sizeof plan->embedding_sync ||
+            !loom_plan_word_ok(&loom_plan_embedding_syncs, sync)) {
+            char list[128];
+            loom_plan_word_list(&loom_plan_embedding_syncs, list, sizeof list);
+            return loom_fail(LOOM_ERR_INPUT, "--embedding-sync: expected %s, got \"%.64s\"", list,
+                             sync);
+        }
+        snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "%s", sync);
+    }
+    loom_status st = LOOM_OK;
+    if (r->dp_compression) {
+        loom_plan_compressor_free(&plan->dp_compression);
+        st = compressor_copy(&plan->dp_compression, r->dp_compression);
+    }
+    if (st == LOOM_OK && r->pp_compression) {
+        loom_plan_compressor_free(&plan->pp_compression);
+        st = compressor_copy(&plan->pp_compression, r->pp_compression);
+    }
+    return st;
+}
+
 loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
                                    const loom_plan_request *r, int world_size) {
     loom_plan_init(plan);
@@ -495,7 +660,8 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
     loom_status st =
         loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global,
                           r->schedule && r->schedule[0] ? r->schedule : NULL, r->stage_layers);
-    if (st == LOOM_OK && world_size > 0) st = loom_plan_check(plan, "plan", world_size);
+    if (st == LOOM_OK) st = request_compression(plan, r);
+    if (st == LOOM_OK) st = loom_plan_check(plan, "plan", world_size);
     if (st != LOOM_OK) {
         loom_plan_free(plan);
         return st;
@@ -533,15 +699,21 @@ int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage
 
 /* ---- summary -------------------------------------------------------------------------------- */
 
-static void print_compressor(FILE *out, const char *name, const loom_plan_compressor *c) {
+/* "powersgd r4 ef stages 0", "lowrank r8 lazy all links 0,2 forward bf16", "topk 1% ef". */
+static void print_compressor(FILE *out, const char *name, const loom_plan_compressor *c,
+                             int is_pp) {
     fprintf(out, "%s %s", name, c->method);
-    if (c->rank > 0) fprintf(out, " rank %d", c->rank);
-    if (c->lazy_error) fprintf(out, " lazy-error");
     if (strcmp(c->method, "none") != 0) {
-        if (c->num_stages == 0) fprintf(out, " on every stage");
-        for (int i = 0; i < c->num_stages; i++)
-            fprintf(out, "%s%d", i == 0 ? " on stages " : ",", c->stages[i]);
+        if (c->rank > 0) fprintf(out, " r%d", c->rank);
+        if (strcmp(c->method, "topk") == 0) fprintf(out, " %g%%", 100 * c->fraction);
+        if (!is_pp) fprintf(out, " %s", c->error_feedback ? "ef" : "no-ef");
+        if (!is_pp && c->warmup_steps > 0) fprintf(out, " warmup %d", c->warmup_steps);
+        if (is_pp) fprintf(out, " %s %s", c->lazy_error ? "lazy" : "no-lazy", c->policy);
+        for (int i = 0; i < c->num_stages; i++) {
+            fprintf(out, "%s%d", i > 0 ? "," : is_pp ? " links " : " stages ", c->stages[i]);
+        }
     }
+    if (is_pp && strcmp(c->forward, "none") != 0) fprintf(out, " forward %s", c->forward);
 }
 
 void loom_plan_print(const loom_plan *plan, FILE *out) {
@@ -556,8 +728,8 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
     fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks\n", plan->dp, plan->tp, plan->pp,
             ranks);
     fprintf(out, "compress ");
-    print_compressor(out, "dp", &plan->dp_compression);
-    print_compressor(out, ", pp", &plan->pp_compression);
+    print_compressor(out, "dp", &plan->dp_compression, 0);
+    print_compressor(out, ", pp", &plan->pp_compression, 1);
     fprintf(out, ", embedding sync %s\n", plan->embedding_sync);
     if (plan->predicted_step_s > 0 || plan->predicted_tokens_per_s > 0) {
         fprintf(out, "predicted %.4g s/step, %.4g tokens/s\n", plan->predicted_step_s,

@@ -4,8 +4,9 @@
  * that the file reads like DESIGN.md's example: one line per section and per stage, keys in a
  * fixed order).
  *
- * Reading checks the types and the shape of the document; the rules that relate fields to one
- * another are loom_plan_check's (plan.c), applied to the result.
+ * Reading checks the types and the shape of the document, and the compression methods (a
+ * compressor's rank defaults by method); the rules that relate fields to one another are
+ * loom_plan_check's (plan.c), applied to the result.
  */
 #include "plan/plan_internal.h"
 
@@ -231,39 +232,104 @@ static loom_status read_stages(const char *file, const json_t *root, loom_plan *
     return st;
 }
 
-static loom_status read_compressor(const char *file, const json_t *compression, const char *key,
-                                   loom_plan_compressor *c) {
-    static const char *const keys[] = {"method", "rank", "lazy_error", "stages"};
-    char path[64];
-    join_path(path, sizeof path, "compression", key);
-    json_t *object = json_object_get(compression, key);
-    if (!object) return LOOM_OK;
-    loom_status st = as_object(file, path, object);
-    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 4);
-    if (st == LOOM_OK) {
-        st = read_word(file, object, path, "method", 1, &loom_plan_methods, c->method,
-                       sizeof c->method);
-    }
-    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
-    if (st == LOOM_OK) st = read_bool(file, object, path, "lazy_error", &c->lazy_error);
-    json_t *stages = json_object_get(object, "stages");
-    if (st != LOOM_OK || !stages) return st;
-    char stages_path[96];
-    join_path(stages_path, sizeof stages_path, path, "stages");
-    size_t n = json_array_size(stages);
-    if (!json_is_array(stages) || n == 0 || n > INT_MAX) {
-        return fail_type(file, stages_path,
-                         "a non-empty list of stage indices (leave the key out for every stage)",
-                         stages);
+/* object[key], a list of stage or link indices, into c->stages (absent: all of them, no list). */
+static loom_status read_indices(const char *file, const json_t *object, const char *parent,
+                                const char *key, const char *item, loom_plan_compressor *c) {
+    json_t *indices = json_object_get(object, key);
+    if (!indices) return LOOM_OK;
+    char path[96];
+    join_path(path, sizeof path, parent, key);
+    size_t n = json_array_size(indices);
+    if (!json_is_array(indices) || n == 0 || n > INT_MAX) {
+        char expected[128];
+        snprintf(expected, sizeof expected,
+                 "a non-empty list of %s indices (leave the key out for every %s)", item, item);
+        return fail_type(file, path, expected, indices);
     }
     c->stages = loom_calloc(n, sizeof *c->stages, "plan compression stages");
     if (!c->stages) return LOOM_ERR_NOMEM;
     c->num_stages = (int)n;
+    loom_status st = LOOM_OK;
     for (size_t i = 0; i < n && st == LOOM_OK; i++) {
-        char item[112];
-        snprintf(item, sizeof item, "%s[%zu]", stages_path, i);
-        st = as_int(file, item, json_array_get(stages, i), &c->stages[i]);
+        char item_path[112];
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
+        st = as_int(file, item_path, json_array_get(indices, i), &c->stages[i]);
     }
+    return st;
+}
+
+/* A method allowed in `place` (compress/methods.c's list) into out[cap] and *method (unless
+ * NULL). Read here rather than left to loom_plan_check because a left-out rank depends on it. */
+static loom_status read_method(const char *file, const json_t *object, const char *parent,
+                               const char *key, int required, int place, char *out, size_t cap,
+                               loom_compress_method *method) {
+    json_t *value;
+    loom_status st = member(file, object, parent, key, required, "a method name", &value);
+    if (st != LOOM_OK || !value) return st;
+    char path[256];
+    join_path(path, sizeof path, parent, key);
+    const char *text = json_string_value(value);
+    if (!text) return fail_type(file, path, "a method name (a string)", value);
+    loom_compress_method m;
+    st = loom_compress_method_parse(text, place, file, path, &m);
+    if (st != LOOM_OK) return st;
+    snprintf(out, cap, "%s", loom_compress_method_name(m));
+    if (method) *method = m;
+    return LOOM_OK;
+}
+
+/* compression.dp: method, rank, fraction, error_feedback, warmup_steps, stages. */
+static loom_status read_dp_compressor(const char *file, const json_t *compression,
+                                      loom_plan_compressor *c) {
+    static const char *const keys[] = {"method",         "rank",         "fraction",
+                                       "error_feedback", "warmup_steps", "stages"};
+    const char *path = "compression.dp";
+    json_t *object = json_object_get(compression, "dp");
+    if (!object) return LOOM_OK;
+    loom_compress_method m = LOOM_COMPRESS_NONE;
+    loom_status st = as_object(file, path, object);
+    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 6);
+    if (st == LOOM_OK) {
+        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_DP, c->method,
+                         sizeof c->method, &m);
+    }
+    c->rank = loom_plan_default_rank(m);
+    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
+    if (st == LOOM_OK) st = read_number(file, object, path, "fraction", &c->fraction);
+    if (st == LOOM_OK) st = read_bool(file, object, path, "error_feedback", &c->error_feedback);
+    if (st == LOOM_OK) st = read_int(file, object, path, "warmup_steps", 0, &c->warmup_steps);
+    if (st == LOOM_OK) st = read_indices(file, object, path, "stages", "stage", c);
+    return st;
+}
+
+/* compression.pp: method, rank, fraction, lazy_error, policy, forward, links. */
+static loom_status read_pp_compressor(const char *file, const json_t *compression,
+                                      loom_plan_compressor *c) {
+    static const char *const keys[] = {"method", "rank",    "fraction", "lazy_error",
+                                       "policy", "forward", "links"};
+    const char *path = "compression.pp";
+    json_t *object = json_object_get(compression, "pp");
+    if (!object) return LOOM_OK;
+    loom_compress_method m = LOOM_COMPRESS_NONE;
+    loom_status st = as_object(file, path, object);
+    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 7);
+    if (st == LOOM_OK) {
+        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_PP_GRAD, c->method,
+                         sizeof c->method, &m);
+    }
+    c->rank = loom_plan_default_rank(m);
+    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
+    if (st == LOOM_OK) st = read_number(file, object, path, "fraction", &c->fraction);
+    if (st == LOOM_OK) st = read_bool(file, object, path, "lazy_error", &c->lazy_error);
+    if (st == LOOM_OK) {
+        st = read_word(file, object, path, "policy", 0, &loom_plan_policies, c->policy,
+                       sizeof c->policy);
+    }
+    if (st == LOOM_OK) {
+        st = read_method(file, object, path, "forward", 0, LOOM_COMPRESS_FOR_PP_FORWARD, c->forward,
+                         sizeof c->forward, NULL);
+    }
+    if (st == LOOM_OK) st = read_indices(file, object, path, "links", "link", c);
     return st;
 }
 
@@ -273,8 +339,8 @@ static loom_status read_compression(const char *file, const json_t *root, loom_p
     if (!compression) return LOOM_OK;
     loom_status st = as_object(file, "compression", compression);
     if (st == LOOM_OK) st = check_keys(file, compression, "compression", keys, 3);
-    if (st == LOOM_OK) st = read_compressor(file, compression, "dp", &plan->dp_compression);
-    if (st == LOOM_OK) st = read_compressor(file, compression, "pp", &plan->pp_compression);
+    if (st == LOOM_OK) st = read_dp_compressor(file, compression, &plan->dp_compression);
+    if (st == LOOM_OK) st = read_pp_compressor(file, compression, &plan->pp_compression);
     if (st == LOOM_OK) {
         st = read_word(file, compression, "compression", "embedding_sync", 0,
                        &loom_plan_embedding_syncs, plan->embedding_sync,
@@ -361,17 +427,46 @@ static void format_double(double value, char *buf, size_t cap) {
     }
 }
 
-static void write_compressor(FILE *out, const char *key, const loom_plan_compressor *c,
-                             const char *after) {
-    fprintf(out, "    \"%s\": {\"method\": \"%s\"", key, c->method);
-    if (c->rank) fprintf(out, ", \"rank\": %d", c->rank);
-    if (c->lazy_error) fprintf(out, ", \"lazy_error\": true");
-    if (c->num_stages > 0) {
-        fprintf(out, ", \"stages\": [");
-        for (int i = 0; i < c->num_stages; i++) fprintf(out, "%s%d", i ? ", " : "", c->stages[i]);
-        fprintf(out, "]");
+static void write_indices(FILE *out, const char *key, const loom_plan_compressor *c) {
+    if (c->num_stages == 0) return; /* every stage or link */
+    fprintf(out, ", \"%s\": [", key);
+    for (int i = 0; i < c->num_stages; i++) fprintf(out, "%s%d", i ? ", " : "", c->stages[i]);
+    fprintf(out, "]");
+}
+
+static void write_rank_and_fraction(FILE *out, const loom_plan_compressor *c) {
+    char fraction[32];
+    if (c->rank != 0) fprintf(out, ", \"rank\": %d", c->rank);
+    if (strcmp(c->method, "topk") == 0) {
+        format_double(c->fraction, fraction, sizeof fraction);
+        fprintf(out, ", \"fraction\": %s", fraction);
     }
-    fprintf(out, "}%s\n", after);
+}
+
+/* A compressor's line: the keys that matter for its method, and under method "none" those that
+ * differ from their defaults, so that the plan reads back equal (loom_plan_check has made sure
+ * that the fields without a key hold their defaults). */
+static void write_dp_compressor(FILE *out, const loom_plan_compressor *c) {
+    int on = strcmp(c->method, "none") != 0;
+    fprintf(out, "    \"dp\": {\"method\": \"%s\"", c->method);
+    write_rank_and_fraction(out, c);
+    if (on || !c->error_feedback)
+        fprintf(out, ", \"error_feedback\": %s", c->error_feedback ? "true" : "false");
+    if (on || c->warmup_steps != 0) fprintf(out, ", \"warmup_steps\": %d", c->warmup_steps);
+    write_indices(out, "stages", c);
+    fprintf(out, "},\n");
+}
+
+static void write_pp_compressor(FILE *out, const loom_plan_compressor *c) {
+    int on = strcmp(c->method, "none") != 0;
+    fprintf(out, "    \"pp\": {\"method\": \"%s\"", c->method);
+    write_rank_and_fraction(out, c);
+    if (on || !c->lazy_error)
+        fprintf(out, ", \"lazy_error\": %s", c->lazy_error ? "true" : "false");
+    if (on || strcmp(c->policy, "all") != 0) fprintf(out, ", \"policy\": \"%s\"", c->policy);
+    if (on || strcmp(c->forward, "none") != 0) fprintf(out, ", \"forward\": \"%s\"", c->forward);
+    write_indices(out, "links", c);
+    fprintf(out, "},\n");
 }
 
 static void write_document(FILE *out, const loom_plan *plan) {
@@ -398,8 +493,8 @@ static void write_document(FILE *out, const loom_plan *plan) {
     int predicted = plan->predicted_step_s != 0 || plan->predicted_tokens_per_s != 0 ||
                     plan->num_predicted_peak > 0;
     fprintf(out, "  \"compression\": {\n");
-    write_compressor(out, "dp", &plan->dp_compression, ",");
-    write_compressor(out, "pp", &plan->pp_compression, ",");
+    write_dp_compressor(out, &plan->dp_compression);
+    write_pp_compressor(out, &plan->pp_compression);
     fprintf(out, "    \"embedding_sync\": \"%s\"\n", plan->embedding_sync);
     fprintf(out, "  }%s\n", predicted ? "," : "");
     if (predicted) {

@@ -32,6 +32,7 @@ void loom_train_config_defaults(loom_train_config *c) {
     snprintf(c->progress, sizeof c->progress, "auto");
     c->eval_batches = 16;
     /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
+    loom_plan_compression_flags_defaults(&c->compression);
     c->bucket_mb = 25.0;
     c->zero1 = 1; /* measured at least as fast as plain DP in every layout (bench/parallel.sh) */
     c->comm_timeout = 60.0;
@@ -77,10 +78,25 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
     loom_gpt_config model;
     loom_status st = loom_train_model_config(c, &model);
     if (st != LOOM_OK) return st;
-    loom_plan_request request = {c->data_parallel,    c->tensor_parallel,   c->pipeline_parallel,
-                                 c->micro_batch_size, c->global_batch_size, c->micro_batches,
-                                 c->schedule,         c->stage_layers,      c->recompute};
-    return loom_plan_from_request(plan, &model, &request, world_size > 1 ? world_size : 1);
+    loom_plan_compressor dp, pp;
+    st = loom_plan_compression_from_flags(&c->compression, &dp, &pp);
+    if (st != LOOM_OK) return st;
+    loom_plan_request request = {.dp = c->data_parallel,
+                                 .tp = c->tensor_parallel,
+                                 .pp = c->pipeline_parallel,
+                                 .micro_batch = c->micro_batch_size,
+                                 .global_batch = c->global_batch_size,
+                                 .micro_batches = c->micro_batches,
+                                 .schedule = c->schedule,
+                                 .stage_layers = c->stage_layers,
+                                 .recompute = c->recompute,
+                                 .dp_compression = &dp,
+                                 .pp_compression = &pp,
+                                 .embedding_sync = c->compression.embedding_sync};
+    st = loom_plan_from_request(plan, &model, &request, world_size > 1 ? world_size : 1);
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+    return st;
 }
 
 loom_status loom_train_config_check(const loom_train_config *c) {

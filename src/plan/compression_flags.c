@@ -1,0 +1,199 @@
+/*
+ * compression_flags.c — the compression flags of `loom train` and `loom plan` (one field per
+ * flag, loom_plan_compression_flags) turned into the plan's two compressors, and back for the
+ * configuration table. Messages name the flag; the rules that need the mesh (index ranges, one
+ * pipeline stage) and the value ranges are loom_plan_check's, met when the request becomes a
+ * plan.
+ *
+ * Not here: the method names (compress/methods.c), the plan's rules (plan.c).
+ */
+#include "plan/plan_internal.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void loom_plan_compression_flags_defaults(loom_plan_compression_flags *f) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->dp_compression, sizeof f->dp_compression, "none");
+    f->dp_compression_rank = LOOM_PLAN_DEFAULT_DP_RANK;
+    f->dp_topk_fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
+    snprintf(f->pp_compression, sizeof f->pp_compression, "none");
+    f->pp_compression_rank = LOOM_PLAN_DEFAULT_PP_RANK;
+    f->pp_topk_fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
+    snprintf(f->pp_compression_policy, sizeof f->pp_compression_policy, "all");
+    snprintf(f->pp_forward_compression, sizeof f->pp_forward_compression, "none");
+    snprintf(f->embedding_sync, sizeof f->embedding_sync, "separate");
+}
+
+/* "0,2": non-negative integers separated by single commas, nothing else ("" = none). */
+static loom_status parse_indices(const char *text, const char *flag, const char *item, int **out,
+                                 int *count) {
+    *out = NULL, *count = 0;
+    if (!text[0]) return LOOM_OK;
+    size_t n = 1;
+    for (const char *p = text; *p; p++) n += *p == ',';
+    int *list = loom_calloc(n, sizeof *list, "compression indices");
+    if (!list) return LOOM_ERR_NOMEM;
+    int k = 0, ok = 1;
+    for (const char *p = text; ok;) {
+        int64_t value = 0;
+        ok = *p >= '0' && *p <= '9';
+        for (; ok && *p >= '0' && *p <= '9'; p++) {
+            value = value * 10 + (*p - '0');
+            ok = value <= INT_MAX;
+        }
+        if (!ok) break;
+        list[k++] = (int)value;
+        if (*p == '\0') break;
+        ok = *p++ == ',';
+    }
+    if (!ok) {
+        free(list);
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: expected comma-separated %s indices such as 0,2 (non-negative "
+                         "integers), got \"%s\"",
+                         flag, item, text);
+    }
+    *out = list, *count = k;
+    return LOOM_OK;
+}
+
+/* A flag the method does not use, set to something other than its default, is refused: it
+ * would otherwise be dropped without a word. */
+typedef struct {
+    int set;
+    const char *flag, *value, *who; /* who: what uses the flag */
+} unused_flag;
+
+static loom_status refuse_unused(const unused_flag *flags, int n, const char *method_flag,
+                                 const char *method) {
+    for (int i = 0; i < n; i++) {
+        if (!flags[i].set) continue;
+        return loom_fail(LOOM_ERR_INPUT, "%s%s%s: not used with %s %s (%s); drop it", flags[i].flag,
+                         flags[i].value[0] ? " " : "", flags[i].value, method_flag, method,
+                         flags[i].who);
+    }
+    return LOOM_OK;
+}
+
+static loom_status dp_from_flags(const loom_plan_compression_flags *f, loom_plan_compressor *c) {
+    loom_compress_method m;
+    loom_status st = loom_compress_method_parse(f->dp_compression, LOOM_COMPRESS_FOR_DP,
+                                                "--dp-compression", "compression.dp.method", &m);
+    if (st != LOOM_OK) return st;
+    char rank[32], fraction[32], warmup[32];
+    snprintf(rank, sizeof rank, "%d", f->dp_compression_rank);
+    snprintf(fraction, sizeof fraction, "%g", f->dp_topk_fraction);
+    snprintf(warmup, sizeof warmup, "%d", f->dp_compression_warmup_steps);
+    int none = m == LOOM_COMPRESS_NONE;
+    const unused_flag unused[] = {
+        {!loom_plan_method_has_rank(m) && f->dp_compression_rank != LOOM_PLAN_DEFAULT_DP_RANK,
+         "--dp-compression-rank", rank, "only powersgd has a rank"},
+        {m != LOOM_COMPRESS_TOPK && f->dp_topk_fraction != LOOM_PLAN_DEFAULT_TOPK_FRACTION,
+         "--dp-topk-fraction", fraction, "only topk keeps a fraction"},
+        {none && f->dp_compression_warmup_steps != 0, "--dp-compression-warmup-steps", warmup,
+         "nothing is compressed"},
+        {none && f->dp_compression_stages[0], "--dp-compression-stages", f->dp_compression_stages,
+         "nothing is compressed"},
+        {none && f->no_error_feedback, "--no-error-feedback", "", "nothing is compressed"},
+    };
+    st = refuse_unused(unused, (int)(sizeof unused / sizeof unused[0]), "--dp-compression",
+                       f->dp_compression);
+    if (st != LOOM_OK) return st;
+    snprintf(c->method, sizeof c->method, "%s", loom_compress_method_name(m));
+    c->rank = loom_plan_method_has_rank(m) ? f->dp_compression_rank : 0;
+    c->fraction = f->dp_topk_fraction;
+    c->error_feedback = !f->no_error_feedback;
+    c->warmup_steps = f->dp_compression_warmup_steps;
+    return parse_indices(f->dp_compression_stages, "--dp-compression-stages", "stage", &c->stages,
+                         &c->num_stages);
+}
+
+static loom_status pp_from_flags(const loom_plan_compression_flags *f, loom_plan_compressor *c) {
+    loom_compress_method m, forward;
+    loom_status st = loom_compress_method_parse(f->pp_compression, LOOM_COMPRESS_FOR_PP_GRAD,
+                                                "--pp-compression", "compression.pp.method", &m);
+    if (st == LOOM_OK) {
+        st = loom_compress_method_parse(f->pp_forward_compression, LOOM_COMPRESS_FOR_PP_FORWARD,
+                                        "--pp-forward-compression", "compression.pp.forward",
+                                        &forward);
+    }
+    if (st != LOOM_OK) return st;
+    if (!loom_plan_word_ok(&loom_plan_policies, f->pp_compression_policy)) {
+        char list[128];
+        loom_plan_word_list(&loom_plan_policies, list, sizeof list);
+        return loom_fail(LOOM_ERR_INPUT, "--pp-compression-policy: expected %s, got \"%s\"", list,
+                         f->pp_compression_policy);
+    }
+    char rank[32], fraction[32];
+    snprintf(rank, sizeof rank, "%d", f->pp_compression_rank);
+    snprintf(fraction, sizeof fraction, "%g", f->pp_topk_fraction);
+    int none = m == LOOM_COMPRESS_NONE;
+    const char *no_send = "no backward send is compressed";
+    const unused_flag unused[] = {
+        {!loom_plan_method_has_rank(m) && f->pp_compression_rank != LOOM_PLAN_DEFAULT_PP_RANK,
+         "--pp-compression-rank", rank, "only lowrank has a rank"},
+        {m != LOOM_COMPRESS_TOPK && f->pp_topk_fraction != LOOM_PLAN_DEFAULT_TOPK_FRACTION,
+         "--pp-topk-fraction", fraction, "only topk keeps a fraction"},
+        {none && f->pp_compression_links[0], "--pp-compression-links", f->pp_compression_links,
+         no_send},
+        {none && strcmp(f->pp_compression_policy, "all") != 0, "--pp-compression-policy",
+         f->pp_compression_policy, no_send},
+        {none && f->no_lazy_error, "--no-lazy-error", "", no_send},
+    };
+    st = refuse_unused(unused, (int)(sizeof unused / sizeof unused[0]), "--pp-compression",
+                       f->pp_compression);
+    if (st != LOOM_OK) return st;
+    snprintf(c->method, sizeof c->method, "%s", loom_compress_method_name(m));
+    c->rank = loom_plan_method_has_rank(m) ? f->pp_compression_rank : 0;
+    c->fraction = f->pp_topk_fraction;
+    c->lazy_error = !f->no_lazy_error;
+    snprintf(c->policy, sizeof c->policy, "%s", f->pp_compression_policy);
+    snprintf(c->forward, sizeof c->forward, "%s", loom_compress_method_name(forward));
+    return parse_indices(f->pp_compression_links, "--pp-compression-links", "link", &c->stages,
+                         &c->num_stages);
+}
+
+loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *f,
+                                             loom_plan_compressor *dp, loom_plan_compressor *pp) {
+    loom_plan_compressor_init(dp);
+    loom_plan_compressor_init(pp);
+    loom_status st = dp_from_flags(f, dp);
+    if (st == LOOM_OK) st = pp_from_flags(f, pp);
+    if (st != LOOM_OK) {
+        loom_plan_compressor_free(dp);
+        loom_plan_compressor_free(pp);
+    }
+    return st;
+}
+
+/* "0,2" (empty for none), truncated to cap. */
+static void format_indices(const int *list, int n, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%d", i ? "," : "", list[i]);
+}
+
+void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *f) {
+    loom_plan_compression_flags_defaults(f);
+    const loom_plan_compressor *dp = &plan->dp_compression, *pp = &plan->pp_compression;
+    snprintf(f->dp_compression, sizeof f->dp_compression, "%.15s", dp->method);
+    if (dp->rank) f->dp_compression_rank = dp->rank;
+    f->dp_topk_fraction = dp->fraction;
+    f->dp_compression_warmup_steps = dp->warmup_steps;
+    format_indices(dp->stages, dp->num_stages, f->dp_compression_stages,
+                   sizeof f->dp_compression_stages);
+    f->no_error_feedback = !dp->error_feedback;
+    snprintf(f->pp_compression, sizeof f->pp_compression, "%.15s", pp->method);
+    if (pp->rank) f->pp_compression_rank = pp->rank;
+    f->pp_topk_fraction = pp->fraction;
+    format_indices(pp->stages, pp->num_stages, f->pp_compression_links,
+                   sizeof f->pp_compression_links);
+    snprintf(f->pp_compression_policy, sizeof f->pp_compression_policy, "%.15s", pp->policy);
+    snprintf(f->pp_forward_compression, sizeof f->pp_forward_compression, "%.15s", pp->forward);
+    f->no_lazy_error = !pp->lazy_error;
+    snprintf(f->embedding_sync, sizeof f->embedding_sync, "%.15s", plan->embedding_sync);
+}
