@@ -57,7 +57,10 @@ for line in open('$1/metrics.jsonl'):
 methods=(powersgd topk sign int8 bf16)
 [ "$quick" = 1 ] && methods=(powersgd topk)
 for m in "${methods[@]}"; do
-    run "dp2_$m" 2 --dp-compression "$m" --dp-compression-rank 2 --dp-topk-fraction 0.05
+    extra=()
+    [ "$m" = powersgd ] && extra=(--dp-compression-rank 2)
+    [ "$m" = topk ] && extra=(--dp-topk-fraction 0.05)
+    run "dp2_$m" 2 --dp-compression "$m" "${extra[@]}"
     run "dp2_zero1_$m" 2 --dp-compression "$m" --zero1
     if [ "$quick" != 1 ]; then
         run "dp2_tp2_$m" 4 --dp-compression "$m" --tensor-parallel 2
@@ -121,24 +124,33 @@ if run relayout 2 --pipeline-parallel 2 --pp-compression lowrank --steps 8 --res
     [ "$(grep -c "compressors start fresh" relayout.log)" = 1 ] && ok || fail "relayout: expected one warning"
 fi
 
-# ---- convergence: 200 steps, dp 2 ----
-if [ "$quick" != 1 ]; then
-    conv=(--steps 200 --lr 3e-3 --warmup-steps 20 --log-every 50 --data-parallel 2)
+# ---- convergence: 400 steps, dp 2, English text (the fortunes' "computers") ----
+# Measured (seeds 1-3, validation loss after 400 steps): uncompressed 2.549-2.576 (the
+# seed-to-seed spread is about 1 %), PowerSGD rank 4 with error feedback +1.4 % to +2.4 %,
+# without error feedback +7.3 % to +8.5 %.
+text=/usr/share/games/fortunes/computers
+if [ "$quick" != 1 ] && [ -f "$text" ]; then
+    "$LOOM" prepare --text "$text" --out fdata --seq-len 32 >/dev/null || fail "prepare fortunes"
+    conv=(--d-model 64 --heads 4 --context 32 --seq-len 32 --micro-batch-size 4
+        --global-batch-size 16 --data 'fdata/train_*.bin' --val-data 'fdata/val_*.bin'
+        --steps 400 --lr 2e-3 --warmup-steps 40 --eval-every 400 --eval-batches 16
+        --log-every 100 --data-parallel 2 --no-save)
     run conv_none 2 "${conv[@]}"
     run conv_ef 2 "${conv[@]}" --dp-compression powersgd --dp-compression-rank 4
     run conv_noef 2 "${conv[@]}" --dp-compression powersgd --dp-compression-rank 4 --no-error-feedback
     python3 - <<'PY' && ok || fail "convergence"
 import json, sys
-def tail(name):  # mean training loss of the last 20 steps
+def val(name):
     v = [json.loads(l) for l in open(name + "/metrics.jsonl")]
-    v = [r["loss"] for r in v if "loss" in r and r["step"] > 180]
-    return sum(v) / len(v)
-none, ef, noef = tail("conv_none"), tail("conv_ef"), tail("conv_noef")
-print(f"convergence, mean loss of steps 181-200: uncompressed {none:.4f}, PowerSGD r4 with error "
-      f"feedback {ef:.4f} ({100 * (ef / none - 1):+.1f}%), without {noef:.4f} ({100 * (noef / none - 1):+.1f}%)")
-bad = ef > 1.05 * none or noef < ef * 1.01
-sys.exit(1 if bad else 0)
+    return [r["val_loss"] for r in v if "val_loss" in r][-1]
+none, ef, noef = val("conv_none"), val("conv_ef"), val("conv_noef")
+print(f"convergence, validation loss after 400 steps: uncompressed {none:.4f}, PowerSGD r4 with "
+      f"error feedback {ef:.4f} ({100 * (ef / none - 1):+.1f}%), without {noef:.4f} "
+      f"({100 * (noef / none - 1):+.1f}%)")
+sys.exit(1 if ef > 1.05 * none or noef < 1.02 * ef else 0)
 PY
+elif [ "$quick" != 1 ]; then
+    echo "skipped the convergence check: $text is missing (scripts/setup.sh installs fortunes)"
 fi
 
 echo "$passed passed, $failed failed"
