@@ -105,6 +105,21 @@ run pp4_link1 4 --pipeline-parallel 4 --layers 4 --pp-compression lowrank --pp-c
     --pp-compression-links 1 &&
     { [ "$(metric pp4_link1 6 pp_grad_sends_compressed)" = 4 ] && ok || fail "pp4 link 1: $(metric pp4_link1 6 pp_grad_sends_compressed) sends compressed, expected 4"; }
 
+# forward activations in bf16 or int8 (no error feedback): the losses stay within 1 % of the
+# uncompressed pipeline's
+run pp2_plain 2 --pipeline-parallel 2
+for m in bf16 int8; do
+    run "pp2_fwd_$m" 2 --pipeline-parallel 2 --pp-forward-compression "$m" || continue
+    python3 - pp2_plain "pp2_fwd_$m" <<'PY' && ok || fail "pp2 forward $m: losses drift"
+import json, sys
+def losses(d): return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl")) if "loss" in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+bad = [s for s in a if abs(b[s] - a[s]) > 0.01 * abs(a[s])]
+if bad: print(f"steps {bad}: {[(a[s], b[s]) for s in bad]}", file=sys.stderr)
+sys.exit(1 if bad or not a else 0)
+PY
+done
+
 # ---- exact resume with DP PowerSGD and pipeline low-rank compression ----
 comp=(--data-parallel 2 --pipeline-parallel 2 --dp-compression powersgd --dp-compression-rank 2
     --pp-compression lowrank --pp-compression-rank 4 --steps 8)

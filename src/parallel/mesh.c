@@ -16,12 +16,6 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          "yet; expected \"all\" or \"epilogue\"",
                          source);
     }
-    if (strcmp(pp->forward, "none") != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: compression.pp.forward: \"%s\" is not supported by this build "
-                         "yet; expected \"none\"",
-                         source, pp->forward);
-    }
     return LOOM_OK;
 }
 

@@ -38,26 +38,30 @@ struct loom_pipeline {
     float *send_buf;                   /* (2, in_flight, B, T, C): outgoing messages */
     loom_comm_request **send_req;      /* (2, in_flight): their non-blocking sends */
     loom_trace *trace;                 /* NULL: not tracing */
-    /* compression of the activation gradients (NULL / 0: none on that link) */
-    loom_compressor *grad_encoder; /* what this stage sends to stage - 1 */
-    loom_compressor *grad_decoder; /* what stage + 1 sends here (decoding needs no state) */
-    unsigned char *encode_mb;      /* (micro_batches) which of this stage's sends compress */
-    unsigned char *decode_mb;      /* (micro_batches) which received gradients are compressed */
-    void *grad_wire;               /* (decoder's wire bytes) a compressed gradient received */
+    /* compression per kind (KIND_ACT, KIND_GRAD); NULL / 0: that kind crosses as it is */
+    loom_compressor *encoder[2]; /* what this stage sends (activations up, gradients down) */
+    loom_compressor *decoder[2]; /* what it receives (decoding needs no state) */
+    unsigned char *encode_mb[2]; /* (micro_batches) which of this stage's sends compress */
+    unsigned char *decode_mb[2]; /* (micro_batches) which received messages are compressed */
+    void *wire[2];               /* (decoder's wire bytes) a compressed message received */
     loom_compress_stats stats;
 };
 
-/* The compressor for the gradients crossing `link` (from stage link + 1 to link) and which of
- * the sender's micro-batch sends use it, or *c NULL when the link sends them as they are. */
-static loom_status link_compressor(loom_pipeline *p, int link, int64_t rows, int64_t cols,
+/* The compressor for messages of `kind` crossing `link` (between stages link and link + 1) and
+ * which of the sender's micro-batch sends use it, or *c NULL when they cross as they are.
+ * Gradients: the plan's method and policy; activations: its forward method, every send. */
+static loom_status link_compressor(loom_pipeline *p, int kind, int link, int64_t rows, int64_t cols,
                                    loom_compressor **c, unsigned char *which) {
     const loom_plan *plan = p->mesh->plan;
     const loom_plan_compressor *pc = &plan->pp_compression;
     *c = NULL;
-    if (!loom_plan_compresses_stage(pc, link)) return LOOM_OK;
+    const char *method = kind == KIND_GRAD ? pc->method : pc->forward;
+    int listed = pc->num_stages == 0; /* no list: every link */
+    for (int i = 0; i < pc->num_stages; i++) listed |= pc->stages[i] == link;
+    if (!strcmp(method, "none") || !listed) return LOOM_OK;
     loom_compress_opts opts;
-    loom_status st = loom_parallel_compress_opts(pc, LOOM_COMPRESS_FOR_PP_GRAD,
-                                                 0x6c6f6f6d ^ (uint64_t)link, &opts);
+    int place = kind == KIND_GRAD ? LOOM_COMPRESS_FOR_PP_GRAD : LOOM_COMPRESS_FOR_PP_FORWARD;
+    loom_status st = loom_parallel_compress_opts(pc, place, 0x6c6f6f6d ^ (uint64_t)link, &opts);
     if (st == LOOM_OK) st = loom_compressor_create(c, &opts, rows, cols, (uint64_t)link);
     if (st != LOOM_OK) return st;
     if (!loom_compressor_compresses(*c) ||
@@ -66,14 +70,16 @@ static loom_status link_compressor(loom_pipeline *p, int link, int64_t rows, int
         *c = NULL;
         return LOOM_OK;
     }
-    if (strcmp(pc->policy, "epilogue") != 0) {
+    if (kind == KIND_ACT || strcmp(pc->policy, "epilogue") != 0) {
         memset(which, 1, (size_t)p->micro_batches);
         return LOOM_OK;
     }
-    loom_schedule_kind kind;
+    loom_schedule_kind schedule;
     loom_pipe_stage_schedule sender = {0};
-    st = loom_schedule_kind_parse(plan->schedule, &kind);
-    if (st == LOOM_OK) st = loom_pipe_schedule(kind, plan->pp, p->micro_batches, link + 1, &sender);
+    st = loom_schedule_kind_parse(plan->schedule, &schedule);
+    if (st == LOOM_OK) {
+        st = loom_pipe_schedule(schedule, plan->pp, p->micro_batches, link + 1, &sender);
+    }
     if (st == LOOM_OK) loom_pipe_cooldown_sends(&sender, p->micro_batches, which);
     loom_pipe_schedule_free(&sender);
     return st;
@@ -81,17 +87,28 @@ static loom_status link_compressor(loom_pipeline *p, int link, int64_t rows, int
 
 static loom_status compression_create(loom_pipeline *p, int64_t rows, int64_t cols) {
     int stage = p->mesh->pp_rank, m = p->micro_batches;
-    p->encode_mb = loom_calloc((size_t)m, 1, "compressed sends");
-    p->decode_mb = loom_calloc((size_t)m, 1, "compressed receives");
-    if (!p->encode_mb || !p->decode_mb) return LOOM_ERR_NOMEM;
     loom_status st = LOOM_OK;
-    if (stage > 0) st = link_compressor(p, stage - 1, rows, cols, &p->grad_encoder, p->encode_mb);
-    if (st == LOOM_OK && stage < p->mesh->pp_size - 1) {
-        st = link_compressor(p, stage, rows, cols, &p->grad_decoder, p->decode_mb);
-    }
-    if (st == LOOM_OK && p->grad_decoder) {
-        p->grad_wire = loom_alloc_aligned(loom_compressor_wire_bytes(p->grad_decoder), "wire");
-        if (!p->grad_wire) st = LOOM_ERR_NOMEM;
+    for (int kind = 0; kind < 2 && st == LOOM_OK; kind++) {
+        p->encode_mb[kind] = loom_calloc((size_t)m, 1, "compressed sends");
+        p->decode_mb[kind] = loom_calloc((size_t)m, 1, "compressed receives");
+        if (!p->encode_mb[kind] || !p->decode_mb[kind]) return LOOM_ERR_NOMEM;
+        /* activations go up (sent on the link above, received from the one below); gradients
+         * come down */
+        int send_link = kind == KIND_ACT ? stage : stage - 1;
+        int recv_link = kind == KIND_ACT ? stage - 1 : stage;
+        if (send_link >= 0 && send_link < p->mesh->pp_size - 1) {
+            st = link_compressor(p, kind, send_link, rows, cols, &p->encoder[kind],
+                                 p->encode_mb[kind]);
+        }
+        if (st == LOOM_OK && recv_link >= 0 && recv_link < p->mesh->pp_size - 1) {
+            st = link_compressor(p, kind, recv_link, rows, cols, &p->decoder[kind],
+                                 p->decode_mb[kind]);
+        }
+        if (st == LOOM_OK && p->decoder[kind]) {
+            p->wire[kind] =
+                loom_alloc_aligned(loom_compressor_wire_bytes(p->decoder[kind]), "wire");
+            if (!p->wire[kind]) st = LOOM_ERR_NOMEM;
+        }
     }
     return st;
 }
@@ -159,11 +176,13 @@ void loom_pipeline_free(loom_pipeline *p) {
     loom_free_aligned(p->grad_out);
     loom_free_aligned(p->send_buf);
     free(p->send_req);
-    loom_compressor_free(p->grad_encoder);
-    loom_compressor_free(p->grad_decoder);
-    free(p->encode_mb);
-    free(p->decode_mb);
-    loom_free_aligned(p->grad_wire);
+    for (int kind = 0; kind < 2; kind++) {
+        loom_compressor_free(p->encoder[kind]);
+        loom_compressor_free(p->decoder[kind]);
+        free(p->encode_mb[kind]);
+        free(p->decode_mb[kind]);
+        loom_free_aligned(p->wire[kind]);
+    }
     free(p);
 }
 
@@ -195,21 +214,21 @@ static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *
     float *wire = p->send_buf + (size_t)slot * floats;
     int64_t raw_bytes = (int64_t)(floats * sizeof(float)), wire_bytes = raw_bytes;
     /* training sends only (validation's may be shorter): the compressor's shape */
-    int compress = kind == KIND_GRAD && p->grad_encoder && p->encode_mb[mb] &&
-                   rows == loom_compressor_rows(p->grad_encoder);
+    loom_compressor *encoder = p->encoder[kind];
+    int compress = encoder && p->encode_mb[kind][mb] && rows == loom_compressor_rows(encoder);
     if (compress) {
         double t0 = loom_trace_now_us();
-        loom_compressor_encode(p->grad_encoder, src, wire);
-        wire_bytes = (int64_t)loom_compressor_wire_bytes(p->grad_encoder);
+        loom_compressor_encode(encoder, src, wire);
+        wire_bytes = (int64_t)loom_compressor_wire_bytes(encoder);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "encode", "compress", t0, us, -1, mb);
     } else {
         memcpy(wire, src, floats * sizeof(float));
     }
+    p->stats.pp_bytes_saved += raw_bytes - wire_bytes;
     if (kind == KIND_GRAD) {
         p->stats.pp_grad_bytes += wire_bytes, p->stats.pp_grad_bytes_raw += raw_bytes;
-        p->stats.pp_bytes_saved += raw_bytes - wire_bytes;
         p->stats.pp_grad_sends++;
         p->stats.pp_grad_sends_compressed += compress;
     }
@@ -221,14 +240,14 @@ static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *
  * the identity encoding the wire buffer is dst itself. */
 static loom_status recv_decode(loom_pipeline *p, int kind, int mb, float *dst, int64_t rows,
                                int64_t cols, int peer) {
-    if (kind == KIND_GRAD && p->grad_decoder && p->decode_mb[mb] &&
-        rows == loom_compressor_rows(p->grad_decoder)) {
+    loom_compressor *decoder = p->decoder[kind];
+    if (decoder && p->decode_mb[kind][mb] && rows == loom_compressor_rows(decoder)) {
         loom_status st =
-            loom_comm_recv(p->mesh->pp, p->grad_wire,
-                           (int64_t)loom_compressor_wire_bytes(p->grad_decoder), peer, TAG_GRAD);
+            loom_comm_recv(p->mesh->pp, p->wire[kind], (int64_t)loom_compressor_wire_bytes(decoder),
+                           peer, kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
         if (st != LOOM_OK) return st;
         double t0 = loom_trace_now_us();
-        loom_compressor_decode(p->grad_decoder, p->grad_wire, dst);
+        loom_compressor_decode(decoder, p->wire[kind], dst);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "decode", "compress", t0, us, -1, mb);
@@ -344,7 +363,7 @@ loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const
  */
 
 void loom_pipeline_commit(loom_pipeline *p, int accept) {
-    if (p->grad_encoder) loom_compressor_commit(p->grad_encoder, accept);
+    if (p->encoder[KIND_GRAD]) loom_compressor_commit(p->encoder[KIND_GRAD], accept);
 }
 
 void loom_pipeline_take_stats(loom_pipeline *p, loom_compress_stats *stats) {
@@ -358,5 +377,5 @@ void loom_pipeline_take_stats(loom_pipeline *p, loom_compress_stats *stats) {
 }
 
 loom_compressor *loom_pipeline_compressor(loom_pipeline *p) {
-    return p->grad_encoder;
+    return p->encoder[KIND_GRAD];
 }
