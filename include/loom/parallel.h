@@ -44,6 +44,8 @@ typedef struct {
     loom_comm *tp, *dp, *pp;  /* owned; NULL without a world */
     loom_comm *embedding;     /* first and last stage of this (dp, tp) position when pp > 1,
                                  where the tied embedding's two copies live; else NULL */
+    loom_comm *dp_second;     /* a copy of dp for compressed buckets' second collectives
+                                 (compression.dp on, dp > 1; else NULL) */
     loom_comm *embedding_all; /* embedding_sync "fused": the first and last stage of every
                                  replica at this tp rank (2 dp ranks) when pp > 1; else NULL */
     int dp_size, tp_size, pp_size;

@@ -235,6 +235,10 @@ loom_status loom_dp_compress_next(loom_dp_compress *dc, int b, float *grads, loo
     return st;
 }
 
+int loom_dp_compress_has_second(const loom_dp_compress *dc, int b) {
+    return is_powersgd(dc) && dc->buckets[b].round == 1;
+}
+
 void loom_dp_compress_commit(loom_dp_compress *dc, int accept) {
     for (int b = 0; b < dc->num_buckets; b++) {
         for (int i = 0; i < dc->buckets[b].count; i++) {

@@ -95,6 +95,7 @@ typedef enum {
     BUCKET_REDUCING,
     BUCKET_RING,
     BUCKET_COMPRESSED, /* a round of dp_compress.c's collectives in flight */
+    BUCKET_BETWEEN,    /* compressed: round 1 done, round 2 waits for its turn */
     BUCKET_DONE
 } bucket_phase;
 
@@ -123,6 +124,7 @@ struct loom_grad_sync {
     loom_dp_compress *compress; /* NULL: this stage sends its gradients uncompressed */
     int warmup_steps;           /* the first steps go uncompressed */
     int compressing;            /* this step's buckets are compressed */
+    int next_second;            /* the bucket whose second round starts next */
 };
 
 /* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
@@ -262,14 +264,25 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         bs->phase = st == LOOM_OK ? BUCKET_RING : BUCKET_DONE;
     }
     if (bs->phase == BUCKET_REDUCING && settle(s, &bs->request, wait)) bs->phase = BUCKET_DONE;
-    while (bs->phase == BUCKET_COMPRESSED && settle(s, &bs->request, wait)) {
-        loom_status st = s->error;
-        if (st == LOOM_OK) {
-            st = loom_dp_compress_next(s->compress, b, s->model->grads_memory, s->mesh->dp,
-                                       &bs->request);
+    for (;;) {
+        if (bs->phase == BUCKET_COMPRESSED) {
+            if (!settle(s, &bs->request, wait)) return;
+            bs->phase = s->error != LOOM_OK                           ? BUCKET_DONE
+                        : loom_dp_compress_has_second(s->compress, b) ? BUCKET_BETWEEN
+                                                                      : BUCKET_COMPRESSED;
+            if (bs->phase != BUCKET_COMPRESSED) continue;
+        } else if (bs->phase == BUCKET_BETWEEN) {
+            /* second rounds start in bucket order on their own group, as every rank must start
+             * a group's collectives in the same order, whichever first round completed first */
+            if (b != s->next_second) return;
+            s->next_second++;
+        } else {
+            break;
         }
+        loom_status st = loom_dp_compress_next(s->compress, b, s->model->grads_memory,
+                                               s->mesh->dp_second, &bs->request);
         keep_error(s, st);
-        if (st != LOOM_OK || !bs->request) bs->phase = BUCKET_DONE;
+        bs->phase = st == LOOM_OK && bs->request ? BUCKET_COMPRESSED : BUCKET_DONE;
     }
     while (bs->phase == BUCKET_RING) {
         int received = settle(s, &bs->request, wait), sent = settle(s, &bs->send, wait);
@@ -310,6 +323,7 @@ static void grads_ready(void *ctx, size_t ready_offset) {
 void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
     s->compressing = s->compress && step >= s->warmup_steps;
+    s->next_second = 0;
     s->started = 0;
     s->error = LOOM_OK;
     s->held = -1;

@@ -62,6 +62,9 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
     if (st == LOOM_OK) {
         st = loom_comm_split(world, c.dp_rank * tp + c.tp_rank, c.pp_rank, "pp", &mesh->pp);
     }
+    if (st == LOOM_OK && dp > 1 && strcmp(plan->dp_compression.method, "none") != 0) {
+        st = loom_comm_split(mesh->dp, 0, c.dp_rank, "dp (second round)", &mesh->dp_second);
+    }
     if (st == LOOM_OK && pp > 1) {
         /* the tied embedding lives on the first and the last stage: their gradients meet */
         int ends = c.pp_rank == 0 || c.pp_rank == pp - 1;
@@ -84,7 +87,8 @@ void loom_mesh_free(loom_mesh *mesh) {
     loom_comm_free(mesh->pp);
     loom_comm_free(mesh->embedding);
     loom_comm_free(mesh->embedding_all);
-    mesh->tp = mesh->dp = mesh->pp = mesh->embedding = mesh->embedding_all = NULL;
+    loom_comm_free(mesh->dp_second);
+    mesh->tp = mesh->dp = mesh->pp = mesh->embedding = mesh->embedding_all = mesh->dp_second = NULL;
 }
 
 int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank) {

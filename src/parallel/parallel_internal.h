@@ -28,10 +28,13 @@ void loom_dp_compress_free(loom_dp_compress *dc);
  * starts the round's collective on dp. */
 loom_status loom_dp_compress_start(loom_dp_compress *dc, int b, float *grads, loom_comm *dp,
                                    loom_comm_request **request);
-/* After the round's collective completed: decodes, and starts the next round (*request set) or
- * finishes the bucket (*request NULL). */
+/* After the round's collective completed: decodes, and starts the next round on `dp` (*request
+ * set) or finishes the bucket (*request NULL). */
 loom_status loom_dp_compress_next(loom_dp_compress *dc, int b, float *grads, loom_comm *dp,
                                   loom_comm_request **request);
+/* Whether bucket b's completed round is the first of two (PowerSGD): the second starts with
+ * loom_dp_compress_next, on a group of its own. */
+int loom_dp_compress_has_second(const loom_dp_compress *dc, int b);
 /* End of step: keep (accept) or drop every compressor's working state. */
 void loom_dp_compress_commit(loom_dp_compress *dc, int accept);
 /* Counters since the last call (then reset): bytes the compressed buckets did not send

@@ -218,6 +218,11 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
         stats[g] = loom_comm_get_stats(groups[g]);
         loom_comm_reset_stats(groups[g]);
     }
+    if (r->mesh->dp_second) { /* the data-parallel traffic's second group */
+        loom_comm_stats second = loom_comm_get_stats(r->mesh->dp_second);
+        loom_comm_reset_stats(r->mesh->dp_second);
+        stats[0].bytes += second.bytes, stats[0].seconds += second.seconds;
+    }
     loom_compress_stats cs = {0};
     if (r->sync) loom_grad_sync_take_stats(r->sync, &cs);
     if (r->pipe) loom_pipeline_take_stats(r->pipe, &cs);
