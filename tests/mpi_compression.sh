@@ -67,6 +67,10 @@ for m in "${methods[@]}"; do
         run "dp2_pp2_$m" 4 --dp-compression "$m" --pipeline-parallel 2
     fi
 done
+# many small buckets, so that first rounds complete out of order: the second rounds still
+# start in the same order on every rank
+run dp4_powersgd_buckets 4 --dp-compression powersgd --dp-compression-rank 2 --bucket-mb 0.0005
+run dp2_pp2_powersgd_buckets 4 --dp-compression powersgd --dp-compression-rank 2 --bucket-mb 0.0005 --pipeline-parallel 2
 for name in dp2_powersgd dp2_zero1_powersgd; do
     grep -q "replicas hold bit-identical parameters" "$name.log" && ok || fail "$name: no replica check"
 done
