@@ -1013,6 +1013,44 @@ static void test_topk_large(void) {
     loom_compressor_free(c);
 }
 
+/* Lazy error propagation when a send goes uncompressed: flush adds the residual to that send
+ * exactly and clears it, so the next compressed send starts from no residual; a rolled-back
+ * flush leaves the residual as it was. */
+static void test_flush(void) {
+    loom_compress_opts o = opts_of(LOOM_COMPRESS_LOWRANK, 2, 0, 1);
+    int64_t rows = 20, cols = 30, n = rows * cols;
+    float *x = falloc(n), *y = falloc(n), *out = falloc(n), *sent = falloc(n);
+    fill_normal(x, n, 97);
+    fill_normal(y, n, 98);
+    loom_compressor *c = make(&o, rows, cols, 4), *fresh = make(&o, rows, cols, 4);
+    size_t bytes = loom_compressor_wire_bytes(c);
+    unsigned char *w = xcalloc(bytes, 1), *w_fresh = xcalloc(bytes, 1),
+                  *w_again = xcalloc(bytes, 1);
+    loom_compressor_encode(c, x, w);
+    loom_compressor_decode(c, w, sent);
+    loom_compressor_commit(c, 1);
+    loom_compressor_flush(c, y, out); /* out = y + (x - sent) */
+    int exact = 1;
+    for (int64_t i = 0; i < n; i++) exact &= out[i] == y[i] + (x[i] - sent[i]);
+    CHECK(exact, "flush adds the residual x - sent to the uncompressed send");
+    /* after the flush the next encode starts from no residual: its residual is y - sent(y) */
+    loom_compressor_encode(c, y, w);
+    loom_compressor_decode(c, w, out);
+    double sq = 0;
+    for (int64_t i = 0; i < n; i++) sq += ((double)y[i] - out[i]) * ((double)y[i] - out[i]);
+    CHECK_CLOSE(loom_compressor_residual_sq(c), sq, 1e-4, 1e-9, "residual after a flush");
+    (void)fresh;
+    loom_compressor_commit(c, 0); /* roll back the flush and the encode: E = x - sent again */
+    loom_compressor_flush(c, y, out);
+    exact = 1;
+    for (int64_t i = 0; i < n; i++) exact &= out[i] == y[i] + (x[i] - sent[i]);
+    CHECK(exact, "a rolled-back flush leaves the residual");
+    (void)w_again;
+    free(w), free(w_fresh), free(w_again), free(x), free(y), free(out), free(sent);
+    loom_compressor_free(c);
+    loom_compressor_free(fresh);
+}
+
 int main(void) {
     test_parse_and_check();
     test_wire_sizes();
@@ -1028,6 +1066,7 @@ int main(void) {
     test_residual_identity();
     test_error_feedback_steps();
     test_steps();
+    test_flush();
     test_state_and_small();
     return check_finish();
 }

@@ -526,7 +526,37 @@ static void test_checkers_catch_breakage(void) {
     free_pipeline(&pl);
 }
 
+/* Optimus-CC's epilogue: under 1F1B stage s (>= 1) of p sends min(p - s, m) gradients after its
+ * last forward, those of the last micro-batches; under GPipe all m; the first stage none. */
+static void test_cooldown_sends(void) {
+    for (int kind = 0; kind < 2; kind++) {
+        for (int p = 1; p <= 5; p++) {
+            for (int m = 1; m <= 7; m++) {
+                for (int s = 0; s < p; s++) {
+                    loom_pipe_stage_schedule sched;
+                    if (loom_pipe_schedule((loom_schedule_kind)kind, p, m, s, &sched) != LOOM_OK)
+                        continue;
+                    unsigned char cool[8];
+                    int n = loom_pipe_cooldown_sends(&sched, m, cool);
+                    int expect = s == 0                        ? 0
+                                 : kind == LOOM_SCHEDULE_GPIPE ? m
+                                 : p - s < m                   ? p - s
+                                                               : m;
+                    int last = 1;
+                    for (int mb = 0; mb < m; mb++) last &= cool[mb] == (mb >= m - expect);
+                    CHECK(n == expect && last,
+                          "%s p=%d m=%d stage %d: %d cool-down sends, "
+                          "expected the last %d",
+                          loom_schedule_kind_name((loom_schedule_kind)kind), p, m, s, n, expect);
+                    loom_pipe_schedule_free(&sched);
+                }
+            }
+        }
+    }
+}
+
 int main(void) {
+    test_cooldown_sends();
     test_all_layouts();
     test_example();
     test_bad_arguments();

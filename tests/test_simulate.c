@@ -534,11 +534,40 @@ static void test_against_longest_paths(void) {
            cases, messages, computes);
 }
 
+/* The slack policy on the hand-computed case above (1F1B, p=2, m=3, gradient link 0.25): the
+ * gradient sends' message slacks are SG0 0.5, SG1 2, SG2 0, so a link saving of 1 compresses
+ * SG0 and SG2, 0.3 only SG2, 3 all three, and no saving (0 or less) none. */
+static void test_slack_policy(void) {
+    pipeline pl;
+    if (!build(&pl, LOOM_SCHEDULE_1F1B, 2, 3)) return;
+    double forward[] = {1, 1}, backward[] = {2, 3}, act_link[] = {0.25}, grad_link[] = {0.25};
+    loom_pipe_sim_times times = times_of(2, forward, backward, act_link, grad_link);
+    static const struct {
+        double saving;
+        unsigned char sg[3]; /* stage 1's sends of micro-batches 0, 1, 2 */
+    } cases[] = {
+        {1.0, {1, 0, 1}}, {0.3, {0, 0, 1}}, {3.0, {1, 1, 1}}, {0.0, {0, 0, 0}}, {-1.0, {0, 0, 0}}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        unsigned char choice[2 * 3];
+        memset(choice, 7, sizeof choice);
+        loom_status st = loom_pipe_slack_choose(pl.stage, 2, 3, &times, &cases[c].saving, choice);
+        CHECK(st == LOOM_OK, "slack choose: %s", loom_last_error());
+        CHECK(choice[0] == 0 && choice[1] == 0 && choice[2] == 0,
+              "saving %g: stage 0 sends no gradient, got %d %d %d", cases[c].saving, choice[0],
+              choice[1], choice[2]);
+        CHECK(memcmp(choice + 3, cases[c].sg, 3) == 0,
+              "saving %g: compressed SG0..2 = %d %d %d, expected %d %d %d", cases[c].saving,
+              choice[3], choice[4], choice[5], cases[c].sg[0], cases[c].sg[1], cases[c].sg[2]);
+    }
+    free_pipeline(&pl);
+}
+
 int main(void) {
     test_1f1b_two_stages();
     test_slow_link_makes_send_critical();
     test_uneven_stages();
     test_gpipe_equals_1f1b();
+    test_slack_policy();
     test_bad_schedules();
     test_bad_arguments();
     test_against_longest_paths();

@@ -125,6 +125,10 @@ size_t loom_compressor_wire_bytes(const loom_compressor *c);
 /* One-shot encode: x (rows x cols) plus the residual (with error feedback) is encoded into wire
  * (wire_bytes); the working residual becomes (x + E) - decode(wire). x is not changed. */
 void loom_compressor_encode(loom_compressor *c, const float *x, void *wire);
+/* For a send that goes uncompressed from a compressor with a residual (lazy error propagation
+ * when the policy skips a send): out = x + E, and the working residual becomes 0. out may be x.
+ * Without a residual, out = x. */
+void loom_compressor_flush(loom_compressor *c, const float *x, float *out);
 /* out (rows x cols) += decode(wire). Needs no state: any replica's wire of the same shape and
  * options decodes with any replica's compressor. */
 void loom_compressor_decode_add(const loom_compressor *c, const void *wire, float *out);

@@ -25,9 +25,8 @@ extern "C" {
 
 /* ---- the runtime's side of the plan ------------------------------------------------------
  * The plan (loom/plan.h) is the contract: everything it says is executed here or refused by
- * the name of its field. Refuses what this build cannot run yet: compression.pp.policy
- * "slack" and compression.pp.forward other than "none" ("SOURCE: compression.pp.policy:
- * \"slack\" is not supported by this build yet; ..."). */
+ * the name of its field. This build runs every field a checked plan can hold (compression
+ * included); a field it cannot run is refused here, by name, as "SOURCE: FIELD: ...". */
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source);
 /* The compressor options of one of the plan's compressors, for `place` (LOOM_COMPRESS_FOR_DP,
  * LOOM_COMPRESS_FOR_PP_GRAD; LOOM_COMPRESS_FOR_PP_FORWARD takes the pp compressor's forward
@@ -357,6 +356,17 @@ typedef struct {
 loom_status loom_pipe_simulate(const loom_pipe_stage_schedule *schedules, int stages,
                                const loom_pipe_sim_times *times, loom_pipe_sim_result *out);
 void loom_pipe_sim_result_free(loom_pipe_sim_result *result);
+
+/* The "slack" pipeline compression policy (ours): simulates the step with every gradient sent
+ * uncompressed (times: grad_link_s the uncompressed transfer), then compresses exactly the
+ * gradient sends whose message slack is smaller than the time compressing saves on their link
+ * (saving_s[l], link l from stage l + 1 to l: uncompressed transfer minus compressed transfer,
+ * encoding and decoding); none on a link whose saving is not positive. compress (stages x
+ * micro_batches): compress[s * micro_batches + mb] = 1 when stage s compresses mb's gradient
+ * send (row 0 stays 0: the first stage sends none). Errors are the simulator's. */
+loom_status loom_pipe_slack_choose(const loom_pipe_stage_schedule *schedules, int stages,
+                                   int micro_batches, const loom_pipe_sim_times *times,
+                                   const double *saving_s, unsigned char *compress);
 
 #ifdef __cplusplus
 }

@@ -279,6 +279,22 @@ void loom_compressor_encode(loom_compressor *c, const float *x, void *wire) {
     }
 }
 
+void loom_compressor_flush(loom_compressor *c, const float *x, float *out) {
+    if (!c->residual.floats) {
+        if (out != x) memcpy(out, x, (size_t)c->n * sizeof(float));
+        return;
+    }
+    const float *e = compress_state_read(c, &c->residual);
+    for (int64_t i = 0; i < c->n; i++) out[i] = x[i] + e[i];
+    memset(c->residual.working, 0, c->residual.floats * sizeof(float));
+    if (c->q.floats && !c->dirty) {
+        /* a commit swaps every piece of state: the warm start goes on unchanged */
+        memcpy(c->q.working, c->q.committed, c->q.floats * sizeof(float));
+    }
+    c->residual_sq = 0;
+    c->dirty = 1;
+}
+
 static void decode(const loom_compressor *c, const void *wire, float *out, int add) {
     if (!c->compresses) {
         if (!add) {

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { TAG_ACT = 1, TAG_GRAD = 2 };
+enum { TAG_ACT = 1, TAG_GRAD = 2, TAG_PING = 3 };
 enum { KIND_ACT = 0, KIND_GRAD = 1 }; /* what a message carries */
 
 struct loom_pipeline {
@@ -45,7 +45,110 @@ struct loom_pipeline {
     unsigned char *decode_mb[2]; /* (micro_batches) which received messages are compressed */
     void *wire[2];               /* (decoder's wire bytes) a compressed message received */
     loom_compress_stats stats;
+    /* policy "slack": this step's durations, shared with every stage after the step */
+    int slack;
+    loom_pipe_stage_schedule *schedules; /* (pp) every stage's list */
+    double sum[4];                       /* seconds of SLACK_FORWARD ... SLACK_DECODE this step */
+    int count[4];
+    double mean[4];                 /* the last step's means (kept while no sample comes) */
+    double link_raw_s, link_comp_s; /* measured at start-up: one gradient down this stage's link
+                                       as it is and compressed */
+    double *table;                  /* (SLACK_FIELDS, pp) every stage's figures */
+    double *times;                  /* (5, pp) the simulator's arrays */
+    unsigned char *choice;          /* (pp, micro_batches) which gradient sends compress */
 };
+
+enum { SLACK_FORWARD, SLACK_BACKWARD, SLACK_ENCODE, SLACK_DECODE, SLACK_FIELDS = 6 };
+
+/* Blocking round trips of a gradient-sized message down link (stage - 1, stage) as it is and
+ * compressed; the sender keeps the fastest of three of each (transfer plus latency). Every link
+ * in order, so each pair meets the other when both are there. */
+static loom_status measure_links(loom_pipeline *p, int64_t raw, int64_t compressed) {
+    int stage = p->mesh->pp_rank;
+    char ack = 0;
+    loom_status st = LOOM_OK;
+    for (int side = 0; side < 2 && st == LOOM_OK; side++) {
+        /* side 0: the link below (this stage sends), 1: the link above (it receives) */
+        int peer = side == 0 ? stage - 1 : stage + 1;
+        if (peer < 0 || peer >= p->mesh->pp_size) continue;
+        if (side == 0 && !p->encoder[KIND_GRAD]) continue;
+        if (side == 1 && !p->decoder[KIND_GRAD]) continue;
+        double best[2] = {1e30, 1e30};
+        for (int rep = 0; rep < 6 && st == LOOM_OK; rep++) {
+            int64_t bytes = rep % 2 ? compressed : raw;
+            double t0 = loom_now();
+            if (side == 0) {
+                st = loom_comm_send(p->mesh->pp, p->send_buf, bytes, peer, TAG_PING);
+                if (st == LOOM_OK) st = loom_comm_recv(p->mesh->pp, &ack, 1, peer, TAG_PING);
+            } else {
+                st = loom_comm_recv(p->mesh->pp, p->grad_out, bytes, peer, TAG_PING);
+                if (st == LOOM_OK) st = loom_comm_send(p->mesh->pp, &ack, 1, peer, TAG_PING);
+            }
+            double dt = loom_now() - t0;
+            if (dt < best[rep % 2]) best[rep % 2] = dt;
+        }
+        if (side == 0) p->link_raw_s = best[0], p->link_comp_s = best[1];
+    }
+    return st;
+}
+
+static loom_status slack_create(loom_pipeline *p, int64_t rows, int64_t cols) {
+    const loom_plan *plan = p->mesh->plan;
+    int pp = p->mesh->pp_size, m = p->micro_batches;
+    p->slack = 1;
+    p->schedules = loom_calloc((size_t)pp, sizeof *p->schedules, "schedules");
+    p->table = loom_calloc((size_t)pp * SLACK_FIELDS, sizeof *p->table, "slack table");
+    p->times = loom_calloc((size_t)pp * 5, sizeof *p->times, "slack times");
+    p->choice = loom_calloc((size_t)pp * (size_t)m, 1, "slack choice");
+    if (!p->schedules || !p->table || !p->times || !p->choice) return LOOM_ERR_NOMEM;
+    loom_schedule_kind kind;
+    loom_status st = loom_schedule_kind_parse(plan->schedule, &kind);
+    for (int s = 0; s < pp && st == LOOM_OK; s++) {
+        st = loom_pipe_schedule(kind, pp, m, s, &p->schedules[s]);
+    }
+    loom_compressor *c = p->encoder[KIND_GRAD] ? p->encoder[KIND_GRAD] : p->decoder[KIND_GRAD];
+    int64_t raw = rows * cols * (int64_t)sizeof(float);
+    if (st == LOOM_OK) st = measure_links(p, raw, c ? (int64_t)loom_compressor_wire_bytes(c) : raw);
+    return st;
+}
+
+/* After a step: every stage's durations (the pipeline group's sum of each stage's own row),
+ * then the same simulation on every stage, so both ends of each link choose the same sends. */
+static loom_status slack_update(loom_pipeline *p) {
+    int pp = p->mesh->pp_size, stage = p->mesh->pp_rank, m = p->micro_batches;
+    memset(p->table, 0, (size_t)pp * SLACK_FIELDS * sizeof *p->table);
+    double *mine = p->table + (size_t)stage * SLACK_FIELDS;
+    for (int f = 0; f < 4; f++) {
+        if (p->count[f]) p->mean[f] = p->sum[f] / p->count[f];
+        mine[f] = p->mean[f];
+        p->sum[f] = 0.0, p->count[f] = 0;
+    }
+    mine[4] = p->link_raw_s, mine[5] = p->link_comp_s;
+    loom_status st =
+        loom_comm_allreduce_f64(p->mesh->pp, p->table, pp * SLACK_FIELDS, LOOM_REDUCE_SUM);
+    if (st != LOOM_OK) return st;
+    double *forward = p->times, *backward = forward + pp, *link = backward + pp;
+    double *saving = link + pp;
+    for (int s = 0; s < pp; s++) {
+        const double *row = p->table + (size_t)s * SLACK_FIELDS;
+        forward[s] = row[SLACK_FORWARD], backward[s] = row[SLACK_BACKWARD];
+        if (s == 0) continue;
+        /* link s - 1 carries stage s's gradients down (and activations up, as long) */
+        link[s - 1] = row[4];
+        double codec = row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
+        saving[s - 1] = row[5] > 0 ? row[4] - row[5] - codec : 0.0;
+    }
+    loom_pipe_sim_times times = {pp, pp - 1, forward, backward, link, link};
+    st = loom_pipe_slack_choose(p->schedules, pp, m, &times, saving, p->choice);
+    if (st != LOOM_OK) return st;
+    if (p->encoder[KIND_GRAD]) {
+        memcpy(p->encode_mb[KIND_GRAD], p->choice + (size_t)stage * (size_t)m, (size_t)m);
+    }
+    if (p->decoder[KIND_GRAD]) {
+        memcpy(p->decode_mb[KIND_GRAD], p->choice + (size_t)(stage + 1) * (size_t)m, (size_t)m);
+    }
+    return LOOM_OK;
+}
 
 /* The compressor for messages of `kind` crossing `link` (between stages link and link + 1) and
  * which of the sender's micro-batch sends use it, or *c NULL when they cross as they are.
@@ -147,6 +250,10 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof(loom_comm_request *), "sends");
         if (!p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
         if (st == LOOM_OK) st = compression_create(p, (int64_t)B * T, model->config.channels);
+        const loom_plan_compressor *pc = &plan->pp_compression;
+        if (st == LOOM_OK && strcmp(pc->method, "none") != 0 && !strcmp(pc->policy, "slack")) {
+            st = slack_create(p, (int64_t)B * T, model->config.channels);
+        }
     }
     if (st != LOOM_OK) {
         loom_pipeline_free(p);
@@ -176,6 +283,10 @@ void loom_pipeline_free(loom_pipeline *p) {
     loom_free_aligned(p->grad_out);
     loom_free_aligned(p->send_buf);
     free(p->send_req);
+    for (int s = 0; p->schedules && s < p->mesh->pp_size; s++) {
+        loom_pipe_schedule_free(&p->schedules[s]);
+    }
+    free(p->schedules), free(p->table), free(p->times), free(p->choice);
     for (int kind = 0; kind < 2; kind++) {
         loom_compressor_free(p->encoder[kind]);
         loom_compressor_free(p->decoder[kind]);
@@ -222,7 +333,10 @@ static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *
         wire_bytes = (int64_t)loom_compressor_wire_bytes(encoder);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
+        if (kind == KIND_GRAD) p->sum[SLACK_ENCODE] += us * 1e-6, p->count[SLACK_ENCODE]++;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "encode", "compress", t0, us, -1, mb);
+    } else if (encoder && rows == loom_compressor_rows(encoder)) {
+        loom_compressor_flush(encoder, src, wire); /* a lazy-error residual goes with it */
     } else {
         memcpy(wire, src, floats * sizeof(float));
     }
@@ -250,6 +364,7 @@ static loom_status recv_decode(loom_pipeline *p, int kind, int mb, float *dst, i
         loom_compressor_decode(decoder, p->wire[kind], dst);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
+        if (kind == KIND_GRAD) p->sum[SLACK_DECODE] += us * 1e-6, p->count[SLACK_DECODE]++;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "decode", "compress", t0, us, -1, mb);
         return LOOM_OK;
     }
@@ -329,12 +444,18 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
                              stage - 1);
             break;
         }
+        if (compute) {
+            int f = act.op == LOOM_PIPE_FORWARD ? SLACK_FORWARD : SLACK_BACKWARD;
+            p->sum[f] += (loom_trace_now_us() - t0) * 1e-6, p->count[f]++;
+        }
         loom_trace_event(p->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
                          loom_pipe_op_name(act.op), compute ? "compute" : "pp", t0,
                          loom_trace_now_us() - t0, step + 1, mb);
     }
     loom_status sent = wait_sends(p);
-    return st != LOOM_OK ? st : sent;
+    if (st == LOOM_OK) st = sent;
+    if (st == LOOM_OK && p->slack) st = slack_update(p);
+    return st;
 }
 
 /* ---- forward only (validation) --------------------------------------------------------------- */

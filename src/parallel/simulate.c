@@ -339,3 +339,28 @@ void loom_pipe_sim_result_free(loom_pipe_sim_result *result) {
     free(result->memory);
     memset(result, 0, sizeof *result);
 }
+
+/* ---- the slack compression policy ------------------------------------------------------------ */
+
+loom_status loom_pipe_slack_choose(const loom_pipe_stage_schedule *schedules, int stages,
+                                   int micro_batches, const loom_pipe_sim_times *times,
+                                   const double *saving_s, unsigned char *compress) {
+    memset(compress, 0, (size_t)stages * (size_t)micro_batches);
+    loom_pipe_sim_result result;
+    loom_status st = loom_pipe_simulate(schedules, stages, times, &result);
+    if (st != LOOM_OK) return st;
+    for (int s = 1; s < stages; s++) {
+        double saving = saving_s[s - 1];
+        for (int i = 0; i < schedules[s].count; i++) {
+            const loom_pipe_action *a = &schedules[s].actions[i];
+            if (a->op != LOOM_PIPE_SEND_GRAD || a->micro_batch < 0 ||
+                a->micro_batch >= micro_batches)
+                continue;
+            double slack = result.stage[s][i].message_slack_s;
+            compress[(size_t)s * (size_t)micro_batches + (size_t)a->micro_batch] =
+                saving > 0 && slack < saving;
+        }
+    }
+    loom_pipe_sim_result_free(&result);
+    return LOOM_OK;
+}
