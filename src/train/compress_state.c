@@ -11,6 +11,7 @@
 #include "train/train_internal.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,6 +171,17 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
     for (int k = 0; st == LOOM_OK && k < l.count; k++) {
         st =
             loom_safetensors_read_f32(file, l.tensor_names[k], 1, l.tensors[k].shape, 0, l.data[k]);
+        for (int64_t i = 0; st == LOOM_OK && i < l.tensors[k].shape[0]; i++) {
+            if (!isfinite(l.data[k][i])) {
+                st = loom_fail(LOOM_ERR_INPUT,
+                               "%s: tensor '%s': expected finite values, got %g at index %" PRId64,
+                               path, l.tensor_names[k], (double)l.data[k][i], i);
+            }
+        }
+    }
+    if (st == LOOM_OK && file && loom_safetensors_count(file) != l.count) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: expected %d tensors, got %d", path, l.count,
+                       loom_safetensors_count(file));
     }
     loom_safetensors_close(file);
     state_list_free(&l);
