@@ -122,12 +122,14 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--train") >= 0) return cmd_bench_train(argc, argv);
+    if (cli_find_flag(argc, argv, "--compressors") >= 0) return cmd_bench_compressors(argc, argv);
     if (cli_find_flag(argc, argv, "--help") >= 0) {
         cli_print_help("usage: loom bench [--cases a,b] [--threads 1,2] [--steps 10]\n"
                        "       [mpirun -np N] loom bench --train [--warmup 2] [loom train flags: "
                        "--model --data-parallel --tensor-parallel --pipeline-parallel ...]\n"
                        "       (training steps of a parallel layout on synthetic tokens; gpt2, "
-                       "micro 4, seq 64, global 8, 12 steps by default)",
+                       "micro 4, seq 64, global 8, 12 steps by default)\n"
+                       "       loom bench --compressors (every compressor's GB/s on gpt2 shapes)",
                        bench_opts, NBENCH);
         return 0;
     }

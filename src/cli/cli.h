@@ -87,6 +87,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
+int cmd_bench_compressors(int argc, char **argv);
 
 /* Prints the error and returns the exit code for status. */
 int cli_fail(loom_status status);
