@@ -50,7 +50,7 @@ static loom_status bucket_init(loom_dp_compress *dc, dp_bucket *db, const loom_g
     db->count = b->count;
     db->m = b->matrices;
     db->raw_floats = b->end - b->begin;
-    db->comp = loom_calloc((size_t)b->count, sizeof *db->comp, "compressors");
+    db->comp = loom_calloc((size_t)b->count, sizeof(loom_compressor *), "compressors");
     db->first = loom_calloc((size_t)b->count, sizeof *db->first, "compressor offsets");
     db->second = loom_calloc((size_t)b->count, sizeof *db->second, "compressor offsets");
     if (!db->comp || !db->first || !db->second) return LOOM_ERR_NOMEM;

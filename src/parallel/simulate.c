@@ -349,7 +349,7 @@ loom_status loom_pipe_slack_choose(const loom_pipe_stage_schedule *schedules, in
     loom_pipe_sim_result result;
     loom_status st = loom_pipe_simulate(schedules, stages, times, &result);
     if (st != LOOM_OK) return st;
-    for (int s = 1; s < stages; s++) {
+    for (int s = 1; s < stages && result.stage; s++) {
         double saving = saving_s[s - 1];
         for (int i = 0; i < schedules[s].count; i++) {
             const loom_pipe_action *a = &schedules[s].actions[i];

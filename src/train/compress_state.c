@@ -80,7 +80,7 @@ static loom_status state_list_make(loom_grad_sync *sync, loom_pipeline *pipe, st
     memset(l, 0, sizeof *l);
     int n = compressors(sync, pipe, NULL, 0, NULL);
     if (n == 0) return LOOM_OK;
-    l->comp = loom_calloc((size_t)n, sizeof *l->comp, "compressors");
+    l->comp = loom_calloc((size_t)n, sizeof(loom_compressor *), "compressors");
     l->names = loom_calloc((size_t)n, sizeof *l->names, "compressor names");
     if (!l->comp || !l->names) return LOOM_ERR_NOMEM;
     compressors(sync, pipe, l->comp, n, l->names);
@@ -122,18 +122,25 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
     signature(plan, seq_len, state->compress, sizeof state->compress);
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
-    char dir[4096], path[4200];
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out, state->step);
     if (st == LOOM_OK && l.count > 0) st = loom_mkdir_p(dir);
     if (st == LOOM_OK && l.count > 0) {
+        char path[4200];
         file_of(dir, mesh, path, sizeof path);
         const char *meta[] = {"format", "loom.compress.v1", "loom.compress", state->compress};
         st = loom_safetensors_write(path, l.tensors, l.count, meta, 2);
     }
     state_list_free(&l);
-    /* every rank's file is on disk before the lead moves "latest" */
-    loom_status agreed = mesh->world ? loom_comm_barrier(mesh->world) : LOOM_OK;
-    return st != LOOM_OK ? st : agreed;
+    /* every rank's file is on disk before the lead moves "latest", and a rank that could not
+     * write its file stops every rank here, before the checkpoint's own collectives */
+    if (!mesh->world) return st;
+    double failed = st != LOOM_OK;
+    loom_status agreed = loom_comm_allreduce_f64(mesh->world, &failed, 1, LOOM_REDUCE_MAX);
+    if (st != LOOM_OK || agreed != LOOM_OK) return st != LOOM_OK ? st : agreed;
+    return failed > 0 ? loom_fail(LOOM_ERR_IO, "another rank could not write its compressor "
+                                               "state (its message says why)")
+                      : LOOM_OK;
 }
 
 loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int seq_len,
