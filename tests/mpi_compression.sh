@@ -79,6 +79,16 @@ done
 grep -q "ZeRO-1 off" dp2_powersgd.log && ok || fail "dp2_powersgd: ZeRO-1 not turned off by name"
 grep -q "with ZeRO-1" dp2_zero1_powersgd.log && ok || fail "--zero1 with compression: ZeRO-1 not on"
 
+# a non-finite step is skipped and leaves the compressors as they were: the steps after it train
+LOOM_DEBUG_NAN_STEPS=3 run dp2_pp2_nan 4 --dp-compression powersgd --dp-compression-rank 2 \
+    --pp-compression lowrank --pp-compression-rank 2 --data-parallel 2 --pipeline-parallel 2 &&
+    python3 - dp2_pp2_nan <<'PY' && ok || fail "dp2_pp2_nan: the skipped step polluted the compressors"
+import json, math, sys
+recs = {r["step"]: r for r in map(json.loads, open(sys.argv[1] + "/metrics.jsonl")) if "loss" in r}
+ok = recs[3]["skipped"] and all(not recs[s]["skipped"] and math.isfinite(recs[s]["loss"]) for s in (4, 5, 6))
+sys.exit(0 if ok else 1)
+PY
+
 # ---- bytes: PowerSGD's factors are what the metrics say was saved ----
 python3 - dp2_powersgd <<'PY' && ok || fail "dp2_powersgd bytes do not match the formula"
 import json, sys

@@ -155,6 +155,8 @@ loom_status loom_grad_sync_share_params(loom_grad_sync *sync);
 /* Data-parallel replicas must hold bit-identical parameters: fails (LOOM_ERR_RUNTIME, naming
  * the replicas that differ) when they do not. */
 loom_status loom_grad_sync_check_replicas(loom_grad_sync *sync);
+/* Compressed buckets' encode and decode spans go to the trace (NULL: none). */
+void loom_grad_sync_set_trace(loom_grad_sync *sync, loom_trace *trace);
 /* End of step for the compressors (the plan's compression.dp): accept keeps the state this step
  * built (error-feedback residuals, warm-start factors), 0 (a skipped step) drops it. */
 void loom_grad_sync_commit(loom_grad_sync *sync, int accept);

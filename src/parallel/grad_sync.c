@@ -125,6 +125,8 @@ struct loom_grad_sync {
     int warmup_steps;           /* the first steps go uncompressed */
     int compressing;            /* this step's buckets are compressed */
     int next_second;            /* the bucket whose second round starts next */
+    loom_trace *trace;          /* NULL: not tracing */
+    int64_t step;               /* for the trace */
 };
 
 /* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
@@ -247,8 +249,11 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
     bucket_state *bs = &s->state[b];
     const loom_grad_bucket *bucket = &s->buckets[b];
     if (bs->phase == BUCKET_IDLE && s->compressing) {
+        double t0 = loom_trace_now_us();
         loom_status st = loom_dp_compress_start(s->compress, b, s->model->grads_memory, s->mesh->dp,
                                                 &bs->request);
+        loom_trace_event(s->trace, LOOM_TRACE_DP, "encode", "compress", t0,
+                         loom_trace_now_us() - t0, s->step + 1, b);
         keep_error(s, st);
         bs->phase = st == LOOM_OK ? BUCKET_COMPRESSED : BUCKET_DONE;
     } else if (bs->phase == BUCKET_IDLE && !s->zero1) {
@@ -279,8 +284,11 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         } else {
             break;
         }
+        double t0 = loom_trace_now_us();
         loom_status st = loom_dp_compress_next(s->compress, b, s->model->grads_memory,
                                                s->mesh->dp_second, &bs->request);
+        loom_trace_event(s->trace, LOOM_TRACE_DP, bs->request ? "decode, encode" : "decode",
+                         "compress", t0, loom_trace_now_us() - t0, s->step + 1, b);
         keep_error(s, st);
         bs->phase = st == LOOM_OK && bs->request ? BUCKET_COMPRESSED : BUCKET_DONE;
     }
@@ -323,6 +331,7 @@ static void grads_ready(void *ctx, size_t ready_offset) {
 void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
     s->compressing = s->compress && step >= s->warmup_steps;
+    s->step = step;
     s->next_second = 0;
     s->started = 0;
     s->error = LOOM_OK;
@@ -363,6 +372,10 @@ loom_status loom_grad_sync_finish(loom_grad_sync *s) {
     st = s->error;
     s->error = LOOM_OK;
     return st;
+}
+
+void loom_grad_sync_set_trace(loom_grad_sync *s, loom_trace *trace) {
+    s->trace = trace;
 }
 
 void loom_grad_sync_commit(loom_grad_sync *s, int accept) {

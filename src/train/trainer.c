@@ -428,6 +428,7 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
             st = loom_trace_create(&t.trace, world ? loom_comm_rank(world) : 0, (size_t)1 << 20);
         }
         loom_pipeline_set_trace(t.pipe, t.trace);
+        loom_grad_sync_set_trace(t.sync, t.trace);
     }
     t.run_start = loom_now();
     loom_stop stop;
