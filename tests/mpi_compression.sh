@@ -72,7 +72,17 @@ done
 # many small buckets, so that first rounds complete out of order: the second rounds still
 # start in the same order on every rank
 run dp4_powersgd_buckets 4 --dp-compression powersgd --dp-compression-rank 2 --bucket-mb 0.0005
-run dp2_pp2_powersgd_buckets 4 --dp-compression powersgd --dp-compression-rank 2 --bucket-mb 0.0005 --pipeline-parallel 2
+run dp2_pp2_powersgd_buckets 4 --dp-compression powersgd --dp-compression-rank 2 --bucket-mb 0.0005 \
+    --pipeline-parallel 2 --pp-compression lowrank --pp-compression-rank 2 --trace buckets_trace.json &&
+    python3 - <<'PY' && ok || fail "trace: no encode/decode spans of both kinds"
+import json
+d = json.load(open("buckets_trace.json"))
+events = d["traceEvents"] if isinstance(d, dict) else d
+spans = {(e.get("name"), e.get("tid")) for e in events if e.get("cat") == "compress"}
+names = {n for n, _ in spans}
+tids = {t for _, t in spans}
+assert {"encode", "decode"} <= names and len(tids) >= 2, spans  # DP and PP streams
+PY
 for name in dp2_powersgd dp2_zero1_powersgd; do
     grep -q "replicas hold bit-identical parameters" "$name.log" && ok || fail "$name: no replica check"
 done
