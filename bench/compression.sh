@@ -9,10 +9,11 @@
 #               band); (dp 2, pp 2) with compressed backpropagation (low-rank r8) with and without
 #               lazy error propagation, and the policies all / epilogue / slack. Final validation
 #               losses, and OUT/parity.svg with every curve
-#   slow        step time on slow links (ip netns + tc on its loopback, 1 Gbit/s and 100 Mbit/s;
-#               root), with a model whose gradient is 43 MB (6 layers, width 384): dp 2 without and
-#               with PowerSGD r4; then time to the uncompressed run's final validation loss =
-#               steps to that loss (from the parity runs) x step time on the slow link
+#   slow        step time on slow links (ip netns + tc, 1 Gbit/s and 100 Mbit/s; root) with a
+#               model whose gradient is 43 MB (6 layers, width 384): dp 2 over one shaped link, and
+#               (dp 2, pp 2) on two emulated hosts with DP or PP across them, without and with
+#               compression; then time to the uncompressed run's final validation loss = steps
+#               to that loss (from the parity runs) x step time on the slow link
 # usage: bash bench/compression.sh [throughput|bytes|parity|slow|all] [OUT]   (build first)
 # Every figure is printed with the command that made it; the parity runs take about an hour on 2
 # cores.
@@ -164,49 +165,94 @@ PY
 }
 
 # ---- slow links ----
+# Two settings, both in a network namespace of this machine (root):
+#   one link   every rank's traffic goes through the namespace's loopback, shaped by tc (tbf)
+#   two hosts  ranks get the address of an emulated host (10.9.1.1 on veth va, 10.9.2.1 on vb;
+#              bench/host_of_rank.sh picks Open MPI's interface per rank): ranks of one host meet
+#              over the unshaped loopback, ranks of different hosts through an htb class shaped
+#              to the rate. (dp 2, pp 2): hosts 0,0,1,1 put the two stages on different hosts
+#              (PP across hosts), 0,1,0,1 the two replicas (DP across hosts).
+slow_model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
+    --global-batch-size 8 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save --log-every 1)
+ns=loom_cbench_$$
+netns_one_link() { # rate
+    ip netns add "$ns"
+    ip netns exec "$ns" ip link set lo up
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$1" burst 256kb latency 50ms
+}
+netns_two_hosts() { # rate
+    ip netns add "$ns"
+    ip netns exec "$ns" sh -c "ip link set lo up && ip link add va type veth peer name vb &&
+        ip addr add 10.9.1.1/16 dev va && ip addr add 10.9.2.1/16 dev vb && ip link set va up &&
+        ip link set vb up && tc qdisc add dev lo root handle 1: htb default 10 r2q 100000 &&
+        tc class add dev lo parent 1: classid 1:10 htb rate 40gbit &&
+        tc class add dev lo parent 1: classid 1:20 htb rate $1 &&
+        tc filter add dev lo parent 1: protocol ip u32 match ip src 10.9.1.0/24 match ip dst 10.9.2.0/24 flowid 1:20 &&
+        tc filter add dev lo parent 1: protocol ip u32 match ip src 10.9.2.0/24 match ip dst 10.9.1.0/24 flowid 1:20"
+}
+slow_run() { # name ranks hosts(or "") steps flags...
+    local name=$1 np=$2 hosts=$3 steps=$4
+    shift 4
+    local run=$OUT/slow_$name wrap=()
+    [ -n "$hosts" ] && wrap=(bash "$ROOT/bench/host_of_rank.sh")
+    LOOM_HOSTS=$hosts show ip netns exec "$ns" mpirun -np "$np" -x LOOM_HOSTS --mca btl tcp,self \
+        --mca oob_tcp_if_include lo $([ -z "$hosts" ] && echo --mca btl_tcp_if_include lo) \
+        "${wrap[@]}" "$LOOM" train "${slow_model[@]}" --steps "$steps" "$@" --out "$run" >"$run.log" 2>&1 ||
+        echo "  $name failed: $(tail -2 "$run.log")"
+}
+
 slow() {
     [ "$(id -u)" -eq 0 ] || { echo "slow: needs root (ip netns, tc)"; return 0; }
-    echo "== step time on slow links: 6 layers, width 384 (43 MB of gradient), dp 2, micro 4, seq 64"
-    local model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
-        --global-batch-size 8 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save --log-every 1)
-    local ns=loom_cbench_$$
+    echo "== step time on slow links: 6 layers, width 384 (43 MB of gradient), micro 4, seq 64"
+    local psgd=(--dp-compression powersgd --dp-compression-rank 4)
+    local cb=(--pp-compression lowrank --pp-compression-rank 8)
     for rate in 1gbit 100mbit; do
-        ip netns add "$ns"
-        ip netns exec "$ns" ip link set lo up
-        ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst 256kb latency 50ms
-        for m in none powersgd; do
-            local flags=(--no-zero1) steps=6
-            [ "$m" = powersgd ] && flags=(--dp-compression powersgd --dp-compression-rank 4) && steps=12
-            [ "$m" = none ] && [ "$rate" = 100mbit ] && steps=4
-            local run=$OUT/slow_${rate}_$m
-            show ip netns exec "$ns" mpirun -np 2 --mca btl tcp,self --mca btl_tcp_if_include lo \
-                --mca oob_tcp_if_include lo "$LOOM" train "${model[@]}" --steps "$steps" "${flags[@]}" \
-                --out "$run" >"$run.log" 2>&1 || echo "  $rate $m failed: $(tail -2 "$run.log")"
-        done
+        local few=6
+        [ "$rate" = 100mbit ] && few=4
+        netns_one_link "$rate"
+        slow_run "${rate}_link_dp2_none" 2 "" "$few" --data-parallel 2 --no-zero1
+        slow_run "${rate}_link_dp2_powersgd" 2 "" 12 --data-parallel 2 "${psgd[@]}"
+        ip netns del "$ns"
+        netns_two_hosts "$rate"
+        slow_run "${rate}_dpx_none" 4 0,1,0,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1
+        slow_run "${rate}_dpx_powersgd" 4 0,1,0,1 12 --data-parallel 2 --pipeline-parallel 2 "${psgd[@]}"
+        slow_run "${rate}_ppx_none" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1
+        slow_run "${rate}_ppx_cb" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}"
+        slow_run "${rate}_ppx_cb_epilogue" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}" --pp-compression-policy epilogue
+        slow_run "${rate}_ppx_cb_slack" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}" --pp-compression-policy slack
         ip netns del "$ns"
     done
     python3 - "$OUT" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
-def step_s(run):  # median over the steps after the first
-    ms = [r["ms"] for r in map(json.loads, open(run + "/metrics.jsonl")) if "ms" in r and r["step"] > 1]
+def step_s(name):  # median over the steps after the first
+    path = f"{out}/slow_{name}/metrics.jsonl"
+    if not os.path.exists(path): return None
+    ms = [r["ms"] for r in map(json.loads, open(path)) if "ms" in r and r["step"] > 1]
     return statistics.median(ms) / 1e3 if ms else None
-def steps_to(run, target):  # the first validation at or below target
-    for r in map(json.loads, open(run + "/metrics.jsonl")):
-        if "val_loss" in r and r["val_loss"] <= target: return r["step"]
+def val_curve(run):
+    return [(r["step"], r["val_loss"]) for r in map(json.loads, open(f"{out}/parity_{run}/metrics.jsonl")) if "val_loss" in r]
+def steps_to(run, target):  # the first validation at or below target (None: not within the run)
+    for s, v in val_curve(run):
+        if v <= target: return s
     return None
-ref = out + "/parity_none_seed1"
-target = [json.loads(l) for l in open(ref + "/metrics.jsonl")]
-target = [r["val_loss"] for r in target if "val_loss" in r][-1]
-n_none, n_psgd = steps_to(ref, target), steps_to(out + "/parity_powersgd_ef", target)
-print(f"steps to the uncompressed final validation loss {target:.4f}: uncompressed {n_none}, "
-      f"PowerSGD r4 {n_psgd if n_psgd else 'not reached in 2000 (counted as 2000 + the gap)'}")
-for rate in ("1gbit", "100mbit"):
-    a, b = step_s(f"{out}/slow_{rate}_none"), step_s(f"{out}/slow_{rate}_powersgd")
-    if not a or not b: continue
-    nb = n_psgd or 2000
-    print(f"{rate}: step {a:.3f} s uncompressed, {b:.3f} s PowerSGD r4 ({a / b:.1f}x); time to the "
-          f"loss: {n_none * a / 60:.1f} min vs {nb * b / 60:.1f} min = {n_none * a / (nb * b):.1f}x shorter")
+pairs = [("link_dp2", "none_seed1", "powersgd", "powersgd_ef"),
+         ("dpx", "none_seed1", "powersgd", "powersgd_ef"),
+         ("ppx", "pp_none", "cb", "pp_cb_lazy"),
+         ("ppx", "pp_none", "cb_epilogue", "pp_cb_epilogue"),
+         ("ppx", "pp_none", "cb_slack", "pp_cb_slack")]
+for layout, ref, method, parity in pairs:
+    target = val_curve(ref)[-1][1]
+    n_ref, n_c = steps_to(ref, target), steps_to(parity, target)
+    for rate in ("1gbit", "100mbit"):
+        a, b = step_s(f"{rate}_{layout}_none"), step_s(f"{rate}_{layout}_{method}")
+        if not a or not b: continue
+        if n_c:
+            t = f"time to val loss {target:.4f}: {n_ref * a / 60:.1f} min vs {n_c * b / 60:.1f} min = {n_ref * a / (n_c * b):.1f}x shorter"
+        else:
+            last = val_curve(parity)[-1]
+            t = f"{parity} does not reach {target:.4f} in {last[0]} steps (ends at {last[1]:.4f})"
+        print(f"{rate:7s} {layout:8s} {method:12s} step {a:.3f} s -> {b:.3f} s ({a / b:.1f}x); {t}")
 PY
 }
 
