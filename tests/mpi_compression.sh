@@ -99,6 +99,19 @@ ok = recs[3]["skipped"] and all(not recs[s]["skipped"] and math.isfinite(recs[s]
 sys.exit(0 if ok else 1)
 PY
 
+# warm-up steps go uncompressed: the first 3 steps (and the loss of the 4th, computed before its
+# update) equal plain data parallelism's bit for bit, the 5th no longer
+run dp2_plain 2 --no-zero1
+if run dp2_warmup 2 --dp-compression powersgd --dp-compression-rank 2 --dp-compression-warmup-steps 3; then
+    for s in 1 2 3 4; do
+        [ "$(metric dp2_plain $s loss)" = "$(metric dp2_warmup $s loss)" ] && ok || fail "warm-up step $s differs from plain DP"
+    done
+    [ "$(metric dp2_plain 5 loss)" != "$(metric dp2_warmup 5 loss)" ] && ok || fail "step 5 not compressed after the warm-up"
+fi
+# selective stage compression: only stage 0 compresses (the tied embedding then goes
+# uncompressed on both of its stages)
+run dp2_pp2_stage0 4 --dp-compression powersgd --dp-compression-rank 2 --dp-compression-stages 0 --pipeline-parallel 2
+
 # ---- bytes: PowerSGD's factors are what the metrics say was saved ----
 python3 - dp2_powersgd <<'PY' && ok || fail "dp2_powersgd bytes do not match the formula"
 import json, sys
