@@ -152,8 +152,9 @@ loom_status loom_grad_sync_loss_and_norm(loom_grad_sync *sync, double loss_sum, 
                                          double *loss, double *grad_norm);
 /* After the update of this rank's range: under ZeRO-1 every replica gets every range back. */
 loom_status loom_grad_sync_share_params(loom_grad_sync *sync);
-/* Data-parallel replicas must hold bit-identical parameters: fails (LOOM_ERR_RUNTIME, naming
- * the replicas that differ) when they do not. */
+/* Data-parallel replicas must hold bit-identical parameters, and so must the tied embedding's
+ * two copies on the first and the last stage: fails (LOOM_ERR_RUNTIME, naming the replicas or
+ * the copies that differ) when they do not. Collective over dp and the embedding group. */
 loom_status loom_grad_sync_check_replicas(loom_grad_sync *sync);
 /* Compressed buckets' encode and decode spans go to the trace (NULL: none). */
 void loom_grad_sync_set_trace(loom_grad_sync *sync, loom_trace *trace);

@@ -471,14 +471,42 @@ loom_status loom_grad_sync_share_params(loom_grad_sync *s) {
                                    (int64_t)s->range.shard);
 }
 
+/* FNV-1a over n bytes. */
+static uint64_t checksum(const void *data, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *bytes = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ bytes[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The tied embedding's two copies (first and last stage) must stay equal: they get the same
+ * gradient and the same update. */
+static loom_status check_tied_embedding(loom_grad_sync *s) {
+    const loom_mesh *mesh = s->mesh;
+    if (!mesh->embedding) return LOOM_OK;
+    const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
+    uint64_t h =
+        checksum(s->model->params_memory + wte->offset, (size_t)wte->numel * sizeof(float));
+    double both[4] = {0, 0, 0, 0};
+    int end = mesh->pp_rank == 0 ? 0 : 1;
+    both[2 * end] = (double)(h >> 32), both[2 * end + 1] = (double)(h & 0xffffffffu);
+    loom_status st = loom_comm_allreduce_f64(mesh->embedding, both, 4, LOOM_REDUCE_SUM);
+    if (st != LOOM_OK) return st;
+    if (both[0] != both[2] || both[1] != both[3]) {
+        return loom_fail(LOOM_ERR_RUNTIME,
+                         "the tied embedding's copies on the first and the last pipeline stage "
+                         "differ (replica %d, tensor rank %d); the stages no longer train the "
+                         "same model",
+                         mesh->dp_rank, mesh->tp_rank);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_grad_sync_check_replicas(loom_grad_sync *s) {
     const loom_mesh *mesh = s->mesh;
-    if (mesh->dp_size < 2) return LOOM_OK;
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the parameter bytes */
-    const unsigned char *bytes = (const unsigned char *)s->model->params_memory;
-    for (size_t i = 0; i < s->model->num_params * sizeof(float); i++) {
-        h = (h ^ bytes[i]) * 1099511628211ULL;
-    }
+    loom_status tied = check_tied_embedding(s);
+    if (tied != LOOM_OK || mesh->dp_size < 2) return tied;
+    uint64_t h = checksum(s->model->params_memory, s->model->num_params * sizeof(float));
     /* every replica's checksum, in two exactly representable halves */
     int dp = mesh->dp_size;
     double *all = loom_calloc(2 * (size_t)dp, sizeof *all, "replica checksums");
