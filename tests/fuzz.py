@@ -9,13 +9,20 @@ Formats and the commands that read them:
   state   state.safetensors         train --resume
   config  train --config JSON       train --config
   plan    plan files                train --plan, plan --check
+  compress compressor state        mpirun -np 2 train --resume
+          (rank 0's compress_rank00000.safetensors, and the signature in state.safetensors's
+          metadata loom.compress)
 
-The valid seeds are made here with the binary itself (prepare, a 1-step tiny run, loom plan) or
-written by this script (the JSON config, an llm.c checkpoint of the tiny model's shape). Mutant i
-of seed S is a pure function of (S, i): format i mod 6, then one operator drawn from
-random.Random("S/i"): bit flips, byte and integer-slot writes at the header fields, truncation,
-extension, insertion/deletion, and structured edits (JSON values, keys and nesting; safetensors
-shapes, dtypes, offsets, names and metadata; llm.c header dimensions; token values).
+The valid seeds are made here with the binary itself (prepare, a 1-step tiny run, a 2-step run
+of 2 ranks with data-parallel PowerSGD under mpirun, loom plan) or written by this script (the
+JSON config, an llm.c checkpoint of the tiny model's shape). Without mpirun the compress format
+is skipped, with a note. Mutant i of seed S is a pure function of (S, i) and the formats asked
+for: format i mod their number (7: shard, llmc, model, state, config, plan, compress), then one
+operator drawn from random.Random("S/i"): bit flips, byte and integer-slot writes at the header
+fields, truncation, extension, insertion/deletion, and structured edits (JSON values, keys and
+nesting; safetensors shapes, dtypes, offsets, names and metadata; llm.c header dimensions; token
+values; special float values in compressor state; compressor files missing or exchanged between
+ranks). --limit FORMAT=N skips a format's turns after its first N mutants.
 
 Each mutant run ends in one class: refused (exit 2), accepted (exit 0), failed (exit 1), crash
 (a signal, exit >= 128 or an unexpected status, or a sanitizer report), hang (no progress before
@@ -23,16 +30,18 @@ the timeout), or slow (a training run the mutant made long, killed once it had d
 An accepted mutant is compared with its unmutated seed run through the same command (training
 losses, learning rates, gradient norms and the saved weights; or stdout): every operator also
 says what it expects: "refuse" (the file is broken), "same" (the edit is irrelevant to what is
-trained), or "any" (a legitimate file that may train differently). Accepted "refuse" mutants,
-and "same" mutants whose outcome changed without a "warning:" line, are SUSPICIOUS; accepted
-mutants of a header, metadata or JSON that changed the outcome are listed for REVIEW.
+trained), "any" (a legitimate file that may train differently), or "warn" (accepted with a
+"warning:" line: a signature in state.safetensors that is not the run's makes the compressors
+start fresh). Accepted "refuse" mutants, "same" mutants whose outcome changed without a
+"warning:" line, and "warn" mutants refused or accepted without a warning are SUSPICIOUS;
+accepted mutants of a header, metadata or JSON that changed the outcome are listed for REVIEW.
 
 Crashes, hangs and suspicious mutants are kept under WORKDIR/findings/ with a repro.sh.
 Exit status: 1 on any crash or hang (also on a suspicious mutant with --strict), else 0. The last
 line is "N passed, N failed" (failed = crashes + hangs [+ suspicious with --strict]).
 
 usage: fuzz.py LOOM_BINARY WORKDIR [--count N] [--seed S] [--timeout SECONDS]
-               [--formats shard,llmc,...] [--strict] [--quiet]
+               [--formats shard,llmc,...] [--limit FORMAT=N,...] [--strict] [--quiet]
 """
 import argparse
 import hashlib
@@ -47,10 +56,26 @@ import subprocess
 import sys
 import time
 
-FORMATS = ["shard", "llmc", "model", "state", "config", "plan"]
+FORMATS = ["shard", "llmc", "model", "state", "config", "plan", "compress"]
 CLASSES = ["refused", "accepted", "failed", "crash", "hang", "slow"]
 TINY = ["--threads", "1", "--seq-len", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
 RUN_FLAGS = ["--threads", "1", "--eval-every", "0", "--log-every", "1", "--out", "run"]
+# the compressed run (under mpirun -np 2): data-parallel PowerSGD
+COMPRESS_RUN = ["--model", "tiny", "--data", "data/train_*.bin", "--seq-len", "16",
+                "--micro-batch-size", "2", "--global-batch-size", "4", "--dp-compression",
+                "powersgd", "--dp-compression-rank", "2"]
+# Under mpirun every rank runs through this, which keeps its exit status: mpirun itself reports
+# only the first non-zero one, and by default kills the other ranks then, sanitizer reports
+# unwritten. (A signal reads as 128 + its number, as from a shell.)
+RANK_STATUS_SH = """#!/bin/sh
+"$@"
+status=$?
+echo $status >"rank${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}.status"
+exit $status
+"""
+# loom's messages, under mpirun prefixed with the rank
+ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: ", re.M)
+WARNING_LINE = re.compile(r"^(\[rank \d+\] )?warning: ", re.M)
 SANITIZER = re.compile(r"ERROR: (Address|Leak|Memory|Thread|UndefinedBehavior)Sanitizer|"
                        r"SUMMARY: \w+Sanitizer|:[0-9]+:[0-9]+: runtime error: |"
                        r"Segmentation fault|core dumped|stack smashing|double free")
@@ -258,8 +283,11 @@ def le32(data, at):
 
 
 class Mutant:
-    def __init__(self, data, op, expect, where):
-        self.data, self.op, self.expect, self.where = data, op, expect, where
+    """data: the mutated file (None: the file removed); file: which file of a checkpoint folder it
+    replaces, where a format's command reads several (None: the format's own)."""
+
+    def __init__(self, data, op, expect, where, file=None):
+        self.data, self.op, self.expect, self.where, self.file = data, op, expect, where, file
 
 
 def byte_op(rng, seed, regions, classify):
@@ -499,8 +527,10 @@ def st_offsets_mutant(rng, doc, body, name, entry):
                   "%s.data_offsets %s -> %s" % (name, [begin, end], new), "refuse", "header JSON")
 
 
-def st_names_mutant(rng, doc, body, name, entry):
+def st_names_mutant(rng, doc, body, name, entry, kind):
     where = "header JSON"
+    # a compressor file holds exactly its compressors' arrays: every name outside them is refused
+    unused = "refuse" if kind == "compress" else "same"
     op = rng.choice(["rename", "delete", "duplicate", "extra-empty", "extra-data", "prefix"])
     if op == "rename":
         new = rng.choice([name + "x", name.upper(), "h.9." + name, name.replace(".", "_"),
@@ -518,17 +548,19 @@ def st_names_mutant(rng, doc, body, name, entry):
         return Mutant(st_join(text, body), "tensor %s given twice" % name, "refuse", where)
     if op == "prefix":  # Hugging Face's "transformer." prefix on every name
         doc = Obj((k if k == "__metadata__" else "transformer." + k, v) for k, v in doc)
-        return Mutant(st_join(jdump(doc), body), "every tensor prefixed 'transformer.'", "same",
+        return Mutant(st_join(jdump(doc), body), "every tensor prefixed 'transformer.'", unused,
                       where)
     # tensors the model does not use (Hugging Face files carry attn.bias buffers) are ignored
     end = len(body)
-    extra = rng.choice(["h.0.attn.bias", "lm_head.weight", "extra", "h.5.ln_1.weight"])
+    extra = rng.choice(["dp.99.residual", "pp.grad.residual", "dp.0.p", "extra"]
+                       if kind == "compress" else
+                       ["h.0.attn.bias", "lm_head.weight", "extra", "h.5.ln_1.weight"])
     if op == "extra-empty":
         doc.append((extra, Obj([("dtype", "F32"), ("shape", [0]), ("data_offsets", [end, end])])))
-        return Mutant(st_join(jdump(doc), body), "extra empty tensor %s" % extra, "same", where)
+        return Mutant(st_join(jdump(doc), body), "extra empty tensor %s" % extra, unused, where)
     doc.append((extra, Obj([("dtype", "F32"), ("shape", [2]), ("data_offsets", [end, end + 8])])))
     return Mutant(st_join(jdump(doc), body + struct.pack("<2f", 1.5, -2.0)),
-                  "extra tensor %s with data" % extra, "same", where)
+                  "extra tensor %s with data" % extra, unused, where)
 
 
 def safetensors_mutant(rng, seed, kind):
@@ -558,12 +590,15 @@ def safetensors_mutant(rng, seed, kind):
     name, entry = rng.choice([(k, v) for k, v in doc if k != "__metadata__"])
     r = rng.random()
     for limit, edit in ((0.15, st_shape_mutant), (0.25, st_dtype_mutant),
-                        (0.37, st_offsets_mutant), (0.45, st_names_mutant)):
+                        (0.37, st_offsets_mutant)):
         if r < limit:
             return edit(rng, doc, body, name, entry)
+    if r < 0.45:
+        return st_names_mutant(rng, doc, body, name, entry, kind)
     if r < 0.75 and meta:
         return st_metadata_mutant(rng, doc, body, meta, kind)
-    desc, expect = json_edit(rng, doc, st_tensor_rules)
+    desc, expect = json_edit(rng, doc,
+                             compress_tensor_rules if kind == "compress" else st_tensor_rules)
     return Mutant(st_join(jdump(doc), body), desc, expect, "header JSON")
 
 
@@ -579,9 +614,9 @@ def st_metadata_mutant(rng, doc, body, meta, kind):
     r = rng.random()
     if r < 0.1:
         new_meta = Obj((k, v) for k, v in meta if k != key)
-        expect = "refuse" if kind == "state" and key != "format" else "any"
-        if key == "format":
-            expect = "same"
+        expect = "refuse" if kind in ("state", "compress") and key != "format" else "any"
+        if key == "format":  # a compressor file is loom's own: it must say which format it is
+            expect = "refuse" if kind == "compress" else "same"
         return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata %s deleted" % key,
                       expect, where)
     if r < 0.18:
@@ -595,12 +630,17 @@ def st_metadata_mutant(rng, doc, body, meta, kind):
             key, json.dumps(old), short(jdump(new))), "refuse", where)
     if key == "loom.config":
         return loom_config_mutant(rng, rebuild, meta, old, body)
+    if key == "loom.compress":  # must equal the state file's: every other value is refused
+        new = rng.choice(signature_edits(old))
+        new_meta = Obj((k, new if k == key else v) for k, v in meta)
+        return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata loom.compress %s" %
+                      signature_desc(old, new), "refuse", where)
     if key == "format":
         new = rng.choice([w for w in ["pt", "tf", "", "loom.train_state.v2",
                                       "loom.train_state.v1", "np"] if w != old])
         new_meta = Obj((k, new if k == key else v) for k, v in meta)
         return Mutant(st_join(jdump(rebuild(new_meta)), body), "metadata format %s -> %s" % (
-            json.dumps(old), json.dumps(new)), "same", where)
+            json.dumps(old), json.dumps(new)), "refuse" if kind == "compress" else "same", where)
     new, expect = rng.choice([v for v in state_meta_values(old) if v[0] != old])
     if expect == "refuse-if-signed":
         expect = "refuse" if key in SIGNED_STATE else "any"
@@ -641,6 +681,165 @@ def loom_config_mutant(rng, rebuild, meta, old, body):
     else:
         expect = "refuse"
     return Mutant(st_join(jdump(rebuild(new_meta)), body), desc, expect, "metadata")
+
+
+# ---- compressor state: compress_rankNNNNN.safetensors and its signature in state.safetensors ---
+
+COMPRESS_FILE = "compress_rank00000.safetensors"
+# settings of other runs, as they read in a signature (whichever of them this one holds)
+SIGNATURE_SWAPS = [("/r2/", "/r4/"), (" dp=2 ", " dp=1 "), ("micro=2x16", "micro=4x16"),
+                   ("=powersgd/", "=topk/"), ("/ef1/", "/ef0/"), ("stages=0-2", "stages=0-1,1-2"),
+                   ("/lazy1/", "/lazy0/"), ("atall", "at0")]
+NONFINITE_F32 = [0x7fc00000, 0xffc00000, 0x7f800001, 0xffffffff, 0x7f800000, 0xff800000]
+# the largest finite values, the smallest denormal, -0, 0, 1 and 1e10
+FINITE_F32 = [0x7f7fffff, 0xff7fffff, 0x00000001, 0x80000000, 0x00000000, 0x3f800000, 0x501502f9]
+
+
+def f32_finite(bits):
+    return (bits >> 23) & 0xff != 0xff
+
+
+def f32_text(bits):
+    return "%g (0x%08x)" % (struct.unpack("<f", struct.pack("<I", bits))[0], bits)
+
+
+def first_nonfinite(body):
+    """The index of the first non-finite float32 of a payload, or None."""
+    for i, bits in enumerate(struct.unpack_from("<%dI" % (len(body) // 4), body)):
+        if not f32_finite(bits):
+            return i
+    return None
+
+
+def signature_edits(old):
+    """Other layouts' and settings' signatures, and near misses of this one (never `old`)."""
+    out = [old.replace(a, b, 1) for a, b in SIGNATURE_SWAPS if a in old]
+    out += [old + " ", " " + old, old[:-1], old.upper(), old + "\u00e9", "", "x",
+            old.replace(" ", "  ", 1)]
+    return [v for v in out if v != old]
+
+
+def signature_desc(old, new):
+    """A signature's edit in a few characters: 'at 97: "/r2/" -> "/r4/"'."""
+    i = 0
+    while i < min(len(old), len(new)) and old[i] == new[i]:
+        i += 1
+    j = 0
+    while j < min(len(old), len(new)) - i and old[-1 - j] == new[-1 - j]:
+        j += 1
+    return "at %d: %s -> %s" % (i, json.dumps(short(old[i:len(old) - j], 30)),
+                                json.dumps(short(new[i:len(new) - j], 30)))
+
+
+def compress_tensor_rules(path, op, expect):
+    """Expectations for generic JSON edits of a compressor file's header: its format and its
+    signature (the state file's) are checked, and it holds exactly its compressors' arrays."""
+    if len(path) >= 2 and path[0] == "__metadata__":
+        if path[1] in ("format", "loom.compress"):
+            return "refuse"
+        return "same" if op == "unknown-key" else expect
+    return "refuse" if expect != "same" else "same"
+
+
+def compress_value_mutant(rng, seed):
+    """One float of rank 0's compressor state set to a special value: a non-finite one must be
+    refused; any finite one is a legitimate state (it trains differently)."""
+    header, body = st_split(seed)
+    hlen = len(seed) - len(body)
+    name, entry = rng.choice([(k, v) for k, v in jparse(header) if k != "__metadata__"])
+    begin, end = dict(entry)["data_offsets"]
+    index = rng.randrange((end - begin) // 4)
+    bits = rng.choice(NONFINITE_F32 + FINITE_F32)
+    data = bytearray(seed)
+    at = hlen + begin + 4 * index
+    old = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at, bits)
+    expect = "refuse" if not f32_finite(bits) else ("same" if bits == old else "any")
+    return Mutant(bytes(data), "%s[%d] %s -> %s" % (name, index, f32_text(old), f32_text(bits)),
+                  expect, "payload")
+
+
+def compress_file_mutant(rng, seeds):
+    """Whole files: rank 0's missing, the ranks' files exchanged, a file no rank reads."""
+    op = rng.choice(["remove", "rank1-to-rank0", "rank0-to-rank1", "rank2"])
+    if op == "remove":
+        return Mutant(None, "%s removed" % COMPRESS_FILE, "refuse", "file", COMPRESS_FILE)
+    if op == "rank1-to-rank0":  # the same names and shapes, another rank's residuals
+        return Mutant(seeds["compress-rank1"], "rank 1's compressor file in rank 0's place", "any",
+                      "payload", COMPRESS_FILE)
+    if op == "rank0-to-rank1":
+        return Mutant(seeds["compress"], "rank 0's compressor file in rank 1's place", "any",
+                      "payload", "compress_rank00001.safetensors")
+    return Mutant(seeds["compress"], "a compress_rank00002.safetensors that no rank reads", "same",
+                  "file", "compress_rank00002.safetensors")
+
+
+def state_compress_mutant(rng, seed):
+    """The signature in state.safetensors: another one, or none, leaves the compressor files
+    unread, with one warning ("warn"); a value that is not a string, or too long, is refused."""
+    where, file, key = "metadata", "state.safetensors", "loom.compress"
+    header, body = st_split(seed)
+    doc = jparse(header)
+    meta = dict(doc)["__metadata__"]
+    old = dict(meta)[key]
+
+    def with_meta(new_meta):
+        return st_join(jdump(Obj((k, new_meta if k == "__metadata__" else v) for k, v in doc)),
+                       body)
+
+    def with_value(new):
+        return with_meta(Obj((k, new if k == key else v) for k, v in meta))
+
+    op = rng.choice(["other", "other", "other", "delete", "rename", "long", "not-string", "nul",
+                     "duplicate"])
+    if op == "other":
+        new = rng.choice(signature_edits(old))
+        return Mutant(with_value(new), "state.safetensors: metadata loom.compress " +
+                      signature_desc(old, new), "warn", where, file)
+    if op == "delete":
+        return Mutant(with_meta(Obj((k, v) for k, v in meta if k != key)),
+                      "state.safetensors: metadata loom.compress deleted", "warn", where, file)
+    if op == "rename":
+        new_key = rng.choice(["LOOM.COMPRESS", "loom.compress ", "loom.compres", "compress"])
+        return Mutant(with_meta(Obj((new_key if k == key else k, v) for k, v in meta)),
+                      "state.safetensors: metadata loom.compress renamed %s" % json.dumps(new_key),
+                      "warn", where, file)
+    if op == "long":  # the state keeps at most 511 characters
+        n = rng.choice([511, 512, 600, 5000])
+        new = rng.choice(["a" * n, (old + "x" * n)[:n]])
+        return Mutant(with_value(new), "state.safetensors: metadata loom.compress: %d characters"
+                      % n, "warn" if n <= 511 else "refuse", where, file)
+    if op == "not-string":
+        new = rng.choice([1, 1.5, None, True, [old], Obj()])
+        return Mutant(with_value(new), "state.safetensors: metadata loom.compress -> %s" %
+                      short(jdump(new), 30), "refuse", where, file)
+    if op == "nul":  # read as a C string, it would be the run's own signature
+        return Mutant(with_value(Raw(json.dumps(old)[:-1] + "\\u0000\"")),
+                      "state.safetensors: metadata loom.compress + \\u0000", "refuse", where, file)
+    text = jdump(Obj((k, meta if k == "__metadata__" else v) for k, v in doc))
+    entry = json.dumps(key) + ":" + json.dumps(old)
+    second = json.dumps(key) + ":" + json.dumps(rng.choice([old] + signature_edits(old)))
+    text = text.replace(entry, entry + "," + second, 1)
+    return Mutant(st_join(text, body), "state.safetensors: metadata loom.compress given twice",
+                  "refuse", where, file)
+
+
+def compress_mutant(rng, seeds):
+    seed = seeds["compress"]
+    r = rng.random()
+    if r < 0.25:
+        return state_compress_mutant(rng, seeds["compress-state"])
+    if r < 0.32:
+        return compress_file_mutant(rng, seeds)
+    if r < 0.45:
+        return compress_value_mutant(rng, seed)
+    m = safetensors_mutant(rng, seed, "compress")
+    # a payload edit (the header untouched) that made a value non-finite must be refused
+    hlen = len(seed) - len(st_split(seed)[1])
+    if m.data is not None and len(m.data) == len(seed) and m.data[:hlen] == seed[:hlen] and \
+            m.data != seed and first_nonfinite(m.data[hlen:]) is not None:
+        m.expect = "refuse"
+    return m
 
 
 def text_json_mutant(rng, seed, rules, indent):
@@ -729,6 +928,22 @@ class Harness:
             ":hard_rss_limit_mb=3072"
         self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
         self.baselines = {}
+        self.mpirun = shutil.which("mpirun")
+        # as tests/CMakeLists.txt's MPI tests: Open MPI as root, cores oversubscribed, idle ranks
+        # yielding, Open MPI's own leaks hidden from LeakSanitizer; and Open MPI's own
+        # point-to-point layer (ob1), which starts faster than UCX's (preferred where installed).
+        self.mpi_env = dict(self.env)
+        for k, v in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+                     ("OMPI_MCA_mpi_yield_when_idle", "1"),
+                     ("OMPI_MCA_rmaps_base_oversubscribe", "1"), ("OMPI_MCA_pml", "ob1"),
+                     ("LSAN_OPTIONS", "suppressions=%s:fast_unwind_on_malloc=0:"
+                      "print_suppressions=0" % os.path.join(os.path.dirname(
+                          os.path.abspath(__file__)), "lsan.supp"))):
+            self.mpi_env.setdefault(k, v)
+        # mutants: a rank's non-zero exit leaves the others running to their own end, each
+        # status kept by RANK_STATUS_SH (a rank left waiting for a peer that is gone ends itself:
+        # loom's liveness pings, which --comm-timeout 8 makes answer within the fuzzer's timeout)
+        self.mpi_mutant_env = dict(self.mpi_env, OMPI_MCA_orte_abort_on_non_zero_status="0")
 
     # -- running one command --
 
@@ -737,13 +952,13 @@ class Harness:
             import resource
             resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
-    def run(self, argv, cwd, train):
+    def run(self, argv, cwd, train, env=None):
         out_path, err_path = os.path.join(cwd, "stdout.txt"), os.path.join(cwd, "stderr.txt")
         metrics = os.path.join(cwd, "run", "metrics.jsonl")
         start = time.time()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL, env=self.env,
+                                    stdin=subprocess.DEVNULL, env=env or self.env,
                                     start_new_session=True, preexec_fn=self.limit_memory)
             status, rc = None, None
             while True:
@@ -758,7 +973,7 @@ class Harness:
                     status = "hang"
                     self.stack_of_hang(proc.pid, cwd)
                 if status:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    kill_session(proc.pid)
                     rc = proc.wait()
                     break
         with open(out_path, "rb") as f:
@@ -768,13 +983,19 @@ class Harness:
         return status, rc, stdout, stderr, time.time() - start
 
     def stack_of_hang(self, pid, cwd):
-        if shutil.which("gdb"):
-            try:
-                with open(os.path.join(cwd, "hang_stack.txt"), "wb") as f:
-                    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+        """Every loom process's stacks (under mpirun, the ranks')."""
+        if not shutil.which("gdb"):
+            return
+        pids = [p for p in session_pids(pid) if exe_of(p) == os.path.realpath(self.loom)] or [pid]
+        try:
+            with open(os.path.join(cwd, "hang_stack.txt"), "wb") as f:
+                for p in pids:
+                    f.write(b"== process %d\n" % p)
+                    f.flush()
+                    subprocess.run(["gdb", "-p", str(p), "-batch", "-ex", "thread apply all bt"],
                                    stdout=f, stderr=subprocess.STDOUT, timeout=30)
-            except (subprocess.SubprocessError, OSError):
-                pass
+        except (subprocess.SubprocessError, OSError):
+            pass
 
     def classify(self, status, rc, stderr, train, cwd):
         if status == "hang" and train and count_lines(os.path.join(cwd, "run", "metrics.jsonl")):
@@ -811,7 +1032,7 @@ class Harness:
 
     # -- seeds --
 
-    def make_seeds(self):
+    def make_seeds(self, formats):
         s = self.seeds_dir
         marker = os.path.join(self.work, ".loom-fuzz")
         if os.path.isdir(self.work) and os.listdir(self.work) and not os.path.exists(marker):
@@ -835,7 +1056,12 @@ class Harness:
         write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
         write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
         write_llmc(os.path.join(s, "model.bin"))
+        if "compress" in formats:  # 2 ranks, data-parallel PowerSGD, saved at step 2
+            self.must([self.mpirun, "-np", "2", self.loom, "train"] + COMPRESS_RUN +
+                      ["--steps", "2", "--out", "crun", "--eval-every", "0", "--log-every", "1"],
+                      unchecked(self.mpi_env))
         step = os.path.join(s, "seedrun", "checkpoints", "step_00000001")
+        cstep = os.path.join(s, "crun", "checkpoints", "step_00000002")
         self.seed_bytes = {
             "shard": read_bytes(os.path.join(s, "data", "train_000000.bin")),
             "llmc": read_bytes(os.path.join(s, "model.bin")),
@@ -843,21 +1069,26 @@ class Harness:
             "state": read_bytes(os.path.join(step, "state.safetensors")),
             "config": read_bytes(os.path.join(s, "config.json")),
             "plan": read_bytes(os.path.join(s, "plan.json")),
+            "compress": read_bytes(os.path.join(cstep, COMPRESS_FILE)),
+            "compress-rank1": read_bytes(os.path.join(cstep, "compress_rank00001.safetensors")),
+            "compress-state": read_bytes(os.path.join(cstep, "state.safetensors")),
         }
         # the structured editors re-encode a header: without an edit it must be the same file
-        for name in ("model", "state"):
+        for name in ("model", "state") + (("compress", "compress-state")
+                                          if "compress" in formats else ()):
             header, body = st_split(self.seed_bytes[name])
             if st_join(jdump(jparse(header)), body) != self.seed_bytes[name]:
                 raise SystemExit("fuzz.py: re-encoding the %s header changes it" % name)
 
-    def must(self, argv):
-        p = subprocess.run(argv, cwd=self.seeds_dir, env=self.env, stdout=subprocess.PIPE,
+    def must(self, argv, env=None):
+        p = subprocess.run(argv, cwd=self.seeds_dir, env=env or self.env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
         if p.returncode != 0:
             sys.stdout.write(p.stdout.decode(errors="replace"))
             raise SystemExit("fuzz.py: making the seeds failed: %s" % " ".join(argv))
 
-    # -- commands per format: (variant, setup(cwd, data) -> argv, fingerprint kind) --
+    # -- commands per format: (variant, setup(cwd, data, file) -> argument, command(argument) ->
+    #    argv, fingerprint kind[, environment]); file: the Mutant's --
 
     def variants(self, fmt):
         seeds = self.seeds_dir
@@ -865,13 +1096,13 @@ class Harness:
         seedrun = os.path.join(seeds, "seedrun")
 
         def put(name):
-            def setup(cwd, blob):
+            def setup(cwd, blob, file):
                 write(os.path.join(cwd, name), blob)
                 return name
             return setup
 
         def run_dir(mutated):
-            def setup(cwd, blob):
+            def setup(cwd, blob, file):
                 src = os.path.join(seedrun, "checkpoints", "step_00000001")
                 dst = os.path.join(cwd, "mrun", "checkpoints", "step_00000001")
                 os.makedirs(dst)
@@ -882,6 +1113,18 @@ class Harness:
                 write(os.path.join(cwd, "mrun", "checkpoints", "latest"), b"step_00000001\n")
                 return "mrun"
             return setup
+
+        def compress_step(cwd, blob, file):
+            """The compressed run's step folder, one file replaced (None: removed)."""
+            write(os.path.join(cwd, "rank_status.sh"), RANK_STATUS_SH.encode())
+            dst = os.path.join(cwd, "mrun", "checkpoints", "step_00000002")
+            shutil.copytree(os.path.join(seeds, "crun", "checkpoints", "step_00000002"), dst)
+            path = os.path.join(dst, file or COMPRESS_FILE)
+            if blob is None:
+                os.remove(path)
+            else:
+                write(path, blob)
+            return os.path.join("mrun", "checkpoints", "step_00000002")
 
         train = [self.loom, "train"]
         tiny = ["--model", "tiny"] + TINY
@@ -930,6 +1173,13 @@ class Harness:
                 ("train --config", put("m.json"),
                  lambda m: train + ["--config", m, "--out", "run"], "train"),
             ],
+            "compress": [
+                ("mpirun train --resume", compress_step,
+                 lambda m: [self.mpirun or "mpirun", "-np", "2", "sh", "rank_status.sh", self.loom,
+                            "train"] + COMPRESS_RUN + ["--resume", m, "--steps", "3",
+                                                       "--comm-timeout", "8"] + RUN_FLAGS,
+                 "train", self.mpi_mutant_env),
+            ],
             "plan": [
                 ("train --plan", put("m.json"),
                  lambda m: train + ["--plan", m] + data + ["--seq-len", "16", "--steps", "2"] +
@@ -946,22 +1196,48 @@ class Harness:
         os.symlink(os.path.join(self.seeds_dir, "data"), os.path.join(self.scratch, "data"))
         return self.scratch
 
-    def run_case(self, variant, blob):
-        name, setup, command, kind = variant
+    def run_case(self, variant, blob, file=None, env=None):
+        name, setup, command, kind = variant[:4]
+        env = env or (variant[4] if len(variant) > 4 else None)
         cwd = self.fresh_scratch()
-        argv = command(setup(cwd, blob))
-        status, rc, stdout, stderr, secs = self.run(argv, cwd, kind == "train")
+        argv = command(setup(cwd, blob, file))
+        status, rc, stdout, stderr, secs = self.run(argv, cwd, kind == "train", env)
+        rc, disagree = self.rank_status(cwd, rc)
         cls, note = self.classify(status, rc, stderr, kind == "train", cwd)
+        if disagree and not status:
+            note = (note + "; " if note else "") + disagree
         fp = self.fingerprint(kind, cwd, stdout) if cls == "accepted" else None
-        return dict(cls=cls, note=note, rc=rc, secs=secs, argv=argv, stderr=stderr, fp=fp)
+        return dict(cls=cls, note=note, rc=rc, secs=secs, argv=argv, stderr=stderr, fp=fp,
+                    env=env)
+
+    def rank_status(self, cwd, rc):
+        """Under RANK_STATUS_SH: the job's status from every rank's (a crash first, then the
+        highest; mpirun's own when it ended the job: MPI_Abort), and a note when ranks disagree."""
+        statuses = {}
+        for r in range(2):
+            text = read_text(os.path.join(cwd, "rank%d.status" % r)).strip()
+            statuses[r] = int(text) if text.isdigit() else None
+        known = [s for s in statuses.values() if s is not None]
+        if not known:
+            return rc, ""
+        crashes = [s for s in known if s not in (0, 1, 2)]
+        if crashes or rc:  # mpirun's non-zero status: it ended the job (MPI_Abort)
+            return (crashes or [rc])[0], ""
+        if len(set(statuses.values())) > 1:
+            return max(known), "ranks disagree: " + ", ".join(
+                "rank %d exit %s" % (r, "none" if s is None else s) for r, s in statuses.items())
+        return known[0], ""
 
     def baseline(self, fmt):
         for variant in self.variants(fmt):
             key = (fmt, variant[0])
             if key in self.baselines:
                 continue
-            result = self.run_case(variant, self.seed_bytes[fmt])
-            again = self.run_case(variant, self.seed_bytes[fmt])
+            env = variant[4] if len(variant) > 4 else None
+            if env:  # under mpirun: no leak check (see unchecked)
+                env = unchecked(env)
+            result = self.run_case(variant, self.seed_bytes[fmt], env=env)
+            again = self.run_case(variant, self.seed_bytes[fmt], env=env)
             if result["cls"] != "accepted":
                 sys.stdout.write(result["stderr"][-3000:])
                 raise SystemExit("fuzz.py: the unmutated %s seed is not accepted by %s (%s)" % (
@@ -981,6 +1257,8 @@ class Harness:
             return llmc_mutant(rng, seed)
         if fmt in ("model", "state"):
             return safetensors_mutant(rng, seed, fmt)
+        if fmt == "compress":
+            return compress_mutant(rng, self.seed_bytes)
         if fmt == "config":
             return text_json_mutant(rng, seed, config_rules, 2)
         return text_json_mutant(rng, seed, plan_rules, 2)
@@ -993,6 +1271,9 @@ class Harness:
         with open(os.path.join(folder, "repro.sh"), "w") as f:
             f.write("#!/bin/sh\n# %s, %s: %s (expected: %s)\n# outcome: %s %s\n" % (
                 fmt, variant[0], mutant.op, mutant.expect, result["cls"], result["note"]))
+            for k, v in sorted((result["env"] or {}).items()):
+                if k.startswith("OMPI_") or k == "LSAN_OPTIONS":
+                    f.write("export %s=%s\n" % (k, shell_quote(v)))
             f.write("cd \"$(dirname \"$0\")\" && exec %s\n" % " ".join(shell_quote(a)
                                                                        for a in argv))
         return folder
@@ -1005,6 +1286,15 @@ def review_kind(op):
     left = left.rsplit(":", 1)[0] if ":" in left else re.sub(r" -?\d+$", "", left)
     left = re.sub(r"\bh\.\d+\.", "h.N.", left)
     return left + (" (%s)" % name.group(1) if name else "")
+
+
+def first_message(stderr):
+    """loom's first error line that says why (not another rank's "its message says why"), else
+    its first error or warning line, for the record."""
+    lines = [l for l in stderr.splitlines() if ERROR_LINE.match(l)]
+    lines = [l for l in lines if "its message says why" not in l] or lines or \
+        [l for l in stderr.splitlines() if WARNING_LINE.match(l)]
+    return lines[0] if lines else ""
 
 
 def crash_report(stderr, frames=8):
@@ -1026,6 +1316,45 @@ def crash_report(stderr, frames=8):
 
 def shell_quote(s):
     return s if re.fullmatch(r"[A-Za-z0-9_./=:,+-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+def unchecked(env):
+    """The environment without LeakSanitizer: under mpirun it needs the slow unwinder to see Open
+    MPI's frames (about 2 s a run). For the compressed seed run and its baselines, which are
+    tests/mpi_compression.sh's runs (checked for leaks there); mutants keep the check."""
+    return dict(env, ASAN_OPTIONS=env.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
+
+
+def session_pids(sid):
+    """The processes of a session (Linux): mpirun puts each rank in a process group of its own."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, session, ...
+        if len(fields) > 3 and fields[3] == str(sid):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_session(sid):
+    """SIGKILL a command started in a session of its own: its process group, then whatever else
+    is left in the session (the ranks under mpirun)."""
+    for pid in [sid] + [p for p in session_pids(sid) if p != sid]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def exe_of(pid):
+    return os.path.realpath("/proc/%d/exe" % pid)
 
 
 def count_lines(path):
@@ -1068,45 +1397,70 @@ def main():
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--strict", action="store_true", help="also fail on suspicious mutants")
     ap.add_argument("--quiet", action="store_true", help="no line per mutant")
+    ap.add_argument("--limit", default="", metavar="FORMAT=N,...",
+                    help="run at most N mutants of FORMAT; its later turns are skipped (the "
+                    "other mutants stay the same)")
     args = ap.parse_args()
     formats = args.formats.split(",")
     for f in formats:
         if f not in FORMATS:
             ap.error("unknown format %r (expected some of %s)" % (f, ",".join(FORMATS)))
+    limits = {}
+    for item in filter(None, args.limit.split(",")):
+        f, _, n = item.partition("=")
+        if f not in FORMATS or not n.isdigit():
+            ap.error("--limit %r: expected FORMAT=N with FORMAT one of %s" % (item, ",".join(
+                FORMATS)))
+        limits[f] = int(n)
     h = Harness(args)
+    if "compress" in formats and not h.mpirun:
+        print("fuzz: no mpirun on PATH: the compress format (a 2-rank resume) is skipped")
+        formats.remove("compress")
+        if not formats:
+            print("0 passed, 0 failed")
+            return 0
     t0 = time.time()
-    h.make_seeds()
+    h.make_seeds(formats)
     for fmt in formats:
         h.baseline(fmt)
     print("fuzz: %s (%s), seed %d, %d mutants of %s, timeout %g s; seeds and baselines in %.1f s"
           % (h.loom, "sanitized" if h.sanitized else "not sanitized", args.seed, args.count,
              ",".join(formats), args.timeout, time.time() - t0))
     totals = {f: dict.fromkeys(CLASSES, 0) for f in formats}
-    bad, suspicious, review, silent = [], [], [], 0
+    bad, suspicious, review, silent, skipped = [], [], [], 0, 0
     log = open(os.path.join(h.work, "results.jsonl"), "w")
     for i in range(args.count):
         fmt = formats[i % len(formats)]
+        if fmt in limits and sum(totals[fmt].values()) >= limits[fmt]:
+            skipped += 1
+            continue
         rng = random.Random("%d/%d" % (args.seed, i))
         variants = h.variants(fmt)
         variant = variants[rng.randrange(len(variants))]
         mutant = h.mutate(fmt, rng)
-        result = h.run_case(variant, mutant.data)
+        result = h.run_case(variant, mutant.data, mutant.file)
         cls = result["cls"]
         totals[fmt][cls] += 1
         verdict = ""
-        if cls == "refused" and not re.search(r"^error: ", result["stderr"], re.M):
+        if cls == "refused" and not ERROR_LINE.search(result["stderr"]):
             silent += 1
+        if mutant.expect == "warn" and cls in ("refused", "failed"):
+            verdict = "SUSPICIOUS: refused a file to be accepted with a warning"
         if cls == "accepted":
             changed = result["fp"] != h.baselines[(fmt, variant[0])]
-            warned = re.search(r"^warning: ", result["stderr"], re.M) is not None
-            if mutant.expect == "refuse":
+            warned = WARNING_LINE.search(result["stderr"]) is not None
+            if mutant.expect == "warn" and not warned:
+                verdict = "SUSPICIOUS: accepted without the warning it needs"
+            elif mutant.expect == "refuse":
                 verdict = "SUSPICIOUS: accepted a broken file (%s)" % (
                     "outcome changed" if changed else "outcome unchanged")
             elif mutant.expect == "same" and changed and not warned:
                 verdict = "SUSPICIOUS: an edit that should not matter changed the outcome"
             elif changed and mutant.where not in ("payload",) and not warned:
                 verdict = "REVIEW: accepted, outcome changed"
-        line = "%5d %-6s %-20s %-8s %-6s %s" % (i, fmt, variant[0], cls, mutant.expect,
+        if "ranks disagree" in result["note"] and not verdict.startswith("SUSPICIOUS"):
+            verdict = "SUSPICIOUS: the ranks ended differently"
+        line = "%5d %-8s %-22s %-8s %-6s %s" % (i, fmt, variant[0], cls, mutant.expect,
                                                 short(mutant.op, 90))
         if result["note"]:
             line += "  [%s]" % result["note"]
@@ -1114,7 +1468,8 @@ def main():
             line += "  <- " + verdict
         record = dict(index=i, format=fmt, command=variant[0], op=mutant.op,
                       expect=mutant.expect, where=mutant.where, cls=cls, rc=result["rc"],
-                      note=result["note"], verdict=verdict, secs=round(result["secs"], 2))
+                      note=result["note"], verdict=verdict, secs=round(result["secs"], 2),
+                      message=first_message(result["stderr"]))
         if cls in ("crash", "hang") or verdict.startswith("SUSPICIOUS"):
             record["kept"] = h.keep(i, fmt, variant, mutant, result)
             line += "\n      kept: %s" % record["kept"]
@@ -1144,6 +1499,8 @@ def main():
     print("suspicious accepted: %d; accepted with a changed outcome, for review: %d; refused "
           "without an 'error: ' line: %d; %.0f s" % (len(suspicious), len(review), silent,
                                                      time.time() - t0))
+    if skipped:
+        print("skipped (--limit %s): %d mutants" % (args.limit, skipped))
     for title, lines in (("crashes and hangs", bad), ("suspicious", suspicious)):
         if lines:
             print("\n%s:" % title)
@@ -1155,9 +1512,9 @@ def main():
         for fmt, op, index in review:
             kinds.setdefault((fmt, review_kind(op)), []).append(index)
         for (fmt, kind), indices in sorted(kinds.items()):
-            print("  %4d  %-6s %s  (e.g. #%d)" % (len(indices), fmt, kind, indices[0]))
+            print("  %4d  %-8s %s  (e.g. #%d)" % (len(indices), fmt, kind, indices[0]))
     failed = len(bad) + (len(suspicious) if args.strict else 0)
-    print("%d passed, %d failed" % (args.count - failed, failed))
+    print("%d passed, %d failed" % (args.count - skipped - failed, failed))
     return 1 if failed else 0
 
 

@@ -8,7 +8,9 @@
 #     link list only its links; slack runs with both ends of every link agreeing; bf16/int8
 #     forward activations keep the losses within 1 %;
 #   - a resume from a checkpoint with compression on is bit-exact (losses and final weights of an
-#     uninterrupted run);
+#     uninterrupted run); compressor state files that do not fit (format, signature, a NaN, an
+#     extra tensor, a missing file, a metadata key given twice) are refused by name on every rank,
+#     a state file with another setting's signature drops the state with one warning;
 #   - convergence: tiny model, dp 2, 200 steps: PowerSGD rank 4 with error feedback ends within
 #     5 % of the uncompressed loss, and without error feedback measurably worse than with it.
 # usage: bash tests/mpi_compression.sh LOOM_BINARY TMPDIR
@@ -188,6 +190,78 @@ fi
 # another layout drops the state with one warning and trains on
 if run relayout 2 --pipeline-parallel 2 --pp-compression lowrank --steps 8 --resume full/checkpoints/step_00000004; then
     [ "$(grep -c "compressors start fresh" relayout.log)" = 1 ] && ok || fail "relayout: expected one warning"
+fi
+
+# ---- compressor state that does not fit: refused by name (exit 2 on every rank) ----
+# bad_checkpoint NAME WHAT: NAME/step_00000006, dp2_powersgd's last checkpoint with one file
+# edited (WHAT)
+bad_checkpoint() {
+    rm -rf "$1" && mkdir -p "$1" && cp -r dp2_powersgd/checkpoints/step_00000006 "$1/" &&
+        python3 - "$1/step_00000006" "$2" <<'PY'
+import json, os, struct, sys
+folder, what = sys.argv[1], sys.argv[2]
+def load(name):
+    blob = open(f"{folder}/{name}", "rb").read()
+    n = struct.unpack_from("<Q", blob)[0]
+    return json.loads(blob[8:8 + n]), bytearray(blob[8 + n:])
+def save(name, header, body, text=None):
+    raw = (text or json.dumps(header, separators=(",", ":"))).encode()
+    raw += b" " * (-len(raw) % 8)
+    open(f"{folder}/{name}", "wb").write(struct.pack("<Q", len(raw)) + raw + bytes(body))
+rank0, rank1 = "compress_rank00000.safetensors", "compress_rank00001.safetensors"
+if what == "format":
+    h, b = load(rank0); h["__metadata__"]["format"] = "loom.compress.v2"; save(rank0, h, b)
+elif what == "signature":
+    h, b = load(rank1); h["__metadata__"]["loom.compress"] = ""; save(rank1, h, b)
+elif what == "nan":  # in a warm-start factor
+    h, b = load(rank0)
+    q = next(k for k in h if k.endswith(".q"))
+    struct.pack_into("<f", b, h[q]["data_offsets"][0], float("nan"))
+    save(rank0, h, b)
+elif what == "extra":
+    h, b = load(rank0)
+    h["dp.99.residual"] = {"dtype": "F32", "shape": [1], "data_offsets": [len(b), len(b) + 4]}
+    save(rank0, h, b + struct.pack("<f", 1.0))
+elif what == "missing":
+    os.remove(f"{folder}/{rank1}")
+elif what == "duplicate":  # a metadata key twice in state.safetensors
+    h, b = load("state.safetensors")
+    text = json.dumps(h, separators=(",", ":"))
+    save("state.safetensors", h, b, text.replace('"format":', '"loom.compress":"x","format":', 1))
+elif what == "other":  # another setting's signature
+    h, b = load("state.safetensors")
+    meta = h["__metadata__"]
+    meta["loom.compress"] = meta["loom.compress"].replace("/r2/", "/r4/")
+    save("state.safetensors", h, b)
+PY
+}
+resume_flags=(--steps 7 --dp-compression powersgd --dp-compression-rank 2)
+# refused WHAT PATTERN: the resume from bad_WHAT exits 2, a message matches PATTERN, and each
+# rank says why it stops (its own message, or "another rank failed while setting up")
+refused() {
+    local name=bad_$1
+    bad_checkpoint "$name" "$1" || { fail "$name: could not make the checkpoint"; return; }
+    timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" "${resume_flags[@]}" \
+        --resume "$name/step_00000006" --out "${name}_run" >"$name.log" 2>&1
+    local rc=$?
+    [ $rc = 2 ] && grep -qE "$name/step_00000006/$2" "$name.log" &&
+        grep -q '^\[rank 0\] error: ' "$name.log" && grep -q '^\[rank 1\] error: ' "$name.log" &&
+        ok || fail "$name: expected exit 2, '$2' and a message from each rank; got exit $rc:" \
+        "$(grep error: "$name.log" | head -3)"
+}
+if [ -d dp2_powersgd/checkpoints/step_00000006 ]; then
+    c0='compress_rank00000\.safetensors' c1='compress_rank00001\.safetensors'
+    refused format "$c0: metadata 'format': expected \"loom\.compress\.v1\", got \"loom\.compress\.v2\""
+    refused signature "$c1: metadata 'loom\.compress': expected the checkpoint's \(\"files=.*\"\), got \"\"$"
+    refused nan "$c0: tensor 'dp\.[0-9]+\.q': expected finite values, got nan at index 0"
+    refused extra "$c0: tensor 'dp\.99\.residual' is none of this rank's compressor state \(expected"
+    refused missing "$c1: cannot open"
+    refused duplicate 'state\.safetensors: header: duplicate key "loom\.compress" in __metadata__ '
+    # another setting's signature in state.safetensors: one warning, and the run goes on
+    bad_checkpoint bad_other other && run bad_other_run 2 "${resume_flags[@]}" \
+        --resume bad_other/step_00000006 &&
+        [ "$(grep -c "compressors start fresh" bad_other_run.log)" = 1 ] && ok ||
+        fail "bad_other: expected one warning and the run to go on"
 fi
 
 # ---- convergence: 400 steps, dp 2, English text (the fortunes' "computers") ----

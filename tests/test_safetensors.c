@@ -468,6 +468,14 @@ static void test_bad_files(void) {
                "__metadata__[\"step\"] must be a string");
     expect_bad("meta_duplicate.safetensors", "{\"__metadata__\":{},\"__metadata__\":{}}", 0,
                "duplicate key \"__metadata__\"");
+    /* a duplicate inside an object is named with the object that holds it */
+    expect_bad("meta_key_duplicate.safetensors",
+               "{\"__metadata__\":{\"a\":\"1\",\"b,\\\"{\":\"}\",\"a\":\"2\"}}", 0,
+               "duplicate key \"a\" in __metadata__ near header byte");
+    expect_bad("field_duplicate.safetensors",
+               "{\"__metadata__\":{\"x\":\"[\"}, \"w\":{\"dtype\":\"F32\",\"shape\":[1],"
+               "\"dtype\":\"F32\",\"data_offsets\":[0,4]}}",
+               4, "duplicate key \"dtype\" in tensor 'w' near header byte");
 }
 
 /* ---- the writer refuses bad arguments and leaves no file ---------------------------------- */

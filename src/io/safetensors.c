@@ -531,19 +531,67 @@ static const char *duplicate_key_near(const char *header, int position, char *ou
     return out;
 }
 
+/* How deep header[0, end) leaves the parse (1: inside the top-level object) and the last
+ * top-level key read: for a duplicate key, the object that holds it ("__metadata__", a tensor's
+ * name) or, at depth 1, the key itself. */
+static int header_depth_at(const char *header, int end, char *top_key, size_t size) {
+    int depth = 0, in_string = 0, expect_key = 0, key_start = -1;
+    top_key[0] = '\0';
+    for (int i = 0; i < end; i++) {
+        char c = header[i];
+        if (in_string) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_string = 0;
+                if (key_start >= 0) {
+                    snprintf(top_key, size, "%.*s", i - key_start, header + key_start);
+                }
+            }
+        } else if (c == '"') {
+            in_string = 1;
+            key_start = depth == 1 && expect_key ? i + 1 : -1;
+            expect_key = 0;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            expect_key = depth == 1;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == ',' && depth == 1) {
+            expect_key = 1;
+        }
+    }
+    return depth;
+}
+
+static loom_status duplicate_key_error(const loom_safetensors *st, const char *header,
+                                       const json_error_t *error) {
+    char key[128], holder[128], place[160];
+    duplicate_key_near(header, error->position, key, sizeof key);
+    int depth = header_depth_at(header, error->position, holder, sizeof holder);
+    const char *rule = "tensor names must be unique";
+    place[0] = '\0';
+    if (depth >= 2 && !strcmp(holder, "__metadata__")) {
+        snprintf(place, sizeof place, " in __metadata__");
+        rule = "metadata keys must be unique";
+    } else if (depth >= 2) {
+        snprintf(place, sizeof place, " in tensor '%s'", holder);
+        rule = "a tensor's fields must be unique";
+    } else if (!strcmp(key, "__metadata__")) {
+        rule = "__metadata__ may appear once";
+    }
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: header: duplicate key \"%s\"%s near header byte %d (line %d, column %d); "
+                     "%s",
+                     st->path, key, place, error->position, error->line, error->column, rule);
+}
+
 static loom_status st_parse_header(loom_safetensors *st, const char *header) {
     json_error_t error;
     json_t *root = json_loadb(header, (size_t)st->header_len, JSON_REJECT_DUPLICATES, &error);
     if (!root) {
         enum json_error_code code = json_error_code(&error);
-        if (code == json_error_duplicate_key) {
-            char key[128];
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: header: duplicate key \"%s\" near header byte %d (line %d, "
-                             "column %d); tensor names must be unique",
-                             st->path, duplicate_key_near(header, error.position, key, sizeof key),
-                             error.position, error.line, error.column);
-        }
+        if (code == json_error_duplicate_key) return duplicate_key_error(st, header, &error);
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: header is not valid %sJSON: %s (header byte %d, line %d, column %d)",
                          st->path, code == json_error_invalid_utf8 ? "UTF-8 " : "", error.text,

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define COMPRESS_FORMAT "loom.compress.v1" /* metadata "format" of every compressor file */
+
 /* What must match for saved state to fit this run: the layout, the micro-batch shape (the
  * pipeline compressors' matrices) and every compression setting. */
 static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap) {
@@ -106,6 +108,17 @@ static loom_status state_list_make(loom_grad_sync *sync, loom_pipeline *pipe, st
     return LOOM_OK;
 }
 
+/* The first tensor of `file` that is none of the list's (NULL when there is none). */
+static const char *unknown_tensor(const loom_safetensors *file, const state_list *l) {
+    for (int i = 0; i < loom_safetensors_count(file); i++) {
+        const char *name = loom_safetensors_entry(file, i)->name;
+        int known = 0;
+        for (int k = 0; k < l->count && !known; k++) known = !strcmp(name, l->tensor_names[k]);
+        if (!known) return name;
+    }
+    return NULL;
+}
+
 static void file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
     snprintf(path, cap, "%s/compress_rank%05d.safetensors", dir,
              mesh->world ? loom_comm_rank(mesh->world) : 0);
@@ -128,7 +141,7 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
     if (st == LOOM_OK && l.count > 0) {
         char path[4200];
         file_of(dir, mesh, path, sizeof path);
-        const char *meta[] = {"format", "loom.compress.v1", "loom.compress", state->compress};
+        const char *meta[] = {"format", COMPRESS_FORMAT, "loom.compress", state->compress};
         st = loom_safetensors_write(path, l.tensors, l.count, meta, 2);
     }
     state_list_free(&l);
@@ -169,11 +182,18 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
     file_of(dir, mesh, path, sizeof path);
     loom_safetensors *file = NULL;
     if (st == LOOM_OK && l.count > 0) st = loom_safetensors_open(&file, path);
+    const char *format = file ? loom_safetensors_metadata(file, "format") : NULL;
+    if (st == LOOM_OK && l.count > 0 && (!format || strcmp(format, COMPRESS_FORMAT) != 0)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: metadata 'format': expected \"%s\", got %s%s%s", path,
+                       COMPRESS_FORMAT, format ? "\"" : "", format ? format : "none",
+                       format ? "\"" : "");
+    }
     const char *saved = file ? loom_safetensors_metadata(file, "loom.compress") : NULL;
     if (st == LOOM_OK && l.count > 0 && (!saved || strcmp(saved, want) != 0)) {
         st = loom_fail(LOOM_ERR_INPUT,
-                       "%s: metadata 'loom.compress': expected the checkpoint's (\"%s\"), got %s",
-                       path, want, saved ? saved : "none");
+                       "%s: metadata 'loom.compress': expected the checkpoint's (\"%s\"), got "
+                       "%s%s%s",
+                       path, want, saved ? "\"" : "", saved ? saved : "none", saved ? "\"" : "");
     }
     for (int k = 0; st == LOOM_OK && k < l.count; k++) {
         st =
@@ -187,8 +207,11 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
         }
     }
     if (st == LOOM_OK && file && loom_safetensors_count(file) != l.count) {
-        st = loom_fail(LOOM_ERR_INPUT, "%s: expected %d tensors, got %d", path, l.count,
-                       loom_safetensors_count(file));
+        const char *extra = unknown_tensor(file, &l);
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: tensor '%s' is none of this rank's compressor state (expected %d "
+                       "tensors, got %d)",
+                       path, extra ? extra : "?", l.count, loom_safetensors_count(file));
     }
     loom_safetensors_close(file);
     state_list_free(&l);
