@@ -89,7 +89,10 @@ parity_runs_dp=(
     "int8_noef:--seed 1 --dp-compression int8 --no-error-feedback"
     "bf16_ef:--seed 1 --dp-compression bf16"
     "bf16_noef:--seed 1 --dp-compression bf16 --no-error-feedback"
-    "sign_ef:--seed 1 --dp-compression sign")
+    "sign_ef:--seed 1 --dp-compression sign"
+    "powersgd_ef_warm200:--seed 1 --dp-compression powersgd --dp-compression-rank 4 --dp-compression-warmup-steps 200"
+    "powersgd_ef_r16:--seed 1 --dp-compression powersgd --dp-compression-rank 16")
+# micro batch 4: 2 micro-batches per step and replica, so that 1F1B has a cool-down to single out
 parity_runs_pp=(
     "pp_none:--seed 1"
     "pp_cb_lazy:--seed 1 --pp-compression lowrank --pp-compression-rank 8"
@@ -110,7 +113,8 @@ parity() {
         local name=${r%%:*} run=$OUT/parity_${r%%:*}
         # shellcheck disable=SC2086
         [ -f "$run/metrics.jsonl" ] && [ -n "$(last "$run" val_loss)" ] ||
-            show mpirun -np 4 "$LOOM" train "${small[@]}" --data-parallel 2 --pipeline-parallel 2 ${r#*:} \
+            show mpirun -np 4 "$LOOM" train "${small[@]}" --data-parallel 2 --pipeline-parallel 2 \
+                --micro-batch-size 4 ${r#*:} \
                 --out "$run" >"$run.log" 2>&1 || echo "  $name failed: $(tail -2 "$run.log")"
     done
     python3 - "$OUT" <<'PY'
@@ -128,7 +132,7 @@ if not base: sys.exit("no uncompressed runs")
 mean, lo, hi = statistics.mean(base), min(base), max(base)
 print(f"uncompressed dp 2, 3 seeds: final validation loss {mean:.4f} (band {lo:.4f} .. {hi:.4f}, "
       f"spread {100 * (hi - lo) / mean:.2f} %)")
-ref_pp = runs.get("pp_none", {}).get("val", [(0, None)])[-1][1]
+ref_pp = runs["pp_none"]["val"][-1][1] if runs.get("pp_none", {}).get("val") else None
 for k, v in runs.items():
     if k.startswith("none_seed") or not v["val"]: continue
     final = v["val"][-1][1]
@@ -212,10 +216,12 @@ slow() {
         netns_one_link "$rate"
         slow_run "${rate}_link_dp2_none" 2 "" "$few" --data-parallel 2 --no-zero1
         slow_run "${rate}_link_dp2_powersgd" 2 "" 12 --data-parallel 2 "${psgd[@]}"
+        slow_run "${rate}_link_dp2_powersgd_r16" 2 "" 12 --data-parallel 2 --dp-compression powersgd --dp-compression-rank 16
         ip netns del "$ns"
         netns_two_hosts "$rate"
         slow_run "${rate}_dpx_none" 4 0,1,0,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1
         slow_run "${rate}_dpx_powersgd" 4 0,1,0,1 12 --data-parallel 2 --pipeline-parallel 2 "${psgd[@]}"
+        slow_run "${rate}_dpx_powersgd_r16" 4 0,1,0,1 12 --data-parallel 2 --pipeline-parallel 2 --dp-compression powersgd --dp-compression-rank 16
         slow_run "${rate}_ppx_none" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1
         slow_run "${rate}_ppx_cb" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}"
         slow_run "${rate}_ppx_cb_epilogue" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}" --pp-compression-policy epilogue
@@ -237,7 +243,10 @@ def steps_to(run, target):  # the first validation at or below target (None: not
         if v <= target: return s
     return None
 pairs = [("link_dp2", "none_seed1", "powersgd", "powersgd_ef"),
+         ("link_dp2", "none_seed1", "powersgd", "powersgd_ef_warm200"),
+         ("link_dp2", "none_seed1", "powersgd_r16", "powersgd_ef_r16"),
          ("dpx", "none_seed1", "powersgd", "powersgd_ef"),
+         ("dpx", "none_seed1", "powersgd_r16", "powersgd_ef_r16"),
          ("ppx", "pp_none", "cb", "pp_cb_lazy"),
          ("ppx", "pp_none", "cb_epilogue", "pp_cb_epilogue"),
          ("ppx", "pp_none", "cb_slack", "pp_cb_slack")]
@@ -247,12 +256,14 @@ for layout, ref, method, parity in pairs:
     for rate in ("1gbit", "100mbit"):
         a, b = step_s(f"{rate}_{layout}_none"), step_s(f"{rate}_{layout}_{method}")
         if not a or not b: continue
+        warm = 200 if "warm200" in parity else 0  # those steps run uncompressed
         if n_c:
-            t = f"time to val loss {target:.4f}: {n_ref * a / 60:.1f} min vs {n_c * b / 60:.1f} min = {n_ref * a / (n_c * b):.1f}x shorter"
+            tc = min(warm, n_c) * a + max(n_c - warm, 0) * b
+            t = f"time to val loss {target:.4f}: {n_ref * a / 60:.1f} min vs {tc / 60:.1f} min = {n_ref * a / tc:.1f}x shorter"
         else:
             last = val_curve(parity)[-1]
             t = f"{parity} does not reach {target:.4f} in {last[0]} steps (ends at {last[1]:.4f})"
-        print(f"{rate:7s} {layout:8s} {method:12s} step {a:.3f} s -> {b:.3f} s ({a / b:.1f}x); {t}")
+        print(f"{rate:7s} {layout:8s} {parity:20s} step {a:.3f} s -> {b:.3f} s ({a / b:.1f}x); {t}")
 PY
 }
 
