@@ -261,8 +261,20 @@ for layout, ref, method, parity in pairs:
             tc = min(warm, n_c) * a + max(n_c - warm, 0) * b
             t = f"time to val loss {target:.4f}: {n_ref * a / 60:.1f} min vs {tc / 60:.1f} min = {n_ref * a / tc:.1f}x shorter"
         else:
+            # the other way round: how long the uncompressed run takes to reach the compressed
+            # run's final loss (validations every 250 steps, linear in between)
             last = val_curve(parity)[-1]
+            prev, n_back = (0, 99.0), None
+            for s, v in val_curve(ref):
+                if v <= last[1]:
+                    n_back = prev[0] + (s - prev[0]) * (prev[1] - last[1]) / (prev[1] - v)
+                    break
+                prev = (s, v)
             t = f"{parity} does not reach {target:.4f} in {last[0]} steps (ends at {last[1]:.4f})"
+            if n_back:
+                tc = min(warm, last[0]) * a + max(last[0] - warm, 0) * b
+                t += (f"; to {last[1]:.4f}: uncompressed {n_back * a / 60:.1f} min (step {n_back:.0f}) "
+                      f"vs {tc / 60:.1f} min = {n_back * a / tc:.1f}x shorter")
         print(f"{rate:7s} {layout:8s} {parity:20s} step {a:.3f} s -> {b:.3f} s ({a / b:.1f}x); {t}")
 PY
 }
