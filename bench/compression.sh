@@ -91,6 +91,7 @@ parity_runs_dp=(
     "bf16_noef:--seed 1 --dp-compression bf16 --no-error-feedback"
     "sign_ef:--seed 1 --dp-compression sign"
     "powersgd_ef_warm200:--seed 1 --dp-compression powersgd --dp-compression-rank 4 --dp-compression-warmup-steps 200"
+    "powersgd_ef_r8:--seed 1 --dp-compression powersgd --dp-compression-rank 8"
     "powersgd_ef_r16:--seed 1 --dp-compression powersgd --dp-compression-rank 16")
 # micro batch 4: 2 micro-batches per step and replica, so that 1F1B has a cool-down to single out
 parity_runs_pp=(
