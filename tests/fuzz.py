@@ -1128,6 +1128,15 @@ class Harness:
 
         train = [self.loom, "train"]
         tiny = ["--model", "tiny"] + TINY
+
+        def sample_checkpoint(m):
+            return [self.loom, "sample", "--checkpoint", m, "--tokens", "8", "--seed", "3",
+                    "--threads", "1", "--prompt", "the"]
+
+        def eval_checkpoint(m):
+            return [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin", "--threads",
+                    "1", "--max-windows", "8"]
+
         table = {
             "shard": [
                 ("train --data", put("m.bin"),
@@ -1143,12 +1152,8 @@ class Harness:
                 ("train --init-from", put("m.bin"),
                  lambda m: train + TINY + data + ["--init-from", m, "--steps", "2"] + RUN_FLAGS,
                  "train"),
-                ("sample --checkpoint", put("m.bin"),
-                 lambda m: [self.loom, "sample", "--checkpoint", m, "--tokens", "8", "--seed",
-                            "3", "--threads", "1", "--prompt", "the"], "stdout"),
-                ("eval --checkpoint", put("m.bin"),
-                 lambda m: [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin",
-                            "--threads", "1", "--max-windows", "8"], "stdout"),
+                ("sample --checkpoint", put("m.bin"), sample_checkpoint, "stdout"),
+                ("eval --checkpoint", put("m.bin"), eval_checkpoint, "stdout"),
             ],
             "model": [
                 ("train --init-from", put("m.safetensors"),
@@ -1157,12 +1162,8 @@ class Harness:
                 ("train --resume", run_dir("model.safetensors"),
                  lambda m: train + TINY + data + ["--resume", m, "--steps", "2"] + RUN_FLAGS,
                  "train"),
-                ("sample --checkpoint", put("m.safetensors"),
-                 lambda m: [self.loom, "sample", "--checkpoint", m, "--tokens", "8", "--seed",
-                            "3", "--threads", "1", "--prompt", "the"], "stdout"),
-                ("eval --checkpoint", put("m.safetensors"),
-                 lambda m: [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin",
-                            "--threads", "1", "--max-windows", "8"], "stdout"),
+                ("sample --checkpoint", put("m.safetensors"), sample_checkpoint, "stdout"),
+                ("eval --checkpoint", put("m.safetensors"), eval_checkpoint, "stdout"),
             ],
             "state": [
                 ("train --resume", run_dir("state.safetensors"),

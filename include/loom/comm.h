@@ -123,8 +123,7 @@ loom_status loom_comm_recv(loom_comm *comm, void *buf, int64_t bytes, int peer, 
  * loom_comm_test on it now and then (between layers, say). */
 loom_status loom_comm_iallreduce_f32(loom_comm *comm, float *buf, int64_t count,
                                      loom_comm_request **request);
-/* Non-blocking allgather: recv (size*count) = every rank's send (count) in rank order; send
- * must not overlap recv. */
+/* Non-blocking allgather: as loom_comm_allgather_f32 (in place allowed likewise). */
 loom_status loom_comm_iallgather_f32(loom_comm *comm, const float *send, float *recv, int64_t count,
                                      loom_comm_request **request);
 loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag,

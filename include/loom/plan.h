@@ -216,6 +216,12 @@ void loom_plan_compression_flags_defaults(loom_plan_compression_flags *flags);
  * none). The rules that need the mesh are loom_plan_check's. */
 loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *flags,
                                              loom_plan_compressor *dp, loom_plan_compressor *pp);
+/* loom_plan_from_request with the request's compression taken from the flags (what `loom train`
+ * and `loom plan` build): the flags' errors first, then the request's. On failure the plan is
+ * left empty. */
+loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
+                                 loom_plan_request request,
+                                 const loom_plan_compression_flags *flags, int world_size);
 /* The flags that ask for the plan's compression (for showing a resolved configuration). */
 void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *flags);
 
@@ -232,6 +238,9 @@ int loom_plan_num_micro_batches(const loom_plan *plan);
 /* Whether `compressor` is on (method other than "none") for pipeline stage `stage` (for
  * pp_compression: for link `stage`, between stages stage and stage + 1). */
 int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage);
+/* Whether the plan compresses data-parallel gradients or pipeline gradients (either method other
+ * than "none"): what keeps compressor state and reports compression metrics. */
+int loom_plan_compresses(const loom_plan *plan);
 
 /* A short human summary: model, batch, mesh, stages with their layer ranges, compression, and
  * the rank layout table "rank -> (pp, dp, tp)" (the first 64 ranks, then a count). */

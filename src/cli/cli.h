@@ -59,7 +59,7 @@ typedef struct {
         ROW("--pp-forward-compression", OPT_STRING, compression.pp_forward_compression,            \
             "activations sent forward between stages: none (default), bf16 or int8"),              \
         ROW("--no-lazy-error", OPT_FLAG, compression.no_lazy_error,                                \
-            "pipeline compression error fed back at once instead of lazily (Optimus-CC)"),         \
+            "drop the pipeline compression error instead of adding it to the sender's next send"), \
         ROW("--embedding-sync", OPT_STRING, compression.embedding_sync,                            \
             "tied embedding's gradient: separate (default) or fused (one allreduce over the "      \
             "first and last stages of every replica; needs pp > 1)")

@@ -137,10 +137,6 @@ static int run_build(const plan_args *args) {
                        "--ranks: expected a positive world size (0 = no check), got %d",
                        args->ranks);
     }
-    loom_plan_compressor dp, pp;
-    loom_plan_compressor_init(&dp);
-    loom_plan_compressor_init(&pp);
-    if (st == LOOM_OK) st = loom_plan_compression_from_flags(&args->compression, &dp, &pp);
     loom_plan_request request = {.dp = args->dp,
                                  .tp = args->tp,
                                  .pp = args->pp,
@@ -149,15 +145,12 @@ static int run_build(const plan_args *args) {
                                  .micro_batches = args->micro_batches,
                                  .schedule = args->schedule,
                                  .stage_layers = args->stage_layers,
-                                 .recompute = args->recompute,
-                                 .dp_compression = &dp,
-                                 .pp_compression = &pp,
-                                 .embedding_sync = args->compression.embedding_sync};
+                                 .recompute = args->recompute};
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) st = loom_plan_from_request(&plan, &model, &request, args->ranks);
-    loom_plan_compressor_free(&dp);
-    loom_plan_compressor_free(&pp);
+    if (st == LOOM_OK) {
+        st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
+    }
     if (st == LOOM_OK) st = prepare_out(args->out);
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {

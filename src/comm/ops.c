@@ -283,9 +283,10 @@ loom_status loom_comm_reduce_scatter_f32(loom_comm *comm, const float *send, flo
     return status;
 }
 
-loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *recv,
-                                    int64_t count) {
-    comm_note_activity();
+/* An allgather's buffers: valid, and send either this rank's block of recv (in place) or
+ * apart from it. */
+static loom_status check_allgather(const loom_comm *comm, const float *send, const float *recv,
+                                   int64_t count) {
     const char *op = "allgather";
     loom_status status = check_buffer(comm, op, send, count);
     if (status == LOOM_OK) status = check_buffer(comm, op, recv, count);
@@ -298,6 +299,14 @@ loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *r
                          "rank's block of recv)",
                          op, comm->name);
     }
+    return LOOM_OK;
+}
+
+loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *recv,
+                                    int64_t count) {
+    comm_note_activity();
+    loom_status status = check_allgather(comm, send, recv, count);
+    if (status != LOOM_OK) return status;
     double t0 = loom_now();
     struct loom_comm_request request;
     status = start_allgather(comm, send, recv, count, &request);
@@ -384,14 +393,8 @@ loom_status loom_comm_iallgather_f32(loom_comm *comm, const float *send, float *
                                      loom_comm_request **out) {
     *out = NULL;
     comm_note_activity();
-    const char *op = "allgather";
-    loom_status status = check_buffer(comm, op, send, count);
-    if (status == LOOM_OK) status = check_buffer(comm, op, recv, count);
+    loom_status status = check_allgather(comm, send, recv, count);
     if (status != LOOM_OK) return status;
-    size_t bytes = (size_t)count * sizeof(float);
-    if (overlaps(send, bytes, recv, bytes * (size_t)comm->size)) {
-        return loom_fail(LOOM_ERR_RUNTIME, "%s on group '%s': send overlaps recv", op, comm->name);
-    }
     loom_comm_request *request = new_request();
     if (!request) return LOOM_ERR_NOMEM;
     status = start_allgather(comm, send, recv, count, request);

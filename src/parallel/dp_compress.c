@@ -8,7 +8,8 @@
  */
 #include "parallel_internal.h"
 
-#include <math.h>
+#include "loom/ops.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,15 +139,10 @@ void loom_dp_compress_free(loom_dp_compress *dc) {
     free(dc);
 }
 
-static double squares(const float *x, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
-    return s;
-}
-
-/* Notes the input's size before a lossy encode, for the compression-error metric. */
+/* Notes the input's size before a lossy encode, for the compression-error metric (the
+ * compressors run on the CPU, so the CPU backend's threaded sum). */
 static void note_input(loom_dp_compress *dc, const float *g, const loom_grad_matrix *m) {
-    dc->stats.input_sq += squares(g, (size_t)(m->rows * m->cols));
+    dc->stats.input_sq += loom_backend_cpu()->sum_squares(g, m->rows * m->cols);
 }
 
 loom_status loom_dp_compress_start(loom_dp_compress *dc, int b, float *grads, loom_comm *dp,

@@ -169,6 +169,21 @@ loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *
     return st;
 }
 
+loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
+                                 loom_plan_request request,
+                                 const loom_plan_compression_flags *flags, int world_size) {
+    loom_plan_init(plan);
+    loom_plan_compressor dp, pp;
+    loom_status st = loom_plan_compression_from_flags(flags, &dp, &pp);
+    if (st != LOOM_OK) return st;
+    request.dp_compression = &dp, request.pp_compression = &pp;
+    request.embedding_sync = flags->embedding_sync;
+    st = loom_plan_from_request(plan, model, &request, world_size);
+    loom_plan_compressor_free(&dp);
+    loom_plan_compressor_free(&pp);
+    return st;
+}
+
 /* "0,2" (empty for none), truncated to cap. */
 static void format_indices(const int *list, int n, char *buf, size_t cap) {
     size_t used = 0;

@@ -689,6 +689,11 @@ int loom_plan_num_micro_batches(const loom_plan *plan) {
     return per_pipeline > 0 ? (int)(plan->global_batch / per_pipeline) : 0;
 }
 
+int loom_plan_compresses(const loom_plan *plan) {
+    return strcmp(plan->dp_compression.method, "none") != 0 ||
+           strcmp(plan->pp_compression.method, "none") != 0;
+}
+
 int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage) {
     if (strcmp(compressor->method, "none") == 0) return 0;
     if (compressor->num_stages == 0) return 1;

@@ -129,9 +129,7 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
                                    loom_ckpt_state *state) {
     state->compress[0] = '\0';
     const loom_plan *plan = mesh->plan;
-    if (!strcmp(plan->dp_compression.method, "none") &&
-        !strcmp(plan->pp_compression.method, "none"))
-        return LOOM_OK;
+    if (!loom_plan_compresses(plan)) return LOOM_OK;
     signature(plan, seq_len, state->compress, sizeof state->compress);
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
@@ -160,9 +158,7 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
                                    loom_grad_sync *sync, loom_pipeline *pipe,
                                    const loom_ckpt_state *state) {
     const loom_plan *plan = mesh->plan;
-    if (!strcmp(plan->dp_compression.method, "none") &&
-        !strcmp(plan->pp_compression.method, "none"))
-        return LOOM_OK;
+    if (!loom_plan_compresses(plan)) return LOOM_OK;
     char want[sizeof state->compress];
     signature(plan, seq_len, want, sizeof want);
     if (strcmp(want, state->compress) != 0) {
@@ -220,9 +216,7 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
 
 void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_pipeline *pipe) {
     const loom_plan *plan = mesh->plan;
-    if (!strcmp(plan->dp_compression.method, "none") &&
-        !strcmp(plan->pp_compression.method, "none"))
-        return;
+    if (!loom_plan_compresses(plan)) return;
     size_t dp = loom_grad_sync_state_bytes(sync);
     loom_compressor *pp = loom_pipeline_compressor(pipe);
     size_t pp_bytes = pp ? loom_compressor_state_bytes(pp) : 0;

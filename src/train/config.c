@@ -78,9 +78,6 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
     loom_gpt_config model;
     loom_status st = loom_train_model_config(c, &model);
     if (st != LOOM_OK) return st;
-    loom_plan_compressor dp, pp;
-    st = loom_plan_compression_from_flags(&c->compression, &dp, &pp);
-    if (st != LOOM_OK) return st;
     loom_plan_request request = {.dp = c->data_parallel,
                                  .tp = c->tensor_parallel,
                                  .pp = c->pipeline_parallel,
@@ -89,14 +86,9 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
                                  .micro_batches = c->micro_batches,
                                  .schedule = c->schedule,
                                  .stage_layers = c->stage_layers,
-                                 .recompute = c->recompute,
-                                 .dp_compression = &dp,
-                                 .pp_compression = &pp,
-                                 .embedding_sync = c->compression.embedding_sync};
-    st = loom_plan_from_request(plan, &model, &request, world_size > 1 ? world_size : 1);
-    loom_plan_compressor_free(&dp);
-    loom_plan_compressor_free(&pp);
-    return st;
+                                 .recompute = c->recompute};
+    return loom_plan_from_flags(plan, &model, request, &c->compression,
+                                world_size > 1 ? world_size : 1);
 }
 
 loom_status loom_train_config_check(const loom_train_config *c) {

@@ -245,11 +245,6 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
     return st;
 }
 
-static int compressing(const loom_plan *plan) {
-    return strcmp(plan->dp_compression.method, "none") != 0 ||
-           strcmp(plan->pp_compression.method, "none") != 0;
-}
-
 /* The progress line's note: how much less each compressed kind of traffic sent. */
 static void compression_note(loom_step_record *r, const double *sums) {
     const loom_plan *plan = r->mesh->plan;
@@ -290,7 +285,7 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
         snprintf(key, sizeof key, "%s_s", names[g]);
         json_object_set_new(obj, key, number(stats[g].seconds));
     }
-    if (r->mesh->world && compressing(r->mesh->plan)) {
+    if (r->mesh->world && loom_plan_compresses(r->mesh->plan)) {
         static const struct {
             const char *key;
             int a, b; /* sums[a] + sums[b] (b < 0: none) */
