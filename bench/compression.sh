@@ -14,7 +14,7 @@
 #               (dp 2, pp 2) on two emulated hosts with DP or PP across them, without and with
 #               compression; then time to the uncompressed run's final validation loss = steps
 #               to that loss (from the parity runs) x step time on the slow link
-# usage: bash bench/compression.sh [throughput|bytes|parity|slow|all] [OUT]   (build first)
+# usage: bash bench/compression.sh [throughput|bytes|parity|slow|time-to-loss|all] [OUT]   (build first)
 # Every figure is printed with the command that made it; the parity runs take about an hour on 2
 # cores.
 set -euo pipefail
@@ -92,7 +92,11 @@ parity_runs_dp=(
     "sign_ef:--seed 1 --dp-compression sign"
     "powersgd_ef_warm200:--seed 1 --dp-compression powersgd --dp-compression-rank 4 --dp-compression-warmup-steps 200"
     "powersgd_ef_r8:--seed 1 --dp-compression powersgd --dp-compression-rank 8"
-    "powersgd_ef_r16:--seed 1 --dp-compression powersgd --dp-compression-rank 16")
+    "powersgd_ef_r16:--seed 1 --dp-compression powersgd --dp-compression-rank 16"
+    # longer schedules, for the time to the uncompressed run's final loss (each method may
+    # train for as many steps as it needs; the learning-rate schedule stretches with --steps)
+    "powersgd_ef_r16_3000:--seed 1 --dp-compression powersgd --dp-compression-rank 16 --steps 3000"
+    "powersgd_ef_r4_4000:--seed 1 --dp-compression powersgd --dp-compression-rank 4 --steps 4000")
 # micro batch 4: 2 micro-batches per step and replica, so that 1F1B has a cool-down to single out
 parity_runs_pp=(
     "pp_none:--seed 1"
@@ -229,6 +233,12 @@ slow() {
         slow_run "${rate}_ppx_cb_slack" 4 0,0,1,1 "$few" --data-parallel 2 --pipeline-parallel 2 --no-zero1 "${cb[@]}" --pp-compression-policy slack
         ip netns del "$ns"
     done
+    time_to_loss
+}
+
+# Time to the uncompressed run's final validation loss: steps to it (from the parity runs, which
+# do not depend on the link) x the slow runs' step time. Reads outputs only.
+time_to_loss() {
     python3 - "$OUT" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
@@ -237,8 +247,10 @@ def step_s(name):  # median over the steps after the first
     if not os.path.exists(path): return None
     ms = [r["ms"] for r in map(json.loads, open(path)) if "ms" in r and r["step"] > 1]
     return statistics.median(ms) / 1e3 if ms else None
-def val_curve(run):
-    return [(r["step"], r["val_loss"]) for r in map(json.loads, open(f"{out}/parity_{run}/metrics.jsonl")) if "val_loss" in r]
+def val_curve(run):  # [] when the run has not been made
+    path = f"{out}/parity_{run}/metrics.jsonl"
+    if not os.path.exists(path): return []
+    return [(r["step"], r["val_loss"]) for r in map(json.loads, open(path)) if "val_loss" in r]
 def steps_to(run, target):  # the first validation at or below target (None: not within the run)
     for s, v in val_curve(run):
         if v <= target: return s
@@ -246,12 +258,19 @@ def steps_to(run, target):  # the first validation at or below target (None: not
 pairs = [("link_dp2", "none_seed1", "powersgd", "powersgd_ef"),
          ("link_dp2", "none_seed1", "powersgd", "powersgd_ef_warm200"),
          ("link_dp2", "none_seed1", "powersgd_r16", "powersgd_ef_r16"),
+         ("link_dp2", "none_seed1", "powersgd", "powersgd_ef_r4_4000"),
+         ("link_dp2", "none_seed1", "powersgd_r16", "powersgd_ef_r16_3000"),
          ("dpx", "none_seed1", "powersgd", "powersgd_ef"),
          ("dpx", "none_seed1", "powersgd_r16", "powersgd_ef_r16"),
+         ("dpx", "none_seed1", "powersgd", "powersgd_ef_r4_4000"),
+         ("dpx", "none_seed1", "powersgd_r16", "powersgd_ef_r16_3000"),
          ("ppx", "pp_none", "cb", "pp_cb_lazy"),
          ("ppx", "pp_none", "cb_epilogue", "pp_cb_epilogue"),
          ("ppx", "pp_none", "cb_slack", "pp_cb_slack")]
 for layout, ref, method, parity in pairs:
+    if not val_curve(ref) or not val_curve(parity):
+        print(f"{layout:8s} {parity:20s} (no parity run yet: bash bench/compression.sh parity)")
+        continue
     target = val_curve(ref)[-1][1]
     n_ref, n_c = steps_to(ref, target), steps_to(parity, target)
     for rate in ("1gbit", "100mbit"):
@@ -285,6 +304,7 @@ throughput) throughput ;;
 bytes) bytes ;;
 parity) parity ;;
 slow) slow ;;
+time-to-loss) time_to_loss ;;
 all) throughput && bytes && parity && slow ;;
-*) echo "usage: $0 [throughput|bytes|parity|slow|all] [OUT]" >&2; exit 2 ;;
+*) echo "usage: $0 [throughput|bytes|parity|slow|time-to-loss|all] [OUT]" >&2; exit 2 ;;
 esac
