@@ -2,7 +2,8 @@
  * pipe_sim.c — a test tool: the pipeline simulator's prediction of one step, for scripts that
  * compare it with a measured trace (sim_vs_trace.sh).
  * usage: pipe_sim KIND MICRO_BATCHES FORWARD_S BACKWARD_S [ACT_LINK_S GRAD_LINK_S]
- *   KIND          gpipe or 1f1b
+ *   KIND          gpipe, 1f1b or zb-h1 (one chunk per rank; zb-h1's B and W each take half
+ *                 of BACKWARD_S)
  *   FORWARD_S     comma-separated forward time of one micro-batch per stage, seconds; the
  *                 number of entries is the number of stages p
  *   BACKWARD_S    the same for backward (p entries)
@@ -59,14 +60,18 @@ int main(int argc, char **argv) {
         return usage("ACT_LINK_S, GRAD_LINK_S: expected one entry per link (stages - 1)");
     }
 
+    if (loom_schedule_kind_chunks(kind) != 1) return usage("KIND: expected gpipe, 1f1b or zb-h1");
+    double half[MAX_STAGES];
+    for (int s = 0; s < stages; s++) half[s] = backward[s] / 2;
+    loom_pipe_shape shape = {kind, stages, 1, micro_batches};
     loom_pipe_stage_schedule schedules[MAX_STAGES] = {{0}};
     loom_status st = LOOM_OK;
     for (int s = 0; s < stages && st == LOOM_OK; s++) {
-        st = loom_pipe_schedule(kind, stages, micro_batches, s, &schedules[s]);
+        st = loom_pipe_schedule_build(&shape, s, &schedules[s]);
     }
-    loom_pipe_sim_times times = {stages, links, forward, backward, act_link, grad_link};
+    loom_pipe_sim_times times = {stages, links, forward, backward, act_link, grad_link, half, half};
     loom_pipe_sim_result result;
-    if (st == LOOM_OK) st = loom_pipe_simulate(schedules, stages, &times, &result);
+    if (st == LOOM_OK) st = loom_pipe_simulate(&shape, schedules, &times, &result);
     if (st == LOOM_OK) {
         printf("%.9f\n", result.makespan_s);
         for (int s = 0; s < stages; s++) {

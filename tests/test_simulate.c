@@ -14,24 +14,33 @@
 #include <string.h>
 
 #define MAX_STAGES  6
-#define MAX_ACTIONS 64 /* per stage, in the random cases */
+#define MAX_ACTIONS 160 /* per stage, in the random cases */
+#define MAX_V       (MAX_STAGES * 3)
 
 typedef struct {
+    loom_pipe_shape shape;
     loom_pipe_stage_schedule stage[MAX_STAGES];
     int stages;
 } pipeline;
 
-static int build(pipeline *pl, loom_schedule_kind kind, int stages, int micro_batches) {
+static int build_shape(pipeline *pl, loom_schedule_kind kind, int stages, int chunks,
+                       int micro_batches) {
     memset(pl, 0, sizeof *pl);
     pl->stages = stages;
+    pl->shape = (loom_pipe_shape){kind, stages, chunks, micro_batches};
     for (int s = 0; s < stages; s++) {
-        if (loom_pipe_schedule(kind, stages, micro_batches, s, &pl->stage[s]) != LOOM_OK) {
-            CHECK(0, "loom_pipe_schedule(%s, %d, %d, %d): %s", loom_schedule_kind_name(kind),
-                  stages, micro_batches, s, loom_last_error());
+        if (loom_pipe_schedule_build(&pl->shape, s, &pl->stage[s]) != LOOM_OK) {
+            CHECK(0, "loom_pipe_schedule_build(%s, p %d, v %d, m %d, rank %d): %s",
+                  loom_schedule_kind_name(kind), stages, chunks, micro_batches, s,
+                  loom_last_error());
             return 0;
         }
     }
     return 1;
+}
+
+static int build(pipeline *pl, loom_schedule_kind kind, int stages, int micro_batches) {
+    return build_shape(pl, kind, stages, loom_schedule_kind_chunks(kind), micro_batches);
 }
 
 static void free_pipeline(pipeline *pl) {
@@ -40,7 +49,8 @@ static void free_pipeline(pipeline *pl) {
 
 static loom_pipe_sim_times times_of(int stages, const double *forward, const double *backward,
                                     const double *act_link, const double *grad_link) {
-    return (loom_pipe_sim_times){stages, stages - 1, forward, backward, act_link, grad_link};
+    return (loom_pipe_sim_times){stages,   stages - 1, forward, backward,
+                                 act_link, grad_link,  NULL,    NULL};
 }
 
 static const char *abbreviation[] = {"RA", "F", "SA", "RG", "B", "SG"};
@@ -100,7 +110,7 @@ static void test_1f1b_two_stages(void) {
     double forward[] = {1, 1}, backward[] = {2, 2}, link[] = {0.5};
     loom_pipe_sim_times times = times_of(2, forward, backward, link, link);
     loom_pipe_sim_result r;
-    loom_status st = loom_pipe_simulate(pl.stage, 2, &times, &r);
+    loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
     CHECK(st == LOOM_OK, "1f1b p=2 m=2: %s", loom_last_error());
     if (st == LOOM_OK) {
         static const expected_action stage0[] = {
@@ -113,7 +123,7 @@ static void test_1f1b_two_stages(void) {
             {"B1", 5.5, 7.5, 0, 0},  {"SG1", 7.5, 7.5, 0, 0},
         };
         CHECK(r.makespan_s == 10.0, "1f1b p=2 m=2: makespan %g, expected 10", r.makespan_s);
-        CHECK(r.stages == 2, "result has %d stages", r.stages);
+        CHECK(r.ranks == 2, "result has %d ranks", r.ranks);
         check_stage("1f1b p=2 m=2", &pl, &r, 0, ROWS(stage0));
         check_stage("1f1b p=2 m=2", &pl, &r, 1, ROWS(stage1));
         CHECK(r.stage[0][1].arrival_s == 1.5 && r.stage[1][4].arrival_s == 5.0,
@@ -200,7 +210,7 @@ static void test_slow_link_makes_send_critical(void) {
         double grad_link[] = {cases[c].grad_link};
         loom_pipe_sim_times times = times_of(2, forward, backward, act_link, grad_link);
         loom_pipe_sim_result r;
-        loom_status st = loom_pipe_simulate(pl.stage, 2, &times, &r);
+        loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
         CHECK(st == LOOM_OK, "%s: %s", cases[c].what, loom_last_error());
         if (st != LOOM_OK) continue;
         CHECK(r.makespan_s == cases[c].makespan, "%s: makespan %g, expected %g", cases[c].what,
@@ -226,7 +236,7 @@ static void test_uneven_stages(void) {
     double forward[] = {2, 1}, backward[] = {4, 2}, link[] = {0};
     loom_pipe_sim_times times = times_of(2, forward, backward, link, link);
     loom_pipe_sim_result r;
-    loom_status st = loom_pipe_simulate(pl.stage, 2, &times, &r);
+    loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
     CHECK(st == LOOM_OK, "uneven: %s", loom_last_error());
     if (st == LOOM_OK) {
         static const expected_action stage0[] = {
@@ -261,7 +271,7 @@ static void test_gpipe_equals_1f1b(void) {
                 loom_pipe_sim_times times = times_of(p, forward, backward, link, link);
                 if (p == 1) times.act_link_s = times.grad_link_s = NULL;
                 loom_pipe_sim_result r;
-                if (loom_pipe_simulate(pl.stage, p, &times, &r) == LOOM_OK) {
+                if (loom_pipe_simulate(&pl.shape, pl.stage, &times, &r) == LOOM_OK) {
                     makespan[k] = r.makespan_s;
                 } else {
                     CHECK(0, "%s p=%d m=%d: %s", loom_schedule_kind_name(kind), p, m,
@@ -286,7 +296,7 @@ static void expect_input_error(loom_status st, const loom_pipe_sim_result *r, co
     CHECK(strstr(loom_last_error(), needle) != NULL, "%s: message \"%s\" does not name \"%s\"",
           what, loom_last_error(), needle);
     if (r) {
-        CHECK(r->stage == NULL && r->memory == NULL && r->stages == 0, "%s: output not emptied",
+        CHECK(r->stage == NULL && r->memory == NULL && r->ranks == 0, "%s: output not emptied",
               what);
     }
 }
@@ -297,10 +307,11 @@ static loom_status simulate_two(loom_pipe_action *stage0, int count0, loom_pipe_
     loom_pipe_stage_schedule schedules[2] = {{stage0, count0}, {stage1, count1}};
     double forward[] = {1, 1}, backward[] = {2, 2}, link[] = {0};
     loom_pipe_sim_times times = times_of(2, forward, backward, link, link);
-    return loom_pipe_simulate(schedules, 2, &times, r);
+    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, 2, 1, 1};
+    return loom_pipe_simulate(&shape, schedules, &times, r);
 }
 
-#define A(op, mb) ((loom_pipe_action){LOOM_PIPE_##op, (mb)})
+#define A(op, mb) ((loom_pipe_action){LOOM_PIPE_##op, (mb), 0})
 
 static void test_bad_schedules(void) {
     loom_pipe_sim_result r;
@@ -327,11 +338,12 @@ static void test_bad_schedules(void) {
     loom_pipe_action swapped1[] = {A(RECV_ACT, 1), A(FORWARD, 0), A(BACKWARD, 0), A(SEND_GRAD, 0)};
     loom_pipe_action plain0[] = {A(FORWARD, 0), A(SEND_ACT, 0), A(RECV_GRAD, 0), A(BACKWARD, 0)};
     expect_input_error(simulate_two(plain0, 4, swapped1, 4, &r), &r,
-                       "link 0-1: activation message 0 is micro-batch 0 on stage 0 (action 1) but "
-                       "1 on stage 1 (action 0)",
+                       "stages 0 -> 1: activation message 0 is micro-batch 0 across boundary 0 "
+                       "on stage 0 (action 1) but micro-batch 1 across boundary 0 on stage 1 "
+                       "(action 0)",
                        "mismatched micro-batch");
     expect_input_error(simulate_two(plain0, 4, wait1, 3, &r), &r,
-                       "link 0-1: gradient message 0 (stage 0 action 2, recv_grad of "
+                       "stages 1 -> 0: gradient message 0 (stage 0 action 2, recv_grad of "
                        "micro-batch 0) has no partner on stage 1",
                        "receive without a send");
     loom_pipe_action extra0[] = {A(FORWARD, 0), A(SEND_ACT, 0), A(SEND_ACT, 0), A(RECV_GRAD, 0),
@@ -344,7 +356,7 @@ static void test_bad_schedules(void) {
     expect_input_error(simulate_two(across, 3, wait1, 4, &r), &r,
                        "stage 0 action 0: recv_act across the end of a 2-stage pipeline",
                        "receive from before the first stage");
-    loom_pipe_action bad_op[] = {A(FORWARD, 0), {(loom_pipe_op)9, 0}};
+    loom_pipe_action bad_op[] = {A(FORWARD, 0), {(loom_pipe_op)9, 0, 0}};
     expect_input_error(simulate_two(bad_op, 2, wait1, 4, &r), &r, "stage 0 action 1: op 9",
                        "op out of range");
     loom_pipe_action bad_mb[] = {A(FORWARD, -3)};
@@ -362,37 +374,47 @@ static void test_bad_arguments(void) {
     loom_pipe_sim_times good = times_of(2, forward, backward, link, link), t;
     loom_pipe_sim_result r = {0};
 
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &good, NULL), NULL, "no output",
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &good, NULL), NULL, "no output",
                        "NULL output");
-    expect_input_error(loom_pipe_simulate(NULL, 2, &good, &r), &r, "schedules is NULL",
+    expect_input_error(loom_pipe_simulate(&pl.shape, NULL, &good, &r), &r, "schedules is NULL",
                        "NULL schedules");
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, NULL, &r), &r, "times is NULL",
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, NULL, &r), &r, "times is NULL",
                        "NULL times");
-    expect_input_error(loom_pipe_simulate(pl.stage, 0, &good, &r), &r,
+    loom_pipe_shape none = {LOOM_SCHEDULE_1F1B, 0, 1, 2};
+    expect_input_error(loom_pipe_simulate(&none, pl.stage, &good, &r), &r,
                        "stages must be at least 1, got 0", "stages 0");
-    expect_input_error(loom_pipe_simulate(pl.stage, 1, &good, &r), &r,
-                       "times.stages = 2, expected 1", "times for more stages");
+    expect_input_error(loom_pipe_simulate(NULL, pl.stage, &good, &r), &r, "no shape", "NULL shape");
     t = good, t.stages = 3;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r, "times.stages = 3, expected 2",
-                       "3 stage times for 2 stages");
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
+                       "times.stages = 3, expected 2", "3 stage times for 2 stages");
     t = good, t.links = 2;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r,
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
                        "times.links = 2, expected 1 for 2 stages", "2 links for 2 stages");
     double negative[] = {1, -0.5}, not_a_number[] = {NAN, 1}, infinite[] = {INFINITY};
     t = good, t.forward_s = negative;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r,
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
                        "forward_s[1] = -0.5, expected a finite time >= 0", "negative forward");
     t = good, t.backward_s = not_a_number;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r, "backward_s[0] = nan",
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r, "backward_s[0] = nan",
                        "NaN backward");
     t = good, t.grad_link_s = infinite;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r, "grad_link_s[0] = inf",
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r, "grad_link_s[0] = inf",
                        "infinite link");
     t = good, t.act_link_s = NULL;
-    expect_input_error(loom_pipe_simulate(pl.stage, 2, &t, &r), &r,
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
                        "act_link_s is NULL, expected 1 times", "NULL links");
 
-    CHECK(loom_pipe_simulate(pl.stage, 2, &good, &r) == LOOM_OK, "good input: %s",
+    double weights[] = {1, 1};
+    pipeline zb;
+    if (build(&zb, LOOM_SCHEDULE_ZB_H1, 2, 2)) {
+        expect_input_error(loom_pipe_simulate(&zb.shape, zb.stage, &good, &r), &r,
+                           "backward_input_s is NULL, expected 2 times", "split without B times");
+        t = good, t.backward_input_s = weights, t.backward_weight_s = negative;
+        expect_input_error(loom_pipe_simulate(&zb.shape, zb.stage, &t, &r), &r,
+                           "backward_weight_s[1] = -0.5", "negative W time");
+        free_pipeline(&zb);
+    }
+    CHECK(loom_pipe_simulate(&pl.shape, pl.stage, &good, &r) == LOOM_OK, "good input: %s",
           loom_last_error());
     loom_pipe_sim_result_free(&r);
     loom_pipe_sim_result_free(&r); /* a second free is harmless */
@@ -404,24 +426,31 @@ static void test_bad_arguments(void) {
 
 typedef struct {
     const pipeline *pl;
-    const double *forward, *backward, *act_link, *grad_link; /* (p,) (p,) (p-1,) (p-1,) */
+    /* per virtual stage (V,), links per boundary (V - 1,) */
+    const double *forward, *backward, *input, *weight, *act_link, *grad_link;
     int delayed_stage, delayed_index; /* this action's duration (or message) gets `delay` more */
     double delay;
 } graph;
 
-/* The index, on the other stage, of the message action i of stage s pairs with: the k-th
- * action of its op on this stage pairs with the k-th of the opposite op on the other. */
+/* The index, on the other rank, of the message action i of rank s pairs with: the k-th action
+ * of its op to that rank pairs with the k-th of the opposite op there from this one. */
 static int partner_of(const pipeline *pl, int s, int i, int *peer) {
     static const loom_pipe_op opposite[] = {[LOOM_PIPE_RECV_ACT] = LOOM_PIPE_SEND_ACT,
                                             [LOOM_PIPE_SEND_ACT] = LOOM_PIPE_RECV_ACT,
                                             [LOOM_PIPE_RECV_GRAD] = LOOM_PIPE_SEND_GRAD,
                                             [LOOM_PIPE_SEND_GRAD] = LOOM_PIPE_RECV_GRAD};
-    loom_pipe_op op = pl->stage[s].actions[i].op;
-    *peer = op == LOOM_PIPE_SEND_ACT || op == LOOM_PIPE_RECV_GRAD ? s + 1 : s - 1;
+    loom_pipe_action a = pl->stage[s].actions[i];
+    *peer = loom_pipe_peer(&pl->shape, s, a);
     int k = 0;
-    for (int j = 0; j < i; j++) k += pl->stage[s].actions[j].op == op;
-    for (int j = 0; j < pl->stage[*peer].count; j++)
-        if (pl->stage[*peer].actions[j].op == opposite[op] && k-- == 0) return j;
+    for (int j = 0; j < i; j++) {
+        loom_pipe_action b = pl->stage[s].actions[j];
+        k += b.op == a.op && loom_pipe_peer(&pl->shape, s, b) == *peer;
+    }
+    for (int j = 0; j < pl->stage[*peer].count; j++) {
+        loom_pipe_action b = pl->stage[*peer].actions[j];
+        if (b.op == opposite[a.op] && loom_pipe_peer(&pl->shape, *peer, b) == s && k-- == 0)
+            return j;
+    }
     return -1;
 }
 
@@ -439,15 +468,19 @@ static double longest_paths(const graph *g, double end[][MAX_ACTIONS]) {
         changed = 0;
         for (int s = 0; s < pl->stages; s++) {
             for (int i = 0; i < pl->stage[s].count; i++) {
-                loom_pipe_op op = pl->stage[s].actions[i].op;
+                loom_pipe_action a = pl->stage[s].actions[i];
+                loom_pipe_op op = a.op;
+                int v = loom_pipe_stage(&pl->shape, s, a.chunk);
                 double extra = s == g->delayed_stage && i == g->delayed_index ? g->delay : 0;
-                double duration = op == LOOM_PIPE_FORWARD    ? g->forward[s] + extra
-                                  : op == LOOM_PIPE_BACKWARD ? g->backward[s] + extra
-                                                             : 0;
+                double duration = op == LOOM_PIPE_FORWARD           ? g->forward[v] + extra
+                                  : op == LOOM_PIPE_BACKWARD        ? g->backward[v] + extra
+                                  : op == LOOM_PIPE_BACKWARD_INPUT  ? g->input[v] + extra
+                                  : op == LOOM_PIPE_BACKWARD_WEIGHT ? g->weight[v] + extra
+                                                                    : 0;
                 double t = (i > 0 ? end[s][i - 1] : 0) + duration;
                 if (op == LOOM_PIPE_RECV_ACT || op == LOOM_PIPE_RECV_GRAD) {
                     int peer, j = partner_of(pl, s, i, &peer);
-                    int link = op == LOOM_PIPE_RECV_ACT ? s - 1 : s;
+                    int link = op == LOOM_PIPE_RECV_ACT ? v - 1 : v;
                     double link_s =
                         op == LOOM_PIPE_RECV_ACT ? g->act_link[link] : g->grad_link[link];
                     if (peer == g->delayed_stage && j == g->delayed_index) link_s += g->delay;
@@ -478,26 +511,31 @@ static void test_against_longest_paths(void) {
     for (int trial = 0; trial < 300; trial++) {
         int p = 1 + (int)(loom_rng_next_uniform(&rng) * 4);
         int m = 1 + (int)(loom_rng_next_uniform(&rng) * 5);
-        loom_schedule_kind kind = trial % 2 ? LOOM_SCHEDULE_1F1B : LOOM_SCHEDULE_GPIPE;
-        double forward[MAX_STAGES], backward[MAX_STAGES], act[MAX_STAGES], grad[MAX_STAGES];
-        for (int s = 0; s < p; s++) {
+        loom_schedule_kind kind = (loom_schedule_kind)(trial % LOOM_SCHEDULE_NUM_KINDS);
+        int v = loom_schedule_kind_chunks(kind);
+        if (kind == LOOM_SCHEDULE_INTERLEAVED) v = 2 + trial % 2, m = p * (1 + m % 2);
+        int V = p * v;
+        double forward[MAX_V], backward[MAX_V], input[MAX_V], weight[MAX_V], act[MAX_V],
+            grad[MAX_V];
+        for (int s = 0; s < V; s++) {
             forward[s] = random_time(&rng, 0), backward[s] = random_time(&rng, 0);
+            input[s] = random_time(&rng, 0), weight[s] = random_time(&rng, 0);
             act[s] = random_time(&rng, 1), grad[s] = random_time(&rng, 1);
         }
         pipeline pl;
-        if (!build(&pl, kind, p, m)) return;
-        loom_pipe_sim_times times = times_of(p, forward, backward, act, grad);
+        if (!build_shape(&pl, kind, p, v, m)) return;
+        loom_pipe_sim_times times = {V, V - 1, forward, backward, act, grad, input, weight};
         loom_pipe_sim_result r;
-        loom_status st = loom_pipe_simulate(pl.stage, p, &times, &r);
+        loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
         CHECK(st == LOOM_OK, "trial %d: %s", trial, loom_last_error());
         if (st != LOOM_OK) {
             free_pipeline(&pl);
             continue;
         }
         char what[128];
-        snprintf(what, sizeof what, "trial %d (%s p=%d m=%d)", trial, loom_schedule_kind_name(kind),
-                 p, m);
-        graph g = {&pl, forward, backward, act, grad, -1, -1, 0};
+        snprintf(what, sizeof what, "trial %d (%s p=%d v=%d m=%d)", trial,
+                 loom_schedule_kind_name(kind), p, v, m);
+        graph g = {&pl, forward, backward, input, weight, act, grad, -1, -1, 0};
         double makespan = longest_paths(&g, end);
         CHECK(r.makespan_s == makespan, "%s: makespan %g, longest path %g", what, r.makespan_s,
               makespan);
@@ -510,7 +548,8 @@ static void test_against_longest_paths(void) {
                 CHECK(a->start_s == (i > 0 ? end[s][i - 1] : 0), "%s: stage %d action %d start",
                       what, s, i);
                 int send = op == LOOM_PIPE_SEND_ACT || op == LOOM_PIPE_SEND_GRAD;
-                int compute = op == LOOM_PIPE_FORWARD || op == LOOM_PIPE_BACKWARD;
+                int compute = op == LOOM_PIPE_FORWARD || op == LOOM_PIPE_BACKWARD ||
+                              op == LOOM_PIPE_BACKWARD_INPUT || op == LOOM_PIPE_BACKWARD_WEIGHT;
                 if (!send && !compute) continue;
                 /* delaying it by its slack costs nothing; by slack + 0.5 costs 0.5 */
                 double slack = send ? a->message_slack_s : a->slack_s;
@@ -550,7 +589,8 @@ static void test_slack_policy(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         unsigned char choice[2 * 3];
         memset(choice, 7, sizeof choice);
-        loom_status st = loom_pipe_slack_choose(pl.stage, 2, 3, &times, &cases[c].saving, choice);
+        loom_status st =
+            loom_pipe_slack_choose(&pl.shape, pl.stage, &times, &cases[c].saving, choice);
         CHECK(st == LOOM_OK, "slack choose: %s", loom_last_error());
         CHECK(choice[0] == 0 && choice[1] == 0 && choice[2] == 0,
               "saving %g: stage 0 sends no gradient, got %d %d %d", cases[c].saving, choice[0],

@@ -210,50 +210,78 @@ void loom_pipeline_take_stats(loom_pipeline *pipe, loom_compress_stats *stats);
 loom_compressor *loom_pipeline_compressor(loom_pipeline *pipe);
 
 /* ---- pipeline schedules (as data) ---------------------------------------------------------
- * For p stages and m micro-batches, each stage gets the ordered list of actions it executes in
- * one training step; the executor walks the list. Two schedules:
+ * p pipeline ranks, each running v model chunks ("virtual stages"; v = 1 without them), and m
+ * micro-batches. The model is cut into V = p v virtual stages, 0 .. V-1, in layer order; a
+ * micro-batch's forward goes through them in order and its backward in reverse. Where a
+ * virtual stage lives (loom_pipe_place):
+ *   gpipe, 1f1b, zb-h1  v = 1: virtual stage s on rank s.
+ *   interleaved         v >= 2, Megatron's: stage s on rank s mod p, as its chunk s / p.
+ *   zb-v                v = 2, a V: stages 0 .. p-1 on ranks 0 .. p-1 (chunk 0), stages
+ *                       p .. 2p-1 back down on ranks p-1 .. 0 (chunk 1). Rank 0 holds the first
+ *                       and the last stage, so the tied embedding's two uses are on one rank.
+ * For each rank the schedule is the ordered list of actions it executes in one training step;
+ * the executor walks the list. The kinds:
  *
- *   GPipe  all forwards (micro-batches 0..m-1), then all backwards, also in order 0..m-1 (as
- *          Megatron does); every stage holds the activations of all m micro-batches.
- *   1F1B   PipeDream-Flush, Megatron's non-interleaved schedule: stage i runs
- *          w = min(p - i - 1, m) warm-up forwards, then alternates one forward and one backward
- *          until the forwards run out, then drains the w remaining backwards. Stage i holds at
- *          most min(p - i, m) micro-batches of activations.
+ *   gpipe        all forwards (micro-batches 0..m-1), then all backwards, also in order 0..m-1
+ *                (as Megatron does); every stage holds the activations of all m micro-batches.
+ *   1f1b         PipeDream-Flush, Megatron's non-interleaved schedule: stage i runs
+ *                w = min(p - i - 1, m) warm-up forwards, then alternates one forward and one
+ *                backward until the forwards run out, then drains the w remaining backwards.
+ *                Stage i holds at most min(p - i, m) micro-batches of activations.
+ *   interleaved  Megatron's interleaved 1F1B: forwards and backwards go round the chunks in
+ *                groups of p micro-batches; m must be a multiple of p. Bubble (p-1)/(v m) of
+ *                1F1B's step instead of (p-1)/m, for about 1 + (p-1)/(p v) times 1F1B's
+ *                activation memory on the first rank.
+ *   zb-h1        zero-bubble H1 (Qi et al., ICLR'24): 1F1B with the backward split into B (the
+ *                input gradient, which the previous stage waits for) and W (the weight
+ *                gradients); stage i defers its first i W passes, which then fill the
+ *                cool-down. Peak activations p micro-batches on every stage: 1F1B's peak (the
+ *                first stage's). With F = B = W the bubble is a third of 1F1B's.
+ *   zb-v         zero-bubble V: two chunks per rank in a V, split backward, built greedily
+ *                (below) under 1F1B's peak memory (2p chunk activations per rank, i.e. p
+ *                micro-batches of a whole stage).
+ * With equal stage times and free communication, 1F1B and GPipe take 3(m + p - 1) forward
+ * times (backward = 2 forwards).
  *
- * Both have the same bubble, (p - 1) forward+backward times (with equal stage times and free
- * communication a step takes 3(m + p - 1) forward times, backward = 2 forwards); 1F1B needs
- * less activation memory.
- *
- * Send/receive contract for the executor. Take the actions that use the link between stages s
- * and s + 1: SEND_ACT/RECV_GRAD in s's list, RECV_ACT/SEND_GRAD in s + 1's. Both ends list them
- * in the SAME order: the k-th message one end sends (receives) is the k-th the other receives
- * (sends), for the same micro-batch. So
+ * Send/receive contract for the executor. Messages go between virtual stages s and s + 1
+ * (activations up, gradients down); between two stages on one rank (zb-v's turn at rank p-1)
+ * there is no message and no action: the executor hands the tensor over itself. Take every
+ * message between two ranks a and b (both directions, both kinds): a's list and b's list name
+ * them in the SAME order (the k-th such action on a is the k-th on b, for the same micro-batch
+ * and virtual stage). So
  *   - running every list with plain BLOCKING sends and receives in list order never deadlocks,
  *     even with synchronous (rendezvous) sends such as MPI_Ssend or large MPI_Send;
- *   - messages of one kind on one link are sent and received in the same order, so matching by
- *     (source, one tag per kind) pairs them right; a tag per micro-batch also works;
+ *   - messages of one kind between two ranks are sent and received in the same order, so
+ *     matching by (source, one tag per kind) pairs them right;
  *   - relaxing that order is safe too: sends may be non-blocking (MPI_Isend, waited for before
  *     the buffer is reused and at the latest at the end of the step), receives may be posted
- *     early (MPI_Irecv, posted in list order or tagged by micro-batch, waited for at the latest
- *     where the list has them), and a SEND and RECV adjacent in the list may be fused into one
+ *     early (in list order), and a SEND and RECV adjacent in the list may be fused into one
  *     sendrecv, as Megatron's send_forward_recv_backward does.
  * In 1F1B's steady state a stage receives the next micro-batch's activation before sending the
- * gradient of the one it just finished (RECV_ACT k+1, then SEND_GRAD j): that is what keeps the
- * two ends of a link in the same order. It costs no time: the upstream stage sends that
- * activation before it waits for the gradient. */
+ * gradient of the one it just finished (RECV_ACT k+1, then SEND_GRAD j): that keeps the two
+ * ends of a link in the same order at no cost. The schedules beyond 1F1B get their order from a
+ * reference run instead (loom_pipe_schedule_build): every action gets the time it has when all
+ * ranks run the compute order with unit durations and free links, each message the time it is
+ * sent, and each list is sorted by (time, messages before compute, the message's identity) — a
+ * key both ends of a message share, so a rank blocked on a message waits for one with a smaller
+ * key, and no cycle of waits can form. */
 
 typedef enum {
-    LOOM_PIPE_RECV_ACT,  /* receive micro-batch mb's input activation from stage - 1 */
-    LOOM_PIPE_FORWARD,   /* forward of micro-batch mb */
-    LOOM_PIPE_SEND_ACT,  /* send mb's output activation to stage + 1 */
-    LOOM_PIPE_RECV_GRAD, /* receive the gradient of mb's output from stage + 1 */
-    LOOM_PIPE_BACKWARD,  /* backward of mb */
-    LOOM_PIPE_SEND_GRAD, /* send the gradient of mb's input to stage - 1 */
+    LOOM_PIPE_RECV_ACT,        /* receive micro-batch mb's input activation from stage - 1 */
+    LOOM_PIPE_FORWARD,         /* forward of micro-batch mb */
+    LOOM_PIPE_SEND_ACT,        /* send mb's output activation to stage + 1 */
+    LOOM_PIPE_RECV_GRAD,       /* receive the gradient of mb's output from stage + 1 */
+    LOOM_PIPE_BACKWARD,        /* the whole backward of mb (B then W) */
+    LOOM_PIPE_SEND_GRAD,       /* send the gradient of mb's input to stage - 1 */
+    LOOM_PIPE_BACKWARD_INPUT,  /* B: the gradient of mb's input, kept for W what W needs */
+    LOOM_PIPE_BACKWARD_WEIGHT, /* W: mb's weight gradients, after its B; frees its activations */
 } loom_pipe_op;
+#define LOOM_PIPE_NUM_OPS 8
 
 typedef struct {
     loom_pipe_op op;
     int micro_batch; /* 0 .. m-1 */
+    int chunk;       /* which of the rank's chunks, 0 .. v-1 (its virtual stage: loom_pipe_stage) */
 } loom_pipe_action;
 
 typedef struct {
@@ -261,55 +289,95 @@ typedef struct {
     int count;
 } loom_pipe_stage_schedule;
 
-typedef enum { LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_1F1B } loom_schedule_kind;
+typedef enum {
+    LOOM_SCHEDULE_GPIPE,
+    LOOM_SCHEDULE_1F1B,
+    LOOM_SCHEDULE_INTERLEAVED,
+    LOOM_SCHEDULE_ZB_H1,
+    LOOM_SCHEDULE_ZB_V,
+} loom_schedule_kind;
+#define LOOM_SCHEDULE_NUM_KINDS 5
 
-/* Fills one stage's list (stage in [0, stages)). The first stage has no RECV_ACT/SEND_GRAD, the
- * last no SEND_ACT/RECV_GRAD; a single stage only computes. Bad arguments (stages or
- * micro_batches below 1, stage out of range, unknown kind) give LOOM_ERR_INPUT naming the value;
- * *out is then empty. */
+/* One step's pipeline: the schedule, p ranks, v chunks per rank, m micro-batches. */
+typedef struct {
+    loom_schedule_kind kind;
+    int ranks;         /* p >= 1 */
+    int chunks;        /* v: 1 for gpipe, 1f1b, zb-h1; 2 for zb-v; >= 2 for interleaved */
+    int micro_batches; /* m >= 1; a multiple of p for interleaved */
+} loom_pipe_shape;
+
+/* The shape's rules above (and sizes that keep every count an int), as LOOM_ERR_INPUT naming
+ * the value and the rule, e.g. "interleaved needs micro-batches a multiple of the pipeline
+ * ranks (4), got 6". */
+loom_status loom_pipe_shape_check(const loom_pipe_shape *shape);
+/* The chunks a kind runs per rank when it decides (gpipe, 1f1b, zb-h1: 1; zb-v: 2); 0 for
+ * interleaved, whose v the caller chooses. */
+int loom_schedule_kind_chunks(loom_schedule_kind kind);
+/* Virtual stages: p v. The virtual stage of (rank, chunk), and the rank and chunk of a virtual
+ * stage (the placement above). Arguments must be in range. */
+int loom_pipe_virtual_stages(const loom_pipe_shape *shape);
+int loom_pipe_stage(const loom_pipe_shape *shape, int rank, int chunk);
+void loom_pipe_place(const loom_pipe_shape *shape, int stage, int *rank, int *chunk);
+/* The rank at the other end of a communication action of (rank, chunk) (SEND_ACT/RECV_GRAD: the
+ * next virtual stage's, RECV_ACT/SEND_GRAD: the previous one's); -1 when there is none (the end
+ * of the pipeline) or the action is not a message. */
+int loom_pipe_peer(const loom_pipe_shape *shape, int rank, loom_pipe_action action);
+
+/* Fills rank `rank`'s list (0 <= rank < p) for a checked shape. The first virtual stage has no
+ * RECV_ACT/SEND_GRAD, the last none of SEND_ACT/RECV_GRAD, and a hand-over inside a rank none;
+ * gpipe, 1f1b and interleaved use BACKWARD, zb-h1 and zb-v BACKWARD_INPUT and
+ * BACKWARD_WEIGHT. Bad arguments give LOOM_ERR_INPUT naming the value; *out is then empty. */
+loom_status loom_pipe_schedule_build(const loom_pipe_shape *shape, int rank,
+                                     loom_pipe_stage_schedule *out);
+/* The same for v = 1 kinds (gpipe, 1f1b, zb-h1) and zb-v (v = 2), with stage = rank. */
 loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,
                                loom_pipe_stage_schedule *out);
 void loom_pipe_schedule_free(loom_pipe_stage_schedule *s);
 
-/* "gpipe" or "1f1b" (the plan file's batch.schedule); anything else is LOOM_ERR_INPUT. */
+/* "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v" (the plan file's batch.schedule); anything
+ * else is LOOM_ERR_INPUT listing them. */
 loom_status loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind);
 /* The name loom_schedule_kind_parse reads back ("?" for a value out of range). */
 const char *loom_schedule_kind_name(loom_schedule_kind kind);
 /* "recv_act", "forward", ... for traces and messages ("?" for a value out of range). */
 const char *loom_pipe_op_name(loom_pipe_op op);
 
-/* The largest number of micro-batches whose activations the stage holds at once (forward done,
- * backward not yet): the activation memory the stage must plan for. */
+/* The largest number of chunk activations the rank holds at once (a FORWARD done, its
+ * BACKWARD or BACKWARD_WEIGHT not yet): the activation sets it must plan for. With one chunk,
+ * micro-batches in flight. */
 int loom_pipe_peak_in_flight(const loom_pipe_stage_schedule *s);
 
-/* Optimus-CC's epilogue: the gradient sends of a stage's cool-down, the SEND_GRADs after its
+/* Optimus-CC's epilogue: the gradient sends of a rank's cool-down, the SEND_GRADs after its
  * last FORWARD (under 1F1B the drain's, which nothing else overlaps; under GPipe all of them).
- * cooldown (micro_batches): 1 for the micro-batches whose gradient send is one. Returns how many
- * there are. */
-int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int micro_batches,
+ * cooldown (chunks x micro_batches): cooldown[chunk * micro_batches + mb] = 1 for the sends that
+ * are. Returns how many there are. */
+int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int chunks, int micro_batches,
                              unsigned char *cooldown);
 
 /* ---- schedule simulator --------------------------------------------------------------------
- * Times one training step of p stages running their schedules together, as the pipeline
+ * Times one training step of p ranks running their schedules together, as the pipeline
  * executor runs them, from how long each piece takes. The planner uses it to predict a step;
  * the compression policy uses the slack to see which messages are worth compressing.
  *
- * Semantics. Each stage walks its list in order, all starting at time 0.
- *   FORWARD, BACKWARD  take the stage's forward_s / backward_s (one micro-batch).
+ * Semantics. Each rank walks its list in order, all starting at time 0.
+ *   FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT
+ *                      take the virtual stage's forward_s, backward_s, backward_input_s,
+ *                      backward_weight_s (one micro-batch).
  *   SEND_ACT/SEND_GRAD are non-blocking and take no time on the sender; the message arrives at
- *                      send time + the link's transfer time (act_link_s for activations going
- *                      up, grad_link_s for gradients coming down; they may differ, e.g. when
- *                      only one direction is compressed).
+ *                      send time + the boundary's transfer time (act_link_s for activations
+ *                      going up, grad_link_s for gradients coming down; they may differ, e.g.
+ *                      when only one direction is compressed).
  *   RECV_ACT/RECV_GRAD block until the matching message has arrived; the action starts when
- *                      the stage reaches it and ends when the message is in hand.
- * Matching: the k-th send of one kind on a link pairs with the k-th receive of that kind there
- * (MPI's order for one source and tag); by the schedule contract above both are the same
- * micro-batch, and a pair that is not is an error. A send without a receive is an error too,
- * and a schedule that cannot finish (receives waiting on sends that come after them) is
- * reported as a deadlock naming the stuck stages and actions; the simulator never loops.
+ *                      the rank reaches it and ends when the message is in hand.
+ * Matching: the k-th send of one kind from rank a to rank b pairs with the k-th receive of that
+ * kind on b from a (MPI's order for one source and tag); by the schedule contract above both
+ * are the same micro-batch and boundary, and a pair that is not is an error. A send without a
+ * receive is an error too, and a schedule that cannot finish (receives waiting on sends that
+ * come after them) is reported as a deadlock naming the stuck ranks and actions; the simulator
+ * never loops. A hand-over inside a rank is its list's order: no time, no message.
  *
  * Slack is the critical-path analysis of the step as a graph: one node per action, edges from
- * each action to the next on its stage (weighted by the next one's duration) and from each send
+ * each action to the next on its rank (weighted by the next one's duration) and from each send
  * to its receive (weighted by the link time). Earliest times come from running the step as
  * above; latest allowed times from a backward pass from the makespan. A message's slack is its
  * latest allowed arrival (its receive's latest end) minus its arrival: how much later it could
@@ -319,25 +387,27 @@ int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int micro_batche
  * messages, recomputation (fold it into backward_s), the data-parallel gradient sync and the
  * optimizer after the pipeline. */
 
-/* How long things take, in seconds: finite and >= 0. The lengths are stated so that they can be
- * checked against the schedules. */
+/* How long things take, in seconds: finite and >= 0, per VIRTUAL stage (p entries without
+ * chunks). The lengths are stated so that they can be checked against the schedules. */
 typedef struct {
-    int stages;                /* p: entries of forward_s and backward_s */
-    int links;                 /* p - 1: entries of act_link_s and grad_link_s */
-    const double *forward_s;   /* (stages,) one micro-batch's forward on each stage */
-    const double *backward_s;  /* (stages,) one micro-batch's backward on each stage */
-    const double *act_link_s;  /* (links,) [s]: activation from stage s to s + 1, send to arrival;
-                                  NULL allowed when links is 0 */
+    int stages;                /* V = p v: entries of the compute arrays */
+    int links;                 /* V - 1: entries of act_link_s and grad_link_s */
+    const double *forward_s;   /* (stages,) one micro-batch's forward on each virtual stage */
+    const double *backward_s;  /* (stages,) its whole backward (BACKWARD) */
+    const double *act_link_s;  /* (links,) [s]: activation from stage s to s + 1, send to arrival
+                                  (unused where both are on one rank); NULL when links is 0 */
     const double *grad_link_s; /* (links,) [s]: gradient from stage s + 1 to s; NULL when 0 */
+    const double *backward_input_s;  /* (stages,) B; NULL when no list has BACKWARD_INPUT */
+    const double *backward_weight_s; /* (stages,) W; NULL when no list has BACKWARD_WEIGHT */
 } loom_pipe_sim_times;
 
 typedef struct {
-    double start_s, end_s; /* when the stage reached the action; when it finished it (for a
+    double start_s, end_s; /* when the rank reached the action; when it finished it (for a
                               receive: when the message was in hand; for a send: start_s) */
     double slack_s;        /* how much later the action could end without delaying the step */
     int critical;          /* 1 when slack_s is zero (up to LOOM_PIPE_SIM_TOLERANCE) */
     /* sends only (0 for other actions): */
-    double arrival_s;       /* when the message reaches the receiving stage */
+    double arrival_s;       /* when the message reaches the receiving rank */
     double message_slack_s; /* how much later it could arrive without delaying the step */
 } loom_pipe_sim_action;
 
@@ -345,31 +415,34 @@ typedef struct {
 #define LOOM_PIPE_SIM_TOLERANCE 1e-9
 
 typedef struct {
-    int stages;                   /* p */
-    loom_pipe_sim_action **stage; /* (p,) stage[s][i]: action i of stage s's schedule */
+    int ranks;                    /* p */
+    loom_pipe_sim_action **stage; /* (p,) stage[r][i]: action i of rank r's schedule */
     loom_pipe_sim_action *memory; /* (total actions,) what stage[] points into */
-    double makespan_s;            /* when the last action of any stage ends */
+    double makespan_s;            /* when the last action of any rank ends */
 } loom_pipe_sim_result;
 
-/* Simulates `stages` schedules (schedules[s] is stage s's list) with `times`. Bad arguments
- * (NULL, stages < 1, lengths in times that do not match, a negative or non-finite time, an
- * action out of range or across the end of the pipeline, unmatched or mismatched messages,
- * deadlock) give LOOM_ERR_INPUT naming the value; *out is then empty. Free the result with
- * loom_pipe_sim_result_free. */
-loom_status loom_pipe_simulate(const loom_pipe_stage_schedule *schedules, int stages,
+/* Simulates the p = shape->ranks schedules (schedules[r] is rank r's list) with `times`. Bad
+ * arguments (NULL, a bad shape, lengths in times that do not match, a negative or non-finite
+ * time, an action out of range or across the end of the pipeline, unmatched or mismatched
+ * messages, deadlock) give LOOM_ERR_INPUT naming the value; *out is then empty. Free the result
+ * with loom_pipe_sim_result_free. */
+loom_status loom_pipe_simulate(const loom_pipe_shape *shape,
+                               const loom_pipe_stage_schedule *schedules,
                                const loom_pipe_sim_times *times, loom_pipe_sim_result *out);
 void loom_pipe_sim_result_free(loom_pipe_sim_result *result);
 
 /* The "slack" pipeline compression policy (ours): simulates the step with every gradient sent
  * uncompressed (times: grad_link_s the uncompressed transfer), then compresses exactly the
- * gradient sends whose message slack is smaller than the time compressing saves on their link
- * (saving_s[l], link l from stage l + 1 to l: uncompressed transfer minus compressed transfer,
- * encoding and decoding); none on a link whose saving is not positive. compress (stages x
- * micro_batches): compress[s * micro_batches + mb] = 1 when stage s compresses mb's gradient
- * send (row 0 stays 0: the first stage sends none). Errors are the simulator's. */
-loom_status loom_pipe_slack_choose(const loom_pipe_stage_schedule *schedules, int stages,
-                                   int micro_batches, const loom_pipe_sim_times *times,
-                                   const double *saving_s, unsigned char *compress);
+ * gradient sends whose message slack is smaller than the time compressing saves on their
+ * boundary (saving_s[s], boundary s from virtual stage s + 1 to s: uncompressed transfer minus
+ * compressed transfer, encoding and decoding); none on a boundary whose saving is not positive.
+ * compress (V x micro_batches): compress[stage * micro_batches + mb] = 1 when virtual stage
+ * `stage` compresses mb's gradient send (row 0 stays 0: the first stage sends none). Errors are
+ * the simulator's. */
+loom_status loom_pipe_slack_choose(const loom_pipe_shape *shape,
+                                   const loom_pipe_stage_schedule *schedules,
+                                   const loom_pipe_sim_times *times, const double *saving_s,
+                                   unsigned char *compress);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /*
  * parallel_internal.h — what the files of src/parallel/ share and nobody else sees: compressed
- * data-parallel buckets (dp_compress.c), driven by the bucket state machine of grad_sync.c.
+ * data-parallel buckets (dp_compress.c), driven by the bucket state machine of grad_sync.c; the
+ * schedules built from a reference run (schedule_order.c), behind loom_pipe_schedule_build.
  */
 #ifndef LOOM_PARALLEL_INTERNAL_H
 #define LOOM_PARALLEL_INTERNAL_H
@@ -45,5 +46,10 @@ void loom_dp_compress_take_stats(loom_dp_compress *dc, loom_compress_stats *stat
 int loom_dp_compress_count(const loom_dp_compress *dc);
 loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
 size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
+
+/* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): rank
+ * `rank`'s list for a checked shape. */
+loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
+                                       loom_pipe_stage_schedule *out);
 
 #endif /* LOOM_PARALLEL_INTERNAL_H */

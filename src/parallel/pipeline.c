@@ -138,8 +138,15 @@ static loom_status slack_update(loom_pipeline *p) {
         double codec = row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
         saving[s - 1] = row[5] > 0 ? row[4] - row[5] - codec : 0.0;
     }
-    loom_pipe_sim_times times = {pp, pp - 1, forward, backward, link, link};
-    st = loom_pipe_slack_choose(p->schedules, pp, m, &times, saving, p->choice);
+    loom_pipe_sim_times times = {.stages = pp,
+                                 .links = pp - 1,
+                                 .forward_s = forward,
+                                 .backward_s = backward,
+                                 .act_link_s = link,
+                                 .grad_link_s = link};
+    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, pp, 1, m};
+    st = loom_schedule_kind_parse(p->mesh->plan->schedule, &shape.kind);
+    if (st == LOOM_OK) st = loom_pipe_slack_choose(&shape, p->schedules, &times, saving, p->choice);
     if (st != LOOM_OK) return st;
     if (p->encoder[KIND_GRAD]) {
         memcpy(p->encode_mb[KIND_GRAD], p->choice + (size_t)stage * (size_t)m, (size_t)m);
@@ -183,7 +190,7 @@ static loom_status link_compressor(loom_pipeline *p, int kind, int link, int64_t
     if (st == LOOM_OK) {
         st = loom_pipe_schedule(schedule, plan->pp, p->micro_batches, link + 1, &sender);
     }
-    if (st == LOOM_OK) loom_pipe_cooldown_sends(&sender, p->micro_batches, which);
+    if (st == LOOM_OK) loom_pipe_cooldown_sends(&sender, 1, p->micro_batches, which);
     loom_pipe_schedule_free(&sender);
     return st;
 }
@@ -443,6 +450,9 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
             st = encode_send(p, KIND_GRAD, mb, loom_gpt_stage_input_grad(model), rows, cols,
                              stage - 1);
             break;
+        case LOOM_PIPE_BACKWARD_INPUT:
+        case LOOM_PIPE_BACKWARD_WEIGHT: /* the plan admits no split-backward schedule yet */
+            loom_fatal("pipeline executor: %s is not supported yet", loom_pipe_op_name(act.op));
         }
         if (compute) {
             int f = act.op == LOOM_PIPE_FORWARD ? SLACK_FORWARD : SLACK_BACKWARD;

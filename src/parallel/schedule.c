@@ -1,13 +1,13 @@
 /*
- * schedule.c — pipeline schedules as plain data: for one stage of p, the ordered list of
- * receives, forwards, sends and backwards it runs for m micro-batches, under GPipe or 1F1B
- * (PipeDream-Flush, Megatron's non-interleaved schedule). The ordering rules and the contract
- * the executor relies on are in loom/parallel.h.
+ * schedule.c — pipeline schedules as plain data: the shape of a step (p ranks, v chunks, m
+ * micro-batches) and where each virtual stage lives; GPipe's and 1F1B's lists written out
+ * directly; names, the peak of activations in flight and the cool-down sends of any list. The
+ * ordering rules and the contract the executor relies on are in loom/parallel.h.
  *
- * Not here: running the list (the executor), any communication, interleaved or zero-bubble
- * schedules.
+ * Not here: the schedules built from a reference run (interleaved, zb-h1, zb-v:
+ * schedule_order.c), running a list (the executor), any communication.
  */
-#include "loom/parallel.h"
+#include "parallel_internal.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -22,9 +22,7 @@ typedef struct {
 } schedule_builder;
 
 static void push(schedule_builder *b, loom_pipe_op op, int micro_batch) {
-    b->actions[b->count].op = op;
-    b->actions[b->count].micro_batch = micro_batch;
-    b->count++;
+    b->actions[b->count++] = (loom_pipe_action){op, micro_batch, 0};
 }
 
 static void push_recv_act(schedule_builder *b, int mb) {
@@ -84,39 +82,99 @@ static void build_1f1b(schedule_builder *b, int stages, int micro_batches, int s
     }
 }
 
-loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,
-                               loom_pipe_stage_schedule *out) {
-    if (!out) return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: no output given");
-    out->actions = NULL;
-    out->count = 0;
-    if (kind != LOOM_SCHEDULE_GPIPE && kind != LOOM_SCHEDULE_1F1B) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "pipeline schedule: unknown schedule kind %d; expected gpipe or 1f1b",
-                         (int)kind);
-    }
-    if (stages < 1) {
-        return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: stages must be at least 1, got %d",
-                         stages);
-    }
-    /* 6 actions per micro-batch at most; the count is an int */
-    if (micro_batches < 1 || micro_batches > INT_MAX / 6) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "pipeline schedule: micro-batches must be in [1, %d], got %d", INT_MAX / 6,
-                         micro_batches);
-    }
-    if (stage < 0 || stage >= stages) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "pipeline schedule: stage %d out of range, expected 0 <= stage < %d",
-                         stage, stages);
-    }
+/* ---- shapes and placement ------------------------------------------------------------------ */
 
+static const char *const kind_names[LOOM_SCHEDULE_NUM_KINDS] = {"gpipe", "1f1b", "interleaved",
+                                                                "zb-h1", "zb-v"};
+
+int loom_schedule_kind_chunks(loom_schedule_kind kind) {
+    if (kind == LOOM_SCHEDULE_INTERLEAVED) return 0;
+    return kind == LOOM_SCHEDULE_ZB_V ? 2 : 1;
+}
+
+loom_status loom_pipe_shape_check(const loom_pipe_shape *shape) {
+    if (!shape) return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: no shape given");
+    if ((int)shape->kind < 0 || (int)shape->kind >= LOOM_SCHEDULE_NUM_KINDS) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: unknown schedule kind %d; expected gpipe, 1f1b, "
+                         "interleaved, zb-h1 or zb-v",
+                         (int)shape->kind);
+    }
+    const char *name = kind_names[shape->kind];
+    if (shape->ranks < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: stages must be at least 1, got %d",
+                         shape->ranks);
+    }
+    int chunks = loom_schedule_kind_chunks(shape->kind);
+    if (chunks == 0 && shape->chunks < 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: interleaved needs at least 2 virtual stages per "
+                         "rank, got %d",
+                         shape->chunks);
+    }
+    if (chunks != 0 && shape->chunks != chunks) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: %s runs %d chunk%s per rank, got %d virtual stages",
+                         name, chunks, chunks == 1 ? "" : "s", shape->chunks);
+    }
+    /* 8 actions per micro-batch and chunk at most, and a reference run of 3 per rank: the
+     * counts stay ints */
+    int64_t per_rank = (int64_t)shape->micro_batches * shape->chunks;
+    if (shape->micro_batches < 1 || per_rank * shape->ranks > INT_MAX / 8) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: micro-batches must be in [1, %lld], got %d",
+                         (long long)(INT_MAX / 8 / ((int64_t)shape->chunks * shape->ranks)),
+                         shape->micro_batches);
+    }
+    if (shape->kind == LOOM_SCHEDULE_INTERLEAVED && shape->micro_batches % shape->ranks != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: interleaved needs micro-batches a multiple of the "
+                         "pipeline ranks (%d), got %d",
+                         shape->ranks, shape->micro_batches);
+    }
+    return LOOM_OK;
+}
+
+int loom_pipe_virtual_stages(const loom_pipe_shape *shape) {
+    return shape->ranks * shape->chunks;
+}
+
+int loom_pipe_stage(const loom_pipe_shape *shape, int rank, int chunk) {
+    if (shape->kind == LOOM_SCHEDULE_ZB_V && chunk == 1) return 2 * shape->ranks - 1 - rank;
+    return chunk * shape->ranks + rank;
+}
+
+void loom_pipe_place(const loom_pipe_shape *shape, int stage, int *rank, int *chunk) {
+    int p = shape->ranks;
+    if (shape->kind == LOOM_SCHEDULE_ZB_V && stage >= p) {
+        *rank = 2 * p - 1 - stage, *chunk = 1;
+    } else {
+        *rank = stage % p, *chunk = stage / p;
+    }
+}
+
+int loom_pipe_peer(const loom_pipe_shape *shape, int rank, loom_pipe_action action) {
+    int up = action.op == LOOM_PIPE_SEND_ACT || action.op == LOOM_PIPE_RECV_GRAD;
+    int down = action.op == LOOM_PIPE_RECV_ACT || action.op == LOOM_PIPE_SEND_GRAD;
+    if (!up && !down) return -1;
+    int stage = loom_pipe_stage(shape, rank, action.chunk) + (up ? 1 : -1), peer, chunk;
+    if (stage < 0 || stage >= loom_pipe_virtual_stages(shape)) return -1;
+    loom_pipe_place(shape, stage, &peer, &chunk);
+    return peer;
+}
+
+/* ---- building ------------------------------------------------------------------------------- */
+
+static loom_status build_direct(const loom_pipe_shape *shape, int stage,
+                                loom_pipe_stage_schedule *out) {
+    int stages = shape->ranks, micro_batches = shape->micro_batches;
     schedule_builder b = {.is_first = stage == 0, .is_last = stage == stages - 1};
     int per_micro_batch = 2 + (b.is_first ? 0 : 2) + (b.is_last ? 0 : 2);
     size_t capacity = (size_t)per_micro_batch * (size_t)micro_batches;
     b.actions = loom_malloc(capacity * sizeof *b.actions, "pipeline schedule");
     if (!b.actions) return LOOM_ERR_NOMEM;
 
-    if (kind == LOOM_SCHEDULE_GPIPE) {
+    if (shape->kind == LOOM_SCHEDULE_GPIPE) {
         build_gpipe(&b, micro_batches);
     } else {
         build_1f1b(&b, stages, micro_batches, stage);
@@ -132,6 +190,32 @@ loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_ba
     return LOOM_OK;
 }
 
+loom_status loom_pipe_schedule_build(const loom_pipe_shape *shape, int rank,
+                                     loom_pipe_stage_schedule *out) {
+    if (!out) return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: no output given");
+    out->actions = NULL;
+    out->count = 0;
+    loom_status st = loom_pipe_shape_check(shape);
+    if (st != LOOM_OK) return st;
+    if (rank < 0 || rank >= shape->ranks) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "pipeline schedule: stage %d out of range, expected 0 <= stage < %d", rank,
+                         shape->ranks);
+    }
+    if (shape->kind == LOOM_SCHEDULE_GPIPE || shape->kind == LOOM_SCHEDULE_1F1B) {
+        return build_direct(shape, rank, out);
+    }
+    return loom_pipe_schedule_ordered(shape, rank, out);
+}
+
+loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,
+                               loom_pipe_stage_schedule *out) {
+    int chunks =
+        (int)kind >= 0 && (int)kind < LOOM_SCHEDULE_NUM_KINDS ? loom_schedule_kind_chunks(kind) : 1;
+    loom_pipe_shape shape = {kind, stages, chunks, micro_batches};
+    return loom_pipe_schedule_build(&shape, stage, out);
+}
+
 void loom_pipe_schedule_free(loom_pipe_stage_schedule *s) {
     if (!s) return;
     free(s->actions);
@@ -140,27 +224,20 @@ void loom_pipe_schedule_free(loom_pipe_stage_schedule *s) {
 }
 
 loom_status loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
-    if (name && strcmp(name, "gpipe") == 0) {
-        *kind = LOOM_SCHEDULE_GPIPE;
-        return LOOM_OK;
-    }
-    if (name && strcmp(name, "1f1b") == 0) {
-        *kind = LOOM_SCHEDULE_1F1B;
-        return LOOM_OK;
+    for (int k = 0; name && k < LOOM_SCHEDULE_NUM_KINDS; k++) {
+        if (strcmp(name, kind_names[k]) == 0) {
+            *kind = (loom_schedule_kind)k;
+            return LOOM_OK;
+        }
     }
     return loom_fail(LOOM_ERR_INPUT,
-                     "pipeline schedule: unknown schedule \"%s\"; expected \"gpipe\" or \"1f1b\"",
+                     "pipeline schedule: unknown schedule \"%s\"; expected \"gpipe\", \"1f1b\", "
+                     "\"interleaved\", \"zb-h1\" or \"zb-v\"",
                      name ? name : "(null)");
 }
 
 const char *loom_schedule_kind_name(loom_schedule_kind kind) {
-    switch (kind) {
-    case LOOM_SCHEDULE_GPIPE:
-        return "gpipe";
-    case LOOM_SCHEDULE_1F1B:
-        return "1f1b";
-    }
-    return "?";
+    return (int)kind >= 0 && (int)kind < LOOM_SCHEDULE_NUM_KINDS ? kind_names[kind] : "?";
 }
 
 const char *loom_pipe_op_name(loom_pipe_op op) {
@@ -177,6 +254,10 @@ const char *loom_pipe_op_name(loom_pipe_op op) {
         return "backward";
     case LOOM_PIPE_SEND_GRAD:
         return "send_grad";
+    case LOOM_PIPE_BACKWARD_INPUT:
+        return "backward_input";
+    case LOOM_PIPE_BACKWARD_WEIGHT:
+        return "backward_weight";
     }
     return "?";
 }
@@ -187,24 +268,26 @@ int loom_pipe_peak_in_flight(const loom_pipe_stage_schedule *s) {
         if (s->actions[i].op == LOOM_PIPE_FORWARD) {
             in_flight++;
             if (in_flight > peak) peak = in_flight;
-        } else if (s->actions[i].op == LOOM_PIPE_BACKWARD) {
+        } else if (s->actions[i].op == LOOM_PIPE_BACKWARD ||
+                   s->actions[i].op == LOOM_PIPE_BACKWARD_WEIGHT) {
             in_flight--;
         }
     }
     return peak;
 }
 
-int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int micro_batches,
+int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int chunks, int micro_batches,
                              unsigned char *cooldown) {
-    memset(cooldown, 0, (size_t)micro_batches);
+    memset(cooldown, 0, (size_t)chunks * (size_t)micro_batches);
     int last_forward = -1, count = 0;
     for (int i = 0; i < s->count; i++)
         if (s->actions[i].op == LOOM_PIPE_FORWARD) last_forward = i;
     for (int i = last_forward + 1; i < s->count; i++) {
         const loom_pipe_action *a = &s->actions[i];
-        if (a->op != LOOM_PIPE_SEND_GRAD || a->micro_batch < 0 || a->micro_batch >= micro_batches)
+        if (a->op != LOOM_PIPE_SEND_GRAD || a->micro_batch < 0 || a->micro_batch >= micro_batches ||
+            a->chunk < 0 || a->chunk >= chunks)
             continue;
-        cooldown[a->micro_batch] = 1;
+        cooldown[(size_t)a->chunk * (size_t)micro_batches + (size_t)a->micro_batch] = 1;
         count++;
     }
     return count;
