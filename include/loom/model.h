@@ -12,7 +12,8 @@
  * holds everything (llm.c's files and loom's checkpoints are in its order).
  *
  * The forward/backward pass is split into embedding, a range of blocks, and the head, so
- * that a pipeline stage can run only its part.
+ * that a pipeline stage can run only its part; backward also runs as B (input gradients) and W
+ * (weight gradients) apart, for zero-bubble pipeline schedules.
  *
  * Not here: the optimizer step, data, files, or communication between processes.
  */
@@ -177,6 +178,14 @@ typedef struct {
     float *losses;    /* (B, T) */
     float *row_max;   /* (B, T) vocabulary-parallel softmax: max over every rank's logits */
     float *row_stats; /* (2, B, T) ... sum of exp, and the target's logit */
+    /* kept by a split backward's B for its W (loom_gpt_backward_input): the output gradients of
+     * each block's four GEMMs and of the embedding; size 0 and NULL unless the slots were
+     * reserved split (the head keeps nothing extra: B leaves dlogits in probs) */
+    float *dfcproj;  /* (L, B, T, C) gradient of fcproj's output, = d(residual3) */
+    float *dfch;     /* (L, B, T, 4C) ... of fc's output, after GELU's backward */
+    float *dattproj; /* (L, B, T, C) ... of attproj's output, = d(residual2) */
+    float *dqkv;     /* (L, B, T, 3C) ... of qkv's output */
+    float *dencoded; /* (B, T, C) ... of the embedding's output, on the embedding stage */
 } loom_gpt_acts;
 
 /* Scratch for backward: one layer's worth, reused by every layer. */
@@ -211,6 +220,7 @@ typedef struct {
     int first_layer, num_local_layers;
     int has_embedding, has_head;
     int slots, slot;      /* activation sets reserved (micro-batches in flight), the current */
+    int split_backward;   /* the sets also keep what a split backward's W needs */
     size_t slot_floats;   /* floats per activation set */
     int32_t *inputs_all;  /* (slots, B, T) */
     int32_t *targets_all; /* (slots, B, T) */
@@ -263,7 +273,8 @@ loom_status loom_gpt_describe(loom_gpt *model, const loom_gpt_config *config,
                               const loom_gpt_shard *shard);
 
 /* Pipeline stages. Activations for `slots` micro-batches in flight at once; loom_gpt_use_slot
- * picks the set the next forward/backward works on. */
+ * picks the set the next forward/backward works on. Keeps an earlier reservation that is large
+ * enough (a split one included). */
 loom_status loom_gpt_reserve_slots(loom_gpt *model, int B, int T, int slots);
 void loom_gpt_use_slot(loom_gpt *model, int slot);
 /* This stage's forward: from tokens on the embedding stage, else from input (B,T,C); the
@@ -275,8 +286,26 @@ const float *loom_gpt_stage_output(loom_gpt *model);
 /* This stage's backward: the head stage starts from the loss (output_grad NULL), others from
  * the gradient of their output (B,T,C). */
 void loom_gpt_backward_stage(loom_gpt *model, float dloss, const float *output_grad);
-/* The gradient of this stage's input (B,T,C), for the previous stage. */
+/* The gradient of this stage's input (B,T,C), for the previous stage: valid after the stage's
+ * backward (or B), until the next backward or B on any slot. */
 const float *loom_gpt_stage_input_grad(const loom_gpt *model);
+
+/* Split backward (zero-bubble pipelines, Qi et al. 2024): B, the input gradients that the
+ * previous stage waits for, and W, the weight gradients that can wait, each run on its own for
+ * the micro-batch in the current slot. B then W of a slot gives the same bits as
+ * loom_gpt_backward_stage. Slots must be reserved split: each slot then also keeps, from B until
+ * its W, the output gradients of every block's GEMMs (loom_gpt_acts.dfcproj ... dencoded). */
+loom_status loom_gpt_reserve_slots_split(loom_gpt *model, int B, int T, int slots, int split);
+/* B for the current slot's micro-batch: the head's softmax and the LM head's input gradient,
+ * every block's input-gradient GEMMs, attention and GELU backward, all LayerNorm backward (their
+ * weight and bias gradients too: they come out of the same kernel), and the tensor-parallel
+ * allreduces; leaves loom_gpt_stage_input_grad. Arguments as loom_gpt_backward_stage. */
+void loom_gpt_backward_input(loom_gpt *model, float dloss, const float *output_grad);
+/* W for the current slot's micro-batch, whose B must have run (B of other slots may have run
+ * since): the blocks' GEMM weight and bias gradients, the LM head's and the embedding's. The
+ * grads_ready hook fires from here, at the offsets and in the order of the fused backward; it
+ * speaks for this micro-batch's backward only. */
+void loom_gpt_backward_weight(loom_gpt *model);
 
 /* Logical (llm.c-order, unsharded) index of local element `index` of tensor k. */
 int64_t loom_gpt_global_index(const loom_gpt *model, int k, int64_t index);
@@ -338,6 +367,8 @@ typedef struct {
     int64_t param_bytes;       /* bytes: this rank's shard of the parameters the part uses */
     int64_t act_bytes;         /* bytes: activations kept for backward, the part's share of a
                                 * slot (loom_gpt_reserve_slots) before per-buffer rounding */
+    int64_t act_bytes_split;   /* bytes: what a split backward's B keeps for W on top of
+                                * act_bytes (loom_gpt_reserve_slots_split), per micro-batch */
     int64_t tp_allreduces_fwd; /* count: allreduces in the TP group during forward */
     int64_t tp_bytes_fwd;      /* bytes: their payload, summed */
     int64_t tp_allreduces_bwd; /* count: ... during backward */
@@ -346,19 +377,21 @@ typedef struct {
 
 /* One transformer block: params 12C^2/tp + 7C/tp + 6C (the split weights and biases, the
  * replicated LayerNorms and row-parallel biases); activations (B,T) x (6C + 12C/tp + 4) +
- * (B, NH/tp, T, T); allreduces of (B,T,C) after attention-out and MLP-down in forward, and of
- * the (B,T,C) input gradients of QKV and MLP-up in backward. The config is checked; tp must
- * divide the heads and the padded vocabulary, 1 <= T <= max_seq_len, B >= 1. */
+ * (B, NH/tp, T, T), and (B,T) x (2C + 7C/tp) more for a split backward; allreduces of (B,T,C)
+ * after attention-out and MLP-down in forward, and of the (B,T,C) input gradients of QKV and
+ * MLP-up in backward. The config is checked; tp must divide the heads and the padded
+ * vocabulary, 1 <= T <= max_seq_len, B >= 1. */
 loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
                                 loom_gpt_part_cost *cost);
-/* The embedding: wte rows Vp/tp and wpe; the stage input (B,T,C) `encoded`; no GEMM; forward
- * allreduces the (B,T,C) embedding output, backward nothing. */
+/* The embedding: wte rows Vp/tp and wpe; the stage input (B,T,C) `encoded` (and its gradient
+ * for a split backward); no GEMM; forward allreduces the (B,T,C) embedding output, backward
+ * nothing. */
 loom_status loom_gpt_cost_embedding(const loom_gpt_config *config, int tp, int B, int T,
                                     loom_gpt_part_cost *cost);
 /* The head: final LayerNorm, tied LM head (wte's Vp/tp rows; the same tensor the embedding
  * counts) and the loss; the GEMM (B*T, C) x (C, Vp/tp); activations lnf (B,T,C), probs
- * (B,T,Vp/tp) and (B,T) x 6 statistics; forward allreduces row max (B,T) and [sum exp, target
- * logit] (2,B,T), backward the (B,T,C) gradient of lnf. */
+ * (B,T,Vp/tp) and (B,T) x 6 statistics (nothing more for a split backward); forward allreduces
+ * row max (B,T) and [sum exp, target logit] (2,B,T), backward the (B,T,C) gradient of lnf. */
 loom_status loom_gpt_cost_head(const loom_gpt_config *config, int tp, int B, int T,
                                loom_gpt_part_cost *cost);
 
@@ -396,6 +429,8 @@ typedef struct {
                                    * output, its input; only the head stage's has the head's
                                    * buffers) + inputs and targets (2, B, T) int32 */
     int64_t act_slot_token_bytes; /* bytes: the (2, B, T) int32 part of act_slot_bytes */
+    int64_t act_slot_split_bytes; /* bytes: what a slot grows by when B and W run apart
+                                   * (loom_gpt_reserve_slots_split): what W needs, kept from B */
     int64_t act_bytes_keep;       /* bytes: in_flight slots (no recomputation) */
     int64_t act_bytes_recompute;  /* bytes: one slot + in_flight stage inputs
                                    * (in_flight, B, T, C) fp32 */

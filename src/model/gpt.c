@@ -4,7 +4,10 @@
  * Parameters, gradients, activations and backward scratch each live in one allocation with
  * a struct of pointers into it (llm.c's layout). Every kernel goes through the backend table.
  * Backward keeps only one layer's worth of activation-gradient scratch: the residual stream's
- * gradient is carried down in one (B,T,C) buffer.
+ * gradient is carried down in one (B,T,C) buffer. Backward also runs in zero-bubble's two parts:
+ * B (input gradients) keeps each GEMM's output gradient in the micro-batch's slot, W (weight
+ * gradients) reads them later; both use the fused backward's kernels in its order, so that the
+ * two give the same bits.
  *
  * Not here: optimizer, clipping, data or files.
  */
@@ -431,10 +434,13 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 
 /* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). Every
  * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
- * has the head's buffers (lnf ... row_stats), the others have them at size 0. */
-static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
+ * has the head's buffers (lnf ... row_stats), only a split reservation those W needs; the
+ * others are there at size 0. */
+static size_t acts_layout(const loom_gpt *m, int B, int T, int split, size_t sizes[NUM_ACTS]) {
+    loom_gpt_slot_shape slot = {
+        m->tp_size, m->num_local_layers, m->has_embedding, m->has_head, split, B, T};
     int64_t floats[LOOM_GPT_NUM_ACTS];
-    loom_gpt_act_floats(&m->config, m->tp_size, m->num_local_layers, m->has_head, B, T, floats);
+    loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         sizes[i] = (size_t)loom_gpt_act_round(floats[i]);
@@ -449,17 +455,18 @@ loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
 
 void loom_gpt_use_slot(loom_gpt *m, int slot) {
     float **slots[NUM_ACTS] = {
-        &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean, &m->acts.ln1_rstd,
-        &m->acts.qkv,       &m->acts.atty,     &m->acts.att,      &m->acts.attproj,
-        &m->acts.residual2, &m->acts.ln2,      &m->acts.ln2_mean, &m->acts.ln2_rstd,
-        &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,   &m->acts.residual3,
-        &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd, &m->acts.probs,
-        &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats};
+        &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean,  &m->acts.ln1_rstd,
+        &m->acts.qkv,       &m->acts.atty,     &m->acts.att,       &m->acts.attproj,
+        &m->acts.residual2, &m->acts.ln2,      &m->acts.ln2_mean,  &m->acts.ln2_rstd,
+        &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,    &m->acts.residual3,
+        &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd,  &m->acts.probs,
+        &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats, &m->acts.dfcproj,
+        &m->acts.dfch,      &m->acts.dattproj, &m->acts.dqkv,      &m->acts.dencoded};
     size_t sizes[NUM_ACTS];
-    acts_layout(m, m->B, m->T, sizes);
+    acts_layout(m, m->B, m->T, m->split_backward, sizes);
     float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
-        *slots[i] = sizes[i] > 0 ? p : NULL; /* the head's buffers off the head stage */
+        *slots[i] = sizes[i] > 0 ? p : NULL; /* not on this stage, or not reserved */
         p += sizes[i];
     }
     size_t BT = (size_t)m->B * (size_t)m->T;
@@ -469,14 +476,20 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
 }
 
 loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
+    return loom_gpt_reserve_slots_split(m, B, T, nslots, 0);
+}
+
+loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, int split) {
     if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT,
                          "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
                          m->config.max_seq_len, T, B);
     }
     if (nslots < 1) return loom_fail(LOOM_ERR_INPUT, "model: expected at least one slot");
+    split = split != 0;
+    /* a split reservation serves callers that do not split too */
     if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T &&
-        nslots <= m->slots) {
+        nslots <= m->slots && split <= m->split_backward) {
         return LOOM_OK;
     }
     loom_free_aligned(m->acts_memory);
@@ -487,7 +500,7 @@ loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
     m->inputs_all = m->targets_all = m->inputs = m->targets = NULL;
 
     size_t sizes[NUM_ACTS];
-    m->slot_floats = acts_layout(m, B, T, sizes);
+    m->slot_floats = acts_layout(m, B, T, split, sizes);
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
@@ -510,15 +523,20 @@ loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
     m->B = B;
     m->T = T;
     m->slots = nslots;
+    m->split_backward = split;
     loom_gpt_use_slot(m, 0);
     return LOOM_OK;
 }
+
+/* A block's four GEMMs, in backward order. */
+enum { GEMM_FCPROJ, GEMM_FC, GEMM_ATTPROJ, GEMM_QKV, BLOCK_GEMMS };
 
 /* Per-layer activation views for a forward of shape (B, T); strides use the current shape so
  * that smaller batches pack densely into the reserved buffers. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
+    float *dout[BLOCK_GEMMS]; /* the GEMMs' output gradients a split backward keeps; NULL if not */
 } layer_acts;
 
 static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
@@ -535,8 +553,14 @@ static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
         a->ln2 + lbt * C,           a->ln2_mean + lbt,
         a->ln2_rstd + lbt,          a->fch + lbt * 4 * Cl,
         a->fch_gelu + lbt * 4 * Cl, a->fcproj + lbt * C,
-        a->residual3 + lbt * C,
+        a->residual3 + lbt * C,     {NULL},
     };
+    if (a->dqkv) {
+        v.dout[GEMM_FCPROJ] = a->dfcproj + lbt * C;
+        v.dout[GEMM_FC] = a->dfch + lbt * 4 * Cl;
+        v.dout[GEMM_ATTPROJ] = a->dattproj + lbt * C;
+        v.dout[GEMM_QKV] = a->dqkv + lbt * 3 * Cl;
+    }
     return v;
 }
 
@@ -684,7 +708,45 @@ const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
     return m->grad_acts.dresidual;
 }
 
-static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T) {
+/* The weight half of block l's GEMM `which`: dW += dout^T inp, db += the column sums of dout. */
+static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which, const float *dout,
+                              int64_t N) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_tensors *g = &m->grads;
+    int C = m->config.channels, Cl = C / m->tp_size;
+    size_t lc = (size_t)l * m->layer_stride;
+    switch (which) {
+    case GEMM_FCPROJ: /* row-parallel: (N, 4C/tp) -> (N, C) */
+        be->matmul_backward_weight(g->fcprojw + lc, g->fcprojb + lc, dout, a->fch_gelu, N, 4 * Cl,
+                                   C);
+        break;
+    case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp) */
+        be->matmul_backward_weight(g->fcw + lc, g->fcb + lc, dout, a->ln2, N, C, 4 * Cl);
+        break;
+    case GEMM_ATTPROJ: /* row-parallel: (N, C/tp) -> (N, C) */
+        be->matmul_backward_weight(g->attprojw + lc, g->attprojb + lc, dout, a->atty, N, Cl, C);
+        break;
+    default: /* GEMM_QKV, column-parallel: (N, C) -> (N, 3C/tp) */
+        be->matmul_backward_weight(g->qkvw + lc, g->qkvb + lc, dout, a->ln1, N, C, 3 * Cl);
+        break;
+    }
+}
+
+/* After a GEMM's input gradient: its weight gradient at once (fused backward), or its output
+ * gradient kept for W (split; nothing to copy when it was computed in place there). */
+static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int which,
+                                const float *dout, int64_t N, int64_t width, int split) {
+    if (!split) {
+        block_weight_grad(m, a, l, which, dout, N);
+    } else if (a->dout[which] != dout) {
+        memcpy(a->dout[which], dout, (size_t)(N * width) * sizeof(float));
+    }
+}
+
+/* Block l's backward from d(residual3) in dresidual to d(residual) there: the input gradients,
+ * LayerNorm's gradients, and (fused) the GEMMs' weight gradients as each GEMM is done, or
+ * (split) their output gradients kept in the slot for block_backward_weight. */
+static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
     const loom_gpt_tensors *g = &m->grads;
@@ -696,38 +758,49 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
     layer_acts a = layer_view(m, l, B, T);
     size_t lc = (size_t)l * m->layer_stride;
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
+    /* a split backward computes these two straight into the slot */
+    float *dfch = split ? a.dout[GEMM_FC] : ga->dfch;
+    float *dqkv = split ? a.dout[GEMM_QKV] : ga->dqkv;
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
     memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
-    be->matmul_backward(ga->dfch2, g->fcprojw + lc, g->fcprojb + lc, dres, a.fch_gelu,
-                        p->fcprojw + lc, N, 4 * Cl, C);
-    memset(ga->dfch, 0, btcl * 4 * sizeof(float));
-    be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * Cl);
+    be->matmul_backward_input(ga->dfch2, dres, p->fcprojw + lc, N, 4 * Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, dres, N, C, split);
+    memset(dfch, 0, btcl * 4 * sizeof(float));
+    be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->fcw + lc, g->fcb + lc, ga->dfch, a.ln2, p->fcw + lc, N, C,
-                        4 * Cl);
+    be->matmul_backward_input(ga->dbtc, dfch, p->fcw + lc, N, C, 4 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM); /* column-parallel input gradient */
     be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
                            a.ln2_mean, a.ln2_rstd, N, C);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     memset(ga->dbtc2, 0, btcl * sizeof(float));
-    be->matmul_backward(ga->dbtc2, g->attprojw + lc, g->attprojb + lc, dres, a.atty,
-                        p->attprojw + lc, N, Cl, C);
-    memset(ga->dqkv, 0, btcl * 3 * sizeof(float));
-    be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
+    be->matmul_backward_input(ga->dbtc2, dres, p->attprojw + lc, N, Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, dres, N, C, split);
+    memset(dqkv, 0, btcl * 3 * sizeof(float));
+    be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->qkvw + lc, g->qkvb + lc, ga->dqkv, a.ln1, p->qkvw + lc, N, C,
-                        3 * Cl);
+    be->matmul_backward_input(ga->dbtc, dqkv, p->qkvw + lc, N, C, 3 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
                            a.ln1_mean, a.ln1_rstd, N, C);
 }
 
-static void embed_backward(loom_gpt *m, int B, int T) {
+/* Block l's W: the weight gradients of its four GEMMs from the output gradients B kept. */
+static void block_backward_weight(loom_gpt *m, int l, int B, int T) {
+    layer_acts a = layer_view(m, l, B, T);
+    for (int which = 0; which < BLOCK_GEMMS; which++) {
+        block_weight_grad(m, &a, l, which, a.dout[which], (int64_t)B * T);
+    }
+}
+
+/* The embeddings' gradients from dout, the gradient of the embedding's output (B,T,C). */
+static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
-    const float *dout = m->grad_acts.dresidual;
     if (m->tp_size == 1) {
         be->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
         return;
@@ -738,51 +811,106 @@ static void embed_backward(loom_gpt *m, int B, int T) {
                                rows);
 }
 
-void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
+/* The tied LM head's weight gradient: dwte += dlogits^T lnf (dlogits in probs). */
+static void head_backward_weight(loom_gpt *m) {
+    const loom_gpt_config *c = &m->config;
+    m->backend->matmul_backward_weight(m->grads.wte, NULL, m->acts.probs, m->acts.lnf,
+                                       (int64_t)m->cur_B * m->cur_T, c->channels,
+                                       c->padded_vocab_size / m->tp_size);
+}
+
+/* The head's backward into dresidual: probs -> dlogits in place, the tied LM head's input
+ * gradient (and, fused, its weight gradient; split, W reads dlogits from probs), then the final
+ * LayerNorm. */
+static void head_backward(loom_gpt *m, float dloss, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int B = m->cur_B, T = m->cur_T;
-    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
+    int B = m->cur_B, T = m->cur_T, C = c->channels, L = m->num_local_layers;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
-
-    if (m->has_head) {
-        /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
-        if (m->tp_size == 1) {
-            be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
-        } else {
-            be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
-                                            m->vocab_local, Vpl, m->vocab_start);
-        }
-        memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
-        be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte,
-                            N, C, Vpl);
-        tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-        memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
-        const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
-        be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
-                               m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+    if (m->tp_size == 1) {
+        be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, c->vocab_size,
+                                  Vpl);
     } else {
-        memcpy(ga->dresidual, output_grad, (size_t)N * C * sizeof(float));
+        be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
+                                        m->vocab_local, Vpl, m->vocab_start);
     }
+    memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
+    be->matmul_backward_input(ga->dbtc, m->acts.probs, m->params.wte, N, C, Vpl);
+    if (!split) head_backward_weight(m);
+    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
+    memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
+    const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
+    be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
+                           m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+}
 
+static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, ready_offset);
+}
+
+/* Where block l's gradients begin: once it is done, only lower offsets change. */
+static size_t block_grads_offset(const loom_gpt *m, int l) {
+    return m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride;
+}
+
+/* The stage's backward from the loss (head) or output_grad, down to d(input) in dresidual:
+ * fused (the weight gradients as it goes, grads_ready after each block) or B only. */
+static void backward(loom_gpt *m, float dloss, const float *output_grad, int split) {
+    int B = m->cur_B, T = m->cur_T, C = m->config.channels, L = m->num_local_layers;
+    size_t btc = (size_t)B * (size_t)T * (size_t)C;
+    if (m->has_head) {
+        head_backward(m, dloss, split);
+    } else {
+        memcpy(m->grad_acts.dresidual, output_grad, btc * sizeof(float));
+    }
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
-        block_backward(m, l, residual, B, T);
-        /* blocks l..L-1 and the final LayerNorm are done; only lower offsets change now */
-        if (m->grads_ready) {
-            m->grads_ready(m->grads_ready_ctx,
-                           m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride);
-        }
+        block_backward(m, l, residual, B, T, split);
+        if (!split) notify_grads_ready(m, block_grads_offset(m, l));
     }
     /* the embedding stage ends in the embeddings; others leave d(input) in dresidual */
-    if (m->has_embedding) embed_backward(m, B, T);
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, 0);
+    if (split) {
+        if (m->has_embedding) memcpy(m->acts.dencoded, m->grad_acts.dresidual, btc * sizeof(float));
+        return;
+    }
+    if (m->has_embedding) embed_backward(m, m->grad_acts.dresidual, B, T);
+    notify_grads_ready(m, 0);
+}
+
+void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
+    backward(m, dloss, output_grad, 0);
 }
 
 void loom_gpt_backward(loom_gpt *m, float dloss) {
     loom_gpt_backward_stage(m, dloss, NULL);
+}
+
+static void require_split(const loom_gpt *m, const char *caller) {
+    if (!m->split_backward) {
+        loom_fatal("%s: the activation slots keep nothing for W; reserve them with "
+                   "loom_gpt_reserve_slots_split",
+                   caller);
+    }
+}
+
+void loom_gpt_backward_input(loom_gpt *m, float dloss, const float *output_grad) {
+    require_split(m, "loom_gpt_backward_input");
+    backward(m, dloss, output_grad, 1);
+}
+
+void loom_gpt_backward_weight(loom_gpt *m) {
+    require_split(m, "loom_gpt_backward_weight");
+    int B = m->cur_B, T = m->cur_T, L = m->num_local_layers;
+    /* the fused backward's order, so that its gradients come out the same bits */
+    if (m->has_head) head_backward_weight(m);
+    for (int l = L - 1; l >= 0; l--) {
+        block_backward_weight(m, l, B, T);
+        notify_grads_ready(m, block_grads_offset(m, l));
+    }
+    if (m->has_embedding) embed_backward(m, m->acts.dencoded, B, T);
+    notify_grads_ready(m, 0);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
