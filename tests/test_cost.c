@@ -66,7 +66,11 @@ static void test_params(void) {
                 CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "stage [%d,%d)", first,
                       end);
                 loom_gpt model;
-                loom_gpt_shard shard = {first, end, tp, tp - 1, NULL};
+                loom_gpt_shard shard = {.first_layer = first,
+                                        .end_layer = end,
+                                        .tp_size = tp,
+                                        .tp_rank = tp - 1,
+                                        .tp_comm = NULL};
                 CHECK(loom_gpt_describe(&model, &c, &shard) == LOOM_OK, "describe");
                 CHECK(cost.param_bytes == 4 * (int64_t)model.num_params,
                       "stage [%d,%d) tp %d params %lld vs describe %zu floats", first, end, tp,
@@ -95,7 +99,11 @@ static char unused_comm;
 static void check_allocation(const loom_gpt_config *c, int tp, int first, int end, int B, int T,
                              int slots) {
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {first, end, tp, 0, tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    loom_gpt_shard shard = {.first_layer = first,
+                            .end_layer = end,
+                            .tp_size = tp,
+                            .tp_rank = 0,
+                            .tp_comm = tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
         loom_gpt_reserve_slots(m, B, T, slots) != LOOM_OK) {
         CHECK(0, "create and reserve: %s", loom_last_error());
@@ -227,8 +235,11 @@ static void test_middle_stage(void) {
         int64_t slot = N * C + (end - first) * block_acts;
 
         loom_gpt *m = NULL;
-        loom_gpt_shard shard = {first, end, tp, 0,
-                                tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+        loom_gpt_shard shard = {.first_layer = first,
+                                .end_layer = end,
+                                .tp_size = tp,
+                                .tp_rank = 0,
+                                .tp_comm = tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
         if (loom_gpt_create_shard(&m, &c, loom_backend_cpu(), &shard) != LOOM_OK ||
             loom_gpt_reserve_slots(m, B, T, 1) != LOOM_OK) {
             CHECK(0, "gpt2 middle stage tp %d: %s", tp, loom_last_error());

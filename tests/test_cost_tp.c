@@ -30,7 +30,11 @@ static void run_stage(loom_comm *world, const loom_gpt_config *c, int first, int
     const int B = 2, T = 8;
     int64_t N = (int64_t)B * T, C = c->channels;
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {first, end, size, rank, size > 1 ? world : NULL};
+    loom_gpt_shard shard = {.first_layer = first,
+                            .end_layer = end,
+                            .tp_size = size,
+                            .tp_rank = rank,
+                            .tp_comm = size > 1 ? world : NULL};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
         loom_gpt_reserve_slots(m, B, T, 1) != LOOM_OK) {
         CHECK(0, "create: %s", loom_last_error());

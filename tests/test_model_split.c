@@ -55,7 +55,8 @@ static void micro_batch_free(micro_batch *mb) {
  * same non-zero values, and `slots` activation slots (split or not). */
 static loom_gpt *make_stage(const loom_gpt_config *c, int first, int end, int slots, int split) {
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {first, end, 1, 0, NULL};
+    loom_gpt_shard shard = {
+        .first_layer = first, .end_layer = end, .tp_size = 1, .tp_rank = 0, .tp_comm = NULL};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
         loom_gpt_reserve_slots_split(m, B, T, slots, split) != LOOM_OK) {
         fprintf(stderr, "create stage [%d, %d): %s\n", first, end, loom_last_error());

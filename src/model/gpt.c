@@ -7,7 +7,8 @@
  * gradient is carried down in one (B,T,C) buffer. Backward also runs in zero-bubble's two parts:
  * B (input gradients) keeps each GEMM's output gradient in the micro-batch's slot, W (weight
  * gradients) reads them later; both use the fused backward's kernels in its order, so that the
- * two give the same bits.
+ * two give the same bits. A rank may run several chunks of layers: parameters are indexed by
+ * the rank's local layer, a slot's activations by the layer within the chunk it holds.
  *
  * Not here: optimizer, clipping, data or files.
  */
@@ -161,12 +162,12 @@ size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
     return loom_gpt_layout_shard(config, tp, 0, config->num_layers, info);
 }
 
-size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
-                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t C = config->channels, L = end_layer - first_layer;
-    int has_embedding = first_layer == 0, has_head = end_layer == config->num_layers;
-    /* what a stage does not use it does not hold (0 rows): wte is the first stage's lookup
-     * and the last stage's tied LM head, wpe only the first's, the final LayerNorm the last's */
+/* The layout of a rank holding L blocks, and the embedding and/or the head. */
+static size_t layout(const loom_gpt_config *config, int tp, int64_t L, int has_embedding,
+                     int has_head, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t C = config->channels;
+    /* what a rank does not use it does not hold (0 rows): wte is the embedding's lookup and the
+     * head's tied LM head, wpe only the embedding's, the final LayerNorm the head's */
     int64_t Vp = has_embedding || has_head ? config->padded_vocab_size / tp : 0;
     int64_t maxT = has_embedding ? config->max_seq_len : 0, Cf = has_head ? C : 0;
     int64_t Cl = C / tp; /* this rank's columns */
@@ -207,7 +208,9 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_la
         }
         ti->decay = spec[k].decay;
         ti->per_layer = k >= LOOM_LN1W && k <= LOOM_FCPROJB;
-        ti->layer_numel = ti->per_layer ? ti->numel / L : ti->numel;
+        /* a block's elements: the shape after L (a rank may hold no block) */
+        ti->layer_numel =
+            ti->per_layer ? spec[k].shape[1] * (ti->ndim == 3 ? spec[k].shape[2] : 1) : ti->numel;
         if (ti->per_layer) layer_numel_total += (size_t)ti->layer_numel;
     }
     size_t offset = (size_t)(info[LOOM_WTE].numel + info[LOOM_WPE].numel);
@@ -226,6 +229,24 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_la
     }
     info[LOOM_WTE].layer_stride = info[LOOM_WPE].layer_stride = 0;
     return offset;
+}
+
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
+                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    return layout(config, tp, end_layer - first_layer, first_layer == 0,
+                  end_layer == config->num_layers, info);
+}
+
+size_t loom_gpt_layout_chunks(const loom_gpt_config *config, int tp, const loom_gpt_chunk *chunks,
+                              int num_chunks, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t layers = 0;
+    int has_embedding = 0, has_head = 0;
+    for (int i = 0; i < num_chunks; i++) {
+        layers += chunks[i].end_layer - chunks[i].first_layer;
+        has_embedding |= chunks[i].has_embedding;
+        has_head |= chunks[i].has_head;
+    }
+    return layout(config, tp, layers, has_embedding, has_head, info);
 }
 
 size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index) {
@@ -265,8 +286,45 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
 loom_status loom_gpt_create_tp(loom_gpt **out, const loom_gpt_config *config,
                                const loom_backend *backend, int tp_size, int tp_rank,
                                loom_comm *tp_comm) {
-    loom_gpt_shard shard = {0, config->num_layers, tp_size, tp_rank, tp_comm};
+    loom_gpt_shard shard = {.first_layer = 0,
+                            .end_layer = config->num_layers,
+                            .tp_size = tp_size,
+                            .tp_rank = tp_rank,
+                            .tp_comm = tp_comm};
     return loom_gpt_create_shard(out, config, backend, &shard);
+}
+
+/* A chunk list's rules: ranges inside the model, ascending and apart; the embedding on at most
+ * one chunk, which starts at layer 0; the head on at most one, which ends at the last. */
+static loom_status check_chunks(const loom_gpt_shard *shard, int L) {
+    if (shard->num_chunks < 0 || shard->num_chunks > LOOM_GPT_MAX_CHUNKS) {
+        return loom_fail(LOOM_ERR_INPUT, "model: shard num_chunks: expected 0..%d, got %d",
+                         LOOM_GPT_MAX_CHUNKS, shard->num_chunks);
+    }
+    int embeddings = 0, heads = 0;
+    for (int i = 0; i < shard->num_chunks; i++) {
+        const loom_gpt_chunk *c = &shard->chunks[i];
+        int floor = i > 0 ? shard->chunks[i - 1].end_layer : 0;
+        if (c->first_layer < floor || c->end_layer < c->first_layer || c->end_layer > L) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d]: expected layers [first, end) with %d <= "
+                             "first <= end <= %d (ascending, not overlapping), got [%d, %d)",
+                             i, floor, L, c->first_layer, c->end_layer);
+        }
+        if (c->has_embedding && (c->first_layer != 0 || embeddings++)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d].has_embedding: expected on one chunk, "
+                             "starting at layer 0, got layers [%d, %d)",
+                             i, c->first_layer, c->end_layer);
+        }
+        if (c->has_head && (c->end_layer != L || heads++)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d].has_head: expected on one chunk, ending at "
+                             "layer %d, got layers [%d, %d)",
+                             i, L, c->first_layer, c->end_layer);
+        }
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
@@ -282,25 +340,40 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     }
     st = loom_gpt_check_tp(&checked, tp_size, "model", "tensor parallel", "");
     if (st != LOOM_OK) return st;
-    if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
-        shard->first_layer >= shard->end_layer) {
-        return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
-                         shard->first_layer, shard->end_layer, checked.num_layers);
+    if (shard->num_chunks == 0) {
+        if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
+            shard->first_layer >= shard->end_layer) {
+            return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
+                             shard->first_layer, shard->end_layer, checked.num_layers);
+        }
+        m->num_chunks = 1;
+        m->chunks[0] =
+            (loom_gpt_chunk){shard->first_layer, shard->end_layer, shard->first_layer == 0,
+                             shard->end_layer == checked.num_layers};
+    } else {
+        st = check_chunks(shard, checked.num_layers);
+        if (st != LOOM_OK) return st;
+        m->num_chunks = shard->num_chunks;
+        memcpy(m->chunks, shard->chunks, (size_t)shard->num_chunks * sizeof *m->chunks);
     }
     m->config = checked;
     m->tp_size = tp_size;
     m->tp_rank = tp_rank;
     m->tp_comm = tp_size > 1 ? shard->tp_comm : NULL;
-    m->first_layer = shard->first_layer;
-    m->num_local_layers = shard->end_layer - shard->first_layer;
-    m->has_embedding = shard->first_layer == 0;
-    m->has_head = shard->end_layer == checked.num_layers;
+    m->first_layer = m->chunks[0].first_layer;
+    for (int i = 0; i < m->num_chunks; i++) {
+        const loom_gpt_chunk *chunk = &m->chunks[i];
+        int layers = chunk->end_layer - chunk->first_layer;
+        m->num_local_layers += layers;
+        m->max_chunk_layers = layers > m->max_chunk_layers ? layers : m->max_chunk_layers;
+        m->has_embedding |= chunk->has_embedding;
+        m->has_head |= chunk->has_head;
+    }
     int vp_local = checked.padded_vocab_size / tp_size;
     m->vocab_start = tp_rank * vp_local;
     int real = checked.vocab_size - m->vocab_start;
     m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
-    m->num_params =
-        loom_gpt_layout_shard(&checked, tp_size, shard->first_layer, shard->end_layer, m->info);
+    m->num_params = loom_gpt_layout_chunks(&checked, tp_size, m->chunks, m->num_chunks, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     return LOOM_OK;
 }
@@ -368,6 +441,25 @@ void loom_gpt_free(loom_gpt *m) {
     free(m);
 }
 
+int loom_gpt_global_layer(const loom_gpt *m, int local) {
+    for (int i = 0; i < m->num_chunks; i++) {
+        int layers = m->chunks[i].end_layer - m->chunks[i].first_layer;
+        if (local < layers) return m->chunks[i].first_layer + local;
+        local -= layers;
+    }
+    return -1; /* not a local layer */
+}
+
+int loom_gpt_local_layer(const loom_gpt *m, int layer) {
+    int local = 0;
+    for (int i = 0; i < m->num_chunks; i++) {
+        const loom_gpt_chunk *c = &m->chunks[i];
+        if (layer >= c->first_layer && layer < c->end_layer) return local + layer - c->first_layer;
+        local += c->end_layer - c->first_layer;
+    }
+    return -1;
+}
+
 int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
     const loom_gpt_config *c = &m->config;
     const loom_gpt_tensor_info *ti = &m->info[k];
@@ -376,8 +468,8 @@ int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
         if (tp == 1 || k != LOOM_WTE) return index;
         return index + m->tp_rank * (int64_t)(c->padded_vocab_size / tp) * c->channels; /* rows */
     }
-    /* a pipeline stage's layer j is the model's layer first_layer + j */
-    int64_t layer = index / ti->layer_numel + m->first_layer, within = index % ti->layer_numel;
+    int64_t layer = loom_gpt_global_layer(m, (int)(index / ti->layer_numel));
+    int64_t within = index % ti->layer_numel;
     int64_t global_layer_numel = ti->layer_numel * (loom_gpt_tensor_is_sharded(k) ? tp : 1);
     if (tp == 1 || !loom_gpt_tensor_is_sharded(k)) return layer * global_layer_numel + within;
     int64_t C = c->channels, r = m->tp_rank, Cl = C / tp;
@@ -437,8 +529,9 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
  * has the head's buffers (lnf ... row_stats), only a split reservation those W needs; the
  * others are there at size 0. */
 static size_t acts_layout(const loom_gpt *m, int B, int T, int split, size_t sizes[NUM_ACTS]) {
+    /* one chunk's activations: the largest chunk's blocks */
     loom_gpt_slot_shape slot = {
-        m->tp_size, m->num_local_layers, m->has_embedding, m->has_head, split, B, T};
+        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T};
     int64_t floats[LOOM_GPT_NUM_ACTS];
     loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;
@@ -588,14 +681,40 @@ static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, cons
     be->bias_forward(out, bias, N, OC);
 }
 
-static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
+/* A chunk as the passes see it: its block i is the rank's local layer first + i (parameters)
+ * and the slot's layer i (activations). */
+typedef struct {
+    int index;
+    int first, layers;
+    int has_embedding, has_head;
+} chunk_view;
+
+/* Chunk `chunk`, checked where a caller hands it in. */
+static chunk_view chunk_of(const loom_gpt *m, int chunk, const char *caller) {
+    if (chunk < 0 || chunk >= m->num_chunks) {
+        loom_fatal("%s: chunk %d, expected 0..%d", caller, chunk, m->num_chunks - 1);
+    }
+    chunk_view v = {chunk, 0, 0, m->chunks[chunk].has_embedding, m->chunks[chunk].has_head};
+    for (int i = 0; i < chunk; i++) v.first += m->chunks[i].end_layer - m->chunks[i].first_layer;
+    v.layers = m->chunks[chunk].end_layer - m->chunks[chunk].first_layer;
+    return v;
+}
+
+/* The residual stream after the chunk's last block: its output, and the head's input. */
+static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B, int T) {
+    return ch->layers > 0 ? layer_view(m, ch->layers - 1, B, T).residual3 : m->acts.encoded;
+}
+
+static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
+                          int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
     int C = m->config.channels, tp = m->tp_size;
     int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
-    layer_acts a = layer_view(m, l, B, T);
-    size_t lc = (size_t)l * m->layer_stride; /* this block's slice of every per-layer tensor */
+    layer_acts a = layer_view(m, i, B, T);
+    /* this block's slice of every per-layer tensor */
+    size_t lc = (size_t)(ch->first + i) * m->layer_stride;
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
                           C);
     /* column-parallel QKV: this rank's heads */
@@ -641,11 +760,11 @@ static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N
     be->softmax_xent_shard_forward(m->acts.losses, probs, sums, target_logits, targets, N, Vl, Vpl);
 }
 
-float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
-                             const int32_t *targets, int B, int T) {
+static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inputs,
+                           const float *input, const int32_t *targets, int B, int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
+    int C = c->channels, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     /* callers reserve first; the check is cheap and turns misuse into a clear message */
@@ -657,18 +776,18 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     m->cur_B = B;
     m->cur_T = T;
 
-    if (m->has_embedding) {
+    if (ch->has_embedding) {
         memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
         embed_forward(m, inputs, B, T);
     } else {
         memcpy(m->acts.encoded, input, (size_t)N * C * sizeof(float));
     }
     const float *residual = m->acts.encoded;
-    for (int l = 0; l < L; l++) {
-        block_forward(m, l, residual, B, T);
-        residual = layer_view(m, l, B, T).residual3;
+    for (int i = 0; i < ch->layers; i++) {
+        block_forward(m, ch, i, residual, B, T);
+        residual = layer_view(m, i, B, T).residual3;
     }
-    if (!m->has_head) return 0.0f;
+    if (!ch->has_head) return 0.0f;
     be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
                           m->params.lnfb, N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
@@ -695,17 +814,37 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     return m->mean_loss;
 }
 
+float loom_gpt_forward_chunk(loom_gpt *m, int chunk, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_forward_chunk");
+    return forward_chunk(m, &ch, inputs, input, targets, B, T);
+}
+
+float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T) {
+    chunk_view ch = chunk_of(m, 0, "loom_gpt_forward_stage");
+    return forward_chunk(m, &ch, inputs, input, targets, B, T);
+}
+
 float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     return loom_gpt_forward_stage(m, inputs, NULL, targets, B, T);
 }
 
+const float *loom_gpt_chunk_output(loom_gpt *m, int chunk) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_chunk_output");
+    return chunk_last_residual(m, &ch, m->cur_B, m->cur_T);
+}
+
 const float *loom_gpt_stage_output(loom_gpt *m) {
-    int L = m->num_local_layers;
-    return L > 0 ? layer_view(m, L - 1, m->cur_B, m->cur_T).residual3 : m->acts.encoded;
+    return loom_gpt_chunk_output(m, 0);
+}
+
+const float *loom_gpt_chunk_input_grad(const loom_gpt *m) {
+    return m->grad_acts.dresidual;
 }
 
 const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
-    return m->grad_acts.dresidual;
+    return loom_gpt_chunk_input_grad(m);
 }
 
 /* The weight half of block l's GEMM `which`: dW += dout^T inp, db += the column sums of dout. */
@@ -743,10 +882,11 @@ static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int whi
     }
 }
 
-/* Block l's backward from d(residual3) in dresidual to d(residual) there: the input gradients,
- * LayerNorm's gradients, and (fused) the GEMMs' weight gradients as each GEMM is done, or
- * (split) their output gradients kept in the slot for block_backward_weight. */
-static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T, int split) {
+/* Block i of a chunk, backward from d(residual3) in dresidual to d(residual) there: the input
+ * gradients, LayerNorm's gradients, and (fused) the GEMMs' weight gradients as each GEMM is done,
+ * or (split) their output gradients kept in the slot for block_backward_weight. */
+static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
+                           int T, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
     const loom_gpt_tensors *g = &m->grads;
@@ -755,7 +895,8 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
     int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
     size_t btc = (size_t)N * (size_t)C, btcl = (size_t)N * (size_t)Cl;
-    layer_acts a = layer_view(m, l, B, T);
+    layer_acts a = layer_view(m, i, B, T);
+    int l = ch->first + i; /* the local layer: its parameters */
     size_t lc = (size_t)l * m->layer_stride;
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
     /* a split backward computes these two straight into the slot */
@@ -789,11 +930,11 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
                            a.ln1_mean, a.ln1_rstd, N, C);
 }
 
-/* Block l's W: the weight gradients of its four GEMMs from the output gradients B kept. */
-static void block_backward_weight(loom_gpt *m, int l, int B, int T) {
-    layer_acts a = layer_view(m, l, B, T);
+/* W of a chunk's block i: its four GEMMs' weight gradients from the output gradients B kept. */
+static void block_backward_weight(loom_gpt *m, const chunk_view *ch, int i, int B, int T) {
+    layer_acts a = layer_view(m, i, B, T);
     for (int which = 0; which < BLOCK_GEMMS; which++) {
-        block_weight_grad(m, &a, l, which, a.dout[which], (int64_t)B * T);
+        block_weight_grad(m, &a, ch->first + i, which, a.dout[which], (int64_t)B * T);
     }
 }
 
@@ -822,10 +963,10 @@ static void head_backward_weight(loom_gpt *m) {
 /* The head's backward into dresidual: probs -> dlogits in place, the tied LM head's input
  * gradient (and, fused, its weight gradient; split, W reads dlogits from probs), then the final
  * LayerNorm. */
-static void head_backward(loom_gpt *m, float dloss, int split) {
+static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int B = m->cur_B, T = m->cur_T, C = c->channels, L = m->num_local_layers;
+    int B = m->cur_B, T = m->cur_T, C = c->channels;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
@@ -841,7 +982,7 @@ static void head_backward(loom_gpt *m, float dloss, int split) {
     if (!split) head_backward_weight(m);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
-    const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
+    const float *last = chunk_last_residual(m, ch, B, T);
     be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
                            m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
 }
@@ -855,36 +996,44 @@ static size_t block_grads_offset(const loom_gpt *m, int l) {
     return m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride;
 }
 
-/* The stage's backward from the loss (head) or output_grad, down to d(input) in dresidual:
+/* The chunk's backward from the loss (head) or output_grad, down to d(input) in dresidual:
  * fused (the weight gradients as it goes, grads_ready after each block) or B only. */
-static void backward(loom_gpt *m, float dloss, const float *output_grad, int split) {
-    int B = m->cur_B, T = m->cur_T, C = m->config.channels, L = m->num_local_layers;
+static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float *output_grad,
+                     int split) {
+    int B = m->cur_B, T = m->cur_T, C = m->config.channels;
     size_t btc = (size_t)B * (size_t)T * (size_t)C;
-    if (m->has_head) {
-        head_backward(m, dloss, split);
+    if (ch->has_head) {
+        head_backward(m, ch, dloss, split);
     } else {
         memcpy(m->grad_acts.dresidual, output_grad, btc * sizeof(float));
     }
-    for (int l = L - 1; l >= 0; l--) {
-        const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
-        block_backward(m, l, residual, B, T, split);
-        if (!split) notify_grads_ready(m, block_grads_offset(m, l));
+    for (int i = ch->layers - 1; i >= 0; i--) {
+        const float *residual = i > 0 ? layer_view(m, i - 1, B, T).residual3 : m->acts.encoded;
+        block_backward(m, ch, i, residual, B, T, split);
+        if (!split) notify_grads_ready(m, block_grads_offset(m, ch->first + i));
     }
-    /* the embedding stage ends in the embeddings; others leave d(input) in dresidual */
+    /* the embedding chunk ends in the embeddings; others leave d(input) in dresidual */
     if (split) {
-        if (m->has_embedding) memcpy(m->acts.dencoded, m->grad_acts.dresidual, btc * sizeof(float));
+        if (ch->has_embedding) {
+            memcpy(m->acts.dencoded, m->grad_acts.dresidual, btc * sizeof(float));
+        }
         return;
     }
-    if (m->has_embedding) embed_backward(m, m->grad_acts.dresidual, B, T);
-    notify_grads_ready(m, 0);
+    if (ch->has_embedding) embed_backward(m, m->grad_acts.dresidual, B, T);
+    /* after the rank's lowest chunk nothing of this backward is left to run here */
+    if (ch->index == 0) notify_grads_ready(m, 0);
 }
 
-void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
-    backward(m, dloss, output_grad, 0);
-}
-
-void loom_gpt_backward(loom_gpt *m, float dloss) {
-    loom_gpt_backward_stage(m, dloss, NULL);
+static void backward_weight(loom_gpt *m, const chunk_view *ch) {
+    int B = m->cur_B, T = m->cur_T;
+    /* the fused backward's order, so that its gradients come out the same bits */
+    if (ch->has_head) head_backward_weight(m);
+    for (int i = ch->layers - 1; i >= 0; i--) {
+        block_backward_weight(m, ch, i, B, T);
+        notify_grads_ready(m, block_grads_offset(m, ch->first + i));
+    }
+    if (ch->has_embedding) embed_backward(m, m->acts.dencoded, B, T);
+    if (ch->index == 0) notify_grads_ready(m, 0);
 }
 
 static void require_split(const loom_gpt *m, const char *caller) {
@@ -895,22 +1044,37 @@ static void require_split(const loom_gpt *m, const char *caller) {
     }
 }
 
+void loom_gpt_backward_chunk(loom_gpt *m, int chunk, float dloss, const float *output_grad) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk");
+    backward(m, &ch, dloss, output_grad, 0);
+}
+
+void loom_gpt_backward_chunk_input(loom_gpt *m, int chunk, float dloss, const float *output_grad) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk_input");
+    require_split(m, "loom_gpt_backward_chunk_input");
+    backward(m, &ch, dloss, output_grad, 1);
+}
+
+void loom_gpt_backward_chunk_weight(loom_gpt *m, int chunk) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk_weight");
+    require_split(m, "loom_gpt_backward_chunk_weight");
+    backward_weight(m, &ch);
+}
+
+void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
+    loom_gpt_backward_chunk(m, 0, dloss, output_grad);
+}
+
+void loom_gpt_backward(loom_gpt *m, float dloss) {
+    loom_gpt_backward_stage(m, dloss, NULL);
+}
+
 void loom_gpt_backward_input(loom_gpt *m, float dloss, const float *output_grad) {
-    require_split(m, "loom_gpt_backward_input");
-    backward(m, dloss, output_grad, 1);
+    loom_gpt_backward_chunk_input(m, 0, dloss, output_grad);
 }
 
 void loom_gpt_backward_weight(loom_gpt *m) {
-    require_split(m, "loom_gpt_backward_weight");
-    int B = m->cur_B, T = m->cur_T, L = m->num_local_layers;
-    /* the fused backward's order, so that its gradients come out the same bits */
-    if (m->has_head) head_backward_weight(m);
-    for (int l = L - 1; l >= 0; l--) {
-        block_backward_weight(m, l, B, T);
-        notify_grads_ready(m, block_grads_offset(m, l));
-    }
-    if (m->has_embedding) embed_backward(m, m->acts.dencoded, B, T);
-    notify_grads_ready(m, 0);
+    loom_gpt_backward_chunk_weight(m, 0);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
