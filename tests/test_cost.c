@@ -66,7 +66,11 @@ static void test_params(void) {
                 CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "stage [%d,%d)", first,
                       end);
                 loom_gpt model;
-                loom_gpt_shard shard = {first, end, tp, tp - 1, NULL};
+                loom_gpt_shard shard = {.first_layer = first,
+                                        .end_layer = end,
+                                        .tp_size = tp,
+                                        .tp_rank = tp - 1,
+                                        .tp_comm = NULL};
                 CHECK(loom_gpt_describe(&model, &c, &shard) == LOOM_OK, "describe");
                 CHECK(cost.param_bytes == 4 * (int64_t)model.num_params,
                       "stage [%d,%d) tp %d params %lld vs describe %zu floats", first, end, tp,
@@ -95,7 +99,11 @@ static char unused_comm;
 static void check_allocation(const loom_gpt_config *c, int tp, int first, int end, int B, int T,
                              int slots) {
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {first, end, tp, 0, tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    loom_gpt_shard shard = {.first_layer = first,
+                            .end_layer = end,
+                            .tp_size = tp,
+                            .tp_rank = 0,
+                            .tp_comm = tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
         loom_gpt_reserve_slots(m, B, T, slots) != LOOM_OK) {
         CHECK(0, "create and reserve: %s", loom_last_error());
@@ -119,6 +127,16 @@ static void check_allocation(const loom_gpt_config *c, int tp, int first, int en
         CHECK((const char *)m->acts.encoded - acts0 == cost.act_slot_bytes - token_bytes,
               "slot stride");
         CHECK(2 * ((const char *)m->inputs - tokens0) == token_bytes, "token stride");
+    }
+    /* a split reservation grows each slot by what the cost facts say */
+    size_t plain = m->slot_floats;
+    if (loom_gpt_reserve_slots_split(m, B, T, slots, 1) != LOOM_OK) {
+        CHECK(0, "reserve split: %s", loom_last_error());
+    } else {
+        CHECK(cost.act_slot_split_bytes == 4 * (int64_t)(m->slot_floats - plain),
+              "tp %d [%d,%d) B %d T %d: split slot grows by %lld bytes, allocated %lld", tp, first,
+              end, B, T, (long long)cost.act_slot_split_bytes,
+              (long long)(4 * (int64_t)(m->slot_floats - plain)));
     }
     /* backward scratch: one block from dresidual to the end of dfch2 (B,T,4C) */
     int64_t scratch = (const char *)m->grad_acts.dfch2 - (const char *)m->grad_acts.dresidual +
@@ -154,6 +172,10 @@ static void test_activations(void) {
               (long long)block.act_bytes, (long long)(4 * block_floats));
         CHECK(embed.act_bytes == 4 * N * C, "embedding acts");
         CHECK(head.act_bytes == 4 * N * (C + c.padded_vocab_size / tp + 6), "head acts");
+        /* a split backward keeps the output gradients of the four GEMMs, fcproj and attproj
+         * (N, C), fc (N, 4C/tp), qkv (N, 3C/tp), and of the embedding (N, C) */
+        CHECK(block.act_bytes_split == 4 * N * (2 * C + 7 * C / tp), "block split acts");
+        CHECK(embed.act_bytes_split == 4 * N * C && head.act_bytes_split == 0, "split acts");
         for (int first = 0; first < c.num_layers; first++) {
             for (int end = first + 1; end <= c.num_layers; end++) {
                 loom_gpt_stage_spec spec = stage_spec(&c, tp, first, end, 2, 16, 1, 0);
@@ -163,6 +185,10 @@ static void test_activations(void) {
                           (end - first) * block.act_bytes + embed.act_bytes +
                               (spec.has_head ? head.act_bytes : 0),
                       "slot = parts, stage [%d,%d) tp %d", first, end, tp);
+                CHECK(cost.act_slot_split_bytes ==
+                          (end - first) * block.act_bytes_split +
+                              (spec.has_embedding ? embed.act_bytes_split : 0),
+                      "split slot = parts, stage [%d,%d) tp %d", first, end, tp);
             }
         }
     }
@@ -209,8 +235,11 @@ static void test_middle_stage(void) {
         int64_t slot = N * C + (end - first) * block_acts;
 
         loom_gpt *m = NULL;
-        loom_gpt_shard shard = {first, end, tp, 0,
-                                tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+        loom_gpt_shard shard = {.first_layer = first,
+                                .end_layer = end,
+                                .tp_size = tp,
+                                .tp_rank = 0,
+                                .tp_comm = tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
         if (loom_gpt_create_shard(&m, &c, loom_backend_cpu(), &shard) != LOOM_OK ||
             loom_gpt_reserve_slots(m, B, T, 1) != LOOM_OK) {
             CHECK(0, "gpt2 middle stage tp %d: %s", tp, loom_last_error());

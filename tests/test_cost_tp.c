@@ -3,6 +3,8 @@
  * every rank of the world is one TP rank of a small model; each pipeline stage's forward and
  * backward run once, and the communicator's own counters (calls; bytes, which for an allreduce
  * are 2(n-1)/n of the buffer) must equal loom_gpt_cost_stage's allreduce count and payload.
+ * The split backward's B carries all of backward's allreduces and W none, and B then W gives
+ * the fused backward's bits under tensor parallelism too.
  * Run under mpirun with a world size dividing 4 (the heads).
  */
 #include "check.h"
@@ -10,6 +12,7 @@
 #include "loom/model.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static int rank, size;
 
@@ -27,7 +30,11 @@ static void run_stage(loom_comm *world, const loom_gpt_config *c, int first, int
     const int B = 2, T = 8;
     int64_t N = (int64_t)B * T, C = c->channels;
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {first, end, size, rank, size > 1 ? world : NULL};
+    loom_gpt_shard shard = {.first_layer = first,
+                            .end_layer = end,
+                            .tp_size = size,
+                            .tp_rank = rank,
+                            .tp_comm = size > 1 ? world : NULL};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
         loom_gpt_reserve_slots(m, B, T, 1) != LOOM_OK) {
         CHECK(0, "create: %s", loom_last_error());
@@ -65,6 +72,29 @@ static void run_stage(loom_comm *world, const loom_gpt_config *c, int first, int
     loom_comm_reset_stats(world);
     loom_gpt_backward_stage(m, 1.0f / (float)N, spec.has_head ? NULL : output_grad);
     check_traffic(world, "backward", first, end, cost.tp_allreduces_bwd, cost.tp_bytes_bwd);
+
+    /* B and W apart: every allreduce is B's (W's weight gradients are this rank's own), and B
+     * then W gives the fused backward's gradients and input gradient bit for bit */
+    loom_gpt *split = NULL;
+    if (loom_gpt_create_shard(&split, c, loom_backend_cpu(), &shard) != LOOM_OK ||
+        loom_gpt_reserve_slots_split(split, B, T, 1, 1) != LOOM_OK) {
+        CHECK(0, "create: %s", loom_last_error());
+        loom_comm_abort(1, "test_cost_tp: cannot create the model");
+    }
+    loom_gpt_init_weights(split, 7);
+    loom_gpt_forward_stage(split, tokens, input, targets, B, T);
+    loom_comm_reset_stats(world);
+    loom_gpt_backward_input(split, 1.0f / (float)N, spec.has_head ? NULL : output_grad);
+    check_traffic(world, "backward B", first, end, cost.tp_allreduces_bwd, cost.tp_bytes_bwd);
+    loom_comm_reset_stats(world);
+    loom_gpt_backward_weight(split);
+    check_traffic(world, "backward W", first, end, 0, 0);
+    CHECK(memcmp(split->grads_memory, m->grads_memory, m->num_params * sizeof(float)) == 0 &&
+              memcmp(loom_gpt_stage_input_grad(split), loom_gpt_stage_input_grad(m),
+                     (size_t)(N * C) * sizeof(float)) == 0,
+          "rank %d stage [%d,%d): B then W equals the fused backward bit for bit", rank, first,
+          end);
+    loom_gpt_free(split);
 
     free(tokens);
     free(targets);

@@ -76,7 +76,11 @@ int main(void) {
     } shards[] = {{0, 5, 1, 0}, {0, 2, 1, 0}, {2, 5, 1, 0}, {1, 4, 2, 1}, {0, 5, 2, 0}};
     for (size_t s = 0; s < sizeof shards / sizeof shards[0]; s++) {
         loom_gpt m;
-        loom_gpt_shard shard = {shards[s].first, shards[s].end, shards[s].tp, shards[s].rank, NULL};
+        loom_gpt_shard shard = {.first_layer = shards[s].first,
+                                .end_layer = shards[s].end,
+                                .tp_size = shards[s].tp,
+                                .tp_rank = shards[s].rank,
+                                .tp_comm = NULL};
         CHECK(loom_gpt_describe(&m, &c, &shard) == LOOM_OK, "describe: %s", loom_last_error());
         /* describe leaves the segment list out: build a model of the same layout */
         loom_gpt *real = NULL;

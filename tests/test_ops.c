@@ -185,7 +185,15 @@ static void test_matmul(const loom_backend *be, int64_t N, int C, int OC, int ch
     float *fdb = to_float(pre + NC + OCC, OC);
     be->matmul_forward(fout, finp, fw, fb, N, C, OC);
     compare("matmul forward fast vs ref", fout, c.out, NO, 1e-4, 1e-4);
-    be->matmul_backward(fdinp, fdw, fdb, fR, finp, fw, N, C, OC);
+    /* the two halves of backward, as the model runs them: input part, then weight part */
+    be->matmul_backward_input(fdinp, fR, fw, N, C, OC);
+    float *fdw_nobias = malloc((size_t)OCC * sizeof(float));
+    memcpy(fdw_nobias, fdw, (size_t)OCC * sizeof(float));
+    be->matmul_backward_weight(fdw, fdb, fR, finp, N, C, OC);
+    be->matmul_backward_weight(fdw_nobias, NULL, fR, finp, N, C, OC);
+    CHECK(memcmp(fdw, fdw_nobias, (size_t)OCC * sizeof(float)) == 0,
+          "matmul dweight without dbias: same bits");
+    free(fdw_nobias);
     for (int64_t i = 0; i < NC; i++) dinp[i] += pre[i];
     for (int64_t i = 0; i < OCC; i++) dw[i] += pre[NC + i];
     for (int i = 0; i < OC; i++) db[i] += pre[NC + OCC + i];

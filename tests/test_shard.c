@@ -226,13 +226,21 @@ static int layout_init(layout *lo, const shard_case *sc, int tp, const stage_spl
     }
     snprintf(lo->label + n, sizeof lo->label - (size_t)n, "]");
     lo->shards = xcalloc((size_t)(tp * lo->stages), sizeof *lo->shards);
-    loom_gpt_shard whole = {0, lo->config.num_layers, 1, 0, NULL};
+    loom_gpt_shard whole = {.first_layer = 0,
+                            .end_layer = lo->config.num_layers,
+                            .tp_size = 1,
+                            .tp_rank = 0,
+                            .tp_comm = NULL};
     loom_status st = loom_gpt_describe(&lo->full, &lo->config, &whole);
     CHECK(st == LOOM_OK, "%s: describe the whole model: %s", lo->label, loom_last_error());
     if (st != LOOM_OK) return 0;
     for (int s = 0; s < lo->stages; s++) {
         for (int r = 0; r < tp; r++) {
-            loom_gpt_shard shard = {lo->first[s], lo->end[s], tp, r, NULL};
+            loom_gpt_shard shard = {.first_layer = lo->first[s],
+                                    .end_layer = lo->end[s],
+                                    .tp_size = tp,
+                                    .tp_rank = r,
+                                    .tp_comm = NULL};
             st = loom_gpt_describe(shard_at(lo, s, r), &lo->config, &shard);
             CHECK(st == LOOM_OK, "%s: describe stage %d rank %d: %s", lo->label, s, r,
                   loom_last_error());
@@ -395,8 +403,11 @@ static void check_by_hand(void) {
     };
     for (size_t i = 0; i < sizeof cases_by_hand / sizeof cases_by_hand[0]; i++) {
         loom_gpt m;
-        loom_gpt_shard shard = {cases_by_hand[i].first, cases_by_hand[i].end, cases_by_hand[i].tp,
-                                cases_by_hand[i].r, NULL};
+        loom_gpt_shard shard = {.first_layer = cases_by_hand[i].first,
+                                .end_layer = cases_by_hand[i].end,
+                                .tp_size = cases_by_hand[i].tp,
+                                .tp_rank = cases_by_hand[i].r,
+                                .tp_comm = NULL};
         loom_status st = loom_gpt_describe(&m, &c, &shard);
         int64_t g = st == LOOM_OK
                         ? loom_gpt_global_index(&m, cases_by_hand[i].k, cases_by_hand[i].local)
@@ -436,7 +447,11 @@ static void check_refusals(void) {
         {0, 4, 2, 2, "tp rank out of range"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        loom_gpt_shard shard = {bad[i].first, bad[i].end, bad[i].tp, bad[i].r, NULL};
+        loom_gpt_shard shard = {.first_layer = bad[i].first,
+                                .end_layer = bad[i].end,
+                                .tp_size = bad[i].tp,
+                                .tp_rank = bad[i].r,
+                                .tp_comm = NULL};
         CHECK(loom_gpt_describe(&m, &c, &shard) == LOOM_ERR_INPUT, "not refused: %s", bad[i].why);
     }
 }
@@ -504,8 +519,11 @@ static char unused_comm;
 
 static void check_created(const layout *lo, int s, int r) {
     loom_gpt *m = NULL;
-    loom_gpt_shard shard = {lo->first[s], lo->end[s], lo->tp, r,
-                            lo->tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    loom_gpt_shard shard = {.first_layer = lo->first[s],
+                            .end_layer = lo->end[s],
+                            .tp_size = lo->tp,
+                            .tp_rank = r,
+                            .tp_comm = lo->tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
     loom_status st = loom_gpt_create_shard(&m, &lo->config, loom_backend_cpu(), &shard);
     CHECK(st == LOOM_OK, "%s: create stage %d rank %d: %s", lo->label, s, r, loom_last_error());
     if (st != LOOM_OK) return;

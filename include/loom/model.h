@@ -8,11 +8,14 @@
  * become ready block by block during backward, and a pipeline stage's layers are one slice.
  * A pipeline stage's buffer keeps that order but holds only what the stage uses: wte on the
  * first stage (the lookup) and the last (the tied LM head), wpe on the first, lnfw and lnfb on
- * the last; a tensor it does not hold has numel 0 and takes no space. The single-stage model
- * holds everything (llm.c's files and loom's checkpoints are in its order).
+ * the last; a tensor it does not hold has numel 0 and takes no space. A rank that runs several
+ * chunks of layers (virtual pipeline stages) holds all their blocks in ascending order, and wte
+ * once when it has both the embedding and the head. The single-stage model holds everything
+ * (llm.c's files and loom's checkpoints are in its order).
  *
  * The forward/backward pass is split into embedding, a range of blocks, and the head, so
- * that a pipeline stage can run only its part.
+ * that a pipeline stage can run only its part; backward also runs as B (input gradients) and W
+ * (weight gradients) apart, for zero-bubble pipeline schedules.
  *
  * Not here: the optimizer step, data, files, or communication between processes.
  */
@@ -137,6 +140,22 @@ size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
  * shape[0] 0 and no space otherwise). [0, num_layers) is loom_gpt_layout_tp. */
 size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
                              loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
+
+/* One range of blocks that a pipeline rank runs as one virtual pipeline stage (Megatron's model
+ * chunk). With p ranks and v chunks each, rank i runs chunks i, i + p, ... (interleaved 1F1B);
+ * zero-bubble's V shape gives rank 0 the first and the last. */
+typedef struct {
+    int first_layer, end_layer; /* [first, end) of the model's blocks; may be empty */
+    int has_embedding;          /* the model's first virtual stage: tokens in (first_layer 0) */
+    int has_head;               /* its last: final LayerNorm, LM head, loss (end_layer L) */
+} loom_gpt_chunk;
+#define LOOM_GPT_MAX_CHUNKS 32
+/* ... for a rank running `num_chunks` chunks (ascending, not overlapping): their blocks in
+ * ascending order, wte when a chunk has the embedding or the head (held once when both: the tied
+ * embedding then gets both gradients locally), wpe with the embedding, lnfw and lnfb with the
+ * head. One chunk [first, end) flagged by position is loom_gpt_layout_shard. */
+size_t loom_gpt_layout_chunks(const loom_gpt_config *config, int tp, const loom_gpt_chunk *chunks,
+                              int num_chunks, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
 /* Whether tensor k is split across tensor-parallel ranks. */
 int loom_gpt_tensor_is_sharded(int k);
 /* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */
@@ -148,7 +167,7 @@ typedef struct {
     size_t offset;
     int64_t numel;
     int tensor; /* LOOM_WTE ... */
-    int layer;  /* -1 for global tensors */
+    int layer;  /* the rank's local layer (loom_gpt_global_layer maps it); -1 for global tensors */
     int decay;
 } loom_gpt_segment;
 
@@ -177,6 +196,14 @@ typedef struct {
     float *losses;    /* (B, T) */
     float *row_max;   /* (B, T) vocabulary-parallel softmax: max over every rank's logits */
     float *row_stats; /* (2, B, T) ... sum of exp, and the target's logit */
+    /* kept by a split backward's B for its W (loom_gpt_backward_input): the output gradients of
+     * each block's four GEMMs and of the embedding; size 0 and NULL unless the slots were
+     * reserved split (the head keeps nothing extra: B leaves dlogits in probs) */
+    float *dfcproj;  /* (L, B, T, C) gradient of fcproj's output, = d(residual3) */
+    float *dfch;     /* (L, B, T, 4C) ... of fc's output, after GELU's backward */
+    float *dattproj; /* (L, B, T, C) ... of attproj's output, = d(residual2) */
+    float *dqkv;     /* (L, B, T, 3C) ... of qkv's output */
+    float *dencoded; /* (B, T, C) ... of the embedding's output, on the embedding stage */
 } loom_gpt_acts;
 
 /* Scratch for backward: one layer's worth, reused by every layer. */
@@ -204,13 +231,20 @@ typedef struct {
     loom_comm *tp_comm; /* borrowed; NULL when tp_size == 1 */
     int vocab_start;    /* first vocabulary row this rank holds */
     int vocab_local;    /* real (unpadded) rows among this rank's Vp/tp */
-    /* pipeline parallelism: this stage's blocks are the model's [first_layer, first_layer +
-     * num_local_layers); the embedding stage turns tokens into the residual stream, the head
-     * stage ends it with the final LayerNorm and the loss. wte exists on these two only (the
-     * head stage's is the tied LM head), wpe on the embedding stage, lnf on the head stage. */
-    int first_layer, num_local_layers;
-    int has_embedding, has_head;
+    /* pipeline parallelism: this rank runs one or more chunks (virtual stages) of the model's
+     * blocks; all their blocks, in ascending order, are its local layers 0 .. num_local_layers-1.
+     * The embedding chunk turns tokens into the residual stream, the head chunk ends it with the
+     * final LayerNorm and the loss. wte exists on a rank with either (the head's is the tied LM
+     * head), wpe with the embedding, lnf with the head. With one chunk (a pipeline stage) the
+     * blocks are the model's [first_layer, first_layer + num_local_layers). */
+    int num_chunks;                             /* >= 1 */
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS]; /* ascending, not overlapping */
+    int max_chunk_layers;                       /* the largest chunk's: a slot's blocks */
+    int first_layer;                            /* chunks[0].first_layer */
+    int num_local_layers;                       /* all chunks' blocks */
+    int has_embedding, has_head;                /* some chunk has */
     int slots, slot;      /* activation sets reserved (micro-batches in flight), the current */
+    int split_backward;   /* the sets also keep what a split backward's W needs */
     size_t slot_floats;   /* floats per activation set */
     int32_t *inputs_all;  /* (slots, B, T) */
     int32_t *targets_all; /* (slots, B, T) */
@@ -251,9 +285,15 @@ loom_status loom_gpt_create_tp(loom_gpt **model, const loom_gpt_config *config,
                                loom_comm *tp_comm);
 /* Which part of the model a process holds. */
 typedef struct {
-    int first_layer, end_layer; /* [first, end) */
+    int first_layer, end_layer; /* [first, end): the one chunk when num_chunks is 0 */
     int tp_size, tp_rank;
     loom_comm *tp_comm; /* NULL when tp_size == 1 */
+    /* 0: one chunk, the pipeline stage [first_layer, end_layer) (non-empty) with the embedding
+     * when it starts at layer 0 and the head when it ends at the last; else chunks[0 ..
+     * num_chunks) and first_layer, end_layer unused. Chunks are ascending and do not overlap;
+     * at most one has the embedding (starting at 0), at most one the head (ending at L). */
+    int num_chunks;
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
 } loom_gpt_shard;
 loom_status loom_gpt_create_shard(loom_gpt **model, const loom_gpt_config *config,
                                   const loom_backend *backend, const loom_gpt_shard *shard);
@@ -263,7 +303,8 @@ loom_status loom_gpt_describe(loom_gpt *model, const loom_gpt_config *config,
                               const loom_gpt_shard *shard);
 
 /* Pipeline stages. Activations for `slots` micro-batches in flight at once; loom_gpt_use_slot
- * picks the set the next forward/backward works on. */
+ * picks the set the next forward/backward works on. Keeps an earlier reservation that is large
+ * enough (a split one included). */
 loom_status loom_gpt_reserve_slots(loom_gpt *model, int B, int T, int slots);
 void loom_gpt_use_slot(loom_gpt *model, int slot);
 /* This stage's forward: from tokens on the embedding stage, else from input (B,T,C); the
@@ -275,11 +316,62 @@ const float *loom_gpt_stage_output(loom_gpt *model);
 /* This stage's backward: the head stage starts from the loss (output_grad NULL), others from
  * the gradient of their output (B,T,C). */
 void loom_gpt_backward_stage(loom_gpt *model, float dloss, const float *output_grad);
-/* The gradient of this stage's input (B,T,C), for the previous stage. */
+/* The gradient of this stage's input (B,T,C), for the previous stage: valid after the stage's
+ * backward (or B), until the next backward or B on any slot. */
 const float *loom_gpt_stage_input_grad(const loom_gpt *model);
+
+/* Split backward (zero-bubble pipelines, Qi et al. 2024): B, the input gradients that the
+ * previous stage waits for, and W, the weight gradients that can wait, each run on its own for
+ * the micro-batch in the current slot. B then W of a slot gives the same bits as
+ * loom_gpt_backward_stage. Slots must be reserved split: each slot then also keeps, from B until
+ * its W, the output gradients of every block's GEMMs (loom_gpt_acts.dfcproj ... dencoded). */
+loom_status loom_gpt_reserve_slots_split(loom_gpt *model, int B, int T, int slots, int split);
+/* B for the current slot's micro-batch: the head's softmax and the LM head's input gradient,
+ * every block's input-gradient GEMMs, attention and GELU backward, all LayerNorm backward (their
+ * weight and bias gradients too: they come out of the same kernel), and the tensor-parallel
+ * allreduces; leaves loom_gpt_stage_input_grad. Arguments as loom_gpt_backward_stage. */
+void loom_gpt_backward_input(loom_gpt *model, float dloss, const float *output_grad);
+/* W for the current slot's micro-batch, whose B must have run (B of other slots may have run
+ * since): the blocks' GEMM weight and bias gradients, the LM head's and the embedding's. The
+ * grads_ready hook fires from here, at the offsets and in the order of the fused backward; it
+ * speaks for this micro-batch's backward only. */
+void loom_gpt_backward_weight(loom_gpt *model);
 
 /* Logical (llm.c-order, unsharded) index of local element `index` of tensor k. */
 int64_t loom_gpt_global_index(const loom_gpt *model, int k, int64_t index);
+/* The model's layer that is this rank's local layer `local` (0 <= local < num_local_layers). */
+int loom_gpt_global_layer(const loom_gpt *model, int local);
+/* This rank's local layer for the model's layer `layer`; -1 when the rank does not hold it. */
+int loom_gpt_local_layer(const loom_gpt *model, int layer);
+
+/* ==== Chunks (virtual pipeline stages) =======================================================
+ * A rank with several chunks runs each on its own: a chunk's forward, backward (fused, or B and
+ * W apart) for one micro-batch. An activation slot holds one chunk's activations for one
+ * micro-batch (sized for the rank's largest chunk; the head's buffers when the rank has the head
+ * chunk), so the caller gives each (chunk, micro-batch) in flight its own slot with
+ * loom_gpt_use_slot, and runs every function below on the slot of its forward. A micro-batch's
+ * chunks run backward in reverse virtual-stage order (the pipeline's dependencies see to it).
+ * The stage functions above are these for chunk 0. */
+
+/* Chunk `chunk`'s forward: from tokens when it has the embedding, else from input (B,T,C);
+ * returns the mean loss when it has the head (targets required there), else 0. */
+float loom_gpt_forward_chunk(loom_gpt *model, int chunk, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T);
+/* The residual stream after the chunk's last block (its input when it has none) (B,T,C). */
+const float *loom_gpt_chunk_output(loom_gpt *model, int chunk);
+/* The chunk's backward, fused: from the loss (head chunk, output_grad NULL) or the gradient of
+ * its output (B,T,C). grads_ready fires after each of its blocks, and with 0 at the end of
+ * chunk 0 (the rank's lowest: after it, nothing of the micro-batch's backward is left here). */
+void loom_gpt_backward_chunk(loom_gpt *model, int chunk, float dloss, const float *output_grad);
+/* The chunk's B and W (loom_gpt_backward_input, loom_gpt_backward_weight): the same contract per
+ * chunk; W of a (chunk, micro-batch) must follow its B, on the same slot. */
+void loom_gpt_backward_chunk_input(loom_gpt *model, int chunk, float dloss,
+                                   const float *output_grad);
+void loom_gpt_backward_chunk_weight(loom_gpt *model, int chunk);
+/* The gradient of the chunk's input (B,T,C) after its backward or B, for the previous virtual
+ * stage; valid until the next backward or B on this model (loom_gpt_stage_input_grad). */
+const float *loom_gpt_chunk_input_grad(const loom_gpt *model);
+/* ==== end of chunks ========================================================================== */
 void loom_gpt_free(loom_gpt *model);
 
 /* GPT-2 initialisation from a seed: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
@@ -338,6 +430,8 @@ typedef struct {
     int64_t param_bytes;       /* bytes: this rank's shard of the parameters the part uses */
     int64_t act_bytes;         /* bytes: activations kept for backward, the part's share of a
                                 * slot (loom_gpt_reserve_slots) before per-buffer rounding */
+    int64_t act_bytes_split;   /* bytes: what a split backward's B keeps for W on top of
+                                * act_bytes (loom_gpt_reserve_slots_split), per micro-batch */
     int64_t tp_allreduces_fwd; /* count: allreduces in the TP group during forward */
     int64_t tp_bytes_fwd;      /* bytes: their payload, summed */
     int64_t tp_allreduces_bwd; /* count: ... during backward */
@@ -346,19 +440,21 @@ typedef struct {
 
 /* One transformer block: params 12C^2/tp + 7C/tp + 6C (the split weights and biases, the
  * replicated LayerNorms and row-parallel biases); activations (B,T) x (6C + 12C/tp + 4) +
- * (B, NH/tp, T, T); allreduces of (B,T,C) after attention-out and MLP-down in forward, and of
- * the (B,T,C) input gradients of QKV and MLP-up in backward. The config is checked; tp must
- * divide the heads and the padded vocabulary, 1 <= T <= max_seq_len, B >= 1. */
+ * (B, NH/tp, T, T), and (B,T) x (2C + 7C/tp) more for a split backward; allreduces of (B,T,C)
+ * after attention-out and MLP-down in forward, and of the (B,T,C) input gradients of QKV and
+ * MLP-up in backward. The config is checked; tp must divide the heads and the padded
+ * vocabulary, 1 <= T <= max_seq_len, B >= 1. */
 loom_status loom_gpt_cost_block(const loom_gpt_config *config, int tp, int B, int T,
                                 loom_gpt_part_cost *cost);
-/* The embedding: wte rows Vp/tp and wpe; the stage input (B,T,C) `encoded`; no GEMM; forward
- * allreduces the (B,T,C) embedding output, backward nothing. */
+/* The embedding: wte rows Vp/tp and wpe; the stage input (B,T,C) `encoded` (and its gradient
+ * for a split backward); no GEMM; forward allreduces the (B,T,C) embedding output, backward
+ * nothing. */
 loom_status loom_gpt_cost_embedding(const loom_gpt_config *config, int tp, int B, int T,
                                     loom_gpt_part_cost *cost);
 /* The head: final LayerNorm, tied LM head (wte's Vp/tp rows; the same tensor the embedding
  * counts) and the loss; the GEMM (B*T, C) x (C, Vp/tp); activations lnf (B,T,C), probs
- * (B,T,Vp/tp) and (B,T) x 6 statistics; forward allreduces row max (B,T) and [sum exp, target
- * logit] (2,B,T), backward the (B,T,C) gradient of lnf. */
+ * (B,T,Vp/tp) and (B,T) x 6 statistics (nothing more for a split backward); forward allreduces
+ * row max (B,T) and [sum exp, target logit] (2,B,T), backward the (B,T,C) gradient of lnf. */
 loom_status loom_gpt_cost_head(const loom_gpt_config *config, int tp, int B, int T,
                                loom_gpt_part_cost *cost);
 
@@ -396,6 +492,8 @@ typedef struct {
                                    * output, its input; only the head stage's has the head's
                                    * buffers) + inputs and targets (2, B, T) int32 */
     int64_t act_slot_token_bytes; /* bytes: the (2, B, T) int32 part of act_slot_bytes */
+    int64_t act_slot_split_bytes; /* bytes: what a slot grows by when B and W run apart
+                                   * (loom_gpt_reserve_slots_split): what W needs, kept from B */
     int64_t act_bytes_keep;       /* bytes: in_flight slots (no recomputation) */
     int64_t act_bytes_recompute;  /* bytes: one slot + in_flight stage inputs
                                    * (in_flight, B, T, C) fp32 */

@@ -39,9 +39,15 @@ typedef struct loom_backend {
     /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL */
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
                            int64_t N, int C, int OC);
-    /* dinp may be NULL (not needed); dbias may be NULL */
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int64_t N, int C, int OC);
+    /* matmul_forward's backward, in two parts that may run apart (zero-bubble pipelines: the
+     * input gradient is on the critical path, the weight gradient can wait). They read the same
+     * inputs and write disjoint outputs, so apart or together they give the same bits.
+     * dinp (N,C) += dout (N,OC) @ weight (OC,C) */
+    void (*matmul_backward_input)(float *dinp, const float *dout, const float *weight, int64_t N,
+                                  int C, int OC);
+    /* dweight (OC,C) += dout^T @ inp (N,C); dbias (OC) += column sums of dout (may be NULL) */
+    void (*matmul_backward_weight)(float *dweight, float *dbias, const float *dout,
+                                   const float *inp, int64_t N, int C, int OC);
 
     /* qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the causal softmax probabilities,
      * the only extra memory backward needs. Scale 1/sqrt(C/NH). */
@@ -61,7 +67,8 @@ typedef struct loom_backend {
      * With one rank the model calls the whole kernels above instead. */
 
     /* out (N,OC) += bias (OC): a row-parallel layer's bias, added once after the sum over
-     * ranks (each rank's GEMM leaves it out). Its gradient is matmul_backward's dbias. */
+     * ranks (each rank's GEMM leaves it out). Its gradient is matmul_backward_weight's
+     * dbias. */
     void (*bias_forward)(float *out, const float *bias, int64_t N, int OC);
     /* Vocabulary-parallel embedding: this rank holds wte rows [row_start, row_start + rows).
      * out (N,C) = wte[inp - row_start] for the tokens it holds, 0 for the others (the sum over

@@ -90,28 +90,49 @@ static void head_act_floats(const cost_shape *s, int64_t f[HEAD_ACTS]) {
     memcpy(f, v, sizeof v);
 }
 
+/* What a split backward's B keeps for W, per block (dfcproj ... dqkv): the output gradients of
+ * the four GEMMs. */
+#define BLOCK_W_ACTS 4
+static void block_w_act_floats(const cost_shape *s, int64_t f[BLOCK_W_ACTS]) {
+    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    int64_t v[BLOCK_W_ACTS] = {
+        N * C,      /* dfcproj */
+        N * 4 * Cl, /* dfch */
+        N * C,      /* dattproj */
+        N * 3 * Cl, /* dqkv */
+    };
+    memcpy(f, v, sizeof v);
+}
+
 static int64_t sum(const int64_t *v, int n) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += v[i];
     return total;
 }
 
-void loom_gpt_act_floats(const loom_gpt_config *c, int64_t tp, int64_t layers, int has_head,
-                         int64_t B, int64_t T, int64_t out[LOOM_GPT_NUM_ACTS]) {
-    cost_shape s = {.config = *c, .tp = tp, .B = B, .T = T, .N = B * T, .C = c->channels};
-    s.Cl = s.C / tp, s.NHl = c->num_heads / tp, s.Vpl = c->padded_vocab_size / tp;
-    int64_t block[BLOCK_ACTS], head[HEAD_ACTS];
+void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *slot,
+                         int64_t out[LOOM_GPT_NUM_ACTS]) {
+    cost_shape s = {.config = *c, .tp = slot->tp, .B = slot->B, .T = slot->T};
+    s.N = s.B * s.T, s.C = c->channels, s.Cl = s.C / s.tp, s.NHl = c->num_heads / s.tp;
+    s.Vpl = c->padded_vocab_size / s.tp;
+    int64_t block[BLOCK_ACTS], head[HEAD_ACTS], block_w[BLOCK_W_ACTS];
     block_act_floats(&s, block);
     head_act_floats(&s, head);
-    out[0] = s.N * s.C; /* encoded: the stage's input (or the embedding's output) */
-    for (int i = 0; i < BLOCK_ACTS; i++) out[1 + i] = layers * block[i];
-    for (int i = 0; i < HEAD_ACTS; i++) out[1 + BLOCK_ACTS + i] = has_head ? head[i] : 0;
+    block_w_act_floats(&s, block_w);
+    int64_t *o = out;
+    *o++ = s.N * s.C; /* encoded: the stage's input (or the embedding's output) */
+    for (int i = 0; i < BLOCK_ACTS; i++) *o++ = slot->layers * block[i];
+    for (int i = 0; i < HEAD_ACTS; i++) *o++ = slot->has_head ? head[i] : 0;
+    for (int i = 0; i < BLOCK_W_ACTS; i++) *o++ = slot->split ? slot->layers * block_w[i] : 0;
+    *o++ = slot->split && slot->has_embedding ? s.N * s.C : 0; /* dencoded */
 }
 
-/* Floats of one activation slot of a stage with `layers` blocks, as allocated. */
-static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_head) {
+/* Floats of one activation slot, as allocated. */
+static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_embedding, int has_head,
+                           int split) {
+    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split, s->B, s->T};
     int64_t f[LOOM_GPT_NUM_ACTS], total = 0;
-    loom_gpt_act_floats(&s->config, s->tp, layers, has_head, s->B, s->T, f);
+    loom_gpt_act_floats(&s->config, &slot, f);
     for (int i = 0; i < LOOM_GPT_NUM_ACTS; i++) total += loom_gpt_act_round(f[i]);
     return total;
 }
@@ -143,6 +164,9 @@ static void block_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     int64_t acts[BLOCK_ACTS];
     block_act_floats(s, acts);
     cost->act_bytes = sum(acts, BLOCK_ACTS) * FP32;
+    int64_t kept[BLOCK_W_ACTS];
+    block_w_act_floats(s, kept);
+    cost->act_bytes_split = sum(kept, BLOCK_W_ACTS) * FP32;
     /* forward: after attention-out and after MLP-down (row-parallel); backward: the input
      * gradients of MLP-up and of QKV (column-parallel) */
     set_tp(s, cost, 2, 2 * N * C, 2, 2 * N * C);
@@ -153,7 +177,8 @@ static void embedding_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     loom_gpt_layout_tp(&s->config, (int)s->tp, info);
     cost->param_bytes = (info[LOOM_WTE].numel + info[LOOM_WPE].numel) * FP32;
-    cost->act_bytes = s->N * s->C * FP32; /* encoded */
+    cost->act_bytes = s->N * s->C * FP32;       /* encoded */
+    cost->act_bytes_split = s->N * s->C * FP32; /* dencoded */
     /* forward sums every rank's rows of the lookup; backward scatters into wte's own rows */
     set_tp(s, cost, 1, s->N * s->C, 0, 0);
 }
@@ -181,9 +206,9 @@ static loom_status check_range(const cost_shape *s, int64_t layers, int in_fligh
     double Vp = (double)s->config.padded_vocab_size, NH = (double)s->config.num_heads;
     double maxT = (double)s->config.max_seq_len;
     double fwd = L * (24.0 * N * C * C + 4.0 * N * T * C) + 2.0 * N * C * Vp;
-    double slot =
-        4.0 * (L * (N * (18.0 * C + 4.0) + N * T * NH) + N * (2.0 * C + Vp + 6.0) + 16.0 * 24.0) +
-        8.0 * N;
+    double slot = 4.0 * (L * (N * (27.0 * C + 4.0) + N * T * NH) + N * (3.0 * C + Vp + 6.0) +
+                         16.0 * LOOM_GPT_NUM_ACTS) +
+                  8.0 * N; /* split backward's buffers included */
     double params = L * (12.0 * C * C + 13.0 * C) + C * (Vp + maxT + 2.0);
     double bytes = (double)in_flight * (slot + 4.0 * N * C) + 16.0 * params + 56.0 * N * C;
     if (4.0 * fwd > 0x1p62 || bytes > 0x1p62) {
@@ -291,8 +316,10 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     cost->optimizer_bytes = 2 * cost->param_bytes;
 
     cost->act_slot_token_bytes = 2 * s.N * INT32;
-    cost->act_slot_bytes =
-        slot_floats(&s, layers, spec->has_head) * FP32 + cost->act_slot_token_bytes;
+    int64_t slot = slot_floats(&s, layers, spec->has_embedding, spec->has_head, 0);
+    cost->act_slot_bytes = slot * FP32 + cost->act_slot_token_bytes;
+    cost->act_slot_split_bytes =
+        (slot_floats(&s, layers, spec->has_embedding, spec->has_head, 1) - slot) * FP32;
     cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
     cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.N * s.C * FP32;
     cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;

@@ -4,7 +4,11 @@
  * Parameters, gradients, activations and backward scratch each live in one allocation with
  * a struct of pointers into it (llm.c's layout). Every kernel goes through the backend table.
  * Backward keeps only one layer's worth of activation-gradient scratch: the residual stream's
- * gradient is carried down in one (B,T,C) buffer.
+ * gradient is carried down in one (B,T,C) buffer. Backward also runs in zero-bubble's two parts:
+ * B (input gradients) keeps each GEMM's output gradient in the micro-batch's slot, W (weight
+ * gradients) reads them later; both use the fused backward's kernels in its order, so that the
+ * two give the same bits. A rank may run several chunks of layers: parameters are indexed by
+ * the rank's local layer, a slot's activations by the layer within the chunk it holds.
  *
  * Not here: optimizer, clipping, data or files.
  */
@@ -158,12 +162,12 @@ size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
     return loom_gpt_layout_shard(config, tp, 0, config->num_layers, info);
 }
 
-size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
-                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    int64_t C = config->channels, L = end_layer - first_layer;
-    int has_embedding = first_layer == 0, has_head = end_layer == config->num_layers;
-    /* what a stage does not use it does not hold (0 rows): wte is the first stage's lookup
-     * and the last stage's tied LM head, wpe only the first's, the final LayerNorm the last's */
+/* The layout of a rank holding L blocks, and the embedding and/or the head. */
+static size_t layout(const loom_gpt_config *config, int tp, int64_t L, int has_embedding,
+                     int has_head, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t C = config->channels;
+    /* what a rank does not use it does not hold (0 rows): wte is the embedding's lookup and the
+     * head's tied LM head, wpe only the embedding's, the final LayerNorm the head's */
     int64_t Vp = has_embedding || has_head ? config->padded_vocab_size / tp : 0;
     int64_t maxT = has_embedding ? config->max_seq_len : 0, Cf = has_head ? C : 0;
     int64_t Cl = C / tp; /* this rank's columns */
@@ -204,7 +208,9 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_la
         }
         ti->decay = spec[k].decay;
         ti->per_layer = k >= LOOM_LN1W && k <= LOOM_FCPROJB;
-        ti->layer_numel = ti->per_layer ? ti->numel / L : ti->numel;
+        /* a block's elements: the shape after L (a rank may hold no block) */
+        ti->layer_numel =
+            ti->per_layer ? spec[k].shape[1] * (ti->ndim == 3 ? spec[k].shape[2] : 1) : ti->numel;
         if (ti->per_layer) layer_numel_total += (size_t)ti->layer_numel;
     }
     size_t offset = (size_t)(info[LOOM_WTE].numel + info[LOOM_WPE].numel);
@@ -223,6 +229,24 @@ size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_la
     }
     info[LOOM_WTE].layer_stride = info[LOOM_WPE].layer_stride = 0;
     return offset;
+}
+
+size_t loom_gpt_layout_shard(const loom_gpt_config *config, int tp, int first_layer, int end_layer,
+                             loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    return layout(config, tp, end_layer - first_layer, first_layer == 0,
+                  end_layer == config->num_layers, info);
+}
+
+size_t loom_gpt_layout_chunks(const loom_gpt_config *config, int tp, const loom_gpt_chunk *chunks,
+                              int num_chunks, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
+    int64_t layers = 0;
+    int has_embedding = 0, has_head = 0;
+    for (int i = 0; i < num_chunks; i++) {
+        layers += chunks[i].end_layer - chunks[i].first_layer;
+        has_embedding |= chunks[i].has_embedding;
+        has_head |= chunks[i].has_head;
+    }
+    return layout(config, tp, layers, has_embedding, has_head, info);
 }
 
 size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index) {
@@ -262,8 +286,45 @@ loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
 loom_status loom_gpt_create_tp(loom_gpt **out, const loom_gpt_config *config,
                                const loom_backend *backend, int tp_size, int tp_rank,
                                loom_comm *tp_comm) {
-    loom_gpt_shard shard = {0, config->num_layers, tp_size, tp_rank, tp_comm};
+    loom_gpt_shard shard = {.first_layer = 0,
+                            .end_layer = config->num_layers,
+                            .tp_size = tp_size,
+                            .tp_rank = tp_rank,
+                            .tp_comm = tp_comm};
     return loom_gpt_create_shard(out, config, backend, &shard);
+}
+
+/* A chunk list's rules: ranges inside the model, ascending and apart; the embedding on at most
+ * one chunk, which starts at layer 0; the head on at most one, which ends at the last. */
+static loom_status check_chunks(const loom_gpt_shard *shard, int L) {
+    if (shard->num_chunks < 0 || shard->num_chunks > LOOM_GPT_MAX_CHUNKS) {
+        return loom_fail(LOOM_ERR_INPUT, "model: shard num_chunks: expected 0..%d, got %d",
+                         LOOM_GPT_MAX_CHUNKS, shard->num_chunks);
+    }
+    int embeddings = 0, heads = 0;
+    for (int i = 0; i < shard->num_chunks; i++) {
+        const loom_gpt_chunk *c = &shard->chunks[i];
+        int floor = i > 0 ? shard->chunks[i - 1].end_layer : 0;
+        if (c->first_layer < floor || c->end_layer < c->first_layer || c->end_layer > L) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d]: expected layers [first, end) with %d <= "
+                             "first <= end <= %d (ascending, not overlapping), got [%d, %d)",
+                             i, floor, L, c->first_layer, c->end_layer);
+        }
+        if (c->has_embedding && (c->first_layer != 0 || embeddings++)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d].has_embedding: expected on one chunk, "
+                             "starting at layer 0, got layers [%d, %d)",
+                             i, c->first_layer, c->end_layer);
+        }
+        if (c->has_head && (c->end_layer != L || heads++)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "model: shard chunks[%d].has_head: expected on one chunk, ending at "
+                             "layer %d, got layers [%d, %d)",
+                             i, L, c->first_layer, c->end_layer);
+        }
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
@@ -279,25 +340,40 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     }
     st = loom_gpt_check_tp(&checked, tp_size, "model", "tensor parallel", "");
     if (st != LOOM_OK) return st;
-    if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
-        shard->first_layer >= shard->end_layer) {
-        return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
-                         shard->first_layer, shard->end_layer, checked.num_layers);
+    if (shard->num_chunks == 0) {
+        if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
+            shard->first_layer >= shard->end_layer) {
+            return loom_fail(LOOM_ERR_INPUT, "model: stage layers [%d, %d) outside [0, %d)",
+                             shard->first_layer, shard->end_layer, checked.num_layers);
+        }
+        m->num_chunks = 1;
+        m->chunks[0] =
+            (loom_gpt_chunk){shard->first_layer, shard->end_layer, shard->first_layer == 0,
+                             shard->end_layer == checked.num_layers};
+    } else {
+        st = check_chunks(shard, checked.num_layers);
+        if (st != LOOM_OK) return st;
+        m->num_chunks = shard->num_chunks;
+        memcpy(m->chunks, shard->chunks, (size_t)shard->num_chunks * sizeof *m->chunks);
     }
     m->config = checked;
     m->tp_size = tp_size;
     m->tp_rank = tp_rank;
     m->tp_comm = tp_size > 1 ? shard->tp_comm : NULL;
-    m->first_layer = shard->first_layer;
-    m->num_local_layers = shard->end_layer - shard->first_layer;
-    m->has_embedding = shard->first_layer == 0;
-    m->has_head = shard->end_layer == checked.num_layers;
+    m->first_layer = m->chunks[0].first_layer;
+    for (int i = 0; i < m->num_chunks; i++) {
+        const loom_gpt_chunk *chunk = &m->chunks[i];
+        int layers = chunk->end_layer - chunk->first_layer;
+        m->num_local_layers += layers;
+        m->max_chunk_layers = layers > m->max_chunk_layers ? layers : m->max_chunk_layers;
+        m->has_embedding |= chunk->has_embedding;
+        m->has_head |= chunk->has_head;
+    }
     int vp_local = checked.padded_vocab_size / tp_size;
     m->vocab_start = tp_rank * vp_local;
     int real = checked.vocab_size - m->vocab_start;
     m->vocab_local = real < 0 ? 0 : (real > vp_local ? vp_local : real);
-    m->num_params =
-        loom_gpt_layout_shard(&checked, tp_size, shard->first_layer, shard->end_layer, m->info);
+    m->num_params = loom_gpt_layout_chunks(&checked, tp_size, m->chunks, m->num_chunks, m->info);
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     return LOOM_OK;
 }
@@ -365,6 +441,25 @@ void loom_gpt_free(loom_gpt *m) {
     free(m);
 }
 
+int loom_gpt_global_layer(const loom_gpt *m, int local) {
+    for (int i = 0; i < m->num_chunks; i++) {
+        int layers = m->chunks[i].end_layer - m->chunks[i].first_layer;
+        if (local < layers) return m->chunks[i].first_layer + local;
+        local -= layers;
+    }
+    return -1; /* not a local layer */
+}
+
+int loom_gpt_local_layer(const loom_gpt *m, int layer) {
+    int local = 0;
+    for (int i = 0; i < m->num_chunks; i++) {
+        const loom_gpt_chunk *c = &m->chunks[i];
+        if (layer >= c->first_layer && layer < c->end_layer) return local + layer - c->first_layer;
+        local += c->end_layer - c->first_layer;
+    }
+    return -1;
+}
+
 int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
     const loom_gpt_config *c = &m->config;
     const loom_gpt_tensor_info *ti = &m->info[k];
@@ -373,8 +468,8 @@ int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
         if (tp == 1 || k != LOOM_WTE) return index;
         return index + m->tp_rank * (int64_t)(c->padded_vocab_size / tp) * c->channels; /* rows */
     }
-    /* a pipeline stage's layer j is the model's layer first_layer + j */
-    int64_t layer = index / ti->layer_numel + m->first_layer, within = index % ti->layer_numel;
+    int64_t layer = loom_gpt_global_layer(m, (int)(index / ti->layer_numel));
+    int64_t within = index % ti->layer_numel;
     int64_t global_layer_numel = ti->layer_numel * (loom_gpt_tensor_is_sharded(k) ? tp : 1);
     if (tp == 1 || !loom_gpt_tensor_is_sharded(k)) return layer * global_layer_numel + within;
     int64_t C = c->channels, r = m->tp_rank, Cl = C / tp;
@@ -431,10 +526,14 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 
 /* Activation buffer sizes for a forward of (B, T) on this rank (local widths under TP). Every
  * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
- * has the head's buffers (lnf ... row_stats), the others have them at size 0. */
-static size_t acts_layout(const loom_gpt *m, int B, int T, size_t sizes[NUM_ACTS]) {
+ * has the head's buffers (lnf ... row_stats), only a split reservation those W needs; the
+ * others are there at size 0. */
+static size_t acts_layout(const loom_gpt *m, int B, int T, int split, size_t sizes[NUM_ACTS]) {
+    /* one chunk's activations: the largest chunk's blocks */
+    loom_gpt_slot_shape slot = {
+        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T};
     int64_t floats[LOOM_GPT_NUM_ACTS];
-    loom_gpt_act_floats(&m->config, m->tp_size, m->num_local_layers, m->has_head, B, T, floats);
+    loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         sizes[i] = (size_t)loom_gpt_act_round(floats[i]);
@@ -449,17 +548,18 @@ loom_status loom_gpt_reserve(loom_gpt *m, int B, int T) {
 
 void loom_gpt_use_slot(loom_gpt *m, int slot) {
     float **slots[NUM_ACTS] = {
-        &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean, &m->acts.ln1_rstd,
-        &m->acts.qkv,       &m->acts.atty,     &m->acts.att,      &m->acts.attproj,
-        &m->acts.residual2, &m->acts.ln2,      &m->acts.ln2_mean, &m->acts.ln2_rstd,
-        &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,   &m->acts.residual3,
-        &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd, &m->acts.probs,
-        &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats};
+        &m->acts.encoded,   &m->acts.ln1,      &m->acts.ln1_mean,  &m->acts.ln1_rstd,
+        &m->acts.qkv,       &m->acts.atty,     &m->acts.att,       &m->acts.attproj,
+        &m->acts.residual2, &m->acts.ln2,      &m->acts.ln2_mean,  &m->acts.ln2_rstd,
+        &m->acts.fch,       &m->acts.fch_gelu, &m->acts.fcproj,    &m->acts.residual3,
+        &m->acts.lnf,       &m->acts.lnf_mean, &m->acts.lnf_rstd,  &m->acts.probs,
+        &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats, &m->acts.dfcproj,
+        &m->acts.dfch,      &m->acts.dattproj, &m->acts.dqkv,      &m->acts.dencoded};
     size_t sizes[NUM_ACTS];
-    acts_layout(m, m->B, m->T, sizes);
+    acts_layout(m, m->B, m->T, m->split_backward, sizes);
     float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
-        *slots[i] = sizes[i] > 0 ? p : NULL; /* the head's buffers off the head stage */
+        *slots[i] = sizes[i] > 0 ? p : NULL; /* not on this stage, or not reserved */
         p += sizes[i];
     }
     size_t BT = (size_t)m->B * (size_t)m->T;
@@ -469,14 +569,20 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
 }
 
 loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
+    return loom_gpt_reserve_slots_split(m, B, T, nslots, 0);
+}
+
+loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, int split) {
     if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT,
                          "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
                          m->config.max_seq_len, T, B);
     }
     if (nslots < 1) return loom_fail(LOOM_ERR_INPUT, "model: expected at least one slot");
+    split = split != 0;
+    /* a split reservation serves callers that do not split too */
     if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T &&
-        nslots <= m->slots) {
+        nslots <= m->slots && split <= m->split_backward) {
         return LOOM_OK;
     }
     loom_free_aligned(m->acts_memory);
@@ -487,7 +593,7 @@ loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
     m->inputs_all = m->targets_all = m->inputs = m->targets = NULL;
 
     size_t sizes[NUM_ACTS];
-    m->slot_floats = acts_layout(m, B, T, sizes);
+    m->slot_floats = acts_layout(m, B, T, split, sizes);
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
@@ -510,15 +616,20 @@ loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
     m->B = B;
     m->T = T;
     m->slots = nslots;
+    m->split_backward = split;
     loom_gpt_use_slot(m, 0);
     return LOOM_OK;
 }
+
+/* A block's four GEMMs, in backward order. */
+enum { GEMM_FCPROJ, GEMM_FC, GEMM_ATTPROJ, GEMM_QKV, BLOCK_GEMMS };
 
 /* Per-layer activation views for a forward of shape (B, T); strides use the current shape so
  * that smaller batches pack densely into the reserved buffers. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
+    float *dout[BLOCK_GEMMS]; /* the GEMMs' output gradients a split backward keeps; NULL if not */
 } layer_acts;
 
 static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
@@ -535,8 +646,14 @@ static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
         a->ln2 + lbt * C,           a->ln2_mean + lbt,
         a->ln2_rstd + lbt,          a->fch + lbt * 4 * Cl,
         a->fch_gelu + lbt * 4 * Cl, a->fcproj + lbt * C,
-        a->residual3 + lbt * C,
+        a->residual3 + lbt * C,     {NULL},
     };
+    if (a->dqkv) {
+        v.dout[GEMM_FCPROJ] = a->dfcproj + lbt * C;
+        v.dout[GEMM_FC] = a->dfch + lbt * 4 * Cl;
+        v.dout[GEMM_ATTPROJ] = a->dattproj + lbt * C;
+        v.dout[GEMM_QKV] = a->dqkv + lbt * 3 * Cl;
+    }
     return v;
 }
 
@@ -564,14 +681,40 @@ static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, cons
     be->bias_forward(out, bias, N, OC);
 }
 
-static void block_forward(loom_gpt *m, int l, const float *residual, int B, int T) {
+/* A chunk as the passes see it: its block i is the rank's local layer first + i (parameters)
+ * and the slot's layer i (activations). */
+typedef struct {
+    int index;
+    int first, layers;
+    int has_embedding, has_head;
+} chunk_view;
+
+/* Chunk `chunk`, checked where a caller hands it in. */
+static chunk_view chunk_of(const loom_gpt *m, int chunk, const char *caller) {
+    if (chunk < 0 || chunk >= m->num_chunks) {
+        loom_fatal("%s: chunk %d, expected 0..%d", caller, chunk, m->num_chunks - 1);
+    }
+    chunk_view v = {chunk, 0, 0, m->chunks[chunk].has_embedding, m->chunks[chunk].has_head};
+    for (int i = 0; i < chunk; i++) v.first += m->chunks[i].end_layer - m->chunks[i].first_layer;
+    v.layers = m->chunks[chunk].end_layer - m->chunks[chunk].first_layer;
+    return v;
+}
+
+/* The residual stream after the chunk's last block: its output, and the head's input. */
+static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B, int T) {
+    return ch->layers > 0 ? layer_view(m, ch->layers - 1, B, T).residual3 : m->acts.encoded;
+}
+
+static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
+                          int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
     int C = m->config.channels, tp = m->tp_size;
     int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
-    layer_acts a = layer_view(m, l, B, T);
-    size_t lc = (size_t)l * m->layer_stride; /* this block's slice of every per-layer tensor */
+    layer_acts a = layer_view(m, i, B, T);
+    /* this block's slice of every per-layer tensor */
+    size_t lc = (size_t)(ch->first + i) * m->layer_stride;
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
                           C);
     /* column-parallel QKV: this rank's heads */
@@ -617,11 +760,11 @@ static void xent_parallel_forward(loom_gpt *m, const int32_t *targets, int64_t N
     be->softmax_xent_shard_forward(m->acts.losses, probs, sums, target_logits, targets, N, Vl, Vpl);
 }
 
-float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
-                             const int32_t *targets, int B, int T) {
+static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inputs,
+                           const float *input, const int32_t *targets, int B, int T) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
+    int C = c->channels, V = c->vocab_size;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     /* callers reserve first; the check is cheap and turns misuse into a clear message */
@@ -633,18 +776,18 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     m->cur_B = B;
     m->cur_T = T;
 
-    if (m->has_embedding) {
+    if (ch->has_embedding) {
         memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
         embed_forward(m, inputs, B, T);
     } else {
         memcpy(m->acts.encoded, input, (size_t)N * C * sizeof(float));
     }
     const float *residual = m->acts.encoded;
-    for (int l = 0; l < L; l++) {
-        block_forward(m, l, residual, B, T);
-        residual = layer_view(m, l, B, T).residual3;
+    for (int i = 0; i < ch->layers; i++) {
+        block_forward(m, ch, i, residual, B, T);
+        residual = layer_view(m, i, B, T).residual3;
     }
-    if (!m->has_head) return 0.0f;
+    if (!ch->has_head) return 0.0f;
     be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
                           m->params.lnfb, N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
@@ -671,20 +814,79 @@ float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *in
     return m->mean_loss;
 }
 
+float loom_gpt_forward_chunk(loom_gpt *m, int chunk, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_forward_chunk");
+    return forward_chunk(m, &ch, inputs, input, targets, B, T);
+}
+
+float loom_gpt_forward_stage(loom_gpt *m, const int32_t *inputs, const float *input,
+                             const int32_t *targets, int B, int T) {
+    chunk_view ch = chunk_of(m, 0, "loom_gpt_forward_stage");
+    return forward_chunk(m, &ch, inputs, input, targets, B, T);
+}
+
 float loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     return loom_gpt_forward_stage(m, inputs, NULL, targets, B, T);
 }
 
-const float *loom_gpt_stage_output(loom_gpt *m) {
-    int L = m->num_local_layers;
-    return L > 0 ? layer_view(m, L - 1, m->cur_B, m->cur_T).residual3 : m->acts.encoded;
+const float *loom_gpt_chunk_output(loom_gpt *m, int chunk) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_chunk_output");
+    return chunk_last_residual(m, &ch, m->cur_B, m->cur_T);
 }
 
-const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
+const float *loom_gpt_stage_output(loom_gpt *m) {
+    return loom_gpt_chunk_output(m, 0);
+}
+
+const float *loom_gpt_chunk_input_grad(const loom_gpt *m) {
     return m->grad_acts.dresidual;
 }
 
-static void block_backward(loom_gpt *m, int l, const float *residual, int B, int T) {
+const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
+    return loom_gpt_chunk_input_grad(m);
+}
+
+/* The weight half of block l's GEMM `which`: dW += dout^T inp, db += the column sums of dout. */
+static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which, const float *dout,
+                              int64_t N) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_tensors *g = &m->grads;
+    int C = m->config.channels, Cl = C / m->tp_size;
+    size_t lc = (size_t)l * m->layer_stride;
+    switch (which) {
+    case GEMM_FCPROJ: /* row-parallel: (N, 4C/tp) -> (N, C) */
+        be->matmul_backward_weight(g->fcprojw + lc, g->fcprojb + lc, dout, a->fch_gelu, N, 4 * Cl,
+                                   C);
+        break;
+    case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp) */
+        be->matmul_backward_weight(g->fcw + lc, g->fcb + lc, dout, a->ln2, N, C, 4 * Cl);
+        break;
+    case GEMM_ATTPROJ: /* row-parallel: (N, C/tp) -> (N, C) */
+        be->matmul_backward_weight(g->attprojw + lc, g->attprojb + lc, dout, a->atty, N, Cl, C);
+        break;
+    default: /* GEMM_QKV, column-parallel: (N, C) -> (N, 3C/tp) */
+        be->matmul_backward_weight(g->qkvw + lc, g->qkvb + lc, dout, a->ln1, N, C, 3 * Cl);
+        break;
+    }
+}
+
+/* After a GEMM's input gradient: its weight gradient at once (fused backward), or its output
+ * gradient kept for W (split; nothing to copy when it was computed in place there). */
+static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int which,
+                                const float *dout, int64_t N, int64_t width, int split) {
+    if (!split) {
+        block_weight_grad(m, a, l, which, dout, N);
+    } else if (a->dout[which] != dout) {
+        memcpy(a->dout[which], dout, (size_t)(N * width) * sizeof(float));
+    }
+}
+
+/* Block i of a chunk, backward from d(residual3) in dresidual to d(residual) there: the input
+ * gradients, LayerNorm's gradients, and (fused) the GEMMs' weight gradients as each GEMM is done,
+ * or (split) their output gradients kept in the slot for block_backward_weight. */
+static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
+                           int T, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_tensors *p = &m->params;
     const loom_gpt_tensors *g = &m->grads;
@@ -693,41 +895,53 @@ static void block_backward(loom_gpt *m, int l, const float *residual, int B, int
     int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
     size_t btc = (size_t)N * (size_t)C, btcl = (size_t)N * (size_t)Cl;
-    layer_acts a = layer_view(m, l, B, T);
+    layer_acts a = layer_view(m, i, B, T);
+    int l = ch->first + i; /* the local layer: its parameters */
     size_t lc = (size_t)l * m->layer_stride;
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
+    /* a split backward computes these two straight into the slot */
+    float *dfch = split ? a.dout[GEMM_FC] : ga->dfch;
+    float *dqkv = split ? a.dout[GEMM_QKV] : ga->dqkv;
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
     memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
-    be->matmul_backward(ga->dfch2, g->fcprojw + lc, g->fcprojb + lc, dres, a.fch_gelu,
-                        p->fcprojw + lc, N, 4 * Cl, C);
-    memset(ga->dfch, 0, btcl * 4 * sizeof(float));
-    be->gelu_backward(ga->dfch, a.fch, ga->dfch2, N * 4 * Cl);
+    be->matmul_backward_input(ga->dfch2, dres, p->fcprojw + lc, N, 4 * Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, dres, N, C, split);
+    memset(dfch, 0, btcl * 4 * sizeof(float));
+    be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->fcw + lc, g->fcb + lc, ga->dfch, a.ln2, p->fcw + lc, N, C,
-                        4 * Cl);
+    be->matmul_backward_input(ga->dbtc, dfch, p->fcw + lc, N, C, 4 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM); /* column-parallel input gradient */
     be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
                            a.ln2_mean, a.ln2_rstd, N, C);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     memset(ga->dbtc2, 0, btcl * sizeof(float));
-    be->matmul_backward(ga->dbtc2, g->attprojw + lc, g->attprojb + lc, dres, a.atty,
-                        p->attprojw + lc, N, Cl, C);
-    memset(ga->dqkv, 0, btcl * 3 * sizeof(float));
-    be->attention_backward(ga->dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
+    be->matmul_backward_input(ga->dbtc2, dres, p->attprojw + lc, N, Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, dres, N, C, split);
+    memset(dqkv, 0, btcl * 3 * sizeof(float));
+    be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward(ga->dbtc, g->qkvw + lc, g->qkvb + lc, ga->dqkv, a.ln1, p->qkvw + lc, N, C,
-                        3 * Cl);
+    be->matmul_backward_input(ga->dbtc, dqkv, p->qkvw + lc, N, C, 3 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
                            a.ln1_mean, a.ln1_rstd, N, C);
 }
 
-static void embed_backward(loom_gpt *m, int B, int T) {
+/* W of a chunk's block i: its four GEMMs' weight gradients from the output gradients B kept. */
+static void block_backward_weight(loom_gpt *m, const chunk_view *ch, int i, int B, int T) {
+    layer_acts a = layer_view(m, i, B, T);
+    for (int which = 0; which < BLOCK_GEMMS; which++) {
+        block_weight_grad(m, &a, ch->first + i, which, a.dout[which], (int64_t)B * T);
+    }
+}
+
+/* The embeddings' gradients from dout, the gradient of the embedding's output (B,T,C). */
+static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
-    const float *dout = m->grad_acts.dresidual;
     if (m->tp_size == 1) {
         be->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
         return;
@@ -738,51 +952,129 @@ static void embed_backward(loom_gpt *m, int B, int T) {
                                rows);
 }
 
-void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
+/* The tied LM head's weight gradient: dwte += dlogits^T lnf (dlogits in probs). */
+static void head_backward_weight(loom_gpt *m) {
+    const loom_gpt_config *c = &m->config;
+    m->backend->matmul_backward_weight(m->grads.wte, NULL, m->acts.probs, m->acts.lnf,
+                                       (int64_t)m->cur_B * m->cur_T, c->channels,
+                                       c->padded_vocab_size / m->tp_size);
+}
+
+/* The head's backward into dresidual: probs -> dlogits in place, the tied LM head's input
+ * gradient (and, fused, its weight gradient; split, W reads dlogits from probs), then the final
+ * LayerNorm. */
+static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int split) {
     const loom_backend *be = m->backend;
     const loom_gpt_config *c = &m->config;
-    int B = m->cur_B, T = m->cur_T;
-    int C = c->channels, L = m->num_local_layers, V = c->vocab_size;
+    int B = m->cur_B, T = m->cur_T, C = c->channels;
     int Vpl = c->padded_vocab_size / m->tp_size;
     int64_t N = (int64_t)B * T;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
-
-    if (m->has_head) {
-        /* head: probs -> dlogits in place, then the tied LM head and the final LayerNorm */
-        if (m->tp_size == 1) {
-            be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, V, Vpl);
-        } else {
-            be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
-                                            m->vocab_local, Vpl, m->vocab_start);
-        }
-        memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
-        be->matmul_backward(ga->dbtc, m->grads.wte, NULL, m->acts.probs, m->acts.lnf, m->params.wte,
-                            N, C, Vpl);
-        tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-        memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
-        const float *last = L > 0 ? layer_view(m, L - 1, B, T).residual3 : m->acts.encoded;
-        be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
-                               m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+    if (m->tp_size == 1) {
+        be->softmax_xent_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N, c->vocab_size,
+                                  Vpl);
     } else {
-        memcpy(ga->dresidual, output_grad, (size_t)N * C * sizeof(float));
+        be->softmax_xent_shard_backward(m->acts.probs, m->acts.probs, m->targets, dloss, N,
+                                        m->vocab_local, Vpl, m->vocab_start);
     }
+    memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
+    be->matmul_backward_input(ga->dbtc, m->acts.probs, m->params.wte, N, C, Vpl);
+    if (!split) head_backward_weight(m);
+    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
+    memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
+    const float *last = chunk_last_residual(m, ch, B, T);
+    be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
+                           m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+}
 
-    for (int l = L - 1; l >= 0; l--) {
-        const float *residual = l > 0 ? layer_view(m, l - 1, B, T).residual3 : m->acts.encoded;
-        block_backward(m, l, residual, B, T);
-        /* blocks l..L-1 and the final LayerNorm are done; only lower offsets change now */
-        if (m->grads_ready) {
-            m->grads_ready(m->grads_ready_ctx,
-                           m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride);
-        }
+static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, ready_offset);
+}
+
+/* Where block l's gradients begin: once it is done, only lower offsets change. */
+static size_t block_grads_offset(const loom_gpt *m, int l) {
+    return m->info[LOOM_LN1W].offset + (size_t)l * m->layer_stride;
+}
+
+/* The chunk's backward from the loss (head) or output_grad, down to d(input) in dresidual:
+ * fused (the weight gradients as it goes, grads_ready after each block) or B only. */
+static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float *output_grad,
+                     int split) {
+    int B = m->cur_B, T = m->cur_T, C = m->config.channels;
+    size_t btc = (size_t)B * (size_t)T * (size_t)C;
+    if (ch->has_head) {
+        head_backward(m, ch, dloss, split);
+    } else {
+        memcpy(m->grad_acts.dresidual, output_grad, btc * sizeof(float));
     }
-    /* the embedding stage ends in the embeddings; others leave d(input) in dresidual */
-    if (m->has_embedding) embed_backward(m, B, T);
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, 0);
+    for (int i = ch->layers - 1; i >= 0; i--) {
+        const float *residual = i > 0 ? layer_view(m, i - 1, B, T).residual3 : m->acts.encoded;
+        block_backward(m, ch, i, residual, B, T, split);
+        if (!split) notify_grads_ready(m, block_grads_offset(m, ch->first + i));
+    }
+    /* the embedding chunk ends in the embeddings; others leave d(input) in dresidual */
+    if (split) {
+        if (ch->has_embedding) {
+            memcpy(m->acts.dencoded, m->grad_acts.dresidual, btc * sizeof(float));
+        }
+        return;
+    }
+    if (ch->has_embedding) embed_backward(m, m->grad_acts.dresidual, B, T);
+    /* after the rank's lowest chunk nothing of this backward is left to run here */
+    if (ch->index == 0) notify_grads_ready(m, 0);
+}
+
+static void backward_weight(loom_gpt *m, const chunk_view *ch) {
+    int B = m->cur_B, T = m->cur_T;
+    /* the fused backward's order, so that its gradients come out the same bits */
+    if (ch->has_head) head_backward_weight(m);
+    for (int i = ch->layers - 1; i >= 0; i--) {
+        block_backward_weight(m, ch, i, B, T);
+        notify_grads_ready(m, block_grads_offset(m, ch->first + i));
+    }
+    if (ch->has_embedding) embed_backward(m, m->acts.dencoded, B, T);
+    if (ch->index == 0) notify_grads_ready(m, 0);
+}
+
+static void require_split(const loom_gpt *m, const char *caller) {
+    if (!m->split_backward) {
+        loom_fatal("%s: the activation slots keep nothing for W; reserve them with "
+                   "loom_gpt_reserve_slots_split",
+                   caller);
+    }
+}
+
+void loom_gpt_backward_chunk(loom_gpt *m, int chunk, float dloss, const float *output_grad) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk");
+    backward(m, &ch, dloss, output_grad, 0);
+}
+
+void loom_gpt_backward_chunk_input(loom_gpt *m, int chunk, float dloss, const float *output_grad) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk_input");
+    require_split(m, "loom_gpt_backward_chunk_input");
+    backward(m, &ch, dloss, output_grad, 1);
+}
+
+void loom_gpt_backward_chunk_weight(loom_gpt *m, int chunk) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_backward_chunk_weight");
+    require_split(m, "loom_gpt_backward_chunk_weight");
+    backward_weight(m, &ch);
+}
+
+void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
+    loom_gpt_backward_chunk(m, 0, dloss, output_grad);
 }
 
 void loom_gpt_backward(loom_gpt *m, float dloss) {
     loom_gpt_backward_stage(m, dloss, NULL);
+}
+
+void loom_gpt_backward_input(loom_gpt *m, float dloss, const float *output_grad) {
+    loom_gpt_backward_chunk_input(m, 0, dloss, output_grad);
+}
+
+void loom_gpt_backward_weight(loom_gpt *m) {
+    loom_gpt_backward_chunk_weight(m, 0);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {

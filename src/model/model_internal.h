@@ -8,14 +8,24 @@
 
 #include "loom/model.h"
 
-/* encoded, the 15 per-block buffers (ln1 ... residual3), the 7 head buffers (lnf ... row_stats) */
-#define LOOM_GPT_NUM_ACTS 23
+/* encoded, the 15 per-block buffers (ln1 ... residual3), the 7 head buffers (lnf ... row_stats),
+ * the 5 a split backward keeps for W (dfcproj ... dencoded) */
+#define LOOM_GPT_NUM_ACTS 28
 
-/* Floats of each activation buffer of one slot, before rounding, in loom_gpt_acts order: for a
- * stage of `layers` blocks (all of one kind together) on one TP rank of degree tp, with the
- * head's buffers only on the head stage. */
-void loom_gpt_act_floats(const loom_gpt_config *config, int64_t tp, int64_t layers, int has_head,
-                         int64_t B, int64_t T, int64_t out[LOOM_GPT_NUM_ACTS]);
+/* What one activation slot holds. */
+typedef struct {
+    int64_t tp;        /* tensor-parallel degree: buffers have this rank's widths */
+    int64_t layers;    /* blocks */
+    int has_embedding; /* the embedding's W buffer (dencoded), when split */
+    int has_head;      /* the head's buffers */
+    int split;         /* B keeps what W needs */
+    int64_t B, T;
+} loom_gpt_slot_shape;
+
+/* Floats of each activation buffer of one slot, before rounding, in loom_gpt_acts order (the
+ * per-block buffers for all `layers` blocks together); 0 for a buffer the slot does not hold. */
+void loom_gpt_act_floats(const loom_gpt_config *config, const loom_gpt_slot_shape *slot,
+                         int64_t out[LOOM_GPT_NUM_ACTS]);
 
 /* Each buffer starts 64-byte aligned: its floats rounded up to a multiple of 16. */
 static inline int64_t loom_gpt_act_round(int64_t floats) {

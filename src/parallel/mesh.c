@@ -101,6 +101,9 @@ int loom_mesh_owner_stage(const loom_mesh *mesh, int k, int layer) {
 
 loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh) {
     const loom_plan_stage *stage = &mesh->plan->stages[mesh->pp_rank];
-    return (loom_gpt_shard){stage->first_layer, stage->end_layer, mesh->tp_size, mesh->tp_rank,
-                            mesh->tp_size > 1 ? mesh->tp : NULL};
+    return (loom_gpt_shard){.first_layer = stage->first_layer,
+                            .end_layer = stage->end_layer,
+                            .tp_size = mesh->tp_size,
+                            .tp_rank = mesh->tp_rank,
+                            .tp_comm = mesh->tp_size > 1 ? mesh->tp : NULL};
 }

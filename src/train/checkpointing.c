@@ -76,7 +76,11 @@ static loom_status take_slice(void *ctx, int b, int k, int layer, const float *s
 }
 
 static loom_status unsharded_layout(const loom_gpt *model, loom_gpt *layout) {
-    loom_gpt_shard whole = {0, model->config.num_layers, 1, 0, NULL};
+    loom_gpt_shard whole = {.first_layer = 0,
+                            .end_layer = model->config.num_layers,
+                            .tp_size = 1,
+                            .tp_rank = 0,
+                            .tp_comm = NULL};
     return loom_gpt_describe(layout, &model->config, &whole);
 }
 
@@ -133,7 +137,11 @@ static const float *stream_fill(void *ctx, int b, int k, int layer) {
     int parts = loom_gpt_tensor_is_sharded(k) ? mesh->tp_size : 1; /* replicated: TP rank 0 */
     for (int r = 0; r < parts; r++) {
         loom_gpt desc;
-        loom_gpt_shard shard = {stage->first_layer, stage->end_layer, mesh->tp_size, r, NULL};
+        loom_gpt_shard shard = {.first_layer = stage->first_layer,
+                                .end_layer = stage->end_layer,
+                                .tp_size = mesh->tp_size,
+                                .tp_rank = r,
+                                .tp_comm = NULL};
         if (loom_gpt_describe(&desc, &c->model->config, &shard) != LOOM_OK) return NULL;
         slice_part sp = part_of(&desc, k, layer);
         int sender = loom_mesh_world_rank(mesh, 0, r, s);

@@ -66,10 +66,13 @@ static void t_matmul_forward(float *out, const float *inp, const float *weight, 
                              int64_t N, int C, int OC) {
     TIMED(LOOM_KERNEL_MATMUL, cpu_matmul_forward(out, inp, weight, bias, N, C, OC));
 }
-static void t_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const float *inp, const float *weight, int64_t N, int C, int OC) {
-    TIMED(LOOM_KERNEL_MATMUL,
-          cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC));
+static void t_matmul_backward_input(float *dinp, const float *dout, const float *weight, int64_t N,
+                                    int C, int OC) {
+    TIMED(LOOM_KERNEL_MATMUL, cpu_matmul_backward_input(dinp, dout, weight, N, C, OC));
+}
+static void t_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                                     const float *inp, int64_t N, int C, int OC) {
+    TIMED(LOOM_KERNEL_MATMUL, cpu_matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC));
 }
 static void t_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH) {
@@ -161,7 +164,8 @@ static const loom_backend cpu_backend = {
     .layernorm_forward = t_layernorm_forward,
     .layernorm_backward = t_layernorm_backward,
     .matmul_forward = t_matmul_forward,
-    .matmul_backward = t_matmul_backward,
+    .matmul_backward_input = t_matmul_backward_input,
+    .matmul_backward_weight = t_matmul_backward_weight,
     .attention_forward = t_attention_forward,
     .attention_backward = t_attention_backward,
     .gelu_forward = t_gelu_forward,

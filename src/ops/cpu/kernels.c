@@ -156,29 +156,30 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, const
                 beta, out, OC);
 }
 
-void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                         const float *inp, const float *weight, int64_t N, int C, int OC) {
-    if (dinp) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, C, OC, 1.0f, dout, OC,
-                    weight, C, 1.0f, dinp, C);
-    }
+void cpu_matmul_backward_input(float *dinp, const float *dout, const float *weight, int64_t N,
+                               int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+}
+
+void cpu_matmul_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
+                                int64_t N, int C, int OC) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, (int)N, 1.0f, dout, OC, inp, C,
                 1.0f, dweight, C);
-    if (dbias) {
-        /* column sums of dout, a block of columns per thread so every sum is in row order */
-        enum { BLOCK = 64 };
-        int64_t nblocks = (OC + BLOCK - 1) / BLOCK;
+    if (!dbias) return;
+    /* column sums of dout, a block of columns per thread so every sum is in row order */
+    enum { BLOCK = 64 };
+    int64_t nblocks = (OC + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static)
-        for (int64_t blk = 0; blk < nblocks; blk++) {
-            int o0 = (int)(blk * BLOCK);
-            int o1 = o0 + BLOCK < OC ? o0 + BLOCK : OC;
-            float acc[BLOCK] = {0};
-            for (int64_t i = 0; i < N; i++) {
-                const float *d = dout + i * OC;
-                for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
-            }
-            for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        int o0 = (int)(blk * BLOCK);
+        int o1 = o0 + BLOCK < OC ? o0 + BLOCK : OC;
+        float acc[BLOCK] = {0};
+        for (int64_t i = 0; i < N; i++) {
+            const float *d = dout + i * OC;
+            for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
         }
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
     }
 }
 

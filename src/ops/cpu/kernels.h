@@ -18,8 +18,10 @@ void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *rstd, int64_t N, int C);
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                         int64_t N, int C, int OC);
-void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                         const float *inp, const float *weight, int64_t N, int C, int OC);
+void cpu_matmul_backward_input(float *dinp, const float *dout, const float *weight, int64_t N,
+                               int C, int OC);
+void cpu_matmul_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
+                                int64_t N, int C, int OC);
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                             int B, int T, int C, int NH);
