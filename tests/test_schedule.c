@@ -483,6 +483,26 @@ static void check_layout(loom_schedule_kind kind, int p, int v, int m) {
     free_pipeline(&pl);
 }
 
+/* loom_pipe_stage is loom_plan_place's rule backwards: every virtual stage once. */
+static void test_placement(void) {
+    for (int k = 0; k < LOOM_SCHEDULE_NUM_KINDS; k++) {
+        for (int p = 1; p <= MAX_RANKS; p++) {
+            int v = loom_schedule_kind_chunks((loom_schedule_kind)k);
+            if (v == 0) v = 3;
+            loom_pipe_shape shape = {(loom_schedule_kind)k, p, v, p};
+            for (int s = 0; s < p * v; s++) {
+                int rank, chunk;
+                loom_pipe_place(&shape, s, &rank, &chunk);
+                CHECK(rank >= 0 && rank < p && chunk >= 0 && chunk < v &&
+                          loom_pipe_stage(&shape, rank, chunk) == s,
+                      "%s p=%d v=%d: stage %d placed at rank %d chunk %d, which maps back to %d",
+                      loom_schedule_kind_name((loom_schedule_kind)k), p, v, s, rank, chunk,
+                      loom_pipe_stage(&shape, rank, chunk));
+            }
+        }
+    }
+}
+
 static void test_all_layouts(void) {
     int counts = (int)(sizeof micro_batch_counts / sizeof *micro_batch_counts);
     loom_schedule_kind fixed[] = {LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_ZB_H1,
@@ -778,6 +798,7 @@ static void test_cooldown_sends(void) {
 
 int main(void) {
     test_cooldown_sends();
+    test_placement();
     test_all_layouts();
     test_example();
     test_example_zb_h1();

@@ -51,12 +51,15 @@
 extern "C" {
 #endif
 
-/* One pipeline stage: the transformer blocks [first_layer, end_layer), plus the token and
- * position embedding on the first stage and the final LayerNorm, LM head and loss on the
- * last one. */
+/* One (virtual) pipeline stage: the transformer blocks [first_layer, end_layer), plus the token
+ * and position embedding on the first stage and the final LayerNorm, LM head and loss on the
+ * last one. With v virtual stages per rank the plan lists all p v of them in model order, and
+ * each says which pipeline rank runs it and as which of that rank's chunks (the schedule's
+ * placement, loom_plan_place). */
 typedef struct {
     int first_layer, end_layer;
     int embedding, head, recompute; /* booleans */
+    int rank, chunk;                /* pipeline rank in [0, pp), chunk in [0, virtual_stages) */
 } loom_plan_stage;
 
 /* One compressor (loom/compress.h has the methods). For data-parallel gradients: method "none",
@@ -94,10 +97,11 @@ typedef struct {
     loom_gpt_config model; /* padded_vocab_size filled in (vocab rounded up to 128) */
     int global_batch;      /* sequences per optimizer step, over all DP replicas */
     int micro_batch;       /* sequences per forward/backward of one stage */
-    char schedule[16];     /* "gpipe" or "1f1b" */
+    char schedule[16];     /* "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v" */
+    int virtual_stages;    /* v: model chunks per pipeline rank (1; interleaved >= 2; zb-v 2) */
     int dp, tp, pp;
-    loom_plan_stage *stages;             /* (num_stages) */
-    int num_stages;                      /* == pp */
+    loom_plan_stage *stages;             /* (num_stages) virtual stages in model order */
+    int num_stages;                      /* == pp * virtual_stages */
     loom_plan_compressor dp_compression; /* data-parallel gradients */
     loom_plan_compressor pp_compression; /* activations and their gradients between stages */
     char embedding_sync[16];             /* tied embedding's gradient: "separate" or "fused" */
@@ -224,6 +228,18 @@ loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
                                  const loom_plan_compression_flags *flags, int world_size);
 /* The flags that ask for the plan's compression (for showing a resolved configuration). */
 void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *flags);
+
+/* Where the schedule puts virtual stage `stage` of pp * v: the pipeline rank and the chunk on it.
+ * "interleaved" (and every schedule with v = 1): rank stage mod pp, chunk stage / pp (Megatron);
+ * "zb-v" (v = 2): stages 0 .. pp-1 on ranks 0 .. pp-1 as chunk 0, stages pp .. 2pp-1 back down
+ * on ranks pp-1 .. 0 as chunk 1. The one place the rule lives (the pipeline schedules use it). */
+void loom_plan_place(const char *schedule, int pp, int virtual_stages, int stage, int *rank,
+                     int *chunk);
+/* The virtual stages a schedule runs per pipeline rank when it decides ("zb-v": 2; "gpipe",
+ * "1f1b", "zb-h1": 1); 0 for "interleaved", whose v is chosen (LOOM_PLAN_DEFAULT_VIRTUAL_STAGES
+ * when not given); -1 for an unknown schedule. */
+int loom_plan_schedule_chunks(const char *schedule);
+#define LOOM_PLAN_DEFAULT_VIRTUAL_STAGES 2
 
 /* Megatron rank order: TP fastest, then DP, PP slowest. */
 typedef struct {

@@ -139,18 +139,15 @@ int loom_pipe_virtual_stages(const loom_pipe_shape *shape) {
     return shape->ranks * shape->chunks;
 }
 
+/* loom_plan_place's rule backwards (test_schedule checks that the two agree) */
 int loom_pipe_stage(const loom_pipe_shape *shape, int rank, int chunk) {
     if (shape->kind == LOOM_SCHEDULE_ZB_V && chunk == 1) return 2 * shape->ranks - 1 - rank;
     return chunk * shape->ranks + rank;
 }
 
 void loom_pipe_place(const loom_pipe_shape *shape, int stage, int *rank, int *chunk) {
-    int p = shape->ranks;
-    if (shape->kind == LOOM_SCHEDULE_ZB_V && stage >= p) {
-        *rank = 2 * p - 1 - stage, *chunk = 1;
-    } else {
-        *rank = stage % p, *chunk = stage / p;
-    }
+    loom_plan_place(loom_schedule_kind_name(shape->kind), shape->ranks, shape->chunks, stage, rank,
+                    chunk);
 }
 
 int loom_pipe_peer(const loom_pipe_shape *shape, int rank, loom_pipe_action action) {

@@ -21,7 +21,7 @@
 
 /* ---- words ---------------------------------------------------------------------------------- */
 
-static const char *const schedule_words[] = {"gpipe", "1f1b"};
+static const char *const schedule_words[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"};
 static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
@@ -682,6 +682,25 @@ loom_plan_coords loom_plan_rank_coords(const loom_plan *plan, int world_rank) {
 
 int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords) {
     return coords.tp_rank + plan->tp * (coords.dp_rank + plan->dp * coords.pp_rank);
+}
+
+void loom_plan_place(const char *schedule, int pp, int virtual_stages, int stage, int *rank,
+                     int *chunk) {
+    (void)virtual_stages; /* the rules need only pp */
+    if (schedule && strcmp(schedule, "zb-v") == 0 && stage >= pp) {
+        *rank = 2 * pp - 1 - stage, *chunk = 1;
+    } else {
+        *rank = stage % pp, *chunk = stage / pp;
+    }
+}
+
+int loom_plan_schedule_chunks(const char *schedule) {
+    if (!schedule) return -1;
+    if (strcmp(schedule, "interleaved") == 0) return 0;
+    if (strcmp(schedule, "zb-v") == 0) return 2;
+    for (size_t i = 0; i < sizeof schedule_words / sizeof *schedule_words; i++)
+        if (strcmp(schedule, schedule_words[i]) == 0) return 1;
+    return -1;
 }
 
 int loom_plan_num_micro_batches(const loom_plan *plan) {
