@@ -556,13 +556,13 @@ static void check_created(const layout *lo, int s, int r) {
     loom_gpt_free(m);
 }
 
-/* The owner of every checkpoint slice (loom_mesh_owner_stage, the trainer's rule) holds it
+/* The owner of every checkpoint slice (loom_mesh_owner_rank, the trainer's rule) holds it
  * whole; a global tensor held elsewhere is only the last stage's tied wte, which maps to the
  * same vocabulary rows as the first stage's. */
 static void check_ownership(const layout *lo) {
     loom_plan_stage stages[MAX_STAGES];
     for (int s = 0; s < lo->stages; s++) {
-        stages[s] = (loom_plan_stage){lo->first[s], lo->end[s], s == 0, s == lo->stages - 1, 0};
+        stages[s] = (loom_plan_stage){lo->first[s], lo->end[s], s == 0, s == lo->stages - 1, 0, s, 0};
     }
     loom_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -578,7 +578,7 @@ static void check_ownership(const layout *lo) {
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         int per_layer = ref_is_per_layer(k);
         for (int layer = per_layer ? 0 : -1; layer < (per_layer ? c->num_layers : 0); layer++) {
-            int owner = loom_mesh_owner_stage(&mesh, k, layer);
+            int owner = loom_mesh_owner_rank(&mesh, k, layer);
             for (int r = 0; r < lo->tp; r++) {
                 unowned +=
                     shard_at(lo, owner, r)->info[k].layer_numel != ref_layer_numel(c, lo->tp, k);

@@ -41,8 +41,9 @@ typedef struct {
     loom_comm *world;         /* borrowed; NULL: one process */
     const loom_plan *plan;    /* borrowed */
     loom_comm *tp, *dp, *pp;  /* owned; NULL without a world */
-    loom_comm *embedding;     /* first and last stage of this (dp, tp) position when pp > 1,
-                                 where the tied embedding's two copies live; else NULL */
+    loom_comm *embedding;     /* the ranks of the first and the last virtual stage of this
+                                 (dp, tp) position, where the tied embedding's two copies live;
+                                 NULL when one rank holds both (pp 1, zb-v) */
     loom_comm *dp_second;     /* a copy of dp for compressed buckets' second collectives
                                  (compression.dp on, dp > 1; else NULL) */
     loom_comm *embedding_all; /* embedding_sync "fused": the first and last stage of every
@@ -59,11 +60,14 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
 void loom_mesh_free(loom_mesh *mesh);
 /* World rank of the given coordinates (the plan's rank formula). */
 int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank);
-/* The pipeline stage that holds slice (tensor k, layer) of the model: the layer's stage, the
- * embeddings (wte, wpe) on the first, the final LayerNorm on the last (layer -1 for the
- * tensors that are not per layer). */
-int loom_mesh_owner_stage(const loom_mesh *mesh, int k, int layer);
-/* This rank's part of the model (its stage's layers, its TP rank and group). */
+/* The pipeline rank that holds slice (tensor k, layer) of the model: the rank of the layer's
+ * virtual stage, the embeddings (wte, wpe) on the first's, the final LayerNorm on the last's
+ * (layer -1 for the tensors that are not per layer). */
+int loom_mesh_owner_rank(const loom_mesh *mesh, int k, int layer);
+/* The part of the model pipeline rank pp_rank holds at TP rank tp_rank: its virtual stages as
+ * chunks (the TP group only for this rank's own TP rank). */
+loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_rank);
+/* This rank's part of the model (its virtual stages, its TP rank and group). */
 loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh);
 
 /* ---- gradient synchronisation ---------------------------------------------------------------
@@ -133,8 +137,11 @@ typedef struct loom_grad_sync loom_grad_sync;
 loom_status loom_grad_sync_create(loom_grad_sync **sync, const loom_mesh *mesh, loom_gpt *model,
                                   const loom_grad_sync_opts *opts);
 void loom_grad_sync_free(loom_grad_sync *sync);
-/* Installs the model's grads_ready hook for the coming backward (the last micro-batch's):
- * buckets start as backward finishes them. loom_grad_sync_after_backward removes it. */
+/* Installs the model's grads_ready hook for the coming backward (the one that finishes a chunk's
+ * weight gradients: the last micro-batch's backward or W): buckets start as backward finishes
+ * them. The first call of a step also resets the step's sync; further calls in the same step
+ * (a rank's other chunks) only install the hook again. loom_grad_sync_after_backward removes
+ * it. */
 void loom_grad_sync_before_backward(loom_grad_sync *sync, int64_t step);
 void loom_grad_sync_after_backward(loom_grad_sync *sync);
 /* Completes the step's synchronisation: the remaining buckets (or ZeRO-1's reduce-scatter) and
@@ -206,8 +213,10 @@ loom_status loom_pipeline_forward(loom_pipeline *pipe, const int32_t *inputs,
 void loom_pipeline_commit(loom_pipeline *pipe, int accept);
 /* Adds the pipeline's compression counters since the last call to *stats and resets them. */
 void loom_pipeline_take_stats(loom_pipeline *pipe, loom_compress_stats *stats);
-/* The compressor of the gradients this stage sends (NULL: none), for checkpoints. */
-loom_compressor *loom_pipeline_compressor(loom_pipeline *pipe);
+/* The compressors of the gradients this rank sends (one per chunk that compresses), in chunk
+ * order, for checkpoints. */
+int loom_pipeline_compressor_count(const loom_pipeline *pipe);
+loom_compressor *loom_pipeline_compressor(loom_pipeline *pipe, int i);
 
 /* ---- pipeline schedules (as data) ---------------------------------------------------------
  * p pipeline ranks, each running v model chunks ("virtual stages"; v = 1 without them), and m

@@ -127,6 +127,7 @@ struct loom_grad_sync {
     int next_second;            /* the bucket whose second round starts next */
     loom_trace *trace;          /* NULL: not tracing */
     int64_t step;               /* for the trace */
+    int in_step;                /* before_backward began this step's sync; finish ends it */
 };
 
 /* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
@@ -330,6 +331,11 @@ static void grads_ready(void *ctx, size_t ready_offset) {
 
 void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
+    if (s->in_step && s->step == step) { /* a later chunk's last backward in the same step */
+        loom_gpt_set_grads_ready(s->model, grads_ready, s);
+        return;
+    }
+    s->in_step = 1;
     s->compressing = s->compress && step >= s->warmup_steps;
     s->step = step;
     s->next_second = 0;
@@ -361,6 +367,7 @@ static loom_status sync_embedding(loom_grad_sync *s) {
 }
 
 loom_status loom_grad_sync_finish(loom_grad_sync *s) {
+    s->in_step = 0;
     if (!s->buckets) return sync_embedding(s);
     /* the held bucket (the tied embedding's) may start once both copies are summed */
     loom_status st = s->held >= 0 ? sync_embedding(s) : LOOM_OK;

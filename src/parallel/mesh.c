@@ -9,7 +9,20 @@
 #include <string.h>
 
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
-    (void)plan, (void)source; /* everything a plan says, this build runs */
+    /* everything a checked plan says, this build runs; the executor keeps one recomputation
+     * choice per rank, so a rank's virtual stages must agree on it */
+    int v = plan->pp > 0 ? plan->num_stages / plan->pp : 1;
+    for (int s = 0; s < plan->num_stages; s++) {
+        int rank, chunk; /* the rank's chunk 0 is virtual stage `rank` in every placement */
+        loom_plan_place(plan->schedule, plan->pp, v, s, &rank, &chunk);
+        if (plan->stages[s].recompute != plan->stages[rank].recompute) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: stages[%d].recompute: expected %s, as stages[%d] (pipeline rank "
+                             "%d runs both and recomputes all its chunks or none)",
+                             source, s, plan->stages[rank].recompute ? "true" : "false", rank,
+                             rank);
+        }
+    }
     return LOOM_OK;
 }
 
@@ -59,9 +72,14 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
     if (st == LOOM_OK && dp > 1 && strcmp(plan->dp_compression.method, "none") != 0) {
         st = loom_comm_split(mesh->dp, 0, c.dp_rank, "dp (second round)", &mesh->dp_second);
     }
-    if (st == LOOM_OK && pp > 1) {
-        /* the tied embedding lives on the first and the last stage: their gradients meet */
-        int ends = c.pp_rank == 0 || c.pp_rank == pp - 1;
+    int first_rank, last_rank, chunk;
+    loom_plan_place(plan->schedule, pp, plan->num_stages / pp, 0, &first_rank, &chunk);
+    loom_plan_place(plan->schedule, pp, plan->num_stages / pp, plan->num_stages - 1, &last_rank,
+                    &chunk);
+    if (st == LOOM_OK && first_rank != last_rank) {
+        /* the tied embedding lives on the first and the last virtual stage: their gradients meet
+         * (zb-v puts both on rank 0, which then holds one copy) */
+        int ends = c.pp_rank == first_rank || c.pp_rank == last_rank;
         st = loom_comm_split(world, ends ? c.dp_rank * tp + c.tp_rank : -1, c.pp_rank, "embedding",
                              &mesh->embedding);
         /* fused embedding sync: both copies of every replica in one group (2 dp ranks) */
@@ -89,21 +107,35 @@ int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp
     return loom_plan_world_rank(mesh->plan, (loom_plan_coords){dp_rank, tp_rank, pp_rank});
 }
 
-int loom_mesh_owner_stage(const loom_mesh *mesh, int k, int layer) {
+int loom_mesh_owner_rank(const loom_mesh *mesh, int k, int layer) {
     const loom_plan *plan = mesh->plan;
-    if (layer >= 0) {
-        for (int s = 0; s < plan->num_stages; s++) {
-            if (layer >= plan->stages[s].first_layer && layer < plan->stages[s].end_layer) return s;
-        }
+    int stage = (k == LOOM_WTE || k == LOOM_WPE) ? 0 : plan->num_stages - 1;
+    for (int s = 0; layer >= 0 && s < plan->num_stages; s++) {
+        if (layer >= plan->stages[s].first_layer && layer < plan->stages[s].end_layer) stage = s;
     }
-    return (k == LOOM_WTE || k == LOOM_WPE) ? 0 : plan->num_stages - 1;
+    int rank, chunk;
+    loom_plan_place(plan->schedule, plan->pp, plan->num_stages / plan->pp, stage, &rank, &chunk);
+    return rank;
+}
+
+loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_rank) {
+    const loom_plan *plan = mesh->plan;
+    loom_gpt_shard shard = {.tp_size = mesh->tp_size,
+                            .tp_rank = tp_rank,
+                            .tp_comm = mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp
+                                                                                       : NULL};
+    /* the rank's virtual stages in model order are its chunks in ascending order */
+    for (int s = 0; s < plan->num_stages && shard.num_chunks < LOOM_GPT_MAX_CHUNKS; s++) {
+        int rank, chunk;
+        loom_plan_place(plan->schedule, plan->pp, plan->num_stages / plan->pp, s, &rank, &chunk);
+        if (rank != pp_rank) continue;
+        const loom_plan_stage *st = &plan->stages[s];
+        shard.chunks[shard.num_chunks++] = (loom_gpt_chunk){st->first_layer, st->end_layer,
+                                                            s == 0, s == plan->num_stages - 1};
+    }
+    return shard;
 }
 
 loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh) {
-    const loom_plan_stage *stage = &mesh->plan->stages[mesh->pp_rank];
-    return (loom_gpt_shard){.first_layer = stage->first_layer,
-                            .end_layer = stage->end_layer,
-                            .tp_size = mesh->tp_size,
-                            .tp_rank = mesh->tp_rank,
-                            .tp_comm = mesh->tp_size > 1 ? mesh->tp : NULL};
+    return loom_mesh_rank_shard(mesh, mesh->pp_rank, mesh->tp_rank);
 }

@@ -1,18 +1,26 @@
 /*
- * pipeline.c — the executor of this stage's schedule: one step's micro-batches through
- * forward and backward, activations and their gradients point to point to the neighbouring
- * stages. Sends are non-blocking from a ring of buffers (one per micro-batch in flight,
- * completed when the slot comes round again or at the end of the step); receives wait at their
- * place in the list, which cannot deadlock (see the contract in loom/parallel.h). With one stage
- * the schedule is forward, backward, forward, ...: plain gradient accumulation.
+ * pipeline.c — the executor of this rank's schedule: one step's micro-batches through forward
+ * and backward of each of its chunks (virtual stages), activations and their gradients point to
+ * point to the ranks of the neighbouring virtual stages, or handed over inside the rank where
+ * the neighbour is here too (zb-v's turn). Sends are non-blocking from a pool of wire buffers
+ * (the oldest completed first when the pool is empty, and all of them at the end of the step);
+ * receives wait at their place in the list, which cannot deadlock (see the contract in
+ * loom/parallel.h). With one virtual stage the schedule is forward, backward, forward, ...:
+ * plain gradient accumulation.
  *
- * Every activation or activation gradient that crosses a link goes through encode_send and
- * recv_decode. Activation gradients sent backward are compressed there (Optimus-CC's compressed
- * backpropagation, the plan's compression.pp) on the links and sends the plan selects: policy
- * "all" or "epilogue" (the sender's cool-down sends), decided from the schedules alone, so both
- * ends of a link know per micro-batch whether a message is compressed and how long it is. The
- * sender's residual (lazy error propagation) goes into its next compressed send, never into
- * the same micro-batch's.
+ * Buffers are pooled by what is in flight, as the list says: a chunk activation set (model slot)
+ * from its FORWARD to its BACKWARD or BACKWARD_WEIGHT; a received (or handed-over) input until
+ * its FORWARD (with recomputation until its backward); a received output gradient until its
+ * backward. The pools' sizes come from walking the list once at creation with the same rules.
+ *
+ * Every activation or activation gradient that crosses to another rank goes through encode_send
+ * and recv_decode. Activation gradients sent backward are compressed there (Optimus-CC's
+ * compressed backpropagation, the plan's compression.pp) on the boundaries and sends the plan
+ * selects: policy "all" or "epilogue" (the sender's cool-down sends), decided from the schedules
+ * alone, or "slack", decided after every step from every rank's measured durations by the same
+ * simulation on every rank; so both ends of a message know whether it is compressed and how long
+ * it is. A sending chunk's residual (lazy error propagation) goes into its next compressed send,
+ * never into the same micro-batch's.
  *
  * Not here: the schedules themselves (schedule.c), gradient synchronisation (grad_sync.c).
  */
@@ -24,155 +32,288 @@
 enum { TAG_ACT = 1, TAG_GRAD = 2, TAG_PING = 3 };
 enum { KIND_ACT = 0, KIND_GRAD = 1 }; /* what a message carries */
 
+/* Measured per chunk for the slack policy, shared as one row per virtual stage. */
+enum {
+    SLACK_FORWARD,
+    SLACK_BACKWARD,
+    SLACK_INPUT,
+    SLACK_WEIGHT,
+    SLACK_ENCODE,
+    SLACK_DECODE,
+    SLACK_TIMED, /* the fields above are means of timed events */
+    SLACK_RAW = SLACK_TIMED,
+    SLACK_COMPRESSED,
+    SLACK_FIELDS
+};
+
+/* Indices of a pool (buffers or slots) handed to (chunk, micro-batch) keys. */
+typedef struct {
+    int *of;   /* (keys) the index a key holds, -1 */
+    int *free; /* (size) stack of free indices */
+    int top, size;
+} pool;
+
+/* One of this rank's chunks. */
+typedef struct {
+    int stage;              /* its virtual stage */
+    int below, above;       /* ranks of the neighbouring stages across a link; -1: none, or here */
+    int local_below;        /* the chunk of the stage below when it is on this rank, else -1 */
+    int local_above;        /* ... above */
+    int embedding, head;    /* the model's first / last virtual stage */
+    int last_weight;        /* the action that finishes its weight gradients in the step */
+    loom_compressor *encoder[2]; /* what it sends (activations up, gradients down); NULL: as is */
+    loom_compressor *decoder[2]; /* what it receives */
+    unsigned char *encode_mb[2], *decode_mb[2]; /* (m) which sends / receives are compressed */
+    void *wire[2];                              /* (decoder's wire bytes) a message received */
+    double sum[SLACK_TIMED], mean[SLACK_TIMED]; /* seconds this step; the last step's means */
+    int count[SLACK_TIMED];
+    double link_raw_s, link_comp_s; /* one gradient down its link as it is and compressed */
+} chunk_state;
+
 struct loom_pipeline {
     const loom_mesh *mesh;
     loom_gpt *model;
     int B, T;
-    int micro_batches;                 /* per step on this replica */
-    loom_pipe_stage_schedule schedule; /* this stage's actions for one step */
+    loom_pipe_shape shape;             /* kind, p, v, m */
+    int micro_batches, chunks, stages; /* m, v, V */
+    loom_pipe_stage_schedule schedule; /* this rank's actions for one step */
+    int split;                         /* the list splits backward into B and W */
     int recompute;                     /* activations rebuilt in backward from the kept input */
-    int in_flight;                     /* micro-batches whose inputs this stage keeps */
-    int last_forward_mb;               /* whose activations the model holds (recompute) */
-    float *act_in;                     /* (in_flight, B, T, C): activations received */
-    float *grad_out;                   /* (B, T, C): gradient of this stage's output */
-    float *send_buf;                   /* (2, in_flight, B, T, C): outgoing messages */
-    loom_comm_request **send_req;      /* (2, in_flight): their non-blocking sends */
+    int last_forward;                  /* the key whose activations the model holds (recompute) */
+    chunk_state *chunk;                /* (v) */
+    pool slots, inputs, grads;         /* model activation sets; act_in and grad_in buffers */
+    int in_flight;                     /* peak chunk activations (what the slots pool holds) */
+    float *act_in;                     /* (inputs.size, B, T, C) activations received */
+    float *grad_in;                    /* (grads.size, B, T, C) output gradients received */
+    float *send_buf;                   /* (2, wires, B, T, C) outgoing messages */
+    loom_comm_request **send_req;      /* (2, wires) their non-blocking sends */
+    int wires, next_wire[2];           /* wire buffers per kind; the next to use (round robin) */
     loom_trace *trace;                 /* NULL: not tracing */
-    /* compression per kind (KIND_ACT, KIND_GRAD); NULL / 0: that kind crosses as it is */
-    loom_compressor *encoder[2]; /* what this stage sends (activations up, gradients down) */
-    loom_compressor *decoder[2]; /* what it receives (decoding needs no state) */
-    unsigned char *encode_mb[2]; /* (micro_batches) which of this stage's sends compress */
-    unsigned char *decode_mb[2]; /* (micro_batches) which received messages are compressed */
-    void *wire[2];               /* (decoder's wire bytes) a compressed message received */
     loom_compress_stats stats;
-    /* policy "slack": this step's durations, shared with every stage after the step */
+    /* policy "slack" */
     int slack;
-    loom_pipe_stage_schedule *schedules; /* (pp) every stage's list */
-    double sum[4];                       /* seconds of SLACK_FORWARD ... SLACK_DECODE this step */
-    int count[4];
-    double mean[4];                 /* the last step's means (kept while no sample comes) */
-    double link_raw_s, link_comp_s; /* measured at start-up: one gradient down this stage's link
-                                       as it is and compressed */
-    double *table;                  /* (SLACK_FIELDS, pp) every stage's figures */
-    double *times;                  /* (5, pp) the simulator's arrays */
-    unsigned char *choice;          /* (pp, micro_batches) which gradient sends compress */
+    loom_pipe_stage_schedule *schedules; /* (p) every rank's list */
+    double *table;                       /* (V, SLACK_FIELDS) every virtual stage's figures */
+    double *times;                       /* (6, V) the simulator's arrays */
+    unsigned char *choice;               /* (V, m) which gradient sends compress */
 };
 
-enum { SLACK_FORWARD, SLACK_BACKWARD, SLACK_ENCODE, SLACK_DECODE, SLACK_FIELDS = 6 };
+static size_t btc_of(const loom_pipeline *p) {
+    return (size_t)p->B * (size_t)p->T * (size_t)p->model->config.channels;
+}
 
-/* Blocking round trips of a gradient-sized message down link (stage - 1, stage) as it is and
- * compressed; the sender keeps the fastest of three of each (transfer plus latency). Every link
- * in order, so each pair meets the other when both are there. */
-static loom_status measure_links(loom_pipeline *p, int64_t raw, int64_t compressed) {
-    int stage = p->mesh->pp_rank;
+static int key_of(const loom_pipeline *p, int chunk, int mb) {
+    return chunk * p->micro_batches + mb;
+}
+
+/* ---- pools ---------------------------------------------------------------------------------- */
+
+static loom_status pool_init(pool *pl, int keys, int size, const char *what) {
+    pl->of = loom_malloc((size_t)keys * sizeof(int) + 1, what);
+    pl->free = loom_malloc((size_t)size * sizeof(int) + 1, what);
+    if (!pl->of || !pl->free) return LOOM_ERR_NOMEM;
+    for (int k = 0; k < keys; k++) pl->of[k] = -1;
+    pl->size = size, pl->top = 0;
+    for (int i = size - 1; i >= 0; i--) pl->free[pl->top++] = i;
+    return LOOM_OK;
+}
+
+static void pool_free(pool *pl) {
+    free(pl->of), free(pl->free);
+    pl->of = pl->free = NULL;
+}
+
+static int pool_take(pool *pl, int key, const char *what) {
+    if (pl->of[key] >= 0) return pl->of[key];
+    if (pl->top == 0) loom_fatal("pipeline: no free %s for key %d (a schedule bug)", what, key);
+    return pl->of[key] = pl->free[--pl->top];
+}
+
+static void pool_drop(pool *pl, int key) {
+    if (pl->of[key] < 0) return;
+    pl->free[pl->top++] = pl->of[key];
+    pl->of[key] = -1;
+}
+
+/* What an action does to the input and gradient pools (the same rules for the dry run at
+ * creation and for the step): counts[0], counts[1] track their occupancy. */
+static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int counts[2], int peak[2]) {
+    const chunk_state *ch = &p->chunk[a.chunk];
+    int key = key_of(p, a.chunk, a.micro_batch);
+    int take_input = -1, drop_input = -1, take_grad = -1, drop_grad = -1;
+    switch (a.op) {
+    case LOOM_PIPE_RECV_ACT:
+        take_input = key;
+        break;
+    case LOOM_PIPE_FORWARD:
+        if (ch->local_above >= 0) take_input = key_of(p, ch->local_above, a.micro_batch);
+        if (!ch->embedding && !p->recompute) drop_input = key;
+        break;
+    case LOOM_PIPE_RECV_GRAD:
+        take_grad = key;
+        break;
+    case LOOM_PIPE_BACKWARD:
+    case LOOM_PIPE_BACKWARD_INPUT:
+        if (ch->local_below >= 0) take_grad = key_of(p, ch->local_below, a.micro_batch);
+        if (!ch->head) drop_grad = key;
+        if (!ch->embedding && p->recompute) drop_input = key;
+        break;
+    default:
+        break;
+    }
+    if (dry) { /* an action takes before it drops: both count at once */
+        counts[0] += take_input >= 0, counts[1] += take_grad >= 0;
+        for (int i = 0; i < 2; i++)
+            if (counts[i] > peak[i]) peak[i] = counts[i];
+        counts[0] -= drop_input >= 0, counts[1] -= drop_grad >= 0;
+        return;
+    }
+    /* takes happen where the action fills the buffer, drops after it has been used: the caller
+     * takes before and drops after (pool_take is idempotent for a key) */
+    (void)counts, (void)peak;
+    if (take_input >= 0) pool_take(&p->inputs, take_input, "input buffer");
+    if (take_grad >= 0) pool_take(&p->grads, take_grad, "gradient buffer");
+}
+
+static void pool_release(loom_pipeline *p, loom_pipe_action a) {
+    const chunk_state *ch = &p->chunk[a.chunk];
+    int key = key_of(p, a.chunk, a.micro_batch);
+    if (a.op == LOOM_PIPE_FORWARD && !ch->embedding && !p->recompute) pool_drop(&p->inputs, key);
+    if (a.op == LOOM_PIPE_BACKWARD || a.op == LOOM_PIPE_BACKWARD_INPUT) {
+        if (!ch->head) pool_drop(&p->grads, key);
+        if (!ch->embedding && p->recompute) pool_drop(&p->inputs, key);
+    }
+}
+
+static float *input_of(loom_pipeline *p, int chunk, int mb) {
+    int i = p->inputs.of[key_of(p, chunk, mb)];
+    return i >= 0 ? p->act_in + (size_t)i * btc_of(p) : NULL;
+}
+
+static float *grad_of(loom_pipeline *p, int chunk, int mb) {
+    int i = p->grads.of[key_of(p, chunk, mb)];
+    return i >= 0 ? p->grad_in + (size_t)i * btc_of(p) : NULL;
+}
+
+/* ---- the slack policy ----------------------------------------------------------------------- */
+
+/* Blocking round trips of a gradient-sized message down every compressed boundary, as it is
+ * and compressed; the sender keeps the fastest of three of each (transfer plus latency). Every
+ * rank walks the boundaries in one order, so each pair meets when both are there. */
+static loom_status measure_links(loom_pipeline *p, int64_t raw) {
+    int me = p->mesh->pp_rank;
     char ack = 0;
     loom_status st = LOOM_OK;
-    for (int side = 0; side < 2 && st == LOOM_OK; side++) {
-        /* side 0: the link below (this stage sends), 1: the link above (it receives) */
-        int peer = side == 0 ? stage - 1 : stage + 1;
-        if (peer < 0 || peer >= p->mesh->pp_size) continue;
-        if (side == 0 && !p->encoder[KIND_GRAD]) continue;
-        if (side == 1 && !p->decoder[KIND_GRAD]) continue;
+    for (int b = 0; b + 1 < p->stages && st == LOOM_OK; b++) {
+        int sender, receiver, sc, rc;
+        loom_pipe_place(&p->shape, b + 1, &sender, &sc);
+        loom_pipe_place(&p->shape, b, &receiver, &rc);
+        if (sender == receiver || (me != sender && me != receiver)) continue;
+        chunk_state *ch = &p->chunk[me == sender ? sc : rc];
+        loom_compressor *c = me == sender ? ch->encoder[KIND_GRAD] : ch->decoder[KIND_GRAD];
+        if (!c) continue;
+        int64_t compressed = (int64_t)loom_compressor_wire_bytes(c);
         double best[2] = {1e30, 1e30};
         for (int rep = 0; rep < 6 && st == LOOM_OK; rep++) {
             int64_t bytes = rep % 2 ? compressed : raw;
             double t0 = loom_now();
-            if (side == 0) {
-                st = loom_comm_send(p->mesh->pp, p->send_buf, bytes, peer, TAG_PING);
-                if (st == LOOM_OK) st = loom_comm_recv(p->mesh->pp, &ack, 1, peer, TAG_PING);
+            if (me == sender) {
+                st = loom_comm_send(p->mesh->pp, p->send_buf, bytes, receiver, TAG_PING);
+                if (st == LOOM_OK) st = loom_comm_recv(p->mesh->pp, &ack, 1, receiver, TAG_PING);
             } else {
-                st = loom_comm_recv(p->mesh->pp, p->grad_out, bytes, peer, TAG_PING);
-                if (st == LOOM_OK) st = loom_comm_send(p->mesh->pp, &ack, 1, peer, TAG_PING);
+                st = loom_comm_recv(p->mesh->pp, p->send_buf, bytes, sender, TAG_PING);
+                if (st == LOOM_OK) st = loom_comm_send(p->mesh->pp, &ack, 1, sender, TAG_PING);
             }
             double dt = loom_now() - t0;
             if (dt < best[rep % 2]) best[rep % 2] = dt;
         }
-        if (side == 0) p->link_raw_s = best[0], p->link_comp_s = best[1];
+        if (me == sender) ch->link_raw_s = best[0], ch->link_comp_s = best[1];
     }
     return st;
 }
 
-static loom_status slack_create(loom_pipeline *p, int64_t rows, int64_t cols) {
-    const loom_plan *plan = p->mesh->plan;
-    int pp = p->mesh->pp_size, m = p->micro_batches;
+static loom_status slack_create(loom_pipeline *p) {
+    int pp = p->mesh->pp_size, V = p->stages, m = p->micro_batches;
     p->slack = 1;
     p->schedules = loom_calloc((size_t)pp, sizeof *p->schedules, "schedules");
-    p->table = loom_calloc((size_t)pp * SLACK_FIELDS, sizeof *p->table, "slack table");
-    p->times = loom_calloc((size_t)pp * 5, sizeof *p->times, "slack times");
-    p->choice = loom_calloc((size_t)pp * (size_t)m, 1, "slack choice");
+    p->table = loom_calloc((size_t)V * SLACK_FIELDS, sizeof *p->table, "slack table");
+    p->times = loom_calloc((size_t)V * 6, sizeof *p->times, "slack times");
+    p->choice = loom_calloc((size_t)V * (size_t)m, 1, "slack choice");
     if (!p->schedules || !p->table || !p->times || !p->choice) return LOOM_ERR_NOMEM;
-    loom_schedule_kind kind;
-    loom_status st = loom_schedule_kind_parse(plan->schedule, &kind);
-    for (int s = 0; s < pp && st == LOOM_OK; s++) {
-        st = loom_pipe_schedule(kind, pp, m, s, &p->schedules[s]);
+    loom_status st = LOOM_OK;
+    for (int r = 0; r < pp && st == LOOM_OK; r++) {
+        st = loom_pipe_schedule_build(&p->shape, r, &p->schedules[r]);
     }
-    loom_compressor *c = p->encoder[KIND_GRAD] ? p->encoder[KIND_GRAD] : p->decoder[KIND_GRAD];
-    int64_t raw = rows * cols * (int64_t)sizeof(float);
-    if (st == LOOM_OK) st = measure_links(p, raw, c ? (int64_t)loom_compressor_wire_bytes(c) : raw);
+    if (st == LOOM_OK) st = measure_links(p, (int64_t)(btc_of(p) * sizeof(float)));
     return st;
 }
 
-/* After a step: every stage's durations (the pipeline group's sum of each stage's own row),
- * then the same simulation on every stage, so both ends of each link choose the same sends. */
+/* After a step: every virtual stage's durations (the pipeline group's sum of each rank's own
+ * rows), then the same simulation on every rank, so both ends of each message choose alike. */
 static loom_status slack_update(loom_pipeline *p) {
-    int pp = p->mesh->pp_size, stage = p->mesh->pp_rank, m = p->micro_batches;
-    memset(p->table, 0, (size_t)pp * SLACK_FIELDS * sizeof *p->table);
-    double *mine = p->table + (size_t)stage * SLACK_FIELDS;
-    for (int f = 0; f < 4; f++) {
-        if (p->count[f]) p->mean[f] = p->sum[f] / p->count[f];
-        mine[f] = p->mean[f];
-        p->sum[f] = 0.0, p->count[f] = 0;
+    int pp = p->mesh->pp_size, V = p->stages, m = p->micro_batches;
+    memset(p->table, 0, (size_t)V * SLACK_FIELDS * sizeof *p->table);
+    for (int c = 0; c < p->chunks; c++) {
+        chunk_state *ch = &p->chunk[c];
+        double *row = p->table + (size_t)ch->stage * SLACK_FIELDS;
+        for (int f = 0; f < SLACK_TIMED; f++) {
+            if (ch->count[f]) ch->mean[f] = ch->sum[f] / ch->count[f];
+            row[f] = ch->mean[f];
+            ch->sum[f] = 0.0, ch->count[f] = 0;
+        }
+        row[SLACK_RAW] = ch->link_raw_s, row[SLACK_COMPRESSED] = ch->link_comp_s;
     }
-    mine[4] = p->link_raw_s, mine[5] = p->link_comp_s;
     loom_status st =
-        loom_comm_allreduce_f64(p->mesh->pp, p->table, pp * SLACK_FIELDS, LOOM_REDUCE_SUM);
+        loom_comm_allreduce_f64(p->mesh->pp, p->table, V * SLACK_FIELDS, LOOM_REDUCE_SUM);
     if (st != LOOM_OK) return st;
-    double *forward = p->times, *backward = forward + pp, *link = backward + pp;
-    double *saving = link + pp;
-    for (int s = 0; s < pp; s++) {
+    double *forward = p->times, *backward = forward + V, *input = backward + V;
+    double *weight = input + V, *link = weight + V, *saving = link + V;
+    for (int s = 0; s < V; s++) {
         const double *row = p->table + (size_t)s * SLACK_FIELDS;
         forward[s] = row[SLACK_FORWARD], backward[s] = row[SLACK_BACKWARD];
+        input[s] = row[SLACK_INPUT], weight[s] = row[SLACK_WEIGHT];
         if (s == 0) continue;
-        /* link s - 1 carries stage s's gradients down (and activations up, as long) */
-        link[s - 1] = row[4];
-        double codec = row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
-        saving[s - 1] = row[5] > 0 ? row[4] - row[5] - codec : 0.0;
+        /* boundary s - 1 carries stage s's gradients down (and activations up, as long) */
+        link[s - 1] = row[SLACK_RAW];
+        double codec =
+            row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
+        saving[s - 1] =
+            row[SLACK_COMPRESSED] > 0 ? row[SLACK_RAW] - row[SLACK_COMPRESSED] - codec : 0.0;
     }
-    loom_pipe_sim_times times = {.stages = pp,
-                                 .links = pp - 1,
-                                 .forward_s = forward,
-                                 .backward_s = backward,
-                                 .act_link_s = link,
-                                 .grad_link_s = link};
-    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, pp, 1, m};
-    st = loom_schedule_kind_parse(p->mesh->plan->schedule, &shape.kind);
-    if (st == LOOM_OK) st = loom_pipe_slack_choose(&shape, p->schedules, &times, saving, p->choice);
+    loom_pipe_sim_times times = {V, V - 1, forward, backward, link, link, input, weight};
+    st = loom_pipe_slack_choose(&p->shape, p->schedules, &times, saving, p->choice);
     if (st != LOOM_OK) return st;
-    if (p->encoder[KIND_GRAD]) {
-        memcpy(p->encode_mb[KIND_GRAD], p->choice + (size_t)stage * (size_t)m, (size_t)m);
-    }
-    if (p->decoder[KIND_GRAD]) {
-        memcpy(p->decode_mb[KIND_GRAD], p->choice + (size_t)(stage + 1) * (size_t)m, (size_t)m);
+    (void)pp;
+    for (int c = 0; c < p->chunks; c++) {
+        chunk_state *ch = &p->chunk[c];
+        if (ch->encoder[KIND_GRAD]) {
+            memcpy(ch->encode_mb[KIND_GRAD], p->choice + (size_t)ch->stage * (size_t)m, (size_t)m);
+        }
+        if (ch->decoder[KIND_GRAD]) {
+            memcpy(ch->decode_mb[KIND_GRAD], p->choice + (size_t)(ch->stage + 1) * (size_t)m,
+                   (size_t)m);
+        }
     }
     return LOOM_OK;
 }
 
-/* The compressor for messages of `kind` crossing `link` (between stages link and link + 1) and
- * which of the sender's micro-batch sends use it, or *c NULL when they cross as they are.
- * Gradients: the plan's method and policy; activations: its forward method, every send. */
-static loom_status link_compressor(loom_pipeline *p, int kind, int link, int64_t rows, int64_t cols,
-                                   loom_compressor **c, unsigned char *which) {
+/* ---- compression per boundary ---------------------------------------------------------------- */
+
+/* The compressor for messages of `kind` crossing `boundary` (between virtual stages boundary and
+ * boundary + 1) and which of the sender's micro-batch sends use it, or *c NULL when they cross
+ * as they are. Gradients: the plan's method and policy; activations: its forward method, every
+ * send. */
+static loom_status link_compressor(loom_pipeline *p, int kind, int boundary, int64_t rows,
+                                   int64_t cols, loom_compressor **c, unsigned char *which) {
     const loom_plan *plan = p->mesh->plan;
     const loom_plan_compressor *pc = &plan->pp_compression;
     *c = NULL;
     const char *method = kind == KIND_GRAD ? pc->method : pc->forward;
-    int listed = pc->num_stages == 0; /* no list: every link */
-    for (int i = 0; i < pc->num_stages; i++) listed |= pc->stages[i] == link;
-    if (!strcmp(method, "none") || !listed) return LOOM_OK;
+    if (!strcmp(method, "none") || !loom_plan_compresses_stage(pc, boundary)) return LOOM_OK;
     loom_compress_opts opts;
     int place = kind == KIND_GRAD ? LOOM_COMPRESS_FOR_PP_GRAD : LOOM_COMPRESS_FOR_PP_FORWARD;
-    loom_status st = loom_parallel_compress_opts(pc, place, 0x6c6f6f6d ^ (uint64_t)link, &opts);
-    if (st == LOOM_OK) st = loom_compressor_create(c, &opts, rows, cols, (uint64_t)link);
+    loom_status st = loom_parallel_compress_opts(pc, place, 0x6c6f6f6d ^ (uint64_t)boundary, &opts);
+    if (st == LOOM_OK) st = loom_compressor_create(c, &opts, rows, cols, (uint64_t)boundary);
     if (st != LOOM_OK) return st;
     if (!loom_compressor_compresses(*c) ||
         loom_compressor_wire_bytes(*c) >= (size_t)(rows * cols) * sizeof(float)) {
@@ -180,47 +321,117 @@ static loom_status link_compressor(loom_pipeline *p, int kind, int link, int64_t
         *c = NULL;
         return LOOM_OK;
     }
+    int m = p->micro_batches;
     if (kind == KIND_ACT || strcmp(pc->policy, "epilogue") != 0) {
-        memset(which, 1, (size_t)p->micro_batches);
+        memset(which, 1, (size_t)m);
         return LOOM_OK;
     }
-    loom_schedule_kind schedule;
-    loom_pipe_stage_schedule sender = {0};
-    st = loom_schedule_kind_parse(plan->schedule, &schedule);
+    /* epilogue: the sender's cool-down sends (the gradient's sender is stage boundary + 1) */
+    int sender, chunk;
+    loom_pipe_place(&p->shape, boundary + 1, &sender, &chunk);
+    loom_pipe_stage_schedule list = {0};
+    unsigned char *cool = loom_calloc((size_t)p->chunks * (size_t)m, 1, "cool-down sends");
+    st = cool ? loom_pipe_schedule_build(&p->shape, sender, &list) : LOOM_ERR_NOMEM;
     if (st == LOOM_OK) {
-        st = loom_pipe_schedule(schedule, plan->pp, p->micro_batches, link + 1, &sender);
+        loom_pipe_cooldown_sends(&list, p->chunks, m, cool);
+        memcpy(which, cool + (size_t)chunk * (size_t)m, (size_t)m);
     }
-    if (st == LOOM_OK) loom_pipe_cooldown_sends(&sender, 1, p->micro_batches, which);
-    loom_pipe_schedule_free(&sender);
+    loom_pipe_schedule_free(&list);
+    free(cool);
     return st;
 }
 
 static loom_status compression_create(loom_pipeline *p, int64_t rows, int64_t cols) {
-    int stage = p->mesh->pp_rank, m = p->micro_batches;
+    int m = p->micro_batches;
     loom_status st = LOOM_OK;
-    for (int kind = 0; kind < 2 && st == LOOM_OK; kind++) {
-        p->encode_mb[kind] = loom_calloc((size_t)m, 1, "compressed sends");
-        p->decode_mb[kind] = loom_calloc((size_t)m, 1, "compressed receives");
-        if (!p->encode_mb[kind] || !p->decode_mb[kind]) return LOOM_ERR_NOMEM;
-        /* activations go up (sent on the link above, received from the one below); gradients
-         * come down */
-        int send_link = kind == KIND_ACT ? stage : stage - 1;
-        int recv_link = kind == KIND_ACT ? stage - 1 : stage;
-        if (send_link >= 0 && send_link < p->mesh->pp_size - 1) {
-            st = link_compressor(p, kind, send_link, rows, cols, &p->encoder[kind],
-                                 p->encode_mb[kind]);
-        }
-        if (st == LOOM_OK && recv_link >= 0 && recv_link < p->mesh->pp_size - 1) {
-            st = link_compressor(p, kind, recv_link, rows, cols, &p->decoder[kind],
-                                 p->decode_mb[kind]);
-        }
-        if (st == LOOM_OK && p->decoder[kind]) {
-            p->wire[kind] =
-                loom_alloc_aligned(loom_compressor_wire_bytes(p->decoder[kind]), "wire");
-            if (!p->wire[kind]) st = LOOM_ERR_NOMEM;
+    for (int c = 0; c < p->chunks && st == LOOM_OK; c++) {
+        chunk_state *ch = &p->chunk[c];
+        for (int kind = 0; kind < 2 && st == LOOM_OK; kind++) {
+            ch->encode_mb[kind] = loom_calloc((size_t)m, 1, "compressed sends");
+            ch->decode_mb[kind] = loom_calloc((size_t)m, 1, "compressed receives");
+            if (!ch->encode_mb[kind] || !ch->decode_mb[kind]) return LOOM_ERR_NOMEM;
+            /* activations go up (sent across the boundary above, received across the one
+             * below); gradients come down */
+            int sends_to = kind == KIND_ACT ? ch->above : ch->below;
+            int receives_from = kind == KIND_ACT ? ch->below : ch->above;
+            int send_boundary = kind == KIND_ACT ? ch->stage : ch->stage - 1;
+            int recv_boundary = kind == KIND_ACT ? ch->stage - 1 : ch->stage;
+            if (sends_to >= 0) {
+                st = link_compressor(p, kind, send_boundary, rows, cols, &ch->encoder[kind],
+                                     ch->encode_mb[kind]);
+            }
+            if (st == LOOM_OK && receives_from >= 0) {
+                st = link_compressor(p, kind, recv_boundary, rows, cols, &ch->decoder[kind],
+                                     ch->decode_mb[kind]);
+            }
+            if (st == LOOM_OK && ch->decoder[kind]) {
+                ch->wire[kind] =
+                    loom_alloc_aligned(loom_compressor_wire_bytes(ch->decoder[kind]), "wire");
+                if (!ch->wire[kind]) st = LOOM_ERR_NOMEM;
+            }
         }
     }
     return st;
+}
+
+/* ---- creation ------------------------------------------------------------------------------- */
+
+static loom_status shape_of(const loom_plan *plan, loom_pipe_shape *shape) {
+    shape->ranks = plan->pp;
+    shape->chunks = plan->num_stages / plan->pp;
+    shape->micro_batches = loom_plan_num_micro_batches(plan);
+    return loom_schedule_kind_parse(plan->schedule, &shape->kind);
+}
+
+/* The chunks' places: virtual stages, neighbours, and the action that finishes each one's
+ * weight gradients. */
+static void chunks_init(loom_pipeline *p) {
+    int me = p->mesh->pp_rank;
+    for (int c = 0; c < p->chunks; c++) {
+        chunk_state *ch = &p->chunk[c];
+        ch->stage = loom_pipe_stage(&p->shape, me, c);
+        ch->embedding = ch->stage == 0, ch->head = ch->stage == p->stages - 1;
+        ch->below = ch->above = ch->local_below = ch->local_above = -1;
+        ch->last_weight = -1;
+        int rank, chunk;
+        if (!ch->embedding) {
+            loom_pipe_place(&p->shape, ch->stage - 1, &rank, &chunk);
+            if (rank == me) ch->local_below = chunk;
+            else ch->below = rank;
+        }
+        if (!ch->head) {
+            loom_pipe_place(&p->shape, ch->stage + 1, &rank, &chunk);
+            if (rank == me) ch->local_above = chunk;
+            else ch->above = rank;
+        }
+    }
+    for (int i = 0; i < p->schedule.count; i++) {
+        loom_pipe_action a = p->schedule.actions[i];
+        if (a.op == LOOM_PIPE_BACKWARD || a.op == LOOM_PIPE_BACKWARD_WEIGHT)
+            p->chunk[a.chunk].last_weight = i;
+        p->split |= a.op == LOOM_PIPE_BACKWARD_WEIGHT;
+    }
+}
+
+/* Pool sizes from a dry run of the list. */
+static loom_status pools_create(loom_pipeline *p) {
+    int counts[2] = {0, 0}, peak[2] = {0, 0}, keys = p->chunks * p->micro_batches;
+    for (int i = 0; i < p->schedule.count; i++) pool_events(p, p->schedule.actions[i], 1, counts, peak);
+    p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
+    if (p->in_flight < 1) p->in_flight = 1;
+    loom_status st = pool_init(&p->slots, keys, p->recompute ? 1 : p->in_flight, "activation slots");
+    if (st == LOOM_OK) st = pool_init(&p->inputs, keys, peak[0], "input buffers");
+    if (st == LOOM_OK) st = pool_init(&p->grads, keys, peak[1], "gradient buffers");
+    if (st != LOOM_OK || p->stages == 1) return st;
+    size_t btc = btc_of(p);
+    p->wires = 2 * p->in_flight + 2;
+    if (peak[0]) p->act_in = loom_alloc_aligned(btc * (size_t)peak[0] * sizeof(float), "inputs");
+    if (peak[1]) p->grad_in = loom_alloc_aligned(btc * (size_t)peak[1] * sizeof(float), "grads");
+    p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->wires * sizeof(float), "sends");
+    p->send_req = loom_calloc(2 * (size_t)p->wires, sizeof(loom_comm_request *), "sends");
+    if ((peak[0] && !p->act_in) || (peak[1] && !p->grad_in) || !p->send_buf || !p->send_req)
+        return LOOM_ERR_NOMEM;
+    return LOOM_OK;
 }
 
 loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loom_gpt *model, int B,
@@ -230,36 +441,26 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (!p) return LOOM_ERR_NOMEM;
     const loom_plan *plan = mesh->plan;
     p->mesh = mesh, p->model = model, p->B = B, p->T = T;
-    p->micro_batches = loom_plan_num_micro_batches(plan);
-    p->recompute = plan->stages[mesh->pp_rank].recompute && mesh->pp_size > 1;
-    loom_schedule_kind kind;
-    loom_status st = loom_schedule_kind_parse(plan->schedule, &kind);
+    loom_status st = shape_of(plan, &p->shape);
+    p->micro_batches = p->shape.micro_batches, p->chunks = p->shape.chunks;
+    p->stages = plan->num_stages;
+    p->last_forward = -1;
+    p->chunk = loom_calloc((size_t)p->chunks, sizeof *p->chunk, "pipeline chunks");
+    if (!p->chunk) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK) st = loom_pipe_schedule_build(&p->shape, mesh->pp_rank, &p->schedule);
     if (st == LOOM_OK) {
-        st = loom_pipe_schedule(kind, mesh->pp_size, p->micro_batches, mesh->pp_rank, &p->schedule);
+        /* the rank's chunks agree on recomputation (loom_parallel_check_plan) */
+        int first = loom_pipe_stage(&p->shape, mesh->pp_rank, 0);
+        p->recompute = plan->stages[first].recompute && p->stages > 1;
+        chunks_init(p);
+        st = pools_create(p);
     }
-    if (st == LOOM_OK) {
-        p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
-        /* recomputation keeps one activation set; inputs are kept for every micro-batch */
-        st = loom_gpt_reserve_slots(model, B, T, p->recompute ? 1 : p->in_flight);
-    }
-    if (st == LOOM_OK && mesh->pp_size > 1) {
-        size_t btc = (size_t)B * (size_t)T * (size_t)model->config.channels;
-        /* the first stage receives no activations, the last no gradients */
-        if (!model->has_embedding) {
-            p->act_in = loom_alloc_aligned(btc * (size_t)p->in_flight * sizeof(float), "inputs");
-            if (!p->act_in) st = LOOM_ERR_NOMEM;
-        }
-        if (!model->has_head) {
-            p->grad_out = loom_alloc_aligned(btc * sizeof(float), "stage output gradient");
-            if (!p->grad_out) st = LOOM_ERR_NOMEM;
-        }
-        p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->in_flight * sizeof(float), "sends");
-        p->send_req = loom_calloc(2 * (size_t)p->in_flight, sizeof(loom_comm_request *), "sends");
-        if (!p->send_buf || !p->send_req) st = LOOM_ERR_NOMEM;
-        if (st == LOOM_OK) st = compression_create(p, (int64_t)B * T, model->config.channels);
+    if (st == LOOM_OK) st = loom_gpt_reserve_slots_split(model, B, T, p->slots.size, p->split);
+    if (st == LOOM_OK && p->stages > 1) {
+        st = compression_create(p, (int64_t)B * T, model->config.channels);
         const loom_plan_compressor *pc = &plan->pp_compression;
         if (st == LOOM_OK && strcmp(pc->method, "none") != 0 && !strcmp(pc->policy, "slack")) {
-            st = slack_create(p, (int64_t)B * T, model->config.channels);
+            st = slack_create(p);
         }
     }
     if (st != LOOM_OK) {
@@ -271,12 +472,11 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
 }
 
 int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage) {
-    loom_schedule_kind kind;
+    loom_pipe_shape shape;
     loom_pipe_stage_schedule schedule = {0};
     int peak = 0;
-    if (loom_schedule_kind_parse(plan->schedule, &kind) == LOOM_OK &&
-        loom_pipe_schedule(kind, plan->pp, loom_plan_num_micro_batches(plan), stage, &schedule) ==
-            LOOM_OK) {
+    if (plan->pp > 0 && shape_of(plan, &shape) == LOOM_OK &&
+        loom_pipe_schedule_build(&shape, stage, &schedule) == LOOM_OK) {
         peak = loom_pipe_peak_in_flight(&schedule);
     }
     loom_pipe_schedule_free(&schedule);
@@ -286,21 +486,26 @@ int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage) {
 void loom_pipeline_free(loom_pipeline *p) {
     if (!p) return;
     loom_pipe_schedule_free(&p->schedule);
+    pool_free(&p->slots), pool_free(&p->inputs), pool_free(&p->grads);
     loom_free_aligned(p->act_in);
-    loom_free_aligned(p->grad_out);
+    loom_free_aligned(p->grad_in);
     loom_free_aligned(p->send_buf);
     free(p->send_req);
-    for (int s = 0; p->schedules && s < p->mesh->pp_size; s++) {
-        loom_pipe_schedule_free(&p->schedules[s]);
+    for (int r = 0; p->schedules && r < p->mesh->pp_size; r++) {
+        loom_pipe_schedule_free(&p->schedules[r]);
     }
     free(p->schedules), free(p->table), free(p->times), free(p->choice);
-    for (int kind = 0; kind < 2; kind++) {
-        loom_compressor_free(p->encoder[kind]);
-        loom_compressor_free(p->decoder[kind]);
-        free(p->encode_mb[kind]);
-        free(p->decode_mb[kind]);
-        loom_free_aligned(p->wire[kind]);
+    for (int c = 0; p->chunk && c < p->chunks; c++) {
+        chunk_state *ch = &p->chunk[c];
+        for (int kind = 0; kind < 2; kind++) {
+            loom_compressor_free(ch->encoder[kind]);
+            loom_compressor_free(ch->decoder[kind]);
+            free(ch->encode_mb[kind]);
+            free(ch->decode_mb[kind]);
+            loom_free_aligned(ch->wire[kind]);
+        }
     }
+    free(p->chunk);
     free(p);
 }
 
@@ -316,31 +521,32 @@ void loom_pipeline_set_trace(loom_pipeline *p, loom_trace *trace) {
     p->trace = trace;
 }
 
-/* ---- links: encode/decode points --------------------------------------------------------------
- */
+/* ---- links: encode/decode points ------------------------------------------------------------ */
 
-/* Sends rows x cols floats of `kind` to `peer` without waiting: encoded into a ring slot (one per
- * micro-batch in flight and kind) whose previous send is completed first. */
-static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *src, int64_t rows,
-                               int64_t cols, int peer) {
-    int slot = kind * p->in_flight + mb % p->in_flight;
+/* Sends rows x cols floats of `kind` from chunk `c` to `peer` without waiting: encoded into the
+ * kind's next wire buffer, whose previous send is completed first. */
+static loom_status encode_send(loom_pipeline *p, int kind, int c, int mb, const float *src,
+                               int64_t rows, int64_t cols, int peer) {
+    int slot = kind * p->wires + p->next_wire[kind];
+    p->next_wire[kind] = (p->next_wire[kind] + 1) % p->wires;
     loom_status st = LOOM_OK;
     if (p->send_req[slot]) st = loom_comm_wait(p->send_req[slot]);
     p->send_req[slot] = NULL;
     if (st != LOOM_OK) return st;
     size_t floats = (size_t)rows * (size_t)cols;
-    float *wire = p->send_buf + (size_t)slot * floats;
+    float *wire = p->send_buf + (size_t)slot * btc_of(p);
     int64_t raw_bytes = (int64_t)(floats * sizeof(float)), wire_bytes = raw_bytes;
+    chunk_state *ch = &p->chunk[c];
     /* training sends only (validation's may be shorter): the compressor's shape */
-    loom_compressor *encoder = p->encoder[kind];
-    int compress = encoder && p->encode_mb[kind][mb] && rows == loom_compressor_rows(encoder);
+    loom_compressor *encoder = ch->encoder[kind];
+    int compress = encoder && ch->encode_mb[kind][mb] && rows == loom_compressor_rows(encoder);
     if (compress) {
         double t0 = loom_trace_now_us();
         loom_compressor_encode(encoder, src, wire);
         wire_bytes = (int64_t)loom_compressor_wire_bytes(encoder);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
-        if (kind == KIND_GRAD) p->sum[SLACK_ENCODE] += us * 1e-6, p->count[SLACK_ENCODE]++;
+        if (kind == KIND_GRAD) ch->sum[SLACK_ENCODE] += us * 1e-6, ch->count[SLACK_ENCODE]++;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "encode", "compress", t0, us, -1, mb);
     } else if (encoder && rows == loom_compressor_rows(encoder)) {
         loom_compressor_flush(encoder, src, wire); /* a lazy-error residual goes with it */
@@ -357,21 +563,22 @@ static loom_status encode_send(loom_pipeline *p, int kind, int mb, const float *
                            kind == KIND_ACT ? TAG_ACT : TAG_GRAD, &p->send_req[slot]);
 }
 
-/* Receives a message of `kind` from `peer` and decodes it into dst (rows x cols floats). With
- * the identity encoding the wire buffer is dst itself. */
-static loom_status recv_decode(loom_pipeline *p, int kind, int mb, float *dst, int64_t rows,
+/* Receives a message of `kind` for chunk `c` from `peer` and decodes it into dst (rows x cols
+ * floats). With the identity encoding the wire buffer is dst itself. */
+static loom_status recv_decode(loom_pipeline *p, int kind, int c, int mb, float *dst, int64_t rows,
                                int64_t cols, int peer) {
-    loom_compressor *decoder = p->decoder[kind];
-    if (decoder && p->decode_mb[kind][mb] && rows == loom_compressor_rows(decoder)) {
+    chunk_state *ch = &p->chunk[c];
+    loom_compressor *decoder = ch->decoder[kind];
+    if (decoder && ch->decode_mb[kind][mb] && rows == loom_compressor_rows(decoder)) {
         loom_status st =
-            loom_comm_recv(p->mesh->pp, p->wire[kind], (int64_t)loom_compressor_wire_bytes(decoder),
+            loom_comm_recv(p->mesh->pp, ch->wire[kind], (int64_t)loom_compressor_wire_bytes(decoder),
                            peer, kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
         if (st != LOOM_OK) return st;
         double t0 = loom_trace_now_us();
-        loom_compressor_decode(decoder, p->wire[kind], dst);
+        loom_compressor_decode(decoder, ch->wire[kind], dst);
         double us = loom_trace_now_us() - t0;
         p->stats.compress_s += us * 1e-6;
-        if (kind == KIND_GRAD) p->sum[SLACK_DECODE] += us * 1e-6, p->count[SLACK_DECODE]++;
+        if (kind == KIND_GRAD) ch->sum[SLACK_DECODE] += us * 1e-6, ch->count[SLACK_DECODE]++;
         loom_trace_event(p->trace, LOOM_TRACE_PP, "decode", "compress", t0, us, -1, mb);
         return LOOM_OK;
     }
@@ -382,7 +589,7 @@ static loom_status recv_decode(loom_pipeline *p, int kind, int mb, float *dst, i
 
 static loom_status wait_sends(loom_pipeline *p) {
     loom_status st = LOOM_OK;
-    for (int i = 0; p->send_req && i < 2 * p->in_flight; i++) {
+    for (int i = 0; p->send_req && i < 2 * p->wires; i++) {
         if (!p->send_req[i]) continue;
         loom_status r = loom_comm_wait(p->send_req[i]);
         p->send_req[i] = NULL;
@@ -391,76 +598,136 @@ static loom_status wait_sends(loom_pipeline *p) {
     return st;
 }
 
-/* ---- training ----------------------------------------------------------------------------------
- */
+/* ---- training ------------------------------------------------------------------------------- */
 
-/* Rebuilds micro-batch mb's activations from its kept input when recomputation dropped them. */
-static void ensure_activations(loom_pipeline *p, int mb, const int32_t *tokens, const float *input,
-                               const int32_t *targets) {
-    if (!p->recompute || p->last_forward_mb == mb) return;
+/* Makes (chunk, mb)'s activation set current; rebuilds it from the kept input when
+ * recomputation dropped it. */
+static void use_activations(loom_pipeline *p, int c, int mb, const int32_t *tokens,
+                            const int32_t *targets) {
+    int key = key_of(p, c, mb);
+    loom_gpt_use_slot(p->model, p->slots.of[key] >= 0 ? p->slots.of[key] : 0);
+    if (!p->recompute || p->last_forward == key) return;
     loom_comm_progress("pipeline recompute");
-    loom_gpt_forward_stage(p->model, tokens, input, targets, p->B, p->T);
-    p->last_forward_mb = mb;
+    loom_gpt_forward_chunk(p->model, c, tokens, input_of(p, c, mb), targets, p->B, p->T);
+    p->last_forward = key;
+}
+
+/* After a backward (whole or B) of (c, mb): the input gradient handed to the chunk below when
+ * it is on this rank. */
+static void hand_down(loom_pipeline *p, int c, int mb) {
+    const chunk_state *ch = &p->chunk[c];
+    if (ch->local_below < 0) return;
+    memcpy(grad_of(p, ch->local_below, mb), loom_gpt_chunk_input_grad(p->model),
+           btc_of(p) * sizeof(float));
+}
+
+/* One action of the list. */
+static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
+                              const int32_t *targets, float dloss, loom_grad_sync *sync,
+                              int64_t step, double *loss_sum) {
+    loom_gpt *model = p->model;
+    loom_pipe_action a = p->schedule.actions[i];
+    int c = a.chunk, mb = a.micro_batch, key = key_of(p, c, mb);
+    chunk_state *ch = &p->chunk[c];
+    size_t bt = (size_t)p->B * (size_t)p->T;
+    int64_t rows = (int64_t)bt, cols = model->config.channels;
+    const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
+    int counts[2], peak[2];
+    pool_events(p, a, 0, counts, peak);
+    loom_status st = LOOM_OK;
+    switch (a.op) {
+    case LOOM_PIPE_RECV_ACT:
+        st = recv_decode(p, KIND_ACT, c, mb, input_of(p, c, mb), rows, cols, ch->below);
+        break;
+    case LOOM_PIPE_FORWARD: {
+        /* with recomputation every micro-batch shares the one activation set */
+        int slot = p->recompute ? 0 : pool_take(&p->slots, key, "activation slot");
+        loom_gpt_use_slot(model, slot);
+        loom_comm_progress("forward");
+        *loss_sum += loom_gpt_forward_chunk(model, c, tokens, input_of(p, c, mb), mb_targets,
+                                            p->B, p->T);
+        p->last_forward = key;
+        if (ch->local_above >= 0) {
+            memcpy(input_of(p, ch->local_above, mb), loom_gpt_chunk_output(model, c),
+                   btc_of(p) * sizeof(float));
+        }
+        break;
+    }
+    case LOOM_PIPE_SEND_ACT:
+        use_activations(p, c, mb, tokens, mb_targets);
+        st = encode_send(p, KIND_ACT, c, mb, loom_gpt_chunk_output(model, c), rows, cols,
+                         ch->above);
+        break;
+    case LOOM_PIPE_RECV_GRAD:
+        st = recv_decode(p, KIND_GRAD, c, mb, grad_of(p, c, mb), rows, cols, ch->above);
+        break;
+    case LOOM_PIPE_BACKWARD:
+    case LOOM_PIPE_BACKWARD_INPUT: {
+        use_activations(p, c, mb, tokens, mb_targets);
+        int last = i == ch->last_weight; /* a whole backward that finishes the chunk */
+        if (last) loom_grad_sync_before_backward(sync, step);
+        loom_comm_progress("backward");
+        const float *output_grad = ch->head ? NULL : grad_of(p, c, mb);
+        if (a.op == LOOM_PIPE_BACKWARD) {
+            loom_gpt_backward_chunk(model, c, dloss, output_grad);
+        } else {
+            loom_gpt_backward_chunk_input(model, c, dloss, output_grad);
+        }
+        if (last) loom_grad_sync_after_backward(sync);
+        hand_down(p, c, mb);
+        if (a.op == LOOM_PIPE_BACKWARD && !p->recompute) pool_drop(&p->slots, key);
+        break;
+    }
+    case LOOM_PIPE_BACKWARD_WEIGHT: {
+        use_activations(p, c, mb, tokens, mb_targets);
+        int last = i == ch->last_weight;
+        if (last) loom_grad_sync_before_backward(sync, step);
+        loom_comm_progress("backward (weights)");
+        loom_gpt_backward_chunk_weight(model, c);
+        if (last) loom_grad_sync_after_backward(sync);
+        if (!p->recompute) pool_drop(&p->slots, key);
+        break;
+    }
+    case LOOM_PIPE_SEND_GRAD:
+        st = encode_send(p, KIND_GRAD, c, mb, loom_gpt_chunk_input_grad(model), rows, cols,
+                         ch->below);
+        break;
+    }
+    pool_release(p, a);
+    return st;
+}
+
+/* Which slack field a compute action's time goes to (-1: none). */
+static int timed_field(loom_pipe_op op) {
+    switch (op) {
+    case LOOM_PIPE_FORWARD:
+        return SLACK_FORWARD;
+    case LOOM_PIPE_BACKWARD:
+        return SLACK_BACKWARD;
+    case LOOM_PIPE_BACKWARD_INPUT:
+        return SLACK_INPUT;
+    case LOOM_PIPE_BACKWARD_WEIGHT:
+        return SLACK_WEIGHT;
+    default:
+        return -1;
+    }
 }
 
 loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const int32_t *targets,
                                 float dloss, loom_grad_sync *sync, int64_t step, double *loss_sum) {
-    loom_gpt *model = p->model;
-    int B = p->B, T = p->T, stage = p->mesh->pp_rank;
-    size_t bt = (size_t)B * (size_t)T;
-    int64_t rows = (int64_t)bt, cols = model->config.channels;
     loom_status st = LOOM_OK;
     *loss_sum = 0.0;
-    p->last_forward_mb = -1;
+    p->last_forward = -1;
     for (int i = 0; i < p->schedule.count && st == LOOM_OK; i++) {
-        loom_pipe_action act = p->schedule.actions[i];
-        int mb = act.micro_batch, slot = p->recompute ? 0 : mb % model->slots;
-        float *input =
-            p->act_in ? p->act_in + (size_t)(mb % p->in_flight) * bt * (size_t)cols : NULL;
-        const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
-        int compute = act.op == LOOM_PIPE_FORWARD || act.op == LOOM_PIPE_BACKWARD;
+        loom_pipe_action a = p->schedule.actions[i];
+        int field = timed_field(a.op);
         double t0 = loom_trace_now_us();
-        switch (act.op) {
-        case LOOM_PIPE_RECV_ACT:
-            st = recv_decode(p, KIND_ACT, mb, input, rows, cols, stage - 1);
-            break;
-        case LOOM_PIPE_FORWARD:
-            loom_gpt_use_slot(model, slot);
-            loom_comm_progress("forward");
-            *loss_sum += loom_gpt_forward_stage(model, tokens, input, mb_targets, B, T);
-            p->last_forward_mb = mb;
-            break;
-        case LOOM_PIPE_SEND_ACT:
-            loom_gpt_use_slot(model, slot);
-            ensure_activations(p, mb, tokens, input, mb_targets);
-            st = encode_send(p, KIND_ACT, mb, loom_gpt_stage_output(model), rows, cols, stage + 1);
-            break;
-        case LOOM_PIPE_RECV_GRAD:
-            st = recv_decode(p, KIND_GRAD, mb, p->grad_out, rows, cols, stage + 1);
-            break;
-        case LOOM_PIPE_BACKWARD:
-            loom_gpt_use_slot(model, slot);
-            ensure_activations(p, mb, tokens, input, mb_targets);
-            if (mb == p->micro_batches - 1) loom_grad_sync_before_backward(sync, step);
-            loom_comm_progress("backward");
-            loom_gpt_backward_stage(model, dloss, model->has_head ? NULL : p->grad_out);
-            loom_grad_sync_after_backward(sync);
-            break;
-        case LOOM_PIPE_SEND_GRAD:
-            st = encode_send(p, KIND_GRAD, mb, loom_gpt_stage_input_grad(model), rows, cols,
-                             stage - 1);
-            break;
-        case LOOM_PIPE_BACKWARD_INPUT:
-        case LOOM_PIPE_BACKWARD_WEIGHT: /* the plan admits no split-backward schedule yet */
-            loom_fatal("pipeline executor: %s is not supported yet", loom_pipe_op_name(act.op));
-        }
-        if (compute) {
-            int f = act.op == LOOM_PIPE_FORWARD ? SLACK_FORWARD : SLACK_BACKWARD;
-            p->sum[f] += (loom_trace_now_us() - t0) * 1e-6, p->count[f]++;
-        }
-        loom_trace_event(p->trace, compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
-                         loom_pipe_op_name(act.op), compute ? "compute" : "pp", t0,
-                         loom_trace_now_us() - t0, step + 1, mb);
+        st = run_action(p, i, inputs, targets, dloss, sync, step, loss_sum);
+        double us = loom_trace_now_us() - t0;
+        if (field >= 0) p->chunk[a.chunk].sum[field] += us * 1e-6, p->chunk[a.chunk].count[field]++;
+        loom_trace_event(p->trace, field >= 0 ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
+                         loom_pipe_op_name(a.op), field >= 0 ? "compute" : "pp", t0, us, step + 1,
+                         a.micro_batch);
     }
     loom_status sent = wait_sends(p);
     if (st == LOOM_OK) st = sent;
@@ -468,33 +735,47 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
     return st;
 }
 
-/* ---- forward only (validation) --------------------------------------------------------------- */
+/* ---- forward only (validation) -------------------------------------------------------------- */
 
 loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const int32_t *targets,
                                   int b, double *loss) {
     loom_gpt *model = p->model;
-    int T = p->T, stage = p->mesh->pp_rank;
+    int T = p->T;
     int64_t rows = (int64_t)b * T, cols = model->config.channels;
+    size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
     loom_status st = LOOM_OK;
+    *loss = 0.0;
     loom_gpt_use_slot(model, 0);
-    if (!model->has_embedding) st = recv_decode(p, KIND_ACT, 0, p->act_in, rows, cols, stage - 1);
-    if (st != LOOM_OK) return st;
-    loom_comm_progress("validation");
-    float mean = loom_gpt_forward_stage(model, inputs, p->act_in, targets, b, T);
-    *loss = model->has_head ? (double)mean : 0.0;
-    if (!model->has_head) {
-        st = encode_send(p, KIND_ACT, 0, loom_gpt_stage_output(model), rows, cols, stage + 1);
-        loom_status sent = wait_sends(p);
-        if (st == LOOM_OK) st = sent;
+    /* every chunk of this rank in virtual-stage order; its input (received or handed over) in
+     * the first input buffer, which is free between steps */
+    float *in = p->act_in;
+    for (int c = 0; c < p->chunks && st == LOOM_OK; c++) {
+        const chunk_state *ch = &p->chunk[c];
+        if (ch->below >= 0) st = recv_decode(p, KIND_ACT, c, 0, in, rows, cols, ch->below);
+        if (st != LOOM_OK) break;
+        const float *input = ch->embedding ? NULL : in;
+        loom_comm_progress("validation");
+        float mean = loom_gpt_forward_chunk(model, c, inputs, input, targets, b, T);
+        if (ch->head) *loss = (double)mean;
+        if (ch->above >= 0) {
+            st = encode_send(p, KIND_ACT, c, 0, loom_gpt_chunk_output(model, c), rows, cols,
+                             ch->above);
+            loom_status sent = wait_sends(p);
+            if (st == LOOM_OK) st = sent;
+        } else if (ch->local_above >= 0) {
+            memcpy(in, loom_gpt_chunk_output(model, c), bytes);
+        }
     }
     return st;
 }
 
-/* ---- compression state ------------------------------------------------------------------------
- */
+/* ---- compression state ---------------------------------------------------------------------- */
 
 void loom_pipeline_commit(loom_pipeline *p, int accept) {
-    if (p->encoder[KIND_GRAD]) loom_compressor_commit(p->encoder[KIND_GRAD], accept);
+    for (int c = 0; c < p->chunks; c++) {
+        if (p->chunk[c].encoder[KIND_GRAD])
+            loom_compressor_commit(p->chunk[c].encoder[KIND_GRAD], accept);
+    }
 }
 
 void loom_pipeline_take_stats(loom_pipeline *p, loom_compress_stats *stats) {
@@ -507,6 +788,15 @@ void loom_pipeline_take_stats(loom_pipeline *p, loom_compress_stats *stats) {
     memset(&p->stats, 0, sizeof p->stats);
 }
 
-loom_compressor *loom_pipeline_compressor(loom_pipeline *p) {
-    return p->encoder[KIND_GRAD];
+int loom_pipeline_compressor_count(const loom_pipeline *p) {
+    int n = 0;
+    for (int c = 0; c < p->chunks; c++) n += p->chunk[c].encoder[KIND_GRAD] != NULL;
+    return n;
+}
+
+loom_compressor *loom_pipeline_compressor(loom_pipeline *p, int i) {
+    for (int c = 0; c < p->chunks; c++) {
+        if (p->chunk[c].encoder[KIND_GRAD] && i-- == 0) return p->chunk[c].encoder[KIND_GRAD];
+    }
+    return NULL;
 }

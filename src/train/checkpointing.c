@@ -37,15 +37,14 @@ typedef struct {
 } slice_part;
 
 static int holds_layer(const loom_gpt *shard, int layer) {
-    return layer < 0 ||
-           (layer >= shard->first_layer && layer < shard->first_layer + shard->num_local_layers);
+    return layer < 0 || loom_gpt_local_layer(shard, layer) >= 0;
 }
 
 static slice_part part_of(const loom_gpt *shard, int k, int layer) {
     const loom_gpt_tensor_info *li = &shard->info[k];
     slice_part sp = {li->offset, li->layer_numel, 0, 0};
     if (layer >= 0) {
-        size_t local_layer = (size_t)(layer - shard->first_layer);
+        size_t local_layer = (size_t)loom_gpt_local_layer(shard, layer);
         int64_t full_layer = li->layer_numel * (loom_gpt_tensor_is_sharded(k) ? shard->tp_size : 1);
         sp.local += local_layer * li->layer_stride;
         sp.base = (int64_t)local_layer * li->layer_numel;
@@ -132,16 +131,11 @@ typedef struct {
 static const float *stream_fill(void *ctx, int b, int k, int layer) {
     slice_stream *c = ctx;
     const loom_mesh *mesh = c->mesh;
-    const loom_plan_stage *stage = &mesh->plan->stages[loom_mesh_owner_stage(mesh, k, layer)];
-    int s = (int)(stage - mesh->plan->stages);
+    int s = loom_mesh_owner_rank(mesh, k, layer);
     int parts = loom_gpt_tensor_is_sharded(k) ? mesh->tp_size : 1; /* replicated: TP rank 0 */
     for (int r = 0; r < parts; r++) {
         loom_gpt desc;
-        loom_gpt_shard shard = {.first_layer = stage->first_layer,
-                                .end_layer = stage->end_layer,
-                                .tp_size = mesh->tp_size,
-                                .tp_rank = r,
-                                .tp_comm = NULL};
+        loom_gpt_shard shard = loom_mesh_rank_shard(mesh, s, r);
         if (loom_gpt_describe(&desc, &c->model->config, &shard) != LOOM_OK) return NULL;
         slice_part sp = part_of(&desc, k, layer);
         int sender = loom_mesh_world_rank(mesh, 0, r, s);
@@ -169,7 +163,7 @@ static loom_status stream_send(const loom_mesh *mesh, const loom_gpt *model,
     for (int b = 0; b < 3 && st == LOOM_OK; b++) {
         for (int i = 0; i < count && st == LOOM_OK; i++) {
             int k = tensors[i], layer = layers[i];
-            if (loom_mesh_owner_stage(mesh, k, layer) != mesh->pp_rank) continue;
+            if (loom_mesh_owner_rank(mesh, k, layer) != mesh->pp_rank) continue;
             if (!loom_gpt_tensor_is_sharded(k) && mesh->tp_rank != 0) continue;
             slice_part sp = part_of(model, k, layer);
             st = loom_comm_send(mesh->world, mine[b] + sp.local, sp.count * (int64_t)sizeof(float),

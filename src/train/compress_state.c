@@ -53,10 +53,11 @@ static int compressors(loom_grad_sync *sync, loom_pipeline *pipe, loom_compresso
         }
         n++;
     }
-    if (loom_pipeline_compressor(pipe)) {
-        if (list && n < cap) {
-            list[n] = loom_pipeline_compressor(pipe);
-            snprintf(names[n], sizeof names[n], "pp.grad");
+    for (int i = 0; i < loom_pipeline_compressor_count(pipe); i++) {
+        if (list && n < cap) { /* "pp.grad", then "pp.grad.1", ... for a rank's further chunks */
+            list[n] = loom_pipeline_compressor(pipe, i);
+            if (i == 0) snprintf(names[n], sizeof names[n], "pp.grad");
+            else snprintf(names[n], sizeof names[n], "pp.grad.%d", i);
         }
         n++;
     }
@@ -218,8 +219,10 @@ void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_
     const loom_plan *plan = mesh->plan;
     if (!loom_plan_compresses(plan)) return;
     size_t dp = loom_grad_sync_state_bytes(sync);
-    loom_compressor *pp = loom_pipeline_compressor(pipe);
-    size_t pp_bytes = pp ? loom_compressor_state_bytes(pp) : 0;
+    size_t pp_bytes = 0;
+    for (int i = 0; i < loom_pipeline_compressor_count(pipe); i++) {
+        pp_bytes += loom_compressor_state_bytes(loom_pipeline_compressor(pipe, i));
+    }
     loom_info("compression: dp %s, pp %s; compressor state on rank 0: %.1f MiB (data-parallel "
               "%.1f MiB, pipeline %.1f MiB; error feedback keeps a gradient-sized residual, "
               "twice: committed and working)",

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Every pipeline schedule beyond 1F1B trains the same model as one process: interleaved 1F1B
+# (2 and 3 virtual stages per rank, uneven chunks), ZB-H1 and ZB-V (split backward; ZB-V's V puts
+# the first and the last virtual stage on rank 0), each with several micro-batch counts and
+# combined with tp 2, dp 2 (ZeRO-1 and plain), recomputation (interleaved), the fused embedding
+# sync and compression: losses and validation losses within 1e-5 relative at every step, grad
+# norms within 1e-6, final parameters within 1e-5, bit-identical DP replicas. Checkpoints
+# resume across schedules and layouts and back to one process; the plan file's virtual stages
+# run as written; bad combinations are refused by name.
+# usage: bash tests/mpi_schedules.sh LOOM_BINARY TMPDIR COMPARE_WEIGHTS
+# LOOM_SANITIZED=1 runs a representative subset (the sanitizers make every run ~10x slower).
+set -u
+LOOM=$1
+TMP=$2
+CMP=$3
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+quick=${LOOM_SANITIZED:-0}
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+
+for i in $(seq 1 2000); do
+    echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
+done >corpus.txt
+"$LOOM" prepare --text corpus.txt --out data --seq-len 16 >/dev/null || fail "prepare"
+
+# four layers, so that 2 ranks x 2 virtual stages have one each
+common=(--model tiny --layers 4 --data 'data/train_*.bin' --val-data 'data/val_*.bin' --steps 8
+    --seq-len 16 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --warmup-steps 2
+    --eval-every 4 --eval-batches 2 --threads 1 --log-every 100 --comm-timeout 60)
+
+single() { # name extra-flags...
+    local name=$1
+    shift
+    "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1 || fail "$name: $(tail -3 "$name.log")"
+}
+single single
+single single_m1 --micro-batch-size 1
+single single_l6 --layers 6
+single single_h4 --heads 4
+
+# name ranks extra-flags...
+run() {
+    local name=$1 np=$2
+    shift 2
+    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
+        ok
+    else
+        fail "$name: exit $?: $(grep -m3 -i 'error\|expected' "$name.log" || tail -5 "$name.log")"
+    fi
+}
+
+# step loss grad_norm (one line per step) and step val_loss
+series() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1"; }
+vseries() { sed -n 's/^{"step": \([0-9]*\), "val_loss": \([^}]*\)}/\1 \2/p' "$1"; }
+
+# a b: same number of lines, every column after the first within its relative tolerance:
+# 1e-5 for losses (column 2), 1e-6 for grad norms (column 3)
+close_series() {
+    awk 'NR == FNR { for (i = 2; i <= NF; i++) ref[FNR, i] = $i; n = FNR; next }
+         { m = FNR; for (i = 2; i <= NF; i++) { a = $i; b = ref[FNR, i]; d = a - b; if (d < 0) d = -d;
+           s = b < 0 ? -b : b; tol = i == 3 ? 1e-6 : 1e-5;
+           if (d > tol * s + 1e-12) { print "step " $1 " column " i ": " a " vs " b; bad = 1 } } }
+         END { if (n != m || n == 0) { print "lines: " n " vs " m; bad = 1 } exit bad }' "$1" "$2"
+}
+
+# compare_run NAME [REFERENCE]
+compare_run() {
+    local name=$1 ref=${2:-single}
+    series "$ref/metrics.jsonl" >"$ref.series"
+    vseries "$ref/metrics.jsonl" >"$ref.vseries"
+    series "$name/metrics.jsonl" >"$name.series"
+    vseries "$name/metrics.jsonl" >"$name.vseries"
+    if out=$(close_series "$ref.series" "$name.series"); then ok; else fail "$name losses/grad norms differ from one process: $out"; fi
+    if out=$(close_series "$ref.vseries" "$name.vseries"); then ok; else fail "$name validation losses differ: $out"; fi
+    local a=$ref/checkpoints/step_00000008/model.safetensors
+    local b=$name/checkpoints/step_00000008/model.safetensors
+    if out=$("$CMP" "$b" "$a" 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
+    if ! grep -q "data parallel 1 " "$name.log"; then
+        if grep -q "replicas hold bit-identical parameters" "$name.log"; then ok; else fail "$name replicas not reported identical"; fi
+    fi
+}
+
+check() { # name ranks reference flags...
+    local name=$1 np=$2 ref=$3
+    shift 3
+    run "$name" "$np" "$@"
+    compare_run "$name" "$ref"
+}
+
+il=(--pipeline-parallel 2 --schedule interleaved --virtual-stages 2)
+check il_p2v2_m4 2 single "${il[@]}"
+check zbh1_p2_m4 2 single --pipeline-parallel 2 --schedule zb-h1
+check zbv_p2_m4 2 single --pipeline-parallel 2 --schedule zb-v
+check il_p2v2_tp2_dp2 8 single_h4 --heads 4 "${il[@]}" --tensor-parallel 2 --data-parallel 2 --zero1
+check zbv_p2_tp2_dp2 8 single_h4 --heads 4 --pipeline-parallel 2 --schedule zb-v --tensor-parallel 2 --data-parallel 2 --zero1
+if [ "$quick" != 1 ]; then
+    check il_p2v2_m8 2 single_m1 "${il[@]}" --micro-batch-size 1
+    check il_p2v2_uneven 2 single_l6 --layers 6 "${il[@]}" --stage-layers 2,1,1,2
+    check il_p2v3 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule interleaved --virtual-stages 3
+    check il_p2v2_recompute 2 single "${il[@]}" --recompute
+    check il_p2v2_dp2 4 single "${il[@]}" --data-parallel 2 --no-zero1
+    check zbh1_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-h1 --micro-batch-size 1
+    check zbh1_p4_m4 4 single --pipeline-parallel 4 --schedule zb-h1
+    check zbh1_p2_tp2_dp2 8 single_h4 --heads 4 --pipeline-parallel 2 --schedule zb-h1 --tensor-parallel 2 --data-parallel 2 --zero1
+    check zbv_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-v --micro-batch-size 1
+    check zbv_p2_uneven 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule zb-v --stage-layers 2,1,2,1
+    check zbv_p2_dp2_fused 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --embedding-sync fused
+    check il_p2v2_dp2_fused 4 single "${il[@]}" --data-parallel 2 --no-zero1 --embedding-sync fused
+    check zbv_p3_m3 3 single_l6 --layers 6 --pipeline-parallel 3 --schedule zb-v --micro-batch-size 2 --global-batch-size 6
+fi
+
+# a checkpoint written under one schedule continues under the others, and in one process
+run il_half 2 "${il[@]}" --save-every 4
+half=il_half/checkpoints/step_00000004
+series single/metrics.jsonl | awk '$1 > 4' >single.tail
+resume() { # name ranks flags...
+    local name=$1 np=$2
+    shift 2
+    if [ "$np" -gt 1 ]; then
+        timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" --resume "$half" "$@" >"$name.log" 2>&1
+    else
+        "$LOOM" train "${common[@]}" --out "$name" --resume "$half" "$@" >"$name.log" 2>&1
+    fi || { fail "$name: $(tail -3 "$name.log")"; return; }
+    series "$name/metrics.jsonl" >"$name.series"
+    if out=$(close_series single.tail "$name.series"); then ok; else fail "$name after resume: $out"; fi
+    if out=$("$CMP" "$name/checkpoints/step_00000008/model.safetensors" single/checkpoints/step_00000008/model.safetensors 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
+}
+resume resume_il_as_zbv 2 --pipeline-parallel 2 --schedule zb-v
+resume resume_il_as_single 1
+if [ "$quick" != 1 ]; then
+    resume resume_il_as_zbh1_dp2 4 --pipeline-parallel 2 --schedule zb-h1 --data-parallel 2
+    resume resume_il_same 2 "${il[@]}"
+    run il_full 2 "${il[@]}"
+    if cmp -s il_full/checkpoints/step_00000008/model.safetensors resume_il_same/checkpoints/step_00000008/model.safetensors; then
+        ok
+    else
+        fail "resume under the same interleaved layout is not bit-exact"
+    fi
+fi
+
+# a plan file with virtual stages: the ranks and uneven chunks it names run as written
+cat >plan_zbv.json <<'PLAN'
+{"model": {"layers": 6, "heads": 2, "d_model": 16, "context": 16, "vocab": 257},
+ "batch": {"global": 8, "micro": 2, "schedule": "zb-v", "virtual_stages": 2},
+ "mesh": {"dp": 1, "tp": 1, "pp": 2},
+ "stages": [{"layers": [0, 1], "rank": 0, "embedding": true},
+            {"layers": [1, 3], "rank": 1},
+            {"layers": [3, 5], "rank": 1},
+            {"layers": [5, 6], "rank": 0, "head": true}]}
+PLAN
+plan_common=(--data 'data/train_*.bin' --val-data 'data/val_*.bin' --steps 8 --seq-len 16
+    --lr 3e-3 --warmup-steps 2 --eval-every 4 --eval-batches 2 --threads 1 --log-every 100
+    --comm-timeout 60)
+if timeout 300 mpirun -np 2 "$LOOM" train "${plan_common[@]}" --out plan_zbv --plan plan_zbv.json >plan_zbv.log 2>&1; then
+    ok
+else
+    fail "plan_zbv: $(grep -m2 -i error plan_zbv.log)"
+fi
+compare_run plan_zbv single_l6
+
+# refused by name
+refused() { # what expected-text ranks flags...
+    local what=$1 text=$2 np=$3
+    shift 3
+    if timeout 120 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "bad_$what" "$@" >"bad_$what.log" 2>&1; then
+        fail "$what: accepted"
+    elif grep -q -- "$text" "bad_$what.log"; then
+        ok
+    else
+        fail "$what: message does not say \"$text\": $(grep -m2 -i 'error\|expected' "bad_$what.log")"
+    fi
+}
+refused interleaved_m3 "multiple of" 2 "${il[@]}" --micro-batch-size 1 --global-batch-size 3
+refused zbh1_recompute "recompute" 2 --pipeline-parallel 2 --schedule zb-h1 --recompute
+refused zbv_v3 "virtual" 2 --pipeline-parallel 2 --schedule zb-v --virtual-stages 3
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
