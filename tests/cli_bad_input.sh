@@ -425,6 +425,15 @@ bad "plan with a compression flag" \
     -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --dp-compression powersgd --out run_p
 bad "plan with --embedding-sync" '--plan tiny_plan\.json: --embedding-sync sets what the plan file sets' \
     -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --embedding-sync separate --out run_p
+bad "plan with --virtual-stages" '--plan tiny_plan\.json: --virtual-stages sets what the plan file sets' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --virtual-stages 2 --out run_p
+bad "--virtual-stages without a schedule that takes it" \
+    '^error: --virtual-stages: expected 1 with --schedule 1f1b, the default' \
+    -- "${TRAIN[@]}" --virtual-stages 2
+echo '{"schedule": "interleaved", "virtual_stages": 1}' >virtual_one.json
+bad "config key virtual_stages named" \
+    'virtual_one\.json: key "virtual_stages": expected at least 2 with --schedule interleaved' \
+    -- "${TRAIN[@]}" --config virtual_one.json
 echo '{"no_lazy_error": true}' >plan_conflict_pp.json
 bad "plan with a compression config key" \
     '--plan tiny_plan\.json: --no-lazy-error sets what the plan file sets' \

@@ -44,7 +44,44 @@ good "plan: --ranks matching" 'wrote ranks\.json' \
     -- "$LOOM" plan --model tiny --tp 2 --ranks 2 --out ranks.json
 good "plan: folder of --out is made" 'wrote sub/dir/plan\.json' \
     -- "$LOOM" plan --model tiny --out sub/dir/plan.json
-good "plan: --help" 'usage: loom plan' '--stage-layers' -- "$LOOM" plan --help
+good "plan: --help" 'usage: loom plan' '--stage-layers' '--virtual-stages' \
+    'interleaved, zb-h1 or zb-v' -- "$LOOM" plan --help
+
+# ---- virtual stages ------------------------------------------------------------------------
+
+good "plan: interleaved, 2 virtual stages per rank" \
+    'schedule interleaved with 2 virtual stages per rank' '^stage  rank  chunk  layers' \
+    '^ +0 +0 +0 +\[0, 3\) ' '^ +1 +1 +0 +\[3, 6\) ' '^ +2 +0 +1 +\[6, 9\) ' \
+    '^ +3 +1 +1 +\[9, 12\) .*yes +no$' 'wrote interleaved\.json' \
+    -- "$LOOM" plan --model gpt2 --pipeline-parallel 2 --schedule interleaved --virtual-stages 2 \
+    --micro-batch-size 4 --global-batch-size 64 --out interleaved.json
+file_has "plan: interleaved batch written" interleaved.json \
+    '"batch": \{"global": 64, "micro": 4, "schedule": "interleaved", "virtual_stages": 2\}'
+file_has "plan: interleaved stage ranks written" interleaved.json \
+    '\{"layers": \[6, 9\], "rank": 0, "recompute": false\}'
+good "plan: --check reads the interleaved plan" '^ +3 +1 +1 +\[9, 12\) ' \
+    'interleaved\.json: ok \(2 ranks\)' -- "$LOOM" plan --check interleaved.json --ranks 2
+good "plan: interleaved's default v, uneven stages" 'with 2 virtual stages per rank' \
+    '^ +0 +0 +0 +\[0, 4\) ' '^ +3 +1 +1 +\[10, 12\) ' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --stage-layers 4,3,3,2 \
+    --out uneven.json
+good "plan: zb-v places the V" 'schedule zb-v with 2 virtual stages per rank' \
+    '^ +1 +1 +0 +\[3, 6\) ' '^ +2 +1 +1 +\[6, 9\) ' '^ +3 +0 +1 +\[9, 12\) ' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule zb-v --out zbv.json
+good "plan: --check the zb-v plan" 'zbv\.json: ok \(2 ranks\)' -- "$LOOM" plan --check zbv.json
+good "plan: zb-h1 keeps one stage per rank" 'schedule zb-h1$' '^stage  layers' \
+    '^ +1 +\[6, 12\) ' -- "$LOOM" plan --model gpt2 --pp 2 --schedule zb-h1 --out zbh1.json
+file_has "plan: zb-h1 written without virtual stages" zbh1.json \
+    '"batch": \{"global": 16, "micro": 8, "schedule": "zb-h1"\},'
+sed 's/"layers": \[6, 9\], "rank": 0/"layers": [6, 9], "rank": 1/' interleaved.json >wrong_rank.json
+bad "plan: --check a stage on the wrong rank" \
+    'wrong_rank\.json: stages\[2\]\.rank: expected 0 \(interleaved places virtual stage 2 of 4 on rank 0\), got 1' \
+    -- "$LOOM" plan --check wrong_rank.json
+sed 's/"rank": 1, "recompute": false}/"rank": 1, "recompute": true}/' zbv.json \
+    >zbv_recompute.json
+bad "plan: --check recompute under zb-v" \
+    'zbv_recompute\.json: stages\[1\]\.recompute: expected false \(recompute is not supported with zb-v' \
+    -- "$LOOM" plan --check zbv_recompute.json
 
 # DESIGN.md's example, by hand (vocab is the real one; the rest of the example as printed)
 cat >design.json <<'EOF'
@@ -114,8 +151,34 @@ bad "plan: stage list of the wrong length" 'stage_layers: expected 2 comma-separ
     -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 2,2,4 --out bad.json
 bad "plan: stage list with a zero" 'stage_layers: expected 2 comma-separated positive' \
     -- "$LOOM" plan --model small --layers 8 --pp 2 --stage-layers 0,8 --out bad.json
-bad "plan: unknown schedule" 'batch\.schedule: expected "gpipe" or "1f1b", got "interleaved"' \
-    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --out bad.json
+bad "plan: unknown schedule" \
+    '^error: --schedule: batch\.schedule: expected one of "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v", got "zero-bubble"' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule zero-bubble --out bad.json
+bad "plan: --virtual-stages with the default schedule" \
+    '^error: --virtual-stages: expected 1 with --schedule 1f1b, the default' 'got 2' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --virtual-stages 2 --out bad.json
+bad "plan: --virtual-stages 3 with zb-v" '^error: --virtual-stages: expected 2 with --schedule zb-v' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule zb-v --virtual-stages 3 --out bad.json
+bad "plan: one virtual stage for interleaved" \
+    '^error: --virtual-stages: expected at least 2 with --schedule interleaved' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --virtual-stages 1 --out bad.json
+bad "plan: more virtual stages than layers" \
+    '^error: --virtual-stages: expected at most 6 with --pipeline-parallel 2' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --virtual-stages 7 --out bad.json
+bad "plan: --virtual-stages -1" '^error: --virtual-stages: expected a positive integer, got -1' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --virtual-stages -1 --out bad.json
+bad "plan: interleaved micro-batches not a multiple of pp" \
+    '^error: --micro-batches: expected a multiple of --pipeline-parallel 2 with --schedule interleaved' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --micro-batches 3 --out bad.json
+bad "plan: recompute with zb-h1" '^error: --recompute: not supported with --schedule zb-h1' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule zb-h1 --recompute --out bad.json
+bad "plan: a stage list for pp, not pp x v" \
+    'stage_layers: expected 4 comma-separated positive layer counts, one per virtual stage' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --stage-layers 6,6 --out bad.json
+bad "plan: a link past the virtual stages" \
+    'compression\.pp\.links\[0\]: expected a link index in \[0, 3\) \(link s joins virtual stages' \
+    -- "$LOOM" plan --model gpt2 --pp 2 --schedule interleaved --pp-compression int8 \
+    --pp-compression-links 3 --out bad.json
 bad "plan: global batch not a multiple of micro*dp" \
     'global-batch-size: expected a multiple of micro batch 4 x data parallel 2 = 8, got 12' \
     -- "$LOOM" plan --model gpt2 --dp 2 --micro-batch-size 4 --global-batch-size 12 --out bad.json

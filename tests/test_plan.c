@@ -48,15 +48,15 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
         return 0;
     }
     if (a->global_batch != b->global_batch || a->micro_batch != b->micro_batch ||
-        strcmp(a->schedule, b->schedule) || a->dp != b->dp || a->tp != b->tp || a->pp != b->pp ||
-        a->num_stages != b->num_stages) {
+        strcmp(a->schedule, b->schedule) || a->virtual_stages != b->virtual_stages ||
+        a->dp != b->dp || a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages) {
         return 0;
     }
     for (int i = 0; i < a->num_stages; i++) {
         const loom_plan_stage *sa = &a->stages[i], *sb = &b->stages[i];
         if (sa->first_layer != sb->first_layer || sa->end_layer != sb->end_layer ||
             !sa->embedding != !sb->embedding || !sa->head != !sb->head ||
-            !sa->recompute != !sb->recompute) {
+            !sa->recompute != !sb->recompute || sa->rank != sb->rank || sa->chunk != sb->chunk) {
             return 0;
         }
     }
@@ -100,7 +100,7 @@ static void test_round_trip(void) {
 
     /* a plan with every optional part filled in */
     loom_plan plan;
-    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", "5,7");
+    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", 0, "5,7");
     CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
     if (st != LOOM_OK) return;
     plan.stages[1].recompute = 1;
@@ -187,7 +187,7 @@ static void test_round_trip(void) {
 
     /* a plan without compression or predictions round-trips too, and pp = 1 puts the embedding
      * and the head on the one stage */
-    st = loom_plan_uniform(&plan, &model, 4, 1, 1, 2, 32, NULL, NULL);
+    st = loom_plan_uniform(&plan, &model, 4, 1, 1, 2, 32, NULL, 0, NULL);
     CHECK(st == LOOM_OK, "uniform pp=1: %s", loom_last_error());
     if (st != LOOM_OK) return;
     CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
@@ -338,7 +338,7 @@ static void check_split(const loom_plan *plan, int layers, int pp) {
 static void test_stage_split(void) {
     loom_gpt_config model = gpt2_config(); /* 12 layers, 12 heads */
     loom_plan plan;
-    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 5, 1, 5, NULL, NULL);
+    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 5, 1, 5, NULL, 0, NULL);
     CHECK(st == LOOM_OK, "12 layers over 5 stages: %s", loom_last_error());
     if (st == LOOM_OK) {
         check_split(&plan, 12, 5);
@@ -357,7 +357,7 @@ static void test_stage_split(void) {
     for (int layers = 1; layers <= 24; layers++) {
         model.num_layers = layers;
         for (int pp = 1; pp <= layers; pp++) {
-            st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, 1, NULL, NULL);
+            st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, 1, NULL, 0, NULL);
             if (st != LOOM_OK) {
                 all_ok = 0;
                 continue;
@@ -370,7 +370,7 @@ static void test_stage_split(void) {
 
     /* an explicit list */
     model.num_layers = 8;
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, "3,5");
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, 0, "3,5");
     CHECK(st == LOOM_OK && plan.stages[0].end_layer == 3 && plan.stages[1].first_layer == 3 &&
               plan.stages[1].end_layer == 8,
           "--stage-layers 3,5: %s", loom_last_error());
@@ -388,7 +388,7 @@ static void test_stage_split(void) {
         {"3,5,", "expected 2"},
     };
     for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
-        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, bad_lists[i].list);
+        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, 0, bad_lists[i].list);
         CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "stage_layers") &&
                   strstr(loom_last_error(), bad_lists[i].message),
               "stage list \"%s\": %s", bad_lists[i].list, loom_last_error());
@@ -397,16 +397,17 @@ static void test_stage_split(void) {
 
     /* a bad mesh is named by its plan path */
     model.num_layers = 12;
-    st = loom_plan_uniform(&plan, &model, 1, 5, 1, 1, 1, NULL, NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 5, 1, 1, 1, NULL, 0, NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.tp"), "tp=5: %s",
           loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 13, 1, 1, NULL, NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 13, 1, 1, NULL, 0, NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.pp"), "pp=13 > 12 layers: %s",
           loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "zero-bubble", NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "zero-bubble", 0, NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "schedule: %s",
           loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "a-very-long-schedule-name-indeed", NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "a-very-long-schedule-name-indeed", 0,
+                           NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "long schedule: %s",
           loom_last_error());
     CHECK(is_empty_plan(&plan), "a failed build leaves an empty plan");
@@ -455,7 +456,36 @@ static const broken_case broken_cases[] = {
     /* batch */
     {"\"micro\": 4", "\"micro\": 0", 0, 0, "batch.micro", "positive"},
     {"\"global\": 64", "\"global\": -64", 0, 0, "batch.global", "positive"},
-    {"\"1f1b\"", "\"interleaved\"", 0, 0, "batch.schedule", "\"gpipe\" or \"1f1b\""},
+    {"\"1f1b\"", "\"zero-bubble\"", 0, 0, "batch.schedule",
+     "expected one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\" or \"zb-v\", got "
+     "\"zero-bubble\""},
+    /* virtual stages: v by schedule, a stage's rank by the placement, recompute by schedule */
+    {"\"1f1b\"", "\"1f1b\", \"virtual_stages\": 2", 0, 0, "batch.virtual_stages",
+     "expected 1 for schedule \"1f1b\" (one model chunk per pipeline rank), got 2"},
+    {"\"1f1b\"", "\"gpipe\", \"virtual_stages\": 0", 0, 0, "batch.virtual_stages",
+     "expected 1 for schedule \"gpipe\""},
+    {"\"1f1b\"", "\"interleaved\"", 0, 0, "batch.virtual_stages",
+     "expected at least 2 for schedule \"interleaved\" (model chunks per pipeline rank; one chunk "
+     "is 1f1b), got 1"},
+    {"\"1f1b\"", "\"zb-v\", \"virtual_stages\": 3", 0, 0, "batch.virtual_stages",
+     "expected 2 for schedule \"zb-v\" (its V runs two model chunks on every rank), got 3"},
+    {"\"1f1b\"", "\"zb-v\", \"virtual_stages\": 1", 0, 0, "batch.virtual_stages",
+     "expected 2 for schedule \"zb-v\""},
+    {"\"1f1b\"", "\"zb-h1\", \"virtual_stages\": 2", 0, 0, "batch.virtual_stages",
+     "expected 1 for schedule \"zb-h1\""},
+    {"\"1f1b\"", "\"zb-h1\"", 0, 0, "stages[1].recompute",
+     "expected false (recompute is not supported with zb-h1: its W pass needs the activations the "
+     "forward kept), got true"},
+    {"\"1f1b\"", "\"zb-v\"", 0, 0, "stages",
+     "expected mesh.pp x batch.virtual_stages = 2 x 2 = 4 "
+     "virtual stages, got 2"},
+    {"[0, 5]", "[0, 5], \"rank\": 1", 0, 0, "stages[0].rank",
+     "expected 0 (1f1b places stage 0 of 2 on rank 0), got 1"},
+    {"[0, 5]", "[0, 5], \"rank\": \"0\"", 0, 0, "stages[0].rank", "expected an integer"},
+    {"\"1f1b\"", "\"1f1b\", \"virtual_stages\": 1.5", 0, 0, "batch.virtual_stages",
+     "expected an integer"},
+    {"[0, 5]", "[0, 5], \"chunk\": 0", 0, 0, "stages[0].chunk",
+     "unknown key (expected one of: layers, rank, embedding, head, recompute)"},
     {"\"global\": 64", "\"global\": 60", 0, 0, "batch.global",
      "multiple of batch.micro * mesh.dp = 4*2 = 8, got 60"},
     /* mesh */
@@ -580,6 +610,9 @@ static const broken_case broken_cases[] = {
      "compression.embedding_sync", "got \"fusedfusedfusedfused\""},
 };
 
+static void check_broken_cases(const char *valid, const broken_case *cases, size_t n,
+                               const char *name);
+
 static void test_rules(void) {
     char path[1200];
     snprintf(path, sizeof path, "%s/valid.json", tmpdir);
@@ -605,29 +638,40 @@ static void test_rules(void) {
     }
     loom_plan_free(&plan);
 
-    for (size_t i = 0; i < sizeof broken_cases / sizeof broken_cases[0]; i++) {
-        const broken_case *c = &broken_cases[i];
+    check_broken_cases(valid_plan, broken_cases, sizeof broken_cases / sizeof broken_cases[0],
+                       "broken");
+}
+
+/* Each case edits `valid` and must be refused naming the file, the path and the detail. */
+static void check_broken_cases(const char *valid, const broken_case *cases, size_t n,
+                               const char *name) {
+    char path[1200];
+    loom_plan plan;
+    for (size_t i = 0; i < n; i++) {
+        const broken_case *c = &cases[i];
         char once[4096], text[4096];
-        int ok = edit(valid_plan, c->find, c->replace, once, sizeof once);
+        int ok = edit(valid, c->find, c->replace, once, sizeof once);
         if (ok && c->find2) {
             ok = edit(once, c->find2, c->replace2, text, sizeof text);
         } else {
             snprintf(text, sizeof text, "%s", once);
         }
-        CHECK(ok, "case %zu: the edit applies (%s)", i, c->find);
+        CHECK(ok, "%s case %zu: the edit applies (%s)", name, i, c->find);
         if (!ok) continue;
-        snprintf(path, sizeof path, "%s/broken_%02zu.json", tmpdir, i);
+        snprintf(path, sizeof path, "%s/%s_%02zu.json", tmpdir, name, i);
         write_text(path, text);
-        st = loom_plan_read(path, &plan);
+        loom_status st = loom_plan_read(path, &plan);
         const char *msg = loom_last_error();
         char field[256];
         snprintf(field, sizeof field, ": %s: ", c->path);
-        CHECK(st == LOOM_ERR_INPUT, "case %zu (%s): status %d", i, c->path, (int)st);
-        CHECK(strncmp(msg, path, strlen(path)) == 0, "case %zu: message names the file: %s", i,
+        CHECK(st == LOOM_ERR_INPUT, "%s case %zu (%s): status %d", name, i, c->path, (int)st);
+        CHECK(strncmp(msg, path, strlen(path)) == 0, "%s case %zu: message names the file: %s",
+              name, i, msg);
+        CHECK(strstr(msg, field) != NULL, "%s case %zu: message names '%s': %s", name, i, c->path,
               msg);
-        CHECK(strstr(msg, field) != NULL, "case %zu: message names '%s': %s", i, c->path, msg);
-        CHECK(strstr(msg, c->detail) != NULL, "case %zu: message says '%s': %s", i, c->detail, msg);
-        CHECK(is_empty_plan(&plan), "case %zu: a failed read leaves an empty plan", i);
+        CHECK(strstr(msg, c->detail) != NULL, "%s case %zu: message says '%s': %s", name, i,
+              c->detail, msg);
+        CHECK(is_empty_plan(&plan), "%s case %zu: a failed read leaves an empty plan", name, i);
         loom_plan_free(&plan);
     }
 }
@@ -667,7 +711,7 @@ static void test_compression_round_trip(void) {
     loom_gpt_config model = gpt2_config();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         loom_plan plan, back;
-        loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 4, 4, 64, NULL, NULL);
+        loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 4, 4, 64, NULL, 0, NULL);
         CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
         if (st != LOOM_OK) return;
         loom_plan_compressor *dp = &plan.dp_compression, *pp = &plan.pp_compression;
@@ -747,10 +791,10 @@ static void expect_refused(const loom_plan *plan, const char *what, const char *
 static void test_compression_rules(void) {
     loom_gpt_config model = gpt2_config();
     loom_plan one, two, p;
-    loom_status st = loom_plan_uniform(&one, &model, 2, 1, 1, 4, 64, NULL, NULL);
+    loom_status st = loom_plan_uniform(&one, &model, 2, 1, 1, 4, 64, NULL, 0, NULL);
     CHECK(st == LOOM_OK, "pp 1: %s", loom_last_error());
     if (st != LOOM_OK) return;
-    st = loom_plan_uniform(&two, &model, 2, 1, 2, 4, 64, NULL, NULL);
+    st = loom_plan_uniform(&two, &model, 2, 1, 2, 4, 64, NULL, 0, NULL);
     CHECK(st == LOOM_OK, "pp 2: %s", loom_last_error());
     if (st != LOOM_OK) return;
     int link0[] = {0}, stage1[] = {1};
@@ -1122,6 +1166,453 @@ static void test_malformed(void) {
     loom_plan_free(&plan);
 }
 
+/* ---- virtual stages ------------------------------------------------------------------------- */
+
+/* The placement written out independently of loom_plan_place: Megatron's round robin, or zb-v's
+ * V (down the ranks as chunk 0, back up as chunk 1). */
+static void expected_place(const char *schedule, int pp, int stage, int *rank, int *chunk) {
+    if (!strcmp(schedule, "zb-v")) {
+        *chunk = stage < pp ? 0 : 1;
+        *rank = stage < pp ? stage : 2 * pp - 1 - stage;
+    } else {
+        *rank = stage % pp, *chunk = stage / pp;
+    }
+}
+
+/* Every stage where the schedule puts it; embedding on stage 0 and head on the last only. */
+static int placed_as_expected(const loom_plan *plan) {
+    int last = plan->num_stages - 1;
+    for (int i = 0; i < plan->num_stages; i++) {
+        const loom_plan_stage *s = &plan->stages[i];
+        int rank, chunk;
+        expected_place(plan->schedule, plan->pp, i, &rank, &chunk);
+        if (s->rank != rank || s->chunk != chunk || !s->embedding != (i != 0) ||
+            !s->head != (i != last)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The file's text, or NULL. */
+static char *file_text(const char *path) {
+    char *text = NULL;
+    size_t size = 0;
+    return loom_read_file(path, &text, &size) == LOOM_OK ? text : NULL;
+}
+
+static void test_virtual_round_trip(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/virtual.json", tmpdir);
+    loom_gpt_config model = gpt2_config(); /* 12 layers */
+
+    /* interleaved, p = 2, v = 2, uneven: ranks 0 1 0 1, chunks 0 0 1 1 */
+    loom_plan plan, back, copy;
+    loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 2, 4, 64, "interleaved", 2, "4,3,3,2");
+    CHECK(st == LOOM_OK, "interleaved 4,3,3,2: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    const int ranks[] = {0, 1, 0, 1}, chunks[] = {0, 0, 1, 1}, ends[] = {4, 7, 10, 12};
+    int as_asked = plan.num_stages == 4 && plan.virtual_stages == 2;
+    for (int i = 0; as_asked && i < 4; i++) {
+        as_asked &= plan.stages[i].rank == ranks[i] && plan.stages[i].chunk == chunks[i] &&
+                    plan.stages[i].end_layer == ends[i];
+    }
+    CHECK(as_asked && placed_as_expected(&plan), "interleaved: 4 virtual stages, ranks 0,1,0,1");
+    plan.stages[1].recompute = 1;
+    SET_WORD(plan.pp_compression.method, "int8");
+    plan.pp_compression.stages = index_list(2, (const int[]){2, 0});
+    plan.pp_compression.num_stages = 2;
+    st = loom_plan_write(path, &plan);
+    CHECK(st == LOOM_OK, "write interleaved: %s", loom_last_error());
+    st = loom_plan_read(path, &back);
+    CHECK(st == LOOM_OK && plans_equal(&plan, &back), "interleaved round trip: %s",
+          st == LOOM_OK ? "differs" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&back);
+    st = loom_plan_copy(&copy, &plan);
+    CHECK(st == LOOM_OK && plans_equal(&copy, &plan) && copy.virtual_stages == 2 &&
+              copy.stages[2].chunk == 1,
+          "copy keeps the virtual stages");
+    if (st == LOOM_OK) loom_plan_free(&copy);
+    char *text = file_text(path);
+    CHECK(text && strstr(text, "\"batch\": {\"global\": 64, \"micro\": 4, \"schedule\": "
+                               "\"interleaved\", \"virtual_stages\": 2},\n"),
+          "batch line with virtual_stages in:\n%s", text ? text : "(none)");
+    CHECK(text && strstr(text, "    {\"layers\": [0, 4], \"rank\": 0, \"embedding\": true, "
+                               "\"recompute\": false},\n"
+                               "    {\"layers\": [4, 7], \"rank\": 1, \"recompute\": true},\n"
+                               "    {\"layers\": [7, 10], \"rank\": 0, \"recompute\": false},\n"
+                               "    {\"layers\": [10, 12], \"rank\": 1, \"head\": true, "
+                               "\"recompute\": false}\n"),
+          "stage lines with ranks in:\n%s", text ? text : "(none)");
+    CHECK(text && !strstr(text, "chunk"), "the chunk is derived, not written");
+    free(text);
+    loom_plan_free(&plan);
+
+    /* zb-v: v = 2 implied, the V puts stages 0..3 on ranks 0,1,1,0 */
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 4, "zb-v", 0, NULL);
+    CHECK(st == LOOM_OK, "zb-v: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    const int v_ranks[] = {0, 1, 1, 0};
+    int v_shape = plan.virtual_stages == 2 && plan.num_stages == 4;
+    for (int i = 0; v_shape && i < 4; i++) v_shape &= plan.stages[i].rank == v_ranks[i];
+    CHECK(v_shape && placed_as_expected(&plan), "zb-v: ranks 0,1,1,0 with chunks 0,0,1,1");
+    CHECK(plan.stages[0].end_layer == 3 && plan.stages[3].first_layer == 9,
+          "zb-v: 12 layers as 3 per virtual stage");
+    st = loom_plan_write(path, &plan);
+    CHECK(st == LOOM_OK, "write zb-v: %s", loom_last_error());
+    st = loom_plan_read(path, &back);
+    CHECK(st == LOOM_OK && plans_equal(&plan, &back), "zb-v round trip: %s",
+          st == LOOM_OK ? "differs" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&back);
+    text = file_text(path);
+    CHECK(text && strstr(text, "\"schedule\": \"zb-v\", \"virtual_stages\": 2}") &&
+              strstr(text, "{\"layers\": [6, 9], \"rank\": 1, \"recompute\": false}"),
+          "zb-v file in:\n%s", text ? text : "(none)");
+    free(text);
+    loom_plan_free(&plan);
+
+    /* a zb-v file may leave out both keys: v = 2 and the V's ranks */
+    write_text(path, "{\"model\": {\"layers\": 4, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
+                     "\"vocab\": 257}, \"batch\": {\"global\": 4, \"micro\": 2, \"schedule\": "
+                     "\"zb-v\"}, \"mesh\": {\"dp\": 1, \"tp\": 1, \"pp\": 2}, "
+                     "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}, "
+                     "{\"layers\": [2, 3]}, {\"layers\": [3, 4]}]}");
+    st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_OK && plan.virtual_stages == 2 && placed_as_expected(&plan) &&
+              plan.stages[2].rank == 1 && plan.stages[3].rank == 0,
+          "zb-v without virtual_stages and ranks: %s", loom_last_error());
+    loom_plan_free(&plan);
+}
+
+/* A plan with one chunk per rank is written exactly as before virtual stages. */
+static void test_v1_file_unchanged(void) {
+    static const char *const expected =
+        "{\n"
+        "  \"model\": {\"layers\": 12, \"heads\": 12, \"d_model\": 768, \"context\": 1024, "
+        "\"vocab\": 50257},\n"
+        "  \"batch\": {\"global\": 64, \"micro\": 4, \"schedule\": \"gpipe\"},\n"
+        "  \"mesh\": {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n"
+        "  \"stages\": [\n"
+        "    {\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},\n"
+        "    {\"layers\": [5, 12], \"head\": true, \"recompute\": true}\n"
+        "  ],\n"
+        "  \"compression\": {\n"
+        "    \"dp\": {\"method\": \"none\"},\n"
+        "    \"pp\": {\"method\": \"none\"},\n"
+        "    \"embedding_sync\": \"separate\"\n"
+        "  }\n"
+        "}\n";
+    char path[1200];
+    snprintf(path, sizeof path, "%s/v1.json", tmpdir);
+    loom_gpt_config model = gpt2_config();
+    loom_plan plan;
+    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", 0, "5,7");
+    CHECK(st == LOOM_OK, "gpipe 5,7: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    CHECK(plan.virtual_stages == 1 && plan.stages[1].rank == 1 && plan.stages[1].chunk == 0,
+          "v = 1: stage i on rank i");
+    plan.stages[1].recompute = 1;
+    st = loom_plan_write(path, &plan);
+    char *text = st == LOOM_OK ? file_text(path) : NULL;
+    CHECK(text && !strcmp(text, expected), "v = 1 file byte for byte:\n%s\nexpected:\n%s",
+          text ? text : loom_last_error(), expected);
+    free(text);
+    loom_plan_free(&plan);
+}
+
+static void test_virtual_split(void) {
+    loom_gpt_config model = gpt2_config();
+    model.num_layers = 6;
+    loom_plan plan;
+    /* 6 layers over p = 2, v = 2: the earlier virtual stages take the extra layer */
+    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, NULL);
+    CHECK(st == LOOM_OK, "6 layers, p 2, v 2: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        const int sizes[] = {2, 2, 1, 1};
+        int same = plan.num_stages == 4;
+        for (int i = 0; same && i < 4; i++)
+            same &= plan.stages[i].end_layer - plan.stages[i].first_layer == sizes[i];
+        CHECK(same && placed_as_expected(&plan), "6 over 2 x 2 = 2,2,1,1 on ranks 0,1,0,1");
+        loom_plan_free(&plan);
+    }
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, "1,2,2,1");
+    CHECK(st == LOOM_OK && plan.stages[0].end_layer == 1 && plan.stages[1].end_layer == 3 &&
+              plan.stages[2].end_layer == 5 && plan.stages[3].end_layer == 6 &&
+              placed_as_expected(&plan),
+          "--stage-layers 1,2,2,1 over 4 virtual stages: %s", loom_last_error());
+    loom_plan_free(&plan);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, "3,3");
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(),
+                     "plan: stage_layers: expected 4 comma-separated positive layer counts, one "
+                     "per virtual stage (mesh.pp x batch.virtual_stages = 2 x 2), got 2 in "
+                     "\"3,3\""),
+          "two counts for four virtual stages: %s", loom_last_error());
+    CHECK(is_empty_plan(&plan), "a failed build leaves an empty plan");
+
+    /* the schedule's v when none is asked for */
+    const struct {
+        const char *schedule;
+        int virtual_stages;
+    } defaults[] = {{"interleaved", LOOM_PLAN_DEFAULT_VIRTUAL_STAGES},
+                    {"zb-v", 2},
+                    {"zb-h1", 1},
+                    {"gpipe", 1},
+                    {NULL, 1}};
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, defaults[i].schedule, 0, NULL);
+        CHECK(st == LOOM_OK && plan.virtual_stages == defaults[i].virtual_stages &&
+                  plan.num_stages == 2 * defaults[i].virtual_stages && placed_as_expected(&plan),
+              "%s: v %d by default: %s", defaults[i].schedule ? defaults[i].schedule : "default",
+              defaults[i].virtual_stages, loom_last_error());
+        loom_plan_free(&plan);
+    }
+
+    /* every even split of 1..16 layers over p x v virtual stages, in both placements */
+    int all_ok = 1;
+    for (int layers = 1; layers <= 16; layers++) {
+        model.num_layers = layers;
+        for (int pp = 1; pp <= layers; pp++) {
+            for (int v = 2; v <= 3 && pp * v <= layers; v++) {
+                const char *schedule = v == 2 && pp % 2 ? "zb-v" : "interleaved";
+                st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, pp, schedule, v, NULL);
+                if (st != LOOM_OK) {
+                    all_ok = 0;
+                    continue;
+                }
+                check_split(&plan, layers, pp * v);
+                all_ok &= placed_as_expected(&plan);
+                loom_plan_free(&plan);
+            }
+        }
+    }
+    CHECK(all_ok, "every split of 1..16 layers over p x v virtual stages builds, placed");
+
+    /* the rules, through the constructor's plan paths */
+    model.num_layers = 12;
+    const struct {
+        const char *schedule;
+        int pp, virtual_stages, global;
+        const char *message;
+    } refused[] = {
+        {"1f1b", 2, 2, 2, "plan: batch.virtual_stages: expected 1 for schedule \"1f1b\""},
+        {"interleaved", 2, 1, 2, "plan: batch.virtual_stages: expected at least 2"},
+        {"zb-v", 2, 3, 2, "plan: batch.virtual_stages: expected 2 for schedule \"zb-v\""},
+        {"interleaved", 2, 7, 2,
+         "plan: mesh.pp: expected at most model.layers 12 virtual stages (one layer each at "
+         "least), got mesh.pp x batch.virtual_stages = 2 x 7 = 14"},
+        {"zb-v", 7, 0, 7, "plan: mesh.pp: expected at most model.layers 12 virtual stages"},
+        {"interleaved", 2, 2, 3,
+         "plan: batch.global: expected a multiple of batch.micro * mesh.dp * mesh.pp = 1*1*2 = 2 "
+         "with schedule \"interleaved\" (its micro-batches per step must be a multiple of "
+         "mesh.pp, Megatron's rule), got 3 (3 micro-batches)"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        st = loom_plan_uniform(&plan, &model, 1, 1, refused[i].pp, 1, refused[i].global,
+                               refused[i].schedule, refused[i].virtual_stages, NULL);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), refused[i].message),
+              "refused %zu: expected '%s', got %s", i, refused[i].message,
+              st == LOOM_OK ? "ok" : loom_last_error());
+        CHECK(is_empty_plan(&plan), "refused %zu leaves an empty plan", i);
+        loom_plan_free(&plan);
+    }
+}
+
+/* An interleaved plan (p = 2, v = 2, uneven) to break one rule at a time. */
+static const char *valid_interleaved =
+    "{\n"
+    "  \"model\":   {\"layers\": 12, \"heads\": 12, \"d_model\": 768, \"context\": 1024, "
+    "\"vocab\": 50257},\n"
+    "  \"batch\":   {\"global\": 64, \"micro\": 4, \"schedule\": \"interleaved\", "
+    "\"virtual_stages\": 2},\n"
+    "  \"mesh\":    {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n"
+    "  \"stages\":  [{\"layers\": [0, 4], \"rank\": 0, \"embedding\": true, \"recompute\": "
+    "false},\n"
+    "              {\"layers\": [4, 7], \"rank\": 1, \"recompute\": true},\n"
+    "              {\"layers\": [7, 10], \"rank\": 0, \"recompute\": false},\n"
+    "              {\"layers\": [10, 12], \"rank\": 1, \"head\": true, \"recompute\": false}],\n"
+    "  \"compression\": {\"dp\": {\"method\": \"powersgd\", \"rank\": 4, \"stages\": [1]},\n"
+    "                  \"pp\": {\"method\": \"lowrank\", \"rank\": 8, \"links\": [2, 0]},\n"
+    "                  \"embedding_sync\": \"fused\"}\n"
+    "}\n";
+
+static const broken_case broken_interleaved[] = {
+    {"\"rank\": 1, \"head\"", "\"rank\": 0, \"head\"", 0, 0, "stages[3].rank",
+     "expected 1 (interleaved places virtual stage 3 of 4 on rank 1), got 0"},
+    {"\"rank\": 0, \"recompute\"", "\"rank\": -1, \"recompute\"", 0, 0, "stages[2].rank",
+     "expected 0 (interleaved places virtual stage 2 of 4 on rank 0), got -1"},
+    {"\"global\": 64", "\"global\": 72", 0, 0, "batch.global",
+     "expected a multiple of batch.micro * mesh.dp * mesh.pp = 4*2*2 = 16 with schedule "
+     "\"interleaved\" (its micro-batches per step must be a multiple of mesh.pp, Megatron's "
+     "rule), got 72 (9 micro-batches)"},
+    {"\"virtual_stages\": 2", "\"virtual_stages\": 3", 0, 0, "stages",
+     "expected mesh.pp x batch.virtual_stages = 2 x 3 = 6 virtual stages, got 4"},
+    {"\"virtual_stages\": 2", "\"virtual_stages\": 1", 0, 0, "batch.virtual_stages",
+     "expected at least 2 for schedule \"interleaved\""},
+    {", \"virtual_stages\": 2", "", 0, 0, "batch.virtual_stages",
+     "expected at least 2 for schedule \"interleaved\" (model chunks per pipeline rank; one chunk "
+     "is 1f1b), got 1"},
+    {"\"virtual_stages\": 2", "\"virtual_stages\": 7", 0, 0, "mesh.pp",
+     "expected at most model.layers 12 virtual stages (one layer each at least), got mesh.pp x "
+     "batch.virtual_stages = 2 x 7 = 14"},
+    {"\"links\": [2, 0]", "\"links\": [3, 0]", 0, 0, "compression.pp.links[0]",
+     "expected a link index in [0, 3) (link s joins virtual stages s and s + 1 of mesh.pp x "
+     "batch.virtual_stages = 4), got 3"},
+    {"\"stages\": [1]", "\"stages\": [2]", 0, 0, "compression.dp.stages[0]",
+     "expected a stage index in [0, 2) (mesh.pp = 2), got 2"},
+    {"\"rank\": 1, \"recompute\": true", "\"rank\": 1, \"head\": true, \"recompute\": true", 0, 0,
+     "stages[1].head", "expected false (only the last stage runs the head)"},
+    {"[4, 7]", "[4, 6]", 0, 0, "stages[2].layers", "expected to start where stages[1] ends"},
+    {"\"interleaved\"", "\"zb-v\"", 0, 0, "stages[1].recompute",
+     "expected false (recompute is not supported with zb-v: its W pass needs the activations the "
+     "forward kept), got true"},
+    {"\"interleaved\"", "\"zb-v\"", "\"recompute\": true", "\"recompute\": false", "stages[2].rank",
+     "expected 1 (zb-v places virtual stage 2 of 4 on rank 1), got 0"},
+    {"\"rank\": 0, \"embedding\"", "\"rank\": 0, \"chunk\": 0, \"embedding\"", 0, 0,
+     "stages[0].chunk", "unknown key"},
+};
+
+static void test_virtual_rules(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/valid_interleaved.json", tmpdir);
+    write_text(path, valid_interleaved);
+    loom_plan plan;
+    loom_status st = loom_plan_read(path, &plan);
+    CHECK(st == LOOM_OK, "the valid interleaved plan reads: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(plan.virtual_stages == 2 && plan.num_stages == 4 && placed_as_expected(&plan) &&
+                  plan.stages[1].recompute && plan.pp_compression.num_stages == 2,
+              "interleaved plan fields");
+        /* links are virtual-stage boundaries, dp's stages pipeline ranks */
+        CHECK(loom_plan_compresses_stage(&plan.pp_compression, 2) &&
+                  !loom_plan_compresses_stage(&plan.pp_compression, 1) &&
+                  loom_plan_compresses_stage(&plan.dp_compression, 1) &&
+                  !loom_plan_compresses_stage(&plan.dp_compression, 0),
+              "links 2 and 0, dp on rank 1");
+        st = loom_plan_check(&plan, path, 8);
+        CHECK(st == LOOM_OK, "8 ranks, not 16, run 4 virtual stages on pp 2: %s",
+              loom_last_error());
+
+        /* what a file cannot say: the chunk, recompute under zb-h1 */
+        loom_plan p = plan;
+        loom_plan_stage stages[4];
+        memcpy(stages, plan.stages, sizeof stages);
+        p.stages = stages;
+        stages[1].chunk = 1;
+        expect_refused(&p, "chunk 1 for virtual stage 1", "stages[1].chunk",
+                       "expected 0 (interleaved runs virtual stage 1 of 4 as chunk 0 of rank 1), "
+                       "got 1");
+        loom_plan_free(&plan);
+    }
+    check_broken_cases(valid_interleaved, broken_interleaved,
+                       sizeof broken_interleaved / sizeof broken_interleaved[0], "interleaved");
+
+    loom_gpt_config model = gpt2_config();
+    loom_plan one;
+    st = loom_plan_uniform(&one, &model, 1, 1, 2, 1, 2, "zb-h1", 0, NULL);
+    CHECK(st == LOOM_OK, "zb-h1: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        loom_plan p = one;
+        loom_plan_stage stages[2];
+        memcpy(stages, one.stages, sizeof stages);
+        p.stages = stages;
+        stages[0].recompute = 1;
+        expect_refused(&p, "recompute with zb-h1", "stages[0].recompute",
+                       "not supported with zb-h1: its W pass needs the activations the forward "
+                       "kept");
+        loom_plan_free(&one);
+    }
+    /* one pipeline rank with two chunks has a link between them, so V, not pp, decides */
+    st = loom_plan_uniform(&one, &model, 1, 1, 1, 1, 1, "interleaved", 2, NULL);
+    CHECK(st == LOOM_OK, "interleaved on one rank: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        loom_plan p = one;
+        SET_WORD(p.pp_compression.method, "int8");
+        st = loom_plan_check(&p, "mem", 0);
+        CHECK(st == LOOM_OK, "int8 on the link between two chunks of one rank: %s",
+              loom_last_error());
+        SET_WORD(p.embedding_sync, "fused");
+        expect_refused(&p, "fused with pp 1", "compression.embedding_sync",
+                       "\"fused\" needs pipeline parallelism (pp > 1)");
+        loom_plan_free(&one);
+    }
+}
+
+/* loom_plan_from_request names the flags. */
+static void test_virtual_request(void) {
+    loom_gpt_config model = gpt2_config(); /* 12 layers */
+    const struct {
+        loom_plan_request request;
+        const char *message;
+    } refused[] = {
+        {{.pp = 2, .schedule = "1f1b", .virtual_stages = 2},
+         "--virtual-stages: expected 1 with --schedule 1f1b (one model chunk per pipeline rank; "
+         "--schedule interleaved takes more), got 2"},
+        {{.pp = 2, .virtual_stages = 3},
+         "--virtual-stages: expected 1 with --schedule 1f1b, the default (one model chunk"},
+        {{.pp = 2, .schedule = "zb-h1", .virtual_stages = 2},
+         "--virtual-stages: expected 1 with --schedule zb-h1"},
+        {{.pp = 2, .schedule = "zb-v", .virtual_stages = 3},
+         "--virtual-stages: expected 2 with --schedule zb-v (its V runs two model chunks on every "
+         "rank), got 3"},
+        {{.pp = 2, .schedule = "interleaved", .virtual_stages = 1},
+         "--virtual-stages: expected at least 2 with --schedule interleaved (model chunks per "
+         "pipeline rank; one chunk is --schedule 1f1b), got 1"},
+        {{.pp = 2, .schedule = "interleaved", .virtual_stages = 7},
+         "--virtual-stages: expected at most 6 with --pipeline-parallel 2 (a layer per virtual "
+         "stage at least, of model.layers 12), got 7"},
+        {{.pp = 2, .schedule = "interleaved", .virtual_stages = -1},
+         "--virtual-stages: expected a positive integer, got -1"},
+        {{.pp = 2, .schedule = "zero-bubble"},
+         "--schedule: batch.schedule: expected one of \"gpipe\", \"1f1b\", \"interleaved\", "
+         "\"zb-h1\" or \"zb-v\", got \"zero-bubble\""},
+        {{.pp = 2, .schedule = "interleaved", .micro_batches = 3},
+         "--micro-batches: expected a multiple of --pipeline-parallel 2 with --schedule "
+         "interleaved (Megatron's rule), got 3"},
+        {{.pp = 2, .schedule = "interleaved", .micro_batch = 8, .global_batch = 24},
+         "--global-batch-size: expected a multiple of micro batch 8 x data parallel 1 x "
+         "--pipeline-parallel 2 = 16 with --schedule interleaved"},
+        {{.pp = 2, .schedule = "zb-h1", .recompute = 1},
+         "--recompute: not supported with --schedule zb-h1 (its W pass needs the activations the "
+         "forward kept)"},
+        {{.pp = 2, .schedule = "zb-v", .recompute = 1},
+         "--recompute: not supported with --schedule "
+         "zb-v"},
+        {{.pp = 7, .schedule = "zb-v"},
+         "plan: mesh.pp: expected at most model.layers 12 virtual stages"},
+    };
+    loom_plan plan;
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        loom_status st = loom_plan_from_request(&plan, &model, &refused[i].request, 0);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), refused[i].message),
+              "request %zu: expected '%s', got %s", i, refused[i].message,
+              st == LOOM_OK ? "ok" : loom_last_error());
+        CHECK(is_empty_plan(&plan), "request %zu leaves an empty plan", i);
+        loom_plan_free(&plan);
+    }
+
+    loom_plan_request request = {
+        .pp = 2, .schedule = "interleaved", .virtual_stages = 3, .recompute = 1};
+    loom_status st = loom_plan_from_request(&plan, &model, &request, 4);
+    CHECK(st == LOOM_OK && plan.virtual_stages == 3 && plan.num_stages == 6 && plan.dp == 2 &&
+              loom_plan_num_micro_batches(&plan) == 2 && placed_as_expected(&plan) &&
+              plan.stages[5].recompute,
+          "interleaved v 3 on 4 ranks with recompute: %s", loom_last_error());
+    loom_plan_free(&plan);
+    request = (loom_plan_request){.pp = 2, .schedule = "zb-v", .virtual_stages = 2};
+    st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_OK && plan.num_stages == 4 && plan.stages[3].rank == 0 &&
+              placed_as_expected(&plan),
+          "zb-v with its own v given: %s", loom_last_error());
+    loom_plan_free(&plan);
+    request = (loom_plan_request){.pp = 2, .schedule = "interleaved"};
+    st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_OK && plan.virtual_stages == LOOM_PLAN_DEFAULT_VIRTUAL_STAGES &&
+              loom_plan_num_micro_batches(&plan) == 2,
+          "interleaved: the default v and pp micro-batches: %s", loom_last_error());
+    loom_plan_free(&plan);
+}
+
 int main(void) {
     tmpdir = check_tmpdir();
     test_round_trip();
@@ -1134,5 +1625,10 @@ int main(void) {
     test_compression_rules();
     test_request_compression();
     test_compression_flags();
+    test_virtual_round_trip();
+    test_v1_file_unchanged();
+    test_virtual_split();
+    test_virtual_rules();
+    test_virtual_request();
     return check_finish();
 }

@@ -24,14 +24,30 @@
  * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
- * and "recompute" (false). In "compression", "dp", "pp" and "embedding_sync" ("separate") may
- * be left out (a left-out compressor is method "none"), and so may every compressor key but
- * "method": "rank" (4 for powersgd, 8 for lowrank, 0 and refused otherwise), "fraction" (0.01;
- * topk only), "error_feedback" (true), "warmup_steps" (0), "lazy_error" (true), "policy"
- * ("all"), "forward" ("none") and "stages" / "links" (all of them). "compression.dp" takes
- * method, rank, fraction, error_feedback, warmup_steps and stages; "compression.pp" takes
- * method, rank, fraction, lazy_error, policy, forward and links. Every other key is required,
- * and unknown keys (a dp-only key under pp too) are errors.
+ * and "recompute" (false).
+ *
+ * Virtual stages: with schedule "interleaved" or "zb-v" each pipeline rank runs v model chunks,
+ * so "stages" lists all pp * v virtual stages in model order; "batch.virtual_stages" says v
+ * (left out: 1, or 2 for "zb-v") and a stage's "rank" the pipeline rank that runs it (left out:
+ * the schedule's placement, loom_plan_place, which it must equal when given; the chunk on that
+ * rank is derived, never written). Both keys are written only when v > 1, so a plan with one
+ * chunk per rank reads and writes as before virtual stages existed:
+ *
+ *     "batch":   {"global": 64, "micro": 4, "schedule": "interleaved", "virtual_stages": 2},
+ *     "mesh":    {"dp": 2, "tp": 2, "pp": 2},
+ *     "stages":  [{"layers": [0, 4], "rank": 0, "embedding": true, "recompute": false},
+ *                 {"layers": [4, 7], "rank": 1, "recompute": false},
+ *                 {"layers": [7, 10], "rank": 0, "recompute": false},
+ *                 {"layers": [10, 12], "rank": 1, "head": true, "recompute": false}],
+ *
+ * In "compression", "dp", "pp" and "embedding_sync" ("separate") may be left out (a left-out
+ * compressor is method "none"), and so may every compressor key but "method": "rank" (4 for
+ * powersgd, 8 for lowrank, 0 and refused otherwise), "fraction" (0.01; topk only),
+ * "error_feedback" (true), "warmup_steps" (0), "lazy_error" (true), "policy" ("all"), "forward"
+ * ("none") and "stages" / "links" (all of them). "compression.dp" takes method, rank, fraction,
+ * error_feedback, warmup_steps and stages (pipeline ranks); "compression.pp" takes method, rank,
+ * fraction, lazy_error, policy, forward and links (boundaries between virtual stages). Every
+ * other key is required, and unknown keys (a dp-only key under pp too) are errors.
  *
  * Ranks are laid out in Megatron's order: TP fastest, then DP, PP slowest, so
  * world_rank = tp_rank + tp * (dp_rank + dp * pp_rank).
@@ -74,8 +90,9 @@ typedef struct {
  *                   cool-down sends) or "slack" (those whose simulated slack is below the time
  *                   compression saves)
  *   forward         pp: the forward activations' method: "none" (default), "bf16" or "int8"
- *   stages          dp: the pipeline stages that compress ("stages" in the file); pp: the links
- *                   (link s joins stage s and s + 1; "links" in the file) whose backward sends
+ *   stages          dp: the pipeline ranks whose gradients compress ("stages" in the file; all
+ *                   of a rank's chunks alike); pp: the links between virtual stages (link s
+ *                   joins virtual stage s and s + 1; "links" in the file) whose backward sends
  *                   compress; num_stages == 0 (stages NULL) means all of them. */
 #define LOOM_PLAN_DEFAULT_DP_RANK       4    /* powersgd */
 #define LOOM_PLAN_DEFAULT_PP_RANK       8    /* lowrank */
@@ -89,7 +106,7 @@ typedef struct {
     int lazy_error;
     char policy[16];
     char forward[16];
-    int *stages;    /* (num_stages) distinct indices in [0, pp) (links: [0, pp - 1)) */
+    int *stages;    /* (num_stages) distinct ranks in [0, pp) (links: [0, pp * v - 1)) */
     int num_stages; /* 0 = all */
 } loom_plan_compressor;
 
@@ -110,7 +127,8 @@ typedef struct {
     int num_predicted_peak;
 } loom_plan;
 
-/* An empty plan with the defaults: schedule "1f1b", compression "none" (loom_plan_compressor_init),
+/* An empty plan with the defaults: schedule "1f1b" with one virtual stage per rank, compression
+ * "none" (loom_plan_compressor_init),
  * embedding_sync "separate", every size 0 (so it does not pass loom_plan_check until filled in). */
 void loom_plan_init(loom_plan *plan);
 /* Method "none" with the defaults of every other field (rank 0, fraction 0.01, error feedback
@@ -133,32 +151,40 @@ loom_status loom_plan_read(const char *path, loom_plan *plan);
 loom_status loom_plan_write(const char *path, const loom_plan *plan);
 
 /* The rules, in this order: model sizes positive and heads dividing d_model; batch sizes
- * positive; schedule "gpipe" or "1f1b"; mesh sizes positive; dp*tp*pp == world_size when
- * world_size > 0; tp dividing the heads and the padded vocabulary (so also d_model and
- * 4*d_model); pp at most the layers; global batch a multiple of micro*dp; num_stages == pp;
- * stage ranges non-empty, contiguous, in order, from 0 to layers; embedding true exactly on
- * stage 0 and head exactly on the last stage; then each compressor (dp, pp): its method one
- * that loom_compress_method_parse allows there (pp.forward: a forward method), "none" for
- * pp.method and pp.forward with one pipeline stage, rank > 0 for powersgd/lowrank and 0 for the
+ * positive; schedule "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v"; virtual_stages 1 for
+ * gpipe, 1f1b and zb-h1, 2 for zb-v, at least 2 for interleaved; mesh sizes positive;
+ * dp*tp*pp == world_size when world_size > 0; tp dividing the heads and the padded vocabulary
+ * (so also d_model and 4*d_model); pp * virtual_stages at most the layers; global batch a
+ * multiple of micro*dp; with interleaved, the micro-batches per step
+ * (loom_plan_num_micro_batches) a multiple of pp (Megatron's rule); num_stages == pp *
+ * virtual_stages; stage ranges non-empty, contiguous, in order, from 0 to layers; embedding true
+ * exactly on stage 0 and head exactly on the last virtual stage; each stage's rank and chunk
+ * those of loom_plan_place; no recompute with zb-h1 or zb-v (their W pass needs the activations
+ * the forward kept); then each compressor (dp, pp): its method one that
+ * loom_compress_method_parse allows there (pp.forward: a forward method), "none" for pp.method
+ * and pp.forward with one virtual stage in all, rank > 0 for powersgd/lowrank and 0 for the
  * rest, fraction in (0, 1] for topk and the default for the rest, warmup_steps >= 0, sign only
- * with error feedback, policy "all", "epilogue" or "slack", stage indices distinct and in
- * [0, pp), link indices distinct and in [0, pp - 1), and the fields of the other place at their
- * defaults (they have no key in the file); embedding_sync "separate" or "fused", and "fused"
- * only with pp > 1; predictions finite and >= 0. The first broken rule is reported as
- * "SOURCE: JSON.PATH: expected ..., got ..." (LOOM_ERR_INPUT). */
+ * with error feedback, policy "all", "epilogue" or "slack", dp stage indices (pipeline ranks)
+ * distinct and in [0, pp), pp link indices distinct and in [0, pp * virtual_stages - 1), and
+ * the fields of the other place at their defaults (they have no key in the file);
+ * embedding_sync "separate" or "fused", and "fused" only with pp > 1; predictions finite and
+ * >= 0. The first broken rule is reported as "SOURCE: JSON.PATH: expected ..., got ..."
+ * (LOOM_ERR_INPUT). */
 loom_status loom_plan_check(const loom_plan *plan, const char *source, int world_size);
 
 /* Builds a checked plan (messages name the source "plan") with compression "none" and no
- * predictions. Stages are contiguous and as even as possible; when the layers do not divide
- * evenly, the EARLIER stages get the extra layer, because the last stage also runs the LM head
- * and the loss (for GPT-2 124M the head's matmul costs about as much as five blocks), while
- * the first stage's embedding lookup is cheap. stage_layers, a comma-separated list of layer
- * counts (e.g. "3,5"), overrides the split: pp positive counts summing to the layers.
- * schedule NULL means "1f1b". The model's padded_vocab_size is recomputed from vocab_size.
- * On failure the plan is left empty. */
+ * predictions. schedule NULL means "1f1b"; virtual_stages 0 means the schedule's (1, zb-v 2,
+ * interleaved LOOM_PLAN_DEFAULT_VIRTUAL_STAGES). The layers are split over the pp *
+ * virtual_stages virtual stages in model order, placed on ranks by loom_plan_place. Stages are
+ * contiguous and as even as possible; when the layers do not divide evenly, the EARLIER stages
+ * get the extra layer, because the last stage also runs the LM head and the loss (for GPT-2 124M
+ * the head's matmul costs about as much as five blocks), while the first stage's embedding
+ * lookup is cheap. stage_layers, a comma-separated list of layer counts (e.g. "3,5"), overrides
+ * the split: pp * virtual_stages positive counts summing to the layers, in model order. The
+ * model's padded_vocab_size is recomputed from vocab_size. On failure the plan is left empty. */
 loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
                               int micro_batch, int global_batch, const char *schedule,
-                              const char *stage_layers);
+                              int virtual_stages, const char *stage_layers);
 
 /* What layout flags ask for (`loom train`'s and `loom plan`'s, with one set of defaults): 0 or
  * NULL means "the default". The batch rule lives here and nowhere else:
@@ -169,14 +195,18 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
  *                  (a pipeline of pp stages wants at least pp micro-batches in flight)
  *   global_batch   0: micro x micro_batches x dp; when both are given they must agree
  *   schedule       NULL or "": "1f1b"
- *   stage_layers   NULL or "": as even as possible (loom_plan_uniform)
- *   recompute      every stage recomputes its activations in backward */
+ *   virtual_stages model chunks per pipeline rank; 0: the schedule's (loom_plan_uniform); any
+ *                  other value than the schedule's with a schedule that fixes it is refused
+ *   stage_layers   NULL or "": as even as possible (loom_plan_uniform); else one count per
+ *                  virtual stage
+ *   recompute      every stage recomputes its activations in backward (not with zb-h1, zb-v) */
 #define LOOM_PLAN_DEFAULT_MICRO_BATCH 8
 typedef struct {
     int dp, tp, pp;
     int micro_batch; /* sequences per forward/backward; 0: LOOM_PLAN_DEFAULT_MICRO_BATCH */
     int global_batch, micro_batches;
     const char *schedule, *stage_layers;
+    int virtual_stages;
     int recompute;
     /* compression (deep-copied into the plan and checked there); NULL: "none" */
     const loom_plan_compressor *dp_compression, *pp_compression;
@@ -185,9 +215,9 @@ typedef struct {
 
 /* Resolves the request's defaults for world_size ranks (0: no world, as `loom plan` without
  * --ranks) and builds the checked plan (loom_plan_uniform, then the compression). Messages name
- * the flags (--data-parallel, --micro-batches, --global-batch-size, --embedding-sync, ...) or,
- * for rules of the plan, the plan path ("plan: compression.dp.fraction: ..."). On failure the
- * plan is left empty. */
+ * the flags (--data-parallel, --micro-batches, --global-batch-size, --schedule,
+ * --virtual-stages, --recompute, --embedding-sync, ...) or, for rules of the plan, the plan path
+ * ("plan: compression.dp.fraction: ..."). On failure the plan is left empty. */
 loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
                                    const loom_plan_request *request, int world_size);
 
@@ -251,15 +281,18 @@ int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
 
 /* Micro-batches each pipeline runs per optimizer step: global / (micro * dp). */
 int loom_plan_num_micro_batches(const loom_plan *plan);
-/* Whether `compressor` is on (method other than "none") for pipeline stage `stage` (for
- * pp_compression: for link `stage`, between stages stage and stage + 1). */
+/* Whether `compressor` is on (method other than "none") for `stage`: for dp_compression a
+ * pipeline rank (every chunk it runs), for pp_compression a link between virtual stages (link s
+ * joins virtual stages s and s + 1, whichever ranks run them). */
 int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage);
 /* Whether the plan compresses data-parallel gradients or pipeline gradients (either method other
  * than "none"): what keeps compressor state and reports compression metrics. */
 int loom_plan_compresses(const loom_plan *plan);
 
-/* A short human summary: model, batch, mesh, stages with their layer ranges, compression, and
- * the rank layout table "rank -> (pp, dp, tp)" (the first 64 ranks, then a count). */
+/* A short human summary: model, batch (with the virtual stages per rank when more than one),
+ * mesh, stages with their layer ranges (and, with virtual stages, the rank and chunk that run
+ * each), compression, and the rank layout table "rank -> (pp, dp, tp)" (the first 64 ranks,
+ * then a count). */
 void loom_plan_print(const loom_plan *plan, FILE *out);
 
 #ifdef __cplusplus

@@ -57,8 +57,9 @@ typedef struct {
     char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
     int data_parallel, tensor_parallel, pipeline_parallel;
     int micro_batch_size, global_batch_size, micro_batches;
-    char schedule[16];      /* pipeline schedule: "1f1b" or "gpipe" */
-    char stage_layers[256]; /* pipeline stage sizes, e.g. "3,5"; "" = as even as possible */
+    char schedule[16];      /* "1f1b", "gpipe", "interleaved", "zb-h1" or "zb-v" */
+    int virtual_stages;     /* model chunks per pipeline rank (0 = the schedule's) */
+    char stage_layers[256]; /* virtual stage sizes, e.g. "3,5"; "" = as even as possible */
     int recompute;          /* every stage keeps only its inputs; backward recomputes */
     loom_plan_compression_flags compression; /* what is compressed, and how */
     /* how the layout runs (not part of a plan) */

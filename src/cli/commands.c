@@ -64,9 +64,14 @@ static const cli_opt train_opts[] = {
          "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
     TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
     TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (0 = 1)"),
-    TOPT("--schedule", OPT_STRING, schedule, "pipeline schedule: 1f1b (default) or gpipe"),
+    TOPT("--schedule", OPT_STRING, schedule,
+         "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
+    TOPT("--virtual-stages", OPT_INT, virtual_stages,
+         "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
+         "others 1)"),
     TOPT("--stage-layers", OPT_STRING, stage_layers,
-         "layers per pipeline stage, e.g. 3,5 (default: as even as possible)"),
+         "layers per (virtual) pipeline stage in model order, e.g. 3,5 (default: as even as "
+         "possible)"),
     TOPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else the stages)"),
     TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
@@ -130,6 +135,7 @@ static const char *const plan_owned[] = {"--model",
                                          "--global-batch-size",
                                          "--micro-batches",
                                          "--schedule",
+                                         "--virtual-stages",
                                          "--stage-layers",
                                          "--recompute"};
 
@@ -248,6 +254,7 @@ static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
     cfg->micro_batch_size = plan->micro_batch, cfg->global_batch_size = plan->global_batch;
     cfg->micro_batches = loom_plan_num_micro_batches(plan);
     snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan->schedule);
+    cfg->virtual_stages = plan->virtual_stages;
     size_t used = 0;
     cfg->stage_layers[0] = '\0';
     for (int s = 0; s < plan->num_stages && used < sizeof cfg->stage_layers; s++) {

@@ -28,6 +28,7 @@ typedef struct {
     int dp, tp, pp;
     int micro_batch_size, global_batch_size, micro_batches, recompute;
     char schedule[64];
+    int virtual_stages;
     char stage_layers[256];
     loom_plan_compression_flags compression;
     int ranks;
@@ -57,9 +58,14 @@ static const cli_opt plan_opts[] = {
     POPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else pp)"),
     POPT("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
-    POPT("--schedule", OPT_STRING, schedule, "pipeline schedule: gpipe or 1f1b"),
+    POPT("--schedule", OPT_STRING, schedule,
+         "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
+    POPT("--virtual-stages", OPT_INT, virtual_stages,
+         "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
+         "others 1)"),
     POPT("--stage-layers", OPT_STRING, stage_layers,
-         "layers per stage, comma-separated (e.g. 3,5; default: even, earlier stages +1)"),
+         "layers per (virtual) stage in model order, comma-separated (e.g. 3,5; default: even, "
+         "earlier stages +1)"),
     CLI_COMPRESSION_OPTS(POPT),
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
@@ -144,6 +150,7 @@ static int run_build(const plan_args *args) {
                                  .global_batch = args->global_batch_size,
                                  .micro_batches = args->micro_batches,
                                  .schedule = args->schedule,
+                                 .virtual_stages = args->virtual_stages,
                                  .stage_layers = args->stage_layers,
                                  .recompute = args->recompute};
     loom_plan plan;

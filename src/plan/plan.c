@@ -25,7 +25,7 @@ static const char *const schedule_words[] = {"gpipe", "1f1b", "interleaved", "zb
 static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
-const loom_plan_words loom_plan_schedules = {schedule_words, 2};
+const loom_plan_words loom_plan_schedules = {schedule_words, 5};
 const loom_plan_words loom_plan_policies = {policy_words, 3};
 const loom_plan_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
 
@@ -81,6 +81,7 @@ void loom_plan_compressor_free(loom_plan_compressor *c) {
 void loom_plan_init(loom_plan *plan) {
     memset(plan, 0, sizeof *plan);
     snprintf(plan->schedule, sizeof plan->schedule, "1f1b");
+    plan->virtual_stages = 1;
     loom_plan_compressor_init(&plan->dp_compression);
     loom_plan_compressor_init(&plan->pp_compression);
     snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
@@ -170,8 +171,30 @@ static loom_status check_batch(const loom_plan *p, const char *source) {
         return loom_plan_fail_field(source, "batch.global", "expected a positive integer, got %d",
                                     p->global_batch);
     }
-    return check_word(source, "batch.schedule", p->schedule, sizeof p->schedule,
-                      &loom_plan_schedules);
+    loom_status st =
+        check_word(source, "batch.schedule", p->schedule, sizeof p->schedule, &loom_plan_schedules);
+    if (st != LOOM_OK) return st;
+    int fixed = loom_plan_schedule_chunks(p->schedule), v = p->virtual_stages;
+    if (fixed > 0 && v != fixed) {
+        return loom_plan_fail_field(source, "batch.virtual_stages",
+                                    "expected %d for schedule \"%s\" (%s), got %d", fixed,
+                                    p->schedule,
+                                    fixed == 1 ? "one model chunk per pipeline rank"
+                                               : "its V runs two model chunks on every rank",
+                                    v);
+    }
+    if (fixed == 0 && v < 2) {
+        return loom_plan_fail_field(source, "batch.virtual_stages",
+                                    "expected at least 2 for schedule \"%s\" (model chunks per "
+                                    "pipeline rank; one chunk is 1f1b), got %d",
+                                    p->schedule, v);
+    }
+    return LOOM_OK;
+}
+
+/* zb-h1 and zb-v split the backward into B (input gradients) and W (weight gradients). */
+static int splits_backward(const char *schedule) {
+    return strcmp(schedule, "zb-h1") == 0 || strcmp(schedule, "zb-v") == 0;
 }
 
 static loom_status check_mesh(const loom_plan *p, const char *source, int world_size) {
@@ -200,11 +223,19 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
     const loom_gpt_config *m = &p->model;
     loom_status st = loom_gpt_check_tp(m, p->tp, source, "mesh.tp", "model.");
     if (st != LOOM_OK) return st;
-    if (p->pp > m->num_layers) {
+    int64_t virtual_stages = (int64_t)p->pp * p->virtual_stages;
+    if (p->virtual_stages == 1 && p->pp > m->num_layers) {
         return loom_plan_fail_field(source, "mesh.pp",
                                     "expected at most model.layers %d stages (one layer each at "
                                     "least), got %d",
                                     m->num_layers, p->pp);
+    }
+    if (virtual_stages > m->num_layers) {
+        return loom_plan_fail_field(source, "mesh.pp",
+                                    "expected at most model.layers %d virtual stages (one layer "
+                                    "each at least), got mesh.pp x batch.virtual_stages = %d x "
+                                    "%d = %" PRId64,
+                                    m->num_layers, p->pp, p->virtual_stages, virtual_stages);
     }
     int64_t per_step = (int64_t)p->micro_batch * p->dp;
     if (p->global_batch % per_step != 0) {
@@ -212,6 +243,17 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
             source, "batch.global",
             "expected a multiple of batch.micro * mesh.dp = %d*%d = %" PRId64 ", got %d",
             p->micro_batch, p->dp, per_step, p->global_batch);
+    }
+    /* Megatron's interleaved schedule runs the micro-batches in groups of pp per chunk */
+    int micro_batches = loom_plan_num_micro_batches(p);
+    if (strcmp(p->schedule, "interleaved") == 0 && micro_batches % p->pp != 0) {
+        return loom_plan_fail_field(source, "batch.global",
+                                    "expected a multiple of batch.micro * mesh.dp * mesh.pp = "
+                                    "%d*%d*%d = %" PRId64 " with schedule \"interleaved\" (its "
+                                    "micro-batches per step must be a multiple of mesh.pp, "
+                                    "Megatron's rule), got %d (%d micro-batches)",
+                                    p->micro_batch, p->dp, p->pp, per_step * p->pp, p->global_batch,
+                                    micro_batches);
     }
     return LOOM_OK;
 }
@@ -225,10 +267,51 @@ static loom_status check_stage_flag(const char *source, int index, const char *k
                                 expected ? "true" : "false", why, value ? "true" : "false");
 }
 
+/* stages[i] as its schedule needs it: rank and chunk where the schedule places virtual stage i
+ * (loom_plan_place), and no recompute when the backward is split into B and W. */
+static loom_status check_stage_schedule(const loom_plan *p, const char *source, int i) {
+    const loom_plan_stage *s = &p->stages[i];
+    int rank, chunk;
+    loom_plan_place(p->schedule, p->pp, p->virtual_stages, i, &rank, &chunk);
+    const char *what = p->virtual_stages > 1 ? "virtual stage" : "stage";
+    char path[64];
+    if (s->rank != rank) {
+        snprintf(path, sizeof path, "stages[%d].rank", i);
+        return loom_plan_fail_field(source, path,
+                                    "expected %d (%s places %s %d of %d on rank %d), "
+                                    "got %d",
+                                    rank, p->schedule, what, i, p->num_stages, rank, s->rank);
+    }
+    if (s->chunk != chunk) {
+        snprintf(path, sizeof path, "stages[%d].chunk", i);
+        return loom_plan_fail_field(source, path,
+                                    "expected %d (%s runs %s %d of %d as chunk %d of rank %d), "
+                                    "got %d",
+                                    chunk, p->schedule, what, i, p->num_stages, chunk, rank,
+                                    s->chunk);
+    }
+    if (s->recompute && splits_backward(p->schedule)) {
+        snprintf(path, sizeof path, "stages[%d].recompute", i);
+        return loom_plan_fail_field(source, path,
+                                    "expected false (recompute is not supported with %s: its W "
+                                    "pass needs the activations the forward kept), got true",
+                                    p->schedule);
+    }
+    return LOOM_OK;
+}
+
 static loom_status check_stages(const loom_plan *p, const char *source) {
-    if (p->num_stages != p->pp || (p->num_stages > 0 && !p->stages)) {
-        return loom_plan_fail_field(source, "stages", "expected mesh.pp = %d stages, got %d", p->pp,
-                                    p->stages ? p->num_stages : 0);
+    int expected = p->pp * p->virtual_stages; /* at most the layers (check_mesh) */
+    if (p->num_stages != expected || (p->num_stages > 0 && !p->stages)) {
+        int got = p->stages ? p->num_stages : 0;
+        if (p->virtual_stages == 1) {
+            return loom_plan_fail_field(source, "stages", "expected mesh.pp = %d stages, got %d",
+                                        p->pp, got);
+        }
+        return loom_plan_fail_field(source, "stages",
+                                    "expected mesh.pp x batch.virtual_stages = %d x %d = %d "
+                                    "virtual stages, got %d",
+                                    p->pp, p->virtual_stages, expected, got);
     }
     int last = p->num_stages - 1;
     for (int i = 0; i < p->num_stages; i++) {
@@ -265,6 +348,7 @@ static loom_status check_stages(const loom_plan *p, const char *source) {
         st = check_stage_flag(source, i, "head", s->head, i == last,
                               i == last ? "the last stage runs the head"
                                         : "only the last stage runs the head");
+        if (st == LOOM_OK) st = check_stage_schedule(p, source, i);
         if (st != LOOM_OK) return st;
     }
     return LOOM_OK;
@@ -400,7 +484,8 @@ static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
     loom_status st = check_method(source, "compression.pp.method", c->method, sizeof c->method,
                                   LOOM_COMPRESS_FOR_PP_GRAD, &m);
     if (st != LOOM_OK) return st;
-    if (p->pp == 1 && m != LOOM_COMPRESS_NONE) {
+    int stages = p->pp * p->virtual_stages; /* links join neighbouring virtual stages */
+    if (stages == 1 && m != LOOM_COMPRESS_NONE) {
         return loom_plan_fail_field(source, "compression.pp.method",
                                     "expected \"none\" with one pipeline stage, got \"%s\"",
                                     loom_compress_method_name(m));
@@ -415,14 +500,20 @@ static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
                           LOOM_COMPRESS_FOR_PP_FORWARD, &forward);
     }
     if (st != LOOM_OK) return st;
-    if (p->pp == 1 && forward != LOOM_COMPRESS_NONE) {
+    if (stages == 1 && forward != LOOM_COMPRESS_NONE) {
         return loom_plan_fail_field(source, "compression.pp.forward",
                                     "expected \"none\" with one pipeline stage, got \"%s\"",
                                     loom_compress_method_name(forward));
     }
-    char why[96];
-    snprintf(why, sizeof why, "link s joins stages s and s + 1 of mesh.pp = %d", p->pp);
-    st = check_indices(c, source, "compression.pp", "links", "link", p->pp - 1, why);
+    char why[128];
+    if (p->virtual_stages == 1) {
+        snprintf(why, sizeof why, "link s joins stages s and s + 1 of mesh.pp = %d", p->pp);
+    } else {
+        snprintf(why, sizeof why,
+                 "link s joins virtual stages s and s + 1 of mesh.pp x batch.virtual_stages = %d",
+                 stages);
+    }
+    st = check_indices(c, source, "compression.pp", "links", "link", stages - 1, why);
     if (st == LOOM_OK) st = check_other_place(c, source, 1);
     return st;
 }
@@ -488,9 +579,23 @@ loom_status loom_plan_check(const loom_plan *plan, const char *source, int world
 
 /* ---- building ------------------------------------------------------------------------------- */
 
-/* Parses "3,5" into pp layer counts. */
-static loom_status parse_stage_layers(const char *text, int pp, int layers, int *counts) {
+/* "one per stage (mesh.pp = 2)" or "one per virtual stage (mesh.pp x batch.virtual_stages =
+ * 2 x 2)", for the messages about the layer counts. */
+static void stage_count_why(const loom_plan *plan, char *buf, size_t cap) {
+    if (plan->virtual_stages == 1) {
+        snprintf(buf, cap, "one per stage (mesh.pp = %d)", plan->pp);
+    } else {
+        snprintf(buf, cap, "one per virtual stage (mesh.pp x batch.virtual_stages = %d x %d)",
+                 plan->pp, plan->virtual_stages);
+    }
+}
+
+/* Parses "3,5" into the plan's pp * virtual_stages layer counts. */
+static loom_status parse_stage_layers(const loom_plan *plan, const char *text, int *counts) {
     const char *source = "plan";
+    int stages = plan->pp * plan->virtual_stages, layers = plan->model.num_layers;
+    char why[128];
+    stage_count_why(plan, why, sizeof why);
     int n = 0;
     int64_t sum = 0;
     const char *p = text;
@@ -499,22 +604,22 @@ static loom_status parse_stage_layers(const char *text, int pp, int layers, int 
         errno = 0;
         long v = strtol(p, &end, 10);
         int bad_number = end == p || errno || v <= 0 || v > INT_MAX || (*end && *end != ',');
-        if (bad_number || n >= pp) {
+        if (bad_number || n >= stages) {
             return loom_plan_fail_field(source, "stage_layers",
-                                        "expected %d comma-separated positive layer counts, one "
-                                        "per stage (mesh.pp = %d), got \"%s\"",
-                                        pp, pp, text);
+                                        "expected %d comma-separated positive layer counts, %s, "
+                                        "got \"%s\"",
+                                        stages, why, text);
         }
         counts[n++] = (int)v;
         sum += v;
         if (*end == '\0') break;
         p = end + 1;
     }
-    if (n != pp) {
+    if (n != stages) {
         return loom_plan_fail_field(source, "stage_layers",
-                                    "expected %d comma-separated positive layer counts, one per "
-                                    "stage (mesh.pp = %d), got %d in \"%s\"",
-                                    pp, pp, n, text);
+                                    "expected %d comma-separated positive layer counts, %s, got "
+                                    "%d in \"%s\"",
+                                    stages, why, n, text);
     }
     if (sum != layers) {
         return loom_plan_fail_field(source, "stage_layers",
@@ -525,25 +630,32 @@ static loom_status parse_stage_layers(const char *text, int pp, int layers, int 
     return LOOM_OK;
 }
 
+/* The virtual stages in model order, each placed by the schedule (loom_plan_place). */
 static loom_status build_stages(loom_plan *plan, const char *stage_layers) {
-    int pp = plan->pp, layers = plan->model.num_layers;
-    int *counts = loom_calloc((size_t)pp, sizeof *counts, "plan stage sizes");
+    int stages = plan->pp * plan->virtual_stages, layers = plan->model.num_layers;
+    int *counts = loom_calloc((size_t)stages, sizeof *counts, "plan stage sizes");
     if (!counts) return LOOM_ERR_NOMEM;
     loom_status st = LOOM_OK;
     if (stage_layers && stage_layers[0]) {
-        st = parse_stage_layers(stage_layers, pp, layers, counts);
+        st = parse_stage_layers(plan, stage_layers, counts);
     } else {
-        for (int i = 0; i < pp; i++) counts[i] = layers / pp + (i < layers % pp ? 1 : 0);
+        for (int i = 0; i < stages; i++)
+            counts[i] = layers / stages + (i < layers % stages ? 1 : 0);
     }
     if (st == LOOM_OK) {
-        plan->stages = loom_calloc((size_t)pp, sizeof *plan->stages, "plan stages");
+        plan->stages = loom_calloc((size_t)stages, sizeof *plan->stages, "plan stages");
         if (!plan->stages) st = LOOM_ERR_NOMEM;
     }
     if (st == LOOM_OK) {
-        plan->num_stages = pp;
+        plan->num_stages = stages;
         int first = 0;
-        for (int i = 0; i < pp; i++) {
-            plan->stages[i] = (loom_plan_stage){first, first + counts[i], i == 0, i == pp - 1, 0};
+        for (int i = 0; i < stages; i++) {
+            loom_plan_stage *s = &plan->stages[i];
+            *s = (loom_plan_stage){.first_layer = first,
+                                   .end_layer = first + counts[i],
+                                   .embedding = i == 0,
+                                   .head = i == stages - 1};
+            loom_plan_place(plan->schedule, plan->pp, plan->virtual_stages, i, &s->rank, &s->chunk);
             first += counts[i];
         }
     }
@@ -551,9 +663,16 @@ static loom_status build_stages(loom_plan *plan, const char *stage_layers) {
     return st;
 }
 
+/* v when none is asked for: the schedule's, LOOM_PLAN_DEFAULT_VIRTUAL_STAGES for interleaved,
+ * and 1 for an unknown schedule (which the checks then name). */
+static int default_virtual_stages(const char *schedule) {
+    int fixed = loom_plan_schedule_chunks(schedule);
+    return fixed > 0 ? fixed : fixed == 0 ? LOOM_PLAN_DEFAULT_VIRTUAL_STAGES : 1;
+}
+
 loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
                               int micro_batch, int global_batch, const char *schedule,
-                              const char *stage_layers) {
+                              int virtual_stages, const char *stage_layers) {
     loom_plan_init(plan);
     plan->model = *model;
     plan->model.padded_vocab_size = loom_gpt_pad_vocab(model->vocab_size);
@@ -569,6 +688,7 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
     } else {
         snprintf(plan->schedule, sizeof plan->schedule, "%s", schedule);
     }
+    plan->virtual_stages = virtual_stages ? virtual_stages : default_virtual_stages(schedule);
     if (st == LOOM_OK) st = check_shape(plan, "plan", 0);
     if (st == LOOM_OK) st = build_stages(plan, stage_layers);
     if (st == LOOM_OK) st = loom_plan_check(plan, "plan", 0);
@@ -601,6 +721,69 @@ static loom_status request_compression(loom_plan *plan, const loom_plan_request 
     return st;
 }
 
+/* The request's schedule with its virtual stages and recompute, refused by flag before the plan
+ * is built (the plan's own rules would name batch.virtual_stages and stages[0].recompute). */
+static loom_status request_schedule(const loom_plan_request *r, int pp, int layers) {
+    int given = r->schedule && r->schedule[0];
+    const char *name = given ? r->schedule : "1f1b";
+    int fixed = loom_plan_schedule_chunks(name), v = r->virtual_stages;
+    if (fixed < 0) {
+        char list[128];
+        loom_plan_word_list(&loom_plan_schedules, list, sizeof list);
+        return loom_fail(LOOM_ERR_INPUT, "--schedule: batch.schedule: expected %s, got \"%.64s\"",
+                         list, name);
+    }
+    if (fixed > 0 && v != 0 && v != fixed) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--virtual-stages: expected %d with --schedule %s%s (%s), "
+                         "got %d",
+                         fixed, name, given ? "" : ", the default",
+                         fixed == 1 ? "one model chunk per pipeline rank; --schedule interleaved "
+                                      "takes more"
+                                    : "its V runs two model chunks on every rank",
+                         v);
+    }
+    if (fixed == 0 && v == 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--virtual-stages: expected at least 2 with --schedule interleaved "
+                         "(model chunks per pipeline rank; one chunk is --schedule 1f1b), got 1");
+    }
+    if (fixed == 0 && v > 0 && pp <= layers && (int64_t)pp * v > layers) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--virtual-stages: expected at most %d with --pipeline-parallel %d (a "
+                         "layer per virtual stage at least, of model.layers %d), got %d",
+                         layers / pp, pp, layers, v);
+    }
+    if (r->recompute && splits_backward(name)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--recompute: not supported with --schedule %s (its W pass needs the "
+                         "activations the forward kept)",
+                         name);
+    }
+    return LOOM_OK;
+}
+
+/* Megatron's interleaved rule, micro-batches per step a multiple of pp, named by the flag that
+ * set the batch. */
+static loom_status request_interleaved_batch(const loom_plan_request *r, int pp, int micro, int dp,
+                                             int64_t global) {
+    if (!r->schedule || strcmp(r->schedule, "interleaved") != 0) return LOOM_OK;
+    int64_t per_replica = (int64_t)micro * dp, micro_batches = global / per_replica;
+    if (micro_batches % pp == 0) return LOOM_OK;
+    if (r->micro_batches > 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--micro-batches: expected a multiple of --pipeline-parallel %d with "
+                         "--schedule interleaved (Megatron's rule), got %d",
+                         pp, r->micro_batches);
+    }
+    return loom_fail(
+        LOOM_ERR_INPUT,
+        "--global-batch-size: expected a multiple of micro batch %d x data parallel "
+        "%d x --pipeline-parallel %d = %lld with --schedule interleaved (micro-batches "
+        "per step a multiple of the pipeline ranks, Megatron's rule), got %lld",
+        micro, dp, pp, (long long)(per_replica * pp), (long long)global);
+}
+
 loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model,
                                    const loom_plan_request *r, int world_size) {
     loom_plan_init(plan);
@@ -613,13 +796,16 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
                   {"--pipeline-parallel", r->pp},
                   {"--micro-batch-size", r->micro_batch},
                   {"--global-batch-size", r->global_batch},
-                  {"--micro-batches", r->micro_batches}};
+                  {"--micro-batches", r->micro_batches},
+                  {"--virtual-stages", r->virtual_stages}};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         if (counts[i].value < 0) {
             return loom_fail(LOOM_ERR_INPUT, "%s: expected a positive integer, got %d",
                              counts[i].flag, counts[i].value);
         }
     }
+    loom_status st = request_schedule(r, pp, model->num_layers);
+    if (st != LOOM_OK) return st;
     int micro = r->micro_batch ? r->micro_batch : LOOM_PLAN_DEFAULT_MICRO_BATCH;
     int64_t model_parallel = (int64_t)tp * pp;
     if (dp == 0 && world_size > 0) {
@@ -657,17 +843,18 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
         return loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected at most %d, got %lld",
                          INT_MAX, (long long)global);
     }
-    loom_status st =
-        loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global,
-                          r->schedule && r->schedule[0] ? r->schedule : NULL, r->stage_layers);
+    st = request_interleaved_batch(r, pp, micro, dp, global);
+    if (st != LOOM_OK) return st;
+    st = loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global,
+                           r->schedule && r->schedule[0] ? r->schedule : NULL, r->virtual_stages,
+                           r->stage_layers);
     if (st == LOOM_OK) st = request_compression(plan, r);
-    if (st == LOOM_OK) st = loom_plan_check(plan, "plan", world_size);
-    if (st != LOOM_OK) {
-        loom_plan_free(plan);
-        return st;
+    if (st == LOOM_OK) {
+        for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute != 0;
+        st = loom_plan_check(plan, "plan", world_size);
     }
-    for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute != 0;
-    return LOOM_OK;
+    if (st != LOOM_OK) loom_plan_free(plan);
+    return st;
 }
 
 /* ---- rank layout ---------------------------------------------------------------------------- */
@@ -745,9 +932,13 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
     fprintf(out, "model    %d layers, %d heads, d_model %d, context %d, vocab %d (padded %d)\n",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size,
             m->padded_vocab_size);
-    fprintf(out, "batch    global %d, micro %d, %d micro-batches per step, schedule %s\n",
+    fprintf(out, "batch    global %d, micro %d, %d micro-batches per step, schedule %s",
             plan->global_batch, plan->micro_batch, loom_plan_num_micro_batches(plan),
             plan->schedule);
+    if (plan->virtual_stages > 1) {
+        fprintf(out, " with %d virtual stages per rank", plan->virtual_stages);
+    }
+    fprintf(out, "\n");
     int ranks = plan->dp * plan->tp * plan->pp;
     fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks\n", plan->dp, plan->tp, plan->pp,
             ranks);
@@ -759,12 +950,17 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
         fprintf(out, "predicted %.4g s/step, %.4g tokens/s\n", plan->predicted_step_s,
                 plan->predicted_tokens_per_s);
     }
-    fprintf(out, "\nstage  layers        blocks  embedding  head  recompute\n");
+    /* with virtual stages, which rank runs each and as which of its chunks */
+    int placed = plan->virtual_stages > 1;
+    fprintf(out, "\nstage  %slayers        blocks  embedding  head  recompute\n",
+            placed ? "rank  chunk  " : "");
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];
         char range[32];
         snprintf(range, sizeof range, "[%d, %d)", s->first_layer, s->end_layer);
-        fprintf(out, "%5d  %-12s  %6d  %-9s  %-4s  %s\n", i, range, s->end_layer - s->first_layer,
+        fprintf(out, "%5d  ", i);
+        if (placed) fprintf(out, "%4d  %5d  ", s->rank, s->chunk);
+        fprintf(out, "%-12s  %6d  %-9s  %-4s  %s\n", range, s->end_layer - s->first_layer,
                 s->embedding ? "yes" : "no", s->head ? "yes" : "no", s->recompute ? "yes" : "no");
     }
     enum { MAX_ROWS = 64 };

@@ -160,16 +160,22 @@ static loom_status read_model(const char *file, const json_t *root, loom_gpt_con
 }
 
 static loom_status read_batch(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"global", "micro", "schedule"};
+    static const char *const keys[] = {"global", "micro", "schedule", "virtual_stages"};
     json_t *batch;
     loom_status st = member(file, root, "", "batch", 1, "an object", &batch);
     if (st == LOOM_OK) st = as_object(file, "batch", batch);
-    if (st == LOOM_OK) st = check_keys(file, batch, "batch", keys, 3);
+    if (st == LOOM_OK) st = check_keys(file, batch, "batch", keys, 4);
     if (st == LOOM_OK) st = read_int(file, batch, "batch", "global", 1, &plan->global_batch);
     if (st == LOOM_OK) st = read_int(file, batch, "batch", "micro", 1, &plan->micro_batch);
     if (st == LOOM_OK) {
         st = read_word(file, batch, "batch", "schedule", 0, &loom_plan_schedules, plan->schedule,
                        sizeof plan->schedule);
+    }
+    /* left out: one chunk per rank, or the two of zb-v's V (interleaved's v is always written) */
+    int fixed = loom_plan_schedule_chunks(plan->schedule);
+    plan->virtual_stages = fixed > 0 ? fixed : 1;
+    if (st == LOOM_OK) {
+        st = read_int(file, batch, "batch", "virtual_stages", 0, &plan->virtual_stages);
     }
     return st;
 }
@@ -187,12 +193,12 @@ static loom_status read_mesh(const char *file, const json_t *root, loom_plan *pl
 }
 
 static loom_status read_stage(const char *file, const json_t *value, int index, int last,
-                              loom_plan_stage *stage) {
-    static const char *const keys[] = {"layers", "embedding", "head", "recompute"};
+                              const loom_plan *plan, loom_plan_stage *stage) {
+    static const char *const keys[] = {"layers", "rank", "embedding", "head", "recompute"};
     char path[64];
     snprintf(path, sizeof path, "stages[%d]", index);
     loom_status st = as_object(file, path, value);
-    if (st == LOOM_OK) st = check_keys(file, value, path, keys, 4);
+    if (st == LOOM_OK) st = check_keys(file, value, path, keys, 5);
     json_t *layers = NULL;
     if (st == LOOM_OK) {
         st = member(file, value, path, "layers", 1, "[start, end)", &layers);
@@ -205,6 +211,15 @@ static loom_status read_stage(const char *file, const json_t *value, int index, 
         as_int(file, layers_path, json_array_get(layers, 1), &stage->end_layer) != LOOM_OK) {
         return fail_type(file, layers_path, "[start, end) as two integers", layers);
     }
+    /* the schedule's placement; a "rank" given must agree with it (loom_plan_check), and the
+     * chunk is never written. A mesh that cannot place anything is left to loom_plan_check. */
+    stage->rank = stage->chunk = 0;
+    if (plan->pp > 0 && plan->virtual_stages > 0) {
+        loom_plan_place(plan->schedule, plan->pp, plan->virtual_stages, index, &stage->rank,
+                        &stage->chunk);
+    }
+    st = read_int(file, value, path, "rank", 0, &stage->rank);
+    if (st != LOOM_OK) return st;
     /* absent flags mean the usual placement: embedding on the first stage, head on the last */
     stage->embedding = index == 0;
     stage->head = index == last;
@@ -227,7 +242,8 @@ static loom_status read_stages(const char *file, const json_t *root, loom_plan *
     if (!plan->stages) return LOOM_ERR_NOMEM;
     plan->num_stages = (int)n;
     for (size_t i = 0; i < n && st == LOOM_OK; i++) {
-        st = read_stage(file, json_array_get(stages, i), (int)i, (int)n - 1, &plan->stages[i]);
+        st =
+            read_stage(file, json_array_get(stages, i), (int)i, (int)n - 1, plan, &plan->stages[i]);
     }
     return st;
 }
@@ -476,14 +492,20 @@ static void write_document(FILE *out, const loom_plan *plan) {
             "  \"model\": {\"layers\": %d, \"heads\": %d, \"d_model\": %d, \"context\": %d, "
             "\"vocab\": %d},\n",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
-    fprintf(out, "  \"batch\": {\"global\": %d, \"micro\": %d, \"schedule\": \"%s\"},\n",
+    /* virtual stages are written only when there are some, so that a v = 1 plan reads as a plan
+     * written before they existed */
+    int placed = plan->virtual_stages > 1;
+    fprintf(out, "  \"batch\": {\"global\": %d, \"micro\": %d, \"schedule\": \"%s\"",
             plan->global_batch, plan->micro_batch, plan->schedule);
+    if (placed) fprintf(out, ", \"virtual_stages\": %d", plan->virtual_stages);
+    fprintf(out, "},\n");
     fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d},\n", plan->dp, plan->tp,
             plan->pp);
     fprintf(out, "  \"stages\": [\n");
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];
         fprintf(out, "    {\"layers\": [%d, %d]", s->first_layer, s->end_layer);
+        if (placed) fprintf(out, ", \"rank\": %d", s->rank);
         if (s->embedding) fprintf(out, ", \"embedding\": true");
         if (s->head) fprintf(out, ", \"head\": true");
         fprintf(out, ", \"recompute\": %s}%s\n", s->recompute ? "true" : "false",

@@ -85,6 +85,7 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
                                  .global_batch = c->global_batch_size,
                                  .micro_batches = c->micro_batches,
                                  .schedule = c->schedule,
+                                 .virtual_stages = c->virtual_stages,
                                  .stage_layers = c->stage_layers,
                                  .recompute = c->recompute};
     return loom_plan_from_flags(plan, &model, request, &c->compression,
