@@ -44,6 +44,7 @@ single single
 single single_m1 --micro-batch-size 1
 single single_l6 --layers 6
 single single_h4 --heads 4
+[ "$quick" = 1 ] || single single_l6_g6 --layers 6 --global-batch-size 6
 
 # name ranks extra-flags...
 run() {
@@ -113,7 +114,7 @@ if [ "$quick" != 1 ]; then
     check zbv_p2_uneven 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule zb-v --stage-layers 2,1,2,1
     check zbv_p2_dp2_fused 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --embedding-sync fused
     check il_p2v2_dp2_fused 4 single "${il[@]}" --data-parallel 2 --no-zero1 --embedding-sync fused
-    check zbv_p3_m3 3 single_l6 --layers 6 --pipeline-parallel 3 --schedule zb-v --micro-batch-size 2 --global-batch-size 6
+    check zbv_p3_m3 3 single_l6_g6 --layers 6 --pipeline-parallel 3 --schedule zb-v --global-batch-size 6
 fi
 
 # a checkpoint written under one schedule continues under the others, and in one process

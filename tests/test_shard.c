@@ -562,7 +562,8 @@ static void check_created(const layout *lo, int s, int r) {
 static void check_ownership(const layout *lo) {
     loom_plan_stage stages[MAX_STAGES];
     for (int s = 0; s < lo->stages; s++) {
-        stages[s] = (loom_plan_stage){lo->first[s], lo->end[s], s == 0, s == lo->stages - 1, 0, s, 0};
+        stages[s] =
+            (loom_plan_stage){lo->first[s], lo->end[s], s == 0, s == lo->stages - 1, 0, s, 0};
     }
     loom_plan plan;
     memset(&plan, 0, sizeof plan);

@@ -122,16 +122,16 @@ loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_r
     const loom_plan *plan = mesh->plan;
     loom_gpt_shard shard = {.tp_size = mesh->tp_size,
                             .tp_rank = tp_rank,
-                            .tp_comm = mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp
-                                                                                       : NULL};
+                            .tp_comm =
+                                mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp : NULL};
     /* the rank's virtual stages in model order are its chunks in ascending order */
     for (int s = 0; s < plan->num_stages && shard.num_chunks < LOOM_GPT_MAX_CHUNKS; s++) {
         int rank, chunk;
         loom_plan_place(plan->schedule, plan->pp, plan->num_stages / plan->pp, s, &rank, &chunk);
         if (rank != pp_rank) continue;
         const loom_plan_stage *st = &plan->stages[s];
-        shard.chunks[shard.num_chunks++] = (loom_gpt_chunk){st->first_layer, st->end_layer,
-                                                            s == 0, s == plan->num_stages - 1};
+        shard.chunks[shard.num_chunks++] =
+            (loom_gpt_chunk){st->first_layer, st->end_layer, s == 0, s == plan->num_stages - 1};
     }
     return shard;
 }

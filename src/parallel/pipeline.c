@@ -55,12 +55,12 @@ typedef struct {
 
 /* One of this rank's chunks. */
 typedef struct {
-    int stage;              /* its virtual stage */
-    int below, above;       /* ranks of the neighbouring stages across a link; -1: none, or here */
-    int local_below;        /* the chunk of the stage below when it is on this rank, else -1 */
-    int local_above;        /* ... above */
-    int embedding, head;    /* the model's first / last virtual stage */
-    int last_weight;        /* the action that finishes its weight gradients in the step */
+    int stage;           /* its virtual stage */
+    int below, above;    /* ranks of the neighbouring stages across a link; -1: none, or here */
+    int local_below;     /* the chunk of the stage below when it is on this rank, else -1 */
+    int local_above;     /* ... above */
+    int embedding, head; /* the model's first / last virtual stage */
+    int last_weight;     /* the action that finishes its weight gradients in the step */
     loom_compressor *encoder[2]; /* what it sends (activations up, gradients down); NULL: as is */
     loom_compressor *decoder[2]; /* what it receives */
     unsigned char *encode_mb[2], *decode_mb[2]; /* (m) which sends / receives are compressed */
@@ -275,8 +275,7 @@ static loom_status slack_update(loom_pipeline *p) {
         if (s == 0) continue;
         /* boundary s - 1 carries stage s's gradients down (and activations up, as long) */
         link[s - 1] = row[SLACK_RAW];
-        double codec =
-            row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
+        double codec = row[SLACK_ENCODE] + p->table[(size_t)(s - 1) * SLACK_FIELDS + SLACK_DECODE];
         saving[s - 1] =
             row[SLACK_COMPRESSED] > 0 ? row[SLACK_RAW] - row[SLACK_COMPRESSED] - codec : 0.0;
     }
@@ -396,13 +395,17 @@ static void chunks_init(loom_pipeline *p) {
         int rank, chunk;
         if (!ch->embedding) {
             loom_pipe_place(&p->shape, ch->stage - 1, &rank, &chunk);
-            if (rank == me) ch->local_below = chunk;
-            else ch->below = rank;
+            if (rank == me)
+                ch->local_below = chunk;
+            else
+                ch->below = rank;
         }
         if (!ch->head) {
             loom_pipe_place(&p->shape, ch->stage + 1, &rank, &chunk);
-            if (rank == me) ch->local_above = chunk;
-            else ch->above = rank;
+            if (rank == me)
+                ch->local_above = chunk;
+            else
+                ch->above = rank;
         }
     }
     for (int i = 0; i < p->schedule.count; i++) {
@@ -416,10 +419,12 @@ static void chunks_init(loom_pipeline *p) {
 /* Pool sizes from a dry run of the list. */
 static loom_status pools_create(loom_pipeline *p) {
     int counts[2] = {0, 0}, peak[2] = {0, 0}, keys = p->chunks * p->micro_batches;
-    for (int i = 0; i < p->schedule.count; i++) pool_events(p, p->schedule.actions[i], 1, counts, peak);
+    for (int i = 0; i < p->schedule.count; i++)
+        pool_events(p, p->schedule.actions[i], 1, counts, peak);
     p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
     if (p->in_flight < 1) p->in_flight = 1;
-    loom_status st = pool_init(&p->slots, keys, p->recompute ? 1 : p->in_flight, "activation slots");
+    loom_status st =
+        pool_init(&p->slots, keys, p->recompute ? 1 : p->in_flight, "activation slots");
     if (st == LOOM_OK) st = pool_init(&p->inputs, keys, peak[0], "input buffers");
     if (st == LOOM_OK) st = pool_init(&p->grads, keys, peak[1], "gradient buffers");
     if (st != LOOM_OK || p->stages == 1) return st;
@@ -570,9 +575,9 @@ static loom_status recv_decode(loom_pipeline *p, int kind, int c, int mb, float 
     chunk_state *ch = &p->chunk[c];
     loom_compressor *decoder = ch->decoder[kind];
     if (decoder && ch->decode_mb[kind][mb] && rows == loom_compressor_rows(decoder)) {
-        loom_status st =
-            loom_comm_recv(p->mesh->pp, ch->wire[kind], (int64_t)loom_compressor_wire_bytes(decoder),
-                           peer, kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
+        loom_status st = loom_comm_recv(p->mesh->pp, ch->wire[kind],
+                                        (int64_t)loom_compressor_wire_bytes(decoder), peer,
+                                        kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
         if (st != LOOM_OK) return st;
         double t0 = loom_trace_now_us();
         loom_compressor_decode(decoder, ch->wire[kind], dst);
@@ -644,8 +649,8 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         int slot = p->recompute ? 0 : pool_take(&p->slots, key, "activation slot");
         loom_gpt_use_slot(model, slot);
         loom_comm_progress("forward");
-        *loss_sum += loom_gpt_forward_chunk(model, c, tokens, input_of(p, c, mb), mb_targets,
-                                            p->B, p->T);
+        *loss_sum +=
+            loom_gpt_forward_chunk(model, c, tokens, input_of(p, c, mb), mb_targets, p->B, p->T);
         p->last_forward = key;
         if (ch->local_above >= 0) {
             memcpy(input_of(p, ch->local_above, mb), loom_gpt_chunk_output(model, c),
@@ -655,8 +660,8 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
     }
     case LOOM_PIPE_SEND_ACT:
         use_activations(p, c, mb, tokens, mb_targets);
-        st = encode_send(p, KIND_ACT, c, mb, loom_gpt_chunk_output(model, c), rows, cols,
-                         ch->above);
+        st =
+            encode_send(p, KIND_ACT, c, mb, loom_gpt_chunk_output(model, c), rows, cols, ch->above);
         break;
     case LOOM_PIPE_RECV_GRAD:
         st = recv_decode(p, KIND_GRAD, c, mb, grad_of(p, c, mb), rows, cols, ch->above);

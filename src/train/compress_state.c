@@ -56,8 +56,10 @@ static int compressors(loom_grad_sync *sync, loom_pipeline *pipe, loom_compresso
     for (int i = 0; i < loom_pipeline_compressor_count(pipe); i++) {
         if (list && n < cap) { /* "pp.grad", then "pp.grad.1", ... for a rank's further chunks */
             list[n] = loom_pipeline_compressor(pipe, i);
-            if (i == 0) snprintf(names[n], sizeof names[n], "pp.grad");
-            else snprintf(names[n], sizeof names[n], "pp.grad.%d", i);
+            if (i == 0)
+                snprintf(names[n], sizeof names[n], "pp.grad");
+            else
+                snprintf(names[n], sizeof names[n], "pp.grad.%d", i);
         }
         n++;
     }
