@@ -166,6 +166,65 @@ else
 fi
 compare_run plan_zbv single_l6
 
+# ---- compression on every schedule ----
+metric() { python3 -c "
+import json, sys
+for line in open('$1/metrics.jsonl'):
+    r = json.loads(line)
+    if r.get('step') == $2 and '$3' in r: print(r['$3'])"; }
+comp_common=(--pp-compression lowrank --pp-compression-rank 4 --log-every 1)
+# interleaved p 2 v 2: 3 boundaries cross ranks, each with m = 4 gradient sends per step; low-rank
+# rank 4 sends P (32 x 4) and Q (16 x 4) floats instead of 32 x 16
+if run il_lowrank 2 "${il[@]}" "${comp_common[@]}"; then
+    sent=$(metric il_lowrank 8 pp_grad_bytes) raw=$(metric il_lowrank 8 pp_grad_bytes_raw)
+    [ "$sent" = $((3 * 4 * 4 * 4 * (32 + 16))) ] && ok || fail "interleaved lowrank: sent $sent"
+    [ "$raw" = $((3 * 4 * 4 * 32 * 16)) ] && ok || fail "interleaved lowrank: raw $raw"
+fi
+# zb-v p 2: boundaries 0 and 2 cross ranks, boundary 1 is rank 1's hand-over (no message)
+if run zbv_lowrank 2 --pipeline-parallel 2 --schedule zb-v "${comp_common[@]}"; then
+    [ "$(metric zbv_lowrank 8 pp_grad_sends)" = 8 ] && ok || fail "zb-v: $(metric zbv_lowrank 8 pp_grad_sends) gradient sends, expected 2 x 4"
+fi
+if [ "$quick" != 1 ]; then
+# epilogue under zb-h1 is 1F1B's cool-down (its warm-up is 1F1B's): stage s of p sends its last
+# min(p - s, m) gradients after its last forward: 3 + 2 + 1 at p = 4, m = 4
+if run zbh1_epilogue 4 --pipeline-parallel 4 --schedule zb-h1 "${comp_common[@]}" --pp-compression-rank 2 --pp-compression-policy epilogue; then
+    [ "$(metric zbh1_epilogue 8 pp_grad_sends_compressed)" = 6 ] && ok || fail "zb-h1 epilogue: $(metric zbh1_epilogue 8 pp_grad_sends_compressed) compressed, expected 6"
+fi
+# epilogue and slack under interleaved and zb-v: both ends of every message agree (a
+# disagreement ends the run on a message of the wrong length); slack compresses everything on
+# step 1 (nothing measured yet)
+for sched in interleaved zb-v; do
+    for policy in epilogue slack; do
+        name=${sched}_$policy
+        run "$name" 2 --pipeline-parallel 2 --schedule "$sched" "${comp_common[@]}" --pp-compression-policy "$policy" || continue
+        all=$(metric "$name" 1 pp_grad_sends) n=$(metric "$name" 1 pp_grad_sends_compressed)
+        if [ "$policy" = slack ]; then
+            [ "$n" = "$all" ] && ok || fail "$name: step 1 compressed $n of $all"
+        else
+            [ "$n" -gt 0 ] && [ "$n" -lt "$all" ] && ok || fail "$name: $n of $all sends in the cool-down"
+        fi
+    done
+done
+fi
+# exact resume with DP PowerSGD and pipeline low-rank compression under zb-v and interleaved
+# (every chunk keeps its own lazy-error residual)
+resume_schedules=(zb-v interleaved)
+[ "$quick" = 1 ] && resume_schedules=(zb-v)
+for sched in "${resume_schedules[@]}"; do
+    comp=(--data-parallel 2 --pipeline-parallel 2 --schedule "$sched" --dp-compression powersgd
+        --dp-compression-rank 2 "${comp_common[@]}")
+    if run "full_$sched" 4 "${comp[@]}" --save-every 4 &&
+        run "resumed_$sched" 4 "${comp[@]}" --resume "full_$sched/checkpoints/step_00000004"; then
+        same=1
+        for st in 5 6 7 8; do
+            [ "$(metric "full_$sched" $st loss)" = "$(metric "resumed_$sched" $st loss)" ] || same=0
+        done
+        [ $same = 1 ] && ok || fail "$sched: resumed losses differ from the uninterrupted run's"
+        cmp -s "full_$sched/checkpoints/step_00000008/model.safetensors" "resumed_$sched/checkpoints/step_00000008/model.safetensors" &&
+            ok || fail "$sched: resumed final weights differ"
+    fi
+done
+
 # refused by name
 refused() { # what expected-text ranks flags...
     local what=$1 text=$2 np=$3
