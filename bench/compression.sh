@@ -93,6 +93,7 @@ parity_runs_dp=(
     "powersgd_ef_warm200:--seed 1 --dp-compression powersgd --dp-compression-rank 4 --dp-compression-warmup-steps 200"
     "powersgd_ef_r8:--seed 1 --dp-compression powersgd --dp-compression-rank 8"
     "powersgd_ef_r16:--seed 1 --dp-compression powersgd --dp-compression-rank 16"
+    "powersgd_ef_r32:--seed 1 --dp-compression powersgd --dp-compression-rank 32"
     # longer schedules, for the time to the uncompressed run's final loss (each method may
     # train for as many steps as it needs; the learning-rate schedule stretches with --steps)
     "powersgd_ef_r16_3000:--seed 1 --dp-compression powersgd --dp-compression-rank 16 --steps 3000"
