@@ -81,6 +81,11 @@ double loom_trace_origin_us(const loom_trace *trace);
 void loom_trace_event(loom_trace *trace, loom_trace_stream stream, const char *name,
                       const char *category, double start_us, double dur_us, int64_t step,
                       int micro_batch);
+/* The same with the pipeline's virtual stage as one more arg, "stage" (-1 = absent): with model
+ * chunks a rank runs several, and a trace reader tells them apart by it. */
+void loom_trace_event_stage(loom_trace *trace, loom_trace_stream stream, const char *name,
+                            const char *category, double start_us, double dur_us, int64_t step,
+                            int micro_batch, int stage);
 
 /* Spans with a per-stream stack: begin notes the name and the time, the matching end records
  * an X event (no step/micro-batch args: use loom_trace_event for those). Spans nested deeper

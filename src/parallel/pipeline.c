@@ -730,9 +730,9 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
         st = run_action(p, i, inputs, targets, dloss, sync, step, loss_sum);
         double us = loom_trace_now_us() - t0;
         if (field >= 0) p->chunk[a.chunk].sum[field] += us * 1e-6, p->chunk[a.chunk].count[field]++;
-        loom_trace_event(p->trace, field >= 0 ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
-                         loom_pipe_op_name(a.op), field >= 0 ? "compute" : "pp", t0, us, step + 1,
-                         a.micro_batch);
+        loom_trace_event_stage(p->trace, field >= 0 ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
+                               loom_pipe_op_name(a.op), field >= 0 ? "compute" : "pp", t0, us,
+                               step + 1, a.micro_batch, p->chunk[a.chunk].stage);
     }
     loom_status sent = wait_sends(p);
     if (st == LOOM_OK) st = sent;

@@ -108,6 +108,12 @@ static double finite_or_zero(double x) {
 void loom_trace_event(loom_trace *trace, loom_trace_stream stream, const char *name,
                       const char *category, double start_us, double dur_us, int64_t step,
                       int micro_batch) {
+    loom_trace_event_stage(trace, stream, name, category, start_us, dur_us, step, micro_batch, -1);
+}
+
+void loom_trace_event_stage(loom_trace *trace, loom_trace_stream stream, const char *name,
+                            const char *category, double start_us, double dur_us, int64_t step,
+                            int micro_batch, int stage) {
     if (!trace) return;
     if ((unsigned)stream >= (unsigned)LOOM_TRACE_STREAMS) {
         trace->dropped++;
@@ -120,6 +126,7 @@ void loom_trace_event(loom_trace *trace, loom_trace_stream stream, const char *n
     ev->dur_us = dur_us > 0.0 ? dur_us : 0.0;
     ev->step = step >= 0 ? step : -1;
     ev->micro_batch = micro_batch >= 0 ? micro_batch : -1;
+    ev->stage = stage >= 0 ? stage : -1;
     ev->phase = TRACE_PHASE_COMPLETE;
     ev->stream = (uint8_t)stream;
     copy_truncated(ev->name, name, LOOM_TRACE_NAME_MAX);
@@ -167,6 +174,7 @@ void loom_trace_counter(loom_trace *trace, const char *name, double ts_us, doubl
     ev->dur_us = value;
     ev->step = -1;
     ev->micro_batch = -1;
+    ev->stage = -1;
     ev->phase = TRACE_PHASE_COUNTER;
     ev->stream = 0;
     copy_truncated(ev->name, name, LOOM_TRACE_NAME_MAX);

@@ -17,6 +17,7 @@ typedef struct {
     double dur_us;   /* X: duration (>= 0); C: the counter's value */
     int64_t step;    /* -1: absent */
     int micro_batch; /* -1: absent */
+    int stage;       /* the pipeline's virtual stage; -1: absent */
     uint8_t phase;   /* trace_phase */
     uint8_t stream;  /* loom_trace_stream (X only) */
     char name[LOOM_TRACE_NAME_MAX + 1];

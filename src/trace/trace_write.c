@@ -247,6 +247,10 @@ static void serialize_event(const loom_trace *trace, const trace_event *ev, text
         text_str(buf, ev->step >= 0 ? ",\"micro_batch\":" : "\"micro_batch\":");
         text_i64(buf, ev->micro_batch);
     }
+    if (ev->stage >= 0) {
+        text_str(buf, ev->step >= 0 || ev->micro_batch >= 0 ? ",\"stage\":" : "\"stage\":");
+        text_i64(buf, ev->stage);
+    }
     text_str(buf, "}}");
 }
 

@@ -30,9 +30,10 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
         if (rank != mesh->pp_rank) continue;
         const loom_plan_stage *stage = &plan->stages[s];
         recompute = stage->recompute && plan->num_stages > 1;
-        loom_gpt_stage_spec spec = {mesh->tp_size,   stage->first_layer, stage->end_layer,
-                                    stage->embedding, stage->head,       plan->micro_batch,
-                                    cfg->seq_len,     1,                 recompute};
+        loom_gpt_stage_spec spec = {
+            mesh->tp_size, stage->first_layer, stage->end_layer, stage->embedding,
+            stage->head,   plan->micro_batch,  cfg->seq_len,     1,
+            recompute};
         loom_gpt_stage_cost cost;
         loom_status st = loom_gpt_cost_stage(&plan->model, &spec, &cost);
         if (st != LOOM_OK) return st;
