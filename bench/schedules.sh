@@ -10,7 +10,7 @@
 #   trace, free links) and the paper's formula with equal stage times: 1F1B (p-1)/(m+p-1),
 #   interleaved (p-1)/(v m+p-1), ZB-H1 with F = B = W (p-1)/(3m+p-1), ZB-V (p-1)/(6m+p-1).
 # usage: bash bench/schedules.sh [small|gpt2|all] [OUT]   (build first: build/loom and
-#        build/tests/pipe_sim)
+#        build/tests/pipe_sim); REUSE=1 keeps the runs already in OUT and only reports
 # Every figure is printed with the command that made it. About 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,7 @@ bench_model() {
             for sched in 1f1b interleaved zb-h1 zb-v; do
                 local run=$OUT/${name}_p${p}_m${m}_$sched extra=()
                 [ "$sched" = interleaved ] && extra=(--virtual-stages 2)
+                [ "${REUSE:-0}" = 1 ] && [ -s "$run/metrics.jsonl" ] && continue
                 rm -rf "$run"
                 show mpirun -np "$p" "$LOOM" train --model "$name" --pipeline-parallel "$p" \
                     --schedule "$sched" "${extra[@]}" --micro-batch-size "$micro" \
@@ -56,8 +57,18 @@ bench_model() {
         done
     done
     python3 - "$OUT" "$name" "$PIPE_SIM" <<'PY'
-import json, os, statistics, subprocess, sys
+import json, os, re, statistics, subprocess, sys
 out, name, pipe_sim = sys.argv[1:4]
+# MFU against one sgemm peak per rank count: the median of what the runs measured at their start
+# (a run that started while the machine was busy would otherwise get a low peak and a high MFU)
+def peak_of(run):
+    m = re.search(r"sgemm peak ([0-9.]+) GFLOP/s", open(run + ".log").read()) if os.path.exists(run + ".log") else None
+    return float(m.group(1)) if m else None
+peaks = {p: statistics.median([x for x in (peak_of(f"{out}/{name}_p{p}_m{m}_{s}") for m in (4, 8)
+                                for s in ("1f1b", "interleaved", "zb-h1", "zb-v")) if x] or [float("nan")])
+         for p in (2, 4)}
+print("MFU: (6 x parameters + attention) FLOPs x tokens/s against the sgemm peak, "
+      + ", ".join(f"{peaks[p]:.1f} GFLOP/s for {p} ranks" for p in (2, 4)) + " (median of the runs' own measurements)")
 COMPUTE = {"forward", "backward", "backward_input", "backward_weight"}
 PIPELINE = COMPUTE | {"recv_act", "send_act", "recv_grad", "send_grad"}
 print(f"{'p':>2} {'m':>2} {'schedule':12s} {'ms/step':>8s} {'tok/s':>7s} {'MFU':>6s}"
@@ -67,13 +78,16 @@ for p in (2, 4):
         for sched in ("1f1b", "interleaved", "zb-h1", "zb-v"):
             run = f"{out}/{name}_p{p}_m{m}_{sched}"
             if not os.path.exists(run + "/metrics.jsonl"):
-                print(f"{p:2d} {m:2d} {sched:12s} (no run)")
+                why = open(run + ".log").read() if os.path.exists(run + ".log") else ""
+                why = "n/a: more virtual stages than layers" if "at most" in why and "layer" in why else "(no run)"
+                print(f"{p:2d} {m:2d} {sched:12s} {why}")
                 continue
             recs = [json.loads(l) for l in open(run + "/metrics.jsonl")]
             steps = [r for r in recs if "ms" in r and r["step"] > 1]
             ms = statistics.median(r["ms"] for r in steps)
             tok = statistics.median(r["tokens_per_s"] for r in steps)
-            mfu = statistics.median(r["mfu"] for r in steps)
+            # achieved FLOP/s from the run's own MFU and peak, then against the common peak
+            mfu = statistics.median(r["mfu"] for r in steps) * (peak_of(run) or peaks[p]) / peaks[p]
             events = [e for e in json.load(open(run + "/trace.json"))["traceEvents"]
                       if e.get("ph") == "X" and e["name"] in PIPELINE and e.get("args", {}).get("step", 0) > 1]
             ranks = sorted({e["pid"] for e in events})

@@ -17,18 +17,8 @@
 set -u
 LOOM=$1
 TMP=$2
+. "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-# LOOM_SANITIZED=1: the representative subset (the sanitizers make every run ~10x slower)
-quick=${LOOM_SANITIZED:-0}
 
 for i in $(seq 1 2000); do
     echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
@@ -293,5 +283,4 @@ elif [ "$quick" != 1 ]; then
     echo "skipped the convergence check: $text is missing (scripts/setup.sh installs fortunes)"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -13,17 +13,8 @@ set -u
 LOOM=$1
 TMP=$2
 CMP=$3
+. "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-quick=${LOOM_SANITIZED:-0}
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
 
 for i in $(seq 1 2000); do
     echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
@@ -55,20 +46,6 @@ run() {
     else
         fail "$name: exit $?: $(grep -m3 -i 'error\|expected' "$name.log" || tail -5 "$name.log")"
     fi
-}
-
-# step loss grad_norm (one line per step) and step val_loss
-series() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1"; }
-vseries() { sed -n 's/^{"step": \([0-9]*\), "val_loss": \([^}]*\)}/\1 \2/p' "$1"; }
-
-# a b: same number of lines, every column after the first within its relative tolerance:
-# 1e-5 for losses (column 2), 1e-6 for grad norms (column 3)
-close_series() {
-    awk 'NR == FNR { for (i = 2; i <= NF; i++) ref[FNR, i] = $i; n = FNR; next }
-         { m = FNR; for (i = 2; i <= NF; i++) { a = $i; b = ref[FNR, i]; d = a - b; if (d < 0) d = -d;
-           s = b < 0 ? -b : b; tol = i == 3 ? 1e-6 : 1e-5;
-           if (d > tol * s + 1e-12) { print "step " $1 " column " i ": " a " vs " b; bad = 1 } } }
-         END { if (n != m || n == 0) { print "lines: " n " vs " m; bad = 1 } exit bad }' "$1" "$2"
 }
 
 # compare_run NAME [REFERENCE]
@@ -114,6 +91,10 @@ if [ "$quick" != 1 ]; then
     check zbv_p2_uneven 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule zb-v --stage-layers 2,1,2,1
     check zbv_p2_dp2_fused 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --embedding-sync fused
     check il_p2v2_dp2_fused 4 single "${il[@]}" --data-parallel 2 --no-zero1 --embedding-sync fused
+    # tiny buckets: every chunk's last W (or backward) starts its own buckets while the rank's
+    # other chunk still computes
+    check il_dp2_tiny_buckets 4 single "${il[@]}" --data-parallel 2 --zero1 --bucket-mb 0.0005
+    check zbv_dp2_tiny_buckets 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --bucket-mb 0.0005
     check zbv_p3_m3 3 single_l6_g6 --layers 6 --pipeline-parallel 3 --schedule zb-v --global-batch-size 6
 fi
 
@@ -241,5 +222,4 @@ refused interleaved_m3 "multiple of" 2 "${il[@]}" --micro-batch-size 1 --global-
 refused zbh1_recompute "recompute" 2 --pipeline-parallel 2 --schedule zb-h1 --recompute
 refused zbv_v3 "virtual" 2 --pipeline-parallel 2 --schedule zb-v --virtual-stages 3
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

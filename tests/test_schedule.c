@@ -520,30 +520,40 @@ static void test_all_layouts(void) {
     }
 }
 
+/* Builds `kind` for p stages and m micro-batches and checks each rank's list, written out
+ * ("F0 SA0 ..."), against expected[rank]. Returns the built pipeline (the caller frees it), or
+ * 0 when it was not built. */
+static int check_lists(pipeline *pl, loom_schedule_kind kind, int p, int m,
+                       const char *const *expected) {
+    const char *name = loom_schedule_kind_name(kind);
+    if (!build_pipeline(pl, kind, p, m)) {
+        CHECK(0, "%s p=%d m=%d not built", name, p, m);
+        free_pipeline(pl);
+        return 0;
+    }
+    for (int s = 0; s < p; s++) {
+        char text[512] = "";
+        size_t used = 0;
+        for (int i = 0; i < pl->stage[s].count && used < sizeof text; i++) {
+            used += (size_t)snprintf(text + used, sizeof text - used, "%s%s%d", i ? " " : "",
+                                     abbreviation[pl->stage[s].actions[i].op],
+                                     pl->stage[s].actions[i].micro_batch);
+        }
+        CHECK(strcmp(text, expected[s]) == 0, "%s p=%d m=%d rank %d:\n  got      %s\n  expected %s",
+              name, p, m, s, text, expected[s]);
+    }
+    return 1;
+}
+
 /* The exact lists for one small case, so that a reader sees what the schedule is. */
 static void test_example(void) {
-    pipeline pl;
-    if (!build_pipeline(&pl, LOOM_SCHEDULE_1F1B, 3, 4)) {
-        CHECK(0, "1f1b p=3 m=4 not built");
-        return;
-    }
     static const char *expected[3] = {
         "F0 SA0 F1 SA1 F2 SA2 RG0 B0 F3 SA3 RG1 B1 RG2 B2 RG3 B3",
         "RA0 F0 SA0 RA1 F1 SA1 RG0 B0 RA2 SG0 F2 SA2 RG1 B1 RA3 SG1 F3 SA3 RG2 B2 SG2 RG3 B3 SG3",
         "RA0 F0 B0 RA1 SG0 F1 B1 RA2 SG1 F2 B2 RA3 SG2 F3 B3 SG3",
     };
-    for (int s = 0; s < 3; s++) {
-        char text[512] = "";
-        size_t used = 0;
-        for (int i = 0; i < pl.stage[s].count && used < sizeof text; i++) {
-            used += (size_t)snprintf(text + used, sizeof text - used, "%s%s%d", i ? " " : "",
-                                     abbreviation[pl.stage[s].actions[i].op],
-                                     pl.stage[s].actions[i].micro_batch);
-        }
-        CHECK(strcmp(text, expected[s]) == 0,
-              "1f1b p=3 m=4 stage %d:\n  got      %s\n  expected %s", s, text, expected[s]);
-    }
-    free_pipeline(&pl);
+    pipeline pl;
+    if (check_lists(&pl, LOOM_SCHEDULE_1F1B, 3, 4, expected)) free_pipeline(&pl);
 }
 
 /* ZB-H1, p = 2, m = 3, worked by hand (b = B, w = W, unit times). Rank 0: 1 warm-up forward,
@@ -552,26 +562,12 @@ static void test_example(void) {
  * 5) w1 [7,8] b2 [8,9] w2 [9,10]: makespan 10 = 3m + p - 1. Gradient 1 arrives at 5, when F2
  * starts: a message goes before compute at the same time, hence RG1 before F2. */
 static void test_example_zb_h1(void) {
-    pipeline pl;
-    if (!build_pipeline(&pl, LOOM_SCHEDULE_ZB_H1, 2, 3)) {
-        CHECK(0, "zb-h1 p=2 m=3 not built");
-        return;
-    }
     static const char *expected[2] = {
         "F0 SA0 F1 SA1 RG0 b0 w0 RG1 F2 SA2 b1 w1 RG2 b2 w2",
         "RA0 F0 RA1 b0 SG0 F1 b1 SG1 w0 RA2 F2 b2 SG2 w1 w2",
     };
-    for (int s = 0; s < 2; s++) {
-        char text[512] = "";
-        size_t used = 0;
-        for (int i = 0; i < pl.stage[s].count && used < sizeof text; i++) {
-            used += (size_t)snprintf(text + used, sizeof text - used, "%s%s%d", i ? " " : "",
-                                     abbreviation[pl.stage[s].actions[i].op],
-                                     pl.stage[s].actions[i].micro_batch);
-        }
-        CHECK(strcmp(text, expected[s]) == 0,
-              "zb-h1 p=2 m=3 rank %d:\n  got      %s\n  expected %s", s, text, expected[s]);
-    }
+    pipeline pl;
+    if (!check_lists(&pl, LOOM_SCHEDULE_ZB_H1, 2, 3, expected)) return;
     double makespan;
     CHECK(simulate_buffered(&pl, &makespan) == NULL && makespan == 10.0,
           "zb-h1 p=2 m=3: makespan %g, expected 10", makespan);

@@ -1,0 +1,34 @@
+# mpi_harness.bash — sourced by the tests/mpi_*.sh scripts that compare runs under mpirun: the
+# MPI environment (root, oversubscription, idle ranks off the cores), pass/fail counters, and the
+# series comparisons of a run's metrics.jsonl against another run's. The caller prints the
+# totals with `finish`.
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+# LOOM_SANITIZED=1: a representative subset (the sanitizers make every run ~10x slower)
+quick=${LOOM_SANITIZED:-0}
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
+
+# step loss grad_norm (one line per step) and step val_loss, from a metrics.jsonl
+series() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1"; }
+vseries() { sed -n 's/^{"step": \([0-9]*\), "val_loss": \([^}]*\)}/\1 \2/p' "$1"; }
+
+# a b: same number of lines, and every column after the first equal within its relative
+# tolerance: 1e-5 for losses (column 2), 1e-6 for grad norms (column 3)
+close_series() {
+    awk 'NR == FNR { for (i = 2; i <= NF; i++) ref[FNR, i] = $i; n = FNR; next }
+         { m = FNR; for (i = 2; i <= NF; i++) { a = $i; b = ref[FNR, i]; d = a - b; if (d < 0) d = -d;
+           s = b < 0 ? -b : b; tol = i == 3 ? 1e-6 : 1e-5;
+           if (d > tol * s + 1e-12) { print "step " $1 " column " i ": " a " vs " b; bad = 1 } } }
+         END { if (n != m || n == 0) { print "lines: " n " vs " m; bad = 1 } exit bad }' "$1" "$2"
+}
