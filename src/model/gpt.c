@@ -597,7 +597,7 @@ loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, 
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
-    size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
+    const size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
     size_t grad_total = 0;
     for (int i = 0; i < 6; i++) grad_total += grad_sizes[i];
     m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
@@ -780,6 +780,7 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
         memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
         embed_forward(m, inputs, B, T);
     } else {
+        if (!input) loom_fatal("forward of a chunk without the embedding: no input given");
         memcpy(m->acts.encoded, input, (size_t)N * C * sizeof(float));
     }
     const float *residual = m->acts.encoded;
@@ -878,6 +879,7 @@ static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int whi
     if (!split) {
         block_weight_grad(m, a, l, which, dout, N);
     } else if (a->dout[which] != dout) {
+        if (!a->dout[which]) loom_fatal("split backward without its slots reserved split");
         memcpy(a->dout[which], dout, (size_t)(N * width) * sizeof(float));
     }
 }
@@ -1005,6 +1007,7 @@ static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float
     if (ch->has_head) {
         head_backward(m, ch, dloss, split);
     } else {
+        if (!output_grad) loom_fatal("backward of a chunk without the head: no output gradient");
         memcpy(m->grad_acts.dresidual, output_grad, btc * sizeof(float));
     }
     for (int i = ch->layers - 1; i >= 0; i--) {

@@ -288,12 +288,12 @@ loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
     run.f_end = loom_malloc(cells * sizeof(int64_t), "schedule reference run");
     run.b_end = loom_malloc(cells * sizeof(int64_t), "schedule reference run");
     run.w_end = loom_malloc(cells * sizeof(int64_t), "schedule reference run");
-    run.done = loom_calloc(p, sizeof *run.done, "schedule reference run");
+    run.done = loom_calloc(p, sizeof(run_action *), "schedule reference run");
     run.done_count = loom_calloc(p, sizeof(int), "schedule reference run");
     run.in_flight = loom_calloc(p, sizeof(int), "schedule reference run");
     int fixed = shape->kind != LOOM_SCHEDULE_ZB_V;
     if (fixed) {
-        run.order = loom_calloc(p, sizeof *run.order, "schedule reference run");
+        run.order = loom_calloc(p, sizeof(run_action *), "schedule reference run");
         run.order_count = loom_calloc(p, sizeof(int), "schedule reference run");
         run.next = loom_calloc(p, sizeof(int), "schedule reference run");
     }

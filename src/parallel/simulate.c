@@ -411,7 +411,7 @@ loom_status loom_pipe_slack_choose(const loom_pipe_shape *shape,
     if (st != LOOM_OK) return st;
     int m = shape->micro_batches;
     memset(compress, 0, (size_t)loom_pipe_virtual_stages(shape) * (size_t)m);
-    for (int r = 0; r < shape->ranks; r++) {
+    for (int r = 0; r < shape->ranks && result.stage; r++) {
         for (int i = 0; i < schedules[r].count; i++) {
             const loom_pipe_action *a = &schedules[r].actions[i];
             if (a->op != LOOM_PIPE_SEND_GRAD || a->micro_batch >= m) continue;

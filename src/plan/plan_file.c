@@ -451,9 +451,9 @@ static void write_indices(FILE *out, const char *key, const loom_plan_compressor
 }
 
 static void write_rank_and_fraction(FILE *out, const loom_plan_compressor *c) {
-    char fraction[32];
     if (c->rank != 0) fprintf(out, ", \"rank\": %d", c->rank);
     if (strcmp(c->method, "topk") == 0) {
+        char fraction[32];
         format_double(c->fraction, fraction, sizeof fraction);
         fprintf(out, ", \"fraction\": %s", fraction);
     }
