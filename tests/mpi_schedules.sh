@@ -83,6 +83,9 @@ if [ "$quick" != 1 ]; then
     check il_p2v2_uneven 2 single_l6 --layers 6 "${il[@]}" --stage-layers 2,1,1,2
     check il_p2v3 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule interleaved --virtual-stages 3
     check il_p2v2_recompute 2 single "${il[@]}" --recompute
+    # recomputation under split backward: B's results are kept until W, which reruns the forward
+    check zbh1_recompute 2 single --pipeline-parallel 2 --schedule zb-h1 --recompute
+    check zbv_recompute_tp2 4 single_h4 --heads 4 --pipeline-parallel 2 --schedule zb-v --tensor-parallel 2 --recompute
     check il_p2v2_dp2 4 single "${il[@]}" --data-parallel 2 --no-zero1
     check zbh1_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-h1 --micro-batch-size 1
     check zbh1_p4_m4 4 single --pipeline-parallel 4 --schedule zb-h1
@@ -219,7 +222,6 @@ refused() { # what expected-text ranks flags...
     fi
 }
 refused interleaved_m3 "multiple of" 2 "${il[@]}" --micro-batch-size 1 --global-batch-size 3
-refused zbh1_recompute "recompute" 2 --pipeline-parallel 2 --schedule zb-h1 --recompute
 refused zbv_v3 "virtual" 2 --pipeline-parallel 2 --schedule zb-v --virtual-stages 3
 
 finish

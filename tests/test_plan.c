@@ -473,9 +473,6 @@ static const broken_case broken_cases[] = {
      "expected 2 for schedule \"zb-v\""},
     {"\"1f1b\"", "\"zb-h1\", \"virtual_stages\": 2", 0, 0, "batch.virtual_stages",
      "expected 1 for schedule \"zb-h1\""},
-    {"\"1f1b\"", "\"zb-h1\"", 0, 0, "stages[1].recompute",
-     "expected false (recompute is not supported with zb-h1: its W pass needs the activations the "
-     "forward kept), got true"},
     {"\"1f1b\"", "\"zb-v\"", 0, 0, "stages",
      "expected mesh.pp x batch.virtual_stages = 2 x 2 = 4 "
      "virtual stages, got 2"},
@@ -1463,9 +1460,6 @@ static const broken_case broken_interleaved[] = {
     {"\"rank\": 1, \"recompute\": true", "\"rank\": 1, \"head\": true, \"recompute\": true", 0, 0,
      "stages[1].head", "expected false (only the last stage runs the head)"},
     {"[4, 7]", "[4, 6]", 0, 0, "stages[2].layers", "expected to start where stages[1] ends"},
-    {"\"interleaved\"", "\"zb-v\"", 0, 0, "stages[1].recompute",
-     "expected false (recompute is not supported with zb-v: its W pass needs the activations the "
-     "forward kept), got true"},
     {"\"interleaved\"", "\"zb-v\"", "\"recompute\": true", "\"recompute\": false", "stages[2].rank",
      "expected 1 (zb-v places virtual stage 2 of 4 on rank 1), got 0"},
     {"\"rank\": 0, \"embedding\"", "\"rank\": 0, \"chunk\": 0, \"embedding\"", 0, 0,
@@ -1509,19 +1503,6 @@ static void test_virtual_rules(void) {
 
     loom_gpt_config model = gpt2_config();
     loom_plan one;
-    st = loom_plan_uniform(&one, &model, 1, 1, 2, 1, 2, "zb-h1", 0, NULL);
-    CHECK(st == LOOM_OK, "zb-h1: %s", loom_last_error());
-    if (st == LOOM_OK) {
-        loom_plan p = one;
-        loom_plan_stage stages[2];
-        memcpy(stages, one.stages, sizeof stages);
-        p.stages = stages;
-        stages[0].recompute = 1;
-        expect_refused(&p, "recompute with zb-h1", "stages[0].recompute",
-                       "not supported with zb-h1: its W pass needs the activations the forward "
-                       "kept");
-        loom_plan_free(&one);
-    }
     /* one pipeline rank with two chunks has a link between them, so V, not pp, decides */
     st = loom_plan_uniform(&one, &model, 1, 1, 1, 1, 1, "interleaved", 2, NULL);
     CHECK(st == LOOM_OK, "interleaved on one rank: %s", loom_last_error());
@@ -1572,12 +1553,6 @@ static void test_virtual_request(void) {
         {{.pp = 2, .schedule = "interleaved", .micro_batch = 8, .global_batch = 24},
          "--global-batch-size: expected a multiple of micro batch 8 x data parallel 1 x "
          "--pipeline-parallel 2 = 16 with --schedule interleaved"},
-        {{.pp = 2, .schedule = "zb-h1", .recompute = 1},
-         "--recompute: not supported with --schedule zb-h1 (its W pass needs the activations the "
-         "forward kept)"},
-        {{.pp = 2, .schedule = "zb-v", .recompute = 1},
-         "--recompute: not supported with --schedule "
-         "zb-v"},
         {{.pp = 7, .schedule = "zb-v"},
          "plan: mesh.pp: expected at most model.layers 12 virtual stages"},
     };

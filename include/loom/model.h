@@ -368,6 +368,14 @@ void loom_gpt_backward_chunk(loom_gpt *model, int chunk, float dloss, const floa
 void loom_gpt_backward_chunk_input(loom_gpt *model, int chunk, float dloss,
                                    const float *output_grad);
 void loom_gpt_backward_chunk_weight(loom_gpt *model, int chunk);
+/* What the chunk's B leaves in the current slot for its W (the GEMMs' output gradients, the
+ * embedding's, the head's logit gradient), for a caller that must reuse the slot in between
+ * (recomputation under a zero-bubble schedule: save after B; at W, rerun the forward, load, W).
+ * The size is for micro-batches of B x T; save and load move the current shape's. Slots must be
+ * reserved split. */
+size_t loom_gpt_weight_state_floats(loom_gpt *model, int chunk, int B, int T);
+void loom_gpt_weight_state_save(loom_gpt *model, int chunk, float *dst);
+void loom_gpt_weight_state_load(loom_gpt *model, int chunk, const float *src);
 /* The gradient of the chunk's input (B,T,C) after its backward or B, for the previous virtual
  * stage; valid until the next backward or B on this model (loom_gpt_stage_input_grad). */
 const float *loom_gpt_chunk_input_grad(const loom_gpt *model);

@@ -159,8 +159,7 @@ loom_status loom_plan_write(const char *path, const loom_plan *plan);
  * (loom_plan_num_micro_batches) a multiple of pp (Megatron's rule); num_stages == pp *
  * virtual_stages; stage ranges non-empty, contiguous, in order, from 0 to layers; embedding true
  * exactly on stage 0 and head exactly on the last virtual stage; each stage's rank and chunk
- * those of loom_plan_place; no recompute with zb-h1 or zb-v (their W pass needs the activations
- * the forward kept); then each compressor (dp, pp): its method one that
+ * those of loom_plan_place; then each compressor (dp, pp): its method one that
  * loom_compress_method_parse allows there (pp.forward: a forward method), "none" for pp.method
  * and pp.forward with one virtual stage in all, rank > 0 for powersgd/lowrank and 0 for the
  * rest, fraction in (0, 1] for topk and the default for the rest, warmup_steps >= 0, sign only

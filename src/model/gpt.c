@@ -1064,6 +1064,62 @@ void loom_gpt_backward_chunk_weight(loom_gpt *m, int chunk) {
     backward_weight(m, &ch);
 }
 
+/* What B left for W in the current slot, as (pointer, floats) pieces in a fixed order: every
+ * block's four GEMM output gradients (the chunk's layers, packed by the current shape), the
+ * embedding's, and on the head chunk the logits' gradient (B leaves it in probs). */
+static int weight_state_pieces(loom_gpt *m, const chunk_view *ch, float *ptr[6], size_t n[6]) {
+    size_t N = (size_t)m->cur_B * (size_t)m->cur_T, C = (size_t)m->config.channels;
+    size_t Cl = C / (size_t)m->tp_size, L = (size_t)ch->layers;
+    int k = 0;
+    ptr[k] = m->acts.dfcproj, n[k++] = L * N * C;
+    ptr[k] = m->acts.dfch, n[k++] = L * N * 4 * Cl;
+    ptr[k] = m->acts.dattproj, n[k++] = L * N * C;
+    ptr[k] = m->acts.dqkv, n[k++] = L * N * 3 * Cl;
+    if (ch->has_embedding) ptr[k] = m->acts.dencoded, n[k++] = N * C;
+    if (ch->has_head) {
+        ptr[k] = m->acts.probs;
+        n[k++] = N * (size_t)(m->config.padded_vocab_size / m->tp_size);
+    }
+    return k;
+}
+
+size_t loom_gpt_weight_state_floats(loom_gpt *m, int chunk, int B, int T) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_weight_state_floats");
+    require_split(m, "loom_gpt_weight_state_floats");
+    int shape[2] = {m->cur_B, m->cur_T};
+    m->cur_B = B, m->cur_T = T;
+    float *ptr[6];
+    size_t n[6], total = 0;
+    int k = weight_state_pieces(m, &ch, ptr, n);
+    for (int i = 0; i < k; i++) total += n[i];
+    m->cur_B = shape[0], m->cur_T = shape[1];
+    return total;
+}
+
+void loom_gpt_weight_state_save(loom_gpt *m, int chunk, float *dst) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_weight_state_save");
+    require_split(m, "loom_gpt_weight_state_save");
+    float *ptr[6];
+    size_t n[6];
+    int k = weight_state_pieces(m, &ch, ptr, n);
+    for (int i = 0; i < k; i++) {
+        memcpy(dst, ptr[i], n[i] * sizeof(float));
+        dst += n[i];
+    }
+}
+
+void loom_gpt_weight_state_load(loom_gpt *m, int chunk, const float *src) {
+    chunk_view ch = chunk_of(m, chunk, "loom_gpt_weight_state_load");
+    require_split(m, "loom_gpt_weight_state_load");
+    float *ptr[6];
+    size_t n[6];
+    int k = weight_state_pieces(m, &ch, ptr, n);
+    for (int i = 0; i < k; i++) {
+        memcpy(ptr[i], src, n[i] * sizeof(float));
+        src += n[i];
+    }
+}
+
 void loom_gpt_backward_stage(loom_gpt *m, float dloss, const float *output_grad) {
     loom_gpt_backward_chunk(m, 0, dloss, output_grad);
 }

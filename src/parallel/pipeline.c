@@ -82,6 +82,9 @@ struct loom_pipeline {
     int last_forward;                  /* the key whose activations the model holds (recompute) */
     chunk_state *chunk;                /* (v) */
     pool slots, inputs, grads;         /* model activation sets; act_in and grad_in buffers */
+    pool kept;                         /* recomputation with split backward: what B leaves W */
+    float *kept_buf;                   /* (kept.size, kept_floats) */
+    size_t kept_floats;                /* the largest chunk's loom_gpt_weight_state_floats */
     int in_flight;                     /* peak chunk activations (what the slots pool holds) */
     float *act_in;                     /* (inputs.size, B, T, C) activations received */
     float *grad_in;                    /* (grads.size, B, T, C) output gradients received */
@@ -136,11 +139,12 @@ static void pool_drop(pool *pl, int key) {
 }
 
 /* What an action does to the input and gradient pools (the same rules for the dry run at
- * creation and for the step): counts[0], counts[1] track their occupancy. */
-static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int counts[2], int peak[2]) {
+ * creation and for the step): counts[0..2] track the input, gradient and kept pools. */
+static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int counts[3], int peak[3]) {
     const chunk_state *ch = &p->chunk[a.chunk];
     int key = key_of(p, a.chunk, a.micro_batch);
-    int take_input = -1, drop_input = -1, take_grad = -1, drop_grad = -1;
+    int take_input = -1, drop_input = -1, take_grad = -1, drop_grad = -1, take_kept = -1;
+    int keep_for_w = p->recompute && p->split; /* inputs and B's results live until W */
     switch (a.op) {
     case LOOM_PIPE_RECV_ACT:
         take_input = key;
@@ -156,16 +160,21 @@ static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int count
     case LOOM_PIPE_BACKWARD_INPUT:
         if (ch->local_below >= 0) take_grad = key_of(p, ch->local_below, a.micro_batch);
         if (!ch->head) drop_grad = key;
-        if (!ch->embedding && p->recompute) drop_input = key;
+        if (!ch->embedding && p->recompute && !keep_for_w) drop_input = key;
+        if (keep_for_w) take_kept = key;
+        break;
+    case LOOM_PIPE_BACKWARD_WEIGHT:
+        if (!ch->embedding && keep_for_w) drop_input = key;
         break;
     default:
         break;
     }
     if (dry) { /* an action takes before it drops: both count at once */
-        counts[0] += take_input >= 0, counts[1] += take_grad >= 0;
-        for (int i = 0; i < 2; i++)
+        counts[0] += take_input >= 0, counts[1] += take_grad >= 0, counts[2] += take_kept >= 0;
+        for (int i = 0; i < 3; i++)
             if (counts[i] > peak[i]) peak[i] = counts[i];
         counts[0] -= drop_input >= 0, counts[1] -= drop_grad >= 0;
+        counts[2] -= a.op == LOOM_PIPE_BACKWARD_WEIGHT && keep_for_w;
         return;
     }
     /* takes happen where the action fills the buffer, drops after it has been used: the caller
@@ -173,16 +182,27 @@ static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int count
     (void)counts, (void)peak;
     if (take_input >= 0) pool_take(&p->inputs, take_input, "input buffer");
     if (take_grad >= 0) pool_take(&p->grads, take_grad, "gradient buffer");
+    if (take_kept >= 0) pool_take(&p->kept, take_kept, "kept buffer");
 }
 
 static void pool_release(loom_pipeline *p, loom_pipe_action a) {
     const chunk_state *ch = &p->chunk[a.chunk];
     int key = key_of(p, a.chunk, a.micro_batch);
     if (a.op == LOOM_PIPE_FORWARD && !ch->embedding && !p->recompute) pool_drop(&p->inputs, key);
+    int keep_for_w = p->recompute && p->split;
     if (a.op == LOOM_PIPE_BACKWARD || a.op == LOOM_PIPE_BACKWARD_INPUT) {
         if (!ch->head) pool_drop(&p->grads, key);
-        if (!ch->embedding && p->recompute) pool_drop(&p->inputs, key);
+        if (!ch->embedding && p->recompute && !keep_for_w) pool_drop(&p->inputs, key);
     }
+    if (a.op == LOOM_PIPE_BACKWARD_WEIGHT && keep_for_w) {
+        if (!ch->embedding) pool_drop(&p->inputs, key);
+        pool_drop(&p->kept, key);
+    }
+}
+
+static float *kept_of(loom_pipeline *p, int chunk, int mb) {
+    int i = p->kept.of[key_of(p, chunk, mb)];
+    return i >= 0 ? p->kept_buf + (size_t)i * p->kept_floats : NULL;
 }
 
 static float *input_of(loom_pipeline *p, int chunk, int mb) {
@@ -418,7 +438,7 @@ static void chunks_init(loom_pipeline *p) {
 
 /* Pool sizes from a dry run of the list. */
 static loom_status pools_create(loom_pipeline *p) {
-    int counts[2] = {0, 0}, peak[2] = {0, 0}, keys = p->chunks * p->micro_batches;
+    int counts[3] = {0, 0, 0}, peak[3] = {0, 0, 0}, keys = p->chunks * p->micro_batches;
     for (int i = 0; i < p->schedule.count; i++)
         pool_events(p, p->schedule.actions[i], 1, counts, peak);
     p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
@@ -427,6 +447,7 @@ static loom_status pools_create(loom_pipeline *p) {
         pool_init(&p->slots, keys, p->recompute ? 1 : p->in_flight, "activation slots");
     if (st == LOOM_OK) st = pool_init(&p->inputs, keys, peak[0], "input buffers");
     if (st == LOOM_OK) st = pool_init(&p->grads, keys, peak[1], "gradient buffers");
+    if (st == LOOM_OK) st = pool_init(&p->kept, keys, peak[2], "kept buffers");
     if (st != LOOM_OK || p->stages == 1) return st;
     size_t btc = btc_of(p);
     p->wires = 2 * p->in_flight + 2;
@@ -461,6 +482,15 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         st = pools_create(p);
     }
     if (st == LOOM_OK) st = loom_gpt_reserve_slots_split(model, B, T, p->slots.size, p->split);
+    if (st == LOOM_OK && p->kept.size > 0) {
+        for (int c = 0; c < p->chunks; c++) {
+            size_t n = loom_gpt_weight_state_floats(model, c, B, T);
+            if (n > p->kept_floats) p->kept_floats = n;
+        }
+        p->kept_buf =
+            loom_alloc_aligned(p->kept_floats * (size_t)p->kept.size * sizeof(float), "kept for W");
+        if (!p->kept_buf) st = LOOM_ERR_NOMEM;
+    }
     if (st == LOOM_OK && p->stages > 1) {
         st = compression_create(p, (int64_t)B * T, model->config.channels);
         const loom_plan_compressor *pc = &plan->pp_compression;
@@ -491,7 +521,8 @@ int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage) {
 void loom_pipeline_free(loom_pipeline *p) {
     if (!p) return;
     loom_pipe_schedule_free(&p->schedule);
-    pool_free(&p->slots), pool_free(&p->inputs), pool_free(&p->grads);
+    pool_free(&p->slots), pool_free(&p->inputs), pool_free(&p->grads), pool_free(&p->kept);
+    loom_free_aligned(p->kept_buf);
     loom_free_aligned(p->act_in);
     loom_free_aligned(p->grad_in);
     loom_free_aligned(p->send_buf);
@@ -637,7 +668,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
     size_t bt = (size_t)p->B * (size_t)p->T;
     int64_t rows = (int64_t)bt, cols = model->config.channels;
     const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
-    int counts[2], peak[2];
+    int counts[3], peak[3];
     pool_events(p, a, 0, counts, peak);
     loom_status st = LOOM_OK;
     switch (a.op) {
@@ -681,10 +712,13 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         if (last) loom_grad_sync_after_backward(sync);
         hand_down(p, c, mb);
         if (a.op == LOOM_PIPE_BACKWARD && !p->recompute) pool_drop(&p->slots, key);
+        /* recomputation: the one activation set will serve others before this W */
+        if (p->kept.size > 0) loom_gpt_weight_state_save(model, c, kept_of(p, c, mb));
         break;
     }
     case LOOM_PIPE_BACKWARD_WEIGHT: {
         use_activations(p, c, mb, tokens, mb_targets);
+        if (p->kept.size > 0) loom_gpt_weight_state_load(model, c, kept_of(p, c, mb));
         int last = i == ch->last_weight;
         if (last) loom_grad_sync_before_backward(sync, step);
         loom_comm_progress("backward (weights)");

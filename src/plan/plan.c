@@ -192,11 +192,6 @@ static loom_status check_batch(const loom_plan *p, const char *source) {
     return LOOM_OK;
 }
 
-/* zb-h1 and zb-v split the backward into B (input gradients) and W (weight gradients). */
-static int splits_backward(const char *schedule) {
-    return strcmp(schedule, "zb-h1") == 0 || strcmp(schedule, "zb-v") == 0;
-}
-
 static loom_status check_mesh(const loom_plan *p, const char *source, int world_size) {
     const struct {
         const char *path;
@@ -289,13 +284,6 @@ static loom_status check_stage_schedule(const loom_plan *p, const char *source, 
                                     "got %d",
                                     chunk, p->schedule, what, i, p->num_stages, chunk, rank,
                                     s->chunk);
-    }
-    if (s->recompute && splits_backward(p->schedule)) {
-        snprintf(path, sizeof path, "stages[%d].recompute", i);
-        return loom_plan_fail_field(source, path,
-                                    "expected false (recompute is not supported with %s: its W "
-                                    "pass needs the activations the forward kept), got true",
-                                    p->schedule);
     }
     return LOOM_OK;
 }
@@ -753,12 +741,6 @@ static loom_status request_schedule(const loom_plan_request *r, int pp, int laye
                          "--virtual-stages: expected at most %d with --pipeline-parallel %d (a "
                          "layer per virtual stage at least, of model.layers %d), got %d",
                          layers / pp, pp, layers, v);
-    }
-    if (r->recompute && splits_backward(name)) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--recompute: not supported with --schedule %s (its W pass needs the "
-                         "activations the forward kept)",
-                         name);
     }
     return LOOM_OK;
 }

@@ -20,7 +20,7 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
      * for the largest chunk, as many as the schedule keeps in flight */
     int v = plan->num_stages / plan->pp, peak = loom_pipeline_peak_in_flight(plan, mesh->pp_rank);
     int split = !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
-    int64_t state = 0, slot = 0, input = 0, scratch = 0, optimizer = 0;
+    int64_t state = 0, slot = 0, input = 0, scratch = 0, optimizer = 0, kept = 0;
     int embedding = 0, head = 0, recompute = 0;
     char ranges[128] = "";
     size_t used = 0;
@@ -44,6 +44,7 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
         if (cost.act_bytes_recompute - cost.act_slot_bytes > input)
             input = cost.act_bytes_recompute - cost.act_slot_bytes;
         if (cost.grad_scratch_bytes > scratch) scratch = cost.grad_scratch_bytes;
+        if (split && cost.act_slot_split_bytes > kept) kept = cost.act_slot_split_bytes;
         embedding |= stage->embedding, head |= stage->head;
         if (used < sizeof ranges) {
             used += (size_t)snprintf(ranges + used, sizeof ranges - used, "%s[%d, %d)",
@@ -55,7 +56,9 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
         int64_t wte = (int64_t)(m->padded_vocab_size / mesh->tp_size) * m->channels * 4;
         state -= 4 * wte, optimizer -= 2 * wte;
     }
-    int64_t act = recompute ? slot + input * peak : slot * peak;
+    /* recomputation keeps one set, each micro-batch's input, and under split backward what B
+     * leaves for W (the head's logit gradient aside: an underestimate on the head's rank) */
+    int64_t act = recompute ? slot + (input + kept) * peak : slot * peak;
     int64_t bytes = state + act + scratch;
     if (cfg->zero1 && !cfg->no_zero1 && mesh->dp_size > 1) {
         bytes -= optimizer - optimizer / mesh->dp_size;
