@@ -1,0 +1,151 @@
+/*
+ * loom/cluster.h — a cluster description: what the planner's cost model knows of the hardware it
+ * plans for. Written by `loom profile` (measured on the ranks that will train) or shipped in
+ * clusters/ (vendor specifications and published microbenchmarks, each figure with its source);
+ * read by `loom plan --cluster FILE`.
+ *
+ * The file is JSON:
+ *
+ *   {
+ *     "name": "dgx-a100",
+ *     "source": "what the description is of, and where its figures come from",
+ *     "nodes": 1, "max_nodes": 140,
+ *     "node": {
+ *       "devices": 8,
+ *       "device": {
+ *         "name": "NVIDIA A100-SXM4-80GB",
+ *         "memory_bytes": 85899345920,
+ *         "peak_flops": {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12},
+ *         "memory_bandwidth": 2.039e12,
+ *         "gemm_efficiency": [{"flops": 1e6, "efficiency": 0.05}, ...,
+ *                             {"flops": 1e12, "efficiency": 0.8}],
+ *         "sources": {"peak_flops": "...", "gemm_efficiency": "..."}
+ *       },
+ *       "links": {
+ *         "intra_node": {"bandwidth": 3.0e11, "latency_s": 3e-6, "source": "..."},
+ *         "inter_node": {"bandwidth": 2.5e10, "latency_s": 5e-6, "source": "..."}
+ *       }
+ *     },
+ *     "collectives": [{"op": "allreduce", "link": "inter_node", "ranks": 8, "alpha_s": 1e-5,
+ *                      "beta_s_per_byte": 4e-11}],
+ *     "compressors": {"powersgd": 2.2e9, "int8": 4.6e8}
+ *   }
+ *
+ * Units: bytes, seconds, FLOP/s, bytes/s (bandwidth per device, one direction). "gemm_efficiency"
+ * is the share of the precision's peak a GEMM of the given FLOPs (2 m n k) reaches, a table in
+ * ascending FLOPs interpolated linearly in log(FLOPs) and held flat beyond its ends; it applies
+ * to every precision (a measured table is measured in fp32). "collectives" (optional) are
+ * measured alpha-beta fits per collective, link class and group size, which the cost model
+ * prefers to the link figures where one matches. "compressors" (optional) are bytes of fp32
+ * input per second through encode + decode, per method (loom/compress.h's names).
+ * "nodes" is how many the description was measured on (1 for a shipped node); "max_nodes" how
+ * many the cluster has (`loom plan --devices N` takes up to max_nodes x devices). "sources"
+ * (per device) and "source" (per link) are free text, required in shipped descriptions (the
+ * checker does not read them). Unknown keys are errors.
+ *
+ * Not here: turning these figures into the time of a stage or a collective (the cost model),
+ * measuring them (`loom profile`).
+ */
+#ifndef LOOM_CLUSTER_H
+#define LOOM_CLUSTER_H
+
+#include "loom/base.h"
+#include "loom/compress.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Precisions the cost model knows: fp32 (what loom trains), bf16 and fp16 (simulated GPU
+ * clusters; fp32 master weights). */
+typedef enum { LOOM_PRECISION_FP32, LOOM_PRECISION_BF16, LOOM_PRECISION_FP16 } loom_precision;
+#define LOOM_PRECISIONS 3
+/* "fp32", "bf16", "fp16"; anything else is LOOM_ERR_INPUT naming `source` and `field`. */
+loom_status loom_precision_parse(const char *name, const char *source, const char *field,
+                                 loom_precision *precision);
+const char *loom_precision_name(loom_precision precision);
+
+#define LOOM_CLUSTER_MAX_GEMM_POINTS 64
+#define LOOM_CLUSTER_MAX_COLLECTIVES 64
+
+typedef struct {
+    double flops;      /* 2 m n k of the GEMM, > 0, ascending in the table */
+    double efficiency; /* share of peak, in (0, 1] */
+} loom_gemm_point;
+
+/* A link class: what one device sends in one direction. */
+typedef struct {
+    double bandwidth; /* bytes/s, > 0 */
+    double latency_s; /* >= 0 */
+} loom_link;
+
+enum { LOOM_LINK_INTRA_NODE, LOOM_LINK_INTER_NODE, LOOM_LINK_CLASSES };
+
+typedef enum {
+    LOOM_COLLECTIVE_ALLREDUCE,
+    LOOM_COLLECTIVE_ALLGATHER,
+    LOOM_COLLECTIVE_REDUCE_SCATTER,
+    LOOM_COLLECTIVE_SENDRECV, /* point to point, one message each way */
+} loom_collective_op;
+#define LOOM_COLLECTIVE_OPS 4
+
+/* A measured fit: time = alpha_s + beta_s_per_byte x bytes (the buffer's bytes). */
+typedef struct {
+    loom_collective_op op;
+    int link;  /* LOOM_LINK_INTRA_NODE or LOOM_LINK_INTER_NODE */
+    int ranks; /* group size, >= 2 */
+    double alpha_s, beta_s_per_byte;
+} loom_collective_fit;
+
+typedef struct {
+    char name[64];
+    int nodes;            /* measured on (>= 1) */
+    int max_nodes;        /* the cluster's (>= nodes) */
+    int devices_per_node; /* >= 1 */
+    /* one device */
+    char device_name[64];
+    int64_t memory_bytes;                  /* > 0 */
+    double peak_flops[LOOM_PRECISIONS];    /* FLOP/s; 0: the precision is not offered */
+    double memory_bandwidth;               /* bytes/s, > 0 (memory-bound kernels) */
+    loom_gemm_point gemm[LOOM_CLUSTER_MAX_GEMM_POINTS];
+    int gemm_points; /* >= 1 */
+    loom_link links[LOOM_LINK_CLASSES];
+    loom_collective_fit collectives[LOOM_CLUSTER_MAX_COLLECTIVES];
+    int num_collectives;
+    double compressor_bytes_per_s[LOOM_COMPRESS_COUNT]; /* per method; 0: not measured */
+} loom_cluster;
+
+/* Reads and fully checks a description. Every problem is LOOM_ERR_INPUT with one message naming
+ * the file, the JSON path and the expectation, e.g. "cluster.json: node.device.peak_flops.fp32:
+ * expected a finite number > 0, got -1"; malformed JSON names the line and column. On failure
+ * *cluster is zeroed. */
+loom_status loom_cluster_read(const char *path, loom_cluster *cluster);
+/* The rules (the ones above, `source` naming where the description came from). */
+loom_status loom_cluster_check(const loom_cluster *cluster, const char *source);
+/* Checks, then writes atomically, pretty-printed, keys in the order of the example; doubles read
+ * back equal. "sources"/"source" are written from `source_note` (NULL: "measured by loom
+ * profile"). */
+loom_status loom_cluster_write(const char *path, const loom_cluster *cluster,
+                               const char *source_note);
+
+/* The share of peak a GEMM of `flops` (2 m n k) reaches: the table, linear in log(flops),
+ * flat beyond its ends. */
+double loom_cluster_gemm_efficiency(const loom_cluster *cluster, double flops);
+/* Seconds for a GEMM of m x n x k in `precision` on one device (0 when the precision has no
+ * peak). */
+double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision, double m,
+                           double n, double k);
+/* Seconds for a collective of `bytes` (the buffer) over `ranks` devices on link class `link`:
+ * the measured fit for (op, link, ranks) when there is one, else the ring model from the link
+ * figures (allreduce 2(n-1)/n bytes per device, all-gather and reduce-scatter (n-1)/n, a
+ * send-receive the bytes, plus (n-1) latencies for a ring, 1 for a send). 0 for ranks <= 1. */
+double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
+                                 int ranks, double bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_CLUSTER_H */
