@@ -103,6 +103,30 @@ static void test_init(void) {
     CHECK(loom_gpt_num_real_params(&g) == 124439808, "gpt2 has 124,439,808 parameters, got %lld",
           (long long)loom_gpt_num_real_params(&g));
     CHECK(g.padded_vocab_size == 50304, "gpt2 padded vocab 50304");
+
+    /* GPT-3's sizes (Brown et al. 2020, Table 2.1): the parameter counts the paper names, within
+     * 2 % (the paper rounds; 13B's d_model is 5120 here, not 5140), context 2048, every preset a
+     * valid configuration with 64- or 128-wide heads */
+    static const struct {
+        const char *name;
+        double params;
+        int head_width;
+    } gpt3[] = {{"gpt3-125m", 125e6, 64},  {"gpt3-350m", 350e6, 64},   {"gpt3-760m", 760e6, 96},
+                {"gpt3-1.3b", 1.3e9, 128}, {"gpt3-2.7b", 2.7e9, 80},   {"gpt3-6.7b", 6.7e9, 128},
+                {"gpt3-13b", 13.0e9, 128}, {"gpt3-175b", 175.0e9, 128}};
+    for (size_t i = 0; i < sizeof gpt3 / sizeof gpt3[0]; i++) {
+        loom_gpt_config c3;
+        loom_status st = loom_gpt_preset(gpt3[i].name, &c3);
+        CHECK(st == LOOM_OK && loom_gpt_config_check_shape(&c3, "test", "") == LOOM_OK, "%s: %s",
+              gpt3[i].name, loom_last_error());
+        double count = (double)loom_gpt_num_real_params(&c3);
+        CHECK(count > 0.98 * gpt3[i].params && count < 1.02 * gpt3[i].params,
+              "%s: %.4g parameters, the paper says %.4g", gpt3[i].name, count, gpt3[i].params);
+        CHECK(c3.max_seq_len == 2048 && c3.vocab_size == 50257 &&
+                  c3.channels / c3.num_heads == gpt3[i].head_width,
+              "%s: context %d, vocab %d, head width %d (expected 2048, 50257, %d)", gpt3[i].name,
+              c3.max_seq_len, c3.vocab_size, c3.channels / c3.num_heads, gpt3[i].head_width);
+    }
 }
 
 static void test_gradients(void) {

@@ -42,8 +42,11 @@ typedef struct {
     int channels;          /* C */
 } loom_gpt_config;
 
-/* Names: "gpt2" (124M), "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny" (tests), "small"
- * (the quick-start model). Vocabulary 50257 (tiny/small: 257 bytes). */
+/* Names: "gpt2" (124M), "gpt2-medium", "gpt2-large", "gpt2-xl"; GPT-3's eight sizes "gpt3-125m",
+ * "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"
+ * (context 2048; XL with 16 heads and 13B with d_model 5120, where the paper's d_model is not
+ * heads x 128); "tiny" (tests), "small" (the quick-start model). Vocabulary 50257 (tiny/small:
+ * 257 bytes). */
 loom_status loom_gpt_preset(const char *name, loom_gpt_config *config);
 /* The padded vocabulary: vocab rounded up to a multiple of 128 (0 when vocab is not positive or
  * the result does not fit in an int). The one place this rule lives. */

@@ -24,11 +24,23 @@ typedef struct {
     loom_gpt_config config;
 } gpt_preset;
 
+/* GPT-3's eight sizes (Brown et al. 2020, Table 2.1: layers, d_model, heads; context 2048, GPT-2's
+ * vocabulary). Two rows of that table do not have d_model = heads x d_head: XL (24 heads of 128
+ * for d_model 2048) takes 16 heads of 128, and 13B (d_model 5140 for 40 heads of 128) takes
+ * d_model 5120, as Megatron-style codebases do. */
 static const gpt_preset presets[] = {
     {"gpt2", {1024, 50257, 0, 12, 12, 768}},
     {"gpt2-medium", {1024, 50257, 0, 24, 16, 1024}},
     {"gpt2-large", {1024, 50257, 0, 36, 20, 1280}},
     {"gpt2-xl", {1024, 50257, 0, 48, 25, 1600}},
+    {"gpt3-125m", {2048, 50257, 0, 12, 12, 768}},
+    {"gpt3-350m", {2048, 50257, 0, 24, 16, 1024}},
+    {"gpt3-760m", {2048, 50257, 0, 24, 16, 1536}},
+    {"gpt3-1.3b", {2048, 50257, 0, 24, 16, 2048}},
+    {"gpt3-2.7b", {2048, 50257, 0, 32, 32, 2560}},
+    {"gpt3-6.7b", {2048, 50257, 0, 32, 32, 4096}},
+    {"gpt3-13b", {2048, 50257, 0, 40, 40, 5120}},
+    {"gpt3-175b", {2048, 50257, 0, 96, 96, 12288}},
     {"small", {256, 257, 0, 4, 4, 128}},
     {"tiny", {16, 257, 0, 2, 2, 16}},
 };
@@ -47,10 +59,16 @@ loom_status loom_gpt_preset(const char *name, loom_gpt_config *config) {
             return LOOM_OK;
         }
     }
-    return loom_fail(LOOM_ERR_INPUT,
-                     "model: unknown preset '%s'; expected one of gpt2, gpt2-medium, gpt2-large, "
-                     "gpt2-xl, small, tiny",
-                     name);
+    char names[256] = "";
+    size_t used = 0, count = sizeof presets / sizeof presets[0];
+    for (size_t i = 0; i < count && used < sizeof names; i++) {
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                 i == 0           ? ""
+                                 : i + 1 == count ? " or "
+                                                  : ", ",
+                                 presets[i].name);
+    }
+    return loom_fail(LOOM_ERR_INPUT, "model: unknown preset '%s'; expected one of %s", name, names);
 }
 
 loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, int d_model,
