@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # cli_plan.sh — `loom plan`: writing plans (even and explicit stage splits, the rank layout
-# summary), checking them (--check, against --ranks), and every bad flag or combination ending
-# with exit status 2 and one "error: " line that names the field, never a crash.
+# summary), checking them (--check, against --ranks), checking cluster descriptions
+# (--check-cluster, the shipped ones in clusters/ and broken ones), and every bad flag or
+# combination ending with exit status 2 and one "error: " line that names the field, never a
+# crash.
 #
 # usage: bash tests/cli_plan.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
+CLUSTERS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../clusters" && pwd)
 source "$(dirname "$0")/cli_harness.bash" "$@"
 
 # file_has NAME FILE REGEX: the file exists and matches
@@ -282,6 +285,37 @@ bad "plan: --check a folder" 'sub: not a regular file' -- "$LOOM" plan --check s
 bad "plan: --check with layout flags" '--check: expected only --ranks with it, got --tp' \
     -- "$LOOM" plan --check plan.json --tp 2
 bad "plan: --check empty" '--check: expected a plan file' -- "$LOOM" plan --check=
+
+# ---- cluster descriptions ------------------------------------------------------------------
+
+good "plan: --check-cluster dgx-a100" \
+    'dgx-a100\.json: ok \(dgx-a100, 8 devices per node, max 384 nodes\)' \
+    -- "$LOOM" plan --check-cluster "$CLUSTERS/dgx-a100.json"
+good "plan: --check-cluster=p3-v100" 'p3-v100\.json: ok \(p3-v100, 8 devices per node, max 8 nodes\)' \
+    -- "$LOOM" plan --check-cluster="$CLUSTERS/p3-v100.json"
+good "plan: --help names --check-cluster" '--check-cluster' -- "$LOOM" plan --help
+sed 's/"devices": 8/"devices": 0/' "$CLUSTERS/dgx-a100.json" >nodevices.json
+bad "plan: --check-cluster no devices" \
+    'nodevices\.json: node\.devices: expected an integer >= 1, got 0' \
+    -- "$LOOM" plan --check-cluster nodevices.json
+sed 's/"bf16": 312e12/"fp64": 312e12/' "$CLUSTERS/dgx-a100.json" >fp64.json
+bad "plan: --check-cluster unknown precision" \
+    'fp64\.json: node\.device\.peak_flops\.fp64: expected one of "fp32", "bf16" or "fp16", got "fp64"' \
+    -- "$LOOM" plan --check-cluster fp64.json
+printf '{"name": "x",\n  "nodes": }' >malformed_cluster.json
+bad "plan: --check-cluster malformed JSON" 'malformed_cluster\.json:2:12: invalid JSON' \
+    -- "$LOOM" plan --check-cluster malformed_cluster.json
+bad "plan: --check-cluster a plan file" 'plan\.json: model: unknown key' \
+    -- "$LOOM" plan --check-cluster plan.json
+bad "plan: --check-cluster missing file" 'nosuch\.json: cannot open' \
+    -- "$LOOM" plan --check-cluster nosuch.json
+bad "plan: --check-cluster with other flags" \
+    '--check-cluster: expected no other option with it, got --ranks' \
+    -- "$LOOM" plan --check-cluster "$CLUSTERS/dgx-a100.json" --ranks 8
+bad "plan: --check-cluster and --check" '--check-cluster: expected no other option with it, got --check' \
+    -- "$LOOM" plan --check-cluster "$CLUSTERS/dgx-a100.json" --check plan.json
+bad "plan: --check-cluster empty" '--check-cluster: expected a cluster description' \
+    -- "$LOOM" plan --check-cluster=
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

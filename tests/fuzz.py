@@ -12,13 +12,16 @@ Formats and the commands that read them:
   compress compressor state        mpirun -np 2 train --resume
           (rank 0's compress_rank00000.safetensors, and the signature in state.safetensors's
           metadata loom.compress)
+  cluster cluster descriptions      plan --check-cluster
 
 The valid seeds are made here with the binary itself (prepare, a 1-step tiny run, a 2-step run
 of 2 ranks with data-parallel PowerSGD under mpirun, loom plan) or written by this script (the
-JSON config, an llm.c checkpoint of the tiny model's shape). Without mpirun the compress format
-is skipped, with a note. Mutant i of seed S is a pure function of (S, i) and the formats asked
-for: format i mod their number (7: shard, llmc, model, state, config, plan, compress), then one
-operator drawn from random.Random("S/i"): bit flips, byte and integer-slot writes at the header
+JSON config, an llm.c checkpoint of the tiny model's shape, and the repository's
+clusters/dgx-a100.json with a collective fit and compressor throughputs added, so that every
+part of the schema is mutated). Without mpirun the compress format is skipped, with a note.
+Mutant i of seed S is a pure function of (S, i) and the formats asked for: format i mod their
+number (8: shard, llmc, model, state, config, plan, compress, cluster), then one operator drawn
+from random.Random("S/i"): bit flips, byte and integer-slot writes at the header
 fields, truncation, extension, insertion/deletion, and structured edits (JSON values, keys and
 nesting; safetensors shapes, dtypes, offsets, names and metadata; llm.c header dimensions; token
 values; special float values in compressor state; compressor files missing or exchanged between
@@ -56,7 +59,7 @@ import subprocess
 import sys
 import time
 
-FORMATS = ["shard", "llmc", "model", "state", "config", "plan", "compress"]
+FORMATS = ["shard", "llmc", "model", "state", "config", "plan", "compress", "cluster"]
 CLASSES = ["refused", "accepted", "failed", "crash", "hang", "slow"]
 TINY = ["--threads", "1", "--seq-len", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
 RUN_FLAGS = ["--threads", "1", "--eval-every", "0", "--log-every", "1", "--out", "run"]
@@ -81,6 +84,9 @@ SANITIZER = re.compile(r"ERROR: (Address|Leak|Memory|Thread|UndefinedBehavior)Sa
                        r"Segmentation fault|core dumped|stack smashing|double free")
 RSS_LIMIT = re.compile(r"hard rss limit exhausted|out of memory: allocator is trying")
 SLOW_STEPS = 20  # a training run past this many steps is a legitimately long one
+# the cluster seed: a shipped description (the fuzzer runs from the repository's tests/)
+CLUSTER_SEED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "clusters", "dgx-a100.json")
 
 # ---- tiny model shape (loom's `tiny` preset) -------------------------------------------------
 
@@ -873,6 +879,49 @@ def plan_rules(path, op, expect):
     return expect
 
 
+# keys a cluster description cannot do without (where they appear: "name" at the top and in
+# node.device); the others (source, sources, collectives, compressors, a precision's peak, a
+# method's throughput) may be left out
+CLUSTER_REQUIRED = {"name", "nodes", "max_nodes", "node", "devices", "device", "memory_bytes",
+                    "peak_flops", "memory_bandwidth", "gemm_efficiency", "links", "intra_node",
+                    "inter_node", "bandwidth", "latency_s", "flops", "efficiency", "op", "link",
+                    "ranks", "alpha_s", "beta_s_per_byte"}
+
+
+def cluster_rules(path, op, expect):
+    """Expectations for edits of a cluster description: "source" and "sources" are free text
+    nobody reads (any string, any key under "sources"); a required key deleted is refused."""
+    free = [i for i, p in enumerate(path) if p in ("source", "sources")]
+    if free:
+        i = free[0]
+        inside = len(path) > i + 1  # below "sources": one text of the object
+        if op in ("duplicate",) or (op == "rename" and not inside):
+            return "refuse"
+        if op == "unknown-key":
+            return "any"  # a new text under "sources" (refused if its value is not a string)
+        if op in ("delete", "rename") or expect == "any":
+            return "same"  # any string is fine, and nothing reads it
+        return expect
+    if op == "delete" and path and path[-1] in CLUSTER_REQUIRED and \
+            (len(path) < 2 or path[-2] not in ("peak_flops", "compressors")):
+        return "refuse"
+    return expect
+
+
+def cluster_seed():
+    """clusters/dgx-a100.json with one collective fit and two compressor throughputs added."""
+    try:
+        doc = jparse(read_text(CLUSTER_SEED))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, Obj):
+        raise SystemExit("fuzz.py: %s is missing or not a JSON object" % CLUSTER_SEED)
+    doc.append(("collectives", [Obj([("op", "allreduce"), ("link", "inter_node"), ("ranks", 16),
+                                     ("alpha_s", 3e-05), ("beta_s_per_byte", 4.5e-11)])]))
+    doc.append(("compressors", Obj([("powersgd", 2200000000.0), ("int8", 460000000.0)])))
+    return (jdump(doc, 2) + "\n").encode()
+
+
 # ---- the seeds ------------------------------------------------------------------------------
 
 def lcg_text(words, count, seed=7):
@@ -1069,6 +1118,7 @@ class Harness:
             "state": read_bytes(os.path.join(step, "state.safetensors")),
             "config": read_bytes(os.path.join(s, "config.json")),
             "plan": read_bytes(os.path.join(s, "plan.json")),
+            "cluster": cluster_seed(),
             "compress": read_bytes(os.path.join(cstep, COMPRESS_FILE)),
             "compress-rank1": read_bytes(os.path.join(cstep, "compress_rank00001.safetensors")),
             "compress-state": read_bytes(os.path.join(cstep, "state.safetensors")),
@@ -1188,6 +1238,10 @@ class Harness:
                 ("plan --check", put("m.json"),
                  lambda m: [self.loom, "plan", "--check", m], "check"),
             ],
+            "cluster": [
+                ("plan --check-cluster", put("m.json"),
+                 lambda m: [self.loom, "plan", "--check-cluster", m], "stdout"),
+            ],
         }
         return table[fmt]
 
@@ -1262,6 +1316,8 @@ class Harness:
             return compress_mutant(rng, self.seed_bytes)
         if fmt == "config":
             return text_json_mutant(rng, seed, config_rules, 2)
+        if fmt == "cluster":
+            return text_json_mutant(rng, seed, cluster_rules, 2)
         return text_json_mutant(rng, seed, plan_rules, 2)
 
     def keep(self, index, fmt, variant, mutant, result):

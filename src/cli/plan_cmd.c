@@ -2,7 +2,9 @@
  * plan_cmd.c — `loom plan`: writes a plan file for a model and a (dp, tp, pp) mesh with
  * contiguous, even (or --stage-layers) pipeline stages, or checks an existing plan with
  * --check FILE, optionally against a world size (--ranks). Prints the plan's summary and the
- * rank layout. No MPI here: planning is for one process.
+ * rank layout. --check-cluster FILE reads and checks a cluster description (loom/cluster.h) and
+ * says it is ok or why not, for now the only command that reads one (the fuzzer's way in until
+ * the planner takes --cluster). No MPI here: planning is for one process.
  *
  * The compression flags are `loom train`'s (cli.h, CLI_COMPRESSION_OPTS).
  *
@@ -11,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
+#include "loom/cluster.h"
 #include "loom/plan.h"
 
 #include <stddef.h>
@@ -34,6 +37,7 @@ typedef struct {
     int ranks;
     char out[PLAN_PATH_MAX];
     char check[PLAN_PATH_MAX];
+    char check_cluster[PLAN_PATH_MAX];
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
@@ -70,33 +74,44 @@ static const cli_opt plan_opts[] = {
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
     POPT("--check", OPT_STRING, check, "validate this plan file instead of writing one"),
+    POPT("--check-cluster", OPT_STRING, check_cluster,
+         "read and check this cluster description (e.g. clusters/dgx-a100.json): prints "
+         "\"FILE: ok (NAME, N devices per node, max M nodes)\", or the problem and exits 2"),
 };
 #define NPLAN ((int)(sizeof plan_opts / sizeof plan_opts[0]))
 
 static const char *plan_usage =
     "usage: loom plan [--model NAME ...] --dp N --tp N --pp N [options] --out plan.json\n"
-    "       loom plan --check plan.json [--ranks N]";
+    "       loom plan --check plan.json [--ranks N]\n"
+    "       loom plan --check-cluster cluster.json";
 
-/* With --check, only --ranks may come along: anything else would be silently ignored. */
-static loom_status check_mode_flags(int argc, char **argv) {
+/* Whether `arg` is `flag`, alone or as "flag=value". */
+static int is_flag(const char *arg, const char *flag) {
+    size_t len = strlen(flag);
+    return strncmp(arg, flag, len) == 0 && (arg[len] == '\0' || arg[len] == '=');
+}
+
+/* With a check, only the flags in `allowed` (n of them) may come along: anything else would be
+ * silently ignored. */
+static loom_status check_mode_flags(int argc, char **argv, const char *mode,
+                                    const char *const *allowed, int n, const char *why) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0) continue; /* a value */
-        size_t len = strcspn(arg, "=");
-        if ((len == 7 && !strncmp(arg, "--check", len)) ||
-            (len == 7 && !strncmp(arg, "--ranks", len))) {
-            continue;
-        }
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--check: expected only --ranks with it, got %.*s (the plan file "
-                         "holds the layout)",
-                         (int)len, arg);
+        int ok = 0;
+        for (int j = 0; j < n && !ok; j++) ok = is_flag(arg, allowed[j]);
+        if (ok) continue;
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got %.*s (%s)", mode,
+                         n > 1 ? "only --ranks with it" : "no other option with it",
+                         (int)strcspn(arg, "="), arg, why);
     }
     return LOOM_OK;
 }
 
 static int run_check(const plan_args *args, int argc, char **argv) {
-    loom_status st = check_mode_flags(argc, argv);
+    static const char *const allowed[] = {"--check", "--ranks"};
+    loom_status st =
+        check_mode_flags(argc, argv, "--check", allowed, 2, "the plan file holds the layout");
     if (st == LOOM_OK && args->ranks < 0) {
         st = loom_fail(LOOM_ERR_INPUT,
                        "--ranks: expected a positive world size (0 = no check), got %d",
@@ -113,6 +128,19 @@ static int run_check(const plan_args *args, int argc, char **argv) {
     loom_plan_print(&plan, stdout);
     printf("\n%s: ok (%d ranks)\n", args->check, plan.dp * plan.tp * plan.pp);
     loom_plan_free(&plan);
+    return 0;
+}
+
+static int run_check_cluster(const plan_args *args, int argc, char **argv) {
+    static const char *const allowed[] = {"--check-cluster"};
+    loom_status st = check_mode_flags(argc, argv, "--check-cluster", allowed, 1,
+                                      "it only reads the description");
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_cluster cluster;
+    st = loom_cluster_read(args->check_cluster, &cluster);
+    if (st != LOOM_OK) return cli_fail(st);
+    printf("%s: ok (%s, %d devices per node, max %d nodes)\n", args->check_cluster, cluster.name,
+           cluster.devices_per_node, cluster.max_nodes);
     return 0;
 }
 
@@ -179,11 +207,18 @@ int cmd_plan(int argc, char **argv) {
     memset(&args, 0, sizeof args);
     loom_plan_compression_flags_defaults(&args.compression);
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
-    int check_given = 0;
-    for (int i = 2; i < argc; i++) check_given |= !strncmp(argv[i], "--check", 7);
+    int check_given = 0, cluster_given = 0;
+    for (int i = 2; i < argc; i++) {
+        check_given |= is_flag(argv[i], "--check");
+        cluster_given |= is_flag(argv[i], "--check-cluster");
+    }
     if (st == LOOM_OK && check_given && !args.check[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--check: expected a plan file to validate");
     }
+    if (st == LOOM_OK && cluster_given && !args.check_cluster[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--check-cluster: expected a cluster description to check");
+    }
     if (st != LOOM_OK) return cli_fail(st);
-    return args.check[0] ? run_check(&args, argc, argv) : run_build(&args);
+    if (cluster_given) return run_check_cluster(&args, argc, argv);
+    return check_given ? run_check(&args, argc, argv) : run_build(&args);
 }

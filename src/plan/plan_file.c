@@ -6,7 +6,8 @@
  *
  * Reading checks the types and the shape of the document, and the compression methods (a
  * compressor's rank defaults by method); the rules that relate fields to one another are
- * loom_plan_check's (plan.c), applied to the result.
+ * loom_plan_check's (plan.c), applied to the result. The field readers and the message format
+ * are json_fields.c's, shared with the cluster description.
  */
 #include "plan/plan_internal.h"
 
@@ -18,110 +19,14 @@
 
 /* ---- reading -------------------------------------------------------------------------------- */
 
-/* A JSON value as it appears in the file (compact, at most about 60 characters), for "got". */
-static void describe(const json_t *value, char *buf, size_t cap) {
-    char *text = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!text) {
-        snprintf(buf, cap, "a value");
-        return;
-    }
-    if (strlen(text) > 60) {
-        snprintf(buf, cap, "%.57s...", text);
-    } else {
-        snprintf(buf, cap, "%s", text);
-    }
-    free(text);
-}
-
-static loom_status fail_type(const char *file, const char *path, const char *expected,
-                             const json_t *value) {
-    char got[80];
-    describe(value, got, sizeof got);
-    return loom_plan_fail_field(file, path, "expected %s, got %s", expected, got);
-}
-
-static void join_path(char *buf, size_t cap, const char *parent, const char *key) {
-    if (parent[0]) {
-        snprintf(buf, cap, "%s.%s", parent, key);
-    } else {
-        snprintf(buf, cap, "%s", key);
-    }
-}
-
-/* Every key of `object` must be one of `keys` (n of them). */
-static loom_status check_keys(const char *file, const json_t *object, const char *path,
-                              const char *const *keys, int n) {
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)object, key, value) {
-        int known = 0;
-        for (int i = 0; i < n && !known; i++) known = strcmp(keys[i], key) == 0;
-        if (known) continue;
-        char list[256] = "";
-        size_t used = 0;
-        for (int i = 0; i < n && used < sizeof list; i++)
-            used +=
-                (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", keys[i]);
-        char field[256];
-        join_path(field, sizeof field, path, key);
-        return loom_plan_fail_field(file, field, "unknown key (expected one of: %s)", list);
-    }
-    return LOOM_OK;
-}
-
-/* object[key], or NULL when absent; a missing required key is an error. */
-static loom_status member(const char *file, const json_t *object, const char *parent,
-                          const char *key, int required, const char *expected, json_t **out) {
-    *out = json_object_get(object, key);
-    if (*out || !required) return LOOM_OK;
-    char path[256];
-    join_path(path, sizeof path, parent, key);
-    return loom_plan_fail_field(file, path, "missing (expected %s)", expected);
-}
-
-static loom_status as_object(const char *file, const char *path, const json_t *value) {
-    return json_is_object(value) ? LOOM_OK : fail_type(file, path, "an object", value);
-}
-
-static loom_status as_int(const char *file, const char *path, const json_t *value, int *out) {
-    if (!json_is_integer(value) || json_integer_value(value) < INT_MIN ||
-        json_integer_value(value) > INT_MAX) {
-        return fail_type(file, path, "an integer", value);
-    }
-    *out = (int)json_integer_value(value);
-    return LOOM_OK;
-}
-
-/* Integer member; *out keeps its value when the key is absent and not required. */
-static loom_status read_int(const char *file, const json_t *object, const char *parent,
-                            const char *key, int required, int *out) {
-    json_t *value;
-    loom_status st = member(file, object, parent, key, required, "an integer", &value);
-    if (st != LOOM_OK || !value) return st;
-    char path[256];
-    join_path(path, sizeof path, parent, key);
-    return as_int(file, path, value, out);
-}
-
 static loom_status read_bool(const char *file, const json_t *object, const char *parent,
                              const char *key, int *out) {
     json_t *value = json_object_get(object, key);
     if (!value) return LOOM_OK;
     char path[256];
-    join_path(path, sizeof path, parent, key);
-    if (!json_is_boolean(value)) return fail_type(file, path, "true or false", value);
+    loom_json_join_path(path, sizeof path, parent, key);
+    if (!json_is_boolean(value)) return loom_json_fail_type(file, path, "true or false", value);
     *out = json_is_true(value);
-    return LOOM_OK;
-}
-
-static loom_status read_number(const char *file, const json_t *object, const char *parent,
-                               const char *key, double *out) {
-    json_t *value = json_object_get(object, key);
-    if (!value) return LOOM_OK;
-    char path[256];
-    join_path(path, sizeof path, parent, key);
-    if (!json_is_number(value)) return fail_type(file, path, "a number", value);
-    *out = json_number_value(value);
     return LOOM_OK;
 }
 
@@ -132,13 +37,13 @@ static loom_status read_word(const char *file, const json_t *object, const char 
     char list[128];
     loom_plan_word_list(words, list, sizeof list);
     json_t *value;
-    loom_status st = member(file, object, parent, key, required, list, &value);
+    loom_status st = loom_json_member(file, object, parent, key, required, list, &value);
     if (st != LOOM_OK || !value) return st;
     char path[256];
-    join_path(path, sizeof path, parent, key);
+    loom_json_join_path(path, sizeof path, parent, key);
     const char *text = json_string_value(value);
     if (!text || strlen(text) >= cap || !loom_plan_word_ok(words, text)) {
-        return fail_type(file, path, list, value);
+        return loom_json_fail_type(file, path, list, value);
     }
     snprintf(out, cap, "%s", text);
     return LOOM_OK;
@@ -147,14 +52,14 @@ static loom_status read_word(const char *file, const json_t *object, const char 
 static loom_status read_model(const char *file, const json_t *root, loom_gpt_config *m) {
     static const char *const keys[] = {"layers", "heads", "d_model", "context", "vocab"};
     json_t *model;
-    loom_status st = member(file, root, "", "model", 1, "an object", &model);
-    if (st == LOOM_OK) st = as_object(file, "model", model);
-    if (st == LOOM_OK) st = check_keys(file, model, "model", keys, 5);
-    if (st == LOOM_OK) st = read_int(file, model, "model", "layers", 1, &m->num_layers);
-    if (st == LOOM_OK) st = read_int(file, model, "model", "heads", 1, &m->num_heads);
-    if (st == LOOM_OK) st = read_int(file, model, "model", "d_model", 1, &m->channels);
-    if (st == LOOM_OK) st = read_int(file, model, "model", "context", 1, &m->max_seq_len);
-    if (st == LOOM_OK) st = read_int(file, model, "model", "vocab", 1, &m->vocab_size);
+    loom_status st = loom_json_member(file, root, "", "model", 1, "an object", &model);
+    if (st == LOOM_OK) st = loom_json_as_object(file, "model", model);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, model, "model", keys, 5);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "layers", 1, &m->num_layers);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "heads", 1, &m->num_heads);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "d_model", 1, &m->channels);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "context", 1, &m->max_seq_len);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "vocab", 1, &m->vocab_size);
     m->padded_vocab_size = loom_gpt_pad_vocab(m->vocab_size);
     return st;
 }
@@ -162,11 +67,13 @@ static loom_status read_model(const char *file, const json_t *root, loom_gpt_con
 static loom_status read_batch(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"global", "micro", "schedule", "virtual_stages"};
     json_t *batch;
-    loom_status st = member(file, root, "", "batch", 1, "an object", &batch);
-    if (st == LOOM_OK) st = as_object(file, "batch", batch);
-    if (st == LOOM_OK) st = check_keys(file, batch, "batch", keys, 4);
-    if (st == LOOM_OK) st = read_int(file, batch, "batch", "global", 1, &plan->global_batch);
-    if (st == LOOM_OK) st = read_int(file, batch, "batch", "micro", 1, &plan->micro_batch);
+    loom_status st = loom_json_member(file, root, "", "batch", 1, "an object", &batch);
+    if (st == LOOM_OK) st = loom_json_as_object(file, "batch", batch);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, batch, "batch", keys, 4);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, batch, "batch", "global", 1, &plan->global_batch);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, batch, "batch", "micro", 1, &plan->micro_batch);
     if (st == LOOM_OK) {
         st = read_word(file, batch, "batch", "schedule", 0, &loom_plan_schedules, plan->schedule,
                        sizeof plan->schedule);
@@ -175,7 +82,7 @@ static loom_status read_batch(const char *file, const json_t *root, loom_plan *p
     int fixed = loom_plan_schedule_chunks(plan->schedule);
     plan->virtual_stages = fixed > 0 ? fixed : 1;
     if (st == LOOM_OK) {
-        st = read_int(file, batch, "batch", "virtual_stages", 0, &plan->virtual_stages);
+        st = loom_json_read_int(file, batch, "batch", "virtual_stages", 0, &plan->virtual_stages);
     }
     return st;
 }
@@ -183,12 +90,12 @@ static loom_status read_batch(const char *file, const json_t *root, loom_plan *p
 static loom_status read_mesh(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"dp", "tp", "pp"};
     json_t *mesh;
-    loom_status st = member(file, root, "", "mesh", 1, "an object", &mesh);
-    if (st == LOOM_OK) st = as_object(file, "mesh", mesh);
-    if (st == LOOM_OK) st = check_keys(file, mesh, "mesh", keys, 3);
-    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "dp", 1, &plan->dp);
-    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "tp", 1, &plan->tp);
-    if (st == LOOM_OK) st = read_int(file, mesh, "mesh", "pp", 1, &plan->pp);
+    loom_status st = loom_json_member(file, root, "", "mesh", 1, "an object", &mesh);
+    if (st == LOOM_OK) st = loom_json_as_object(file, "mesh", mesh);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, mesh, "mesh", keys, 3);
+    if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "dp", 1, &plan->dp);
+    if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "tp", 1, &plan->tp);
+    if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "pp", 1, &plan->pp);
     return st;
 }
 
@@ -197,19 +104,21 @@ static loom_status read_stage(const char *file, const json_t *value, int index, 
     static const char *const keys[] = {"layers", "rank", "embedding", "head", "recompute"};
     char path[64];
     snprintf(path, sizeof path, "stages[%d]", index);
-    loom_status st = as_object(file, path, value);
-    if (st == LOOM_OK) st = check_keys(file, value, path, keys, 5);
+    loom_status st = loom_json_as_object(file, path, value);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, value, path, keys, 5);
     json_t *layers = NULL;
     if (st == LOOM_OK) {
-        st = member(file, value, path, "layers", 1, "[start, end)", &layers);
+        st = loom_json_member(file, value, path, "layers", 1, "[start, end)", &layers);
     }
     if (st != LOOM_OK) return st;
     char layers_path[80];
     snprintf(layers_path, sizeof layers_path, "%s.layers", path);
     if (!json_is_array(layers) || json_array_size(layers) != 2 ||
-        as_int(file, layers_path, json_array_get(layers, 0), &stage->first_layer) != LOOM_OK ||
-        as_int(file, layers_path, json_array_get(layers, 1), &stage->end_layer) != LOOM_OK) {
-        return fail_type(file, layers_path, "[start, end) as two integers", layers);
+        loom_json_as_int(file, layers_path, json_array_get(layers, 0), &stage->first_layer) !=
+            LOOM_OK ||
+        loom_json_as_int(file, layers_path, json_array_get(layers, 1), &stage->end_layer) !=
+            LOOM_OK) {
+        return loom_json_fail_type(file, layers_path, "[start, end) as two integers", layers);
     }
     /* the schedule's placement; a "rank" given must agree with it (loom_plan_check), and the
      * chunk is never written. A mesh that cannot place anything is left to loom_plan_check. */
@@ -218,7 +127,7 @@ static loom_status read_stage(const char *file, const json_t *value, int index, 
         loom_plan_place(plan->schedule, plan->pp, plan->virtual_stages, index, &stage->rank,
                         &stage->chunk);
     }
-    st = read_int(file, value, path, "rank", 0, &stage->rank);
+    st = loom_json_read_int(file, value, path, "rank", 0, &stage->rank);
     if (st != LOOM_OK) return st;
     /* absent flags mean the usual placement: embedding on the first stage, head on the last */
     stage->embedding = index == 0;
@@ -232,11 +141,12 @@ static loom_status read_stage(const char *file, const json_t *value, int index, 
 
 static loom_status read_stages(const char *file, const json_t *root, loom_plan *plan) {
     json_t *stages;
-    loom_status st = member(file, root, "", "stages", 1, "a list of stages", &stages);
+    loom_status st = loom_json_member(file, root, "", "stages", 1, "a list of stages", &stages);
     if (st != LOOM_OK) return st;
-    if (!json_is_array(stages)) return fail_type(file, "stages", "a list of stages", stages);
+    if (!json_is_array(stages))
+        return loom_json_fail_type(file, "stages", "a list of stages", stages);
     size_t n = json_array_size(stages);
-    if (n > INT_MAX) return fail_type(file, "stages", "fewer stages", stages);
+    if (n > INT_MAX) return loom_json_fail_type(file, "stages", "fewer stages", stages);
     if (n == 0) return LOOM_OK; /* loom_plan_check says how many are expected */
     plan->stages = loom_calloc(n, sizeof *plan->stages, "plan stages");
     if (!plan->stages) return LOOM_ERR_NOMEM;
@@ -254,13 +164,13 @@ static loom_status read_indices(const char *file, const json_t *object, const ch
     json_t *indices = json_object_get(object, key);
     if (!indices) return LOOM_OK;
     char path[96];
-    join_path(path, sizeof path, parent, key);
+    loom_json_join_path(path, sizeof path, parent, key);
     size_t n = json_array_size(indices);
     if (!json_is_array(indices) || n == 0 || n > INT_MAX) {
         char expected[128];
         snprintf(expected, sizeof expected,
                  "a non-empty list of %s indices (leave the key out for every %s)", item, item);
-        return fail_type(file, path, expected, indices);
+        return loom_json_fail_type(file, path, expected, indices);
     }
     c->stages = loom_calloc(n, sizeof *c->stages, "plan compression stages");
     if (!c->stages) return LOOM_ERR_NOMEM;
@@ -269,7 +179,7 @@ static loom_status read_indices(const char *file, const json_t *object, const ch
     for (size_t i = 0; i < n && st == LOOM_OK; i++) {
         char item_path[112];
         snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
-        st = as_int(file, item_path, json_array_get(indices, i), &c->stages[i]);
+        st = loom_json_as_int(file, item_path, json_array_get(indices, i), &c->stages[i]);
     }
     return st;
 }
@@ -280,12 +190,12 @@ static loom_status read_method(const char *file, const json_t *object, const cha
                                const char *key, int required, int place, char *out, size_t cap,
                                loom_compress_method *method) {
     json_t *value;
-    loom_status st = member(file, object, parent, key, required, "a method name", &value);
+    loom_status st = loom_json_member(file, object, parent, key, required, "a method name", &value);
     if (st != LOOM_OK || !value) return st;
     char path[256];
-    join_path(path, sizeof path, parent, key);
+    loom_json_join_path(path, sizeof path, parent, key);
     const char *text = json_string_value(value);
-    if (!text) return fail_type(file, path, "a method name (a string)", value);
+    if (!text) return loom_json_fail_type(file, path, "a method name (a string)", value);
     loom_compress_method m;
     st = loom_compress_method_parse(text, place, file, path, &m);
     if (st != LOOM_OK) return st;
@@ -303,17 +213,18 @@ static loom_status read_dp_compressor(const char *file, const json_t *compressio
     json_t *object = json_object_get(compression, "dp");
     if (!object) return LOOM_OK;
     loom_compress_method m = LOOM_COMPRESS_NONE;
-    loom_status st = as_object(file, path, object);
-    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 6);
+    loom_status st = loom_json_as_object(file, path, object);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, object, path, keys, 6);
     if (st == LOOM_OK) {
         st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_DP, c->method,
                          sizeof c->method, &m);
     }
     c->rank = loom_plan_default_rank(m);
-    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
-    if (st == LOOM_OK) st = read_number(file, object, path, "fraction", &c->fraction);
+    if (st == LOOM_OK) st = loom_json_read_int(file, object, path, "rank", 0, &c->rank);
+    if (st == LOOM_OK) st = loom_json_read_number(file, object, path, "fraction", 0, &c->fraction);
     if (st == LOOM_OK) st = read_bool(file, object, path, "error_feedback", &c->error_feedback);
-    if (st == LOOM_OK) st = read_int(file, object, path, "warmup_steps", 0, &c->warmup_steps);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, object, path, "warmup_steps", 0, &c->warmup_steps);
     if (st == LOOM_OK) st = read_indices(file, object, path, "stages", "stage", c);
     return st;
 }
@@ -327,15 +238,15 @@ static loom_status read_pp_compressor(const char *file, const json_t *compressio
     json_t *object = json_object_get(compression, "pp");
     if (!object) return LOOM_OK;
     loom_compress_method m = LOOM_COMPRESS_NONE;
-    loom_status st = as_object(file, path, object);
-    if (st == LOOM_OK) st = check_keys(file, object, path, keys, 7);
+    loom_status st = loom_json_as_object(file, path, object);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, object, path, keys, 7);
     if (st == LOOM_OK) {
         st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_PP_GRAD, c->method,
                          sizeof c->method, &m);
     }
     c->rank = loom_plan_default_rank(m);
-    if (st == LOOM_OK) st = read_int(file, object, path, "rank", 0, &c->rank);
-    if (st == LOOM_OK) st = read_number(file, object, path, "fraction", &c->fraction);
+    if (st == LOOM_OK) st = loom_json_read_int(file, object, path, "rank", 0, &c->rank);
+    if (st == LOOM_OK) st = loom_json_read_number(file, object, path, "fraction", 0, &c->fraction);
     if (st == LOOM_OK) st = read_bool(file, object, path, "lazy_error", &c->lazy_error);
     if (st == LOOM_OK) {
         st = read_word(file, object, path, "policy", 0, &loom_plan_policies, c->policy,
@@ -353,8 +264,8 @@ static loom_status read_compression(const char *file, const json_t *root, loom_p
     static const char *const keys[] = {"dp", "pp", "embedding_sync"};
     json_t *compression = json_object_get(root, "compression");
     if (!compression) return LOOM_OK;
-    loom_status st = as_object(file, "compression", compression);
-    if (st == LOOM_OK) st = check_keys(file, compression, "compression", keys, 3);
+    loom_status st = loom_json_as_object(file, "compression", compression);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, compression, "compression", keys, 3);
     if (st == LOOM_OK) st = read_dp_compressor(file, compression, &plan->dp_compression);
     if (st == LOOM_OK) st = read_pp_compressor(file, compression, &plan->pp_compression);
     if (st == LOOM_OK) {
@@ -369,19 +280,21 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
     static const char *const keys[] = {"step_s", "tokens_per_s", "peak_bytes_per_rank"};
     json_t *predicted = json_object_get(root, "predicted");
     if (!predicted) return LOOM_OK;
-    loom_status st = as_object(file, "predicted", predicted);
-    if (st == LOOM_OK) st = check_keys(file, predicted, "predicted", keys, 3);
+    loom_status st = loom_json_as_object(file, "predicted", predicted);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, predicted, "predicted", keys, 3);
     if (st == LOOM_OK)
-        st = read_number(file, predicted, "predicted", "step_s", &plan->predicted_step_s);
+        st = loom_json_read_number(file, predicted, "predicted", "step_s", 0,
+                                   &plan->predicted_step_s);
     if (st == LOOM_OK) {
-        st = read_number(file, predicted, "predicted", "tokens_per_s",
-                         &plan->predicted_tokens_per_s);
+        st = loom_json_read_number(file, predicted, "predicted", "tokens_per_s", 0,
+                                   &plan->predicted_tokens_per_s);
     }
     json_t *peaks = json_object_get(predicted, "peak_bytes_per_rank");
     if (st != LOOM_OK || !peaks) return st;
     size_t n = json_array_size(peaks);
     if (!json_is_array(peaks) || n > INT_MAX) {
-        return fail_type(file, "predicted.peak_bytes_per_rank", "a list of byte counts", peaks);
+        return loom_json_fail_type(file, "predicted.peak_bytes_per_rank", "a list of byte counts",
+                                   peaks);
     }
     if (n == 0) return LOOM_OK;
     plan->predicted_peak_bytes = loom_calloc(n, sizeof(int64_t), "plan predictions");
@@ -392,7 +305,7 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
         if (!json_is_integer(item)) {
             char path[80];
             snprintf(path, sizeof path, "predicted.peak_bytes_per_rank[%zu]", i);
-            return fail_type(file, path, "an integer byte count", item);
+            return loom_json_fail_type(file, path, "an integer byte count", item);
         }
         plan->predicted_peak_bytes[i] = (int64_t)json_integer_value(item);
     }
@@ -402,8 +315,9 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"model",  "batch",       "mesh",
                                        "stages", "compression", "predicted"};
-    if (!json_is_object(root)) return fail_type(file, "(top level)", "a JSON object", root);
-    loom_status st = check_keys(file, root, "", keys, 6);
+    if (!json_is_object(root))
+        return loom_json_fail_type(file, "(top level)", "a JSON object", root);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 6);
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
     if (st == LOOM_OK) st = read_mesh(file, root, plan);
@@ -415,17 +329,9 @@ static loom_status read_document(const char *file, const json_t *root, loom_plan
 
 loom_status loom_plan_read(const char *path, loom_plan *plan) {
     loom_plan_init(plan);
-    char *text = NULL;
-    size_t size = 0;
-    loom_status st = loom_read_file(path, &text, &size);
+    json_t *root;
+    loom_status st = loom_json_load(path, &root);
     if (st != LOOM_OK) return st;
-    json_error_t err;
-    json_t *root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &err);
-    free(text);
-    if (!root) {
-        return loom_fail(LOOM_ERR_INPUT, "%s:%d:%d: invalid JSON: %s", path, err.line, err.column,
-                         err.text);
-    }
     st = read_document(path, root, plan);
     json_decref(root);
     if (st == LOOM_OK) st = loom_plan_check(plan, path, 0);
@@ -434,14 +340,6 @@ loom_status loom_plan_read(const char *path, loom_plan *plan) {
 }
 
 /* ---- writing -------------------------------------------------------------------------------- */
-
-/* The shortest %g form that reads back as the same double (finite values only). */
-static void format_double(double value, char *buf, size_t cap) {
-    for (int precision = 1; precision <= 17; precision++) {
-        snprintf(buf, cap, "%.*g", precision, value);
-        if (strtod(buf, NULL) == value) return;
-    }
-}
 
 static void write_indices(FILE *out, const char *key, const loom_plan_compressor *c) {
     if (c->num_stages == 0) return; /* every stage or link */
@@ -454,7 +352,7 @@ static void write_rank_and_fraction(FILE *out, const loom_plan_compressor *c) {
     if (c->rank != 0) fprintf(out, ", \"rank\": %d", c->rank);
     if (strcmp(c->method, "topk") == 0) {
         char fraction[32];
-        format_double(c->fraction, fraction, sizeof fraction);
+        loom_json_format_double(c->fraction, fraction, sizeof fraction);
         fprintf(out, ", \"fraction\": %s", fraction);
     }
 }
@@ -521,8 +419,8 @@ static void write_document(FILE *out, const loom_plan *plan) {
     fprintf(out, "  }%s\n", predicted ? "," : "");
     if (predicted) {
         char step[32], tokens[32];
-        format_double(plan->predicted_step_s, step, sizeof step);
-        format_double(plan->predicted_tokens_per_s, tokens, sizeof tokens);
+        loom_json_format_double(plan->predicted_step_s, step, sizeof step);
+        loom_json_format_double(plan->predicted_tokens_per_s, tokens, sizeof tokens);
         fprintf(out, "  \"predicted\": {\"step_s\": %s, \"tokens_per_s\": %s", step, tokens);
         fprintf(out, ", \"peak_bytes_per_rank\": [");
         for (int i = 0; i < plan->num_predicted_peak; i++) {

@@ -1,7 +1,7 @@
 /*
  * plan_internal.h — what plan.c (the rules, building, rank layout), plan_file.c (JSON reading
- * and writing) and compression_flags.c share: the field-error message, the lists of allowed
- * words, and the methods' ranks.
+ * and writing), compression_flags.c and cluster.c share: the field-error message, the lists of
+ * allowed words, the methods' ranks, and the JSON field readers (json_fields.c).
  */
 #ifndef LOOM_PLAN_INTERNAL_H
 #define LOOM_PLAN_INTERNAL_H
@@ -9,6 +9,7 @@
 #include "loom/compress.h"
 #include "loom/plan.h"
 
+#include <jansson.h>
 #include <stddef.h>
 
 /* The allowed values of the plan's word-valued fields. */
@@ -35,5 +36,34 @@ int loom_plan_default_rank(loom_compress_method method);
 /* Records "SOURCE: PATH: DETAIL" as a LOOM_ERR_INPUT error and returns LOOM_ERR_INPUT. */
 loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- JSON fields (json_fields.c): what plan_file.c and cluster.c read with ------------------
+ * `parent` is the JSON path of `object` ("" for the top level); every failure is one
+ * loom_plan_fail_field message naming `file` and the member's path. */
+
+/* "FILE: PATH: expected EXPECTED, got VALUE" (VALUE as it appears in the file). */
+loom_status loom_json_fail_type(const char *file, const char *path, const char *expected,
+                                const json_t *value);
+/* "parent.key" (or "key" at the top level) into buf[cap]. */
+void loom_json_join_path(char *buf, size_t cap, const char *parent, const char *key);
+/* Every key of `object` (at `path`) must be one of `keys` (n of them). */
+loom_status loom_json_check_keys(const char *file, const json_t *object, const char *path,
+                                 const char *const *keys, int n);
+/* object[key] into *out, NULL when absent; a missing required key is "missing (expected
+ * EXPECTED)". */
+loom_status loom_json_member(const char *file, const json_t *object, const char *parent,
+                             const char *key, int required, const char *expected, json_t **out);
+loom_status loom_json_as_object(const char *file, const char *path, const json_t *value);
+loom_status loom_json_as_int(const char *file, const char *path, const json_t *value, int *out);
+/* An integer (a number) member; *out keeps its value when the key is absent and not required. */
+loom_status loom_json_read_int(const char *file, const json_t *object, const char *parent,
+                               const char *key, int required, int *out);
+loom_status loom_json_read_number(const char *file, const json_t *object, const char *parent,
+                                  const char *key, int required, double *out);
+/* Reads and parses a whole file (duplicate keys refused); malformed JSON is "FILE:LINE:COLUMN:
+ * invalid JSON: DETAIL". The caller json_decref()s *root. */
+loom_status loom_json_load(const char *path, json_t **root);
+/* The shortest %g form that reads back as the same double (finite values only). */
+void loom_json_format_double(double value, char *buf, size_t cap);
 
 #endif

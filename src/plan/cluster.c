@@ -1,0 +1,636 @@
+/*
+ * cluster.c — the cluster description (loom/cluster.h): precisions, reading (through
+ * json_fields.c, so that every message reads like the plan file's: file, JSON path, expectation,
+ * value), the rules, writing, and the three figures the cost model asks of a description: the
+ * share of peak a GEMM reaches, a GEMM's seconds and a collective's seconds.
+ *
+ * Reading checks the types and the shape of the document and turns its words (precisions,
+ * collective ops, link classes, compressor methods) into indices; the value rules are
+ * loom_cluster_check's, applied to the result, so that a description `loom profile` builds in
+ * memory meets the same ones before it is written.
+ *
+ * Not here: the time of a stage, a pipeline or a plan (the cost model), measuring (profile).
+ */
+#include "loom/cluster.h"
+#include "plan/plan_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- words ---------------------------------------------------------------------------------- */
+
+static const char *const precision_names[LOOM_PRECISIONS] = {"fp32", "bf16", "fp16"};
+static const char *const op_names[LOOM_COLLECTIVE_OPS] = {"allreduce", "allgather",
+                                                          "reduce_scatter", "sendrecv"};
+static const char *const link_names[LOOM_LINK_CLASSES] = {"intra_node", "inter_node"};
+
+static const loom_plan_words precision_words = {precision_names, LOOM_PRECISIONS};
+static const loom_plan_words op_words = {op_names, LOOM_COLLECTIVE_OPS};
+static const loom_plan_words link_words = {link_names, LOOM_LINK_CLASSES};
+
+/* A compressor throughput is keyed by any method name, whatever place the method is used in. */
+#define ANY_PLACE (LOOM_COMPRESS_FOR_DP | LOOM_COMPRESS_FOR_PP_GRAD | LOOM_COMPRESS_FOR_PP_FORWARD)
+
+static int word_index(const loom_plan_words *words, const char *value) {
+    for (int i = 0; value && i < words->count; i++)
+        if (strcmp(words->words[i], value) == 0) return i;
+    return -1;
+}
+
+loom_status loom_precision_parse(const char *name, const char *source, const char *field,
+                                 loom_precision *precision) {
+    int index = word_index(&precision_words, name);
+    if (index >= 0) {
+        *precision = (loom_precision)index;
+        return LOOM_OK;
+    }
+    char list[96];
+    loom_plan_word_list(&precision_words, list, sizeof list);
+    return loom_plan_fail_field(source, field, "expected %s, got \"%s\"", list, name ? name : "");
+}
+
+const char *loom_precision_name(loom_precision precision) {
+    if ((int)precision < 0 || precision >= LOOM_PRECISIONS) return "?";
+    return precision_names[precision];
+}
+
+/* ---- reading -------------------------------------------------------------------------------- */
+
+/* A string of 1 to cap - 1 bytes into out[cap]. */
+static loom_status read_text(const char *file, const json_t *object, const char *parent,
+                             const char *key, char *out, size_t cap) {
+    char expected[64];
+    snprintf(expected, sizeof expected, "a string of 1 to %zu bytes", cap - 1);
+    json_t *value;
+    loom_status st = loom_json_member(file, object, parent, key, 1, expected, &value);
+    if (st != LOOM_OK) return st;
+    char path[256];
+    loom_json_join_path(path, sizeof path, parent, key);
+    if (!json_is_string(value) || json_string_length(value) == 0 ||
+        json_string_length(value) >= cap) {
+        return loom_json_fail_type(file, path, expected, value);
+    }
+    snprintf(out, cap, "%s", json_string_value(value));
+    return LOOM_OK;
+}
+
+/* "source" (a string) or "sources" (an object of strings): free text, read by people only. */
+static loom_status read_source(const char *file, const json_t *object, const char *parent) {
+    char path[256];
+    json_t *value = json_object_get(object, "source");
+    if (value && !json_is_string(value)) {
+        loom_json_join_path(path, sizeof path, parent, "source");
+        return loom_json_fail_type(file, path, "free text (a string)", value);
+    }
+    value = json_object_get(object, "sources");
+    if (!value) return LOOM_OK;
+    loom_json_join_path(path, sizeof path, parent, "sources");
+    if (!json_is_object(value)) {
+        return loom_json_fail_type(file, path, "an object of free-text strings", value);
+    }
+    const char *key;
+    json_t *text;
+    json_object_foreach(value, key, text) {
+        if (json_is_string(text)) continue;
+        char item[512];
+        loom_json_join_path(item, sizeof item, path, key);
+        return loom_json_fail_type(file, item, "free text (a string)", text);
+    }
+    return LOOM_OK;
+}
+
+/* A word from `words` (required) into *index. */
+static loom_status read_word_index(const char *file, const json_t *object, const char *parent,
+                                   const char *key, const loom_plan_words *words, int *index) {
+    char list[128];
+    loom_plan_word_list(words, list, sizeof list);
+    json_t *value;
+    loom_status st = loom_json_member(file, object, parent, key, 1, list, &value);
+    if (st != LOOM_OK) return st;
+    *index = word_index(words, json_string_value(value));
+    if (*index >= 0) return LOOM_OK;
+    char path[256];
+    loom_json_join_path(path, sizeof path, parent, key);
+    return loom_json_fail_type(file, path, list, value);
+}
+
+static loom_status read_peaks(const char *file, const json_t *device, loom_cluster *c) {
+    const char *path = "node.device.peak_flops";
+    json_t *peaks;
+    loom_status st = loom_json_member(file, device, "node.device", "peak_flops", 1,
+                                      "an object of FLOP/s per precision", &peaks);
+    if (st == LOOM_OK) st = loom_json_as_object(file, path, peaks);
+    if (st != LOOM_OK) return st;
+    const char *key;
+    json_t *value;
+    json_object_foreach(peaks, key, value) {
+        char field[256];
+        loom_json_join_path(field, sizeof field, path, key);
+        loom_precision p = LOOM_PRECISION_FP32;
+        st = loom_precision_parse(key, file, field, &p);
+        if (st == LOOM_OK && !json_is_number(value)) {
+            st = loom_json_fail_type(file, field, "a number (FLOP/s)", value);
+        }
+        if (st != LOOM_OK) return st;
+        c->peak_flops[p] = json_number_value(value);
+    }
+    return LOOM_OK;
+}
+
+static loom_status read_gemm_table(const char *file, const json_t *device, loom_cluster *c) {
+    static const char *const keys[] = {"flops", "efficiency"};
+    const char *path = "node.device.gemm_efficiency";
+    char expected[96];
+    snprintf(expected, sizeof expected, "a list of 1 to %d {\"flops\", \"efficiency\"} points",
+             LOOM_CLUSTER_MAX_GEMM_POINTS);
+    json_t *table;
+    loom_status st =
+        loom_json_member(file, device, "node.device", "gemm_efficiency", 1, expected, &table);
+    if (st != LOOM_OK) return st;
+    size_t n = json_array_size(table);
+    if (!json_is_array(table) || n == 0 || n > LOOM_CLUSTER_MAX_GEMM_POINTS) {
+        return loom_json_fail_type(file, path, expected, table);
+    }
+    c->gemm_points = (int)n;
+    for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+        char item[64];
+        snprintf(item, sizeof item, "%s[%zu]", path, i);
+        json_t *point = json_array_get(table, i);
+        st = loom_json_as_object(file, item, point);
+        if (st == LOOM_OK) st = loom_json_check_keys(file, point, item, keys, 2);
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, point, item, "flops", 1, &c->gemm[i].flops);
+        }
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, point, item, "efficiency", 1, &c->gemm[i].efficiency);
+        }
+    }
+    return st;
+}
+
+static loom_status read_device(const char *file, const json_t *node, loom_cluster *c) {
+    static const char *const keys[] = {
+        "name", "memory_bytes", "peak_flops", "memory_bandwidth", "gemm_efficiency", "sources"};
+    const char *path = "node.device";
+    json_t *device;
+    loom_status st = loom_json_member(file, node, "node", "device", 1, "an object", &device);
+    if (st == LOOM_OK) st = loom_json_as_object(file, path, device);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 6);
+    if (st == LOOM_OK)
+        st = read_text(file, device, path, "name", c->device_name, sizeof c->device_name);
+    json_t *memory = NULL;
+    if (st == LOOM_OK) {
+        st = loom_json_member(file, device, path, "memory_bytes", 1, "an integer byte count",
+                              &memory);
+    }
+    if (st == LOOM_OK && !json_is_integer(memory)) {
+        st = loom_json_fail_type(file, "node.device.memory_bytes", "an integer byte count", memory);
+    }
+    if (st == LOOM_OK) c->memory_bytes = (int64_t)json_integer_value(memory);
+    if (st == LOOM_OK) st = read_peaks(file, device, c);
+    if (st == LOOM_OK) {
+        st = loom_json_read_number(file, device, path, "memory_bandwidth", 1, &c->memory_bandwidth);
+    }
+    if (st == LOOM_OK) st = read_gemm_table(file, device, c);
+    if (st == LOOM_OK) st = read_source(file, device, path);
+    return st;
+}
+
+static loom_status read_links(const char *file, const json_t *node, loom_cluster *c) {
+    static const char *const keys[] = {"bandwidth", "latency_s", "source"};
+    json_t *links;
+    loom_status st = loom_json_member(file, node, "node", "links", 1,
+                                      "an object with intra_node and inter_node", &links);
+    if (st == LOOM_OK) st = loom_json_as_object(file, "node.links", links);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, links, "node.links", link_names, 2);
+    for (int l = 0; l < LOOM_LINK_CLASSES && st == LOOM_OK; l++) {
+        char path[64];
+        snprintf(path, sizeof path, "node.links.%s", link_names[l]);
+        json_t *link;
+        st = loom_json_member(file, links, "node.links", link_names[l], 1,
+                              "an object with bandwidth and latency_s", &link);
+        if (st == LOOM_OK) st = loom_json_as_object(file, path, link);
+        if (st == LOOM_OK) st = loom_json_check_keys(file, link, path, keys, 3);
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, link, path, "bandwidth", 1, &c->links[l].bandwidth);
+        }
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, link, path, "latency_s", 1, &c->links[l].latency_s);
+        }
+        if (st == LOOM_OK) st = read_source(file, link, path);
+    }
+    return st;
+}
+
+static loom_status read_node(const char *file, const json_t *root, loom_cluster *c) {
+    static const char *const keys[] = {"devices", "device", "links"};
+    json_t *node;
+    loom_status st = loom_json_member(file, root, "", "node", 1, "an object", &node);
+    if (st == LOOM_OK) st = loom_json_as_object(file, "node", node);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, node, "node", keys, 3);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, node, "node", "devices", 1, &c->devices_per_node);
+    if (st == LOOM_OK) st = read_device(file, node, c);
+    if (st == LOOM_OK) st = read_links(file, node, c);
+    return st;
+}
+
+static loom_status read_collectives(const char *file, const json_t *root, loom_cluster *c) {
+    static const char *const keys[] = {"op", "link", "ranks", "alpha_s", "beta_s_per_byte"};
+    json_t *fits = json_object_get(root, "collectives");
+    if (!fits) return LOOM_OK;
+    char expected[64];
+    snprintf(expected, sizeof expected, "a list of at most %d fits", LOOM_CLUSTER_MAX_COLLECTIVES);
+    size_t n = json_array_size(fits);
+    if (!json_is_array(fits) || n > LOOM_CLUSTER_MAX_COLLECTIVES) {
+        return loom_json_fail_type(file, "collectives", expected, fits);
+    }
+    c->num_collectives = (int)n;
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < n && st == LOOM_OK; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "collectives[%zu]", i);
+        json_t *fit = json_array_get(fits, i);
+        loom_collective_fit *f = &c->collectives[i];
+        int op = 0;
+        st = loom_json_as_object(file, path, fit);
+        if (st == LOOM_OK) st = loom_json_check_keys(file, fit, path, keys, 5);
+        if (st == LOOM_OK) st = read_word_index(file, fit, path, "op", &op_words, &op);
+        f->op = (loom_collective_op)op;
+        if (st == LOOM_OK) st = read_word_index(file, fit, path, "link", &link_words, &f->link);
+        if (st == LOOM_OK) st = loom_json_read_int(file, fit, path, "ranks", 1, &f->ranks);
+        if (st == LOOM_OK) st = loom_json_read_number(file, fit, path, "alpha_s", 1, &f->alpha_s);
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, fit, path, "beta_s_per_byte", 1, &f->beta_s_per_byte);
+        }
+    }
+    return st;
+}
+
+static loom_status read_compressors(const char *file, const json_t *root, loom_cluster *c) {
+    json_t *compressors = json_object_get(root, "compressors");
+    if (!compressors) return LOOM_OK;
+    if (!json_is_object(compressors)) {
+        return loom_json_fail_type(file, "compressors", "an object of bytes/s per method",
+                                   compressors);
+    }
+    const char *key;
+    json_t *value;
+    json_object_foreach(compressors, key, value) {
+        char path[256];
+        loom_json_join_path(path, sizeof path, "compressors", key);
+        loom_compress_method m = LOOM_COMPRESS_NONE;
+        loom_status st = loom_compress_method_parse(key, ANY_PLACE, file, path, &m);
+        if (st != LOOM_OK) return st;
+        if (!json_is_number(value)) return loom_json_fail_type(file, path, "a number", value);
+        c->compressor_bytes_per_s[m] = json_number_value(value);
+    }
+    return LOOM_OK;
+}
+
+static loom_status read_document(const char *file, const json_t *root, loom_cluster *c) {
+    static const char *const keys[] = {"name", "source",      "nodes",      "max_nodes",
+                                       "node", "collectives", "compressors"};
+    if (!json_is_object(root)) {
+        return loom_json_fail_type(file, "(top level)", "a JSON object", root);
+    }
+    loom_status st = loom_json_check_keys(file, root, "", keys, 7);
+    if (st == LOOM_OK) st = read_text(file, root, "", "name", c->name, sizeof c->name);
+    if (st == LOOM_OK) st = read_source(file, root, "");
+    if (st == LOOM_OK) st = loom_json_read_int(file, root, "", "nodes", 1, &c->nodes);
+    if (st == LOOM_OK) st = loom_json_read_int(file, root, "", "max_nodes", 1, &c->max_nodes);
+    if (st == LOOM_OK) st = read_node(file, root, c);
+    if (st == LOOM_OK) st = read_collectives(file, root, c);
+    if (st == LOOM_OK) st = read_compressors(file, root, c);
+    return st;
+}
+
+loom_status loom_cluster_read(const char *path, loom_cluster *cluster) {
+    memset(cluster, 0, sizeof *cluster);
+    json_t *root;
+    loom_status st = loom_json_load(path, &root);
+    if (st != LOOM_OK) return st;
+    st = read_document(path, root, cluster);
+    json_decref(root);
+    if (st == LOOM_OK) st = loom_cluster_check(cluster, path);
+    if (st != LOOM_OK) memset(cluster, 0, sizeof *cluster);
+    return st;
+}
+
+/* ---- the rules ------------------------------------------------------------------------------ */
+
+/* `value` must be finite and > 0 (or >= 0 when zero_ok); `what` follows the bound. */
+static loom_status check_number(const char *source, const char *path, double value, int zero_ok,
+                                const char *what) {
+    if (isfinite(value) && (value > 0 || (zero_ok && value == 0))) return LOOM_OK;
+    char got[32];
+    loom_json_format_double(value, got, sizeof got);
+    return loom_plan_fail_field(source, path, "expected a finite number %s%s, got %s",
+                                zero_ok ? ">= 0" : "> 0", what, got);
+}
+
+/* A NUL-terminated name of 1 to cap - 1 bytes of UTF-8 (so that it is written as it reads). */
+static loom_status check_name(const char *source, const char *path, const char *name, size_t cap) {
+    const char *end = memchr(name, '\0', cap);
+    size_t len = end ? (size_t)(end - name) : cap;
+    if (len == 0 || len == cap) {
+        return loom_plan_fail_field(source, path, "expected a name of 1 to %zu bytes, got %s",
+                                    cap - 1, len == 0 ? "\"\"" : "a longer one");
+    }
+    json_t *probe = json_string(name);
+    if (!probe) return loom_plan_fail_field(source, path, "expected UTF-8 text");
+    json_decref(probe);
+    return LOOM_OK;
+}
+
+static loom_status check_device(const loom_cluster *c, const char *source) {
+    loom_status st = check_name(source, "node.device.name", c->device_name, sizeof c->device_name);
+    if (st == LOOM_OK && c->memory_bytes <= 0) {
+        st = loom_plan_fail_field(source, "node.device.memory_bytes",
+                                  "expected a byte count > 0, got %" PRId64, c->memory_bytes);
+    }
+    int offered = 0;
+    for (int p = 0; p < LOOM_PRECISIONS && st == LOOM_OK; p++) {
+        char path[64];
+        snprintf(path, sizeof path, "node.device.peak_flops.%s", precision_names[p]);
+        st = check_number(source, path, c->peak_flops[p], 1,
+                          " (FLOP/s; 0: the precision is not offered)");
+        offered |= c->peak_flops[p] > 0;
+    }
+    if (st == LOOM_OK && !offered) {
+        st = loom_plan_fail_field(source, "node.device.peak_flops",
+                                  "expected a peak > 0 for at least one of fp32, bf16 and fp16, "
+                                  "got none");
+    }
+    if (st == LOOM_OK) {
+        st = check_number(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
+                          " (bytes/s)");
+    }
+    return st;
+}
+
+static loom_status check_gemm_table(const loom_cluster *c, const char *source) {
+    if (c->gemm_points < 1 || c->gemm_points > LOOM_CLUSTER_MAX_GEMM_POINTS) {
+        return loom_plan_fail_field(source, "node.device.gemm_efficiency",
+                                    "expected 1 to %d points, got %d", LOOM_CLUSTER_MAX_GEMM_POINTS,
+                                    c->gemm_points);
+    }
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < c->gemm_points && st == LOOM_OK; i++) {
+        const loom_gemm_point *g = &c->gemm[i];
+        char path[80];
+        snprintf(path, sizeof path, "node.device.gemm_efficiency[%d].flops", i);
+        st = check_number(source, path, g->flops, 0, " (2 m n k)");
+        if (st == LOOM_OK && i > 0 && !(g->flops > g[-1].flops)) {
+            char got[32], before[32];
+            loom_json_format_double(g->flops, got, sizeof got);
+            loom_json_format_double(g[-1].flops, before, sizeof before);
+            st = loom_plan_fail_field(source, path,
+                                      "expected more than gemm_efficiency[%d].flops %s (points "
+                                      "in ascending FLOPs), got %s",
+                                      i - 1, before, got);
+        }
+        snprintf(path, sizeof path, "node.device.gemm_efficiency[%d].efficiency", i);
+        if (st == LOOM_OK &&
+            !(isfinite(g->efficiency) && g->efficiency > 0 && g->efficiency <= 1)) {
+            char got[32];
+            loom_json_format_double(g->efficiency, got, sizeof got);
+            st = loom_plan_fail_field(source, path, "expected a share of peak in (0, 1], got %s",
+                                      got);
+        }
+    }
+    return st;
+}
+
+static loom_status check_links(const loom_cluster *c, const char *source) {
+    loom_status st = LOOM_OK;
+    for (int l = 0; l < LOOM_LINK_CLASSES && st == LOOM_OK; l++) {
+        char path[64];
+        snprintf(path, sizeof path, "node.links.%s.bandwidth", link_names[l]);
+        st = check_number(source, path, c->links[l].bandwidth, 0,
+                          " (bytes/s per device, one direction)");
+        snprintf(path, sizeof path, "node.links.%s.latency_s", link_names[l]);
+        if (st == LOOM_OK) st = check_number(source, path, c->links[l].latency_s, 1, " (seconds)");
+    }
+    return st;
+}
+
+static loom_status check_collective(const loom_cluster *c, int i, const char *source) {
+    const loom_collective_fit *f = &c->collectives[i];
+    char path[64], list[128];
+    if ((int)f->op < 0 || f->op >= LOOM_COLLECTIVE_OPS) {
+        snprintf(path, sizeof path, "collectives[%d].op", i);
+        loom_plan_word_list(&op_words, list, sizeof list);
+        return loom_plan_fail_field(source, path, "expected %s, got %d", list, (int)f->op);
+    }
+    if (f->link < 0 || f->link >= LOOM_LINK_CLASSES) {
+        snprintf(path, sizeof path, "collectives[%d].link", i);
+        loom_plan_word_list(&link_words, list, sizeof list);
+        return loom_plan_fail_field(source, path, "expected %s, got %d", list, f->link);
+    }
+    if (f->ranks < 2) {
+        snprintf(path, sizeof path, "collectives[%d].ranks", i);
+        return loom_plan_fail_field(source, path, "expected a group of at least 2 ranks, got %d",
+                                    f->ranks);
+    }
+    snprintf(path, sizeof path, "collectives[%d].alpha_s", i);
+    loom_status st = check_number(source, path, f->alpha_s, 1, " (seconds)");
+    snprintf(path, sizeof path, "collectives[%d].beta_s_per_byte", i);
+    if (st == LOOM_OK) st = check_number(source, path, f->beta_s_per_byte, 0, " (seconds/byte)");
+    for (int j = 0; j < i && st == LOOM_OK; j++) {
+        const loom_collective_fit *g = &c->collectives[j];
+        if (g->op != f->op || g->link != f->link || g->ranks != f->ranks) continue;
+        snprintf(path, sizeof path, "collectives[%d]", i);
+        st = loom_plan_fail_field(source, path,
+                                  "expected one fit per (op, link, ranks), got a second one for "
+                                  "(%s, %s, %d) (the first is collectives[%d])",
+                                  op_names[f->op], link_names[f->link], f->ranks, j);
+    }
+    return st;
+}
+
+loom_status loom_cluster_check(const loom_cluster *c, const char *source) {
+    loom_status st = check_name(source, "name", c->name, sizeof c->name);
+    if (st == LOOM_OK && c->nodes < 1) {
+        st = loom_plan_fail_field(source, "nodes", "expected an integer >= 1, got %d", c->nodes);
+    }
+    if (st == LOOM_OK && c->max_nodes < c->nodes) {
+        st = loom_plan_fail_field(source, "max_nodes", "expected an integer >= nodes (%d), got %d",
+                                  c->nodes, c->max_nodes);
+    }
+    if (st == LOOM_OK && c->devices_per_node < 1) {
+        st = loom_plan_fail_field(source, "node.devices", "expected an integer >= 1, got %d",
+                                  c->devices_per_node);
+    }
+    if (st == LOOM_OK) st = check_device(c, source);
+    if (st == LOOM_OK) st = check_gemm_table(c, source);
+    if (st == LOOM_OK) st = check_links(c, source);
+    if (st == LOOM_OK &&
+        (c->num_collectives < 0 || c->num_collectives > LOOM_CLUSTER_MAX_COLLECTIVES)) {
+        st = loom_plan_fail_field(source, "collectives", "expected 0 to %d fits, got %d",
+                                  LOOM_CLUSTER_MAX_COLLECTIVES, c->num_collectives);
+    }
+    for (int i = 0; i < c->num_collectives && st == LOOM_OK; i++) {
+        st = check_collective(c, i, source);
+    }
+    for (int m = 0; m < LOOM_COMPRESS_COUNT && st == LOOM_OK; m++) {
+        char path[64];
+        snprintf(path, sizeof path, "compressors.%s",
+                 loom_compress_method_name((loom_compress_method)m));
+        st = check_number(source, path, c->compressor_bytes_per_s[m], 1,
+                          " (bytes/s; 0: not measured)");
+    }
+    return st;
+}
+
+/* ---- writing -------------------------------------------------------------------------------- */
+
+/* `text` as a JSON string literal (quoted, escaped); NULL when it is not UTF-8 (or no memory). */
+static char *json_text(const char *text) {
+    json_t *string = json_string(text);
+    char *literal = string ? json_dumps(string, JSON_ENCODE_ANY) : NULL;
+    json_decref(string);
+    return literal;
+}
+
+static void write_number(FILE *out, const char *before, double value, const char *after) {
+    char text[32];
+    loom_json_format_double(value, text, sizeof text);
+    fprintf(out, "%s%s%s", before, text, after);
+}
+
+static void write_document(FILE *out, const loom_cluster *c, const char *name,
+                           const char *device_name, const char *note) {
+    fprintf(out, "{\n  \"name\": %s,\n  \"source\": %s,\n", name, note);
+    fprintf(out, "  \"nodes\": %d, \"max_nodes\": %d,\n", c->nodes, c->max_nodes);
+    fprintf(out, "  \"node\": {\n    \"devices\": %d,\n    \"device\": {\n", c->devices_per_node);
+    fprintf(out, "      \"name\": %s,\n", device_name);
+    fprintf(out, "      \"memory_bytes\": %" PRId64 ",\n", c->memory_bytes);
+    fprintf(out, "      \"peak_flops\": {");
+    for (int p = 0; p < LOOM_PRECISIONS; p++) {
+        fprintf(out, "%s\"%s\": ", p ? ", " : "", precision_names[p]);
+        write_number(out, "", c->peak_flops[p], "");
+    }
+    fprintf(out, "},\n");
+    write_number(out, "      \"memory_bandwidth\": ", c->memory_bandwidth, ",\n");
+    fprintf(out, "      \"gemm_efficiency\": [\n");
+    for (int i = 0; i < c->gemm_points; i++) {
+        write_number(out, "        {\"flops\": ", c->gemm[i].flops, ", ");
+        write_number(out, "\"efficiency\": ", c->gemm[i].efficiency,
+                     i + 1 < c->gemm_points ? "},\n" : "}\n");
+    }
+    fprintf(out, "      ],\n");
+    fprintf(out,
+            "      \"sources\": {\"memory_bytes\": %s, \"peak_flops\": %s, "
+            "\"memory_bandwidth\": %s, \"gemm_efficiency\": %s}\n",
+            note, note, note, note);
+    fprintf(out, "    },\n    \"links\": {\n");
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) {
+        fprintf(out, "      \"%s\": {", link_names[l]);
+        write_number(out, "\"bandwidth\": ", c->links[l].bandwidth, ", ");
+        write_number(out, "\"latency_s\": ", c->links[l].latency_s, ", ");
+        fprintf(out, "\"source\": %s}%s\n", note, l + 1 < LOOM_LINK_CLASSES ? "," : "");
+    }
+    fprintf(out, "    }\n  }");
+    if (c->num_collectives > 0) {
+        fprintf(out, ",\n  \"collectives\": [\n");
+        for (int i = 0; i < c->num_collectives; i++) {
+            const loom_collective_fit *f = &c->collectives[i];
+            fprintf(out, "    {\"op\": \"%s\", \"link\": \"%s\", \"ranks\": %d, ", op_names[f->op],
+                    link_names[f->link], f->ranks);
+            write_number(out, "\"alpha_s\": ", f->alpha_s, ", ");
+            write_number(out, "\"beta_s_per_byte\": ", f->beta_s_per_byte,
+                         i + 1 < c->num_collectives ? "},\n" : "}\n");
+        }
+        fprintf(out, "  ]");
+    }
+    int measured = 0;
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) {
+        if (c->compressor_bytes_per_s[m] == 0) continue; /* not measured: left out */
+        fprintf(out, "%s\"%s\": ", measured++ ? ", " : ",\n  \"compressors\": {",
+                loom_compress_method_name((loom_compress_method)m));
+        write_number(out, "", c->compressor_bytes_per_s[m], "");
+    }
+    fprintf(out, "%s\n}\n", measured ? "}" : "");
+}
+
+loom_status loom_cluster_write(const char *path, const loom_cluster *cluster,
+                               const char *source_note) {
+    loom_status st = loom_cluster_check(cluster, path);
+    if (st != LOOM_OK) return st;
+    char *name = json_text(cluster->name);
+    char *device_name = json_text(cluster->device_name);
+    char *note = json_text(source_note ? source_note : "measured by loom profile");
+    if (!name || !device_name || !note) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: the source note: expected UTF-8 text", path);
+    }
+    loom_atomic_file *file = NULL;
+    if (st == LOOM_OK) st = loom_atomic_open(&file, path);
+    if (st == LOOM_OK && !file) st = LOOM_ERR_IO;
+    if (st == LOOM_OK) {
+        write_document(loom_atomic_stream(file), cluster, name, device_name, note);
+        st = loom_atomic_commit(file);
+    }
+    free(name);
+    free(device_name);
+    free(note);
+    return st;
+}
+
+/* ---- figures for the cost model ------------------------------------------------------------- */
+
+double loom_cluster_gemm_efficiency(const loom_cluster *cluster, double flops) {
+    const loom_gemm_point *g = cluster->gemm;
+    int n = cluster->gemm_points;
+    if (n < 1 || n > LOOM_CLUSTER_MAX_GEMM_POINTS) {
+        loom_fatal("loom_cluster_gemm_efficiency: %d GEMM points (an unchecked description)", n);
+    }
+    if (!(flops > g[0].flops)) return g[0].efficiency; /* below the table (or NaN): flat */
+    if (flops >= g[n - 1].flops) return g[n - 1].efficiency;
+    int i = 0;
+    while (flops >= g[i + 1].flops) i++; /* g[i].flops <= flops < g[i + 1].flops */
+    double t = (log(flops) - log(g[i].flops)) / (log(g[i + 1].flops) - log(g[i].flops));
+    return g[i].efficiency + t * (g[i + 1].efficiency - g[i].efficiency);
+}
+
+double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision, double m,
+                           double n, double k) {
+    if ((int)precision < 0 || precision >= LOOM_PRECISIONS) {
+        loom_fatal("loom_cluster_gemm_s: precision %d out of range", (int)precision);
+    }
+    double peak = cluster->peak_flops[precision];
+    double flops = 2 * m * n * k;
+    if (!(peak > 0) || !(flops > 0)) return 0;
+    return flops / (peak * loom_cluster_gemm_efficiency(cluster, flops));
+}
+
+double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
+                                 int ranks, double bytes) {
+    if ((int)op < 0 || op >= LOOM_COLLECTIVE_OPS || link < 0 || link >= LOOM_LINK_CLASSES) {
+        loom_fatal("loom_cluster_collective_s: op %d, link %d out of range", (int)op, link);
+    }
+    if (ranks <= 1) return 0;
+    for (int i = 0; i < cluster->num_collectives; i++) {
+        const loom_collective_fit *f = &cluster->collectives[i];
+        if (f->op == op && f->link == link && f->ranks == ranks) {
+            return f->alpha_s + f->beta_s_per_byte * bytes;
+        }
+    }
+    /* the ring from the link figures: each device sends (n - 1)/n of the buffer for an
+     * all-gather or a reduce-scatter, twice that for an allreduce (the two back to back), and
+     * pays n - 1 latencies (loom/cluster.h's model, for all three) */
+    const loom_link *l = &cluster->links[link];
+    double n = ranks;
+    switch (op) {
+    case LOOM_COLLECTIVE_ALLREDUCE:
+        return 2 * (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;
+    case LOOM_COLLECTIVE_ALLGATHER:
+    case LOOM_COLLECTIVE_REDUCE_SCATTER:
+        return (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;
+    case LOOM_COLLECTIVE_SENDRECV:
+        break;
+    }
+    return bytes / l->bandwidth + l->latency_s;
+}
