@@ -107,9 +107,9 @@ typedef struct {
     int devices_per_node; /* >= 1 */
     /* one device */
     char device_name[64];
-    int64_t memory_bytes;                  /* > 0 */
-    double peak_flops[LOOM_PRECISIONS];    /* FLOP/s; 0: the precision is not offered */
-    double memory_bandwidth;               /* bytes/s, > 0 (memory-bound kernels) */
+    int64_t memory_bytes;               /* > 0 */
+    double peak_flops[LOOM_PRECISIONS]; /* FLOP/s; 0: the precision is not offered */
+    double memory_bandwidth;            /* bytes/s, > 0 (memory-bound kernels) */
     loom_gemm_point gemm[LOOM_CLUSTER_MAX_GEMM_POINTS];
     int gemm_points; /* >= 1 */
     loom_link links[LOOM_LINK_CLASSES];
@@ -141,7 +141,8 @@ double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision
 /* Seconds for a collective of `bytes` (the buffer) over `ranks` devices on link class `link`:
  * the measured fit for (op, link, ranks) when there is one, else the ring model from the link
  * figures (allreduce 2(n-1)/n bytes per device, all-gather and reduce-scatter (n-1)/n, a
- * send-receive the bytes, plus (n-1) latencies for a ring, 1 for a send). 0 for ranks <= 1. */
+ * send-receive the bytes, plus a latency per ring step: 2(n-1) for an allreduce (reduce-scatter,
+ * then all-gather), n-1 for the others, 1 for a send). 0 for ranks <= 1. */
 double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
                                  int ranks, double bytes);
 

@@ -625,7 +625,7 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
     double n = ranks;
     switch (op) {
     case LOOM_COLLECTIVE_ALLREDUCE:
-        return 2 * (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;
+        return 2 * (n - 1) / n * bytes / l->bandwidth + 2 * (n - 1) * l->latency_s;
     case LOOM_COLLECTIVE_ALLGATHER:
     case LOOM_COLLECTIVE_REDUCE_SCATTER:
         return (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;

@@ -1,0 +1,86 @@
+/*
+ * loom/costmodel.h — the planner's cost model: what a plan costs on a cluster, per rank and per
+ * step, without running it. Memory per rank is what the runtime allocates (the same function
+ * `loom train` checks memory with); time comes from the model's cost facts (FLOPs, bytes,
+ * tensor-parallel traffic per virtual stage) turned into seconds by the cluster description
+ * (GEMM efficiency, memory bandwidth, link classes, collective fits), the pipeline step from the
+ * same schedule the executor runs, in the schedule simulator.
+ *
+ * Placement: ranks in the plan's (Megatron) order fill the nodes in turn, devices_per_node each;
+ * a group (TP, DP, the pipeline's neighbours) whose ranks share a node uses the intra-node link
+ * class, otherwise the inter-node one.
+ *
+ * Time of one virtual stage and micro-batch:
+ *   compute    each part's GEMM FLOPs at the cluster's peak x GEMM efficiency (the efficiency
+ *              of a block's typical GEMM: its forward FLOPs over its four GEMMs), plus the
+ *              memory-bound work (the activation bytes the part writes, read and written once
+ *              more, at the memory bandwidth);
+ *   TP         the stage's allreduces (count and payload) on the TP group's link class.
+ * B (input gradient) and W (weight gradient) are costed apart, for the zero-bubble schedules;
+ * a whole backward is their sum (with recomputation, plus a forward).
+ * Step = the simulated pipeline step (links: one activation of B x T x C per message on the
+ * link class of the two ranks) + the data-parallel sync not hidden behind the last backward
+ * (an allreduce of the rank's gradients, or ZeRO-1's reduce-scatter + all-gather, on the DP
+ * group's link class) + the AdamW update (16 bytes of traffic per parameter at the memory
+ * bandwidth).
+ *
+ * Not modelled (yet): compression's effect on traffic and time, overlap of TP collectives with
+ * compute, contention between groups on one link.
+ */
+#ifndef LOOM_COSTMODEL_H
+#define LOOM_COSTMODEL_H
+
+#include "loom/base.h"
+#include "loom/cluster.h"
+#include "loom/plan.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What one rank holds, in bytes, as the runtime allocates it (train/memory.c checks it). */
+typedef struct {
+    int64_t weights, grads, optimizer; /* optimizer: AdamW m and v, ZeRO-1 sharded when asked */
+    int64_t activations;               /* the schedule's peak of activation sets (and kept
+                                          inputs and W state with recomputation) */
+    int64_t scratch;                   /* backward scratch */
+    int64_t total;
+    int in_flight; /* the schedule's peak of chunk activation sets */
+} loom_rank_memory;
+
+/* Pipeline rank pp_rank's memory (any TP rank: they are alike) for sequences of seq_len tokens;
+ * zero1: AdamW's moments sharded over the plan's dp. Errors are the cost facts'. */
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                  loom_rank_memory *out);
+
+/* One virtual stage's times for one micro-batch. */
+typedef struct {
+    double forward_s, backward_input_s, backward_weight_s, backward_s;
+    double tp_forward_s, tp_backward_s; /* included above */
+} loom_stage_times;
+
+#define LOOM_PREDICT_MAX_STAGES 256
+typedef struct {
+    double step_s, tokens_per_s;
+    double pipeline_s;                    /* the simulated pipeline part */
+    double dp_exposed_s, optimizer_s;     /* after it */
+    double bubble;                        /* share of the pipeline part ranks idle (mean) */
+    int64_t peak_bytes;                   /* the largest rank's memory */
+    int64_t dp_bytes, tp_bytes, pp_bytes; /* per step, summed over every rank */
+    loom_stage_times stage[LOOM_PREDICT_MAX_STAGES]; /* per virtual stage */
+    int stages;
+} loom_prediction;
+
+/* Predicts a checked plan on `cluster` (which must have at least dp x tp x pp devices in
+ * max_nodes x devices_per_node; a plan that needs more is LOOM_ERR_INPUT naming the numbers)
+ * in `precision` (a precision the cluster has no peak for is LOOM_ERR_INPUT). */
+loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
+                              loom_precision precision, int seq_len, int zero1,
+                              loom_prediction *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_COSTMODEL_H */

@@ -1,0 +1,311 @@
+/*
+ * costmodel.c — what a plan costs on a cluster (loom/costmodel.h): memory per rank as the
+ * runtime allocates it, and the step's time from the model's cost facts, the cluster's figures
+ * and the schedule simulator. The rules are stated in the header.
+ *
+ * Not here: choosing a plan (the search), measuring a cluster (profile.c), reading one
+ * (cluster.c).
+ */
+#include "loom/costmodel.h"
+#include "loom/model.h"
+#include "loom/parallel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- memory -----------------------------------------------------------------------------------
+ */
+
+static int splits_backward(const loom_plan *plan) {
+    return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
+}
+
+static int virtual_stages(const loom_plan *plan) {
+    return plan->pp > 0 ? plan->num_stages / plan->pp : 1;
+}
+
+/* The stage's cost facts for one micro-batch (in_flight 1). */
+static loom_status stage_cost(const loom_plan *plan, int s, int seq_len, loom_gpt_stage_cost *c) {
+    const loom_plan_stage *st = &plan->stages[s];
+    loom_gpt_stage_spec spec = {plan->tp,
+                                st->first_layer,
+                                st->end_layer,
+                                st->embedding,
+                                st->head,
+                                plan->micro_batch,
+                                seq_len,
+                                1,
+                                st->recompute && plan->num_stages > 1};
+    return loom_gpt_cost_stage(&plan->model, &spec, c);
+}
+
+static int peak_in_flight(const loom_plan *plan, int pp_rank) {
+    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, plan->pp, virtual_stages(plan),
+                             loom_plan_num_micro_batches(plan)};
+    loom_pipe_stage_schedule list = {0};
+    int peak = 0;
+    if (loom_schedule_kind_parse(plan->schedule, &shape.kind) == LOOM_OK &&
+        loom_pipe_schedule_build(&shape, pp_rank, &list) == LOOM_OK) {
+        peak = loom_pipe_peak_in_flight(&list);
+    }
+    loom_pipe_schedule_free(&list);
+    return peak;
+}
+
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                  loom_rank_memory *out) {
+    memset(out, 0, sizeof *out);
+    int v = virtual_stages(plan), split = splits_backward(plan);
+    out->in_flight = peak_in_flight(plan, pp_rank);
+    int64_t slot = 0, input = 0, kept = 0;
+    int embedding = 0, head = 0, recompute = 0;
+    for (int s = 0; s < plan->num_stages; s++) {
+        int rank, chunk;
+        loom_plan_place(plan->schedule, plan->pp, v, s, &rank, &chunk);
+        if (rank != pp_rank) continue;
+        loom_gpt_stage_cost c;
+        loom_status st = stage_cost(plan, s, seq_len, &c);
+        if (st != LOOM_OK) return st;
+        recompute = plan->stages[s].recompute && plan->num_stages > 1;
+        out->weights += c.param_bytes, out->grads += c.grad_bytes;
+        out->optimizer += c.optimizer_bytes;
+        int64_t chunk_slot = c.act_slot_bytes + (split ? c.act_slot_split_bytes : 0);
+        if (chunk_slot > slot) slot = chunk_slot;
+        if (c.act_bytes_recompute - c.act_slot_bytes > input)
+            input = c.act_bytes_recompute - c.act_slot_bytes;
+        if (c.grad_scratch_bytes > out->scratch) out->scratch = c.grad_scratch_bytes;
+        if (split && c.act_slot_split_bytes > kept) kept = c.act_slot_split_bytes;
+        /* a chunk with the embedding and another with the head each count wte */
+        embedding |= plan->stages[s].embedding && !plan->stages[s].head;
+        head |= plan->stages[s].head && !plan->stages[s].embedding;
+    }
+    const loom_gpt_config *m = &plan->model;
+    if (embedding && head) { /* one wte: its parameters, gradients and two moments once */
+        int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
+        out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
+    }
+    if (zero1 && plan->dp > 1) out->optimizer /= plan->dp;
+    /* recomputation keeps one set, each micro-batch's input, and under split backward what B
+     * leaves for W (the head's logit gradient aside) */
+    out->activations = recompute ? slot + (input + kept) * out->in_flight : slot * out->in_flight;
+    out->total = out->weights + out->grads + out->optimizer + out->activations + out->scratch;
+    return LOOM_OK;
+}
+
+/* ---- placement --------------------------------------------------------------------------------
+ */
+
+/* The link class of a group of world ranks: intra-node when they share a node. */
+static int group_link(const loom_cluster *cl, const int *ranks, int n) {
+    for (int i = 1; i < n; i++) {
+        if (ranks[i] / cl->devices_per_node != ranks[0] / cl->devices_per_node)
+            return LOOM_LINK_INTER_NODE;
+    }
+    return LOOM_LINK_INTRA_NODE;
+}
+
+/* The slowest class any group of that kind uses: 0 TP, 1 DP, 2 PP neighbours. */
+static int kind_link(const loom_plan *plan, const loom_cluster *cl, int kind) {
+    int worst = LOOM_LINK_INTRA_NODE, members[2];
+    for (int r = 0; r < plan->dp * plan->tp * plan->pp; r++) {
+        loom_plan_coords c = loom_plan_rank_coords(plan, r), d = c;
+        if (kind == 0 && plan->tp > 1) d.tp_rank = (c.tp_rank + 1) % plan->tp;
+        if (kind == 1 && plan->dp > 1) d.dp_rank = (c.dp_rank + 1) % plan->dp;
+        if (kind == 2 && plan->pp > 1) d.pp_rank = (c.pp_rank + 1) % plan->pp;
+        members[0] = r, members[1] = loom_plan_world_rank(plan, d);
+        if (group_link(cl, members, 2) == LOOM_LINK_INTER_NODE) worst = LOOM_LINK_INTER_NODE;
+    }
+    return worst;
+}
+
+/* ---- time -------------------------------------------------------------------------------------
+ */
+
+typedef struct {
+    const loom_plan *plan;
+    const loom_cluster *cluster;
+    loom_precision precision;
+    int tp_link;
+    double bytes_per_value; /* activations and gradients on the wire and in memory */
+    int seq_len;
+} costing;
+
+static double gemm_s(const costing *k, double flops, double typical) {
+    double peak = k->cluster->peak_flops[k->precision];
+    if (flops <= 0 || peak <= 0) return 0;
+    return flops / (peak * loom_cluster_gemm_efficiency(k->cluster, typical));
+}
+
+static double tp_s(const costing *k, int64_t calls, int64_t bytes) {
+    if (calls <= 0 || k->plan->tp <= 1) return 0;
+    double per_call = (double)bytes / (double)calls * k->bytes_per_value / 4.0;
+    return (double)calls * loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLREDUCE,
+                                                     k->tp_link, k->plan->tp, per_call);
+}
+
+static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_times *t) {
+    loom_gpt_stage_cost c;
+    loom_status st = stage_cost(k->plan, s, seq_len, &c);
+    if (st != LOOM_OK) return st;
+    const loom_plan_stage *stage = &k->plan->stages[s];
+    int gemms = 4 * (stage->end_layer - stage->first_layer) + (stage->head ? 1 : 0);
+    double typical = gemms > 0 ? (double)c.flops_fwd / gemms : (double)c.flops_fwd;
+    /* memory-bound work: the activations the part writes, read and written once more */
+    double memory =
+        (double)c.act_slot_bytes * k->bytes_per_value / 4.0 * 2.0 / k->cluster->memory_bandwidth;
+    t->tp_forward_s = tp_s(k, c.tp_allreduces_fwd, c.tp_bytes_fwd);
+    t->tp_backward_s = tp_s(k, c.tp_allreduces_bwd, c.tp_bytes_bwd);
+    t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + t->tp_forward_s;
+    t->backward_input_s = gemm_s(k, (double)c.flops_bwd_input, typical) + memory + t->tp_backward_s;
+    t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2;
+    t->backward_s = t->backward_input_s + t->backward_weight_s;
+    if (c.flops_recompute > 0) t->backward_s += t->forward_s; /* the rerun forward */
+    return LOOM_OK;
+}
+
+/* The pipeline part: every rank's list in the simulator, each message link_s; the bubble is the
+ * mean idle share of the ranks. */
+static loom_status simulate_pipeline(const costing *k, double link_s, loom_prediction *out) {
+    const loom_plan *plan = k->plan;
+    int V = plan->num_stages, p = plan->pp;
+    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, p, virtual_stages(plan),
+                             loom_plan_num_micro_batches(plan)};
+    loom_status st = loom_schedule_kind_parse(plan->schedule, &shape.kind);
+    if (st != LOOM_OK) return st;
+    double *f = calloc((size_t)V * 5 + 1, sizeof(double));
+    loom_pipe_stage_schedule *lists = calloc((size_t)p, sizeof *lists);
+    if (!f || !lists) {
+        free(f), free(lists);
+        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    }
+    double *b = f + V, *bi = b + V, *bw = bi + V, *links = bw + V;
+    for (int s = 0; s < V; s++) {
+        f[s] = out->stage[s].forward_s, b[s] = out->stage[s].backward_s;
+        bi[s] = out->stage[s].backward_input_s, bw[s] = out->stage[s].backward_weight_s;
+        if (s + 1 < V) links[s] = link_s;
+    }
+    for (int r = 0; r < p && st == LOOM_OK; r++)
+        st = loom_pipe_schedule_build(&shape, r, &lists[r]);
+    loom_pipe_sim_times times = {V, V - 1, f, b, links, links, bi, bw};
+    loom_pipe_sim_result result;
+    if (st == LOOM_OK) st = loom_pipe_simulate(&shape, lists, &times, &result);
+    if (st == LOOM_OK) {
+        out->pipeline_s = result.makespan_s;
+        double idle = 0;
+        for (int r = 0; r < p; r++) {
+            double busy = 0;
+            for (int i = 0; i < lists[r].count; i++) {
+                loom_pipe_op op = lists[r].actions[i].op;
+                if (op == LOOM_PIPE_FORWARD || op == LOOM_PIPE_BACKWARD ||
+                    op == LOOM_PIPE_BACKWARD_INPUT || op == LOOM_PIPE_BACKWARD_WEIGHT)
+                    busy += result.stage[r][i].end_s - result.stage[r][i].start_s;
+            }
+            idle += result.makespan_s > 0 ? 1 - busy / result.makespan_s : 0;
+        }
+        out->bubble = idle / p;
+        for (int r = 0; r < p; r++) { /* every message crosses once: activations and gradients */
+            for (int i = 0; i < lists[r].count; i++) {
+                loom_pipe_op op = lists[r].actions[i].op;
+                if (op == LOOM_PIPE_SEND_ACT || op == LOOM_PIPE_SEND_GRAD)
+                    out->pp_bytes += (int64_t)plan->micro_batch * k->seq_len *
+                                     plan->model.channels * (int64_t)k->bytes_per_value;
+            }
+        }
+        out->pp_bytes *= (int64_t)plan->dp * plan->tp;
+        loom_pipe_sim_result_free(&result);
+    }
+    for (int r = 0; r < p; r++) loom_pipe_schedule_free(&lists[r]);
+    free(f), free(lists);
+    return st;
+}
+
+loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
+                              loom_precision precision, int seq_len, int zero1,
+                              loom_prediction *out) {
+    memset(out, 0, sizeof *out);
+    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
+    int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
+    if (ranks > devices) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "cost model: the plan needs dp x tp x pp = %lld devices, the cluster "
+                         "\"%s\" has %d nodes x %d = %lld",
+                         (long long)ranks, cluster->name, cluster->max_nodes,
+                         cluster->devices_per_node, (long long)devices);
+    }
+    if (!(cluster->peak_flops[precision] > 0)) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
+                         cluster->name, loom_precision_name(precision));
+    }
+    if (plan->num_stages > LOOM_PREDICT_MAX_STAGES) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
+                         plan->num_stages, LOOM_PREDICT_MAX_STAGES);
+    }
+    costing k = {plan, cluster, precision, kind_link(plan, cluster, 0), 4.0, seq_len};
+    if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
+    out->stages = plan->num_stages;
+    loom_status st = LOOM_OK;
+    for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
+        st = stage_times(&k, s, seq_len, &out->stage[s]);
+    }
+    /* one activation message (B, T, C) between neighbouring ranks */
+    double message = (double)plan->micro_batch * seq_len * plan->model.channels * k.bytes_per_value;
+    double link_s = plan->pp > 1
+                        ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV,
+                                                    kind_link(plan, cluster, 2), 2, message)
+                        : 0.0;
+    if (st == LOOM_OK) st = simulate_pipeline(&k, link_s, out);
+    /* after the pipeline: each rank's DP sync (what its last backward did not hide) and AdamW */
+    int dp_link = kind_link(plan, cluster, 1);
+    double after = 0;
+    for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
+        loom_rank_memory mem;
+        st = loom_plan_rank_memory(plan, r, seq_len, zero1, &mem);
+        if (st != LOOM_OK) break;
+        if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
+        double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
+        double sync = 0;
+        if (plan->dp > 1) {
+            if (zero1) {
+                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link,
+                                                 plan->dp, grads) +
+                       loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
+                                                 plan->dp, grads);
+                out->dp_bytes +=
+                    (int64_t)(2.0 * grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
+            } else {
+                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE, dp_link,
+                                                 plan->dp, grads);
+                out->dp_bytes +=
+                    (int64_t)(2.0 * grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
+            }
+        }
+        /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync */
+        double hidden = out->stage[r].backward_s;
+        double exposed = sync > hidden ? sync - hidden : 0;
+        double params = (double)mem.weights / 4.0 / (zero1 && plan->dp > 1 ? plan->dp : 1);
+        double optimizer = params * 16.0 / cluster->memory_bandwidth;
+        if (exposed + optimizer > after) {
+            after = exposed + optimizer;
+            out->dp_exposed_s = exposed, out->optimizer_s = optimizer;
+        }
+    }
+    for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
+        loom_gpt_stage_cost c;
+        st = stage_cost(plan, s, seq_len, &c);
+        if (st == LOOM_OK && plan->tp > 1) {
+            double per_rank = 2.0 * (plan->tp - 1) / plan->tp *
+                              (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
+            out->tp_bytes +=
+                (int64_t)(per_rank * k.bytes_per_value / 4.0 * loom_plan_num_micro_batches(plan)) *
+                plan->tp * plan->dp;
+        }
+    }
+    if (st != LOOM_OK) {
+        memset(out, 0, sizeof *out);
+        return st;
+    }
+    out->step_s = out->pipeline_s + after;
+    out->tokens_per_s = out->step_s > 0 ? (double)plan->global_batch * seq_len / out->step_s : 0;
+    return LOOM_OK;
+}

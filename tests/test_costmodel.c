@@ -1,0 +1,202 @@
+/*
+ * test_costmodel.c — the planner's cost model (loom/costmodel.h) against hand computation on an
+ * idealised cluster: memory per rank equals the model's cost facts for the schedule's peak of
+ * micro-batches (with one wte on ZB-V's rank 0, ZeRO-1's sharded moments); with perfect GEMMs
+ * and free memory traffic and links, one process's step is m micro-batches of (F + 2F) at the
+ * peak; a data-parallel sync is hidden behind the last backward up to its length and shows
+ * beyond; tensor-parallel groups that cross nodes pay the inter-node link; the pipeline part is
+ * the simulator's, and bad input is refused by name.
+ */
+#include "check.h"
+#include "loom/costmodel.h"
+#include "loom/model.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A cluster with perfect GEMMs (efficiency 1), (nearly) free memory traffic and links. */
+static loom_cluster ideal_cluster(int devices_per_node, int max_nodes) {
+    loom_cluster c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "ideal");
+    c.nodes = 1, c.max_nodes = max_nodes, c.devices_per_node = devices_per_node;
+    c.memory_bytes = (int64_t)1 << 40;
+    c.peak_flops[LOOM_PRECISION_FP32] = 1e12;
+    c.memory_bandwidth = 1e30;
+    c.gemm[0] = (loom_gemm_point){1.0, 1.0};
+    c.gemm_points = 1;
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){1e30, 0.0};
+    return c;
+}
+
+static loom_plan plan_of(int dp, int tp, int pp, int micro, int global, const char *schedule) {
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_plan plan;
+    loom_status st = loom_plan_uniform(&plan, &model, dp, tp, pp, micro, global, schedule, 0, NULL);
+    CHECK(st == LOOM_OK, "plan dp %d tp %d pp %d: %s", dp, tp, pp, loom_last_error());
+    return plan;
+}
+
+/* Memory: one stage per rank is the cost facts' total for the schedule's peak. */
+static void test_memory(void) {
+    loom_plan plan = plan_of(1, 1, 2, 2, 8, "1f1b");
+    for (int r = 0; r < 2; r++) {
+        loom_rank_memory mem;
+        CHECK(loom_plan_rank_memory(&plan, r, 64, 0, &mem) == LOOM_OK, "rank memory: %s",
+              loom_last_error());
+        const loom_plan_stage *s = &plan.stages[r];
+        loom_gpt_stage_spec spec = {1,
+                                    s->first_layer,
+                                    s->end_layer,
+                                    s->embedding,
+                                    s->head,
+                                    2,
+                                    64,
+                                    2 - r /* 1F1B: p - i in flight */,
+                                    0};
+        loom_gpt_stage_cost c;
+        CHECK(loom_gpt_cost_stage(&plan.model, &spec, &c) == LOOM_OK, "cost facts");
+        CHECK(mem.in_flight == 2 - r, "rank %d: %d in flight, expected %d", r, mem.in_flight,
+              2 - r);
+        CHECK(mem.total == c.total_bytes, "rank %d: %lld bytes, the cost facts say %lld", r,
+              (long long)mem.total, (long long)c.total_bytes);
+    }
+    /* ZeRO-1 over dp 4 keeps a quarter of the moments */
+    loom_plan dp4 = plan_of(4, 1, 1, 2, 8, "1f1b");
+    loom_rank_memory full, sharded;
+    loom_plan_rank_memory(&dp4, 0, 64, 0, &full);
+    loom_plan_rank_memory(&dp4, 0, 64, 1, &sharded);
+    CHECK(sharded.optimizer * 4 == full.optimizer &&
+              sharded.total == full.total - full.optimizer + full.optimizer / 4,
+          "ZeRO-1: optimizer %lld of %lld", (long long)sharded.optimizer,
+          (long long)full.optimizer);
+    /* ZB-V's rank 0 holds the first and the last stage: wte once */
+    loom_plan zbv = plan_of(1, 1, 2, 2, 8, "zb-v");
+    loom_rank_memory r0;
+    loom_plan_rank_memory(&zbv, 0, 64, 0, &r0);
+    int64_t blocks = 0;
+    for (int s = 0; s < zbv.num_stages; s++) {
+        if (zbv.stages[s].rank != 0) continue;
+        loom_gpt_stage_spec spec = {1,
+                                    zbv.stages[s].first_layer,
+                                    zbv.stages[s].end_layer,
+                                    zbv.stages[s].embedding,
+                                    zbv.stages[s].head,
+                                    2,
+                                    64,
+                                    1,
+                                    0};
+        loom_gpt_stage_cost c;
+        loom_gpt_cost_stage(&zbv.model, &spec, &c);
+        blocks += c.param_bytes;
+    }
+    int64_t wte = (int64_t)zbv.model.padded_vocab_size * zbv.model.channels * 4;
+    CHECK(r0.weights == blocks - wte, "zb-v rank 0: weights %lld, expected %lld (one wte)",
+          (long long)r0.weights, (long long)(blocks - wte));
+    loom_plan_free(&plan), loom_plan_free(&dp4), loom_plan_free(&zbv);
+}
+
+/* One process: m micro-batches of forward F and backward 2F at the peak, nothing else. */
+static void test_single_process(void) {
+    loom_cluster cl = ideal_cluster(8, 1);
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, "1f1b");
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12, expect = 4 * 3 * f;
+    CHECK_CLOSE(pr.step_s, expect, 1e-9, 1e-9, "one process: step = m (F + 2F)");
+    CHECK(pr.tokens_per_s > 0 && fabs(pr.tokens_per_s - 8.0 * 64 / pr.step_s) < 1e-6, "tokens/s %g",
+          pr.tokens_per_s);
+    CHECK(pr.bubble < 1e-9 && pr.dp_bytes == 0 && pr.tp_bytes == 0 && pr.pp_bytes == 0,
+          "one process: no bubble, no traffic");
+    loom_plan_free(&plan);
+}
+
+/* dp 2: an allreduce of G gradient bytes over a link of bandwidth b takes 2 (1/2) G / b; the
+ * last backward (2F) hides that much of it. */
+static void test_dp_sync(void) {
+    loom_plan plan = plan_of(2, 1, 1, 2, 8, "1f1b");
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12, grads = (double)c.grad_bytes;
+    for (int slow = 0; slow < 2; slow++) {
+        loom_cluster cl = ideal_cluster(1, 2); /* the replicas on two nodes */
+        /* fast: the sync fits inside the last backward; slow: it takes 10 backwards */
+        double sync = slow ? 10 * 2 * f : 0.5 * 2 * f;
+        cl.links[LOOM_LINK_INTER_NODE].bandwidth = grads / sync;
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict: %s", loom_last_error());
+        double expect = 2 * 3 * f + (slow ? sync - 2 * f : 0);
+        CHECK_CLOSE(pr.step_s, expect, 1e-9, 1e-9, slow ? "dp 2, slow link" : "dp 2, fast link");
+        CHECK(pr.dp_bytes == (int64_t)grads * 2, "dp bytes %lld, expected %lld",
+              (long long)pr.dp_bytes, (long long)grads * 2);
+    }
+    loom_plan_free(&plan);
+}
+
+/* tp 2 on one node of 2 devices uses the intra-node link, on nodes of 1 device the inter-node
+ * one: a slower inter-node link makes the step longer. */
+static void test_tp_placement(void) {
+    loom_plan plan = plan_of(1, 2, 1, 2, 8, "1f1b");
+    double step[2];
+    for (int nodes = 0; nodes < 2; nodes++) {
+        loom_cluster cl = ideal_cluster(nodes ? 1 : 2, 2);
+        cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e9, 1e-5};
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict: %s", loom_last_error());
+        step[nodes] = pr.step_s;
+        CHECK(pr.tp_bytes > 0, "tp 2 sends bytes");
+    }
+    CHECK(step[1] > step[0] * 1.01, "tp across nodes %g s, inside a node %g s", step[1], step[0]);
+    loom_plan_free(&plan);
+}
+
+/* The pipeline part is the simulator's, and schedules with a smaller bubble predict less. */
+static void test_pipeline(void) {
+    loom_cluster cl = ideal_cluster(8, 1);
+    double step[3];
+    const char *schedules[3] = {"1f1b", "zb-h1", "zb-v"};
+    for (int i = 0; i < 3; i++) {
+        loom_plan plan = plan_of(1, 1, 2, 2, 16, schedules[i]);
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "%s: %s",
+              schedules[i], loom_last_error());
+        step[i] = pr.step_s;
+        CHECK(pr.bubble > 0 && pr.bubble < 0.5 && pr.pp_bytes > 0, "%s: bubble %g", schedules[i],
+              pr.bubble);
+        loom_plan_free(&plan);
+    }
+    CHECK(step[1] < step[0] && step[2] < step[0], "1f1b %g s, zb-h1 %g s, zb-v %g s", step[0],
+          step[1], step[2]);
+}
+
+static void test_refused(void) {
+    loom_cluster cl = ideal_cluster(2, 1);
+    loom_plan plan = plan_of(2, 2, 1, 2, 8, "1f1b");
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "needs dp x tp x pp = 4 devices"),
+          "too few devices: %s", loom_last_error());
+    loom_cluster big = ideal_cluster(8, 1);
+    CHECK(loom_plan_predict(&plan, &big, LOOM_PRECISION_BF16, 64, 0, &pr) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "no bf16 peak"),
+          "no bf16: %s", loom_last_error());
+    loom_plan_free(&plan);
+}
+
+int main(void) {
+    test_memory();
+    test_single_process();
+    test_dp_sync();
+    test_tp_placement();
+    test_pipeline();
+    test_refused();
+    return check_finish();
+}
