@@ -317,5 +317,24 @@ bad "plan: --check-cluster and --check" '--check-cluster: expected no other opti
 bad "plan: --check-cluster empty" '--check-cluster: expected a cluster description' \
     -- "$LOOM" plan --check-cluster=
 
+# ---- predictions ----------------------------------------------------------------------------
+
+"$LOOM" plan --model gpt2 --pp 2 --micro-batch-size 2 --global-batch-size 16 --out gpt2_pp2.json >/dev/null
+good "plan: --predict on the DGX description" \
+    'prediction on dgx-a100' '^ +step [0-9.]+ s = pipeline' 'tokens/s' '^ +1 +1 +\[6, 12\)' \
+    -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --seq-len 1024
+good "plan: --predict --out writes the prediction" 'wrote predicted\.json' \
+    -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --out predicted.json
+file_has "plan: predicted step in the file" predicted.json '"step_s": [0-9]'
+good "plan: the predicted plan checks" 'predicted\.json: ok' -- "$LOOM" plan --check predicted.json
+bad "plan: --predict without --cluster" '--predict: expected --cluster FILE' \
+    -- "$LOOM" plan --predict gpt2_pp2.json
+bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1 or --out with it, got --tp' \
+    -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --tp 2
+bad "plan: --predict bf16 on V100" 'has no bf16 peak' \
+    -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/p3-v100.json" --precision bf16
+bad "plan: --predict unknown precision" '--precision: expected' \
+    -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --precision fp8
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

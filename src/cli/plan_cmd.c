@@ -14,10 +14,12 @@
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
 #include "loom/cluster.h"
+#include "loom/costmodel.h"
 #include "loom/plan.h"
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -38,13 +40,17 @@ typedef struct {
     char out[PLAN_PATH_MAX];
     char check[PLAN_PATH_MAX];
     char check_cluster[PLAN_PATH_MAX];
+    char predict[PLAN_PATH_MAX];
+    char cluster[PLAN_PATH_MAX];
+    char precision[16];
+    int seq_len, zero1;
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
 
 static const cli_opt plan_opts[] = {
     POPT("--model", OPT_STRING, model,
-         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, small, tiny"),
+         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny"),
     POPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
     POPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
     POPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
@@ -74,6 +80,15 @@ static const cli_opt plan_opts[] = {
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
     POPT("--check", OPT_STRING, check, "validate this plan file instead of writing one"),
+    POPT("--predict", OPT_STRING, predict,
+         "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
+         "back with \"predicted\" filled in)"),
+    POPT("--cluster", OPT_STRING, cluster,
+         "cluster description for --predict (clusters/*.json, or loom profile's)"),
+    POPT("--precision", OPT_STRING, precision, "--predict: fp32 (default), bf16 or fp16"),
+    POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
+    POPT("--zero1", OPT_FLAG, zero1,
+         "--predict: AdamW's state sharded over the data-parallel ranks"),
     POPT("--check-cluster", OPT_STRING, check_cluster,
          "read and check this cluster description (e.g. clusters/dgx-a100.json): prints "
          "\"FILE: ok (NAME, N devices per node, max M nodes)\", or the problem and exits 2"),
@@ -83,7 +98,9 @@ static const cli_opt plan_opts[] = {
 static const char *plan_usage =
     "usage: loom plan [--model NAME ...] --dp N --tp N --pp N [options] --out plan.json\n"
     "       loom plan --check plan.json [--ranks N]\n"
-    "       loom plan --check-cluster cluster.json";
+    "       loom plan --check-cluster cluster.json\n"
+    "       loom plan --predict plan.json --cluster cluster.json [--precision P] [--seq-len T] "
+    "[--zero1] [--out predicted.json]";
 
 /* Whether `arg` is `flag`, alone or as "flag=value". */
 static int is_flag(const char *arg, const char *flag) {
@@ -101,9 +118,18 @@ static loom_status check_mode_flags(int argc, char **argv, const char *mode,
         int ok = 0;
         for (int j = 0; j < n && !ok; j++) ok = is_flag(arg, allowed[j]);
         if (ok) continue;
-        return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got %.*s (%s)", mode,
-                         n > 1 ? "only --ranks with it" : "no other option with it",
-                         (int)strcspn(arg, "="), arg, why);
+        char list[160] = "";
+        size_t used = 0;
+        for (int j = 1; j < n && used < sizeof list; j++) {
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                     j == 1       ? ""
+                                     : j + 1 == n ? " or "
+                                                  : ", ",
+                                     allowed[j]);
+        }
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected %s%s%s, got %.*s (%s)", mode,
+                         n > 1 ? "only " : "no other option with it", n > 1 ? list : "",
+                         n > 1 ? " with it" : "", (int)strcspn(arg, "="), arg, why);
     }
     return LOOM_OK;
 }
@@ -159,6 +185,103 @@ static loom_status prepare_out(const char *out) {
         return loom_fail(LOOM_ERR_INPUT, "--out: %s is not a directory", dir);
     }
     return loom_mkdir_p(dir);
+}
+
+/* The prediction as a table: each virtual stage's times per micro-batch, each pipeline rank's
+ * memory, the step and its parts, the traffic. */
+static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
+                             const loom_prediction *pr, const loom_rank_memory *mem,
+                             loom_precision precision, int seq_len) {
+    printf("prediction on %s (%d x %d devices available), %s, sequence %d:\n", cluster->name,
+           cluster->max_nodes, cluster->devices_per_node, loom_precision_name(precision), seq_len);
+    printf("  stage  rank  layers      forward ms  B ms      W ms      (per micro-batch)\n");
+    for (int s = 0; s < pr->stages; s++) {
+        const loom_stage_times *t = &pr->stage[s];
+        char range[32];
+        snprintf(range, sizeof range, "[%d, %d)", plan->stages[s].first_layer,
+                 plan->stages[s].end_layer);
+        printf("  %5d  %4d  %-10s  %10.3f  %8.3f  %8.3f\n", s, plan->stages[s].rank, range,
+               t->forward_s * 1e3, t->backward_input_s * 1e3, t->backward_weight_s * 1e3);
+    }
+    printf("  rank  memory GiB  (weights + gradients + optimizer, activations x %s)\n",
+           "in flight");
+    for (int r = 0; r < plan->pp; r++) {
+        const loom_rank_memory *m = &mem[r];
+        printf("  %4d  %10.2f  (%.2f + %.2f + %.2f, %.2f x %d)\n", r,
+               (double)m->total / 1073741824.0, (double)m->weights / 1073741824.0,
+               (double)m->grads / 1073741824.0, (double)m->optimizer / 1073741824.0,
+               (double)m->activations / 1073741824.0, m->in_flight);
+    }
+    printf(
+        "  step %.4f s = pipeline %.4f s (bubble %.1f %%) + data-parallel sync not hidden %.4f s "
+        "+ AdamW %.4f s\n",
+        pr->step_s, pr->pipeline_s, 100 * pr->bubble, pr->dp_exposed_s, pr->optimizer_s);
+    double flops = loom_gpt_flops_per_token(&plan->model, seq_len) * pr->tokens_per_s;
+    int devices = plan->dp * plan->tp * plan->pp;
+    printf("  %.0f tokens/s; %.1f TFLOP/s per device (%.1f %% of the %s peak); per step: dp %.3g "
+           "GB, tp %.3g GB, pp %.3g GB (every rank's, summed)\n",
+           pr->tokens_per_s, flops / devices / 1e12,
+           100 * flops / devices / cluster->peak_flops[precision], loom_precision_name(precision),
+           (double)pr->dp_bytes / 1e9, (double)pr->tp_bytes / 1e9, (double)pr->pp_bytes / 1e9);
+    if (cluster->memory_bytes > 0) {
+        printf("  peak memory %.2f GiB of the device's %.2f GiB%s\n",
+               (double)pr->peak_bytes / 1073741824.0, (double)cluster->memory_bytes / 1073741824.0,
+               pr->peak_bytes > cluster->memory_bytes ? ": DOES NOT FIT" : "");
+    }
+}
+
+static int run_predict(const plan_args *args, int argc, char **argv) {
+    static const char *const allowed[] = {"--predict", "--cluster", "--precision",
+                                          "--seq-len", "--zero1",   "--out"};
+    loom_status st =
+        check_mode_flags(argc, argv, "--predict", allowed, 6, "the plan file holds the layout");
+    if (st == LOOM_OK && !args->cluster[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
+                                       "loom profile's)");
+    }
+    loom_precision precision = LOOM_PRECISION_FP32;
+    if (st == LOOM_OK && args->precision[0]) {
+        st = loom_precision_parse(args->precision, "loom plan", "--precision", &precision);
+    }
+    if (st == LOOM_OK && args->seq_len < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected a positive length, got %d",
+                       args->seq_len);
+    }
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_plan plan;
+    loom_cluster cluster;
+    st = loom_plan_read(args->predict, &plan);
+    if (st != LOOM_OK) return cli_fail(st);
+    st = loom_cluster_read(args->cluster, &cluster);
+    int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
+    if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected at most the model's context %d, got %d",
+                       plan.model.max_seq_len, seq_len);
+    }
+    loom_prediction *pr = loom_calloc(1, sizeof *pr, "prediction");
+    loom_rank_memory *mem = loom_calloc((size_t)plan.pp, sizeof *mem, "prediction");
+    if (st == LOOM_OK && (!pr || !mem)) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK) st = loom_plan_predict(&plan, &cluster, precision, seq_len, args->zero1, pr);
+    for (int r = 0; r < plan.pp && st == LOOM_OK; r++) {
+        st = loom_plan_rank_memory(&plan, r, seq_len, args->zero1, &mem[r]);
+    }
+    if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len);
+    if (st == LOOM_OK && args->out[0]) {
+        int ranks = plan.dp * plan.tp * plan.pp;
+        free(plan.predicted_peak_bytes);
+        plan.predicted_peak_bytes = loom_calloc((size_t)ranks, sizeof(int64_t), "predictions");
+        plan.num_predicted_peak = plan.predicted_peak_bytes ? ranks : 0;
+        for (int r = 0; r < plan.num_predicted_peak; r++) {
+            plan.predicted_peak_bytes[r] = mem[loom_plan_rank_coords(&plan, r).pp_rank].total;
+        }
+        plan.predicted_step_s = pr->step_s, plan.predicted_tokens_per_s = pr->tokens_per_s;
+        st = plan.predicted_peak_bytes ? prepare_out(args->out) : LOOM_ERR_NOMEM;
+        if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
+        if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
+    }
+    free(pr), free(mem);
+    loom_plan_free(&plan);
+    return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
 static int run_build(const plan_args *args) {
@@ -220,5 +343,8 @@ int cmd_plan(int argc, char **argv) {
     }
     if (st != LOOM_OK) return cli_fail(st);
     if (cluster_given) return run_check_cluster(&args, argc, argv);
+    for (int i = 2; i < argc; i++) {
+        if (is_flag(argv[i], "--predict")) return run_predict(&args, argc, argv);
+    }
     return check_given ? run_check(&args, argc, argv) : run_build(&args);
 }
