@@ -24,7 +24,8 @@ static const cli_opt train_opts[] = {
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
      "JSON file with these settings in snake_case (flags win)"},
     TOPT("--model", OPT_STRING, model,
-         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny (default small, or the "
+         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny "
+         "(default small, or the "
          "model of --resume / --init-from)"),
     TOPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
     TOPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
