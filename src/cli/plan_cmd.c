@@ -9,14 +9,12 @@
  * Not here: choosing the layout by cost (that is the planner's job; this writes the layout it
  * is told).
  */
-#define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
 #include "loom/plan.h"
 
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 int cmd_plan(int argc, char **argv);
 
@@ -116,23 +114,6 @@ static int run_check(const plan_args *args, int argc, char **argv) {
     return 0;
 }
 
-/* The output must be a file path; its folder is made if missing. */
-static loom_status prepare_out(const char *out) {
-    if (!out[0]) return loom_fail(LOOM_ERR_INPUT, "--out: expected a plan file to write");
-    struct stat st_out;
-    if (stat(out, &st_out) == 0 && S_ISDIR(st_out.st_mode)) {
-        return loom_fail(LOOM_ERR_INPUT, "--out: %s is a directory; expected a file path", out);
-    }
-    const char *slash = strrchr(out, '/');
-    if (!slash || slash == out) return LOOM_OK;
-    char dir[PLAN_PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - out), out);
-    if (stat(dir, &st_out) == 0 && !S_ISDIR(st_out.st_mode)) {
-        return loom_fail(LOOM_ERR_INPUT, "--out: %s is not a directory", dir);
-    }
-    return loom_mkdir_p(dir);
-}
-
 static int run_build(const plan_args *args) {
     loom_gpt_config model;
     loom_status st =
@@ -158,7 +139,7 @@ static int run_build(const plan_args *args) {
     if (st == LOOM_OK) {
         st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
     }
-    if (st == LOOM_OK) st = prepare_out(args->out);
+    if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {
         loom_plan_free(&plan);
