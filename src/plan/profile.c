@@ -93,6 +93,14 @@ static void cpu_model(char *model, size_t cap) {
     if (f) fclose(f);
 }
 
+/* Keeps printable ASCII, so that a name cut short never ends inside a UTF-8 sequence (the
+ * cluster file's names must be UTF-8). */
+static void printable(char *text) {
+    for (unsigned char *c = (unsigned char *)text; *c; c++) {
+        if (*c < 0x20 || *c > 0x7e) *c = '?';
+    }
+}
+
 /* Every rank's host name, by one broadcast per rank (names are bytes, and a profile has few
  * enough ranks that this costs nothing beside the measurements); ranks with equal names share
  * a host. */
@@ -136,6 +144,7 @@ static loom_status find_hosts(profile_ctx *ctx, loom_cluster *out) {
     int threads = loom_ops_get_threads();
     snprintf(out->device_name, sizeof out->device_name, "%.40s, %d thread%s",
              model[0] ? model : "CPU", threads, threads == 1 ? "" : "s");
+    printable(out->name), printable(out->device_name);
     profile_say(ctx, "hosts: %d rank%s on %d host%s%s (%s%s), at most %d on one; device %s",
                 ctx->size, ctx->size == 1 ? "" : "s", ctx->hosts, ctx->hosts == 1 ? "" : "s",
                 pretend > 0 ? " (pretended)" : "", names, ctx->hosts > 1 ? " and others" : "",
