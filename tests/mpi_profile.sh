@@ -5,6 +5,7 @@
 #     efficiencies in (0, 1.5]; a positive memory size, memory bandwidth and link bandwidth;
 #     fits of allreduce, allgather and reduce-scatter over 2 ranks; every compressor's rate;
 #     the progress lines of every phase;
+#   - once `loom plan --check-cluster` exists (cluster.c), both files pass its reader;
 #   - its sgemm peak is within a factor 3 of `loom bench`'s for the same thread count (one
 #     process alone, measured apart: on a noisy 2-core machine only a loose bound is robust);
 #   - 4 ranks as 2 pretended hosts: 2 nodes of 2, both link classes measured, fits over the
@@ -55,6 +56,12 @@ print(f"peak {dev['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s, {len(table)} GEMM po
       f"intra_node {node['links']['intra_node']['bandwidth'] / 1e9:.2f} GB/s")
 PY
 
+# ---- the description reads back through loom/cluster.h's reader, once `loom plan` has one ----
+if "$LOOM" plan --help | grep -q -- --check-cluster; then
+    "$LOOM" plan --check-cluster sub/cluster.json >check.log 2>&1 && ok ||
+        fail "loom plan --check-cluster: $(tail -3 check.log)"
+fi
+
 # ---- the peak against loom bench's (one process, same thread count) ----
 bench=$("$LOOM" bench --threads 1 --cases= 2>&1 | sed -n 's/.*peak \([0-9.]*\) GFLOP\/s.*/\1/p')
 python3 - sub/cluster.json "$bench" <<'PY' && ok || fail "peak against loom bench's ($bench)"
@@ -68,6 +75,10 @@ PY
 # ---- 4 ranks as 2 hosts ----
 if timeout 120 mpirun -np 4 "$LOOM" profile --quick --threads 1 --pretend-hosts 2 \
     --out hosts.json >hosts.log 2>&1; then ok; else fail "--pretend-hosts 2: exit $?: $(tail -5 hosts.log)"; fi
+if "$LOOM" plan --help | grep -q -- --check-cluster; then
+    "$LOOM" plan --check-cluster hosts.json >check.log 2>&1 && ok ||
+        fail "loom plan --check-cluster hosts.json: $(tail -3 check.log)"
+fi
 python3 - hosts.json <<'PY' && ok || fail "hosts.json: contents"
 import json, sys
 c = json.load(open(sys.argv[1]))

@@ -462,15 +462,14 @@ loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, lo
 void loom_profile_source_note(const loom_cluster *cluster, char *note, size_t cap) {
     const char *copied = "";
     if (cluster->nodes == 1) {
-        copied = "; one host: inter_node is a copy of intra_node (nothing was measured between "
-                 "hosts)";
+        copied = "; one host: inter_node is a copy of intra_node (nothing measured between hosts)";
     } else if (cluster->devices_per_node == 1) {
         copied = "; one rank per host: intra_node is a copy of inter_node";
     }
     snprintf(note, cap,
-             "measured by loom profile on %d host%s x %d rank%s (%s), every rank at once, so "
-             "shared cores and oversubscription are in the figures; GEMM efficiency of a GPT-2 "
-             "block's fp32 GEMMs against the sgemm peak, clamped to 1%s",
+             "loom profile on %d host%s x %d rank%s (%s), every rank measuring at once (shared "
+             "cores and oversubscription included); GEMM efficiency against the sgemm peak, "
+             "clamped to 1%s",
              cluster->nodes, cluster->nodes == 1 ? "" : "s", cluster->devices_per_node,
              cluster->devices_per_node == 1 ? "" : "s", cluster->device_name, copied);
 }
