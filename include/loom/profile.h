@@ -5,10 +5,12 @@
  *
  *   hosts        which ranks share a host (by host name): nodes, devices (ranks) per node, the
  *                device's name (the CPU model and the threads each rank uses)
- *   device       the sgemm peak of a large square GEMM (fp32; bf16 and fp16 are left at 0, not
- *                offered: the runtime trains fp32), the memory each rank can have (available
- *                memory / ranks on its host), a STREAM triad's bandwidth, and the share of the
- *                peak that a GPT-2 block's GEMMs (forward, input and weight gradients) reach
+ *   device       the fp32 peak (the faster of a large square sgemm and the fastest of a GPT-2
+ *                block's GEMMs below; bf16 and fp16 are left at 0, not offered: the runtime
+ *                trains fp32), the memory each rank can have (available memory / ranks on its
+ *                host), a STREAM triad's bandwidth, and the share of the peak that a GPT-2
+ *                block's GEMMs (forward, input and weight gradients) reach, measured in passes
+ *                that interleave them with the square sgemm
  *   links        ping-pong latency and bandwidth between two ranks of one host and of two
  *                hosts, and alpha-beta fits of send-receive, allreduce, all-gather and
  *                reduce-scatter over the world and over each host's ranks

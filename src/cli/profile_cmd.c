@@ -65,7 +65,7 @@ static void print_summary(const char *path, const loom_cluster *c, double second
     printf("\n%s: %d host%s x %d rank%s (%s), measured in %.1f s\n", path, c->nodes,
            c->nodes == 1 ? "" : "s", c->devices_per_node, c->devices_per_node == 1 ? "" : "s",
            c->device_name, seconds);
-    printf("  %-10s %-18s %8.1f GFLOP/s per rank (sgemm, all ranks at once)\n", "device",
+    printf("  %-10s %-18s %8.1f GFLOP/s per rank (the fastest GEMM, all ranks at once)\n", "device",
            "peak fp32", c->peak_flops[LOOM_PRECISION_FP32] / 1e9);
     for (int p = LOOM_PRECISION_FP32 + 1; p < LOOM_PRECISIONS; p++) {
         printf("  %-10s peak %-13s %s\n", "", loom_precision_name((loom_precision)p),

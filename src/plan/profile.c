@@ -174,22 +174,6 @@ static loom_status measure_memory(const profile_ctx *ctx, int64_t available, loo
 
 /* ---- the device ---------------------------------------------------------------------------- */
 
-static loom_status measure_peak(const profile_ctx *ctx, loom_cluster *out) {
-    int n = ctx->opts.quick ? 1024 : 2048, reps = ctx->opts.quick ? 3 : 9;
-    profile_say(ctx, "sgemm peak: %d^3, median of %d, on every rank at once", n, reps);
-    loom_status st = loom_comm_barrier(ctx->world);
-    if (st != LOOM_OK) return st;
-    double gflops = loom_ops_sgemm_peak_gflops(n, reps);
-    st = profile_agree(ctx, gflops > 0 ? LOOM_OK : LOOM_ERR_NOMEM, "the sgemm peak");
-    double found[3];
-    if (st == LOOM_OK) st = gather_median(ctx, gflops, found);
-    if (st != LOOM_OK) return st;
-    out->peak_flops[LOOM_PRECISION_FP32] = found[0] * 1e9;
-    profile_say(ctx, "sgemm peak: %.1f GFLOP/s per rank (median; ranks %.1f to %.1f)", found[0],
-                found[1], found[2]);
-    return LOOM_OK;
-}
-
 /* STREAM's triad, a = b + s c, over arrays far larger than the caches; bytes counted as
  * STREAM counts them (three arrays of doubles per pass). */
 static loom_status measure_bandwidth(const profile_ctx *ctx, loom_cluster *out) {
@@ -306,67 +290,131 @@ static void free_gemm(gemm_buffers *g) {
     loom_free_aligned(g->b), loom_free_aligned(g->db);
 }
 
-/* Every rank times every (shape, kernel) at once, in several passes over the shapes so that
- * a burst of other work on the machine hits a few timings of each point rather than all of
- * one; a point's time is the median of its timings on a rank, then the median over the ranks,
- * and its efficiency that time's FLOP/s over the peak. */
-static loom_status measure_gemm(const profile_ctx *ctx, loom_cluster *out) {
+/* How the peak and the GEMM table are measured. */
+typedef struct {
     gemm_shape shapes[64];
+    int nshapes;
     int64_t max_rows;
     int max_width;
-    int nshapes = block_shapes(ctx->opts.quick, shapes, &max_rows, &max_width);
-    int npoints = nshapes * GEMM_KERNELS, reps = ctx->opts.quick ? 2 : 3;
-    int passes = ctx->opts.quick ? 1 : 3, timings = passes * reps;
-    double target_s = ctx->opts.quick ? 1e-3 : 3e-3, peak = out->peak_flops[LOOM_PRECISION_FP32];
-    profile_say(ctx,
-                "GEMM efficiency: %d shapes of a GPT-2 block x (forward, input gradient, "
-                "weight gradient), median of %d x %d, on every rank at once",
-                nshapes, passes, reps);
-    gemm_buffers g = {0};
-    double *times = loom_calloc((size_t)npoints * (size_t)timings, sizeof *times, "GEMM times");
+    int passes;      /* over the peak and every shape */
+    int reps;        /* timings of each (shape, kernel) per pass */
+    double target_s; /* each timing lasts about this long (several calls of a small GEMM) */
+    int peak_n;      /* the square GEMM of the peak */
+    int peak_reps;   /* its timings per pass */
+} gemm_plan;
+
+static gemm_plan make_gemm_plan(int quick) {
+    gemm_plan plan = {.passes = quick ? 2 : 5,
+                      .reps = 2,
+                      .target_s = quick ? 1e-3 : 3e-3,
+                      .peak_n = quick ? 1024 : 2048,
+                      .peak_reps = 3};
+    plan.nshapes = block_shapes(quick, plan.shapes, &plan.max_rows, &plan.max_width);
+    return plan;
+}
+
+/* One pass on this rank: the peak (GFLOP/s, the median of the pass's timings), then every
+ * (shape, kernel), its timings into times (npoints x passes x reps, this pass's slots). */
+static loom_status gemm_pass(const profile_ctx *ctx, const gemm_plan *plan, const gemm_buffers *g,
+                             int pass, double *peak_gflops, double *times) {
+    loom_status st = loom_comm_barrier(ctx->world);
+    if (st != LOOM_OK) return st;
+    *peak_gflops = loom_ops_sgemm_peak_gflops(plan->peak_n, plan->peak_reps);
+    st = profile_agree(ctx, *peak_gflops > 0 ? LOOM_OK : LOOM_ERR_NOMEM, "the sgemm peak");
+    const loom_backend *be = loom_backend_cpu();
+    const int timings = plan->passes * plan->reps;
+    for (int s = 0; s < plan->nshapes && st == LOOM_OK; s++) {
+        if (s % 4 == 0) st = loom_comm_barrier(ctx->world); /* the ranks side by side */
+        for (int k = 0; k < GEMM_KERNELS; k++) {
+            double *t = times + (size_t)(s * GEMM_KERNELS + k) * timings + pass * plan->reps;
+            time_gemm(be, g, plan->shapes[s], k, plan->reps, plan->target_s, *peak_gflops * 1e9, t);
+        }
+    }
+    return st;
+}
+
+/* From every rank's times (npoints x timings): each point's median on each rank, then the
+ * median over the ranks, gives its rate. The peak is the square GEMM's `square_peak` or the
+ * fastest point's rate if that is higher (when the ranks contend for memory, the square GEMM,
+ * whose matrices outgrow the shared cache, can be slower than a block's smaller ones): each
+ * efficiency is then its rate over the peak, at most 1, and peak x efficiency is the rate
+ * measured. */
+static loom_status gemm_table(const profile_ctx *ctx, const gemm_plan *plan, double *times,
+                              double square_peak, loom_cluster *out) {
+    const int npoints = plan->nshapes * GEMM_KERNELS, timings = plan->passes * plan->reps;
     double *mine = loom_calloc((size_t)npoints, sizeof *mine, "GEMM times");
     double *all = loom_calloc((size_t)npoints * (size_t)ctx->size, sizeof *all, "GEMM times");
     double *column = loom_calloc((size_t)ctx->size, sizeof *column, "GEMM times");
     loom_gemm_point *points = loom_calloc((size_t)npoints, sizeof *points, "GEMM points");
-    loom_status st = times && mine && all && column && points ? alloc_gemm(&g, max_rows, max_width)
-                                                              : LOOM_ERR_NOMEM;
-    st = profile_agree(ctx, st, "allocating the GEMM buffers");
-    const loom_backend *be = loom_backend_cpu();
-    for (int pass = 0; pass < passes && st == LOOM_OK; pass++) {
-        profile_say(ctx, "GEMM efficiency: pass %d of %d", pass + 1, passes);
-        for (int s = 0; s < nshapes && st == LOOM_OK; s++) {
-            /* keep the ranks measuring side by side */
-            if (s % 4 == 0) st = loom_comm_barrier(ctx->world);
-            for (int k = 0; k < GEMM_KERNELS; k++) {
-                double *t = times + (size_t)(s * GEMM_KERNELS + k) * timings + pass * reps;
-                time_gemm(be, &g, shapes[s], k, reps, target_s, peak, t);
-            }
-        }
-    }
-    for (int p = 0; p < npoints; p++) {
+    loom_status st = profile_agree(ctx, mine && all && column && points ? LOOM_OK : LOOM_ERR_NOMEM,
+                                   "the GEMM table");
+    for (int p = 0; p < npoints && st == LOOM_OK; p++) {
         mine[p] = profile_median(times + (size_t)p * timings, timings);
     }
     if (st == LOOM_OK) st = profile_gather(ctx, mine, npoints, all);
+    double peak = square_peak, best = 0;
     for (int p = 0; p < npoints && st == LOOM_OK; p++) {
         for (int r = 0; r < ctx->size; r++) column[r] = all[(size_t)r * npoints + p];
-        gemm_shape s = shapes[p / GEMM_KERNELS];
-        double flops = 2.0 * (double)s.N * s.C * s.OC;
-        points[p].flops = flops;
-        points[p].efficiency = flops / profile_median(column, ctx->size) / peak;
+        gemm_shape s = plan->shapes[p / GEMM_KERNELS];
+        points[p].flops = 2.0 * (double)s.N * s.C * s.OC;
+        points[p].efficiency = points[p].flops / profile_median(column, ctx->size); /* rate */
+        if (isfinite(points[p].efficiency)) best = fmax(best, points[p].efficiency);
     }
     if (st == LOOM_OK) {
+        peak = fmax(peak, best);
+        out->peak_flops[LOOM_PRECISION_FP32] = peak;
+        for (int p = 0; p < npoints; p++) points[p].efficiency /= peak;
+        profile_say(ctx,
+                    "sgemm peak: %.1f GFLOP/s per rank (the square GEMM %.1f, the fastest block "
+                    "GEMM %.1f: the higher)",
+                    peak / 1e9, square_peak / 1e9, best / 1e9);
         out->gemm_points = profile_gemm_table(points, npoints, LOOM_CLUSTER_MAX_GEMM_POINTS);
         memcpy(out->gemm, points, (size_t)out->gemm_points * sizeof *points);
         if (out->gemm_points < 1) st = loom_fail(LOOM_ERR_RUNTIME, "profile: no GEMM point");
     }
+    free(mine), free(all), free(column), free(points);
+    return st;
+}
+
+/* The sgemm peak and the GEMM table, measured together in passes: each pass times the square
+ * GEMM of the peak, then every (shape, kernel). A burst of other work on the machine then
+ * slows a few timings of the peak and of each point alike, rather than all of one of them (a
+ * peak measured apart, in a quiet or a busy moment, would put every efficiency too low or
+ * above 1). The peak is the median of the passes' medians on each rank, then over the ranks. */
+static loom_status measure_gemm(const profile_ctx *ctx, loom_cluster *out) {
+    gemm_plan plan = make_gemm_plan(ctx->opts.quick);
+    const int npoints = plan.nshapes * GEMM_KERNELS, timings = plan.passes * plan.reps;
+    profile_say(ctx,
+                "sgemm peak and GEMM efficiency: %d passes, each the peak (%d^3, median of %d) "
+                "and %d shapes of a GPT-2 block x (forward, input gradient, weight gradient) x "
+                "%d, on every rank at once",
+                plan.passes, plan.peak_n, plan.peak_reps, plan.nshapes, plan.reps);
+    gemm_buffers g = {0};
+    double *times = loom_calloc((size_t)npoints * (size_t)timings, sizeof *times, "GEMM times");
+    double peaks[8];
+    loom_status st = times ? alloc_gemm(&g, plan.max_rows, plan.max_width) : LOOM_ERR_NOMEM;
+    st = profile_agree(ctx, st, "allocating the GEMM buffers");
+    for (int pass = 0; pass < plan.passes && st == LOOM_OK; pass++) {
+        profile_say(ctx, "sgemm peak and GEMM efficiency: pass %d of %d", pass + 1, plan.passes);
+        st = gemm_pass(ctx, &plan, &g, pass, &peaks[pass], times);
+    }
+    double found[3];
+    if (st == LOOM_OK) st = gather_median(ctx, profile_median(peaks, plan.passes), found);
     if (st == LOOM_OK) {
+        profile_say(ctx,
+                    "sgemm peak: the square GEMM %.1f GFLOP/s per rank (median; ranks %.1f "
+                    "to %.1f)",
+                    found[0], found[1], found[2]);
+        st = gemm_table(ctx, &plan, times, found[0] * 1e9, out);
+    }
+    if (st == LOOM_OK) {
+        const loom_gemm_point *first = &out->gemm[0], *last = &out->gemm[out->gemm_points - 1];
         profile_say(ctx, "GEMM efficiency: %d points, %.2f at %.3g FLOPs to %.2f at %.3g FLOPs",
-                    out->gemm_points, out->gemm[0].efficiency, out->gemm[0].flops,
-                    out->gemm[out->gemm_points - 1].efficiency,
-                    out->gemm[out->gemm_points - 1].flops);
+                    out->gemm_points, first->efficiency, first->flops, last->efficiency,
+                    last->flops);
     }
     free_gemm(&g);
-    free(times), free(mine), free(all), free(column), free(points);
+    free(times);
     return st;
 }
 
@@ -446,7 +494,6 @@ loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, lo
                 opts->quick ? "quick (fewer, smaller repetitions)" : "full");
     st = find_hosts(&ctx, out);
     if (st == LOOM_OK) st = measure_memory(&ctx, available, out);
-    if (st == LOOM_OK) st = measure_peak(&ctx, out);
     if (st == LOOM_OK) st = measure_bandwidth(&ctx, out);
     if (st == LOOM_OK) st = measure_gemm(&ctx, out);
     if (st == LOOM_OK) st = profile_measure_links(&ctx, out);
@@ -466,10 +513,11 @@ void loom_profile_source_note(const loom_cluster *cluster, char *note, size_t ca
     } else if (cluster->devices_per_node == 1) {
         copied = "; one rank per host: intra_node is a copy of inter_node";
     }
-    snprintf(note, cap,
-             "loom profile on %d host%s x %d rank%s (%s), every rank measuring at once (shared "
-             "cores and oversubscription included); GEMM efficiency against the sgemm peak, "
-             "clamped to 1%s",
-             cluster->nodes, cluster->nodes == 1 ? "" : "s", cluster->devices_per_node,
-             cluster->devices_per_node == 1 ? "" : "s", cluster->device_name, copied);
+    snprintf(
+        note, cap,
+        "loom profile on %d host%s x %d rank%s (%s), every rank measuring at once (shared "
+        "cores and oversubscription included); peak: the faster of a large square sgemm and the "
+        "fastest GPT-2 block GEMM, the efficiencies the block GEMMs' share of it%s",
+        cluster->nodes, cluster->nodes == 1 ? "" : "s", cluster->devices_per_node,
+        cluster->devices_per_node == 1 ? "" : "s", cluster->device_name, copied);
 }
