@@ -37,6 +37,22 @@ static void test_basics(loom_comm *world) {
     CHECK_OK(loom_comm_barrier(world));
 }
 
+/* Every rank of a test job runs on this machine, so every rank finds the same host name; a
+ * short buffer gets its beginning. */
+static void test_host_name(loom_comm *world) {
+    char name[256], first[256], short_name[4];
+    CHECK_OK(loom_comm_host_name(name, sizeof name));
+    CHECK(name[0] != '\0', "rank %d: empty host name", rank);
+    memcpy(first, name, sizeof first);
+    CHECK_OK(loom_comm_broadcast(world, first, sizeof first, 0));
+    CHECK(strcmp(name, first) == 0, "rank %d: host %s, rank 0's %s", rank, name, first);
+    CHECK_OK(loom_comm_host_name(short_name, sizeof short_name));
+    CHECK(strncmp(short_name, name, 3) == 0 &&
+              strlen(short_name) == (strlen(name) < 3 ? strlen(name) : 3),
+          "rank %d: truncated '%s' of '%s'", rank, short_name, name);
+    CHECK(loom_comm_host_name(name, 0) == LOOM_ERR_RUNTIME, "rank %d: no buffer accepted", rank);
+}
+
 static void test_allreduce(loom_comm *world, int64_t count) {
     float *a = malloc((size_t)count * sizeof *a);
     double *d = malloc((size_t)count * sizeof *d);
@@ -360,6 +376,7 @@ int main(int argc, char **argv) {
     size = loom_comm_size(world);
     test_timeout_setting();
     test_basics(world);
+    test_host_name(world);
     test_allreduce(world, 1000);
     test_allreduce(world, 1);
     test_allreduce(world, 0);

@@ -13,6 +13,7 @@
 
 #include "loom/base.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -51,6 +52,10 @@ const char *loom_comm_name(const loom_comm *comm);
 int loom_comm_world_rank(void);
 /* The world rank of member `rank` of comm (-1 when out of range). */
 int loom_comm_world_rank_of(const loom_comm *comm, int rank);
+/* The name of the host this process runs on (MPI_Get_processor_name; the host name before MPI
+ * starts or after it ends), at most cap - 1 characters, NUL-terminated. Ranks whose names are
+ * equal share a machine. LOOM_ERR_RUNTIME when no name can be had. */
+loom_status loom_comm_host_name(char *name, size_t cap);
 
 /* MPI_Comm_split: ranks with the same colour form a group, ordered by key (ties by rank in
  * parent). A rank with colour < 0 joins no group and gets *out = NULL. Collective over parent,

@@ -166,6 +166,14 @@ float *loom_compressor_state_data(loom_compressor *c, int i);
 /* Bytes of state this compressor holds (both copies). */
 size_t loom_compressor_state_bytes(const loom_compressor *c);
 
+/* ---- throughput ------------------------------------------------------------------------ */
+
+/* Seconds of one encode + decode of a (rows x cols) matrix of random values on one replica (for
+ * powersgd its three calls), the median of `reps` after one warm-up, and *ratio = input bytes /
+ * wire bytes. For `loom bench --compressors` and `loom profile`. */
+loom_status loom_compress_measure(const loom_compress_opts *opts, int64_t rows, int64_t cols,
+                                  int reps, double *seconds, double *ratio);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,18 +1,14 @@
 /*
  * bench_compress.c — `loom bench --compressors`: throughput of every compressor on GPT-2 124M's
  * matrix shapes, in GB/s of fp32 input (encode plus decode of one replica, no communication),
- * and the wire size against the input, so that a planner can cost compression. PowerSGD runs
- * its three calls (P, orthonormalise and Q, the approximation and residual); the others their
- * one-shot encode and decode. Medians over the timed repetitions.
+ * and the wire size against the input, so that a planner can cost compression. The timing is
+ * loom_compress_measure's (compress/measure.c), which `loom profile` uses too.
  *
  * Not here: the bytes a run sends (metrics.jsonl), time on slow links (bench/compression.sh).
  */
 #include "cli/cli.h"
 #include "loom/compress.h"
 #include "loom/ops.h"
-
-#include <stdlib.h>
-#include <string.h>
 
 typedef struct {
     const char *label;
@@ -26,11 +22,6 @@ typedef struct {
     int64_t rows, cols;
 } shape_case;
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Seconds of one encode + decode (median of `reps`), or < 0 on failure. */
 static double time_one(const method_case *mc, const shape_case *sc, int reps, double *ratio) {
     loom_compress_opts o = {.method = mc->method,
@@ -38,44 +29,9 @@ static double time_one(const method_case *mc, const shape_case *sc, int reps, do
                             .fraction = mc->fraction,
                             .error_feedback = mc->method != LOOM_COMPRESS_BF16,
                             .seed = 1};
-    loom_compressor *c = NULL;
-    if (loom_compressor_create(&c, &o, sc->rows, sc->cols, 0) != LOOM_OK) return -1;
-    size_t n = (size_t)(sc->rows * sc->cols);
-    int r = o.rank > 0 ? o.rank : 1;
-    size_t wire_bytes = loom_compressor_wire_bytes(c);
-    float *x = loom_alloc_aligned(n * sizeof(float), "input");
-    float *out = loom_alloc_aligned(n * sizeof(float), "output");
-    void *wire = loom_alloc_aligned(wire_bytes, "wire");
-    float *p = loom_alloc_aligned((size_t)sc->rows * (size_t)r * sizeof(float), "P");
-    float *q = loom_alloc_aligned((size_t)sc->cols * (size_t)r * sizeof(float), "Q");
-    double *times = calloc((size_t)reps, sizeof *times);
-    double result = -1;
-    if (x && out && wire && p && q && times) {
-        for (size_t i = 0; i < n; i++) x[i] = (float)loom_rng_normal(3, 0, i) * 1e-3f;
-        for (int k = 0; k <= reps; k++) { /* repetition 0 warms up */
-            double t0 = loom_now();
-            if (mc->method == LOOM_COMPRESS_POWERSGD && loom_compressor_compresses(c)) {
-                memcpy(out, x, n * sizeof(float)); /* the gradient it works in place on */
-                t0 = loom_now();
-                loom_powersgd_p(c, out, p);
-                loom_powersgd_q(c, out, p, q);
-                loom_powersgd_done(c, out, p, q, 1);
-            } else {
-                loom_compressor_encode(c, x, wire);
-                loom_compressor_decode(c, wire, out);
-            }
-            if (k > 0) times[k - 1] = loom_now() - t0;
-            loom_compressor_commit(c, 1);
-        }
-        qsort(times, (size_t)reps, sizeof *times, compare_doubles);
-        result = times[reps / 2];
-        *ratio = (double)(n * sizeof(float)) / (double)wire_bytes;
-    }
-    loom_free_aligned(x), loom_free_aligned(out), loom_free_aligned(wire);
-    loom_free_aligned(p), loom_free_aligned(q);
-    free(times);
-    loom_compressor_free(c);
-    return result;
+    double seconds = 0;
+    if (loom_compress_measure(&o, sc->rows, sc->cols, reps, &seconds, ratio) != LOOM_OK) return -1;
+    return seconds;
 }
 
 int cmd_bench_compressors(int argc, char **argv) {

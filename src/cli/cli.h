@@ -88,6 +88,11 @@ int cmd_bench(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
 int cmd_bench_compressors(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+
+/* An --out file path (`what`, for the message: "a plan file"): not empty, not a folder; its
+ * folder is made when missing. */
+loom_status cli_prepare_out(const char *out, const char *what);
 
 /* Prints the error and returns the exit code for status. */
 int cli_fail(loom_status status);

@@ -1,5 +1,6 @@
 /*
- * main.c — the `loom` command: dispatches to train, prepare, sample, eval and bench.
+ * main.c — the `loom` command: dispatches to train, prepare, sample, eval, bench, plan and
+ * profile.
  * Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input.
  */
 #include "cli/cli.h"
@@ -8,19 +9,21 @@
 #include <string.h>
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: loom <command> [options]\n\n"
-                 "commands:\n"
-                 "  train     train a GPT model (loom train --help)\n"
-                 "  prepare   turn text files into token shards\n"
-                 "  sample    generate text from a checkpoint\n"
-                 "  eval      mean loss of a checkpoint over a token file\n"
-                 "  bench     measure step time, tokens/s and MFU\n"
-                 "  plan      write or check a parallel layout (loom plan --help)\n");
+    fprintf(out,
+            "usage: loom <command> [options]\n\n"
+            "commands:\n"
+            "  train     train a GPT model (loom train --help)\n"
+            "  prepare   turn text files into token shards\n"
+            "  sample    generate text from a checkpoint\n"
+            "  eval      mean loss of a checkpoint over a token file\n"
+            "  bench     measure step time, tokens/s and MFU\n"
+            "  plan      write or check a parallel layout (loom plan --help)\n"
+            "  profile   measure the cluster description under mpirun (loom profile --help)\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        loom_error("expected a command: train, prepare, sample, eval, bench or plan");
+        loom_error("expected a command: train, prepare, sample, eval, bench, plan or profile");
         usage(stderr);
         return 2;
     }
@@ -35,7 +38,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
-    loom_error("unknown command '%s'; expected train, prepare, sample, eval, bench or plan", cmd);
+    if (!strcmp(cmd, "profile")) return cmd_profile(argc, argv);
+    loom_error(
+        "unknown command '%s'; expected train, prepare, sample, eval, bench, plan or profile", cmd);
     usage(stderr);
     return 2;
 }

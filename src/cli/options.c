@@ -3,6 +3,7 @@
  * option is declared once and gets its flag, its JSON key, its help line and its row in the
  * resolved-configuration table from that declaration.
  */
+#define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
 #include "loom/comm.h"
 
@@ -12,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int launched_by_mpi(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"};
@@ -37,6 +39,22 @@ loom_status cli_start_mpi(int *argc, char ***argv, loom_comm **world) {
 int cli_finish(loom_comm *world, int code) {
     if (world) loom_comm_finalize(world);
     return code;
+}
+
+loom_status cli_prepare_out(const char *out, const char *what) {
+    if (!out[0]) return loom_fail(LOOM_ERR_INPUT, "--out: expected %s to write", what);
+    struct stat st_out;
+    if (stat(out, &st_out) == 0 && S_ISDIR(st_out.st_mode)) {
+        return loom_fail(LOOM_ERR_INPUT, "--out: %s is a directory; expected a file path", out);
+    }
+    const char *slash = strrchr(out, '/');
+    if (!slash || slash == out) return LOOM_OK;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - out), out);
+    if (stat(dir, &st_out) == 0 && !S_ISDIR(st_out.st_mode)) {
+        return loom_fail(LOOM_ERR_INPUT, "--out: %s is not a directory", dir);
+    }
+    return loom_mkdir_p(dir);
 }
 
 int cli_fail(loom_status status) {

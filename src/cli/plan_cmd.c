@@ -11,7 +11,6 @@
  * Not here: choosing the layout by cost (that is the planner's job; this writes the layout it
  * is told).
  */
-#define _POSIX_C_SOURCE 200809L /* stat */
 #include "cli/cli.h"
 #include "loom/cluster.h"
 #include "loom/costmodel.h"
@@ -21,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 int cmd_plan(int argc, char **argv);
 
@@ -170,23 +168,6 @@ static int run_check_cluster(const plan_args *args, int argc, char **argv) {
     return 0;
 }
 
-/* The output must be a file path; its folder is made if missing. */
-static loom_status prepare_out(const char *out) {
-    if (!out[0]) return loom_fail(LOOM_ERR_INPUT, "--out: expected a plan file to write");
-    struct stat st_out;
-    if (stat(out, &st_out) == 0 && S_ISDIR(st_out.st_mode)) {
-        return loom_fail(LOOM_ERR_INPUT, "--out: %s is a directory; expected a file path", out);
-    }
-    const char *slash = strrchr(out, '/');
-    if (!slash || slash == out) return LOOM_OK;
-    char dir[PLAN_PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - out), out);
-    if (stat(dir, &st_out) == 0 && !S_ISDIR(st_out.st_mode)) {
-        return loom_fail(LOOM_ERR_INPUT, "--out: %s is not a directory", dir);
-    }
-    return loom_mkdir_p(dir);
-}
-
 /* The prediction as a table: each virtual stage's times per micro-batch, each pipeline rank's
  * memory, the step and its parts, the traffic. */
 static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
@@ -275,7 +256,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
             plan.predicted_peak_bytes[r] = mem[loom_plan_rank_coords(&plan, r).pp_rank].total;
         }
         plan.predicted_step_s = pr->step_s, plan.predicted_tokens_per_s = pr->tokens_per_s;
-        st = plan.predicted_peak_bytes ? prepare_out(args->out) : LOOM_ERR_NOMEM;
+        st = plan.predicted_peak_bytes ? cli_prepare_out(args->out, "a plan file") : LOOM_ERR_NOMEM;
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
         if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
     }
@@ -309,7 +290,7 @@ static int run_build(const plan_args *args) {
     if (st == LOOM_OK) {
         st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
     }
-    if (st == LOOM_OK) st = prepare_out(args->out);
+    if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {
         loom_plan_free(&plan);

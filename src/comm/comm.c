@@ -16,6 +16,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* gethostname */
 
 /* Process-wide, like MPI itself (see wait.c). */
 static int world_rank;
@@ -193,6 +194,21 @@ int loom_comm_world_rank(void) {
 
 int loom_comm_world_rank_of(const loom_comm *comm, int rank) {
     return rank >= 0 && rank < comm->size ? comm->world_ranks[rank] : -1;
+}
+
+loom_status loom_comm_host_name(char *name, size_t cap) {
+    if (!name || cap == 0) return loom_fail(LOOM_ERR_RUNTIME, "host name: no buffer");
+    char host[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int len = 0;
+    int ok = mpi_running() ? MPI_Get_processor_name(host, &len) == MPI_SUCCESS
+                           : gethostname(host, sizeof host - 1) == 0;
+    host[sizeof host - 1] = '\0';
+    if (!ok || !host[0]) {
+        name[0] = '\0';
+        return loom_fail(LOOM_ERR_RUNTIME, "cannot find the name of this host");
+    }
+    snprintf(name, cap, "%s", host);
+    return LOOM_OK;
 }
 
 void comm_format_ranks(const loom_comm *comm, char *buf, size_t size) {

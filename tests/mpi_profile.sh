@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# `loom profile` under mpirun, each check against something independent of the profiler:
+#   - 2 ranks, --quick: the file exists and parses as JSON (python's json, not jansson); one
+#     host, 2 devices; a positive peak; a non-empty GEMM table in ascending FLOPs with
+#     efficiencies in (0, 1.5]; a positive memory size, memory bandwidth and link bandwidth;
+#     fits of allreduce, allgather and reduce-scatter over 2 ranks; every compressor's rate;
+#     the progress lines of every phase;
+#   - both files pass loom/cluster.h's reader (loom plan --check-cluster), and one predicts a plan;
+#   - its sgemm peak is within a factor 3 of `loom bench`'s for the same thread count (one
+#     process alone, measured apart: on a noisy 2-core machine only a loose bound is robust);
+#   - 4 ranks as 2 pretended hosts: 2 nodes of 2, both link classes measured, fits over the
+#     world (inter_node, 4 ranks) and over each host (intra_node, 2 ranks);
+#   - bad input ends with exit 2 and a message: no mpirun, --out a folder, --pretend-hosts
+#     beyond the ranks, a negative --threads.
+# usage: bash tests/mpi_profile.sh LOOM_BINARY TMPDIR
+set -u
+LOOM=$1
+TMP=$2
+. "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+
+# ---- 2 ranks, quick ----
+start=$(date +%s)
+if timeout 120 mpirun -np 2 "$LOOM" profile --quick --threads 1 --out sub/cluster.json \
+    >quick.log 2>&1; then ok; else fail "profile --quick: exit $?: $(tail -5 quick.log)"; fi
+echo "profile --quick, 2 ranks: $(($(date +%s) - start)) s (with MPI start-up)"
+[ -f sub/cluster.json ] && ok || fail "no sub/cluster.json"
+grep -q '^wrote sub/cluster.json$' quick.log && ok || fail "no 'wrote' line"
+for phase in "hosts:" "sgemm peak:" "memory bandwidth:" "GEMM efficiency:" "links: intra_node" \
+    "collectives: allreduce" "compressors:" "done in"; do
+    grep -q "profile \[ *[0-9.]* s\] $phase" quick.log && ok || fail "no progress line '$phase'"
+done
+python3 - sub/cluster.json <<'PY' && ok || fail "sub/cluster.json: contents"
+import json, sys
+c = json.load(open(sys.argv[1]))
+node, dev = c["node"], c["node"]["device"]
+assert c["nodes"] == 1 and c["max_nodes"] == 1, (c["nodes"], c["max_nodes"])
+assert node["devices"] == 2, node["devices"]
+assert dev["peak_flops"]["fp32"] > 0, dev["peak_flops"]
+assert dev["memory_bytes"] > 0 and dev["memory_bandwidth"] > 0
+table = dev["gemm_efficiency"]
+assert len(table) >= 1, table
+flops = [p["flops"] for p in table]
+assert all(a < b for a, b in zip(flops, flops[1:])), flops
+assert all(0 < p["efficiency"] <= 1.5 for p in table), table
+for link in ("intra_node", "inter_node"):
+    assert node["links"][link]["bandwidth"] > 0 and node["links"][link]["latency_s"] >= 0
+fits = {(f["op"], f["link"], f["ranks"]) for f in c["collectives"]}
+for op in ("allreduce", "allgather", "reduce_scatter", "sendrecv"):
+    assert (op, "intra_node", 2) in fits, (op, fits)
+assert all(f["alpha_s"] >= 0 and f["beta_s_per_byte"] > 0 for f in c["collectives"])
+methods = {"powersgd", "lowrank", "topk", "sign", "int8", "bf16"}
+assert set(c["compressors"]) == methods and all(v > 0 for v in c["compressors"].values())
+assert "one host" in c["source"], c["source"]
+print(f"peak {dev['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s, {len(table)} GEMM points, "
+      f"intra_node {node['links']['intra_node']['bandwidth'] / 1e9:.2f} GB/s")
+PY
+
+# ---- the description reads back through loom/cluster.h's reader, and predicts a plan ----
+"$LOOM" plan --check-cluster sub/cluster.json >check.log 2>&1 && ok ||
+    fail "loom plan --check-cluster: $(tail -3 check.log)"
+"$LOOM" plan --model small --pp 2 --out small_pp2.json >/dev/null 2>&1 &&
+    "$LOOM" plan --predict small_pp2.json --cluster sub/cluster.json --seq-len 128 >predict.log 2>&1 &&
+    grep -q "tokens/s" predict.log && ok || fail "loom plan --predict with the profile: $(tail -3 predict.log)"
+
+# ---- the peak against loom bench's (one process, same thread count) ----
+bench=$("$LOOM" bench --threads 1 --cases= 2>&1 | sed -n 's/.*peak \([0-9.]*\) GFLOP\/s.*/\1/p')
+python3 - sub/cluster.json "$bench" <<'PY' && ok || fail "peak against loom bench's ($bench)"
+import json, sys
+peak = json.load(open(sys.argv[1]))["node"]["device"]["peak_flops"]["fp32"] / 1e9
+bench = float(sys.argv[2])
+print(f"sgemm peak: profile {peak:.1f} GFLOP/s per rank (2 at once), bench {bench:.1f} (alone)")
+sys.exit(0 if bench / 3 <= peak <= 3 * bench else 1)
+PY
+
+# ---- 4 ranks as 2 hosts ----
+if timeout 120 mpirun -np 4 "$LOOM" profile --quick --threads 1 --pretend-hosts 2 \
+    --out hosts.json >hosts.log 2>&1; then ok; else fail "--pretend-hosts 2: exit $?: $(tail -5 hosts.log)"; fi
+"$LOOM" plan --check-cluster hosts.json >check.log 2>&1 && ok ||
+    fail "loom plan --check-cluster hosts.json: $(tail -3 check.log)"
+python3 - hosts.json <<'PY' && ok || fail "hosts.json: contents"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["nodes"] == 2 and c["node"]["devices"] == 2, (c["nodes"], c["node"]["devices"])
+assert "copy" not in c["source"], c["source"]
+fits = {(f["op"], f["link"], f["ranks"]) for f in c["collectives"]}
+for op in ("allreduce", "allgather", "reduce_scatter"):
+    assert (op, "inter_node", 4) in fits and (op, "intra_node", 2) in fits, (op, fits)
+assert ("sendrecv", "inter_node", 2) in fits and ("sendrecv", "intra_node", 2) in fits, fits
+PY
+
+# ---- bad input ----
+# name expected-message command...: exit 2 and the message on stderr
+bad() {
+    local name=$1 expect=$2
+    shift 2
+    "$@" >bad.log 2>&1
+    local rc=$?
+    if [ "$rc" -eq 2 ] && grep -q -- "$expect" bad.log; then ok; else
+        fail "$name: exit $rc, expected 2 and '$expect': $(tail -3 bad.log)"
+    fi
+}
+bad "no mpirun" "run it under mpirun" "$LOOM" profile --quick --out x.json
+mkdir -p folder
+bad "--out a folder" "--out: folder is a directory" \
+    timeout 60 mpirun -np 2 "$LOOM" profile --quick --out folder
+bad "--pretend-hosts 3 of 2" "--pretend-hosts: expected 0" \
+    timeout 60 mpirun -np 2 "$LOOM" profile --quick --pretend-hosts 3 --out x.json
+bad "--threads -1" "--threads: expected >= 0" \
+    timeout 60 mpirun -np 2 "$LOOM" profile --quick --threads -1 --out x.json
+[ ! -e x.json ] && ok || fail "a refused profile wrote x.json"
+
+finish
