@@ -336,5 +336,13 @@ bad "plan: --predict bf16 on V100" 'has no bf16 peak' \
 bad "plan: --predict unknown precision" '--precision: expected' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --precision fp8
 
+good "plan: search 16 DGX devices" 'searched [0-9]+ layouts of 16 devices on dgx-a100' '^ +1 +[0-9]+ +[0-9]+ +[0-9]+ ' 'wrote best\.json' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 16 --global-batch-size 64 --seq-len 1024 --precision bf16 --out best.json
+good "plan: the searched plan checks" 'best\.json: ok \(16 ranks\)' -- "$LOOM" plan --check best.json
+bad "plan: search without a global batch" '--global-batch-size: expected the sequences per step' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --out best.json
+bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
+    -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -191,7 +191,52 @@ static void test_refused(void) {
     loom_plan_free(&plan);
 }
 
+/* The search: its best is no slower than any layout predicted by hand, its list is sorted, and a
+ * device too small for every layout is refused with the shortfall. */
+static void test_search(void) {
+    loom_cluster cl = ideal_cluster(4, 1);
+    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e10, 1e-5};
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_search_request req = {4, 16, 64, LOOM_PRECISION_FP32, 5};
+    loom_plan_candidate best[5];
+    int found = 0, tried = 0, fitting = 0;
+    loom_status st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);
+    CHECK(st == LOOM_OK && found == 5 && tried >= fitting && fitting >= 5, "search: %s (%d of %d)",
+          loom_last_error(), found, tried);
+    for (int i = 1; i < found; i++) {
+        CHECK(best[i].prediction.step_s >= best[i - 1].prediction.step_s, "sorted at %d", i);
+    }
+    static const struct {
+        int dp, tp, pp, micro;
+        const char *schedule;
+    } layouts[] = {{4, 1, 1, 1, "1f1b"}, {4, 1, 1, 4, "1f1b"}, {2, 2, 1, 2, "1f1b"},
+                   {1, 1, 4, 1, "1f1b"}, {2, 1, 2, 2, "zb-v"}, {1, 2, 2, 1, "interleaved"}};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] && found > 0; i++) {
+        loom_plan plan;
+        if (loom_plan_uniform(&plan, &model, layouts[i].dp, layouts[i].tp, layouts[i].pp,
+                              layouts[i].micro, 16, layouts[i].schedule, 0, NULL) != LOOM_OK)
+            continue;
+        for (int zero1 = 0; zero1 < 2; zero1++) {
+            loom_prediction pr;
+            if (loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, zero1, &pr) == LOOM_OK) {
+                CHECK(best[0].prediction.step_s <= pr.step_s,
+                      "search's best %g s slower than dp %d tp %d pp %d %s: %g s",
+                      best[0].prediction.step_s, layouts[i].dp, layouts[i].tp, layouts[i].pp,
+                      layouts[i].schedule, pr.step_s);
+            }
+        }
+        loom_plan_free(&plan);
+    }
+    for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
+    cl.memory_bytes = (int64_t)1 << 20;
+    st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);
+    CHECK(st == LOOM_ERR_INPUT && found == 0 && strstr(loom_last_error(), "GiB short per rank"),
+          "nothing fits: %s", loom_last_error());
+}
+
 int main(void) {
+    test_search();
     test_memory();
     test_single_process();
     test_dp_sync();

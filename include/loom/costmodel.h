@@ -17,7 +17,7 @@
  *              more, at the memory bandwidth);
  *   TP         the stage's allreduces (count and payload) on the TP group's link class.
  * B (input gradient) and W (weight gradient) are costed apart, for the zero-bubble schedules;
- * a whole backward is their sum (with recomputation, plus a forward).
+ * a whole backward is their sum (with recomputation, plus a forward; B and W each one more).
  * Step = the simulated pipeline step (links: one activation of B x T x C per message on the
  * link class of the two ranks) + the data-parallel sync not hidden behind the last backward
  * (an allreduce of the rank's gradients, or ZeRO-1's reduce-scatter + all-gather, on the DP
@@ -79,6 +79,35 @@ typedef struct {
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
                               loom_precision precision, int seq_len, int zero1,
                               loom_prediction *out);
+
+/* ---- the search ------------------------------------------------------------------------------
+ * The planner's first search: every layout of `devices` devices for the model and global batch —
+ * tp dividing the heads and the padded vocabulary, pp up to the layers, dp the rest; every micro
+ * batch that divides the replica's share; the schedules 1f1b, interleaved (v 2, when the
+ * micro-batches are a multiple of pp), zb-h1 and zb-v (pp > 1); with and without recomputation
+ * and (dp > 1) ZeRO-1; stages as even as possible — each predicted by loom_plan_predict, those
+ * that do not fit the device's memory left out, ranked by predicted step time. Exhaustive: it is
+ * also the reference a faster search (Alpa's stage DP) is tested against. */
+typedef struct {
+    loom_plan plan; /* owned: free with loom_plan_free */
+    int zero1;
+    loom_prediction prediction;
+} loom_plan_candidate;
+
+typedef struct {
+    int devices;      /* how many to use, at most the cluster's */
+    int global_batch; /* sequences per step */
+    int seq_len;
+    loom_precision precision;
+    int keep; /* how many of the best to return (>= 1) */
+} loom_search_request;
+
+/* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
+ * layouts predicted and those that fit. No layout that fits is LOOM_ERR_INPUT naming the
+ * smallest memory shortfall per rank. */
+loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
+                             const loom_search_request *request, loom_plan_candidate *best,
+                             int *found, int *tried, int *fitting);
 
 #ifdef __cplusplus
 }

@@ -41,7 +41,7 @@ typedef struct {
     char predict[PLAN_PATH_MAX];
     char cluster[PLAN_PATH_MAX];
     char precision[16];
-    int seq_len, zero1;
+    int seq_len, zero1, devices;
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
@@ -82,7 +82,9 @@ static const cli_opt plan_opts[] = {
          "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
          "back with \"predicted\" filled in)"),
     POPT("--cluster", OPT_STRING, cluster,
-         "cluster description for --predict (clusters/*.json, or loom profile's)"),
+         "cluster description (clusters/*.json, or loom profile's): without --predict, search "
+         "every layout of --devices for the fastest that fits"),
+    POPT("--devices", OPT_INT, devices, "search: devices to use (0 = all of the cluster's)"),
     POPT("--precision", OPT_STRING, precision, "--predict: fp32 (default), bf16 or fp16"),
     POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
     POPT("--zero1", OPT_FLAG, zero1,
@@ -98,7 +100,9 @@ static const char *plan_usage =
     "       loom plan --check plan.json [--ranks N]\n"
     "       loom plan --check-cluster cluster.json\n"
     "       loom plan --predict plan.json --cluster cluster.json [--precision P] [--seq-len T] "
-    "[--zero1] [--out predicted.json]";
+    "[--zero1] [--out predicted.json]\n"
+    "       loom plan --model M --cluster cluster.json [--devices N] --global-batch-size G "
+    "[--seq-len T] [--precision P] --out plan.json";
 
 /* Whether `arg` is `flag`, alone or as "flag=value". */
 static int is_flag(const char *arg, const char *flag) {
@@ -166,6 +170,89 @@ static int run_check_cluster(const plan_args *args, int argc, char **argv) {
     printf("%s: ok (%s, %d devices per node, max %d nodes)\n", args->check_cluster, cluster.name,
            cluster.devices_per_node, cluster.max_nodes);
     return 0;
+}
+
+/* Fills a plan's predicted keys from a prediction and each rank's memory. */
+static loom_status fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
+                                  int zero1) {
+    int ranks = plan->dp * plan->tp * plan->pp;
+    free(plan->predicted_peak_bytes);
+    plan->predicted_peak_bytes = loom_calloc((size_t)ranks, sizeof(int64_t), "predictions");
+    plan->num_predicted_peak = plan->predicted_peak_bytes ? ranks : 0;
+    if (!plan->predicted_peak_bytes) return LOOM_ERR_NOMEM;
+    loom_status st = LOOM_OK;
+    for (int r = 0; r < ranks && st == LOOM_OK; r++) {
+        loom_rank_memory mem;
+        st = loom_plan_rank_memory(plan, loom_plan_rank_coords(plan, r).pp_rank, seq_len, zero1,
+                                   &mem);
+        plan->predicted_peak_bytes[r] = mem.total;
+    }
+    plan->predicted_step_s = pr->step_s, plan->predicted_tokens_per_s = pr->tokens_per_s;
+    return st;
+}
+
+/* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
+ * written with its prediction. */
+static int run_search(const plan_args *args) {
+    loom_gpt_config model;
+    loom_status st =
+        loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
+                                args->context, args->vocab, "model configuration", &model);
+    loom_cluster cluster;
+    memset(&cluster, 0, sizeof cluster);
+    if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
+    loom_search_request req = {.devices = args->devices,
+                               .global_batch = args->global_batch_size,
+                               .seq_len = args->seq_len ? args->seq_len : model.max_seq_len,
+                               .precision = LOOM_PRECISION_FP32,
+                               .keep = 8};
+    if (st == LOOM_OK && args->precision[0]) {
+        st = loom_precision_parse(args->precision, "loom plan", "--precision", &req.precision);
+    }
+    if (st == LOOM_OK && req.devices == 0)
+        req.devices = cluster.max_nodes * cluster.devices_per_node;
+    if (st == LOOM_OK && req.global_batch < 1) {
+        st = loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected the sequences per step to "
+                                       "plan for (the search needs it)");
+    }
+    if (st == LOOM_OK && !args->out[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--out: expected a plan file to write the best layout to");
+    }
+    if (st != LOOM_OK) return cli_fail(st);
+    loom_plan_candidate *best = loom_calloc((size_t)req.keep, sizeof *best, "plan search");
+    if (!best) return cli_fail(LOOM_ERR_NOMEM);
+    int found = 0, tried = 0, fitting = 0;
+    double t0 = loom_now();
+    st = loom_plan_search(&model, &cluster, &req, best, &found, &tried, &fitting);
+    double took = loom_now() - t0;
+    if (st == LOOM_OK) {
+        printf("searched %d layouts of %d devices on %s (%s, sequence %d, global batch %d) in "
+               "%.2f s; %d fit the device's %.1f GiB\n",
+               tried, req.devices, cluster.name, loom_precision_name(req.precision), req.seq_len,
+               req.global_batch, took, fitting, (double)cluster.memory_bytes / 1073741824.0);
+        printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
+               "bubble  peak GiB\n");
+        for (int i = 0; i < found; i++) {
+            const loom_plan *p = &best[i].plan;
+            const loom_prediction *pr = &best[i].prediction;
+            printf(
+                "  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f\n",
+                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
+                p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
+                pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
+                (double)pr->peak_bytes / 1073741824.0);
+        }
+        st = fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
+        if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
+        if (st == LOOM_OK) st = loom_plan_write(args->out, &best[0].plan);
+        if (st == LOOM_OK) {
+            printf("\nwrote %s (the fastest%s)\n", args->out,
+                   best[0].zero1 ? "; train it with --zero1" : "");
+        }
+    }
+    for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
+    free(best);
+    return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
 /* The prediction as a table: each virtual stage's times per micro-batch, each pipeline rank's
@@ -248,15 +335,8 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     }
     if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len);
     if (st == LOOM_OK && args->out[0]) {
-        int ranks = plan.dp * plan.tp * plan.pp;
-        free(plan.predicted_peak_bytes);
-        plan.predicted_peak_bytes = loom_calloc((size_t)ranks, sizeof(int64_t), "predictions");
-        plan.num_predicted_peak = plan.predicted_peak_bytes ? ranks : 0;
-        for (int r = 0; r < plan.num_predicted_peak; r++) {
-            plan.predicted_peak_bytes[r] = mem[loom_plan_rank_coords(&plan, r).pp_rank].total;
-        }
-        plan.predicted_step_s = pr->step_s, plan.predicted_tokens_per_s = pr->tokens_per_s;
-        st = plan.predicted_peak_bytes ? cli_prepare_out(args->out, "a plan file") : LOOM_ERR_NOMEM;
+        st = fill_predicted(&plan, pr, seq_len, args->zero1);
+        if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
         if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
     }
@@ -327,5 +407,6 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (is_flag(argv[i], "--predict")) return run_predict(&args, argc, argv);
     }
+    if (args.cluster[0]) return run_search(&args);
     return check_given ? run_check(&args, argc, argv) : run_build(&args);
 }

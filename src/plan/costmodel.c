@@ -160,7 +160,12 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
     t->backward_input_s = gemm_s(k, (double)c.flops_bwd_input, typical) + memory + t->tp_backward_s;
     t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2;
     t->backward_s = t->backward_input_s + t->backward_weight_s;
-    if (c.flops_recompute > 0) t->backward_s += t->forward_s; /* the rerun forward */
+    if (c.flops_recompute > 0) { /* the rerun forward: before a whole backward, or before B and
+                                  * again before W (the executor reruns it when another micro-
+                                  * batch used the one activation set in between) */
+        t->backward_s += t->forward_s;
+        t->backward_input_s += t->forward_s, t->backward_weight_s += t->forward_s;
+    }
     return LOOM_OK;
 }
 

@@ -1,0 +1,117 @@
+/*
+ * search.c — the planner's exhaustive search over layouts (loom/costmodel.h): every (dp, tp, pp),
+ * micro batch, schedule, recomputation and ZeRO-1 choice for a device count, predicted by the cost
+ * model, ranked by step time among those that fit.
+ *
+ * Not here: the cost model (costmodel.c), Alpa's stage DP and intra-op ILP (to come; this search
+ * is the reference they are tested against).
+ */
+#include "loom/costmodel.h"
+#include "loom/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const loom_cluster *cluster;
+    const loom_search_request *request;
+    loom_plan_candidate *best;
+    int found, tried, fitting;
+    int64_t least_short; /* the smallest shortfall of a layout that does not fit (bytes) */
+    loom_prediction scratch;
+} search;
+
+/* Keeps the candidate if it is among the best `keep` so far (the list stays sorted). */
+static void consider(search *s, loom_plan *plan, int zero1) {
+    const loom_prediction *pr = &s->scratch;
+    int keep = s->request->keep, at = s->found;
+    while (at > 0 && s->best[at - 1].prediction.step_s > pr->step_s) at--;
+    if (at >= keep) {
+        loom_plan_free(plan);
+        return;
+    }
+    if (s->found == keep) {
+        loom_plan_free(&s->best[keep - 1].plan);
+        s->found--;
+    }
+    memmove(&s->best[at + 1], &s->best[at], (size_t)(s->found - at) * sizeof *s->best);
+    s->best[at].plan = *plan;
+    s->best[at].zero1 = zero1;
+    s->best[at].prediction = *pr;
+    s->found++;
+}
+
+static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
+                       const char *schedule, int recompute, int zero1) {
+    loom_plan plan;
+    loom_plan_request r = {.dp = dp,
+                           .tp = tp,
+                           .pp = pp,
+                           .micro_batch = micro,
+                           .global_batch = s->request->global_batch,
+                           .schedule = schedule,
+                           .recompute = recompute};
+    if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
+    s->tried++;
+    if (loom_plan_predict(&plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
+                          &s->scratch) != LOOM_OK) {
+        loom_plan_free(&plan);
+        return;
+    }
+    int64_t shortfall = s->scratch.peak_bytes - s->cluster->memory_bytes;
+    if (shortfall > 0) {
+        if (s->least_short < 0 || shortfall < s->least_short) s->least_short = shortfall;
+        loom_plan_free(&plan);
+        return;
+    }
+    s->fitting++;
+    consider(s, &plan, zero1);
+}
+
+loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
+                             const loom_search_request *request, loom_plan_candidate *best,
+                             int *found, int *tried, int *fitting) {
+    *found = *tried = *fitting = 0;
+    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
+    if (request->devices < 1 || request->devices > devices || request->keep < 1 ||
+        request->global_batch < 1 || request->seq_len < 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: expected 1..%lld devices (got %d), a global batch >= 1 (got "
+                         "%d), a sequence length >= 1 (got %d)",
+                         (long long)devices, request->devices, request->global_batch,
+                         request->seq_len);
+    }
+    search s = {.cluster = cluster, .request = request, .best = best, .least_short = -1};
+    static const char *const schedules[] = {"1f1b", "interleaved", "zb-h1", "zb-v"};
+    int n = request->devices;
+    for (int tp = 1; tp <= n; tp++) {
+        if (n % tp || loom_gpt_check_tp(model, tp, "search", "tp", "") != LOOM_OK) continue;
+        for (int pp = 1; pp <= n / tp && pp <= model->num_layers; pp++) {
+            if ((n / tp) % pp) continue;
+            int dp = n / (tp * pp);
+            if (request->global_batch % dp) continue;
+            for (int micro = 1; micro <= request->global_batch / dp; micro *= 2) {
+                if ((request->global_batch / dp) % micro) continue;
+                for (int k = 0; k < (pp > 1 ? 4 : 1); k++) {
+                    /* recomputation only matters with more than one stage */
+                    for (int recompute = 0; recompute < (pp > 1 ? 2 : 1); recompute++) {
+                        for (int zero1 = 0; zero1 < (dp > 1 ? 2 : 1); zero1++) {
+                            try_layout(&s, model, dp, tp, pp, micro, schedules[k], recompute,
+                                       zero1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    loom_clear_error();
+    *found = s.found, *tried = s.tried, *fitting = s.fitting;
+    if (s.found == 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: none of the %d layouts of %d devices fits the device's "
+                         "%.2f GiB; the closest is %.2f GiB short per rank",
+                         s.tried, n, (double)cluster->memory_bytes / 1073741824.0,
+                         s.least_short > 0 ? (double)s.least_short / 1073741824.0 : 0.0);
+    }
+    return LOOM_OK;
+}
