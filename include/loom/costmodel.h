@@ -21,8 +21,9 @@
  * Step = the simulated pipeline step (links: one activation of B x T x C per message on the
  * link class of the two ranks) + the data-parallel sync not hidden behind the last backward
  * (an allreduce of the rank's gradients, or ZeRO-1's reduce-scatter + all-gather, on the DP
- * group's link class) + the AdamW update (16 bytes of traffic per parameter at the memory
- * bandwidth).
+ * group's link class) + the tied embedding's sum between the ranks of the first and the last
+ * virtual stage (on the pipeline's link class; none when one rank holds both) + the AdamW update
+ * (28 bytes of traffic per parameter at the memory bandwidth).
  *
  * Not modelled (yet): compression's effect on traffic and time, overlap of TP collectives with
  * compute, contention between groups on one link.

@@ -260,8 +260,19 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                                                     kind_link(plan, cluster, 2), 2, message)
                         : 0.0;
     if (st == LOOM_OK) st = simulate_pipeline(&k, link_s, out);
-    /* after the pipeline: each rank's DP sync (what its last backward did not hide) and AdamW */
-    int dp_link = kind_link(plan, cluster, 1);
+    /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
+     * embedding's sum between the ranks of the first and the last virtual stage (none when one
+     * rank holds both), and AdamW */
+    int dp_link = kind_link(plan, cluster, 1), v = virtual_stages(plan);
+    int first_rank, last_rank, chunk;
+    loom_plan_place(plan->schedule, plan->pp, v, 0, &first_rank, &chunk);
+    loom_plan_place(plan->schedule, plan->pp, v, plan->num_stages - 1, &last_rank, &chunk);
+    double wte = (double)(plan->model.padded_vocab_size / plan->tp) * plan->model.channels * 4;
+    double tied = first_rank != last_rank
+                      ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE,
+                                                  kind_link(plan, cluster, 2), 2, wte)
+                      : 0.0;
+    if (tied > 0) out->pp_bytes += (int64_t)wte * 2 * plan->dp * plan->tp;
     double after = 0;
     for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
         loom_rank_memory mem;
@@ -288,8 +299,11 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync */
         double hidden = out->stage[r].backward_s;
         double exposed = sync > hidden ? sync - hidden : 0;
+        if (r == first_rank || r == last_rank) exposed += tied;
+        /* AdamW reads parameter, gradient and both moments and writes three of them back: 28
+         * bytes per parameter it updates */
         double params = (double)mem.weights / 4.0 / (zero1 && plan->dp > 1 ? plan->dp : 1);
-        double optimizer = params * 16.0 / cluster->memory_bandwidth;
+        double optimizer = params * 28.0 / cluster->memory_bandwidth;
         if (exposed + optimizer > after) {
             after = exposed + optimizer;
             out->dp_exposed_s = exposed, out->optimizer_s = optimizer;
