@@ -29,7 +29,8 @@ ranks). --limit FORMAT=N skips a format's turns after its first N mutants.
 
 Each mutant run ends in one class: refused (exit 2), accepted (exit 0), failed (exit 1), crash
 (a signal, exit >= 128 or an unexpected status, or a sanitizer report), hang (no progress before
-the timeout), or slow (a training run the mutant made long, killed once it had done 20 steps).
+the timeout), or slow (a training run the mutant made long, killed once it had done 20 steps, or
+at the timeout while it still kept a core busy).
 An accepted mutant is compared with its unmutated seed run through the same command (training
 losses, learning rates, gradient norms and the saved weights; or stdout): every operator also
 says what it expects: "refuse" (the file is broken), "same" (the edit is irrelevant to what is
@@ -1019,8 +1020,12 @@ class Harness:
                 if train and count_lines(metrics) > SLOW_STEPS:
                     status = "slow"
                 elif time.time() - start > self.timeout:
-                    status = "hang"
-                    self.stack_of_hang(proc.pid, cwd)
+                    # a training mutant still computing its first step (a huge batch, under the
+                    # sanitizers ten times slower) is slow, not hung: it keeps a core busy
+                    busy = session_cpu_s(proc.pid) > 0.5 * (time.time() - start)
+                    status = "slow" if train and busy else "hang"
+                    if status == "hang":
+                        self.stack_of_hang(proc.pid, cwd)
                 if status:
                     kill_session(proc.pid)
                     rc = proc.wait()
@@ -1397,6 +1402,21 @@ def session_pids(sid):
         if len(fields) > 3 and fields[3] == str(sid):
             pids.append(int(entry))
     return pids
+
+
+def session_cpu_s(sid):
+    """CPU seconds (user + system) the processes of a session have used so far (Linux)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in session_pids(sid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state is field 3; utime, stime 14, 15
+        if len(fields) > 12:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def kill_session(sid):
