@@ -50,4 +50,15 @@ static inline const char *check_tmpdir(void) {
     return dir;
 }
 
+/* Writes text to path; a test that cannot write its scratch files stops. */
+static inline void check_write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    fprintf(f, "%s", text);
+    fclose(f);
+}
+
 #endif

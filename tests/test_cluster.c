@@ -20,16 +20,6 @@
 
 static const char *tmpdir;
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(1);
-    }
-    fprintf(f, "%s", text);
-    fclose(f);
-}
-
 static int is_zeroed(const loom_cluster *c) {
     static const loom_cluster zero;
     return memcmp(c, &zero, sizeof zero) == 0;
@@ -55,7 +45,7 @@ static const char *valid_text =
 static void read_valid(loom_cluster *c) {
     char path[1100];
     snprintf(path, sizeof path, "%s/valid.json", tmpdir);
-    write_text(path, valid_text);
+    check_write_text(path, valid_text);
     loom_status st = loom_cluster_read(path, c);
     if (st != LOOM_OK) {
         fprintf(stderr, "the valid description does not read: %s\n", loom_last_error());
@@ -335,7 +325,7 @@ static void test_rules(void) {
             CHECK(0, "case %zu (%s): the edit does not apply", i, b->path);
             continue;
         }
-        write_text(path, text);
+        check_write_text(path, text);
         loom_cluster c;
         memset(&c, 0x5a, sizeof c);
         loom_status st = loom_cluster_read(path, &c);
@@ -362,7 +352,7 @@ static void test_rules(void) {
         }
         snprintf(points + used, sizeof points - used, "]");
         CHECK(edit(valid_text, GEMM_LIST, points, text, sizeof text), "%d points: the edit", count);
-        write_text(path, text);
+        check_write_text(path, text);
         st = loom_cluster_read(path, &c);
         if (count > LOOM_CLUSTER_MAX_GEMM_POINTS) {
             CHECK(st == LOOM_ERR_INPUT &&
@@ -394,7 +384,7 @@ static void test_rules(void) {
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
         CHECK(edit(valid_text, fine[i].find, fine[i].replace, text, sizeof text),
               "fine case %zu: the edit does not apply", i);
-        write_text(path, text);
+        check_write_text(path, text);
         st = loom_cluster_read(path, &c);
         CHECK(st == LOOM_OK, "fine case %zu: %s", i, loom_last_error());
     }
@@ -414,7 +404,7 @@ static void test_malformed(void) {
         {"{\"name\": \"a\\u0000b\"}", "invalid JSON"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_text(path, cases[i].text);
+        check_write_text(path, cases[i].text);
         loom_cluster c;
         loom_status st = loom_cluster_read(path, &c);
         CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), path) &&

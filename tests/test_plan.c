@@ -18,16 +18,6 @@ static const char *tmpdir;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(1);
-    }
-    fprintf(f, "%s", text);
-    fclose(f);
-}
-
 static int compressors_equal(const loom_plan_compressor *a, const loom_plan_compressor *b) {
     if (strcmp(a->method, b->method) || a->rank != b->rank || a->fraction != b->fraction ||
         !a->error_feedback != !b->error_feedback || a->warmup_steps != b->warmup_steps ||
@@ -613,7 +603,7 @@ static void check_broken_cases(const char *valid, const broken_case *cases, size
 static void test_rules(void) {
     char path[1200];
     snprintf(path, sizeof path, "%s/valid.json", tmpdir);
-    write_text(path, valid_plan);
+    check_write_text(path, valid_plan);
     loom_plan plan;
     loom_status st = loom_plan_read(path, &plan);
     CHECK(st == LOOM_OK, "the valid plan reads: %s", loom_last_error());
@@ -656,7 +646,7 @@ static void check_broken_cases(const char *valid, const broken_case *cases, size
         CHECK(ok, "%s case %zu: the edit applies (%s)", name, i, c->find);
         if (!ok) continue;
         snprintf(path, sizeof path, "%s/%s_%02zu.json", tmpdir, name, i);
-        write_text(path, text);
+        check_write_text(path, text);
         loom_status st = loom_plan_read(path, &plan);
         const char *msg = loom_last_error();
         char field[256];
@@ -751,7 +741,7 @@ static void test_compression_defaults(void) {
                  "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}], "
                  "\"compression\": {\"dp\": {\"method\": \"%s\"}, \"pp\": {\"method\": \"%s\"}}}",
                  cases[i].dp, cases[i].pp);
-        write_text(path, text);
+        check_write_text(path, text);
         loom_plan plan;
         loom_status st = loom_plan_read(path, &plan);
         CHECK(st == LOOM_OK, "dp %s, pp %s: %s", cases[i].dp, cases[i].pp, loom_last_error());
@@ -1116,19 +1106,19 @@ static void test_malformed(void) {
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         if (!edit(valid_plan, edits[i].find, edits[i].replace, text, sizeof text)) continue;
         snprintf(path, sizeof path, "%s/malformed_%zu.json", tmpdir, i);
-        write_text(path, text);
+        check_write_text(path, text);
         loom_status st = loom_plan_read(path, &plan);
         CHECK(st == LOOM_ERR_INPUT && names_position(loom_last_error(), path), "malformed %zu: %s",
               i, loom_last_error());
         CHECK(is_empty_plan(&plan), "malformed %zu leaves an empty plan", i);
     }
     snprintf(path, sizeof path, "%s/empty.json", tmpdir);
-    write_text(path, "");
+    check_write_text(path, "");
     loom_status st = loom_plan_read(path, &plan);
     CHECK(st == LOOM_ERR_INPUT && names_position(loom_last_error(), path), "empty file: %s",
           loom_last_error());
     snprintf(path, sizeof path, "%s/array.json", tmpdir);
-    write_text(path, "[1, 2]\n");
+    check_write_text(path, "[1, 2]\n");
     st = loom_plan_read(path, &plan);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), path) &&
               strstr(loom_last_error(), "expected a JSON object"),
@@ -1143,7 +1133,8 @@ static void test_malformed(void) {
 
     /* the minimal plan: only the required keys */
     snprintf(path, sizeof path, "%s/minimal.json", tmpdir);
-    write_text(path, "{\"model\": {\"layers\": 2, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
+    check_write_text(path,
+                     "{\"model\": {\"layers\": 2, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
                      "\"vocab\": 257}, \"batch\": {\"global\": 4, \"micro\": 2}, "
                      "\"mesh\": {\"dp\": 1, \"tp\": 2, \"pp\": 2}, "
                      "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}]}");
@@ -1269,7 +1260,8 @@ static void test_virtual_round_trip(void) {
     loom_plan_free(&plan);
 
     /* a zb-v file may leave out both keys: v = 2 and the V's ranks */
-    write_text(path, "{\"model\": {\"layers\": 4, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
+    check_write_text(path,
+                     "{\"model\": {\"layers\": 4, \"heads\": 2, \"d_model\": 16, \"context\": 16, "
                      "\"vocab\": 257}, \"batch\": {\"global\": 4, \"micro\": 2, \"schedule\": "
                      "\"zb-v\"}, \"mesh\": {\"dp\": 1, \"tp\": 1, \"pp\": 2}, "
                      "\"stages\": [{\"layers\": [0, 1]}, {\"layers\": [1, 2]}, "
@@ -1469,7 +1461,7 @@ static const broken_case broken_interleaved[] = {
 static void test_virtual_rules(void) {
     char path[1200];
     snprintf(path, sizeof path, "%s/valid_interleaved.json", tmpdir);
-    write_text(path, valid_interleaved);
+    check_write_text(path, valid_interleaved);
     loom_plan plan;
     loom_status st = loom_plan_read(path, &plan);
     CHECK(st == LOOM_OK, "the valid interleaved plan reads: %s", loom_last_error());
