@@ -338,6 +338,10 @@ int loom_pipe_peer(const loom_pipe_shape *shape, int rank, loom_pipe_action acti
  * BACKWARD_WEIGHT. Bad arguments give LOOM_ERR_INPUT naming the value; *out is then empty. */
 loom_status loom_pipe_schedule_build(const loom_pipe_shape *shape, int rank,
                                      loom_pipe_stage_schedule *out);
+/* Every rank's list at once (out: shape->ranks lists), from one reference run: what a caller that
+ * needs them all (the simulator's users) should call. On failure every list is empty. */
+loom_status loom_pipe_schedule_build_all(const loom_pipe_shape *shape,
+                                         loom_pipe_stage_schedule *out);
 /* The same for v = 1 kinds (gpipe, 1f1b, zb-h1) and zb-v (v = 2), with stage = rank. */
 loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,
                                loom_pipe_stage_schedule *out);

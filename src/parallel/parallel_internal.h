@@ -47,9 +47,10 @@ int loom_dp_compress_count(const loom_dp_compress *dc);
 loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
 size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
 
-/* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): rank
- * `rank`'s list for a checked shape. */
-loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
+/* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): the
+ * lists of ranks first .. first + count - 1 (out[0 .. count)) for a checked shape, from one
+ * run. */
+loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int first, int count,
                                        loom_pipe_stage_schedule *out);
 
 #endif /* LOOM_PARALLEL_INTERNAL_H */

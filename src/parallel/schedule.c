@@ -202,7 +202,25 @@ loom_status loom_pipe_schedule_build(const loom_pipe_shape *shape, int rank,
     if (shape->kind == LOOM_SCHEDULE_GPIPE || shape->kind == LOOM_SCHEDULE_1F1B) {
         return build_direct(shape, rank, out);
     }
-    return loom_pipe_schedule_ordered(shape, rank, out);
+    return loom_pipe_schedule_ordered(shape, rank, 1, out);
+}
+
+loom_status loom_pipe_schedule_build_all(const loom_pipe_shape *shape,
+                                         loom_pipe_stage_schedule *out) {
+    if (!out) return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: no output given");
+    loom_status st = loom_pipe_shape_check(shape);
+    if (st != LOOM_OK) return st;
+    memset(out, 0, (size_t)shape->ranks * sizeof *out);
+    if (shape->kind == LOOM_SCHEDULE_GPIPE || shape->kind == LOOM_SCHEDULE_1F1B) {
+        for (int r = 0; r < shape->ranks && st == LOOM_OK; r++)
+            st = build_direct(shape, r, &out[r]);
+    } else {
+        st = loom_pipe_schedule_ordered(shape, 0, shape->ranks, out);
+    }
+    if (st != LOOM_OK) {
+        for (int r = 0; r < shape->ranks; r++) loom_pipe_schedule_free(&out[r]);
+    }
+    return st;
 }
 
 loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,

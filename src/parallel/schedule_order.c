@@ -39,6 +39,7 @@ typedef struct {
     run_action **done; /* (p,) compute actions each rank ran, in order */
     int *done_count;   /* (p,) */
     int *in_flight;    /* (p,) chunk activations held: F done, W (or backward) not yet */
+    int *cursor;       /* (3, V) the lowest micro-batch whose F, B, W is not started yet */
     /* fixed orders (interleaved, zb-h1): order[r][i], next[r] */
     run_action **order;
     int *order_count, *next;
@@ -126,35 +127,41 @@ static void order_zb_h1(reference_run *run, int i) {
 
 /* ---- zb-v's greedy choice ------------------------------------------------------------------- */
 
+/* The lowest micro-batch of (kind: 0 F, 1 B, 2 W; stage) not started yet, advanced past the
+ * started ones. Each kind runs its micro-batches in order on a stage and becomes ready in that
+ * order too (F after the stage below's F, B after the stage above's B, W after its own B, each in
+ * micro-batch order), so the lowest one not started is the only candidate to look at. */
+static int next_mb(reference_run *run, int kind, int stage) {
+    int *c = &run->cursor[(size_t)kind * (size_t)run->V + (size_t)stage];
+    int64_t *table = kind == 0 ? run->f_end : kind == 1 ? run->b_end : run->w_end;
+    while (*c < run->m && *cell(table, run, stage, *c) >= 0) (*c)++;
+    return *c;
+}
+
 /* The rank's next action at time t, or 0 when nothing may start: a ready B (the lowest
  * micro-batch, the later stage on a tie), else a ready F while the rank holds fewer than 1F1B's
- * peak of chunk activations (the later stage first, then the lowest micro-batch), else a W
- * (the lowest micro-batch, the later stage on a tie). */
+ * peak of chunk activations (the later stage first), else a W (the lowest micro-batch, the later
+ * stage on a tie). */
 static int choose_greedy(reference_run *run, int rank, int64_t t, run_action *out) {
     int stages[2] = {loom_pipe_stage(run->shape, rank, 1), loom_pipe_stage(run->shape, rank, 0)};
     int cap = 2 * run->p; /* p micro-batches of a whole stage = 2p chunks */
-    for (int mb = 0; mb < run->m; mb++) {
+    static const loom_pipe_op ops[3] = {LOOM_PIPE_FORWARD, LOOM_PIPE_BACKWARD_INPUT,
+                                        LOOM_PIPE_BACKWARD_WEIGHT};
+    static const int order[3] = {1, 0, 2}; /* B, then F, then W */
+    for (int o = 0; o < 3; o++) {
+        int kind = order[o];
+        if (kind == 0 && run->in_flight[rank] >= cap) continue;
+        int best_stage = -1, best_mb = run->m;
         for (int c = 0; c < 2; c++) {
-            if (ready(run, LOOM_PIPE_BACKWARD_INPUT, stages[c], mb, t)) {
-                *out = (run_action){LOOM_PIPE_BACKWARD_INPUT, stages[c], mb, t, 0};
-                return 1;
+            int mb = next_mb(run, kind, stages[c]);
+            if (mb < run->m && ready(run, ops[kind], stages[c], mb, t)) {
+                /* F: the later stage first; B and W: the lowest micro-batch, then the later */
+                if (kind == 0 ? best_stage < 0 : mb < best_mb) best_stage = stages[c], best_mb = mb;
             }
         }
-    }
-    for (int c = 0; c < 2 && run->in_flight[rank] < cap; c++) {
-        for (int mb = 0; mb < run->m; mb++) {
-            if (ready(run, LOOM_PIPE_FORWARD, stages[c], mb, t)) {
-                *out = (run_action){LOOM_PIPE_FORWARD, stages[c], mb, t, 0};
-                return 1;
-            }
-        }
-    }
-    for (int mb = 0; mb < run->m; mb++) {
-        for (int c = 0; c < 2; c++) {
-            if (ready(run, LOOM_PIPE_BACKWARD_WEIGHT, stages[c], mb, t)) {
-                *out = (run_action){LOOM_PIPE_BACKWARD_WEIGHT, stages[c], mb, t, 0};
-                return 1;
-            }
+        if (best_stage >= 0) {
+            *out = (run_action){ops[kind], best_stage, best_mb, t, 0};
+            return 1;
         }
     }
     return 0;
@@ -275,9 +282,10 @@ static void free_run(reference_run *run) {
     }
     free(run->f_end), free(run->b_end), free(run->w_end), free(run->done), free(run->done_count);
     free(run->in_flight), free(run->order), free(run->order_count), free(run->next);
+    free(run->cursor);
 }
 
-loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
+loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int first, int count,
                                        loom_pipe_stage_schedule *out) {
     reference_run run = {
         .shape = shape, .p = shape->ranks, .v = shape->chunks, .m = shape->micro_batches};
@@ -291,6 +299,7 @@ loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
     run.done = loom_calloc(p, sizeof(run_action *), "schedule reference run");
     run.done_count = loom_calloc(p, sizeof(int), "schedule reference run");
     run.in_flight = loom_calloc(p, sizeof(int), "schedule reference run");
+    run.cursor = loom_calloc((size_t)run.V * 3, sizeof(int), "schedule reference run");
     int fixed = shape->kind != LOOM_SCHEDULE_ZB_V;
     if (fixed) {
         run.order = loom_calloc(p, sizeof(run_action *), "schedule reference run");
@@ -299,7 +308,7 @@ loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
     }
     loom_status st = LOOM_OK;
     if (!run.f_end || !run.b_end || !run.w_end || !run.done || !run.done_count || !run.in_flight ||
-        (fixed && (!run.order || !run.order_count || !run.next))) {
+        !run.cursor || (fixed && (!run.order || !run.order_count || !run.next))) {
         st = LOOM_ERR_NOMEM;
     }
     for (size_t r = 0; r < p && st == LOOM_OK; r++) {
@@ -317,7 +326,7 @@ loom_status loom_pipe_schedule_ordered(const loom_pipe_shape *shape, int rank,
         }
         st = run_reference(&run);
     }
-    if (st == LOOM_OK) st = place(&run, rank, out);
+    for (int i = 0; i < count && st == LOOM_OK; i++) st = place(&run, first + i, &out[i]);
     free_run(&run);
     return st;
 }

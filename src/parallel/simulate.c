@@ -378,12 +378,24 @@ loom_status loom_pipe_simulate(const loom_pipe_shape *shape,
     if (st == LOOM_OK) st = allocate(&sim, out);
     if (st == LOOM_OK) st = check_actions(&sim, split);
     if (st == LOOM_OK) st = check_times(times, loom_pipe_virtual_stages(shape), split);
+    /* pair the messages of every two ranks that have any between them: the ranks a rank's own
+     * messages name, both directions (the few there are, not every pair of ranks) */
     for (int a = 0; a < sim.stages && st == LOOM_OK; a++) {
-        for (int b = 0; b < sim.stages && st == LOOM_OK; b++) {
-            if (a == b) continue;
+        int peers[2 * LOOM_GPT_MAX_CHUNKS + 2], n = 0;
+        for (int i = 0; i < schedules[a].count; i++) {
+            int b = sim.peer[sim.first[a] + i], known = b < 0;
+            for (int j = 0; j < n && !known; j++) known = peers[j] == b;
+            if (!known && n < (int)(sizeof peers / sizeof *peers)) peers[n++] = b;
+        }
+        for (int j = 0; j < n && st == LOOM_OK; j++) {
+            int b = peers[j];
             st = pair_messages(&sim, a, LOOM_PIPE_SEND_ACT, b, LOOM_PIPE_RECV_ACT);
             if (st == LOOM_OK)
                 st = pair_messages(&sim, a, LOOM_PIPE_SEND_GRAD, b, LOOM_PIPE_RECV_GRAD);
+            if (st == LOOM_OK)
+                st = pair_messages(&sim, b, LOOM_PIPE_SEND_ACT, a, LOOM_PIPE_RECV_ACT);
+            if (st == LOOM_OK)
+                st = pair_messages(&sim, b, LOOM_PIPE_SEND_GRAD, a, LOOM_PIPE_RECV_GRAD);
         }
     }
     if (st == LOOM_OK) st = run_forward(&sim);

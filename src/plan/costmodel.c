@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- memory -----------------------------------------------------------------------------------
- */
+/* ---- memory ---------------------------------------------------------------------------- */
 
 static int splits_backward(const loom_plan *plan) {
     return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
@@ -53,11 +52,12 @@ static int peak_in_flight(const loom_plan *plan, int pp_rank) {
     return peak;
 }
 
-loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
-                                  loom_rank_memory *out) {
+/* loom_plan_rank_memory with the schedule's peak of activation sets given. */
+static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1, int peak,
+                               loom_rank_memory *out) {
     memset(out, 0, sizeof *out);
     int v = virtual_stages(plan), split = splits_backward(plan);
-    out->in_flight = peak_in_flight(plan, pp_rank);
+    out->in_flight = peak;
     int64_t slot = 0, input = 0, kept = 0;
     int embedding = 0, head = 0, recompute = 0;
     for (int s = 0; s < plan->num_stages; s++) {
@@ -93,8 +93,12 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
     return LOOM_OK;
 }
 
-/* ---- placement --------------------------------------------------------------------------------
- */
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                  loom_rank_memory *out) {
+    return rank_memory(plan, pp_rank, seq_len, zero1, peak_in_flight(plan, pp_rank), out);
+}
+
+/* ---- placement ------------------------------------------------------------------------- */
 
 /* The link class of a group of world ranks: intra-node when they share a node. */
 static int group_link(const loom_cluster *cl, const int *ranks, int n) {
@@ -119,8 +123,7 @@ static int kind_link(const loom_plan *plan, const loom_cluster *cl, int kind) {
     return worst;
 }
 
-/* ---- time -------------------------------------------------------------------------------------
- */
+/* ---- time ------------------------------------------------------------------------------ */
 
 typedef struct {
     const loom_plan *plan;
@@ -171,30 +174,23 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
 
 /* The pipeline part: every rank's list in the simulator, each message link_s; the bubble is the
  * mean idle share of the ranks. */
-static loom_status simulate_pipeline(const costing *k, double link_s, loom_prediction *out) {
+static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
+                                     const loom_pipe_stage_schedule *lists, double link_s,
+                                     loom_prediction *out) {
     const loom_plan *plan = k->plan;
     int V = plan->num_stages, p = plan->pp;
-    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, p, virtual_stages(plan),
-                             loom_plan_num_micro_batches(plan)};
-    loom_status st = loom_schedule_kind_parse(plan->schedule, &shape.kind);
-    if (st != LOOM_OK) return st;
+    loom_status st = LOOM_OK;
     double *f = calloc((size_t)V * 5 + 1, sizeof(double));
-    loom_pipe_stage_schedule *lists = calloc((size_t)p, sizeof *lists);
-    if (!f || !lists) {
-        free(f), free(lists);
-        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    }
+    if (!f) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     double *b = f + V, *bi = b + V, *bw = bi + V, *links = bw + V;
     for (int s = 0; s < V; s++) {
         f[s] = out->stage[s].forward_s, b[s] = out->stage[s].backward_s;
         bi[s] = out->stage[s].backward_input_s, bw[s] = out->stage[s].backward_weight_s;
         if (s + 1 < V) links[s] = link_s;
     }
-    for (int r = 0; r < p && st == LOOM_OK; r++)
-        st = loom_pipe_schedule_build(&shape, r, &lists[r]);
     loom_pipe_sim_times times = {V, V - 1, f, b, links, links, bi, bw};
     loom_pipe_sim_result result;
-    if (st == LOOM_OK) st = loom_pipe_simulate(&shape, lists, &times, &result);
+    if (st == LOOM_OK) st = loom_pipe_simulate(shape, lists, &times, &result);
     if (st == LOOM_OK) {
         out->pipeline_s = result.makespan_s;
         double idle = 0;
@@ -220,8 +216,7 @@ static loom_status simulate_pipeline(const costing *k, double link_s, loom_predi
         out->pp_bytes *= (int64_t)plan->dp * plan->tp;
         loom_pipe_sim_result_free(&result);
     }
-    for (int r = 0; r < p; r++) loom_pipe_schedule_free(&lists[r]);
-    free(f), free(lists);
+    free(f);
     return st;
 }
 
@@ -259,7 +254,14 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                         ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV,
                                                     kind_link(plan, cluster, 2), 2, message)
                         : 0.0;
-    if (st == LOOM_OK) st = simulate_pipeline(&k, link_s, out);
+    /* every rank's list once: the simulator's input and each rank's peak of activation sets */
+    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, plan->pp, virtual_stages(plan),
+                             loom_plan_num_micro_batches(plan)};
+    loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
+    if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    if (st == LOOM_OK) st = loom_schedule_kind_parse(plan->schedule, &shape.kind);
+    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    if (st == LOOM_OK) st = simulate_pipeline(&k, &shape, lists, link_s, out);
     /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
      * embedding's sum between the ranks of the first and the last virtual stage (none when one
      * rank holds both), and AdamW */
@@ -276,7 +278,7 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
     double after = 0;
     for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
         loom_rank_memory mem;
-        st = loom_plan_rank_memory(plan, r, seq_len, zero1, &mem);
+        st = rank_memory(plan, r, seq_len, zero1, loom_pipe_peak_in_flight(&lists[r]), &mem);
         if (st != LOOM_OK) break;
         if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
         double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
@@ -320,6 +322,8 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                 plan->tp * plan->dp;
         }
     }
+    for (int r = 0; lists && r < plan->pp; r++) loom_pipe_schedule_free(&lists[r]);
+    free(lists);
     if (st != LOOM_OK) {
         memset(out, 0, sizeof *out);
         return st;
