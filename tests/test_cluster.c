@@ -152,7 +152,9 @@ static void test_round_trip(void) {
                                              64, 3e-5, 2.5e-11};
     c.num_collectives = 3;
     for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) c.compressor_bytes_per_s[m] = 1e9 + m;
+    c.optimizer_params_per_s = 123456789.25;
     round_trip(&c, "line one\nline \"two\" \xe2\x82\xac", "odd values");
+    c.optimizer_params_per_s = 0;
     /* no optional parts: nothing measured */
     c.num_collectives = 0;
     memset(c.collectives, 0, sizeof c.collectives);
@@ -231,7 +233,10 @@ static const broken_case broken_cases[] = {
      "expected an integer byte count"},
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"tdp_w\": 400", "node.device.tdp_w",
      "unknown key (expected one of: name, memory_bytes, peak_flops, memory_bandwidth, "
-     "gemm_efficiency, sources)"},
+     "optimizer_params_per_s, gemm_efficiency, sources)"},
+    {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"optimizer_params_per_s\": -5",
+     "node.device.optimizer_params_per_s",
+     "expected a finite number >= 0 (parameters/s; 0: not measured), got -5"},
     {"\"fp32\": 1e12", "\"fp32\": -1", "node.device.peak_flops.fp32",
      "expected a finite number >= 0 (FLOP/s; 0: the precision is not offered), got -1"},
     {"\"fp32\": 1e12", "\"fp32\": \"1e12\"", "node.device.peak_flops.fp32",

@@ -113,6 +113,12 @@ static void test_single_process(void) {
           pr.tokens_per_s);
     CHECK(pr.bubble < 1e-9 && pr.dp_bytes == 0 && pr.tp_bytes == 0 && pr.pp_bytes == 0,
           "one process: no bubble, no traffic");
+    /* a measured AdamW rate: the update takes the parameters over it */
+    cl.optimizer_params_per_s = 1e6;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    CHECK_CLOSE(pr.optimizer_s, (double)c.param_bytes / 4 / 1e6, 1e-12, 0, "AdamW at 1e6 params/s");
+    CHECK_CLOSE(pr.step_s, expect + (double)c.param_bytes / 4 / 1e6, 1e-9, 1e-9,
+                "one process with AdamW's time");
     loom_plan_free(&plan);
 }
 

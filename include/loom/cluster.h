@@ -38,6 +38,9 @@
  * measured alpha-beta fits per collective, link class and group size, which the cost model
  * prefers to the link figures where one matches. "compressors" (optional) are bytes of fp32
  * input per second through encode + decode, per method (loom/compress.h's names).
+ * "node.device.optimizer_params_per_s" (optional, measured by `loom profile`) is how many
+ * parameters one device's AdamW update takes per second; without it the cost model assumes the
+ * update streams 28 bytes per parameter at the memory bandwidth.
  * "nodes" is how many the description was measured on (1 for a shipped node); "max_nodes" how
  * many the cluster has (`loom plan --devices N` takes up to max_nodes x devices). "sources"
  * (per device) and "source" (per link) are free text, required in shipped descriptions (the
@@ -110,6 +113,8 @@ typedef struct {
     int64_t memory_bytes;               /* > 0 */
     double peak_flops[LOOM_PRECISIONS]; /* FLOP/s; 0: the precision is not offered */
     double memory_bandwidth;            /* bytes/s, > 0 (memory-bound kernels) */
+    double optimizer_params_per_s;      /* AdamW parameters updated per second; 0: not measured
+                                           ("optimizer_params_per_s", optional) */
     loom_gemm_point gemm[LOOM_CLUSTER_MAX_GEMM_POINTS];
     int gemm_points; /* >= 1 */
     loom_link links[LOOM_LINK_CLASSES];

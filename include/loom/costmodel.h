@@ -23,7 +23,8 @@
  * (an allreduce of the rank's gradients, or ZeRO-1's reduce-scatter + all-gather, on the DP
  * group's link class) + the tied embedding's sum between the ranks of the first and the last
  * virtual stage (on the pipeline's link class; none when one rank holds both) + the AdamW update
- * (28 bytes of traffic per parameter at the memory bandwidth).
+ * (the cluster's measured parameters per second, else 28 bytes of traffic per parameter at the
+ * memory bandwidth).
  *
  * Not modelled (yet): compression's effect on traffic and time, overlap of TP collectives with
  * compute, contention between groups on one link.

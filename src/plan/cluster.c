@@ -171,13 +171,18 @@ static loom_status read_gemm_table(const char *file, const json_t *device, loom_
 }
 
 static loom_status read_device(const char *file, const json_t *node, loom_cluster *c) {
-    static const char *const keys[] = {
-        "name", "memory_bytes", "peak_flops", "memory_bandwidth", "gemm_efficiency", "sources"};
+    static const char *const keys[] = {"name",
+                                       "memory_bytes",
+                                       "peak_flops",
+                                       "memory_bandwidth",
+                                       "optimizer_params_per_s",
+                                       "gemm_efficiency",
+                                       "sources"};
     const char *path = "node.device";
     json_t *device;
     loom_status st = loom_json_member(file, node, "node", "device", 1, "an object", &device);
     if (st == LOOM_OK) st = loom_json_as_object(file, path, device);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 6);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 7);
     if (st == LOOM_OK)
         st = read_text(file, device, path, "name", c->device_name, sizeof c->device_name);
     json_t *memory = NULL;
@@ -192,6 +197,10 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     if (st == LOOM_OK) st = read_peaks(file, device, c);
     if (st == LOOM_OK) {
         st = loom_json_read_number(file, device, path, "memory_bandwidth", 1, &c->memory_bandwidth);
+    }
+    if (st == LOOM_OK) {
+        st = loom_json_read_number(file, device, path, "optimizer_params_per_s", 0,
+                                   &c->optimizer_params_per_s);
     }
     if (st == LOOM_OK) st = read_gemm_table(file, device, c);
     if (st == LOOM_OK) st = read_source(file, device, path);
@@ -368,6 +377,10 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
         st = check_number(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
                           " (bytes/s)");
     }
+    if (st == LOOM_OK) {
+        st = check_number(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
+                          1, " (parameters/s; 0: not measured)");
+    }
     return st;
 }
 
@@ -515,6 +528,9 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
     }
     fprintf(out, "},\n");
     write_number(out, "      \"memory_bandwidth\": ", c->memory_bandwidth, ",\n");
+    if (c->optimizer_params_per_s > 0) {
+        write_number(out, "      \"optimizer_params_per_s\": ", c->optimizer_params_per_s, ",\n");
+    }
     fprintf(out, "      \"gemm_efficiency\": [\n");
     for (int i = 0; i < c->gemm_points; i++) {
         write_number(out, "        {\"flops\": ", c->gemm[i].flops, ", ");

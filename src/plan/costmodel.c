@@ -302,10 +302,12 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         double hidden = out->stage[r].backward_s;
         double exposed = sync > hidden ? sync - hidden : 0;
         if (r == first_rank || r == last_rank) exposed += tied;
-        /* AdamW reads parameter, gradient and both moments and writes three of them back: 28
-         * bytes per parameter it updates */
+        /* AdamW: measured parameters per second, or 28 bytes per parameter streamed (it reads
+         * parameter, gradient and both moments and writes three of them back) */
         double params = (double)mem.weights / 4.0 / (zero1 && plan->dp > 1 ? plan->dp : 1);
-        double optimizer = params * 28.0 / cluster->memory_bandwidth;
+        double optimizer = cluster->optimizer_params_per_s > 0
+                               ? params / cluster->optimizer_params_per_s
+                               : params * 28.0 / cluster->memory_bandwidth;
         if (exposed + optimizer > after) {
             after = exposed + optimizer;
             out->dp_exposed_s = exposed, out->optimizer_s = optimizer;

@@ -422,6 +422,40 @@ static loom_status measure_gemm(const profile_ctx *ctx, loom_cluster *out) {
 
 /* Each method with the options training uses by default, on the shape of a GPT-2 124M MLP
  * weight (768 x 3072). */
+/* AdamW's parameters per second: the CPU backend's update (the one loom trains with) over a range
+ * much larger than the caches, on every rank at once. */
+static loom_status measure_optimizer(const profile_ctx *ctx, loom_cluster *out) {
+    const int64_t n = ctx->opts.quick ? (int64_t)1 << 20 : (int64_t)4 << 20;
+    const int reps = ctx->opts.quick ? 3 : 9;
+    profile_say(ctx, "optimizer: AdamW over %lld M parameters, median of %d, on every rank at once",
+                (long long)(n >> 20), reps);
+    float *p = loom_alloc_aligned((size_t)n * 4 * sizeof(float), "AdamW");
+    loom_status st = profile_agree(ctx, p ? LOOM_OK : LOOM_ERR_NOMEM, "the AdamW buffers");
+    double times[9], rate = 0;
+    if (st == LOOM_OK) {
+        for (int64_t i = 0; i < 4 * n; i++) p[i] = 1e-3f * (float)(i % 1000);
+        st = loom_comm_barrier(ctx->world);
+    }
+    if (st == LOOM_OK) {
+        const loom_backend *be = loom_backend_cpu();
+        for (int r = 0; r < reps; r++) {
+            double t0 = loom_now();
+            be->adamw_update(p, p + n, p + 2 * n, p + 3 * n, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                             r + 1, 1.0f);
+            times[r] = loom_now() - t0;
+        }
+        rate = (double)n / profile_median(times, reps);
+    }
+    loom_free_aligned(p);
+    double found[3];
+    if (st == LOOM_OK) st = gather_median(ctx, rate, found);
+    if (st != LOOM_OK) return st;
+    out->optimizer_params_per_s = found[0];
+    profile_say(ctx, "optimizer: %.1f M parameters/s per rank (median; ranks %.1f to %.1f)",
+                found[0] / 1e6, found[1] / 1e6, found[2] / 1e6);
+    return LOOM_OK;
+}
+
 static loom_status measure_compressors(const profile_ctx *ctx, loom_cluster *out) {
     const int64_t rows = 768, cols = 3072;
     const int reps = ctx->opts.quick ? 3 : 9;
@@ -495,6 +529,7 @@ loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, lo
     st = find_hosts(&ctx, out);
     if (st == LOOM_OK) st = measure_memory(&ctx, available, out);
     if (st == LOOM_OK) st = measure_bandwidth(&ctx, out);
+    if (st == LOOM_OK) st = measure_optimizer(&ctx, out);
     if (st == LOOM_OK) st = measure_gemm(&ctx, out);
     if (st == LOOM_OK) st = profile_measure_links(&ctx, out);
     if (st == LOOM_OK) st = measure_compressors(&ctx, out);
