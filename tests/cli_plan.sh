@@ -344,5 +344,17 @@ bad "plan: search without a global batch" '--global-batch-size: expected the seq
 bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
     -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
 
+# the plan's precision: written for a bf16 search, checked, read by --predict, refused by train
+file_has "plan: the search writes its precision" best.json '"precision": "bf16",'
+good "plan: --predict takes the plan's precision" 'prediction on dgx-a100 .*bf16' \
+    -- "$LOOM" plan --predict best.json --cluster "$CLUSTERS/dgx-a100.json"
+"$LOOM" plan --model tiny --out tiny1.json >/dev/null
+sed 's/^{$/{\n  "precision": "fp8",/' tiny1.json >fp8.json
+bad "plan: --check an unknown precision" 'fp8\.json: precision: expected one of "fp32", "bf16" or "fp16", got "fp8"' \
+    -- "$LOOM" plan --check fp8.json
+sed 's/^{$/{\n  "precision": "bf16",/' tiny1.json >bf16.json
+bad "train: a bf16 plan refused by name" 'bf16\.json: precision: "bf16" is not supported by this build' \
+    -- "$LOOM" train --plan bf16.json --data nosuch.bin --steps 1
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -22,6 +22,8 @@
  *   }
  *
  * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
+ * A top-level "precision" ("fp32", "bf16" or "fp16"; left out: "fp32", and written only when it
+ * is not) says what the planner planned for; this build trains fp32 and refuses the others.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
  * and "recompute" (false).
@@ -122,6 +124,8 @@ typedef struct {
     loom_plan_compressor dp_compression; /* data-parallel gradients */
     loom_plan_compressor pp_compression; /* activations and their gradients between stages */
     char embedding_sync[16];             /* tied embedding's gradient: "separate" or "fused" */
+    char precision[8]; /* "fp32" (what loom trains), "bf16" or "fp16" (planned for GPU clusters;
+                          the runtime refuses them by name) */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
     int num_predicted_peak;

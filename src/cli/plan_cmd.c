@@ -307,7 +307,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
                                        "loom profile's)");
     }
-    loom_precision precision = LOOM_PRECISION_FP32;
+    loom_precision precision = LOOM_PRECISION_FP32; /* or the plan's, below */
     if (st == LOOM_OK && args->precision[0]) {
         st = loom_precision_parse(args->precision, "loom plan", "--precision", &precision);
     }
@@ -320,6 +320,8 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     loom_cluster cluster;
     st = loom_plan_read(args->predict, &plan);
     if (st != LOOM_OK) return cli_fail(st);
+    if (!args->precision[0])
+        loom_precision_parse(plan.precision, args->predict, "precision", &precision);
     st = loom_cluster_read(args->cluster, &cluster);
     int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
     if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {

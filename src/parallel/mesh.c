@@ -9,6 +9,12 @@
 #include <string.h>
 
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
+    if (strcmp(plan->precision, "fp32") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: precision: \"%s\" is not supported by this build (it trains in "
+                         "fp32; a plan for %s is for predicting a GPU cluster)",
+                         source, plan->precision, plan->precision);
+    }
     /* everything a checked plan says, this build runs; the executor keeps one recomputation
      * choice per rank, so a rank's virtual stages must agree on it */
     int v = plan->pp > 0 ? plan->num_stages / plan->pp : 1;

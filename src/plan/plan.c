@@ -9,6 +9,7 @@
  *
  * Not here: choosing a plan by cost (the planner proper).
  */
+#include "loom/cluster.h"
 #include "plan/plan_internal.h"
 
 #include <errno.h>
@@ -85,6 +86,7 @@ void loom_plan_init(loom_plan *plan) {
     loom_plan_compressor_init(&plan->dp_compression);
     loom_plan_compressor_init(&plan->pp_compression);
     snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
+    snprintf(plan->precision, sizeof plan->precision, "fp32");
 }
 
 void loom_plan_free(loom_plan *plan) {
@@ -512,6 +514,12 @@ static loom_status check_compression(const loom_plan *p, const char *source) {
     if (st == LOOM_OK) {
         st = check_word(source, "compression.embedding_sync", p->embedding_sync,
                         sizeof p->embedding_sync, &loom_plan_embedding_syncs);
+        loom_precision precision;
+        if (st == LOOM_OK && memchr(p->precision, '\0', sizeof p->precision) == NULL) {
+            st = loom_plan_fail_field(source, "precision",
+                                      "expected \"fp32\", \"bf16\" or \"fp16\"");
+        }
+        if (st == LOOM_OK) st = loom_precision_parse(p->precision, source, "precision", &precision);
     }
     if (st == LOOM_OK && p->pp == 1 && strcmp(p->embedding_sync, "fused") == 0) {
         return loom_plan_fail_field(source, "compression.embedding_sync",

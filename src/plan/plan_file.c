@@ -313,17 +313,27 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
 }
 
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"model",  "batch",       "mesh",
-                                       "stages", "compression", "predicted"};
+    static const char *const keys[] = {"model",       "batch",     "mesh",     "stages",
+                                       "compression", "predicted", "precision"};
     if (!json_is_object(root))
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
-    loom_status st = loom_json_check_keys(file, root, "", keys, 6);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 7);
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
     if (st == LOOM_OK) st = read_mesh(file, root, plan);
     if (st == LOOM_OK) st = read_stages(file, root, plan);
     if (st == LOOM_OK) st = read_compression(file, root, plan);
     if (st == LOOM_OK) st = read_predicted(file, root, plan);
+    const json_t *precision = json_object_get(root, "precision");
+    if (st == LOOM_OK && precision) {
+        if (!json_is_string(precision) ||
+            strlen(json_string_value(precision)) >= sizeof plan->precision) {
+            st =
+                loom_json_fail_type(file, "precision", "\"fp32\", \"bf16\" or \"fp16\"", precision);
+        } else {
+            snprintf(plan->precision, sizeof plan->precision, "%s", json_string_value(precision));
+        }
+    }
     return st;
 }
 
@@ -390,6 +400,8 @@ static void write_document(FILE *out, const loom_plan *plan) {
             "  \"model\": {\"layers\": %d, \"heads\": %d, \"d_model\": %d, \"context\": %d, "
             "\"vocab\": %d},\n",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
+    if (strcmp(plan->precision, "fp32") != 0)
+        fprintf(out, "  \"precision\": \"%s\",\n", plan->precision);
     /* virtual stages are written only when there are some, so that a v = 1 plan reads as a plan
      * written before they existed */
     int placed = plan->virtual_stages > 1;

@@ -52,6 +52,8 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
                            .schedule = schedule,
                            .recompute = recompute};
     if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
+    snprintf(plan.precision, sizeof plan.precision, "%s",
+             loom_precision_name(s->request->precision));
     s->tried++;
     if (loom_plan_predict(&plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
                           &s->scratch) != LOOM_OK) {
