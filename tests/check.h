@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int check_passed, check_failed;
 
@@ -48,6 +49,15 @@ static inline const char *check_tmpdir(void) {
         exit(1);
     }
     return dir;
+}
+
+/* text with the first `find` replaced by `replace` (into out[cap]); 0 if `find` is missing. */
+static inline int check_edit_text(const char *text, const char *find, const char *replace,
+                                  char *out, size_t cap) {
+    const char *at = strstr(text, find);
+    if (!at) return 0;
+    snprintf(out, cap, "%.*s%s%s", (int)(at - text), text, replace, at + strlen(find));
+    return 1;
 }
 
 /* Writes text to path; a test that cannot write its scratch files stops. */

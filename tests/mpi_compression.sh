@@ -20,10 +20,7 @@ TMP=$2
 . "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
 
-for i in $(seq 1 2000); do
-    echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
-done >corpus.txt
-"$LOOM" prepare --text corpus.txt --out data --seq-len 16 >/dev/null || fail "prepare"
+prepare_corpus
 
 common=(--model tiny --data 'data/train_*.bin' --steps 6 --seq-len 16 --micro-batch-size 2
     --global-batch-size 8 --lr 3e-3 --warmup-steps 2 --eval-every 0 --threads 1 --log-every 1

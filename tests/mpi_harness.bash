@@ -1,7 +1,7 @@
 # mpi_harness.bash — sourced by the tests/mpi_*.sh scripts that compare runs under mpirun: the
-# MPI environment (root, oversubscription, idle ranks off the cores), pass/fail counters, and the
-# series comparisons of a run's metrics.jsonl against another run's. The caller prints the
-# totals with `finish`.
+# MPI environment (root, oversubscription, idle ranks off the cores), pass/fail counters, the
+# shared corpus (prepare_corpus, with $LOOM set), and the series comparisons of a run's
+# metrics.jsonl against another run's. The caller prints the totals with `finish`.
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
@@ -17,6 +17,15 @@ fail() {
 finish() {
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]
+}
+
+# A small corpus of 2000 lines, tokenized into data/ (train and validation shards) in the
+# current folder, for 16-token sequences.
+prepare_corpus() {
+    for i in $(seq 1 2000); do
+        echo "line $i: the quick brown fox $((i * 7 % 13)) jumps over the lazy dog $((i % 11))."
+    done >corpus.txt
+    "$LOOM" prepare --text corpus.txt --out data --seq-len 16 >/dev/null || fail "prepare"
 }
 
 # step loss grad_norm (one line per step) and step val_loss, from a metrics.jsonl

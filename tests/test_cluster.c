@@ -179,14 +179,6 @@ static void test_round_trip(void) {
 
 /* ---- the rules, one broken at a time -------------------------------------------------------- */
 
-/* text with the first `find` replaced by `replace` (into out[cap]); 0 if `find` is missing */
-static int edit(const char *text, const char *find, const char *replace, char *out, size_t cap) {
-    const char *at = strstr(text, find);
-    if (!at) return 0;
-    snprintf(out, cap, "%.*s%s%s", (int)(at - text), text, replace, at + strlen(find));
-    return 1;
-}
-
 typedef struct {
     const char *find, *replace; /* one edit of the valid description */
     const char *path;           /* the JSON path the message must name */
@@ -326,7 +318,7 @@ static void test_rules(void) {
     for (size_t i = 0; i < sizeof broken_cases / sizeof broken_cases[0]; i++) {
         const broken_case *b = &broken_cases[i];
         char text[4096];
-        if (!edit(valid_text, b->find, b->replace, text, sizeof text)) {
+        if (!check_edit_text(valid_text, b->find, b->replace, text, sizeof text)) {
             CHECK(0, "case %zu (%s): the edit does not apply", i, b->path);
             continue;
         }
@@ -356,7 +348,8 @@ static void test_rules(void) {
                                  "%s{\"flops\": %d, \"efficiency\": 0.5}", i ? ", " : "", i + 1);
         }
         snprintf(points + used, sizeof points - used, "]");
-        CHECK(edit(valid_text, GEMM_LIST, points, text, sizeof text), "%d points: the edit", count);
+        CHECK(check_edit_text(valid_text, GEMM_LIST, points, text, sizeof text),
+              "%d points: the edit", count);
         check_write_text(path, text);
         st = loom_cluster_read(path, &c);
         if (count > LOOM_CLUSTER_MAX_GEMM_POINTS) {
@@ -387,7 +380,7 @@ static void test_rules(void) {
         {"[{\"flops\": 1e6, \"efficiency\": 0.1}, {\"flops\": 1e8, \"efficiency\": 0.5}, ", "["},
     };
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
-        CHECK(edit(valid_text, fine[i].find, fine[i].replace, text, sizeof text),
+        CHECK(check_edit_text(valid_text, fine[i].find, fine[i].replace, text, sizeof text),
               "fine case %zu: the edit does not apply", i);
         check_write_text(path, text);
         st = loom_cluster_read(path, &c);

@@ -419,14 +419,6 @@ static const char *valid_plan =
     "  \"predicted\": {\"step_s\": 0.0, \"tokens_per_s\": 0.0, \"peak_bytes_per_rank\": [0]}\n"
     "}\n";
 
-/* text with the first `find` replaced by `replace` (into out[cap]); 0 if `find` is missing */
-static int edit(const char *text, const char *find, const char *replace, char *out, size_t cap) {
-    const char *at = strstr(text, find);
-    if (!at) return 0;
-    snprintf(out, cap, "%.*s%s%s", (int)(at - text), text, replace, at + strlen(find));
-    return 1;
-}
-
 typedef struct {
     const char *find, *replace;   /* one edit of the valid plan */
     const char *find2, *replace2; /* and an optional second one */
@@ -637,9 +629,9 @@ static void check_broken_cases(const char *valid, const broken_case *cases, size
     for (size_t i = 0; i < n; i++) {
         const broken_case *c = &cases[i];
         char once[4096], text[4096];
-        int ok = edit(valid, c->find, c->replace, once, sizeof once);
+        int ok = check_edit_text(valid, c->find, c->replace, once, sizeof once);
         if (ok && c->find2) {
-            ok = edit(once, c->find2, c->replace2, text, sizeof text);
+            ok = check_edit_text(once, c->find2, c->replace2, text, sizeof text);
         } else {
             snprintf(text, sizeof text, "%s", once);
         }
@@ -1104,7 +1096,8 @@ static void test_malformed(void) {
         {"{\n", "{\n  // comment\n"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
-        if (!edit(valid_plan, edits[i].find, edits[i].replace, text, sizeof text)) continue;
+        if (!check_edit_text(valid_plan, edits[i].find, edits[i].replace, text, sizeof text))
+            continue;
         snprintf(path, sizeof path, "%s/malformed_%zu.json", tmpdir, i);
         check_write_text(path, text);
         loom_status st = loom_plan_read(path, &plan);

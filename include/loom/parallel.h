@@ -315,6 +315,9 @@ typedef struct {
     int micro_batches; /* m >= 1; a multiple of p for interleaved */
 } loom_pipe_shape;
 
+/* A checked plan's step as a shape: its schedule, pp ranks, virtual stages and micro-batches per
+ * step. LOOM_ERR_INPUT only for a schedule name this build does not know. */
+loom_status loom_pipe_shape_of(const loom_plan *plan, loom_pipe_shape *shape);
 /* The shape's rules above (and sizes that keep every count an int), as LOOM_ERR_INPUT naming
  * the value and the rule, e.g. "interleaved needs micro-batches a multiple of the pipeline
  * ranks (4), got 6". */

@@ -17,10 +17,9 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
     }
     /* everything a checked plan says, this build runs; the executor keeps one recomputation
      * choice per rank, so a rank's virtual stages must agree on it */
-    int v = plan->pp > 0 ? plan->num_stages / plan->pp : 1;
     for (int s = 0; s < plan->num_stages; s++) {
-        int rank, chunk; /* the rank's chunk 0 is virtual stage `rank` in every placement */
-        loom_plan_place(plan->schedule, plan->pp, v, s, &rank, &chunk);
+        int rank =
+            plan->stages[s].rank; /* its chunk 0 is virtual stage `rank` in every placement */
         if (plan->stages[s].recompute != plan->stages[rank].recompute) {
             return loom_fail(LOOM_ERR_INPUT,
                              "%s: stages[%d].recompute: expected %s, as stages[%d] (pipeline rank "
@@ -78,10 +77,7 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
     if (st == LOOM_OK && dp > 1 && strcmp(plan->dp_compression.method, "none") != 0) {
         st = loom_comm_split(mesh->dp, 0, c.dp_rank, "dp (second round)", &mesh->dp_second);
     }
-    int first_rank, last_rank, chunk;
-    loom_plan_place(plan->schedule, pp, plan->num_stages / pp, 0, &first_rank, &chunk);
-    loom_plan_place(plan->schedule, pp, plan->num_stages / pp, plan->num_stages - 1, &last_rank,
-                    &chunk);
+    int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
     if (st == LOOM_OK && first_rank != last_rank) {
         /* the tied embedding lives on the first and the last virtual stage: their gradients meet
          * (zb-v puts both on rank 0, which then holds one copy) */
@@ -119,9 +115,7 @@ int loom_mesh_owner_rank(const loom_mesh *mesh, int k, int layer) {
     for (int s = 0; layer >= 0 && s < plan->num_stages; s++) {
         if (layer >= plan->stages[s].first_layer && layer < plan->stages[s].end_layer) stage = s;
     }
-    int rank, chunk;
-    loom_plan_place(plan->schedule, plan->pp, plan->num_stages / plan->pp, stage, &rank, &chunk);
-    return rank;
+    return plan->stages[stage].rank;
 }
 
 loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_rank) {
@@ -132,10 +126,8 @@ loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_r
                                 mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp : NULL};
     /* the rank's virtual stages in model order are its chunks in ascending order */
     for (int s = 0; s < plan->num_stages && shard.num_chunks < LOOM_GPT_MAX_CHUNKS; s++) {
-        int rank, chunk;
-        loom_plan_place(plan->schedule, plan->pp, plan->num_stages / plan->pp, s, &rank, &chunk);
-        if (rank != pp_rank) continue;
         const loom_plan_stage *st = &plan->stages[s];
+        if (st->rank != pp_rank) continue;
         shard.chunks[shard.num_chunks++] =
             (loom_gpt_chunk){st->first_layer, st->end_layer, s == 0, s == plan->num_stages - 1};
     }

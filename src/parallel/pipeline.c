@@ -138,66 +138,60 @@ static void pool_drop(pool *pl, int key) {
     pl->of[key] = -1;
 }
 
-/* What an action does to the input and gradient pools (the same rules for the dry run at
- * creation and for the step): counts[0..2] track the input, gradient and kept pools. */
-static void pool_events(loom_pipeline *p, loom_pipe_action a, int dry, int counts[3], int peak[3]) {
+/* The pools an action fills and empties: per pool (POOL_INPUTS, POOL_GRADS, POOL_KEPT) the key
+ * it takes (before the action fills the buffer) and the key it drops (after it used it), -1 for
+ * none. The one statement of the rule, for the dry run at creation and for the step. */
+enum { POOL_INPUTS, POOL_GRADS, POOL_KEPT, POOLS };
+typedef struct {
+    int take[POOLS], drop[POOLS];
+} pool_events;
+
+static pool_events events_of(const loom_pipeline *p, loom_pipe_action a) {
     const chunk_state *ch = &p->chunk[a.chunk];
     int key = key_of(p, a.chunk, a.micro_batch);
-    int take_input = -1, drop_input = -1, take_grad = -1, drop_grad = -1, take_kept = -1;
     int keep_for_w = p->recompute && p->split; /* inputs and B's results live until W */
+    pool_events e = {{-1, -1, -1}, {-1, -1, -1}};
     switch (a.op) {
     case LOOM_PIPE_RECV_ACT:
-        take_input = key;
+        e.take[POOL_INPUTS] = key;
         break;
     case LOOM_PIPE_FORWARD:
-        if (ch->local_above >= 0) take_input = key_of(p, ch->local_above, a.micro_batch);
-        if (!ch->embedding && !p->recompute) drop_input = key;
+        if (ch->local_above >= 0) e.take[POOL_INPUTS] = key_of(p, ch->local_above, a.micro_batch);
+        if (!ch->embedding && !p->recompute) e.drop[POOL_INPUTS] = key;
         break;
     case LOOM_PIPE_RECV_GRAD:
-        take_grad = key;
+        e.take[POOL_GRADS] = key;
         break;
     case LOOM_PIPE_BACKWARD:
     case LOOM_PIPE_BACKWARD_INPUT:
-        if (ch->local_below >= 0) take_grad = key_of(p, ch->local_below, a.micro_batch);
-        if (!ch->head) drop_grad = key;
-        if (!ch->embedding && p->recompute && !keep_for_w) drop_input = key;
-        if (keep_for_w) take_kept = key;
+        if (ch->local_below >= 0) e.take[POOL_GRADS] = key_of(p, ch->local_below, a.micro_batch);
+        if (!ch->head) e.drop[POOL_GRADS] = key;
+        if (!ch->embedding && p->recompute && !keep_for_w) e.drop[POOL_INPUTS] = key;
+        if (keep_for_w) e.take[POOL_KEPT] = key;
         break;
     case LOOM_PIPE_BACKWARD_WEIGHT:
-        if (!ch->embedding && keep_for_w) drop_input = key;
+        if (!ch->embedding && keep_for_w) e.drop[POOL_INPUTS] = key;
+        if (keep_for_w) e.drop[POOL_KEPT] = key;
         break;
     default:
         break;
     }
-    if (dry) { /* an action takes before it drops: both count at once */
-        counts[0] += take_input >= 0, counts[1] += take_grad >= 0, counts[2] += take_kept >= 0;
-        for (int i = 0; i < 3; i++)
-            if (counts[i] > peak[i]) peak[i] = counts[i];
-        counts[0] -= drop_input >= 0, counts[1] -= drop_grad >= 0;
-        counts[2] -= a.op == LOOM_PIPE_BACKWARD_WEIGHT && keep_for_w;
-        return;
-    }
-    /* takes happen where the action fills the buffer, drops after it has been used: the caller
-     * takes before and drops after (pool_take is idempotent for a key) */
-    (void)counts, (void)peak;
-    if (take_input >= 0) pool_take(&p->inputs, take_input, "input buffer");
-    if (take_grad >= 0) pool_take(&p->grads, take_grad, "gradient buffer");
-    if (take_kept >= 0) pool_take(&p->kept, take_kept, "kept buffer");
+    return e;
 }
 
-static void pool_release(loom_pipeline *p, loom_pipe_action a) {
-    const chunk_state *ch = &p->chunk[a.chunk];
-    int key = key_of(p, a.chunk, a.micro_batch);
-    if (a.op == LOOM_PIPE_FORWARD && !ch->embedding && !p->recompute) pool_drop(&p->inputs, key);
-    int keep_for_w = p->recompute && p->split;
-    if (a.op == LOOM_PIPE_BACKWARD || a.op == LOOM_PIPE_BACKWARD_INPUT) {
-        if (!ch->head) pool_drop(&p->grads, key);
-        if (!ch->embedding && p->recompute && !keep_for_w) pool_drop(&p->inputs, key);
-    }
-    if (a.op == LOOM_PIPE_BACKWARD_WEIGHT && keep_for_w) {
-        if (!ch->embedding) pool_drop(&p->inputs, key);
-        pool_drop(&p->kept, key);
-    }
+static pool *pool_at(loom_pipeline *p, int which) {
+    return which == POOL_INPUTS ? &p->inputs : which == POOL_GRADS ? &p->grads : &p->kept;
+}
+
+static void pools_take(loom_pipeline *p, const pool_events *e) {
+    static const char *const what[POOLS] = {"input buffer", "gradient buffer", "kept buffer"};
+    for (int i = 0; i < POOLS; i++)
+        if (e->take[i] >= 0) pool_take(pool_at(p, i), e->take[i], what[i]);
+}
+
+static void pools_drop(loom_pipeline *p, const pool_events *e) {
+    for (int i = 0; i < POOLS; i++)
+        if (e->drop[i] >= 0) pool_drop(pool_at(p, i), e->drop[i]);
 }
 
 static float *kept_of(loom_pipeline *p, int chunk, int mb) {
@@ -260,10 +254,7 @@ static loom_status slack_create(loom_pipeline *p) {
     p->times = loom_calloc((size_t)V * 6, sizeof *p->times, "slack times");
     p->choice = loom_calloc((size_t)V * (size_t)m, 1, "slack choice");
     if (!p->schedules || !p->table || !p->times || !p->choice) return LOOM_ERR_NOMEM;
-    loom_status st = LOOM_OK;
-    for (int r = 0; r < pp && st == LOOM_OK; r++) {
-        st = loom_pipe_schedule_build(&p->shape, r, &p->schedules[r]);
-    }
+    loom_status st = loom_pipe_schedule_build_all(&p->shape, p->schedules);
     if (st == LOOM_OK) st = measure_links(p, (int64_t)(btc_of(p) * sizeof(float)));
     return st;
 }
@@ -395,13 +386,6 @@ static loom_status compression_create(loom_pipeline *p, int64_t rows, int64_t co
 
 /* ---- creation ------------------------------------------------------------------------------- */
 
-static loom_status shape_of(const loom_plan *plan, loom_pipe_shape *shape) {
-    shape->ranks = plan->pp;
-    shape->chunks = plan->num_stages / plan->pp;
-    shape->micro_batches = loom_plan_num_micro_batches(plan);
-    return loom_schedule_kind_parse(plan->schedule, &shape->kind);
-}
-
 /* The chunks' places: virtual stages, neighbours, and the action that finishes each one's
  * weight gradients. */
 static void chunks_init(loom_pipeline *p) {
@@ -438,24 +422,34 @@ static void chunks_init(loom_pipeline *p) {
 
 /* Pool sizes from a dry run of the list. */
 static loom_status pools_create(loom_pipeline *p) {
-    int counts[3] = {0, 0, 0}, peak[3] = {0, 0, 0}, keys = p->chunks * p->micro_batches;
-    for (int i = 0; i < p->schedule.count; i++)
-        pool_events(p, p->schedule.actions[i], 1, counts, peak);
+    int counts[POOLS] = {0}, peak[POOLS] = {0}, keys = p->chunks * p->micro_batches;
+    for (int i = 0; i < p->schedule.count; i++) {
+        /* an action takes before it drops: both count at once */
+        pool_events e = events_of(p, p->schedule.actions[i]);
+        for (int k = 0; k < POOLS; k++) {
+            counts[k] += e.take[k] >= 0;
+            if (counts[k] > peak[k]) peak[k] = counts[k];
+        }
+        for (int k = 0; k < POOLS; k++) counts[k] -= e.drop[k] >= 0;
+    }
     p->in_flight = loom_pipe_peak_in_flight(&p->schedule);
     if (p->in_flight < 1) p->in_flight = 1;
     loom_status st =
         pool_init(&p->slots, keys, p->recompute ? 1 : p->in_flight, "activation slots");
-    if (st == LOOM_OK) st = pool_init(&p->inputs, keys, peak[0], "input buffers");
-    if (st == LOOM_OK) st = pool_init(&p->grads, keys, peak[1], "gradient buffers");
-    if (st == LOOM_OK) st = pool_init(&p->kept, keys, peak[2], "kept buffers");
+    if (st == LOOM_OK) st = pool_init(&p->inputs, keys, peak[POOL_INPUTS], "input buffers");
+    if (st == LOOM_OK) st = pool_init(&p->grads, keys, peak[POOL_GRADS], "gradient buffers");
+    if (st == LOOM_OK) st = pool_init(&p->kept, keys, peak[POOL_KEPT], "kept buffers");
     if (st != LOOM_OK || p->stages == 1) return st;
     size_t btc = btc_of(p);
     p->wires = 2 * p->in_flight + 2;
-    if (peak[0]) p->act_in = loom_alloc_aligned(btc * (size_t)peak[0] * sizeof(float), "inputs");
-    if (peak[1]) p->grad_in = loom_alloc_aligned(btc * (size_t)peak[1] * sizeof(float), "grads");
+    if (peak[POOL_INPUTS])
+        p->act_in = loom_alloc_aligned(btc * (size_t)peak[POOL_INPUTS] * sizeof(float), "inputs");
+    if (peak[POOL_GRADS])
+        p->grad_in = loom_alloc_aligned(btc * (size_t)peak[POOL_GRADS] * sizeof(float), "grads");
     p->send_buf = loom_alloc_aligned(2 * btc * (size_t)p->wires * sizeof(float), "sends");
     p->send_req = loom_calloc(2 * (size_t)p->wires, sizeof(loom_comm_request *), "sends");
-    if ((peak[0] && !p->act_in) || (peak[1] && !p->grad_in) || !p->send_buf || !p->send_req)
+    if ((peak[POOL_INPUTS] && !p->act_in) || (peak[POOL_GRADS] && !p->grad_in) || !p->send_buf ||
+        !p->send_req)
         return LOOM_ERR_NOMEM;
     return LOOM_OK;
 }
@@ -467,7 +461,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (!p) return LOOM_ERR_NOMEM;
     const loom_plan *plan = mesh->plan;
     p->mesh = mesh, p->model = model, p->B = B, p->T = T;
-    loom_status st = shape_of(plan, &p->shape);
+    loom_status st = loom_pipe_shape_of(plan, &p->shape);
     p->micro_batches = p->shape.micro_batches, p->chunks = p->shape.chunks;
     p->stages = plan->num_stages;
     p->last_forward = -1;
@@ -510,7 +504,7 @@ int loom_pipeline_peak_in_flight(const loom_plan *plan, int stage) {
     loom_pipe_shape shape;
     loom_pipe_stage_schedule schedule = {0};
     int peak = 0;
-    if (plan->pp > 0 && shape_of(plan, &shape) == LOOM_OK &&
+    if (plan->pp > 0 && loom_pipe_shape_of(plan, &shape) == LOOM_OK &&
         loom_pipe_schedule_build(&shape, stage, &schedule) == LOOM_OK) {
         peak = loom_pipe_peak_in_flight(&schedule);
     }
@@ -668,8 +662,8 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
     size_t bt = (size_t)p->B * (size_t)p->T;
     int64_t rows = (int64_t)bt, cols = model->config.channels;
     const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
-    int counts[3], peak[3];
-    pool_events(p, a, 0, counts, peak);
+    pool_events events = events_of(p, a);
+    pools_take(p, &events);
     loom_status st = LOOM_OK;
     switch (a.op) {
     case LOOM_PIPE_RECV_ACT:
@@ -732,7 +726,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
                          ch->below);
         break;
     }
-    pool_release(p, a);
+    pools_drop(p, &events);
     return st;
 }
 

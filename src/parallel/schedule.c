@@ -135,6 +135,13 @@ loom_status loom_pipe_shape_check(const loom_pipe_shape *shape) {
     return LOOM_OK;
 }
 
+loom_status loom_pipe_shape_of(const loom_plan *plan, loom_pipe_shape *shape) {
+    shape->ranks = plan->pp;
+    shape->chunks = plan->virtual_stages;
+    shape->micro_batches = loom_plan_num_micro_batches(plan);
+    return loom_schedule_kind_parse(plan->schedule, &shape->kind);
+}
+
 int loom_pipe_virtual_stages(const loom_pipe_shape *shape) {
     return shape->ranks * shape->chunks;
 }

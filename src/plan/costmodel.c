@@ -20,10 +20,6 @@ static int splits_backward(const loom_plan *plan) {
     return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
 }
 
-static int virtual_stages(const loom_plan *plan) {
-    return plan->pp > 0 ? plan->num_stages / plan->pp : 1;
-}
-
 /* The stage's cost facts for one micro-batch (in_flight 1). */
 static loom_status stage_cost(const loom_plan *plan, int s, int seq_len, loom_gpt_stage_cost *c) {
     const loom_plan_stage *st = &plan->stages[s];
@@ -39,31 +35,16 @@ static loom_status stage_cost(const loom_plan *plan, int s, int seq_len, loom_gp
     return loom_gpt_cost_stage(&plan->model, &spec, c);
 }
 
-static int peak_in_flight(const loom_plan *plan, int pp_rank) {
-    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, plan->pp, virtual_stages(plan),
-                             loom_plan_num_micro_batches(plan)};
-    loom_pipe_stage_schedule list = {0};
-    int peak = 0;
-    if (loom_schedule_kind_parse(plan->schedule, &shape.kind) == LOOM_OK &&
-        loom_pipe_schedule_build(&shape, pp_rank, &list) == LOOM_OK) {
-        peak = loom_pipe_peak_in_flight(&list);
-    }
-    loom_pipe_schedule_free(&list);
-    return peak;
-}
-
 /* loom_plan_rank_memory with the schedule's peak of activation sets given. */
 static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1, int peak,
                                loom_rank_memory *out) {
     memset(out, 0, sizeof *out);
-    int v = virtual_stages(plan), split = splits_backward(plan);
+    int split = splits_backward(plan);
     out->in_flight = peak;
     int64_t slot = 0, input = 0, kept = 0;
     int embedding = 0, head = 0, recompute = 0;
     for (int s = 0; s < plan->num_stages; s++) {
-        int rank, chunk;
-        loom_plan_place(plan->schedule, plan->pp, v, s, &rank, &chunk);
-        if (rank != pp_rank) continue;
+        if (plan->stages[s].rank != pp_rank) continue;
         loom_gpt_stage_cost c;
         loom_status st = stage_cost(plan, s, seq_len, &c);
         if (st != LOOM_OK) return st;
@@ -95,7 +76,8 @@ static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, 
 
 loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
                                   loom_rank_memory *out) {
-    return rank_memory(plan, pp_rank, seq_len, zero1, peak_in_flight(plan, pp_rank), out);
+    return rank_memory(plan, pp_rank, seq_len, zero1, loom_pipeline_peak_in_flight(plan, pp_rank),
+                       out);
 }
 
 /* ---- placement ------------------------------------------------------------------------- */
@@ -255,20 +237,17 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                                                     kind_link(plan, cluster, 2), 2, message)
                         : 0.0;
     /* every rank's list once: the simulator's input and each rank's peak of activation sets */
-    loom_pipe_shape shape = {LOOM_SCHEDULE_1F1B, plan->pp, virtual_stages(plan),
-                             loom_plan_num_micro_batches(plan)};
+    loom_pipe_shape shape;
     loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
     if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    if (st == LOOM_OK) st = loom_schedule_kind_parse(plan->schedule, &shape.kind);
+    if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
     if (st == LOOM_OK) st = simulate_pipeline(&k, &shape, lists, link_s, out);
     /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
      * embedding's sum between the ranks of the first and the last virtual stage (none when one
      * rank holds both), and AdamW */
-    int dp_link = kind_link(plan, cluster, 1), v = virtual_stages(plan);
-    int first_rank, last_rank, chunk;
-    loom_plan_place(plan->schedule, plan->pp, v, 0, &first_rank, &chunk);
-    loom_plan_place(plan->schedule, plan->pp, v, plan->num_stages - 1, &last_rank, &chunk);
+    int dp_link = kind_link(plan, cluster, 1);
+    int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
     double wte = (double)(plan->model.padded_vocab_size / plan->tp) * plan->model.channels * 4;
     double tied = first_rank != last_rank
                       ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE,

@@ -23,11 +23,8 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
     /* the rank's layer ranges, for the message */
     char ranges[128] = "";
     size_t used = 0;
-    int v = plan->num_stages / plan->pp;
     for (int s = 0; s < plan->num_stages && used < sizeof ranges; s++) {
-        int rank, chunk;
-        loom_plan_place(plan->schedule, plan->pp, v, s, &rank, &chunk);
-        if (rank != mesh->pp_rank) continue;
+        if (plan->stages[s].rank != mesh->pp_rank) continue;
         used += (size_t)snprintf(ranges + used, sizeof ranges - used, "%s[%d, %d)", used ? " " : "",
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
