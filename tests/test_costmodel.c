@@ -204,7 +204,7 @@ static void test_search(void) {
     cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e10, 1e-5};
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
-    loom_search_request req = {4, 16, 64, LOOM_PRECISION_FP32, 5};
+    loom_search_request req = {4, 16, 64, LOOM_PRECISION_FP32, 5, 0};
     loom_plan_candidate best[5];
     int found = 0, tried = 0, fitting = 0;
     loom_status st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);

@@ -82,14 +82,60 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                               loom_precision precision, int seq_len, int zero1,
                               loom_prediction *out);
 
+/* ---- Alpa's stage DP ------------------------------------------------------------------------
+ * How many layers each of the S stages of a layout with one chunk per rank takes (stages may be
+ * uneven: the LM head makes the last stage heavier). Identical layers make a stage's time and
+ * memory a function of its class (first: the embedding; middle; last: the head; only: both) and
+ * its layer count alone, so each is costed once. The objective is Alpa's closed-form pipeline
+ * latency T = sum_i t_i + (B - 1) max_j t_j (t: a micro-batch's forward and backward on the
+ * stage; B micro-batches), with every stage's memory within the device's. */
+typedef enum {
+    LOOM_STAGE_FIRST,
+    LOOM_STAGE_MIDDLE,
+    LOOM_STAGE_LAST,
+    LOOM_STAGE_ONLY,
+    LOOM_STAGE_CLASSES
+} loom_stage_class;
+
+typedef struct {
+    int stages, layers, micro_batches;
+    /* indexed [class * (layers + 1) + n], n = 1 .. layers layers; a class/count that cannot
+     * exist (a middle stage of all layers) has time INFINITY */
+    double *time;         /* seconds: forward + backward of one micro-batch */
+    int64_t *memory;      /* bytes with no activation set in flight */
+    int64_t *per_flight;  /* bytes each activation set in flight adds */
+    int *in_flight;       /* (stages) the schedule's peak of activation sets per stage */
+    int64_t memory_bytes; /* per rank; <= 0: no limit */
+} loom_stage_problem;
+
+/* The class of stage i of S. */
+loom_stage_class loom_stage_class_of(int stage, int stages);
+/* T for `counts` (S positive layer counts summing to the layers), INFINITY when a stage does not
+ * fit its memory or the counts are not such a split. */
+double loom_stage_latency(const loom_stage_problem *p, const int *counts);
+/* The split minimising T (ties: the first found), by Alpa's DP: for each candidate t_max in
+ * ascending order, the least sum of stage times with every stage <= t_max, stopping once the
+ * least unconstrained sum + (B - 1) t_max reaches the best T. *candidates counts the t_max tried
+ * (may be NULL). No split that fits is LOOM_ERR_INPUT. */
+loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, double *latency,
+                          int *candidates);
+
+/* The problem for a checked plan with one chunk per rank (its stages' own split is not used),
+ * costed as loom_plan_predict costs stages; free with loom_stage_problem_free. */
+loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
+                                    loom_precision precision, int seq_len, int zero1,
+                                    loom_stage_problem *out);
+void loom_stage_problem_free(loom_stage_problem *p);
+
 /* ---- the search ------------------------------------------------------------------------------
- * The planner's first search: every layout of `devices` devices for the model and global batch —
+ * The planner's search: every layout of `devices` devices for the model and global batch —
  * tp dividing the heads and the padded vocabulary, pp up to the layers, dp the rest; every micro
  * batch that divides the replica's share; the schedules 1f1b, interleaved (v 2, when the
  * micro-batches are a multiple of pp), zb-h1 and zb-v (pp > 1); with and without recomputation
- * and (dp > 1) ZeRO-1; stages as even as possible — each predicted by loom_plan_predict, those
- * that do not fit the device's memory left out, ranked by predicted step time. Exhaustive: it is
- * also the reference a faster search (Alpa's stage DP) is tested against. */
+ * and (dp > 1) ZeRO-1; stages as even as possible and, for 1f1b and zb-h1, also split by the
+ * stage DP (loom_stage_dp: uneven stages, memory-aware) — each predicted by loom_plan_predict,
+ * those that do not fit the device's memory left out, ranked by predicted step time (the
+ * simulator ranks the DP's split against the even one). */
 typedef struct {
     loom_plan plan; /* owned: free with loom_plan_free */
     int zero1;
@@ -101,7 +147,8 @@ typedef struct {
     int global_batch; /* sequences per step */
     int seq_len;
     loom_precision precision;
-    int keep; /* how many of the best to return (>= 1) */
+    int keep;        /* how many of the best to return (>= 1) */
+    int even_stages; /* 1: stages as even as possible only (no stage DP) */
 } loom_search_request;
 
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the

@@ -191,6 +191,29 @@ static loom_status fill_predicted(loom_plan *plan, const loom_prediction *pr, in
     return st;
 }
 
+/* The layers of each virtual stage: "even" when the plan splits as evenly as it can, else the
+ * counts ("11,12,...,9" when they do not fit in cap). */
+static const char *split_text(const loom_plan *p, char *text, size_t cap) {
+    int S = p->num_stages, L = p->model.num_layers, even = 1;
+    for (int s = 0; s < S; s++) {
+        even &= p->stages[s].end_layer - p->stages[s].first_layer == L / S + (s < L % S ? 1 : 0);
+    }
+    if (even) return "even";
+    size_t used = 0;
+    for (int s = 0; s < S; s++) {
+        char one[16];
+        int n = snprintf(one, sizeof one, "%s%d", s ? "," : "",
+                         p->stages[s].end_layer - p->stages[s].first_layer);
+        if (used + (size_t)n + 8 >= cap && s < S - 1) { /* room for ",...,N" */
+            const loom_plan_stage *last = &p->stages[S - 1];
+            snprintf(text + used, cap - used, ",...,%d", last->end_layer - last->first_layer);
+            return text;
+        }
+        used += (size_t)snprintf(text + used, cap - used, "%s", one);
+    }
+    return text;
+}
+
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
 static int run_search(const plan_args *args) {
@@ -231,16 +254,17 @@ static int run_search(const plan_args *args) {
                tried, req.devices, cluster.name, loom_precision_name(req.precision), req.seq_len,
                req.global_batch, took, fitting, (double)cluster.memory_bytes / 1073741824.0);
         printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
-               "bubble  peak GiB\n");
+               "bubble  peak GiB  layers per stage\n");
         for (int i = 0; i < found; i++) {
             const loom_plan *p = &best[i].plan;
             const loom_prediction *pr = &best[i].prediction;
-            printf(
-                "  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f\n",
-                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
-                p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
-                pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
-                (double)pr->peak_bytes / 1073741824.0);
+            char split[64];
+            printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
+                   "%s\n",
+                   i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
+                   p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
+                   pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
+                   (double)pr->peak_bytes / 1073741824.0, split_text(p, split, sizeof split));
         }
         st = fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");

@@ -116,6 +116,13 @@ typedef struct {
     int seq_len;
 } costing;
 
+static costing costing_of(const loom_plan *plan, const loom_cluster *cluster,
+                          loom_precision precision, int seq_len) {
+    costing k = {plan, cluster, precision, kind_link(plan, cluster, 0), 4.0, seq_len};
+    if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
+    return k;
+}
+
 static double gemm_s(const costing *k, double flops, double typical) {
     double peak = k->cluster->peak_flops[k->precision];
     if (flops <= 0 || peak <= 0) return 0;
@@ -223,8 +230,7 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
                          plan->num_stages, LOOM_PREDICT_MAX_STAGES);
     }
-    costing k = {plan, cluster, precision, kind_link(plan, cluster, 0), 4.0, seq_len};
-    if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
+    costing k = costing_of(plan, cluster, precision, seq_len);
     out->stages = plan->num_stages;
     loom_status st = LOOM_OK;
     for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
@@ -312,4 +318,87 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
     out->step_s = out->pipeline_s + after;
     out->tokens_per_s = out->step_s > 0 ? (double)plan->global_batch * seq_len / out->step_s : 0;
     return LOOM_OK;
+}
+
+/* ---- the stage DP's tables ------------------------------------------------------------- */
+
+void loom_stage_problem_free(loom_stage_problem *p) {
+    free(p->time), free(p->memory), free(p->per_flight), free(p->in_flight);
+    memset(p, 0, sizeof *p);
+}
+
+/* A stage of class c with n layers: time and memory, costed on a copy of the plan whose stage
+ * `s` (of that class) holds n layers; INFINITY time when no stage of that class can hold n. */
+static loom_status cost_class(const costing *k, loom_plan *copy, int c, int n, int zero1,
+                              loom_stage_problem *out) {
+    int S = copy->num_stages, L = copy->model.num_layers;
+    size_t i = (size_t)c * (size_t)(L + 1) + (size_t)n;
+    out->time[i] = INFINITY;
+    int s = c == LOOM_STAGE_FIRST || c == LOOM_STAGE_ONLY ? 0 : c == LOOM_STAGE_LAST ? S - 1 : 1;
+    /* the other S - 1 stages hold at least a layer each */
+    int need = c == LOOM_STAGE_ONLY     ? S == 1 && n == L
+               : c == LOOM_STAGE_MIDDLE ? S >= 3 && n <= L - (S - 1)
+                                        : S >= 2 && n <= L - (S - 1);
+    if (!need) return LOOM_OK;
+    loom_plan_stage keep = copy->stages[s];
+    copy->stages[s].first_layer = c == LOOM_STAGE_LAST ? L - n : c == LOOM_STAGE_MIDDLE ? 1 : 0;
+    copy->stages[s].end_layer = copy->stages[s].first_layer + n;
+    loom_stage_times t;
+    loom_rank_memory none, one;
+    loom_status st = stage_times(k, s, k->seq_len, &t);
+    if (st == LOOM_OK) st = rank_memory(copy, s, k->seq_len, zero1, 0, &none);
+    if (st == LOOM_OK) st = rank_memory(copy, s, k->seq_len, zero1, 1, &one);
+    copy->stages[s] = keep;
+    if (st != LOOM_OK) return st;
+    out->time[i] = t.forward_s + t.backward_s;
+    out->memory[i] = none.total;
+    out->per_flight[i] = one.total - none.total;
+    return LOOM_OK;
+}
+
+loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
+                                    loom_precision precision, int seq_len, int zero1,
+                                    loom_stage_problem *out) {
+    memset(out, 0, sizeof *out);
+    if (plan->virtual_stages != 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "stage DP: the schedule \"%s\" has %d chunks per rank; "
+                         "the DP splits layouts of one",
+                         plan->schedule, plan->virtual_stages);
+    }
+    int S = plan->num_stages, L = plan->model.num_layers;
+    size_t cells = (size_t)LOOM_STAGE_CLASSES * (size_t)(L + 1);
+    out->stages = S, out->layers = L;
+    out->micro_batches = loom_plan_num_micro_batches(plan);
+    out->memory_bytes = cluster->memory_bytes;
+    out->time = malloc(cells * sizeof *out->time);
+    out->memory = calloc(cells, sizeof *out->memory);
+    out->per_flight = calloc(cells, sizeof *out->per_flight);
+    out->in_flight = calloc((size_t)S, sizeof *out->in_flight);
+    /* a shallow copy: only its stage list is edited, and that is its own */
+    loom_plan copy = *plan;
+    copy.stages = malloc((size_t)S * sizeof *copy.stages);
+    loom_pipe_shape shape;
+    loom_pipe_stage_schedule *lists = calloc((size_t)S, sizeof *lists);
+    loom_status st = LOOM_OK;
+    if (!out->time || !out->memory || !out->per_flight || !out->in_flight || !copy.stages ||
+        !lists) {
+        st = loom_fail(LOOM_ERR_NOMEM, "stage DP: out of memory");
+    }
+    if (st == LOOM_OK) {
+        memcpy(copy.stages, plan->stages, (size_t)S * sizeof *copy.stages);
+        for (size_t i = 0; i < cells; i++) out->time[i] = INFINITY;
+        st = loom_pipe_shape_of(plan, &shape);
+    }
+    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    for (int s = 0; s < S && st == LOOM_OK; s++)
+        out->in_flight[s] = loom_pipe_peak_in_flight(&lists[s]);
+    costing k = costing_of(&copy, cluster, precision, seq_len);
+    for (int c = 0; c < LOOM_STAGE_CLASSES && st == LOOM_OK; c++) {
+        for (int n = 1; n <= L && st == LOOM_OK; n++) st = cost_class(&k, &copy, c, n, zero1, out);
+    }
+    for (int s = 0; lists && s < S; s++) loom_pipe_schedule_free(&lists[s]);
+    free(lists), free(copy.stages);
+    if (st != LOOM_OK) loom_stage_problem_free(out);
+    return st;
 }

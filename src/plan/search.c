@@ -1,10 +1,10 @@
 /*
- * search.c — the planner's exhaustive search over layouts (loom/costmodel.h): every (dp, tp, pp),
- * micro batch, schedule, recomputation and ZeRO-1 choice for a device count, predicted by the cost
+ * search.c — the planner's search over layouts (loom/costmodel.h): every (dp, tp, pp), micro
+ * batch, schedule, recomputation and ZeRO-1 choice for a device count; for layouts of one chunk
+ * per rank, beside the even split, the stage DP's split (stage_dp.c); each predicted by the cost
  * model, ranked by step time among those that fit.
  *
- * Not here: the cost model (costmodel.c), Alpa's stage DP and intra-op ILP (to come; this search
- * is the reference they are tested against).
+ * Not here: the cost model (costmodel.c), the DP itself (stage_dp.c), the intra-op ILP.
  */
 #include "loom/costmodel.h"
 #include "loom/model.h"
@@ -41,6 +41,48 @@ static void consider(search *s, loom_plan *plan, int zero1) {
     s->found++;
 }
 
+/* Predicts the plan and keeps it if it fits and is among the best; the plan is consumed. */
+static void predict(search *s, loom_plan *plan, int zero1) {
+    s->tried++;
+    if (loom_plan_predict(plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
+                          &s->scratch) != LOOM_OK) {
+        loom_plan_free(plan);
+        return;
+    }
+    int64_t shortfall = s->scratch.peak_bytes - s->cluster->memory_bytes;
+    if (shortfall > 0) {
+        if (s->least_short < 0 || shortfall < s->least_short) s->least_short = shortfall;
+        loom_plan_free(plan);
+        return;
+    }
+    s->fitting++;
+    consider(s, plan, zero1);
+}
+
+/* The stage DP's split for a layout of one chunk per rank, as a --stage-layers text; "" when it
+ * is the even split (or there is none that fits). */
+static void dp_split(search *s, const loom_plan *even, int zero1, char *text, size_t cap) {
+    text[0] = '\0';
+    loom_stage_problem problem;
+    if (loom_plan_stage_problem(even, s->cluster, s->request->precision, s->request->seq_len, zero1,
+                                &problem) != LOOM_OK)
+        return;
+    int *counts = calloc((size_t)problem.stages, sizeof *counts);
+    double latency;
+    if (counts && loom_stage_dp(&problem, counts, &latency, NULL) == LOOM_OK) {
+        int uneven = 0;
+        size_t used = 0;
+        for (int i = 0; i < problem.stages && used < cap; i++) {
+            const loom_plan_stage *st = &even->stages[i];
+            uneven |= counts[i] != st->end_layer - st->first_layer;
+            used += (size_t)snprintf(text + used, cap - used, "%s%d", i ? "," : "", counts[i]);
+        }
+        if (!uneven || used >= cap) text[0] = '\0';
+    }
+    free(counts);
+    loom_stage_problem_free(&problem);
+}
+
 static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
                        const char *schedule, int recompute, int zero1) {
     loom_plan plan;
@@ -54,20 +96,17 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
     if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
     snprintf(plan.precision, sizeof plan.precision, "%s",
              loom_precision_name(s->request->precision));
-    s->tried++;
-    if (loom_plan_predict(&plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
-                          &s->scratch) != LOOM_OK) {
-        loom_plan_free(&plan);
-        return;
+    char split[4096] = "";
+    if (!s->request->even_stages && plan.virtual_stages == 1 && pp > 1)
+        dp_split(s, &plan, zero1, split, sizeof split);
+    predict(s, &plan, zero1);
+    if (split[0]) { /* the DP's uneven split beside the even one: the simulator ranks both */
+        r.stage_layers = split;
+        if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return;
+        snprintf(plan.precision, sizeof plan.precision, "%s",
+                 loom_precision_name(s->request->precision));
+        predict(s, &plan, zero1);
     }
-    int64_t shortfall = s->scratch.peak_bytes - s->cluster->memory_bytes;
-    if (shortfall > 0) {
-        if (s->least_short < 0 || shortfall < s->least_short) s->least_short = shortfall;
-        loom_plan_free(&plan);
-        return;
-    }
-    s->fitting++;
-    consider(s, &plan, zero1);
 }
 
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
