@@ -352,6 +352,10 @@ good "plan: --predict takes the plan's precision" 'prediction on dgx-a100 .*bf16
 sed 's/^{$/{\n  "precision": "fp8",/' tiny1.json >fp8.json
 bad "plan: --check an unknown precision" 'fp8\.json: precision: expected one of "fp32", "bf16" or "fp16", got "fp8"' \
     -- "$LOOM" plan --check fp8.json
+sed 's/^{$/{\n  "zero1": "yes",/' tiny1.json >zero1.json
+bad "plan: --check a zero1 that is not a boolean" 'zero1\.json: zero1: expected true or false' \
+    -- "$LOOM" plan --check zero1.json
+file_has "plan: the search writes ZeRO-1" best.json '"zero1": (true|false),'
 sed 's/^{$/{\n  "precision": "bf16",/' tiny1.json >bf16.json
 bad "train: a bf16 plan refused by name" 'bf16\.json: precision: "bf16" is not supported by this build' \
     -- "$LOOM" train --plan bf16.json --data nosuch.bin --steps 1

@@ -24,6 +24,9 @@
  * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
  * A top-level "precision" ("fp32", "bf16" or "fp16"; left out: "fp32", and written only when it
  * is not) says what the planner planned for; this build trains fp32 and refuses the others.
+ * A top-level "zero1" (true/false; left out: the trainer decides) says whether AdamW's state is
+ * sharded over the data-parallel ranks: the planner writes what it predicted, `loom train`
+ * follows it unless --zero1/--no-zero1 say otherwise.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
  * and "recompute" (false).
@@ -126,6 +129,8 @@ typedef struct {
     char embedding_sync[16];             /* tied embedding's gradient: "separate" or "fused" */
     char precision[8]; /* "fp32" (what loom trains), "bf16" or "fp16" (planned for GPU clusters;
                           the runtime refuses them by name) */
+    int zero1;         /* AdamW's state sharded over dp: 1, 0, or -1 (not said: the trainer's
+                          default) */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
     int num_predicted_peak;

@@ -266,10 +266,19 @@ static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
     loom_plan_compression_flags_of(plan, &cfg->compression);
 }
 
-/* ZeRO-1 all-gathers the updated parameters uncompressed, as many bytes as the gradient, so with
- * data-parallel compression it would give back most of what compression saves: it is off then
- * unless --zero1 (flag or config key) asks for it. Said once, by rank 0 (`say`). */
-static void choose_zero1(loom_train_config *cfg, const loom_plan *plan, int zero1_given, int say) {
+/* A plan that says "zero1" (the planner's) is followed unless --zero1 or --no-zero1 (flag or
+ * config key) says otherwise. Else: ZeRO-1 all-gathers the updated parameters uncompressed, as
+ * many bytes as the gradient, so with data-parallel compression it would give back most of what
+ * compression saves: it is off then unless --zero1 asks for it. Said once, by rank 0 (`say`). */
+static void choose_zero1(loom_train_config *cfg, const loom_plan *plan, const unsigned char *seen,
+                         int say) {
+    int zero1_given = option_seen(seen, "--zero1");
+    if (plan->zero1 >= 0 && !zero1_given && !option_seen(seen, "--no-zero1")) {
+        cfg->zero1 = plan->zero1, cfg->no_zero1 = !plan->zero1;
+        if (say && plan->dp > 1)
+            loom_info("ZeRO-1 %s: the plan's zero1", plan->zero1 ? "on" : "off");
+        return;
+    }
     if (!strcmp(plan->dp_compression.method, "none") || zero1_given || !cfg->zero1 ||
         cfg->no_zero1) {
         return;
@@ -320,7 +329,7 @@ int cmd_train(int argc, char **argv) {
         return cli_finish(world, cli_fail(st));
     }
     int rank0 = !world || loom_comm_rank(world) == 0;
-    choose_zero1(&cfg, &plan, option_seen(seen, "--zero1"), rank0);
+    choose_zero1(&cfg, &plan, seen, rank0);
     if (rank0) {
         loom_train_config shown = cfg;
         show_plan(&shown, &plan);
@@ -613,7 +622,7 @@ int cmd_bench_train(int argc, char **argv) {
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
-    if (st == LOOM_OK) choose_zero1(&cfg, &plan, option_seen(given, "--zero1"), rank == 0);
+    if (st == LOOM_OK) choose_zero1(&cfg, &plan, given, rank == 0);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {

@@ -266,12 +266,12 @@ static int run_search(const plan_args *args) {
                    pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
                    (double)pr->peak_bytes / 1073741824.0, split_text(p, split, sizeof split));
         }
+        best[0].plan.zero1 = best[0].plan.dp > 1 ? best[0].zero1 : -1;
         st = fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &best[0].plan);
         if (st == LOOM_OK) {
-            printf("\nwrote %s (the fastest%s)\n", args->out,
-                   best[0].zero1 ? "; train it with --zero1" : "");
+            printf("\nwrote %s (the fastest)\n", args->out);
         }
     }
     for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
@@ -283,9 +283,10 @@ static int run_search(const plan_args *args) {
  * memory, the step and its parts, the traffic. */
 static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
                              const loom_prediction *pr, const loom_rank_memory *mem,
-                             loom_precision precision, int seq_len) {
-    printf("prediction on %s (%d x %d devices available), %s, sequence %d:\n", cluster->name,
-           cluster->max_nodes, cluster->devices_per_node, loom_precision_name(precision), seq_len);
+                             loom_precision precision, int seq_len, int zero1) {
+    printf("prediction on %s (%d x %d devices available), %s, sequence %d%s:\n", cluster->name,
+           cluster->max_nodes, cluster->devices_per_node, loom_precision_name(precision), seq_len,
+           plan->dp > 1 ? (zero1 ? ", ZeRO-1" : ", no ZeRO-1") : "");
     printf("  stage  rank  layers      forward ms  B ms      W ms      (per micro-batch)\n");
     for (int s = 0; s < pr->stages; s++) {
         const loom_stage_times *t = &pr->stage[s];
@@ -346,6 +347,10 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     if (st != LOOM_OK) return cli_fail(st);
     if (!args->precision[0])
         loom_precision_parse(plan.precision, args->predict, "precision", &precision);
+    /* ZeRO-1: --zero1, else the plan's, else what loom train would do (on, but off with
+     * data-parallel compression) */
+    int zero1 = args->zero1 || plan.zero1 == 1 ||
+                (plan.zero1 < 0 && !strcmp(plan.dp_compression.method, "none"));
     st = loom_cluster_read(args->cluster, &cluster);
     int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
     if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {
@@ -355,13 +360,13 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     loom_prediction *pr = loom_calloc(1, sizeof *pr, "prediction");
     loom_rank_memory *mem = loom_calloc((size_t)plan.pp, sizeof *mem, "prediction");
     if (st == LOOM_OK && (!pr || !mem)) st = LOOM_ERR_NOMEM;
-    if (st == LOOM_OK) st = loom_plan_predict(&plan, &cluster, precision, seq_len, args->zero1, pr);
+    if (st == LOOM_OK) st = loom_plan_predict(&plan, &cluster, precision, seq_len, zero1, pr);
     for (int r = 0; r < plan.pp && st == LOOM_OK; r++) {
-        st = loom_plan_rank_memory(&plan, r, seq_len, args->zero1, &mem[r]);
+        st = loom_plan_rank_memory(&plan, r, seq_len, zero1, &mem[r]);
     }
-    if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len);
+    if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len, zero1);
     if (st == LOOM_OK && args->out[0]) {
-        st = fill_predicted(&plan, pr, seq_len, args->zero1);
+        st = fill_predicted(&plan, pr, seq_len, zero1);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
         if (st == LOOM_OK) printf("\nwrote %s\n", args->out);

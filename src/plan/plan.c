@@ -87,6 +87,7 @@ void loom_plan_init(loom_plan *plan) {
     loom_plan_compressor_init(&plan->pp_compression);
     snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
     snprintf(plan->precision, sizeof plan->precision, "fp32");
+    plan->zero1 = -1;
 }
 
 void loom_plan_free(loom_plan *plan) {

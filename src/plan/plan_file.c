@@ -313,11 +313,11 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
 }
 
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"model",       "batch",     "mesh",     "stages",
-                                       "compression", "predicted", "precision"};
+    static const char *const keys[] = {"model",       "batch",     "mesh",      "stages",
+                                       "compression", "predicted", "precision", "zero1"};
     if (!json_is_object(root))
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
-    loom_status st = loom_json_check_keys(file, root, "", keys, 7);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 8);
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
     if (st == LOOM_OK) st = read_mesh(file, root, plan);
@@ -332,6 +332,14 @@ static loom_status read_document(const char *file, const json_t *root, loom_plan
                 loom_json_fail_type(file, "precision", "\"fp32\", \"bf16\" or \"fp16\"", precision);
         } else {
             snprintf(plan->precision, sizeof plan->precision, "%s", json_string_value(precision));
+        }
+    }
+    const json_t *zero1 = json_object_get(root, "zero1");
+    if (st == LOOM_OK && zero1) {
+        if (json_is_boolean(zero1)) {
+            plan->zero1 = json_is_true(zero1);
+        } else {
+            st = loom_json_fail_type(file, "zero1", "true or false", zero1);
         }
     }
     return st;
@@ -402,6 +410,7 @@ static void write_document(FILE *out, const loom_plan *plan) {
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
     if (strcmp(plan->precision, "fp32") != 0)
         fprintf(out, "  \"precision\": \"%s\",\n", plan->precision);
+    if (plan->zero1 >= 0) fprintf(out, "  \"zero1\": %s,\n", plan->zero1 ? "true" : "false");
     /* virtual stages are written only when there are some, so that a v = 1 plan reads as a plan
      * written before they existed */
     int placed = plan->virtual_stages > 1;
