@@ -10,12 +10,17 @@
 #     process alone, measured apart: on a noisy 2-core machine only a loose bound is robust);
 #   - 4 ranks as 2 pretended hosts: 2 nodes of 2, both link classes measured, fits over the
 #     world (inter_node, 4 ranks) and over each host (intra_node, 2 ranks);
+#   - loom train --plan auto: profiles once (quick, cached under LOOM_CACHE_DIR), plans for 2
+#     ranks, writes OUT/plan.json, reports predicted vs measured; the second run uses the cache
+#     and plans the same; --cluster plans on a given description; layout flags and --cluster
+#     without auto are refused by name;
 #   - bad input ends with exit 2 and a message: no mpirun, --out a folder, --pretend-hosts
 #     beyond the ranks, a negative --threads.
 # usage: bash tests/mpi_profile.sh LOOM_BINARY TMPDIR
 set -u
 LOOM=$1
 TMP=$2
+CLUSTERS=$(cd "$(dirname "$0")/.." && pwd)/clusters
 . "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
 
@@ -88,6 +93,47 @@ for op in ("allreduce", "allgather", "reduce_scatter"):
     assert (op, "inter_node", 4) in fits and (op, "intra_node", 2) in fits, (op, fits)
 assert ("sendrecv", "inter_node", 2) in fits and ("sendrecv", "intra_node", 2) in fits, fits
 PY
+
+# ---- loom train --plan auto: profiles once (cached), plans, trains, reports the prediction ----
+prepare_corpus
+auto=(--model tiny --global-batch-size 8 --data 'data/train_*.bin' --steps 3 --seq-len 16
+    --threads 1 --log-every 100 --no-save --comm-timeout 60)
+export LOOM_CACHE_DIR=$TMP/cache LOOM_PROFILE_QUICK=1
+if timeout 180 mpirun -np 2 -x LOOM_CACHE_DIR -x LOOM_PROFILE_QUICK "$LOOM" train --plan auto \
+    "${auto[@]}" --out auto1 >auto1.log 2>&1; then ok; else fail "--plan auto: exit $?: $(tail -3 auto1.log)"; fi
+grep -q "measuring these 2 ranks with loom profile" auto1.log && ok || fail "--plan auto did not profile"
+ls cache/cluster-*-2ranks-1threads.json >/dev/null 2>&1 && ok || fail "no cached description: $(ls cache)"
+grep -q "searched [0-9]* layouts of 2 ranks" auto1.log && ok || fail "no search table"
+grep -q "step time: predicted .* s, measured .* s (median)" auto1.log && ok || fail "no predicted vs measured"
+python3 - auto1/plan.json <<'PY' && ok || fail "auto1/plan.json: contents"
+import json, sys
+p = json.load(open(sys.argv[1]))
+m = p["mesh"]
+assert m["dp"] * m["tp"] * m["pp"] == 2, m
+assert p["predicted"]["step_s"] > 0 and len(p["predicted"]["peak_bytes_per_rank"]) == 2, p["predicted"]
+PY
+if timeout 120 mpirun -np 2 -x LOOM_CACHE_DIR "$LOOM" train --plan auto "${auto[@]}" --out auto2 \
+    >auto2.log 2>&1; then ok; else fail "--plan auto, cached: exit $?: $(tail -3 auto2.log)"; fi
+grep -q "cluster description .*(cached" auto2.log && ! grep -q "measuring these" auto2.log && ok ||
+    fail "the second run did not use the cache"
+cmp -s <(grep -v '"predicted"' auto1/plan.json) <(grep -v '"predicted"' auto2/plan.json) && ok ||
+    fail "the cached description planned differently"
+if timeout 120 mpirun -np 2 "$LOOM" train --plan auto --cluster "$CLUSTERS/dgx-a100.json" \
+    "${auto[@]}" --out auto3 >auto3.log 2>&1; then ok; else fail "--plan auto --cluster: exit $?: $(tail -3 auto3.log)"; fi
+grep -q "layouts of 2 ranks on dgx-a100" auto3.log && ok || fail "--cluster not used"
+unset LOOM_CACHE_DIR LOOM_PROFILE_QUICK
+expect_refused() { # NAME REGEX ARGS...
+    local name=$1 regex=$2
+    shift 2
+    timeout 60 "$@" >"$name.log" 2>&1
+    local code=$?
+    [ "$code" -eq 2 ] && grep -Eq -- "$regex" "$name.log" && ok ||
+        fail "$name: exit $code, $(grep -m1 error "$name.log")"
+}
+expect_refused auto_layout_flag '--plan auto: --micro-batch-size sets what the planner chooses' \
+    mpirun -np 2 "$LOOM" train --plan auto --micro-batch-size 2 "${auto[@]}" --out auto4
+expect_refused cluster_without_auto '--cluster .*: only with --plan auto' \
+    "$LOOM" train --cluster "$CLUSTERS/dgx-a100.json" "${auto[@]}" --out auto5
 
 # ---- bad input ----
 # name expected-message command...: exit 2 and the message on stderr

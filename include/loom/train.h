@@ -54,7 +54,9 @@ typedef struct {
     double exit_after_minutes;     /* save and stop after this much wall-clock time (0: never) */
     char progress[16];             /* progress bar: "auto" (a terminal, no launcher), "on", "off" */
     /* the layout: a plan file, or the flags below (loom_plan_request: 0 / "" = default) */
-    char plan[LOOM_PATH_MAX]; /* "" = from the flags below */
+    char plan[LOOM_PATH_MAX];    /* "" = from the flags below; "auto": the planner chooses */
+    char cluster[LOOM_PATH_MAX]; /* --plan auto: the cluster description ("" = profile these
+                                    ranks, cached) */
     int data_parallel, tensor_parallel, pipeline_parallel;
     int micro_batch_size, global_batch_size, micro_batches;
     char schedule[16];      /* "1f1b", "gpipe", "interleaved", "zb-h1" or "zb-v" */

@@ -5,6 +5,8 @@
 #define LOOM_CLI_H
 
 #include "loom/base.h"
+#include "loom/costmodel.h"
+#include "loom/train.h"
 
 #include <stddef.h>
 
@@ -89,6 +91,17 @@ int cmd_plan(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
 int cmd_bench_compressors(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
+
+/* The planner's table of candidates, fastest first (loom plan's search, loom train --plan
+ * auto). */
+void cli_print_candidates(const loom_plan_candidate *best, int found);
+/* `loom train --plan auto`: plans for the job's ranks (collective; world may be NULL) from
+ * cfg->cluster or a cached `loom profile` of them, prints the candidates and writes
+ * OUT/plan.json from rank 0. */
+loom_status cli_plan_auto(const loom_train_config *cfg, struct loom_comm *world, loom_plan *plan);
+/* Fills the plan's "predicted" (step time, tokens/s, every rank's peak memory). */
+loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
+                                    int zero1);
 
 /* An --out file path (`what`, for the message: "a plan file"): not empty, not a folder; its
  * folder is made when missing. */

@@ -60,7 +60,12 @@ static const cli_opt train_opts[] = {
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,
          "start from weights: llm.c .bin, .safetensors or a checkpoint"),
-    TOPT("--plan", OPT_STRING, plan, "parallel layout from a plan file (loom plan)"),
+    TOPT("--plan", OPT_STRING, plan,
+         "parallel layout from a plan file (loom plan), or auto: the planner chooses it for "
+         "these ranks"),
+    TOPT("--cluster", OPT_STRING, cluster,
+         "with --plan auto: the cluster description to plan on (default: loom profile of these "
+         "ranks, measured once and cached)"),
     TOPT("--data-parallel", OPT_INT, data_parallel,
          "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
     TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
@@ -235,9 +240,44 @@ static void name_origin(const char *path, const unsigned char *in_file,
 
 /* The one plan the run executes: the plan file, or the layout flags through the constructor
  * `loom plan` uses. */
+/* --plan auto plans the layout from the model, the global batch and the sequence length; the
+ * flags that would set the rest (layout, micro batch, schedule, stages, compression) are refused
+ * by name. */
+static loom_status refuse_auto_conflicts(const unsigned char *seen) {
+    static const char *const inputs[] = {
+        "--model", "--layers",           "--heads", "--d-model", "--context",
+        "--vocab", "--global-batch-size"};
+    for (int i = 0; i < NTRAIN; i++) {
+        if (!seen[i] || !plan_owns(&train_opts[i])) continue;
+        int input = 0;
+        for (size_t j = 0; j < sizeof inputs / sizeof inputs[0]; j++)
+            input |= !strcmp(train_opts[i].flag, inputs[j]);
+        if (input) continue;
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--plan auto: %s sets what the planner chooses (layout, micro batch, "
+                         "schedule, stages; it plans without compression); drop %s, or write "
+                         "the plan yourself (loom plan) and pass --plan FILE",
+                         train_opts[i].flag, train_opts[i].flag);
+    }
+    return LOOM_OK;
+}
+
 static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
-                              int world_size, loom_plan *plan) {
+                              loom_comm *world, loom_plan *plan) {
+    int world_size = world ? loom_comm_size(world) : 1;
     loom_plan_init(plan);
+    if (cfg->cluster[0] && strcmp(cfg->plan, "auto") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--cluster %s: only with --plan auto (the planner's "
+                         "input)",
+                         cfg->cluster);
+    }
+    if (!strcmp(cfg->plan, "auto")) {
+        loom_status st = refuse_auto_conflicts(seen);
+        if (st == LOOM_OK) st = cli_plan_auto(cfg, world, plan);
+        if (st == LOOM_OK) st = loom_plan_check(plan, "--plan auto", world_size);
+        return st;
+    }
     if (!cfg->plan[0]) return loom_train_plan(cfg, world_size, plan);
     loom_status st = refuse_plan_conflicts(cfg, seen);
     if (st == LOOM_OK) st = loom_plan_read(cfg->plan, plan);
@@ -321,7 +361,7 @@ int cmd_train(int argc, char **argv) {
     }
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) st = build_plan(&cfg, seen, world ? loom_comm_size(world) : 1, &plan);
+    if (st == LOOM_OK) st = build_plan(&cfg, seen, world, &plan);
     if (st != LOOM_OK) name_origin(config_path, in_file, in_flags);
     /* a bad configuration is the same on every rank: each says so and exits cleanly */
     if (st != LOOM_OK) {

@@ -173,8 +173,8 @@ static int run_check_cluster(const plan_args *args, int argc, char **argv) {
 }
 
 /* Fills a plan's predicted keys from a prediction and each rank's memory. */
-static loom_status fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
-                                  int zero1) {
+loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
+                                    int zero1) {
     int ranks = plan->dp * plan->tp * plan->pp;
     free(plan->predicted_peak_bytes);
     plan->predicted_peak_bytes = loom_calloc((size_t)ranks, sizeof(int64_t), "predictions");
@@ -212,6 +212,22 @@ static const char *split_text(const loom_plan *p, char *text, size_t cap) {
         used += (size_t)snprintf(text + used, cap - used, "%s", one);
     }
     return text;
+}
+
+void cli_print_candidates(const loom_plan_candidate *best, int found) {
+    printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
+           "bubble  peak GiB  layers per stage\n");
+    for (int i = 0; i < found; i++) {
+        const loom_plan *p = &best[i].plan;
+        const loom_prediction *pr = &best[i].prediction;
+        char split[64];
+        printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
+               "%s\n",
+               i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
+               p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
+               pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
+               (double)pr->peak_bytes / 1073741824.0, split_text(p, split, sizeof split));
+    }
 }
 
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
@@ -253,21 +269,10 @@ static int run_search(const plan_args *args) {
                "%.2f s; %d fit the device's %.1f GiB\n",
                tried, req.devices, cluster.name, loom_precision_name(req.precision), req.seq_len,
                req.global_batch, took, fitting, (double)cluster.memory_bytes / 1073741824.0);
-        printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
-               "bubble  peak GiB  layers per stage\n");
-        for (int i = 0; i < found; i++) {
-            const loom_plan *p = &best[i].plan;
-            const loom_prediction *pr = &best[i].prediction;
-            char split[64];
-            printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
-                   "%s\n",
-                   i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
-                   p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
-                   pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
-                   (double)pr->peak_bytes / 1073741824.0, split_text(p, split, sizeof split));
-        }
+        cli_print_candidates(best, found);
         best[0].plan.zero1 = best[0].plan.dp > 1 ? best[0].zero1 : -1;
-        st = fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
+        st =
+            cli_plan_fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &best[0].plan);
         if (st == LOOM_OK) {
@@ -366,7 +371,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     }
     if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len, zero1);
     if (st == LOOM_OK && args->out[0]) {
-        st = fill_predicted(&plan, pr, seq_len, zero1);
+        st = cli_plan_fill_predicted(&plan, pr, seq_len, zero1);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
         if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
