@@ -442,6 +442,12 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
             loom_intraop_space_parse(args->search_space, "loom plan", "--search-space", &req.space);
     loom_cluster cluster;
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
+    int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
+    if (st == LOOM_OK && (int64_t)req.dp * req.tp > devices) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "--dp x --tp: expected at most the %lld devices of %s, got %lld",
+                       (long long)devices, args->cluster, (long long)req.dp * req.tp);
+    }
     if (st != LOOM_OK) return cli_fail(st);
     req.memory_budget = cluster.memory_bytes;
     loom_intraop_graph *graph = NULL, *runtime_graph = NULL;
