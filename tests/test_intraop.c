@@ -292,7 +292,7 @@ static void test_runtime_space(void) {
           loom_last_error());
     if (full) {
         int choice[LOOM_INTRAOP_MAX_OPS];
-        loom_intraop_runtime_choice(full, choice);
+        CHECK(loom_intraop_runtime_choice(full, choice) == 1, "full: the runtime's strategies");
         loom_intraop_result priced, best;
         loom_intraop_evaluate(full, choice, &priced);
         CHECK_CLOSE(priced.objective_s, r.objective_s, 1e-12, 0, "full: the runtime's choice");

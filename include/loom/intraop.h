@@ -183,8 +183,9 @@ typedef struct {
 /* Prices choice[] (every operator's strategy index) on the graph: the ILP's objective. */
 void loom_intraop_evaluate(const loom_intraop_graph *graph, const int *choice,
                            loom_intraop_result *out);
-/* The runtime's strategy of every operator (exactly one each in any space). */
-void loom_intraop_runtime_choice(const loom_intraop_graph *graph, int *choice);
+/* The runtime's strategy of every operator; 0 when some operator has none (a mesh the runtime
+ * cannot run, in the full space: its choice[] is -1), else 1. */
+int loom_intraop_runtime_choice(const loom_intraop_graph *graph, int *choice);
 
 /* Solves the ILP with glp_intopt (GLPK silent). A memory budget no choice meets is
  * LOOM_ERR_INPUT naming the budget and the least state any choice needs. */

@@ -412,19 +412,13 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
                                 .precision = LOOM_PRECISION_FP32,
                                 .space = LOOM_INTRAOP_RUNTIME,
                                 .part = LOOM_INTRAOP_MODEL};
-    static const struct {
-        const char *flag;
-        int value;
-    } positive[] = {{"--dp", 0},
-                    {"--tp", 0},
-                    {"--micro-batch-size", 0},
-                    {"--micro-batches", 0},
-                    {"--seq-len", 0}};
+    static const char *const counts[] = {"--dp", "--tp", "--micro-batch-size", "--micro-batches",
+                                         "--seq-len"};
     int values[] = {args->dp, args->tp, args->micro_batch_size, args->micro_batches, args->seq_len};
-    for (int i = 0; i < 5 && st == LOOM_OK; i++) {
-        if (values[i] < positive[i].value) {
-            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a positive number, got %d",
-                           positive[i].flag, values[i]);
+    for (int i = 0; i < 5 && st == LOOM_OK; i++) { /* 0: the default */
+        if (values[i] < 0) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a positive number, got %d", counts[i],
+                           values[i]);
         }
     }
     if (st == LOOM_OK && !args->cluster[0]) {

@@ -89,14 +89,14 @@ static int64_t layout_factor(const costing *k, loom_intraop_layout l, int what) 
     return f;
 }
 
-/* The layout of an activation that splits like the strategy (tokens as rows, n as columns); a
- * k split leaves its axis replicated (the input side of a matmul overrides it). */
-static loom_intraop_layout layout_of(const loom_intraop_strategy *s, int output) {
+/* The output's layout: tokens as rows, n as columns; a k split's axis replicated after an
+ * allreduce, split after a reduce-scatter. */
+static loom_intraop_layout layout_of(const loom_intraop_strategy *s) {
     loom_intraop_layout l = {{LOOM_INTRAOP_REPL, LOOM_INTRAOP_REPL}};
     for (int a = 0; a < 2; a++) {
         if (s->split[a] == LOOM_INTRAOP_TOKENS) l.axis[a] = LOOM_INTRAOP_ROWS;
         if (s->split[a] == LOOM_INTRAOP_N) l.axis[a] = LOOM_INTRAOP_COLS;
-        if (s->split[a] == LOOM_INTRAOP_K && output) {
+        if (s->split[a] == LOOM_INTRAOP_K) {
             if (s->reduce[a] == LOOM_INTRAOP_SCATTER_TOKENS) l.axis[a] = LOOM_INTRAOP_ROWS;
             if (s->reduce[a] == LOOM_INTRAOP_SCATTER_N) l.axis[a] = LOOM_INTRAOP_COLS;
         }
@@ -152,7 +152,7 @@ static int price_matmul(const costing *k, const op_spec *op, loom_intraop_strate
     s->sync_s = sync_s(k, s, params);
     s->state_bytes = (int64_t)(params * 16.0);
     s->in = matmul_input_layout(s);
-    s->out = layout_of(s, 1);
+    s->out = layout_of(s);
     return 1;
 }
 
@@ -166,7 +166,7 @@ static int price_attention(const costing *k, loom_intraop_strategy *s) {
     double av = loom_cluster_gemm_s(k->cluster, k->precision, T, (double)hs, T);
     /* backward is twice the forward (dQ and dK, dA and dV); the softmax streams T x T */
     s->compute_s = (3.0 * pairs * (qk + av) + stream_s(k, pairs * T * T, 6.0)) * k->micro_batches;
-    s->in = s->out = layout_of(s, 1);
+    s->in = s->out = layout_of(s);
     return 1;
 }
 
@@ -186,7 +186,7 @@ static int price_embedding(const costing *k, loom_intraop_strategy *s) {
     double wpe = (double)k->model->max_seq_len * cl;
     s->sync_s = sync_s(k, s, wpe); /* wte's: on the tie (tie_s) */
     s->state_bytes = (int64_t)(((double)(Vp / fv) * cl + wpe) * 16.0);
-    s->in = s->out = layout_of(s, 1);
+    s->in = s->out = layout_of(s);
     return 1;
 }
 
@@ -224,7 +224,7 @@ static int price_light(const costing *k, const op_spec *op, loom_intraop_strateg
     s->comm_s = comm * k->micro_batches;
     s->sync_s = sync_s(k, s, params);
     s->state_bytes = (int64_t)(params * 16.0);
-    s->in = s->out = layout_of(s, 1);
+    s->in = s->out = layout_of(s);
     return 1;
 }
 
@@ -683,13 +683,16 @@ void loom_intraop_evaluate(const loom_intraop_graph *g, const int *choice,
     out->objective_s = out->compute_s + out->comm_s + out->reshard_s + out->sync_s;
 }
 
-void loom_intraop_runtime_choice(const loom_intraop_graph *g, int *choice) {
+int loom_intraop_runtime_choice(const loom_intraop_graph *g, int *choice) {
+    int all = 1;
     for (int v = 0; v < g->ops; v++) {
-        choice[v] = 0;
+        choice[v] = -1;
         for (int i = 0; i < g->op[v].strategies; i++) {
             if (g->op[v].strategy[i].runtime) choice[v] = i;
         }
+        all &= choice[v] >= 0;
     }
+    return all;
 }
 
 /* ---- the ILP ---------------------------------------------------------------------------- */
@@ -721,14 +724,10 @@ static int triplet_add(triplets *t, int row, int col, double value) {
 /* Objective coefficients in microseconds: GLPK's tolerances are absolute near 1. */
 #define ILP_UNITS_PER_S 1e6
 
-static loom_status solve_ilp(const loom_intraop_graph *g, int64_t least_state,
-                             loom_intraop_result *out) {
-    int s_col[LOOM_INTRAOP_MAX_OPS], e_col[LOOM_INTRAOP_MAX_EDGES];
-    glp_prob *lp = glp_create_prob();
-    glp_set_obj_dir(lp, GLP_MIN);
-    triplets t = {0};
+/* s: one binary per operator and strategy, costed, one strategy per operator. */
+static int add_strategy_columns(const loom_intraop_graph *g, glp_prob *lp, triplets *t,
+                                int *s_col) {
     int ok = 1;
-    /* s: one binary per operator and strategy; one strategy per operator */
     for (int v = 0; v < g->ops; v++) {
         const loom_intraop_op *o = &g->op[v];
         s_col[v] = glp_add_cols(lp, o->strategies);
@@ -739,65 +738,71 @@ static loom_status solve_ilp(const loom_intraop_graph *g, int64_t least_state,
             glp_set_col_kind(lp, s_col[v] + i, GLP_BV);
             glp_set_obj_coef(lp, s_col[v] + i,
                              o->count * (s->compute_s + s->comm_s + s->sync_s) * ILP_UNITS_PER_S);
-            ok &= triplet_add(&t, row, s_col[v] + i, 1.0);
+            ok &= triplet_add(t, row, s_col[v] + i, 1.0);
         }
     }
-    /* e: per edge that costs something, e_ij in [0, 1]; row sums s_u,i, column sums s_v,j */
-    for (int k = 0; k < g->edges; k++) {
-        const loom_intraop_edge *e = &g->edge[k];
-        int nu = g->op[e->from].strategies, nv = g->op[e->to].strategies;
-        e_col[k] = 0;
-        if (e->count == 0) continue;
-        e_col[k] = glp_add_cols(lp, nu * nv);
-        for (int i = 0; i < nu * nv; i++) {
-            glp_set_col_bnds(lp, e_col[k] + i, GLP_DB, 0.0, 1.0);
-            glp_set_obj_coef(lp, e_col[k] + i, e->count * e->reshard_s[i] * ILP_UNITS_PER_S);
-        }
-        int rows = glp_add_rows(lp, nu + nv);
-        for (int r = 0; r < nu + nv; r++) glp_set_row_bnds(lp, rows + r, GLP_FX, 0.0, 0.0);
-        for (int i = 0; i < nu; i++) {
-            ok &= triplet_add(&t, rows + i, s_col[e->from] + i, -1.0);
-            for (int j = 0; j < nv; j++)
-                ok &= triplet_add(&t, rows + i, e_col[k] + i * nv + j, 1.0);
-        }
-        for (int j = 0; j < nv; j++) {
-            ok &= triplet_add(&t, rows + nu + j, s_col[e->to] + j, -1.0);
-            for (int i = 0; i < nu; i++)
-                ok &= triplet_add(&t, rows + nu + j, e_col[k] + i * nv + j, 1.0);
+    return ok;
+}
+
+/* e of one edge: e_ij in [0, 1], costed; row i sums to s_u,i and column j to s_v,j. */
+static int add_edge_columns(const loom_intraop_graph *g, const loom_intraop_edge *e, glp_prob *lp,
+                            triplets *t, const int *s_col) {
+    int nu = g->op[e->from].strategies, nv = g->op[e->to].strategies, ok = 1;
+    int col = glp_add_cols(lp, nu * nv);
+    for (int i = 0; i < nu * nv; i++) {
+        glp_set_col_bnds(lp, col + i, GLP_DB, 0.0, 1.0);
+        glp_set_obj_coef(lp, col + i, e->count * e->reshard_s[i] * ILP_UNITS_PER_S);
+    }
+    int rows = glp_add_rows(lp, nu + nv);
+    for (int r = 0; r < nu + nv; r++) glp_set_row_bnds(lp, rows + r, GLP_FX, 0.0, 0.0);
+    for (int i = 0; i < nu; i++) {
+        ok &= triplet_add(t, rows + i, s_col[e->from] + i, -1.0);
+        for (int j = 0; j < nv; j++) ok &= triplet_add(t, rows + i, col + i * nv + j, 1.0);
+    }
+    for (int j = 0; j < nv; j++) {
+        ok &= triplet_add(t, rows + nu + j, s_col[e->to] + j, -1.0);
+        for (int i = 0; i < nu; i++) ok &= triplet_add(t, rows + nu + j, col + i * nv + j, 1.0);
+    }
+    return ok;
+}
+
+/* The state per device within the budget, in units of the budget. */
+static int add_budget_row(const loom_intraop_graph *g, glp_prob *lp, triplets *t,
+                          const int *s_col) {
+    double budget = (double)g->request.memory_budget;
+    int row = glp_add_rows(lp, 1), ok = 1;
+    glp_set_row_bnds(lp, row, GLP_UP, 0.0, 1.0);
+    for (int v = 0; v < g->ops; v++) {
+        for (int i = 0; i < g->op[v].strategies; i++) {
+            double bytes = (double)g->op[v].count * (double)g->op[v].strategy[i].state_bytes;
+            if (bytes > 0) ok &= triplet_add(t, row, s_col[v] + i, bytes / budget);
         }
     }
-    /* the budget, in units of itself */
-    int64_t budget = g->request.memory_budget;
-    if (budget > 0) {
-        int row = glp_add_rows(lp, 1);
-        glp_set_row_bnds(lp, row, GLP_UP, 0.0, 1.0);
-        for (int v = 0; v < g->ops; v++) {
-            for (int i = 0; i < g->op[v].strategies; i++) {
-                double bytes = (double)g->op[v].count * (double)g->op[v].strategy[i].state_bytes;
-                if (bytes > 0) ok &= triplet_add(&t, row, s_col[v] + i, bytes / (double)budget);
-            }
-        }
+    return ok;
+}
+
+/* Builds the program, solves it, prices the choice. The budget was checked feasible. */
+static loom_status solve_ilp(const loom_intraop_graph *g, loom_intraop_result *out) {
+    int s_col[LOOM_INTRAOP_MAX_OPS], choice[LOOM_INTRAOP_MAX_OPS] = {0};
+    glp_prob *lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MIN);
+    triplets t = {0};
+    int ok = add_strategy_columns(g, lp, &t, s_col);
+    for (int k = 0; k < g->edges; k++) { /* an edge that never runs costs nothing */
+        if (g->edge[k].count > 0) ok &= add_edge_columns(g, &g->edge[k], lp, &t, s_col);
     }
-    loom_status st = LOOM_OK;
-    if (!ok) st = loom_fail(LOOM_ERR_NOMEM, "intra-op ILP: out of memory");
-    int choice[LOOM_INTRAOP_MAX_OPS] = {0};
+    if (g->request.memory_budget > 0) ok &= add_budget_row(g, lp, &t, s_col);
+    loom_status st = ok ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "intra-op ILP: out of memory");
+    int variables = glp_get_num_cols(lp), constraints = glp_get_num_rows(lp), nonzeros = t.nz;
     if (st == LOOM_OK) {
         glp_load_matrix(lp, t.nz, t.ia, t.ja, t.ar);
-        out->variables = glp_get_num_cols(lp), out->constraints = glp_get_num_rows(lp);
-        out->nonzeros = t.nz;
         glp_iocp parm;
         glp_init_iocp(&parm);
         parm.presolve = GLP_ON; /* solves the LP relaxation itself */
         parm.msg_lev = GLP_MSG_OFF;
         glp_term_out(GLP_OFF);
-        int ret = glp_intopt(lp, &parm);
-        int status = glp_mip_status(lp);
-        if (ret == GLP_ENOPFS || status == GLP_NOFEAS) {
-            st = loom_fail(LOOM_ERR_INPUT,
-                           "intra-op ILP: no strategy fits the memory budget of %.3f GiB per "
-                           "device (the least state any choice needs is %.3f GiB)",
-                           (double)budget / 1073741824.0, (double)least_state / 1073741824.0);
-        } else if (ret != 0 || status != GLP_OPT) {
+        int ret = glp_intopt(lp, &parm), status = glp_mip_status(lp);
+        if (ret != 0 || status != GLP_OPT) {
             st = loom_fail(LOOM_ERR_RUNTIME, "intra-op ILP: glp_intopt returned %d, status %d", ret,
                            status);
         }
@@ -810,10 +815,8 @@ static loom_status solve_ilp(const loom_intraop_graph *g, int64_t least_state,
     glp_delete_prob(lp);
     free(t.ia), free(t.ja), free(t.ar);
     if (st == LOOM_OK) {
-        loom_intraop_result size = *out;
         loom_intraop_evaluate(g, choice, out);
-        out->variables = size.variables, out->constraints = size.constraints;
-        out->nonzeros = size.nonzeros;
+        out->variables = variables, out->constraints = constraints, out->nonzeros = nonzeros;
     }
     return st;
 }
@@ -838,7 +841,7 @@ loom_status loom_intraop_solve(const loom_intraop_graph *g, loom_intraop_result 
                          (double)budget / 1073741824.0, (double)least / 1073741824.0);
     }
     double t0 = loom_now();
-    loom_status st = solve_ilp(g, least, out);
+    loom_status st = solve_ilp(g, out);
     out->solve_s = loom_now() - t0;
     return st;
 }
