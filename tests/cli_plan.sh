@@ -360,5 +360,39 @@ sed 's/^{$/{\n  "precision": "bf16",/' tiny1.json >bf16.json
 bad "train: a bf16 plan refused by name" 'bf16\.json: precision: "bf16" is not supported by this build' \
     -- "$LOOM" train --plan bf16.json --data nosuch.bin --steps 1
 
+# ---- the intra-op ILP -------------------------------------------------------------------------
+
+good "plan: --intraop, runtime space on (2, 4)" 'intra-op ILP on dgx-a100: mesh \(dp 2, tp 4\)' \
+    '^ +c_attn +12 +column \(n over tp\), tokens over dp ' \
+    '^ +mlp_c_proj +12 +row \(k over tp \[allreduce\]\), tokens over dp ' \
+    '^ +ILP: [0-9]+ variables, [0-9]+ constraints, [0-9]+ nonzeros; solved in [0-9.]+ s' \
+    'the runtime space: loom executes this layout' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 2 --tp 4 \
+    --precision bf16
+good "plan: --intraop, full space, the gain" 'full space' '^ +attention +12 +heads over tp' \
+    'runtime space: step [0-9.]+ ms; the full space gains [0-9.]+ %' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 2 --tp 4 \
+    --micro-batch-size 2 --seq-len 512 --precision bf16 --search-space full
+good "plan: --intraop, full space where the runtime cannot run" \
+    'runtime space: none \(intra-op: tp: expected a divisor of heads 12' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --tp 8 \
+    --search-space full
+bad "plan: --intraop, runtime space, tp not dividing the heads" 'tp: expected a divisor of heads' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --tp 8
+bad "plan: --intraop without --cluster" '--intraop: expected --cluster FILE' \
+    -- "$LOOM" plan --intraop --model gpt2 --tp 2
+bad "plan: --intraop, bad --search-space" '--search-space: expected "runtime" or "full", got "fast"' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --search-space fast
+bad "plan: --intraop, negative --dp" '--dp: expected a positive number, got -1' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp -1
+bad "plan: --intraop, more devices than the cluster" '--dp x --tp: expected at most the 3072 devices' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 64 --tp 64
+bad "plan: --intraop with --pp" '--intraop: expected only .* got --pp' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --pp 2
+bad "plan: --intraop, state over the device's memory" \
+    'no strategy fits the memory budget of 80.000 GiB per device \(the least state any choice needs is [0-9.]+ GiB\)' \
+    -- "$LOOM" plan --intraop --model gpt3-175b --cluster "$CLUSTERS/dgx-a100.json" --dp 8 \
+    --seq-len 2048 --precision bf16
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -42,6 +42,10 @@
 extern "C" {
 #endif
 
+/* The link class of a group of world ranks placed as above: LOOM_LINK_INTRA_NODE when they all
+ * share a node, else LOOM_LINK_INTER_NODE. */
+int loom_plan_group_link(const loom_cluster *cluster, const int *ranks, int n);
+
 /* What one rank holds, in bytes, as the runtime allocates it (train/memory.c checks it). */
 typedef struct {
     int64_t weights, grads, optimizer; /* optimizer: AdamW m and v, ZeRO-1 sharded when asked */

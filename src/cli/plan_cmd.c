@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "loom/cluster.h"
 #include "loom/costmodel.h"
+#include "loom/intraop.h"
 #include "loom/plan.h"
 
 #include <stddef.h>
@@ -42,6 +43,8 @@ typedef struct {
     char cluster[PLAN_PATH_MAX];
     char precision[16];
     int seq_len, zero1, devices;
+    int intraop;
+    char search_space[16];
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
@@ -89,6 +92,11 @@ static const cli_opt plan_opts[] = {
     POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
     POPT("--zero1", OPT_FLAG, zero1,
          "--predict: AdamW's state sharded over the data-parallel ranks"),
+    POPT("--intraop", OPT_FLAG, intraop,
+         "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
+         "strategy, its costs, the ILP's size and solve time"),
+    POPT("--search-space", OPT_STRING, search_space,
+         "--intraop: runtime (default: what loom executes) or full (every strategy, simulated)"),
     POPT("--check-cluster", OPT_STRING, check_cluster,
          "read and check this cluster description (e.g. clusters/dgx-a100.json): prints "
          "\"FILE: ok (NAME, N devices per node, max M nodes)\", or the problem and exits 2"),
@@ -102,7 +110,9 @@ static const char *plan_usage =
     "       loom plan --predict plan.json --cluster cluster.json [--precision P] [--seq-len T] "
     "[--zero1] [--out predicted.json]\n"
     "       loom plan --model M --cluster cluster.json [--devices N] --global-batch-size G "
-    "[--seq-len T] [--precision P] --out plan.json";
+    "[--seq-len T] [--precision P] --out plan.json\n"
+    "       loom plan --intraop --model M --cluster cluster.json --dp D --tp T "
+    "[--micro-batch-size B] [--seq-len T] [--precision P] [--search-space runtime|full]";
 
 /* Whether `arg` is `flag`, alone or as "flag=value". */
 static int is_flag(const char *arg, const char *flag) {
@@ -381,6 +391,130 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
+/* The intra-op ILP's answer as a table: each operator's strategy and costs (x its count), the
+ * totals, the ILP's size and solve time. */
+static void print_intraop(const loom_intraop_graph *g, const loom_intraop_result *r) {
+    printf("  %-13s %3s  %-52s %10s %9s %10s %9s %10s\n", "operator", "x", "strategy", "compute ms",
+           "comm ms", "reshard ms", "sync ms", "state MiB");
+    for (int v = 0; v < g->ops; v++) {
+        const loom_intraop_op *o = &g->op[v];
+        const loom_intraop_strategy *s = &o->strategy[r->choice[v]];
+        double n = o->count;
+        printf("  %-13s %3d  %-52s %10.3f %9.3f %10.3f %9.3f %10.1f\n", o->name, o->count, s->name,
+               n * s->compute_s * 1e3, n * s->comm_s * 1e3, r->op_reshard_s[v] * 1e3,
+               (n * s->sync_s + r->op_tied_s[v]) * 1e3, n * (double)s->state_bytes / 1048576.0);
+    }
+    printf("  step %.3f ms = compute %.3f + in-op communication %.3f + resharding %.3f + "
+           "gradient sync %.3f; state %.3f GiB per device\n",
+           r->objective_s * 1e3, r->compute_s * 1e3, r->comm_s * 1e3, r->reshard_s * 1e3,
+           r->sync_s * 1e3, (double)r->state_bytes / 1073741824.0);
+    printf("  ILP: %d variables, %d constraints, %d nonzeros; solved in %.3f s\n", r->variables,
+           r->constraints, r->nonzeros, r->solve_s);
+}
+
+/* `loom plan --intraop`: the ILP over the model's operator graph on a (dp, tp) mesh; with
+ * --search-space full, also the runtime space's optimum for the gain. */
+static int run_intraop(const plan_args *args, int argc, char **argv) {
+    static const char *const allowed[] = {"--intraop",
+                                          "--model",
+                                          "--layers",
+                                          "--heads",
+                                          "--d-model",
+                                          "--context",
+                                          "--vocab",
+                                          "--cluster",
+                                          "--dp",
+                                          "--tp",
+                                          "--seq-len",
+                                          "--precision",
+                                          "--micro-batch-size",
+                                          "--micro-batches",
+                                          "--search-space"};
+    int nallowed = (int)(sizeof allowed / sizeof allowed[0]);
+    loom_status st = check_mode_flags(argc, argv, "--intraop", allowed, nallowed,
+                                      "the ILP plans one (dp, tp) mesh");
+    loom_gpt_config model;
+    if (st == LOOM_OK) {
+        st = loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
+                                     args->context, args->vocab, "model configuration", &model);
+    }
+    loom_intraop_request req = {.dp = args->dp ? args->dp : 1,
+                                .tp = args->tp ? args->tp : 1,
+                                .micro_batch = args->micro_batch_size ? args->micro_batch_size : 1,
+                                .micro_batches = args->micro_batches,
+                                .seq_len = args->seq_len,
+                                .precision = LOOM_PRECISION_FP32,
+                                .space = LOOM_INTRAOP_RUNTIME,
+                                .part = LOOM_INTRAOP_MODEL};
+    static const char *const counts[] = {"--dp", "--tp", "--micro-batch-size", "--micro-batches",
+                                         "--seq-len"};
+    int values[] = {args->dp, args->tp, args->micro_batch_size, args->micro_batches, args->seq_len};
+    for (int i = 0; i < 5 && st == LOOM_OK; i++) { /* 0: the default */
+        if (values[i] < 0) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected a positive number, got %d", counts[i],
+                           values[i]);
+        }
+    }
+    if (st == LOOM_OK && !args->cluster[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--intraop: expected --cluster FILE (clusters/*.json, or "
+                                       "loom profile's)");
+    }
+    if (st == LOOM_OK && args->seq_len > model.max_seq_len) {
+        st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected at most the model's context %d, got %d",
+                       model.max_seq_len, args->seq_len);
+    }
+    if (st == LOOM_OK && args->precision[0])
+        st = loom_precision_parse(args->precision, "loom plan", "--precision", &req.precision);
+    if (st == LOOM_OK && args->search_space[0])
+        st =
+            loom_intraop_space_parse(args->search_space, "loom plan", "--search-space", &req.space);
+    loom_cluster cluster;
+    if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
+    int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
+    if (st == LOOM_OK && (int64_t)req.dp * req.tp > devices) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "--dp x --tp: expected at most the %lld devices of %s, got %lld",
+                       (long long)devices, args->cluster, (long long)req.dp * req.tp);
+    }
+    if (st != LOOM_OK) return cli_fail(st);
+    req.memory_budget = cluster.memory_bytes;
+    loom_intraop_graph *graph = NULL, *runtime_graph = NULL;
+    loom_intraop_result result, runtime;
+    st = loom_intraop_graph_create(&graph, &model, &cluster, &req);
+    if (st == LOOM_OK) {
+        printf("intra-op ILP on %s: mesh (dp %d, tp %d), %d x %d sequences of %d tokens per "
+               "micro-batch, %d micro-batch%s per step, %s, %s space, state budget %.1f GiB per "
+               "device\n",
+               cluster.name, req.dp, req.tp, req.dp, req.micro_batch, graph->request.seq_len,
+               graph->request.micro_batches, graph->request.micro_batches == 1 ? "" : "es",
+               loom_precision_name(req.precision),
+               req.space == LOOM_INTRAOP_FULL ? "full" : "runtime",
+               (double)req.memory_budget / 1073741824.0);
+        st = loom_intraop_solve(graph, &result);
+    }
+    if (st == LOOM_OK) print_intraop(graph, &result);
+    if (st == LOOM_OK && req.space == LOOM_INTRAOP_FULL) {
+        loom_intraop_request rt = req;
+        rt.space = LOOM_INTRAOP_RUNTIME;
+        loom_status rst = loom_intraop_graph_create(&runtime_graph, &model, &cluster, &rt);
+        if (rst == LOOM_OK) rst = loom_intraop_solve(runtime_graph, &runtime);
+        if (rst == LOOM_ERR_NOMEM) st = rst;
+        if (rst == LOOM_OK) {
+            printf("  runtime space: step %.3f ms; the full space gains %.1f %% (simulation only: "
+                   "loom's runtime executes the runtime space)\n",
+                   runtime.objective_s * 1e3,
+                   100.0 * (runtime.objective_s - result.objective_s) / runtime.objective_s);
+        } else if (st == LOOM_OK) { /* the runtime cannot run this mesh: say why, not fail */
+            printf("  runtime space: none (%s)\n", loom_last_error());
+        }
+    } else if (st == LOOM_OK) {
+        printf("  (the runtime space: loom executes this layout)\n");
+    }
+    loom_intraop_graph_free(graph);
+    loom_intraop_graph_free(runtime_graph);
+    return st == LOOM_OK ? 0 : cli_fail(st);
+}
+
 static int run_build(const plan_args *args) {
     loom_gpt_config model;
     loom_status st =
@@ -443,6 +577,7 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (is_flag(argv[i], "--predict")) return run_predict(&args, argc, argv);
     }
+    if (args.intraop) return run_intraop(&args, argc, argv);
     if (args.cluster[0]) return run_search(&args);
     return check_given ? run_check(&args, argc, argv) : run_build(&args);
 }

@@ -82,8 +82,7 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
 
 /* ---- placement ------------------------------------------------------------------------- */
 
-/* The link class of a group of world ranks: intra-node when they share a node. */
-static int group_link(const loom_cluster *cl, const int *ranks, int n) {
+int loom_plan_group_link(const loom_cluster *cl, const int *ranks, int n) {
     for (int i = 1; i < n; i++) {
         if (ranks[i] / cl->devices_per_node != ranks[0] / cl->devices_per_node)
             return LOOM_LINK_INTER_NODE;
@@ -100,7 +99,7 @@ static int kind_link(const loom_plan *plan, const loom_cluster *cl, int kind) {
         if (kind == 1 && plan->dp > 1) d.dp_rank = (c.dp_rank + 1) % plan->dp;
         if (kind == 2 && plan->pp > 1) d.pp_rank = (c.pp_rank + 1) % plan->pp;
         members[0] = r, members[1] = loom_plan_world_rank(plan, d);
-        if (group_link(cl, members, 2) == LOOM_LINK_INTER_NODE) worst = LOOM_LINK_INTER_NODE;
+        if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE) worst = LOOM_LINK_INTER_NODE;
     }
     return worst;
 }

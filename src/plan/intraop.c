@@ -1,0 +1,847 @@
+/*
+ * intraop.c — Alpa's intra-operator pass (loom/intraop.h): the operator graph of a GPT-2 block
+ * and of the embedding and head, every sharding strategy of each operator on a (dp, tp) mesh
+ * priced with the cluster's figures, resharding costs on the edges, and the ILP that picks one
+ * strategy per operator, solved with GLPK. The cost rules are stated in the header.
+ *
+ * Not here: the stage slicing (inter-op), the cost model of a whole plan (costmodel.c), or
+ * executing anything the full space offers beyond what the runtime does.
+ */
+#include "loom/intraop.h"
+#include "loom/costmodel.h"
+
+#include <glpk.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+loom_status loom_intraop_space_parse(const char *name, const char *source, const char *field,
+                                     loom_intraop_space *space) {
+    if (!strcmp(name, "runtime")) {
+        *space = LOOM_INTRAOP_RUNTIME;
+    } else if (!strcmp(name, "full")) {
+        *space = LOOM_INTRAOP_FULL;
+    } else {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected \"runtime\" or \"full\", got \"%s\"",
+                         source, field, name);
+    }
+    return LOOM_OK;
+}
+
+/* ---- operators ------------------------------------------------------------------------- */
+
+typedef enum {
+    OP_INPUT,     /* the block's input: a layout, nothing computed */
+    OP_LAYERNORM, /* ln over the width, weight and bias (width) */
+    OP_ADD,       /* residual add of two operands */
+    OP_GELU,
+    OP_MATMUL,    /* Y[m,n] = X[m,k] W[k,n] + b[n] */
+    OP_ATTENTION, /* causal self-attention from qkv [m, 3C] to [m, C] */
+    OP_EMBEDDING, /* wte[Vp, C] gathered by token + wpe[T, C] */
+    OP_XENT,      /* softmax cross-entropy over the logits [m, Vp] */
+} op_kind;
+
+typedef struct {
+    const char *name;
+    op_kind kind;
+    int count;
+    int64_t k, n;     /* matmul; n is the width of a light operator's tensor */
+    int weight;       /* the matmul holds its weight (the tied LM head does not) */
+    int row_parallel; /* the runtime splits k over tp (else n) */
+} op_spec;
+
+typedef struct {
+    const loom_cluster *cluster;
+    const loom_gpt_config *model;
+    loom_precision precision;
+    int n[2], link[2];
+    int64_t seqs, T, tokens; /* the mesh's batch: dp x micro_batch sequences */
+    double value_bytes;      /* activations: 4 in fp32, else 2 */
+    double micro_batches;
+} costing;
+
+static const char *axis_name[2] = {"dp", "tp"};
+
+static double collective_s(const costing *k, loom_collective_op op, int axis, double bytes) {
+    return loom_cluster_collective_s(k->cluster, op, k->link[axis], k->n[axis], bytes);
+}
+
+/* Memory-bound work: `elements` activations streamed `passes` times. */
+static double stream_s(const costing *k, double elements, double passes) {
+    return elements * k->value_bytes * passes / k->cluster->memory_bandwidth;
+}
+
+/* The product of the axis sizes that split `what` (a loom_intraop_split). */
+static int64_t split_factor(const costing *k, const loom_intraop_strategy *s, int what) {
+    int64_t f = 1;
+    for (int a = 0; a < 2; a++) {
+        if ((int)s->split[a] == what) f *= k->n[a];
+    }
+    return f;
+}
+
+static int64_t layout_factor(const costing *k, loom_intraop_layout l, int what) {
+    int64_t f = 1;
+    for (int a = 0; a < 2; a++) {
+        if (l.axis[a] == what) f *= k->n[a];
+    }
+    return f;
+}
+
+/* The output's layout: tokens as rows, n as columns; a k split's axis replicated after an
+ * allreduce, split after a reduce-scatter. */
+static loom_intraop_layout layout_of(const loom_intraop_strategy *s) {
+    loom_intraop_layout l = {{LOOM_INTRAOP_REPL, LOOM_INTRAOP_REPL}};
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] == LOOM_INTRAOP_TOKENS) l.axis[a] = LOOM_INTRAOP_ROWS;
+        if (s->split[a] == LOOM_INTRAOP_N) l.axis[a] = LOOM_INTRAOP_COLS;
+        if (s->split[a] == LOOM_INTRAOP_K) {
+            if (s->reduce[a] == LOOM_INTRAOP_SCATTER_TOKENS) l.axis[a] = LOOM_INTRAOP_ROWS;
+            if (s->reduce[a] == LOOM_INTRAOP_SCATTER_N) l.axis[a] = LOOM_INTRAOP_COLS;
+        }
+    }
+    return l;
+}
+
+/* The matmul's input X[m,k]: tokens as rows, k as columns, n replicated. */
+static loom_intraop_layout matmul_input_layout(const loom_intraop_strategy *s) {
+    loom_intraop_layout l = {{LOOM_INTRAOP_REPL, LOOM_INTRAOP_REPL}};
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] == LOOM_INTRAOP_TOKENS) l.axis[a] = LOOM_INTRAOP_ROWS;
+        if (s->split[a] == LOOM_INTRAOP_K) l.axis[a] = LOOM_INTRAOP_COLS;
+    }
+    return l;
+}
+
+/* The weight-gradient allreduce of `params` fp32 values over every axis that splits tokens. */
+static double sync_s(const costing *k, const loom_intraop_strategy *s, double params) {
+    double t = 0;
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] == LOOM_INTRAOP_TOKENS && params > 0)
+            t += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, params * 4.0);
+    }
+    return t;
+}
+
+/* A matmul's costs; 0 when a split does not divide its dimension. */
+static int price_matmul(const costing *k, const op_spec *op, loom_intraop_strategy *s) {
+    int64_t fm = split_factor(k, s, LOOM_INTRAOP_TOKENS), fk = split_factor(k, s, LOOM_INTRAOP_K),
+            fn = split_factor(k, s, LOOM_INTRAOP_N);
+    if (op->k % fk || op->n % fn) return 0;
+    double m = (double)(k->tokens / fm), kl = (double)(op->k / fk), nl = (double)(op->n / fn);
+    /* forward, input gradient, weight gradient: three GEMMs of the shard's size */
+    s->compute_s =
+        3.0 * loom_cluster_gemm_s(k->cluster, k->precision, m, nl, kl) * k->micro_batches;
+    double comm = 0;
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] == LOOM_INTRAOP_K) { /* partial sums of Y */
+            double y = m * nl * k->value_bytes;
+            if (s->reduce[a] == LOOM_INTRAOP_ALLREDUCE) {
+                comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, y);
+            } else { /* reduce-scatter forward, all-gather of dY in backward */
+                comm += collective_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, a, y) +
+                        collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, y);
+            }
+        }
+        if (s->split[a] == LOOM_INTRAOP_N) /* dX = dY W^T sums over the split n */
+            comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, m * kl * k->value_bytes);
+    }
+    s->comm_s = comm * k->micro_batches;
+    double params = op->weight ? kl * nl + nl : 0; /* the bias splits with n only */
+    s->sync_s = sync_s(k, s, params);
+    s->state_bytes = (int64_t)(params * 16.0);
+    s->in = matmul_input_layout(s);
+    s->out = layout_of(s);
+    return 1;
+}
+
+static int price_attention(const costing *k, loom_intraop_strategy *s) {
+    int64_t fs = split_factor(k, s, LOOM_INTRAOP_TOKENS), fh = split_factor(k, s, LOOM_INTRAOP_N);
+    int64_t NH = k->model->num_heads, hs = k->model->channels / NH;
+    if (NH % fh) return 0;
+    double pairs = (double)(k->seqs / fs) * (double)(NH / fh); /* (sequence, head) pairs here */
+    double T = (double)k->T;
+    double qk = loom_cluster_gemm_s(k->cluster, k->precision, T, T, (double)hs);
+    double av = loom_cluster_gemm_s(k->cluster, k->precision, T, (double)hs, T);
+    /* backward is twice the forward (dQ and dK, dA and dV); the softmax streams T x T */
+    s->compute_s = (3.0 * pairs * (qk + av) + stream_s(k, pairs * T * T, 6.0)) * k->micro_batches;
+    s->in = s->out = layout_of(s);
+    return 1;
+}
+
+static int price_embedding(const costing *k, loom_intraop_strategy *s) {
+    int64_t fm = split_factor(k, s, LOOM_INTRAOP_TOKENS), fv = split_factor(k, s, LOOM_INTRAOP_K),
+            fc = split_factor(k, s, LOOM_INTRAOP_N);
+    int64_t C = k->model->channels, Vp = k->model->padded_vocab_size;
+    if (Vp % fv || C % fc) return 0;
+    double m = (double)(k->tokens / fm), cl = (double)(C / fc);
+    s->compute_s = stream_s(k, m * cl, 3.0) * k->micro_batches; /* gather, add wpe, scatter */
+    double comm = 0;
+    for (int a = 0; a < 2; a++) { /* a vocabulary split sums every rank's rows of the lookup */
+        if (s->split[a] == LOOM_INTRAOP_K)
+            comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, m * cl * k->value_bytes);
+    }
+    s->comm_s = comm * k->micro_batches;
+    double wpe = (double)k->model->max_seq_len * cl;
+    s->sync_s = sync_s(k, s, wpe); /* wte's: on the tie (tie_s) */
+    s->state_bytes = (int64_t)(((double)(Vp / fv) * cl + wpe) * 16.0);
+    s->in = s->out = layout_of(s);
+    return 1;
+}
+
+/* Light operators: LayerNorm, add, gelu, cross-entropy, the input. */
+static int price_light(const costing *k, const op_spec *op, loom_intraop_strategy *s) {
+    int64_t fm = split_factor(k, s, LOOM_INTRAOP_TOKENS), fw = split_factor(k, s, LOOM_INTRAOP_N);
+    if (op->n % fw) return 0;
+    double m = (double)(k->tokens / fm), elements = m * (double)(op->n / fw);
+    double comm = 0, passes = 0, params = 0;
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] != LOOM_INTRAOP_N) continue;
+        if (op->kind == OP_LAYERNORM) /* mean and variance; backward's two sums */
+            comm += 2 * collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, 2.0 * m * 4.0);
+        if (op->kind == OP_XENT) /* row max, then [sum exp, target logit] */
+            comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, m * 4.0) +
+                    collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, 2.0 * m * 4.0);
+    }
+    switch (op->kind) {
+    case OP_LAYERNORM:
+        passes = 6, params = 2.0 * (double)(op->n / fw);
+        break;
+    case OP_ADD:
+        passes = 3;
+        break;
+    case OP_GELU:
+        passes = 6;
+        break;
+    case OP_XENT:
+        passes = 4;
+        break;
+    default:
+        break;
+    }
+    s->compute_s = stream_s(k, elements, passes) * k->micro_batches;
+    s->comm_s = comm * k->micro_batches;
+    s->sync_s = sync_s(k, s, params);
+    s->state_bytes = (int64_t)(params * 16.0);
+    s->in = s->out = layout_of(s);
+    return 1;
+}
+
+/* What loom's runtime does on axis a (Megatron: tokens over dp, the tensor-parallel split over
+ * tp; a size-1 axis replicates). */
+static void runtime_split(const costing *k, const op_spec *op, int a, loom_intraop_split *split,
+                          loom_intraop_reduce *reduce) {
+    *reduce = LOOM_INTRAOP_ALLREDUCE;
+    *split = LOOM_INTRAOP_REPLICATE;
+    if (k->n[a] == 1) return;
+    if (a == 0) {
+        *split = LOOM_INTRAOP_TOKENS;
+        return;
+    }
+    switch (op->kind) {
+    case OP_MATMUL:
+        *split = op->row_parallel ? LOOM_INTRAOP_K : LOOM_INTRAOP_N;
+        break;
+    case OP_EMBEDDING:
+        *split = LOOM_INTRAOP_K;
+        break;
+    case OP_ATTENTION:
+    case OP_GELU:
+    case OP_XENT:
+        *split = LOOM_INTRAOP_N;
+        break;
+    default:
+        break; /* the residual stream and its LayerNorms stay whole over tp */
+    }
+}
+
+static void append(char *dst, size_t cap, const char *text) {
+    size_t used = strlen(dst);
+    snprintf(dst + used, cap - used, "%s%s", used ? ", " : "", text);
+}
+
+/* "column (n over tp), tokens over dp", "row (k over tp, allreduce)", "replicated". */
+static void name_strategy(const op_spec *op, loom_intraop_strategy *s) {
+    const char *kdim = op->kind == OP_EMBEDDING ? "vocab" : "k";
+    const char *ndim = op->kind == OP_MATMUL      ? "n"
+                       : op->kind == OP_ATTENTION ? "heads"
+                       : op->kind == OP_EMBEDDING ? "channels"
+                       : op->kind == OP_XENT      ? "vocab"
+                                                  : "hidden";
+    char weights[80] = "", tokens[32] = "", part[64];
+    int ks = 0, ns = 0;
+    for (int a = 1; a >= 0; a--) {
+        if (s->split[a] == LOOM_INTRAOP_TOKENS) {
+            snprintf(part, sizeof part, "tokens over %s", axis_name[a]);
+            append(tokens, sizeof tokens, part);
+        } else if (s->split[a] == LOOM_INTRAOP_N) {
+            snprintf(part, sizeof part, "%s over %s", ndim, axis_name[a]);
+            append(weights, sizeof weights, part), ns++;
+        } else if (s->split[a] == LOOM_INTRAOP_K) {
+            const char *how = s->reduce[a] == LOOM_INTRAOP_ALLREDUCE ? "allreduce"
+                              : s->reduce[a] == LOOM_INTRAOP_SCATTER_TOKENS
+                                  ? "reduce-scatter to tokens"
+                                  : "reduce-scatter to columns";
+            snprintf(part, sizeof part, "%s over %s [%s]", kdim, axis_name[a], how);
+            append(weights, sizeof weights, part), ks++;
+        }
+    }
+    s->name[0] = '\0';
+    if (op->kind == OP_MATMUL && (ks == 0) != (ns == 0)) {
+        snprintf(s->name, sizeof s->name, "%s (%s)", ks ? "row" : "column", weights);
+    } else if (weights[0]) {
+        snprintf(s->name, sizeof s->name, "%s", weights);
+    }
+    if (tokens[0]) append(s->name, sizeof s->name, tokens);
+    if (!s->name[0]) snprintf(s->name, sizeof s->name, "replicated");
+}
+
+/* The choices an axis offers an operator. */
+typedef struct {
+    loom_intraop_split split;
+    loom_intraop_reduce reduce;
+} axis_choice;
+
+static int axis_choices(const costing *k, const op_spec *op, int a, axis_choice *out) {
+    int n = 0;
+    out[n++] = (axis_choice){LOOM_INTRAOP_REPLICATE, LOOM_INTRAOP_ALLREDUCE};
+    if (k->n[a] == 1) return n;
+    out[n++] = (axis_choice){LOOM_INTRAOP_TOKENS, LOOM_INTRAOP_ALLREDUCE};
+    out[n++] = (axis_choice){LOOM_INTRAOP_N, 0};
+    if (op->kind == OP_MATMUL || op->kind == OP_EMBEDDING)
+        out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_ALLREDUCE};
+    if (op->kind == OP_MATMUL) {
+        out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_SCATTER_TOKENS};
+        out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_SCATTER_N};
+    }
+    return n;
+}
+
+/* Whether the layouts' splits divide the tensors they split: whole sequences, and columns. */
+static int layouts_divide(const costing *k, const op_spec *op, const loom_intraop_strategy *s) {
+    int64_t in_cols = op->kind == OP_MATMUL      ? op->k
+                      : op->kind == OP_ATTENTION ? 3 * k->model->channels
+                                                 : op->n;
+    int64_t out_cols =
+        op->kind == OP_ATTENTION || op->kind == OP_EMBEDDING ? k->model->channels : op->n;
+    return k->seqs % layout_factor(k, s->in, LOOM_INTRAOP_ROWS) == 0 &&
+           k->seqs % layout_factor(k, s->out, LOOM_INTRAOP_ROWS) == 0 &&
+           k->seqs % split_factor(k, s, LOOM_INTRAOP_TOKENS) == 0 &&
+           in_cols % layout_factor(k, s->in, LOOM_INTRAOP_COLS) == 0 &&
+           out_cols % layout_factor(k, s->out, LOOM_INTRAOP_COLS) == 0;
+}
+
+static loom_status add_op(loom_intraop_graph *g, const costing *k, const op_spec *op,
+                          loom_intraop_space space) {
+    loom_intraop_op *o = &g->op[g->ops];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", op->name);
+    o->count = op->count;
+    axis_choice c0[8], c1[8];
+    int n0 = axis_choices(k, op, 0, c0), n1 = axis_choices(k, op, 1, c1);
+    loom_intraop_split run_split[2];
+    loom_intraop_reduce run_reduce[2];
+    for (int a = 0; a < 2; a++) runtime_split(k, op, a, &run_split[a], &run_reduce[a]);
+    for (int i = 0; i < n0; i++) {
+        for (int j = 0; j < n1; j++) {
+            loom_intraop_strategy s;
+            memset(&s, 0, sizeof s);
+            s.split[0] = c0[i].split, s.reduce[0] = c0[i].reduce;
+            s.split[1] = c1[j].split, s.reduce[1] = c1[j].reduce;
+            s.runtime = 1;
+            for (int a = 0; a < 2; a++) {
+                s.runtime &= s.split[a] == run_split[a] &&
+                             (s.split[a] != LOOM_INTRAOP_K || s.reduce[a] == run_reduce[a]);
+            }
+            if (space == LOOM_INTRAOP_RUNTIME && !s.runtime) continue;
+            int ok = 0;
+            switch (op->kind) {
+            case OP_MATMUL:
+                ok = price_matmul(k, op, &s);
+                break;
+            case OP_ATTENTION:
+                ok = price_attention(k, &s);
+                break;
+            case OP_EMBEDDING:
+                ok = price_embedding(k, &s);
+                break;
+            default:
+                ok = price_light(k, op, &s);
+                break;
+            }
+            if (!ok || !layouts_divide(k, op, &s)) continue;
+            name_strategy(op, &s);
+            o->strategy[o->strategies++] = s;
+        }
+    }
+    if (o->strategies == 0) { /* only the runtime's, and it does not divide */
+        return loom_fail(LOOM_ERR_INPUT,
+                         "intra-op: %s: the runtime's layout does not divide its tensors on the "
+                         "mesh (dp %d, tp %d)",
+                         op->name, k->n[0], k->n[1]);
+    }
+    g->ops++;
+    return LOOM_OK;
+}
+
+/* ---- resharding ------------------------------------------------------------------------- */
+
+/* Forward and backward of passing a (rows x cols) activation from layout `from` to `to`. */
+static double reshard_s(const costing *k, int64_t rows, int64_t cols, loom_intraop_layout from,
+                        loom_intraop_layout to) {
+    double t = 0;
+    for (int a = 0; a < 2; a++) {
+        if (from.axis[a] == to.axis[a] || k->n[a] == 1) continue;
+        int o = 1 - a; /* the other axis divides what this one moves, where both split it */
+        int64_t other =
+            (from.axis[o] != LOOM_INTRAOP_REPL && to.axis[o] != LOOM_INTRAOP_REPL) ? k->n[o] : 1;
+        double bytes = (double)rows * (double)cols * k->value_bytes / (double)other;
+        if (from.axis[a] == LOOM_INTRAOP_REPL || to.axis[a] == LOOM_INTRAOP_REPL) {
+            /* all-gather one way, a free slice the other */
+            t += collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, bytes);
+        } else { /* rows <-> columns: an all-to-all each way */
+            t += 2 * collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, bytes / k->n[a]);
+        }
+    }
+    return t * k->micro_batches;
+}
+
+static loom_status add_edge(loom_intraop_graph *g, const costing *k, int from, int to, int count,
+                            int64_t cols) {
+    loom_intraop_edge *e = &g->edge[g->edges];
+    const loom_intraop_op *u = &g->op[from], *v = &g->op[to];
+    e->from = from, e->to = to, e->count = count;
+    e->rows = k->tokens, e->cols = cols;
+    e->reshard_s = loom_calloc((size_t)u->strategies * (size_t)v->strategies, sizeof(double),
+                               "intra-op graph");
+    if (!e->reshard_s) return LOOM_ERR_NOMEM;
+    g->edges++;
+    for (int i = 0; i < u->strategies; i++) {
+        for (int j = 0; j < v->strategies; j++) {
+            e->reshard_s[i * v->strategies + j] =
+                reshard_s(k, e->rows, cols, u->strategy[i].out, v->strategy[j].in);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Which wte dimension a strategy splits over axis a: the embedding's vocabulary rows (k) or
+ * channels (n); the LM head's W[C, Vp] its channels (k) or vocabulary (n). 0: none. */
+enum { WTE_NONE, WTE_VOCAB, WTE_CHANNELS };
+static int wte_split(const loom_intraop_strategy *s, int a, int head) {
+    if (s->split[a] == LOOM_INTRAOP_K) return head ? WTE_CHANNELS : WTE_VOCAB;
+    if (s->split[a] == LOOM_INTRAOP_N) return head ? WTE_VOCAB : WTE_CHANNELS;
+    return WTE_NONE;
+}
+
+/* The tied wte between the embedding (which holds it) and the LM head, per step: where the two
+ * split it differently over an axis, the head gathers it (fp32) and reduce-scatters its
+ * gradient back; where either splits the tokens, the summed gradient of the head's shard is
+ * allreduced over the axis (the one sync of wte). */
+static double tie_s(const costing *k, const loom_intraop_strategy *emb,
+                    const loom_intraop_strategy *head) {
+    double wte = (double)k->model->padded_vocab_size * (double)k->model->channels * 4.0;
+    double t = 0, shard = 1;
+    for (int a = 0; a < 2; a++) {
+        if (wte_split(head, a, 1) != WTE_NONE) shard *= k->n[a];
+    }
+    for (int a = 0; a < 2; a++) {
+        int ours = wte_split(emb, a, 0), theirs = wte_split(head, a, 1);
+        if (ours != theirs && k->n[a] > 1) {
+            int o = 1 - a;
+            double other =
+                wte_split(emb, o, 0) != WTE_NONE && wte_split(head, o, 1) != WTE_NONE ? k->n[o] : 1;
+            t += 2 * collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, wte / other);
+        }
+        if (emb->split[a] == LOOM_INTRAOP_TOKENS || head->split[a] == LOOM_INTRAOP_TOKENS)
+            t += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, wte / shard);
+    }
+    return t;
+}
+
+static loom_status add_tie(loom_intraop_graph *g, const costing *k, int embedding, int head) {
+    loom_intraop_edge *e = &g->edge[g->edges];
+    const loom_intraop_op *u = &g->op[embedding], *v = &g->op[head];
+    e->from = embedding, e->to = head, e->count = 1, e->tied = 1;
+    e->rows = k->model->padded_vocab_size, e->cols = k->model->channels;
+    e->reshard_s = loom_calloc((size_t)u->strategies * (size_t)v->strategies, sizeof(double),
+                               "intra-op graph");
+    if (!e->reshard_s) return LOOM_ERR_NOMEM;
+    g->edges++;
+    for (int i = 0; i < u->strategies; i++) {
+        for (int j = 0; j < v->strategies; j++)
+            e->reshard_s[i * v->strategies + j] = tie_s(k, &u->strategy[i], &v->strategy[j]);
+    }
+    return LOOM_OK;
+}
+
+/* ---- the graph -------------------------------------------------------------------------- */
+
+enum {
+    B_INPUT,
+    B_LN1,
+    B_ATTN_IN,
+    B_ATTN,
+    B_ATTN_OUT,
+    B_ADD1,
+    B_LN2,
+    B_FC,
+    B_GELU,
+    B_FCPROJ,
+    B_ADD2
+};
+
+static loom_status build_block(loom_intraop_graph *g, const costing *k, int count,
+                               loom_intraop_space space) {
+    int64_t C = k->model->channels;
+    op_spec ops[] = {
+        {"input", OP_INPUT, count, 0, C, 0, 0},
+        {"ln_1", OP_LAYERNORM, count, 0, C, 0, 0},
+        {"c_attn", OP_MATMUL, count, C, 3 * C, 1, 0},
+        {"attention", OP_ATTENTION, count, 0, C, 0, 0},
+        {"attn_c_proj", OP_MATMUL, count, C, C, 1, 1},
+        {"add_1", OP_ADD, count, 0, C, 0, 0},
+        {"ln_2", OP_LAYERNORM, count, 0, C, 0, 0},
+        {"c_fc", OP_MATMUL, count, C, 4 * C, 1, 0},
+        {"gelu", OP_GELU, count, 0, 4 * C, 0, 0},
+        {"mlp_c_proj", OP_MATMUL, count, 4 * C, C, 1, 1},
+        {"add_2", OP_ADD, count, 0, C, 0, 0},
+    };
+    int base = g->ops;
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0] && st == LOOM_OK; i++)
+        st = add_op(g, k, &ops[i], space);
+    static const int edges[][3] = {
+        /* from, to, width in C */
+        {B_INPUT, B_LN1, 1},     {B_LN1, B_ATTN_IN, 1},   {B_ATTN_IN, B_ATTN, 3},
+        {B_ATTN, B_ATTN_OUT, 1}, {B_ATTN_OUT, B_ADD1, 1}, {B_INPUT, B_ADD1, 1},
+        {B_ADD1, B_LN2, 1},      {B_LN2, B_FC, 1},        {B_FC, B_GELU, 4},
+        {B_GELU, B_FCPROJ, 4},   {B_FCPROJ, B_ADD2, 1},   {B_ADD1, B_ADD2, 1}};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0] && st == LOOM_OK; i++)
+        st = add_edge(g, k, base + edges[i][0], base + edges[i][1], count, edges[i][2] * C);
+    return st;
+}
+
+/* The embedding, and the head from ln_f on; returns the embedding's and ln_f's indices. */
+static loom_status build_ends(loom_intraop_graph *g, const costing *k, loom_intraop_space space,
+                              int *embedding, int *ln_f) {
+    int64_t C = k->model->channels, Vp = k->model->padded_vocab_size;
+    op_spec ops[] = {
+        {"embedding", OP_EMBEDDING, 1, 0, C, 1, 0},
+        {"ln_f", OP_LAYERNORM, 1, 0, C, 0, 0},
+        {"lm_head", OP_MATMUL, 1, C, Vp, 0 /* wte, counted with the embedding */, 0},
+        {"cross_entropy", OP_XENT, 1, 0, Vp, 0, 0},
+    };
+    int base = g->ops;
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0] && st == LOOM_OK; i++)
+        st = add_op(g, k, &ops[i], space);
+    if (st == LOOM_OK) st = add_edge(g, k, base + 1, base + 2, 1, C);
+    if (st == LOOM_OK) st = add_edge(g, k, base + 2, base + 3, 1, Vp);
+    if (st == LOOM_OK) st = add_tie(g, k, base, base + 2);
+    *embedding = base, *ln_f = base + 1;
+    return st;
+}
+
+static loom_status check_request(const loom_gpt_config *model, const loom_cluster *cluster,
+                                 const loom_intraop_request *r, int seq_len) {
+    if (r->dp < 1 || r->tp < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "intra-op: mesh: expected dp and tp >= 1, got (%d, %d)",
+                         r->dp, r->tp);
+    }
+    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
+    if ((int64_t)r->dp * r->tp > devices) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "intra-op: mesh: dp x tp = %lld devices, the cluster \"%s\" has %lld",
+                         (long long)r->dp * r->tp, cluster->name, (long long)devices);
+    }
+    if (r->micro_batch < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "intra-op: micro_batch: expected >= 1, got %d",
+                         r->micro_batch);
+    }
+    if (r->micro_batches < 0) {
+        return loom_fail(LOOM_ERR_INPUT, "intra-op: micro_batches: expected >= 1, got %d",
+                         r->micro_batches);
+    }
+    if (seq_len < 1 || seq_len > model->max_seq_len) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "intra-op: seq_len: expected 1..%d (the model's context), got %d",
+                         model->max_seq_len, seq_len);
+    }
+    if (!(cluster->peak_flops[r->precision] > 0)) {
+        return loom_fail(LOOM_ERR_INPUT, "intra-op: the cluster \"%s\" has no %s peak",
+                         cluster->name, loom_precision_name(r->precision));
+    }
+    if (r->memory_budget < 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "intra-op: memory_budget: expected bytes >= 0 (0: none), got %lld",
+                         (long long)r->memory_budget);
+    }
+    return LOOM_OK;
+}
+
+/* Each axis's link class: the slowest any of its groups uses, ranks dp_rank x tp + tp_rank. */
+static int axis_link(const loom_cluster *cluster, int dp, int tp, int axis) {
+    int worst = LOOM_LINK_INTRA_NODE, members[2];
+    for (int d = 0; d < dp; d++) {
+        for (int t = 0; t < tp; t++) {
+            members[0] = d * tp + t;
+            members[1] = axis == 0 ? ((d + 1) % dp) * tp + t : d * tp + (t + 1) % tp;
+            if (loom_plan_group_link(cluster, members, 2) == LOOM_LINK_INTER_NODE)
+                worst = LOOM_LINK_INTER_NODE;
+        }
+    }
+    return worst;
+}
+
+loom_status loom_intraop_graph_create(loom_intraop_graph **graph, const loom_gpt_config *model,
+                                      const loom_cluster *cluster,
+                                      const loom_intraop_request *request) {
+    *graph = NULL;
+    loom_gpt_config m = *model;
+    loom_status st = loom_gpt_config_check_shape(&m, "intra-op", "");
+    int seq_len = request->seq_len ? request->seq_len : m.max_seq_len;
+    if (st == LOOM_OK) st = check_request(&m, cluster, request, seq_len);
+    /* the runtime's own rule (heads and vocabulary rows per rank) */
+    if (st == LOOM_OK && request->space == LOOM_INTRAOP_RUNTIME)
+        st = loom_gpt_check_tp(&m, request->tp, "intra-op", "tp", "");
+    if (st != LOOM_OK) return st;
+    loom_intraop_graph *g = loom_calloc(1, sizeof *g, "intra-op graph");
+    if (!g) return LOOM_ERR_NOMEM;
+    g->request = *request;
+    g->request.seq_len = seq_len;
+    if (g->request.micro_batches == 0) g->request.micro_batches = 1;
+    g->model = m;
+    costing k;
+    memset(&k, 0, sizeof k);
+    k.cluster = cluster, k.model = &g->model, k.precision = request->precision;
+    k.n[0] = request->dp, k.n[1] = request->tp;
+    for (int a = 0; a < 2; a++)
+        k.link[a] = g->link[a] = axis_link(cluster, request->dp, request->tp, a);
+    k.seqs = (int64_t)request->dp * request->micro_batch;
+    k.T = seq_len;
+    k.tokens = k.seqs * k.T;
+    k.value_bytes = request->precision == LOOM_PRECISION_FP32 ? 4.0 : 2.0;
+    k.micro_batches = g->request.micro_batches;
+    int L = m.num_layers, embedding = -1, ln_f = -1;
+    switch (request->part) {
+    case LOOM_INTRAOP_BLOCK:
+        st = build_block(g, &k, 1, request->space);
+        if (st == LOOM_OK) /* the next block's input */
+            st = add_edge(g, &k, B_ADD2, B_INPUT, 1, m.channels);
+        break;
+    case LOOM_INTRAOP_EMBEDDING_HEAD:
+        st = build_ends(g, &k, request->space, &embedding, &ln_f);
+        if (st == LOOM_OK) st = add_edge(g, &k, embedding, ln_f, 1, m.channels);
+        break;
+    default:
+        st = build_block(g, &k, L, request->space);
+        if (st == LOOM_OK) st = add_edge(g, &k, B_ADD2, B_INPUT, L - 1, m.channels);
+        if (st == LOOM_OK) st = build_ends(g, &k, request->space, &embedding, &ln_f);
+        if (st == LOOM_OK) st = add_edge(g, &k, embedding, B_INPUT, 1, m.channels);
+        if (st == LOOM_OK) st = add_edge(g, &k, B_ADD2, ln_f, 1, m.channels);
+        break;
+    }
+    if (st != LOOM_OK) {
+        loom_intraop_graph_free(g);
+        return st;
+    }
+    *graph = g;
+    return LOOM_OK;
+}
+
+void loom_intraop_graph_free(loom_intraop_graph *graph) {
+    if (!graph) return;
+    for (int e = 0; e < graph->edges; e++) free(graph->edge[e].reshard_s);
+    free(graph);
+}
+
+/* ---- pricing a choice ------------------------------------------------------------------- */
+
+void loom_intraop_evaluate(const loom_intraop_graph *g, const int *choice,
+                           loom_intraop_result *out) {
+    memset(out, 0, sizeof *out);
+    for (int v = 0; v < g->ops; v++) {
+        const loom_intraop_strategy *s = &g->op[v].strategy[choice[v]];
+        double n = g->op[v].count;
+        out->choice[v] = choice[v];
+        out->compute_s += n * s->compute_s, out->comm_s += n * s->comm_s;
+        out->sync_s += n * s->sync_s;
+        out->state_bytes += (int64_t)g->op[v].count * s->state_bytes;
+    }
+    for (int i = 0; i < g->edges; i++) {
+        const loom_intraop_edge *e = &g->edge[i];
+        double r =
+            e->count * e->reshard_s[choice[e->from] * g->op[e->to].strategies + choice[e->to]];
+        if (e->tied) {
+            out->sync_s += r, out->op_tied_s[e->to] += r;
+        } else {
+            out->reshard_s += r, out->op_reshard_s[e->to] += r;
+        }
+    }
+    out->objective_s = out->compute_s + out->comm_s + out->reshard_s + out->sync_s;
+}
+
+int loom_intraop_runtime_choice(const loom_intraop_graph *g, int *choice) {
+    int all = 1;
+    for (int v = 0; v < g->ops; v++) {
+        choice[v] = -1;
+        for (int i = 0; i < g->op[v].strategies; i++) {
+            if (g->op[v].strategy[i].runtime) choice[v] = i;
+        }
+        all &= choice[v] >= 0;
+    }
+    return all;
+}
+
+/* ---- the ILP ---------------------------------------------------------------------------- */
+
+/* GLPK's matrix as 1-based triplets (index 0 unused), grown as rows are added. */
+typedef struct {
+    int *ia, *ja;
+    double *ar;
+    int nz, cap;
+} triplets;
+
+static int triplet_add(triplets *t, int row, int col, double value) {
+    if (t->nz + 1 >= t->cap) {
+        int cap = t->cap ? 2 * t->cap : 1024;
+        int *ia = realloc(t->ia, (size_t)cap * sizeof *ia);
+        if (ia) t->ia = ia;
+        int *ja = realloc(t->ja, (size_t)cap * sizeof *ja);
+        if (ja) t->ja = ja;
+        double *ar = realloc(t->ar, (size_t)cap * sizeof *ar);
+        if (ar) t->ar = ar;
+        if (!ia || !ja || !ar) return 0;
+        t->cap = cap;
+    }
+    t->nz++;
+    t->ia[t->nz] = row, t->ja[t->nz] = col, t->ar[t->nz] = value;
+    return 1;
+}
+
+/* Objective coefficients in microseconds: GLPK's tolerances are absolute near 1. */
+#define ILP_UNITS_PER_S 1e6
+
+/* s: one binary per operator and strategy, costed, one strategy per operator. */
+static int add_strategy_columns(const loom_intraop_graph *g, glp_prob *lp, triplets *t,
+                                int *s_col) {
+    int ok = 1;
+    for (int v = 0; v < g->ops; v++) {
+        const loom_intraop_op *o = &g->op[v];
+        s_col[v] = glp_add_cols(lp, o->strategies);
+        int row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_FX, 1.0, 1.0);
+        for (int i = 0; i < o->strategies; i++) {
+            const loom_intraop_strategy *s = &o->strategy[i];
+            glp_set_col_kind(lp, s_col[v] + i, GLP_BV);
+            glp_set_obj_coef(lp, s_col[v] + i,
+                             o->count * (s->compute_s + s->comm_s + s->sync_s) * ILP_UNITS_PER_S);
+            ok &= triplet_add(t, row, s_col[v] + i, 1.0);
+        }
+    }
+    return ok;
+}
+
+/* e of one edge: e_ij in [0, 1], costed; row i sums to s_u,i and column j to s_v,j. */
+static int add_edge_columns(const loom_intraop_graph *g, const loom_intraop_edge *e, glp_prob *lp,
+                            triplets *t, const int *s_col) {
+    int nu = g->op[e->from].strategies, nv = g->op[e->to].strategies, ok = 1;
+    int col = glp_add_cols(lp, nu * nv);
+    for (int i = 0; i < nu * nv; i++) {
+        glp_set_col_bnds(lp, col + i, GLP_DB, 0.0, 1.0);
+        glp_set_obj_coef(lp, col + i, e->count * e->reshard_s[i] * ILP_UNITS_PER_S);
+    }
+    int rows = glp_add_rows(lp, nu + nv);
+    for (int r = 0; r < nu + nv; r++) glp_set_row_bnds(lp, rows + r, GLP_FX, 0.0, 0.0);
+    for (int i = 0; i < nu; i++) {
+        ok &= triplet_add(t, rows + i, s_col[e->from] + i, -1.0);
+        for (int j = 0; j < nv; j++) ok &= triplet_add(t, rows + i, col + i * nv + j, 1.0);
+    }
+    for (int j = 0; j < nv; j++) {
+        ok &= triplet_add(t, rows + nu + j, s_col[e->to] + j, -1.0);
+        for (int i = 0; i < nu; i++) ok &= triplet_add(t, rows + nu + j, col + i * nv + j, 1.0);
+    }
+    return ok;
+}
+
+/* The state per device within the budget, in units of the budget. */
+static int add_budget_row(const loom_intraop_graph *g, glp_prob *lp, triplets *t,
+                          const int *s_col) {
+    double budget = (double)g->request.memory_budget;
+    int row = glp_add_rows(lp, 1), ok = 1;
+    glp_set_row_bnds(lp, row, GLP_UP, 0.0, 1.0);
+    for (int v = 0; v < g->ops; v++) {
+        for (int i = 0; i < g->op[v].strategies; i++) {
+            double bytes = (double)g->op[v].count * (double)g->op[v].strategy[i].state_bytes;
+            if (bytes > 0) ok &= triplet_add(t, row, s_col[v] + i, bytes / budget);
+        }
+    }
+    return ok;
+}
+
+/* Builds the program, solves it, prices the choice. The budget was checked feasible. */
+static loom_status solve_ilp(const loom_intraop_graph *g, loom_intraop_result *out) {
+    int s_col[LOOM_INTRAOP_MAX_OPS], choice[LOOM_INTRAOP_MAX_OPS] = {0};
+    glp_prob *lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MIN);
+    triplets t = {0};
+    int ok = add_strategy_columns(g, lp, &t, s_col);
+    for (int k = 0; k < g->edges; k++) { /* an edge that never runs costs nothing */
+        if (g->edge[k].count > 0) ok &= add_edge_columns(g, &g->edge[k], lp, &t, s_col);
+    }
+    if (g->request.memory_budget > 0) ok &= add_budget_row(g, lp, &t, s_col);
+    loom_status st = ok ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "intra-op ILP: out of memory");
+    int variables = glp_get_num_cols(lp), constraints = glp_get_num_rows(lp), nonzeros = t.nz;
+    if (st == LOOM_OK) {
+        glp_load_matrix(lp, t.nz, t.ia, t.ja, t.ar);
+        glp_iocp parm;
+        glp_init_iocp(&parm);
+        parm.presolve = GLP_ON; /* solves the LP relaxation itself */
+        parm.msg_lev = GLP_MSG_OFF;
+        glp_term_out(GLP_OFF);
+        int ret = glp_intopt(lp, &parm), status = glp_mip_status(lp);
+        if (ret != 0 || status != GLP_OPT) {
+            st = loom_fail(LOOM_ERR_RUNTIME, "intra-op ILP: glp_intopt returned %d, status %d", ret,
+                           status);
+        }
+        for (int v = 0; v < g->ops && st == LOOM_OK; v++) {
+            for (int i = 0; i < g->op[v].strategies; i++) {
+                if (glp_mip_col_val(lp, s_col[v] + i) > 0.5) choice[v] = i;
+            }
+        }
+    }
+    glp_delete_prob(lp);
+    free(t.ia), free(t.ja), free(t.ar);
+    if (st == LOOM_OK) {
+        loom_intraop_evaluate(g, choice, out);
+        out->variables = variables, out->constraints = constraints, out->nonzeros = nonzeros;
+    }
+    return st;
+}
+
+loom_status loom_intraop_solve(const loom_intraop_graph *g, loom_intraop_result *out) {
+    memset(out, 0, sizeof *out);
+    /* the budget is a sum over operators: it can be met iff the least state of each meets it */
+    int64_t least = 0;
+    for (int v = 0; v < g->ops; v++) {
+        int64_t smallest = INT64_MAX;
+        for (int i = 0; i < g->op[v].strategies; i++) {
+            if (g->op[v].strategy[i].state_bytes < smallest)
+                smallest = g->op[v].strategy[i].state_bytes;
+        }
+        least += (int64_t)g->op[v].count * smallest;
+    }
+    int64_t budget = g->request.memory_budget;
+    if (budget > 0 && least > budget) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "intra-op ILP: no strategy fits the memory budget of %.3f GiB per device "
+                         "(the least state any choice needs is %.3f GiB)",
+                         (double)budget / 1073741824.0, (double)least / 1073741824.0);
+    }
+    double t0 = loom_now();
+    loom_status st = solve_ilp(g, out);
+    out->solve_s = loom_now() - t0;
+    return st;
+}
