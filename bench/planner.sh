@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# bench/planner.sh — the cost model against measurement (issue 10, first table): profiles this
-# machine's 2 ranks (loom profile, once; kept in OUT), then predicts every pipeline layout that
-# bench/schedules.sh measured (small and gpt2 124M, pp 2, m 4 and 8, every schedule) with
-# `loom plan --predict` and prints predicted vs measured step time (the median over the steps
-# after the first) and the error. Run bench/schedules.sh first (its outputs are read, not rerun).
-# usage: bash bench/planner.sh [OUT]   (build first)
+# bench/planner.sh — the cost model against measurement (issue 10, part 5). Profiles this
+# machine's 2 ranks once (loom profile --threads 1; kept in OUT), then:
+#   schedules  predicts every pipeline layout bench/schedules.sh measured (small and gpt2 124M,
+#              pp 2, m 4 and 8, every schedule; its outputs are read, not rerun)
+#   layouts    measures every layout of 1 and 2 ranks (1 thread each) for small (global batch
+#              16 x 128) and gpt2 (8 x 64) with `loom bench --train`, 3 runs each, the median of
+#              the runs' median step times (kept in OUT/layouts; a layout measured before is not
+#              rerun), beside the prediction of `loom plan --predict`; the largest resident set
+#              of any rank (/usr/bin/time) beside the predicted peak; then the planner's own pick
+#              (loom plan --devices 2 on the profile) against the fastest measured layout
+# Errors are (predicted - measured) / measured; every layout is printed, the bad ones too.
+# usage: bash bench/planner.sh [schedules|layouts] [OUT]   (build first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 LOOM=${LOOM:-$ROOT/build/loom}
-OUT=${1:-$ROOT/bench/out/planner}
+what=${1:-schedules}
+OUT=${2:-$ROOT/bench/out/planner}
 RUNS=$ROOT/bench/out/schedules
 mkdir -p "$OUT"
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -19,6 +26,7 @@ if [ ! -s "$cluster" ]; then
     echo "  \$ mpirun -np 2 loom profile --threads 1 --out $cluster"
     mpirun -np 2 "$LOOM" profile --threads 1 --out "$cluster" >"$OUT/profile.log" 2>&1
 fi
+schedules() {
 for model in small:4:128 gpt2:2:64; do
     IFS=: read -r name micro seq <<<"$model"
     for m in 4 8; do
@@ -54,3 +62,116 @@ for line in sys.stdin:
 if errs:
     print(f"median |error| {statistics.median(errs):.1f}% over {len(errs)} layouts, worst {max(errs):.1f}%")
 '
+}
+
+# ---- every layout of 1 and 2 ranks, measured and predicted ----
+# name:model:global:seq:ranks:flags (flags of both loom plan and loom bench --train)
+layout_list() {
+    local m g t
+    for spec in small:16:128 gpt2:8:64; do
+        IFS=: read -r m g t <<<"$spec"
+        local b1=$((g / 4)) b2=$((g / 2))
+        echo "$m-r1-mb$b1:$m:$g:$t:1:--micro-batch-size $b1"
+        echo "$m-r1-mb$b2:$m:$g:$t:1:--micro-batch-size $b2"
+        echo "$m-r1-mb$g:$m:$g:$t:1:--micro-batch-size $g"
+        echo "$m-dp2-mb$b1:$m:$g:$t:2:--dp 2 --micro-batch-size $b1 --no-zero1"
+        echo "$m-dp2-mb$b1-zero1:$m:$g:$t:2:--dp 2 --micro-batch-size $b1 --zero1"
+        echo "$m-dp2-mb$b2-zero1:$m:$g:$t:2:--dp 2 --micro-batch-size $b2 --zero1"
+        echo "$m-tp2-mb$b2:$m:$g:$t:2:--tp 2 --micro-batch-size $b2"
+        echo "$m-tp2-mb$g:$m:$g:$t:2:--tp 2 --micro-batch-size $g"
+        for s in 1f1b interleaved zb-h1 zb-v; do
+            echo "$m-pp2-$s:$m:$g:$t:2:--pp 2 --micro-batch-size $b1 --schedule $s"
+        done
+        echo "$m-pp2-1f1b-recompute:$m:$g:$t:2:--pp 2 --micro-batch-size $b1 --recompute"
+        echo "$m-pp2-1f1b-mb$b2:$m:$g:$t:2:--pp 2 --micro-batch-size $b2"
+    done
+}
+
+# loom plan's spelling of a layout's flags, and loom train's
+plan_flags() { sed -e 's/--no-zero1//; s/--zero1//' <<<"$1"; }
+train_flags() {
+    sed -e 's/--dp /--data-parallel /; s/--tp /--tensor-parallel /; s/--pp /--pipeline-parallel /' <<<"$1"
+}
+
+measure() { # NAME MODEL GLOBAL SEQ RANKS FLAGS -> OUT/layouts/NAME.runs (ms and peak KiB per run)
+    local name=$1 model=$2 g=$3 t=$4 ranks=$5 flags=$6 dir=$OUT/layouts
+    mkdir -p "$dir"
+    [ "$(wc -l <"$dir/$name.runs" 2>/dev/null || echo 0)" -ge 3 ] && return 0
+    : >"$dir/$name.runs"
+    local launch=()
+    [ "$ranks" -gt 1 ] && launch=(mpirun -np "$ranks")
+    for run in 1 2 3; do
+        # shellcheck disable=SC2046
+        "${launch[@]}" /usr/bin/time -f "peak_kib %M" -o "$dir/$name.time.%q{OMPI_COMM_WORLD_RANK}" \
+            "$LOOM" bench --train --model "$model" --global-batch-size "$g" --seq-len "$t" \
+            --threads 1 --steps 8 --warmup 2 --out "$dir/$name.out" $(train_flags "$flags") \
+            >"$dir/$name.log" 2>&1 || { echo "  $name run $run failed: $(tail -2 "$dir/$name.log")"; return 0; }
+        local ms peak
+        ms=$(sed -n 's/.*| *\([0-9.]*\) ms\/step |.*/\1/p' "$dir/$name.log" | tail -1)
+        peak=$(cat "$dir/$name.time."* 2>/dev/null | sed -n 's/peak_kib //p' | sort -n | tail -1)
+        rm -f "$dir/$name.time."*
+        echo "$ms $peak" >>"$dir/$name.runs"
+    done
+}
+
+layouts() {
+    local cluster=$OUT/local2.json
+    echo "== every layout of 1 and 2 ranks (1 thread each), predicted on $cluster vs measured"
+    echo "   (medians of 3 runs of loom bench --train --steps 8 --warmup 2)"
+    layout_list | while IFS=: read -r name model g t ranks flags; do
+        measure "$name" "$model" "$g" "$t" "$ranks" "$flags"
+        local plan=$OUT/layouts/$name.plan.json zero1=()
+        grep -q -- "--zero1" <<<"$flags" && zero1=(--zero1)
+        # shellcheck disable=SC2046
+        "$LOOM" plan --model "$model" --global-batch-size "$g" $(plan_flags "$flags") \
+            --out "$plan" >/dev/null || { echo "$name: loom plan failed"; continue; }
+        local pred
+        "$LOOM" plan --predict "$plan" --cluster "$cluster" --seq-len "$t" "${zero1[@]}" \
+            --out "$plan.predicted" >/dev/null || { echo "$name: loom plan --predict failed"; continue; }
+        pred=$(python3 -c "
+import json; p = json.load(open('$plan.predicted'))['predicted']
+print(p['step_s'], max(p['peak_bytes_per_rank']) / 2**30)")
+        echo "$name $pred $(tr '\n' ' ' <"$OUT/layouts/$name.runs")"
+    done | python3 -c '
+import statistics, sys
+errs, mem = {}, []
+rows = []
+for line in sys.stdin:
+    f = line.split()
+    if len(f) < 5:
+        print(line.rstrip()); continue
+    name, pred, pred_gib = f[0], float(f[1]), float(f[2])
+    runs = [(float(f[i]), float(f[i + 1])) for i in range(3, len(f) - 1, 2)]
+    meas = statistics.median(r[0] for r in runs) / 1e3
+    peak = max(r[1] for r in runs) / 1048576  # GiB
+    err = 100 * (pred - meas) / meas
+    merr = 100 * (pred_gib - peak) / peak
+    errs[name] = err
+    if name.startswith("gpt2"): mem.append(abs(merr))
+    rows.append((name, meas))
+    print(f"{name:26s} predicted {pred*1e3:8.1f} ms  measured {meas*1e3:8.1f} ms  error {err:+6.1f}%   "
+          f"memory predicted {pred_gib:6.3f} GiB  measured {peak:6.3f} GiB ({merr:+5.1f}%)")
+a = [abs(e) for e in errs.values()]
+if a:
+    print(f"step time: median |error| {statistics.median(a):.1f}% over {len(a)} layouts, worst {max(a):.1f}%")
+for m in ("small", "gpt2"):
+    r = [x for x in rows if x[0].startswith(m + "-") and "-r1-" not in x[0]]
+    if r:
+        best = min(r, key=lambda x: x[1])
+        print(f"{m}: fastest measured 2-rank layout {best[0]} ({best[1]*1e3:.1f} ms)")
+if mem:
+    print(f"gpt2 peak memory: median |error| {statistics.median(mem):.1f}%, worst {max(mem):.1f}%")
+'
+    for spec in small:16:128 gpt2:8:64; do
+        IFS=: read -r model g t <<<"$spec"
+        echo "\$ loom plan --model $model --cluster $cluster --devices 2 --global-batch-size $g --seq-len $t"
+        "$LOOM" plan --model "$model" --cluster "$cluster" --devices 2 --global-batch-size "$g" \
+            --seq-len "$t" --out "$OUT/layouts/pick_$model.json" | sed -n '1,4p'
+    done
+}
+
+case $what in
+schedules) schedules ;;
+layouts) layouts ;;
+*) echo "usage: bash bench/planner.sh [schedules|layouts] [OUT]" >&2; exit 2 ;;
+esac
