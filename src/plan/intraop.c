@@ -257,8 +257,10 @@ static void runtime_split(const costing *k, const op_spec *op, int a, loom_intra
 }
 
 static void append(char *dst, size_t cap, const char *text) {
-    size_t used = strlen(dst);
-    snprintf(dst + used, cap - used, "%s%s", used ? ", " : "", text);
+    size_t used = strlen(dst), sep = used ? 2 : 0, n = strlen(text);
+    if (used + sep + n + 1 > cap) return; /* the buffers hold every name; never cut one */
+    memcpy(dst + used, ", ", sep);
+    memcpy(dst + used + sep, text, n + 1);
 }
 
 /* "column (n over tp), tokens over dp", "row (k over tp, allreduce)", "replicated". */
@@ -269,7 +271,7 @@ static void name_strategy(const op_spec *op, loom_intraop_strategy *s) {
                        : op->kind == OP_EMBEDDING ? "channels"
                        : op->kind == OP_XENT      ? "vocab"
                                                   : "hidden";
-    char weights[80] = "", tokens[32] = "", part[64];
+    char weights[80] = "", tokens[64] = "", part[64];
     int ks = 0, ns = 0;
     for (int a = 1; a >= 0; a--) {
         if (s->split[a] == LOOM_INTRAOP_TOKENS) {
