@@ -96,7 +96,7 @@ train_flags() {
 measure() { # NAME MODEL GLOBAL SEQ RANKS FLAGS -> OUT/layouts/NAME.runs (ms and peak KiB per run)
     local name=$1 model=$2 g=$3 t=$4 ranks=$5 flags=$6 dir=$OUT/layouts
     mkdir -p "$dir"
-    [ "$(wc -l <"$dir/$name.runs" 2>/dev/null || echo 0)" -ge 3 ] && return 0
+    [ -f "$dir/$name.runs" ] && [ "$(wc -l <"$dir/$name.runs")" -ge 3 ] && return 0
     : >"$dir/$name.runs"
     local launch=()
     [ "$ranks" -gt 1 ] && launch=(mpirun -np "$ranks")
@@ -105,7 +105,7 @@ measure() { # NAME MODEL GLOBAL SEQ RANKS FLAGS -> OUT/layouts/NAME.runs (ms and
         "${launch[@]}" /usr/bin/time -f "peak_kib %M" -o "$dir/$name.time.%q{OMPI_COMM_WORLD_RANK}" \
             "$LOOM" bench --train --model "$model" --global-batch-size "$g" --seq-len "$t" \
             --threads 1 --steps 8 --warmup 2 --out "$dir/$name.out" $(train_flags "$flags") \
-            >"$dir/$name.log" 2>&1 || { echo "  $name run $run failed: $(tail -2 "$dir/$name.log")"; return 0; }
+            >"$dir/$name.log" 2>&1 </dev/null || { echo "  $name run $run failed: $(tail -2 "$dir/$name.log")"; return 0; }
         local ms peak
         ms=$(sed -n 's/.*| *\([0-9.]*\) ms\/step |.*/\1/p' "$dir/$name.log" | tail -1)
         peak=$(cat "$dir/$name.time."* 2>/dev/null | sed -n 's/peak_kib //p' | sort -n | tail -1)
@@ -124,7 +124,7 @@ layouts() {
         grep -q -- "--zero1" <<<"$flags" && zero1=(--zero1)
         # shellcheck disable=SC2046
         "$LOOM" plan --model "$model" --global-batch-size "$g" $(plan_flags "$flags") \
-            --out "$plan" >/dev/null || { echo "$name: loom plan failed"; continue; }
+            --out "$plan" >/dev/null </dev/null || { echo "$name: loom plan failed"; continue; }
         local pred
         "$LOOM" plan --predict "$plan" --cluster "$cluster" --seq-len "$t" "${zero1[@]}" \
             --out "$plan.predicted" >/dev/null || { echo "$name: loom plan --predict failed"; continue; }
