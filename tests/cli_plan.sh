@@ -344,6 +344,15 @@ bad "plan: search without a global batch" '--global-batch-size: expected the seq
 bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
     -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
 
+# compression as a decision: on V100s with 25 Gb/s between nodes PowerSGD pays for gpt2's DP
+good "plan: search with --allow-compression all" 'dp powersgd4' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 16 --global-batch-size 64 --seq-len 1024 --precision fp16 --allow-compression all --out compressed.json
+file_has "plan: the compressed plan says so" compressed.json '"method": "powersgd"'
+good "plan: the compressed plan predicts" 'prediction on p3-v100' \
+    -- "$LOOM" plan --predict compressed.json --cluster "$CLUSTERS/p3-v100.json"
+bad "plan: --allow-compression unknown" '--allow-compression: expected none, dp, pp or all, got "some"' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 16 --global-batch-size 64 --allow-compression some --out x.json
+
 # the plan's precision: written for a bf16 search, checked, read by --predict, refused by train
 file_has "plan: the search writes its precision" best.json '"precision": "bf16",'
 good "plan: --predict takes the plan's precision" 'prediction on dgx-a100 .*bf16' \

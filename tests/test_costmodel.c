@@ -8,6 +8,7 @@
  * the simulator's, and bad input is refused by name.
  */
 #include "check.h"
+#include "loom/compress.h"
 #include "loom/costmodel.h"
 #include "loom/model.h"
 
@@ -146,6 +147,117 @@ static void test_dp_sync(void) {
     loom_plan_free(&plan);
 }
 
+/* PowerSGD's wire, by hand: per block the four weight matrices (qkv 3C x C, attention
+ * projection C x C, MLP C x 4C and 4C x C, as (rows, cols) = (out, in)) each compress when
+ * r (rows + cols) < rows cols / 2, else go as fp32; wte (Vp x C) and wpe (T x C) likewise;
+ * every 1-D tensor as fp32. */
+static double powersgd_wire(const loom_gpt_config *m, int r, double *state) {
+    double C = m->channels, V = m->padded_vocab_size, T = m->max_seq_len, L = m->num_layers;
+    double mats[6][3] = {{3 * C, C, L}, {C, C, L}, {4 * C, C, L},
+                         {C, 4 * C, L}, {V, C, 1}, {T, C, 1}};
+    double wire = 0, vectors = L * (2 * C + 2 * C + 3 * C + C + 4 * C + C) + 2 * C;
+    *state = 0;
+    for (int i = 0; i < 6; i++) {
+        double rows = mats[i][0], cols = mats[i][1], n = rows * cols;
+        if (r * (rows + cols) < 0.5 * n) {
+            wire += 4 * r * (rows + cols) * mats[i][2];
+            *state += 2 * 4 * (n + cols * r) * mats[i][2]; /* residual and Q, two copies */
+        } else {
+            wire += 4 * n * mats[i][2];
+        }
+    }
+    return wire + 4 * vectors;
+}
+
+/* Compression in the cost model: PowerSGD's bytes and state by hand; on a slow DP link it
+ * shortens the step, on a free one it only adds its codec; the search takes it only when
+ * allowed and only where it pays; low-rank pipeline sends shrink to r (n + m) values. */
+static void test_compression(void) {
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_plan_compressor psgd;
+    loom_plan_compressor_init(&psgd);
+    snprintf(psgd.method, sizeof psgd.method, "powersgd");
+    psgd.rank = 4;
+    loom_plan_request r = {.dp = 2,
+                           .tp = 1,
+                           .pp = 1,
+                           .micro_batch = 2,
+                           .global_batch = 8,
+                           .schedule = "1f1b",
+                           .dp_compression = &psgd};
+    loom_plan plan, plain;
+    CHECK(loom_plan_from_request(&plan, &model, &r, 0) == LOOM_OK, "plan: %s", loom_last_error());
+    plain = plan_of(2, 1, 1, 2, 8, "1f1b");
+    double state, wire = powersgd_wire(&plan.model, 4, &state);
+    loom_rank_memory mem;
+    loom_plan_rank_memory(&plan, 0, 64, 0, &mem);
+    CHECK_CLOSE((double)mem.compressor, state, 1e-12, 0, "PowerSGD state bytes");
+    double step[2][2];
+    for (int slow = 0; slow < 2; slow++) {
+        loom_cluster cl = ideal_cluster(1, 2);
+        cl.links[LOOM_LINK_INTER_NODE].bandwidth = slow ? 1e8 : 1e30;
+        cl.compressor_bytes_per_s[LOOM_COMPRESS_POWERSGD] = 1e10;
+        loom_prediction pr;
+        for (int c = 0; c < 2; c++) {
+            CHECK(loom_plan_predict(c ? &plan : &plain, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) ==
+                      LOOM_OK,
+                  "predict: %s", loom_last_error());
+            step[slow][c] = pr.step_s;
+            if (c) {
+                CHECK_CLOSE((double)pr.dp_bytes, wire * 2, 1e-9, 2, "PowerSGD dp bytes");
+            }
+        }
+    }
+    CHECK(step[1][1] < 0.5 * step[1][0], "slow link: PowerSGD %g s, none %g s", step[1][1],
+          step[1][0]);
+    CHECK(step[0][1] > step[0][0], "free link: PowerSGD %g s (its codec), none %g s", step[0][1],
+          step[0][0]);
+    /* the search: allowed on the slow link it compresses; not allowed, or on the free link, not */
+    for (int k = 0; k < 3; k++) {
+        loom_cluster cl = ideal_cluster(1, 2);
+        cl.links[LOOM_LINK_INTER_NODE].bandwidth = k == 2 ? 1e30 : 1e8;
+        cl.compressor_bytes_per_s[LOOM_COMPRESS_POWERSGD] = 1e10;
+        loom_search_request req = {.devices = 2,
+                                   .global_batch = 8,
+                                   .seq_len = 64,
+                                   .precision = LOOM_PRECISION_FP32,
+                                   .keep = 1,
+                                   .allow_compression = k ? LOOM_ALLOW_DP_COMPRESSION : 0};
+        loom_plan_candidate best;
+        int found, tried, fitting;
+        CHECK(loom_plan_search(&plan.model, &cl, &req, &best, &found, &tried, &fitting) == LOOM_OK,
+              "search: %s", loom_last_error());
+        int compressed = strcmp(best.plan.dp_compression.method, "none") != 0;
+        CHECK(compressed == (k == 1), "search %d: compression %s (dp %d, pp %d)", k,
+              best.plan.dp_compression.method, best.plan.dp, best.plan.pp);
+        loom_plan_free(&best.plan);
+    }
+    loom_plan_free(&plan);
+    loom_plan_free(&plain);
+    /* low-rank pipeline gradients: every backward message is 4 r (n + m) bytes */
+    loom_plan_compressor lowrank;
+    loom_plan_compressor_init(&lowrank);
+    snprintf(lowrank.method, sizeof lowrank.method, "lowrank");
+    lowrank.rank = 8;
+    loom_plan_request q = {.dp = 1,
+                           .tp = 1,
+                           .pp = 2,
+                           .micro_batch = 2,
+                           .global_batch = 8,
+                           .schedule = "1f1b",
+                           .pp_compression = &lowrank};
+    CHECK(loom_plan_from_request(&plan, &model, &q, 0) == LOOM_OK, "pp plan: %s",
+          loom_last_error());
+    loom_cluster cl = ideal_cluster(1, 2);
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    double n = 2 * 64, m = model.channels, wte = (double)model.padded_vocab_size * m * 4;
+    double expect = 4 * (n * m * 4 + 8 * (n + m) * 4) + 2 * wte; /* 4 micro-batches, tied sum */
+    CHECK_CLOSE((double)pr.pp_bytes, expect, 1e-12, 0, "low-rank pp bytes");
+    loom_plan_free(&plan);
+}
+
 /* tp 2 on one node of 2 devices uses the intra-node link, on nodes of 1 device the inter-node
  * one: a slower inter-node link makes the step longer. */
 static void test_tp_placement(void) {
@@ -204,7 +316,11 @@ static void test_search(void) {
     cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e10, 1e-5};
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
-    loom_search_request req = {4, 16, 64, LOOM_PRECISION_FP32, 5, 0};
+    loom_search_request req = {.devices = 4,
+                               .global_batch = 16,
+                               .seq_len = 64,
+                               .precision = LOOM_PRECISION_FP32,
+                               .keep = 5};
     loom_plan_candidate best[5];
     int found = 0, tried = 0, fitting = 0;
     loom_status st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);
@@ -246,6 +362,7 @@ int main(void) {
     test_memory();
     test_single_process();
     test_dp_sync();
+    test_compression();
     test_tp_placement();
     test_pipeline();
     test_refused();

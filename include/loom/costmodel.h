@@ -26,8 +26,16 @@
  * (the cluster's measured parameters per second, else 28 bytes of traffic per parameter at the
  * memory bandwidth).
  *
- * Not modelled (yet): compression's effect on traffic and time, overlap of TP collectives with
- * compute, contention between groups on one link.
+ * Compression (the plan's compression.dp and .pp): a compressing matrix sends the wire of
+ * loom/compress.h's formulas (PowerSGD's factors allreduced; top-k, sign, int8 and bf16
+ * all-gathered, every replica's part decoded), the codec runs at the cluster's measured
+ * throughput (else three passes at the memory bandwidth) and is never hidden (it computes);
+ * a compressed pipeline link's backward message is the low-rank wire plus its codec; the
+ * compressors' state (both copies) counts in memory. The epilogue and slack policies are costed
+ * as "all" (every backward send compressed), a bound on what they save.
+ *
+ * Not modelled (yet): overlap of TP collectives with compute, contention between groups on one
+ * link, what compression does to the loss (the search uses it only when allowed).
  */
 #ifndef LOOM_COSTMODEL_H
 #define LOOM_COSTMODEL_H
@@ -52,6 +60,8 @@ typedef struct {
     int64_t activations;               /* the schedule's peak of activation sets (and kept
                                           inputs and W state with recomputation) */
     int64_t scratch;                   /* backward scratch */
+    int64_t compressor;                /* compressors' state (error feedback, lazy error,
+                                          warm-start factors), both copies */
     int64_t total;
     int in_flight; /* the schedule's peak of chunk activation sets */
 } loom_rank_memory;
@@ -151,9 +161,11 @@ typedef struct {
     int global_batch; /* sequences per step */
     int seq_len;
     loom_precision precision;
-    int keep;        /* how many of the best to return (>= 1) */
-    int even_stages; /* 1: stages as even as possible only (no stage DP) */
+    int keep;              /* how many of the best to return (>= 1) */
+    int even_stages;       /* 1: stages as even as possible only (no stage DP) */
+    int allow_compression; /* LOOM_ALLOW_* bits: compressors the search may choose (0: none) */
 } loom_search_request;
+enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
 
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
  * layouts predicted and those that fit. No layout that fits is LOOM_ERR_INPUT naming the

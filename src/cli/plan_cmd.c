@@ -45,6 +45,7 @@ typedef struct {
     int seq_len, zero1, devices;
     int intraop;
     char search_space[16];
+    char allow_compression[16];
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
@@ -95,6 +96,10 @@ static const cli_opt plan_opts[] = {
     POPT("--intraop", OPT_FLAG, intraop,
          "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
          "strategy, its costs, the ILP's size and solve time"),
+    POPT("--allow-compression", OPT_STRING, allow_compression,
+         "search: compressors it may choose where they shorten the step: none (default), dp "
+         "(PowerSGD rank 4 on the data-parallel gradients), pp (low-rank rank 8 on the "
+         "pipeline's backward sends) or all"),
     POPT("--search-space", OPT_STRING, search_space,
          "--intraop: runtime (default: what loom executes) or full (every strategy, simulated)"),
     POPT("--check-cluster", OPT_STRING, check_cluster,
@@ -226,17 +231,23 @@ static const char *split_text(const loom_plan *p, char *text, size_t cap) {
 
 void cli_print_candidates(const loom_plan_candidate *best, int found) {
     printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
-           "bubble  peak GiB  layers per stage\n");
+           "bubble  peak GiB  compression                layers per stage\n");
     for (int i = 0; i < found; i++) {
         const loom_plan *p = &best[i].plan;
         const loom_prediction *pr = &best[i].prediction;
-        char split[64];
+        char split[64], compress[64];
+        const loom_plan_compressor *dc = &p->dp_compression, *pc = &p->pp_compression;
+        int dpc = strcmp(dc->method, "none") != 0, ppc = strcmp(pc->method, "none") != 0;
+        snprintf(compress, sizeof compress, "%s%s%.0d%s%s%s%.0d", dpc ? "dp " : "",
+                 dpc ? dc->method : "", dpc ? dc->rank : 0, dpc && ppc ? ", " : "",
+                 ppc ? "pp " : "", ppc ? pc->method : "", ppc ? pc->rank : 0);
         printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
-               "%s\n",
+               "%-26s %s\n",
                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
                p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
                pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
-               (double)pr->peak_bytes / 1073741824.0, split_text(p, split, sizeof split));
+               (double)pr->peak_bytes / 1073741824.0, compress[0] ? compress : "-",
+               split_text(p, split, sizeof split));
     }
 }
 
@@ -257,6 +268,17 @@ static int run_search(const plan_args *args) {
                                .keep = 8};
     if (st == LOOM_OK && args->precision[0]) {
         st = loom_precision_parse(args->precision, "loom plan", "--precision", &req.precision);
+    }
+    static const char *const allowed[] = {"none", "dp", "pp", "all"};
+    for (int i = 0; st == LOOM_OK && args->allow_compression[0] && i <= 4; i++) {
+        if (i == 4) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "--allow-compression: expected none, dp, pp or all, got \"%s\"",
+                           args->allow_compression);
+        } else if (!strcmp(args->allow_compression, allowed[i])) {
+            req.allow_compression = i; /* the LOOM_ALLOW_* bits, in that order */
+            break;
+        }
     }
     if (st == LOOM_OK && req.devices == 0)
         req.devices = cluster.max_nodes * cluster.devices_per_node;

@@ -7,6 +7,7 @@
  * (cluster.c).
  */
 #include "loom/costmodel.h"
+#include "loom/compress.h"
 #include "loom/model.h"
 #include "loom/parallel.h"
 
@@ -18,6 +19,102 @@
 
 static int splits_backward(const loom_plan *plan) {
     return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
+}
+
+/* ---- compression ------------------------------------------------------------------------
+ * What the plan's compressors send and keep, by the formulas of loom/compress.h over the
+ * matrices the runtime hands them (2-D weights one layer at a time, everything else a row). */
+
+/* Wire bytes of one (rows x cols) matrix under a method (rank r, top-k fraction f); *state gets
+ * the bytes of state it keeps (committed and working copies: the error-feedback residual, the
+ * warm-start factor). */
+static double wire_of(const loom_plan_compressor *c, loom_compress_method method, int64_t rows,
+                      int64_t cols, double *state) {
+    double n = (double)rows * (double)cols;
+    int64_t r = c->rank < rows ? c->rank : rows;
+    if (r > cols) r = cols;
+    int lossy = method != LOOM_COMPRESS_NONE && c->error_feedback;
+    *state = 0;
+    switch (method) {
+    case LOOM_COMPRESS_POWERSGD:
+    case LOOM_COMPRESS_LOWRANK:
+        if (rows < 2 || (double)r * (double)(rows + cols) >= 0.5 * n) return 4 * n;
+        *state = 2 * 4 * ((lossy ? n : 0) + (double)cols * (double)r);
+        return 4 * (double)r * (double)(rows + cols);
+    case LOOM_COMPRESS_TOPK: {
+        double k = ceil(c->fraction * n * (1 - 1e-9));
+        *state = lossy ? 2 * 4 * n : 0;
+        return 8 * (k < 1 ? 1 : k);
+    }
+    case LOOM_COMPRESS_SIGN:
+        *state = 2 * 4 * n;
+        return 4 + ceil(n / 8);
+    case LOOM_COMPRESS_INT8:
+        *state = lossy ? 2 * 4 * n : 0;
+        return 4 * ceil(n / 256) + n;
+    case LOOM_COMPRESS_BF16:
+        *state = lossy ? 2 * 4 * n : 0;
+        return 2 * n;
+    default:
+        return 4 * n;
+    }
+}
+
+static loom_compress_method method_of(const char *name) {
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) {
+        if (!strcmp(name, loom_compress_method_name((loom_compress_method)m)))
+            return (loom_compress_method)m;
+    }
+    return LOOM_COMPRESS_NONE;
+}
+
+static int listed(const loom_plan_compressor *c, int index) {
+    if (c->num_stages == 0) return 1;
+    for (int i = 0; i < c->num_stages; i++)
+        if (c->stages[i] == index) return 1;
+    return 0;
+}
+
+/* One pipeline rank's gradients under the plan's DP compressor: the bytes sent (wire), the fp32
+ * bytes the codec reads (raw: the compressing matrices) and the state kept. */
+typedef struct {
+    double wire, raw, state;
+} dp_traffic;
+
+static dp_traffic dp_traffic_of(const loom_plan *plan, int pp_rank) {
+    dp_traffic t = {0, 0, 0};
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
+    int n = 0;
+    for (int s = 0; s < plan->num_stages && n < LOOM_GPT_MAX_CHUNKS; s++) {
+        const loom_plan_stage *st = &plan->stages[s];
+        if (st->rank != pp_rank) continue;
+        chunks[n++] = (loom_gpt_chunk){st->first_layer, st->end_layer, st->embedding, st->head};
+    }
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
+    const loom_plan_compressor *c = &plan->dp_compression;
+    loom_compress_method method = listed(c, pp_rank) ? method_of(c->method) : LOOM_COMPRESS_NONE;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *ti = &info[k];
+        if (ti->numel == 0) continue;
+        int dims = ti->per_layer ? ti->ndim - 1 : ti->ndim;
+        int64_t count = ti->per_layer ? ti->shape[0] : 1;
+        int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] : 1;
+        int64_t cols = dims == 2 ? ti->shape[ti->ndim - 1] : ti->layer_numel;
+        double state, wire = wire_of(c, method, rows, cols, &state);
+        double raw = 4.0 * (double)rows * (double)cols * (double)count;
+        t.wire += wire * (double)count, t.state += state * (double)count;
+        if (wire * (double)count < raw) t.raw += raw;
+    }
+    return t;
+}
+
+/* Seconds the codec takes for `raw` fp32 bytes (encode and decode), from the cluster's measured
+ * throughput, else three passes at the memory bandwidth. */
+static double codec_s(const loom_cluster *cl, loom_compress_method method, double raw) {
+    if (raw <= 0 || method == LOOM_COMPRESS_NONE) return 0;
+    double rate = cl->compressor_bytes_per_s[method];
+    return rate > 0 ? raw / rate : 3 * raw / cl->memory_bandwidth;
 }
 
 /* The stage's cost facts for one micro-batch (in_flight 1). */
@@ -67,10 +164,22 @@ static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, 
         out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
     }
     if (zero1 && plan->dp > 1) out->optimizer /= plan->dp;
+    /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
+    if (plan->dp > 1 && strcmp(plan->dp_compression.method, "none") != 0)
+        out->compressor += (int64_t)dp_traffic_of(plan, pp_rank).state;
+    const loom_plan_compressor *pc = &plan->pp_compression;
+    for (int s = 1; s < plan->num_stages && strcmp(pc->method, "none") != 0; s++) {
+        if (plan->stages[s].rank != pp_rank || !listed(pc, s - 1)) continue;
+        double state;
+        wire_of(pc, method_of(pc->method), (int64_t)plan->micro_batch * seq_len,
+                plan->model.channels, &state);
+        out->compressor += (int64_t)state;
+    }
     /* recomputation keeps one set, each micro-batch's input, and under split backward what B
      * leaves for W (the head's logit gradient aside) */
     out->activations = recompute ? slot + (input + kept) * out->in_flight : slot * out->in_flight;
-    out->total = out->weights + out->grads + out->optimizer + out->activations + out->scratch;
+    out->total = out->weights + out->grads + out->optimizer + out->activations + out->scratch +
+                 out->compressor;
     return LOOM_OK;
 }
 
@@ -99,7 +208,8 @@ static int kind_link(const loom_plan *plan, const loom_cluster *cl, int kind) {
         if (kind == 1 && plan->dp > 1) d.dp_rank = (c.dp_rank + 1) % plan->dp;
         if (kind == 2 && plan->pp > 1) d.pp_rank = (c.pp_rank + 1) % plan->pp;
         members[0] = r, members[1] = loom_plan_world_rank(plan, d);
-        if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE) worst = LOOM_LINK_INTER_NODE;
+        if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE)
+            worst = LOOM_LINK_INTER_NODE;
     }
     return worst;
 }
@@ -163,20 +273,20 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
 /* The pipeline part: every rank's list in the simulator, each message link_s; the bubble is the
  * mean idle share of the ranks. */
 static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
-                                     const loom_pipe_stage_schedule *lists, double link_s,
-                                     loom_prediction *out) {
+                                     const loom_pipe_stage_schedule *lists,
+                                     const double *forward_link_s, const double *backward_link_s,
+                                     const double *backward_bytes, loom_prediction *out) {
     const loom_plan *plan = k->plan;
     int V = plan->num_stages, p = plan->pp;
     loom_status st = LOOM_OK;
-    double *f = calloc((size_t)V * 5 + 1, sizeof(double));
+    double *f = calloc((size_t)V * 4 + 1, sizeof(double));
     if (!f) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    double *b = f + V, *bi = b + V, *bw = bi + V, *links = bw + V;
+    double *b = f + V, *bi = b + V, *bw = bi + V;
     for (int s = 0; s < V; s++) {
         f[s] = out->stage[s].forward_s, b[s] = out->stage[s].backward_s;
         bi[s] = out->stage[s].backward_input_s, bw[s] = out->stage[s].backward_weight_s;
-        if (s + 1 < V) links[s] = link_s;
     }
-    loom_pipe_sim_times times = {V, V - 1, f, b, links, links, bi, bw};
+    loom_pipe_sim_times times = {V, V - 1, f, b, forward_link_s, backward_link_s, bi, bw};
     loom_pipe_sim_result result;
     if (st == LOOM_OK) st = loom_pipe_simulate(shape, lists, &times, &result);
     if (st == LOOM_OK) {
@@ -193,12 +303,18 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
             idle += result.makespan_s > 0 ? 1 - busy / result.makespan_s : 0;
         }
         out->bubble = idle / p;
-        for (int r = 0; r < p; r++) { /* every message crosses once: activations and gradients */
+        /* every message crosses once: activations forward, gradients backward (compressed
+         * where the plan says) */
+        int64_t message = (int64_t)plan->micro_batch * k->seq_len * plan->model.channels *
+                          (int64_t)k->bytes_per_value;
+        for (int r = 0; r < p; r++) {
             for (int i = 0; i < lists[r].count; i++) {
-                loom_pipe_op op = lists[r].actions[i].op;
-                if (op == LOOM_PIPE_SEND_ACT || op == LOOM_PIPE_SEND_GRAD)
-                    out->pp_bytes += (int64_t)plan->micro_batch * k->seq_len *
-                                     plan->model.channels * (int64_t)k->bytes_per_value;
+                const loom_pipe_action *a = &lists[r].actions[i];
+                if (a->op == LOOM_PIPE_SEND_ACT) out->pp_bytes += message;
+                if (a->op == LOOM_PIPE_SEND_GRAD) {
+                    int link = loom_pipe_stage(shape, r, a->chunk) - 1; /* into the previous */
+                    out->pp_bytes += link >= 0 ? (int64_t)backward_bytes[link] : message;
+                }
             }
         }
         out->pp_bytes *= (int64_t)plan->dp * plan->tp;
@@ -235,19 +351,39 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
     for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
         st = stage_times(&k, s, seq_len, &out->stage[s]);
     }
-    /* one activation message (B, T, C) between neighbouring ranks */
-    double message = (double)plan->micro_batch * seq_len * plan->model.channels * k.bytes_per_value;
-    double link_s = plan->pp > 1
-                        ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV,
-                                                    kind_link(plan, cluster, 2), 2, message)
-                        : 0.0;
+    /* one activation message (B, T, C) between neighbouring virtual stages; a compressed
+     * link's gradient is the compressor's wire, plus encoding and decoding */
+    int V = plan->num_stages;
+    double *forward_link = calloc((size_t)V * 3 + 1, sizeof(double));
+    double *backward_link = forward_link + V, *backward_bytes = backward_link + V;
+    if (st == LOOM_OK && !forward_link) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    int64_t rows = (int64_t)plan->micro_batch * seq_len;
+    double message = (double)rows * plan->model.channels * k.bytes_per_value;
+    const loom_plan_compressor *pc = &plan->pp_compression;
+    loom_compress_method pp_method = method_of(pc->method);
+    for (int s = 0; s + 1 < V && st == LOOM_OK; s++) {
+        int link = kind_link(plan, cluster, 2);
+        forward_link[s] =
+            loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
+        backward_link[s] = forward_link[s], backward_bytes[s] = message;
+        if (pp_method != LOOM_COMPRESS_NONE && listed(pc, s)) {
+            double state, wire = wire_of(pc, pp_method, rows, plan->model.channels, &state);
+            wire *= k.bytes_per_value / 4.0;
+            backward_bytes[s] = wire;
+            backward_link[s] =
+                loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, wire) +
+                (wire < message ? codec_s(cluster, pp_method, message) : 0.0);
+        }
+    }
     /* every rank's list once: the simulator's input and each rank's peak of activation sets */
     loom_pipe_shape shape;
     loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
     if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
-    if (st == LOOM_OK) st = simulate_pipeline(&k, &shape, lists, link_s, out);
+    if (st == LOOM_OK)
+        st = simulate_pipeline(&k, &shape, lists, forward_link, backward_link, backward_bytes, out);
+    free(forward_link);
     /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
      * embedding's sum between the ranks of the first and the last virtual stage (none when one
      * rank holds both), and AdamW */
@@ -266,8 +402,30 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         if (st != LOOM_OK) break;
         if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
         double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
-        double sync = 0;
-        if (plan->dp > 1) {
+        double sync = 0, codec = 0;
+        loom_compress_method dp_method = method_of(plan->dp_compression.method);
+        if (plan->dp > 1 && dp_method != LOOM_COMPRESS_NONE) {
+            /* PowerSGD sums its factors (two allreduces); the others are all-gathered, and every
+             * replica's part decoded */
+            dp_traffic traffic = dp_traffic_of(plan, r);
+            codec = codec_s(cluster, dp_method, traffic.raw);
+            if (dp_method == LOOM_COMPRESS_POWERSGD) {
+                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE, dp_link,
+                                                 plan->dp, traffic.wire);
+                out->dp_bytes +=
+                    (int64_t)(2.0 * traffic.wire * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
+            } else {
+                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
+                                                 plan->dp, traffic.wire * plan->dp);
+                codec *= (1.0 + (plan->dp - 1) / 2.0); /* decoding dp - 1 more */
+                out->dp_bytes += (int64_t)(traffic.wire * (plan->dp - 1)) * plan->dp * plan->tp;
+            }
+            if (zero1) { /* the parameters' all-gather is not compressed */
+                sync += loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
+                                                  plan->dp, grads);
+                out->dp_bytes += (int64_t)(grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
+            }
+        } else if (plan->dp > 1) {
             if (zero1) {
                 sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link,
                                                  plan->dp, grads) +
@@ -284,7 +442,7 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         }
         /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync */
         double hidden = out->stage[r].backward_s;
-        double exposed = sync > hidden ? sync - hidden : 0;
+        double exposed = (sync > hidden ? sync - hidden : 0) + codec; /* the codec computes */
         if (r == first_rank || r == last_rank) exposed += tied;
         /* AdamW: measured parameters per second, or 28 bytes per parameter streamed (it reads
          * parameter, gradient and both moments and writes three of them back) */

@@ -83,9 +83,20 @@ static void dp_split(search *s, const loom_plan *even, int zero1, char *text, si
     loom_stage_problem_free(&problem);
 }
 
+/* Builds and predicts one plan of the layout (stage split: "" even); the request's compressors
+ * as given. */
+static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request *r,
+                     const char *split, int zero1) {
+    loom_plan plan;
+    r->stage_layers = split[0] ? split : NULL;
+    if (loom_plan_from_request(&plan, model, r, 0) != LOOM_OK) return; /* not a valid layout */
+    snprintf(plan.precision, sizeof plan.precision, "%s",
+             loom_precision_name(s->request->precision));
+    predict(s, &plan, zero1);
+}
+
 static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
                        const char *schedule, int recompute, int zero1) {
-    loom_plan plan;
     loom_plan_request r = {.dp = dp,
                            .tp = tp,
                            .pp = pp,
@@ -93,19 +104,35 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
                            .global_batch = s->request->global_batch,
                            .schedule = schedule,
                            .recompute = recompute};
-    if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
-    snprintf(plan.precision, sizeof plan.precision, "%s",
+    loom_plan even;
+    if (loom_plan_from_request(&even, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
+    snprintf(even.precision, sizeof even.precision, "%s",
              loom_precision_name(s->request->precision));
     char split[4096] = "";
-    if (!s->request->even_stages && plan.virtual_stages == 1 && pp > 1)
-        dp_split(s, &plan, zero1, split, sizeof split);
-    predict(s, &plan, zero1);
-    if (split[0]) { /* the DP's uneven split beside the even one: the simulator ranks both */
-        r.stage_layers = split;
-        if (loom_plan_from_request(&plan, model, &r, 0) != LOOM_OK) return;
-        snprintf(plan.precision, sizeof plan.precision, "%s",
-                 loom_precision_name(s->request->precision));
-        predict(s, &plan, zero1);
+    if (!s->request->even_stages && even.virtual_stages == 1 && pp > 1)
+        dp_split(s, &even, zero1, split, sizeof split);
+    loom_plan_free(&even);
+    /* compression, where allowed and where it can apply: PowerSGD on the DP gradients (not
+     * with ZeRO-1, whose parameter all-gather it cannot compress), low-rank on the pipeline's
+     * backward sends, or both */
+    loom_plan_compressor none, powersgd, lowrank;
+    loom_plan_compressor_init(&none);
+    loom_plan_compressor_init(&powersgd);
+    loom_plan_compressor_init(&lowrank);
+    snprintf(powersgd.method, sizeof powersgd.method, "powersgd");
+    powersgd.rank = LOOM_PLAN_DEFAULT_DP_RANK;
+    snprintf(lowrank.method, sizeof lowrank.method, "lowrank");
+    lowrank.rank = LOOM_PLAN_DEFAULT_PP_RANK;
+    int allow = s->request->allow_compression;
+    int dp_ok = (allow & LOOM_ALLOW_DP_COMPRESSION) && dp > 1 && !zero1;
+    int pp_ok = (allow & LOOM_ALLOW_PP_COMPRESSION) && pp > 1;
+    for (int c = 0; c < 4; c++) {
+        if (((c & 1) && !dp_ok) || ((c & 2) && !pp_ok)) continue;
+        r.dp_compression = c & 1 ? &powersgd : &none;
+        r.pp_compression = c & 2 ? &lowrank : &none;
+        try_plan(s, model, &r, "", zero1);
+        /* the DP's uneven split beside the even one: the simulator ranks both */
+        if (split[0]) try_plan(s, model, &r, split, zero1);
     }
 }
 
