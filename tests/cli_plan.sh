@@ -329,7 +329,7 @@ file_has "plan: predicted step in the file" predicted.json '"step_s": [0-9]'
 good "plan: the predicted plan checks" 'predicted\.json: ok' -- "$LOOM" plan --check predicted.json
 bad "plan: --predict without --cluster" '--predict: expected --cluster FILE' \
     -- "$LOOM" plan --predict gpt2_pp2.json
-bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1 or --out with it, got --tp' \
+bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1, --out or --trace with it, got --tp' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --tp 2
 bad "plan: --predict bf16 on V100" 'has no bf16 peak' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/p3-v100.json" --precision bf16
@@ -343,6 +343,25 @@ bad "plan: search without a global batch" '--global-batch-size: expected the seq
     -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --out best.json
 bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
     -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
+
+# --trace: the simulated step as a Chrome trace; every (virtual stage, micro-batch) forward once
+# per schedule, and the last event ends at the predicted step
+"$LOOM" plan --model tiny --layers 4 --pp 2 --micro-batch-size 1 --global-batch-size 4 --schedule zb-v --out trace_zbv.json >/dev/null
+good "plan: --predict --trace" 'wrote zbv-trace\.json' \
+    -- "$LOOM" plan --predict trace_zbv.json --cluster "$CLUSTERS/dgx-a100.json" --trace zbv-trace.json --out trace_zbv-predicted.json
+if python3 - zbv-trace.json trace_zbv-predicted.json <<'PY'; then record "plan: the trace is the simulated step" ""; else record "plan: the trace is the simulated step" "see above"; fi
+import json, sys
+t = json.load(open(sys.argv[1]))
+step = json.load(open(sys.argv[2]))["predicted"]["step_s"] * 1e6
+x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+fwd = sorted((e["args"]["stage"], e["args"]["micro_batch"]) for e in x if e["name"] == "forward")
+assert fwd == [(s, m) for s in range(4) for m in range(4)], fwd
+assert {e["pid"] for e in x} == {1, 2} and t["otherData"]["ranks"] == 2
+end = max(e["ts"] + e["dur"] for e in x)
+assert abs(end - step) <= 1e-6 * step + 0.002, (end, step)  # the file keeps ns
+PY
+good "plan: search --trace" 'wrote best-trace\.json \(its simulated step\)' \
+    -- "$LOOM" plan --model tiny --cluster "$CLUSTERS/dgx-a100.json" --devices 4 --global-batch-size 8 --out best-tiny.json --trace best-trace.json
 
 # compression as a decision: on V100s with 25 Gb/s between nodes PowerSGD pays for gpt2's DP
 good "plan: search with --allow-compression all" 'dp powersgd4' \

@@ -96,6 +96,15 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                               loom_precision precision, int seq_len, int zero1,
                               loom_prediction *out);
 
+/* loom_plan_predict, and the simulated step written to `path` as a Chrome trace in the format
+ * of `loom train --trace` (loom/trace.h): a process per pipeline rank (the ranks of one DP or TP
+ * group are alike), its compute and pp streams from the schedule simulator (micro-batch and
+ * virtual stage in each event's args), then the DP sync its last backward did not hide and the
+ * optimizer. */
+loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
+                                    loom_precision precision, int seq_len, int zero1,
+                                    const char *path, loom_prediction *out);
+
 /* ---- Alpa's stage DP ------------------------------------------------------------------------
  * How many layers each of the S stages of a layout with one chunk per rank takes (stages may be
  * uneven: the LM head makes the last stage heavier). Identical layers make a stage's time and

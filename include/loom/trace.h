@@ -124,6 +124,10 @@ const char *loom_trace_stream_name(loom_trace_stream stream);
 #define LOOM_TRACE_TAG 32101
 loom_status loom_trace_write(loom_trace *trace, struct loom_comm *world, const char *path);
 
+/* Writes several ranks' traces held by this one process (a simulated run: `loom plan
+ * --trace`) to `path` in the same format, atomically. */
+loom_status loom_trace_write_all(loom_trace *const *traces, int count, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

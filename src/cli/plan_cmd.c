@@ -46,6 +46,7 @@ typedef struct {
     int intraop;
     char search_space[16];
     char allow_compression[16];
+    char trace[PLAN_PATH_MAX];
 } plan_args;
 
 #define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
@@ -96,6 +97,9 @@ static const cli_opt plan_opts[] = {
     POPT("--intraop", OPT_FLAG, intraop,
          "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
          "strategy, its costs, the ILP's size and solve time"),
+    POPT("--trace", OPT_STRING, trace,
+         "search, --predict: the simulated step as a Chrome trace (the format of loom train "
+         "--trace), to open beside a measured one"),
     POPT("--allow-compression", OPT_STRING, allow_compression,
          "search: compressors it may choose where they shorten the step: none (default), dp "
          "(PowerSGD rank 4 on the data-parallel gradients), pp (low-rank rank 8 on the "
@@ -251,6 +255,20 @@ void cli_print_candidates(const loom_plan_candidate *best, int found) {
     }
 }
 
+/* --trace: the plan's simulated step as a Chrome trace. */
+static loom_status write_trace(const plan_args *args, const loom_plan *plan,
+                               const loom_cluster *cluster, loom_precision precision, int seq_len,
+                               int zero1) {
+    loom_prediction *pr = loom_calloc(1, sizeof *pr, "prediction");
+    if (!pr) return LOOM_ERR_NOMEM;
+    loom_status st = cli_prepare_out(args->trace, "a trace file");
+    if (st == LOOM_OK)
+        st = loom_plan_predict_trace(plan, cluster, precision, seq_len, zero1, args->trace, pr);
+    if (st == LOOM_OK) printf("wrote %s (its simulated step)\n", args->trace);
+    free(pr);
+    return st;
+}
+
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
 static int run_search(const plan_args *args) {
@@ -310,6 +328,9 @@ static int run_search(const plan_args *args) {
         if (st == LOOM_OK) {
             printf("\nwrote %s (the fastest)\n", args->out);
         }
+        if (st == LOOM_OK && args->trace[0])
+            st = write_trace(args, &best[0].plan, &cluster, req.precision, req.seq_len,
+                             best[0].zero1);
     }
     for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
     free(best);
@@ -361,10 +382,10 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
 }
 
 static int run_predict(const plan_args *args, int argc, char **argv) {
-    static const char *const allowed[] = {"--predict", "--cluster", "--precision",
-                                          "--seq-len", "--zero1",   "--out"};
+    static const char *const allowed[] = {"--predict", "--cluster", "--precision", "--seq-len",
+                                          "--zero1",   "--out",     "--trace"};
     loom_status st =
-        check_mode_flags(argc, argv, "--predict", allowed, 6, "the plan file holds the layout");
+        check_mode_flags(argc, argv, "--predict", allowed, 7, "the plan file holds the layout");
     if (st == LOOM_OK && !args->cluster[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
                                        "loom profile's)");
@@ -397,7 +418,15 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     loom_prediction *pr = loom_calloc(1, sizeof *pr, "prediction");
     loom_rank_memory *mem = loom_calloc((size_t)plan.pp, sizeof *mem, "prediction");
     if (st == LOOM_OK && (!pr || !mem)) st = LOOM_ERR_NOMEM;
-    if (st == LOOM_OK) st = loom_plan_predict(&plan, &cluster, precision, seq_len, zero1, pr);
+    if (st == LOOM_OK && args->trace[0]) {
+        st = cli_prepare_out(args->trace, "a trace file");
+        if (st == LOOM_OK)
+            st = loom_plan_predict_trace(&plan, &cluster, precision, seq_len, zero1, args->trace,
+                                         pr);
+        if (st == LOOM_OK) printf("wrote %s (the simulated step)\n", args->trace);
+    } else if (st == LOOM_OK) {
+        st = loom_plan_predict(&plan, &cluster, precision, seq_len, zero1, pr);
+    }
     for (int r = 0; r < plan.pp && st == LOOM_OK; r++) {
         st = loom_plan_rank_memory(&plan, r, seq_len, zero1, &mem[r]);
     }

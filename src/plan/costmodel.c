@@ -10,6 +10,7 @@
 #include "loom/compress.h"
 #include "loom/model.h"
 #include "loom/parallel.h"
+#include "loom/trace.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -270,12 +271,35 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
     return LOOM_OK;
 }
 
+/* The simulated actions as trace events, seconds from the step's start: compute on the compute
+ * stream, a send from its start to its arrival and a receive's wait on the pp stream, with the
+ * micro-batch and the virtual stage, as loom train --trace records them. */
+static void record_pipeline(const loom_pipe_shape *shape, const loom_pipe_stage_schedule *lists,
+                            const loom_pipe_sim_result *result, loom_trace **traces) {
+    for (int r = 0; r < shape->ranks; r++) {
+        double origin = loom_trace_origin_us(traces[r]);
+        for (int i = 0; i < lists[r].count; i++) {
+            const loom_pipe_action *a = &lists[r].actions[i];
+            const loom_pipe_sim_action *t = &result->stage[r][i];
+            int compute = a->op == LOOM_PIPE_FORWARD || a->op == LOOM_PIPE_BACKWARD ||
+                          a->op == LOOM_PIPE_BACKWARD_INPUT || a->op == LOOM_PIPE_BACKWARD_WEIGHT;
+            int send = a->op == LOOM_PIPE_SEND_ACT || a->op == LOOM_PIPE_SEND_GRAD;
+            double end = send ? t->arrival_s : t->end_s;
+            loom_trace_event_stage(traces[r], compute ? LOOM_TRACE_COMPUTE : LOOM_TRACE_PP,
+                                   loom_pipe_op_name(a->op), compute ? "compute" : "pp",
+                                   origin + t->start_s * 1e6, (end - t->start_s) * 1e6, 0,
+                                   a->micro_batch, loom_pipe_stage(shape, r, a->chunk));
+        }
+    }
+}
+
 /* The pipeline part: every rank's list in the simulator, each message link_s; the bubble is the
  * mean idle share of the ranks. */
 static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
                                      const loom_pipe_stage_schedule *lists,
                                      const double *forward_link_s, const double *backward_link_s,
-                                     const double *backward_bytes, loom_prediction *out) {
+                                     const double *backward_bytes, loom_trace **traces,
+                                     loom_prediction *out) {
     const loom_plan *plan = k->plan;
     int V = plan->num_stages, p = plan->pp;
     loom_status st = LOOM_OK;
@@ -289,6 +313,7 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
     loom_pipe_sim_times times = {V, V - 1, f, b, forward_link_s, backward_link_s, bi, bw};
     loom_pipe_sim_result result;
     if (st == LOOM_OK) st = loom_pipe_simulate(shape, lists, &times, &result);
+    if (st == LOOM_OK && traces) record_pipeline(shape, lists, &result, traces);
     if (st == LOOM_OK) {
         out->pipeline_s = result.makespan_s;
         double idle = 0;
@@ -324,9 +349,9 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
     return st;
 }
 
-loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
-                              loom_precision precision, int seq_len, int zero1,
-                              loom_prediction *out) {
+static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
+                           loom_precision precision, int seq_len, int zero1, loom_trace **traces,
+                           loom_prediction *out) {
     memset(out, 0, sizeof *out);
     int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
     int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
@@ -382,7 +407,8 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
     if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
     if (st == LOOM_OK)
-        st = simulate_pipeline(&k, &shape, lists, forward_link, backward_link, backward_bytes, out);
+        st = simulate_pipeline(&k, &shape, lists, forward_link, backward_link, backward_bytes,
+                               traces, out);
     free(forward_link);
     /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
      * embedding's sum between the ranks of the first and the last virtual stage (none when one
@@ -450,6 +476,15 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
         double optimizer = cluster->optimizer_params_per_s > 0
                                ? params / cluster->optimizer_params_per_s
                                : params * 28.0 / cluster->memory_bandwidth;
+        if (traces) { /* after the pipeline: the sync not hidden, then AdamW */
+            double at = loom_trace_origin_us(traces[r]) + out->pipeline_s * 1e6;
+            if (exposed > 0) {
+                loom_trace_event(traces[r], LOOM_TRACE_DP, "gradient sync (exposed)", "dp", at,
+                                 exposed * 1e6, 0, -1);
+            }
+            loom_trace_event(traces[r], LOOM_TRACE_COMPUTE, "optimizer", "compute",
+                             at + exposed * 1e6, optimizer * 1e6, 0, -1);
+        }
         if (exposed + optimizer > after) {
             after = exposed + optimizer;
             out->dp_exposed_s = exposed, out->optimizer_s = optimizer;
@@ -557,5 +592,26 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
     for (int s = 0; lists && s < S; s++) loom_pipe_schedule_free(&lists[s]);
     free(lists), free(copy.stages);
     if (st != LOOM_OK) loom_stage_problem_free(out);
+    return st;
+}
+
+loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
+                              loom_precision precision, int seq_len, int zero1,
+                              loom_prediction *out) {
+    return predict(plan, cluster, precision, seq_len, zero1, NULL, out);
+}
+
+loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
+                                    loom_precision precision, int seq_len, int zero1,
+                                    const char *path, loom_prediction *out) {
+    loom_trace **traces = calloc((size_t)plan->pp, sizeof *traces);
+    loom_status st = traces ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
+        st = loom_trace_create(&traces[r], r, (size_t)1 << 20);
+    }
+    if (st == LOOM_OK) st = predict(plan, cluster, precision, seq_len, zero1, traces, out);
+    if (st == LOOM_OK) st = loom_trace_write_all(traces, plan->pp, path);
+    for (int r = 0; traces && r < plan->pp; r++) loom_trace_free(traces[r]);
+    free(traces);
     return st;
 }

@@ -406,3 +406,29 @@ loom_status loom_trace_write(loom_trace *trace, struct loom_comm *world, const c
     free(own.data);
     return st;
 }
+
+loom_status loom_trace_write_all(loom_trace *const *traces, int count, const char *path) {
+    loom_atomic_file *file = NULL;
+    loom_status st = loom_atomic_open(&file, path);
+    if (st != LOOM_OK) return st;
+    FILE *out = loom_atomic_stream(file);
+    trace_totals totals = {0, 0, 0};
+    fputs("{\"traceEvents\":[\n", out);
+    for (int i = 0; i < count && st == LOOM_OK; i++) {
+        text_buf text = {0};
+        st = serialize_rank(traces[i], i > 0, &text);
+        if (st == LOOM_OK && fwrite(text.data, 1, text.len, out) != text.len)
+            st = loom_fail(LOOM_ERR_IO, "%s: write failed", path);
+        free(text.data);
+        totals.ranks++;
+        totals.events += (int64_t)traces[i]->count;
+        totals.dropped += traces[i]->dropped;
+    }
+    fprintf(out,
+            "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%" PRId64
+            ",\"events\":%" PRId64 ",\"dropped_events\":%" PRId64 "}}\n",
+            totals.ranks, totals.events, totals.dropped);
+    if (st == LOOM_OK) return loom_atomic_commit(file);
+    loom_atomic_abort(file);
+    return st;
+}
