@@ -363,6 +363,9 @@ PY
 good "plan: search --trace" 'wrote best-trace\.json \(its simulated step\)' \
     -- "$LOOM" plan --model tiny --cluster "$CLUSTERS/dgx-a100.json" --devices 4 --global-batch-size 8 --out best-tiny.json --trace best-trace.json
 
+good "plan: search --search-space full reports the ILP" 'intra-op ILP on the chosen mesh \(dp [0-9]+, tp [0-9]+\), whole model: .* % less \(simulation only' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 16 --global-batch-size 64 --seq-len 1024 --precision bf16 --search-space full --out full.json
+
 # compression as a decision: on V100s with 25 Gb/s between nodes PowerSGD pays for gpt2's DP
 good "plan: search with --allow-compression all" 'dp powersgd4' \
     -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 16 --global-batch-size 64 --seq-len 1024 --precision fp16 --allow-compression all --out compressed.json

@@ -269,6 +269,50 @@ static loom_status write_trace(const plan_args *args, const loom_plan *plan,
     return st;
 }
 
+/* --search-space full with the search: the intra-op ILP over the whole model on the chosen
+ * layout's (dp, tp) mesh, in both spaces — what a runtime that executed every strategy would
+ * gain, in simulation only (the plan written is the runtime's). */
+static loom_status report_full_space(const plan_args *args, const loom_gpt_config *model,
+                                     const loom_cluster *cluster, const loom_plan *plan,
+                                     loom_precision precision, int seq_len) {
+    loom_intraop_space space;
+    loom_status st =
+        loom_intraop_space_parse(args->search_space, "loom plan", "--search-space", &space);
+    if (st != LOOM_OK || space != LOOM_INTRAOP_FULL) return st;
+    loom_intraop_request req = {.dp = plan->dp,
+                                .tp = plan->tp,
+                                .micro_batch = plan->micro_batch,
+                                .micro_batches = loom_plan_num_micro_batches(plan),
+                                .seq_len = seq_len,
+                                .precision = precision,
+                                .part = LOOM_INTRAOP_MODEL,
+                                /* the model's state is spread over the pipeline's stages */
+                                .memory_budget = cluster->memory_bytes * plan->pp};
+    loom_intraop_result result[2];
+    for (int k = 0; k < 2 && st == LOOM_OK; k++) {
+        loom_intraop_graph *graph = NULL;
+        req.space = k ? LOOM_INTRAOP_FULL : LOOM_INTRAOP_RUNTIME;
+        st = loom_intraop_graph_create(&graph, model, cluster, &req);
+        if (st == LOOM_OK) st = loom_intraop_solve(graph, &result[k]);
+        loom_intraop_graph_free(graph);
+    }
+    if (st == LOOM_ERR_NOMEM) return st;
+    if (st != LOOM_OK) {
+        printf("intra-op ILP on the chosen mesh (dp %d, tp %d): %s\n", plan->dp, plan->tp,
+               loom_last_error());
+        loom_clear_error();
+        return LOOM_OK;
+    }
+    printf("intra-op ILP on the chosen mesh (dp %d, tp %d), whole model: the runtime's "
+           "strategies %.3f ms of operator time per step, every strategy %.3f ms: %.1f %% less "
+           "(simulation only: loom executes the runtime's; ILP %d variables, %d constraints, "
+           "solved in %.1f ms)\n",
+           plan->dp, plan->tp, result[0].objective_s * 1e3, result[1].objective_s * 1e3,
+           100.0 * (result[0].objective_s - result[1].objective_s) / result[0].objective_s,
+           result[1].variables, result[1].constraints, result[1].solve_s * 1e3);
+    return LOOM_OK;
+}
+
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
 static int run_search(const plan_args *args) {
@@ -327,6 +371,10 @@ static int run_search(const plan_args *args) {
         if (st == LOOM_OK) st = loom_plan_write(args->out, &best[0].plan);
         if (st == LOOM_OK) {
             printf("\nwrote %s (the fastest)\n", args->out);
+        }
+        if (st == LOOM_OK && args->search_space[0]) {
+            st = report_full_space(args, &model, &cluster, &best[0].plan, req.precision,
+                                   req.seq_len);
         }
         if (st == LOOM_OK && args->trace[0])
             st = write_trace(args, &best[0].plan, &cluster, req.precision, req.seq_len,
