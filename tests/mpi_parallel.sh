@@ -145,6 +145,10 @@ run pp2_recompute 2 --pipeline-parallel 2 --micro-batch-size 1 --recompute
 compare_run pp2_recompute
 run pp2_gpipe_recompute 2 --pipeline-parallel 2 --schedule gpipe --recompute
 compare_run pp2_gpipe_recompute
+# one process recomputes too when asked (the same arithmetic: equal to the plain run)
+"$LOOM" train "${common[@]}" --recompute --out single_recompute >single_recompute.log 2>&1 ||
+    fail "single-process recompute run: $(tail -3 single_recompute.log)"
+compare_run single_recompute
 cat >plan_recompute.json <<'PLAN'
 {"model": {"layers": 2, "heads": 2, "d_model": 16, "context": 16, "vocab": 257},
  "batch": {"global": 8, "micro": 2, "schedule": "1f1b"},

@@ -471,7 +471,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (st == LOOM_OK) {
         /* the rank's chunks agree on recomputation (loom_parallel_check_plan) */
         int first = loom_pipe_stage(&p->shape, mesh->pp_rank, 0);
-        p->recompute = plan->stages[first].recompute && p->stages > 1;
+        p->recompute = plan->stages[first].recompute;
         chunks_init(p);
         st = pools_create(p);
     }

@@ -129,7 +129,7 @@ static loom_status stage_cost(const loom_plan *plan, int s, int seq_len, loom_gp
                                 plan->micro_batch,
                                 seq_len,
                                 1,
-                                st->recompute && plan->num_stages > 1};
+                                st->recompute};
     return loom_gpt_cost_stage(&plan->model, &spec, c);
 }
 
@@ -146,7 +146,7 @@ static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, 
         loom_gpt_stage_cost c;
         loom_status st = stage_cost(plan, s, seq_len, &c);
         if (st != LOOM_OK) return st;
-        recompute = plan->stages[s].recompute && plan->num_stages > 1;
+        recompute = plan->stages[s].recompute;
         out->weights += c.param_bytes, out->grads += c.grad_bytes;
         out->optimizer += c.optimizer_bytes;
         int64_t chunk_slot = c.act_slot_bytes + (split ? c.act_slot_split_bytes : 0);

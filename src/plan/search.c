@@ -161,7 +161,8 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
             for (int micro = 1; micro <= request->global_batch / dp; micro *= 2) {
                 if ((request->global_batch / dp) % micro) continue;
                 for (int k = 0; k < (pp > 1 ? 4 : 1); k++) {
-                    /* recomputation only matters with more than one stage */
+                    /* with one stage 1F1B holds one activation set whether or not it recomputes:
+                     * recomputation there only costs time */
                     for (int recompute = 0; recompute < (pp > 1 ? 2 : 1); recompute++) {
                         for (int zero1 = 0; zero1 < (dp > 1 ? 2 : 1); zero1++) {
                             try_layout(&s, model, dp, tp, pp, micro, schedules[k], recompute,
