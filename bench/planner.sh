@@ -9,8 +9,10 @@
 #              rerun), beside the prediction of `loom plan --predict`; the largest resident set
 #              of any rank (/usr/bin/time) beside the predicted peak; then the planner's own pick
 #              (loom plan --devices 2 on the profile) against the fastest measured layout
+#   megatron   Megatron-LM SC'21 Table 1's layouts predicted on clusters/dgx-a100.json, TFLOP/s
+#              per GPU by Megatron's count against the published, and the planner's own choice
 # Errors are (predicted - measured) / measured; every layout is printed, the bad ones too.
-# usage: bash bench/planner.sh [schedules|layouts] [OUT]   (build first)
+# usage: bash bench/planner.sh [schedules|layouts|megatron] [OUT]   (build first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -170,8 +172,62 @@ if mem:
     done
 }
 
+# ---- Megatron-LM SC'21 Table 1 (REFERENCE.md) on the DGX A100 description ----
+megatron() {
+    local cluster=$ROOT/clusters/dgx-a100.json dir=$OUT/megatron
+    mkdir -p "$dir"
+    echo "== Megatron-LM SC'21 Table 1: the published layouts predicted on $cluster (bf16, micro 1,"
+    echo "   recompute, interleaved v 2 where p > 1), TFLOP/s per GPU by Megatron's count, and the"
+    echo "   planner's own choice for the same model, GPUs and batch"
+    # params heads hidden layers t p GPUs batch published-TFLOP/s
+    while read -r name a h l t p n b pub; do
+        local d=$((n / (t * p))) sched=(--schedule 1f1b)
+        [ "$p" -gt 1 ] && sched=(--schedule interleaved --virtual-stages 2)
+        local model=(--model gpt3-175b --layers "$l" --heads "$a" --d-model "$h" --context 2048 --vocab 51200)
+        "$LOOM" plan "${model[@]}" --dp "$d" --tp "$t" --pp "$p" --micro-batch-size 1 \
+            --global-batch-size "$b" "${sched[@]}" --recompute --out "$dir/$name.json" >/dev/null </dev/null ||
+            { echo "$name: loom plan failed"; continue; }
+        "$LOOM" plan --predict "$dir/$name.json" --cluster "$cluster" --precision bf16 --seq-len 2048 \
+            --out "$dir/$name.pred.json" >/dev/null </dev/null || { echo "$name: --predict failed"; continue; }
+        local t0 t1
+        t0=$(date +%s.%N)
+        "$LOOM" plan "${model[@]}" --cluster "$cluster" --devices "$n" --global-batch-size "$b" \
+            --seq-len 2048 --precision bf16 --out "$dir/$name.pick.json" >"$dir/$name.pick.log" </dev/null ||
+            { echo "$name: the search failed: $(tail -1 "$dir/$name.pick.log")"; continue; }
+        t1=$(date +%s.%N)
+        python3 - "$dir/$name.pred.json" "$dir/$name.pick.json" "$name" "$pub" "$t0" "$t1" <<'PY'
+import json, sys
+pred, pick = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+name, pub, secs = sys.argv[3], float(sys.argv[4]), float(sys.argv[6]) - float(sys.argv[5])
+m = pred["model"]; B, s, l, h, V = pred["batch"]["global"], 2048, m["layers"], m["d_model"], 51200
+F = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))  # Megatron's count, per iteration
+def tflops(p):
+    n = p["mesh"]["dp"] * p["mesh"]["tp"] * p["mesh"]["pp"]
+    return F / p["predicted"]["step_s"] / n / 1e12
+a, c = tflops(pred), tflops(pick)
+k = pick["mesh"]; r = pick["stages"][0].get("recompute", False)
+print(f"{name:7s} published {pub:5.0f}  predicted {a:6.1f} ({100 * (a - pub) / pub:+5.1f}%)  "
+      f"planner: dp {k['dp']} tp {k['tp']} pp {k['pp']} micro {pick['batch']['micro']} "
+      f"{pick['batch']['schedule']}{' recompute' if r else ''} -> {c:6.1f} "
+      f"({'at least as fast' if c >= a * (1 - 1e-9) else 'SLOWER'}; searched in {secs:.1f} s)")
+PY
+    done <<'ROWS'
+1.7B 24 2304 24 1 1 32 512 137
+3.6B 32 3072 30 2 1 64 512 138
+7.5B 32 4096 36 4 1 128 512 142
+18.4B 48 6144 40 8 1 256 1024 135
+39.1B 64 8192 48 8 2 512 1536 138
+76.1B 80 10240 60 8 4 1024 1792 140
+145.6B 96 12288 80 8 8 1536 2304 148
+310.1B 128 16384 96 8 16 1920 2160 155
+529.6B 128 20480 105 8 35 2520 2520 163
+1008B 160 25600 128 8 64 3072 3072 163
+ROWS
+}
+
 case $what in
 schedules) schedules ;;
 layouts) layouts ;;
-*) echo "usage: bash bench/planner.sh [schedules|layouts] [OUT]" >&2; exit 2 ;;
+megatron) megatron ;;
+*) echo "usage: bash bench/planner.sh [schedules|layouts|megatron] [OUT]" >&2; exit 2 ;;
 esac
