@@ -386,6 +386,58 @@ static void test_llmc_tokenizer(void) {
     expect_refused(path, "gpt2_tokenizer.bin: token 256", "expected a length", "a truncated file");
 }
 
+static uint16_t *read_shard(const char *path, size_t *count) {
+    uint16_t *tokens = NULL;
+    *count = 0;
+    return loom_shard_read(path, &tokens, count) == LOOM_OK ? tokens : NULL;
+}
+
+/* prepare with a GPT-2 tokenizer: EOT before each document, the tokens of the whole file (the
+ * chunks it is cut into for the threads change nothing), the same shards on 1 and 3 threads. */
+static void test_prepare(void) {
+    loom_tokenizer *tok = NULL;
+    if (loom_tokenizer_open(&tok, tmp_path("hello")) != LOOM_OK) {
+        CHECK(0, "tiny tokenizer opens: %s", loom_last_error());
+        return;
+    }
+    size_t n = (size_t)3 << 20; /* three chunks */
+    char *text = malloc(n);
+    loom_rng rng;
+    loom_rng_seed(&rng, 9);
+    for (size_t i = 0; i < n; i++) text[i] = "hello abc\n\n  'sx\t"[loom_rng_next(&rng) % 17];
+    char path[1200];
+    snprintf(path, sizeof path, "%s", tmp_path("doc.txt"));
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+    uint16_t *whole = malloc(n * sizeof *whole);
+    size_t whole_n = encode(tok, text, n, 0, whole);
+    const char *paths[] = {path, path};
+    uint16_t *train[2] = {NULL, NULL};
+    size_t train_n[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s", tmp_path(run ? "prep3" : "prep1"));
+        loom_prepare_opts opts = loom_prepare_default_opts();
+        opts.tokenizer = tok, opts.threads = run ? 3 : 1, opts.val_fraction = 0.1;
+        CHECK(loom_prepare_text(paths, 2, dir, &opts) == LOOM_OK, "prepare: %s", loom_last_error());
+        char shard[1300];
+        snprintf(shard, sizeof shard, "%s/train_000000.bin", dir);
+        train[run] = read_shard(shard, &train_n[run]);
+    }
+    size_t val = (size_t)(0.1 * (double)whole_n + 0.5), part = whole_n - val;
+    int layout = train[0] && train_n[0] == 2 * (part + 1) && train[0][0] == 264 &&
+                 train[0][part + 1] == 264 && !memcmp(train[0] + 1, whole, part * sizeof *whole) &&
+                 !memcmp(train[0] + part + 2, whole, part * sizeof *whole);
+    CHECK(layout, "train = (EOT + the file's first %zu tokens) x 2, got %zu tokens", part,
+          train_n[0]);
+    CHECK(train[1] && train_n[0] == train_n[1] &&
+              !memcmp(train[0], train[1], train_n[0] * sizeof *train[0]),
+          "1 and 3 threads write the same shard");
+    free(train[0]), free(train[1]), free(whole), free(text);
+    loom_tokenizer_free(tok);
+}
+
 int main(void) {
     tmp = check_tmpdir();
     test_byte_table();
@@ -395,5 +447,6 @@ int main(void) {
     test_round_trip();
     test_bad_files();
     test_llmc_tokenizer();
+    test_prepare();
     return check_finish();
 }

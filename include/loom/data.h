@@ -177,27 +177,34 @@ loom_loader_pos loom_loader_get_pos(const loom_loader *ld);
 loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
 
 /* ---- loom prepare ------------------------------------------------------------------------
- * Byte-tokenises each text file; each file is one document. For a file of n bytes (n >= 1):
- *   val_bytes = round(val_fraction * n); if val_fraction > 0, raised to at least 1 and to at
+ * Tokenises each text file (bytes, or opts->tokenizer) on opts->threads threads; each file is one
+ * document of n tokens (n >= 1):
+ *   val_tokens = round(val_fraction * n); if val_fraction > 0, raised to at least 1 and to at
  *   least min(min_val_tokens - 1, n / 2) (so the file's val part is one window-worth of tokens
- *   when the file is at least twice that long), then capped at n - 1 (training keeps >= 1 byte).
- *   train part = bytes[0, n - val_bytes) + EOT
- *   val part   = bytes[n - val_bytes, n) + EOT   (only when val_bytes > 0)
- * so each split is a concatenation, in argument order, of documents each followed by EOT.
- * The splits go to DIR/train_000000.bin, DIR/train_000001.bin, ... and DIR/val_000000.bin, ...
- * (llm.c shards of at most shard_tokens tokens, written atomically). A split with no tokens gets
- * no shard. Shards of an earlier run with higher numbers (DIR/{train,val}_NNNNNN.bin) are
- * removed so that a glob over DIR sees only this run's data. Progress goes to stdout via
- * loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a missing,
- * unreadable, non-regular or empty input file (named), val_fraction outside [0, 1), shard_tokens
- * outside [1, LOOM_SHARD_MAX_TOKENS]. A later write failure (LOOM_ERR_IO) leaves the shards
- * completed so far; each shard itself is atomic. */
+ *   when the file is at least twice that long), then capped at n - 1 (training keeps >= 1 token).
+ *   bytes:  train part = tokens[0, n - val_tokens) + EOT,  val part = tokens[n - val_tokens, n) +
+ * EOT GPT-2:  train part = EOT + tokens[0, n - val_tokens),  val part = EOT + tokens[n -
+ * val_tokens, n) (EOT before each document, as llm.c's preparation scripts; the text
+ * "<|endoftext|>" in a file is ordinary text there, as their encode_ordinary) (val part only when
+ * val_tokens > 0; for bytes, tokens are the file's bytes), so each split is a concatenation, in
+ * argument order, of documents each with one EOT. The output does not depend on the number of
+ * threads. The splits go to DIR/train_000000.bin, DIR/train_000001.bin, ... and DIR/val_000000.bin,
+ * ... (llm.c shards of at most shard_tokens tokens, written atomically). A split with no tokens
+ * gets no shard. Shards of an earlier run with higher numbers (DIR/{train,val}_NNNNNN.bin) are
+ * removed so that a glob over DIR sees only this run's data. Progress and the tokenising speed go
+ * to stdout via loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a
+ * missing, unreadable, non-regular or empty input file (named), val_fraction outside [0, 1),
+ * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode or has no
+ * <|endoftext|>. A later write failure (LOOM_ERR_IO) leaves the shards completed so far; each
+ * shard itself is atomic. */
 
 typedef struct {
     double val_fraction;   /* default 0.1 */
     size_t shard_tokens;   /* default 100000000 */
     size_t min_val_tokens; /* default LOOM_PREPARE_MIN_VAL_TOKENS; 0 = no minimum. Pass seq_len+1
                               of the run you plan so the val split has at least one window. */
+    const loom_tokenizer *tokenizer; /* NULL = bytes */
+    int threads;                     /* 0 = OpenMP's default (all cores) */
 } loom_prepare_opts;
 
 #define LOOM_PREPARE_MIN_VAL_TOKENS 1025 /* one window at seq_len 1024 (GPT-2's context) */

@@ -338,6 +338,8 @@ typedef struct {
     double val_fraction;
     int seq_len;
     int64_t shard_tokens;
+    char tokenizer[LOOM_PATH_MAX];
+    int threads;
     char text_placeholder[2];
 } prepare_args;
 
@@ -350,6 +352,10 @@ static const cli_opt prepare_opts[] = {
     POPT("--seq-len", OPT_INT, seq_len,
          "planned training sequence length: each file's val part gets at least one window"),
     POPT("--shard-tokens", OPT_I64, shard_tokens, "tokens per shard at most"),
+    POPT("--tokenizer", OPT_STRING, tokenizer,
+         "bytes (default), or GPT-2's: a folder with vocab.json + merges.txt or tokenizer.json, "
+         "or one of those files"),
+    POPT("--threads", OPT_INT, threads, "threads that tokenise (0 = all cores)"),
 };
 #define NPREPARE ((int)(sizeof prepare_opts / sizeof prepare_opts[0]))
 
@@ -360,6 +366,7 @@ int cmd_prepare(int argc, char **argv) {
         return 0;
     }
     prepare_args args = {.val_fraction = 0.1, .seq_len = 256, .shard_tokens = 100000000};
+    snprintf(args.tokenizer, sizeof args.tokenizer, "bytes");
     const char **texts = calloc((size_t)argc, sizeof *texts);
     char **rest = calloc((size_t)argc, sizeof *rest);
     if (!texts || !rest) {
@@ -393,13 +400,22 @@ int cmd_prepare(int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--shard-tokens: expected a positive integer, got %lld",
                        (long long)args.shard_tokens);
     }
+    if (st == LOOM_OK && args.threads < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--threads: expected >= 0 (0 = all cores), got %d",
+                       args.threads);
+    }
+    loom_tokenizer *tok = NULL;
+    if (st == LOOM_OK) st = loom_tokenizer_open(&tok, args.tokenizer);
     if (st == LOOM_OK) {
         loom_prepare_opts opts = loom_prepare_default_opts();
         opts.val_fraction = args.val_fraction;
         opts.shard_tokens = (size_t)args.shard_tokens;
         opts.min_val_tokens = (size_t)args.seq_len + 1;
+        opts.tokenizer = tok;
+        opts.threads = args.threads;
         st = loom_prepare_text(texts, ntexts, args.out, &opts);
     }
+    loom_tokenizer_free(tok);
     free(texts), free(rest);
     return st == LOOM_OK ? 0 : cli_fail(st);
 }
