@@ -66,6 +66,11 @@ int loom_tokenizer_eot(const loom_tokenizer *tok);
  * text "<|endoftext|>"); 0 with *bytes NULL for an id it has no token for. */
 size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char **bytes);
 
+/* Refuses (LOOM_ERR_INPUT, naming both) a model whose vocabulary (model_vocab ids, unpadded)
+ * cannot hold the tokenizer's ids; `model` names the model. A larger model vocabulary is fine. */
+loom_status loom_tokenizer_check_vocab(const loom_tokenizer *tok, int model_vocab,
+                                       const char *model);
+
 typedef struct loom_token_encoder loom_token_encoder;
 /* LOOM_ERR_INPUT when the tokenizer cannot encode (gpt2_tokenizer.bin has no merges). */
 loom_status loom_token_encoder_create(loom_token_encoder **enc, const loom_tokenizer *tok);

@@ -97,6 +97,16 @@ size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char 
     return 1;
 }
 
+loom_status loom_tokenizer_check_vocab(const loom_tokenizer *tok, int model_vocab,
+                                       const char *model) {
+    int vocab = loom_tokenizer_vocab_size(tok);
+    if (model_vocab >= vocab) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: the model's vocabulary has %d ids, the %s tokenizer (%s) has %d: they do "
+                     "not belong together (give the tokenizer the model was trained with)",
+                     model, model_vocab, loom_tokenizer_name(tok), tok->source, vocab);
+}
+
 loom_status loom_token_encoder_create(loom_token_encoder **out, const loom_tokenizer *tok) {
     *out = NULL;
     loom_token_encoder *enc = loom_calloc(1, sizeof *enc, "tokenizer encoder");

@@ -111,6 +111,52 @@ loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_
     return st;
 }
 
+static int has_tokenizer_files(const char *dir) {
+    static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char file[4200];
+        snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+        FILE *f = fopen(file, "rb");
+        if (f) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_cap, char *source,
+                                    size_t source_cap) {
+    name[0] = source[0] = '\0';
+    if (has_suffix(path, ".bin")) return LOOM_OK;
+    char file[4200];
+    loom_status st = weights_file(path, file, sizeof file);
+    loom_safetensors *sf = NULL;
+    if (st == LOOM_OK) st = loom_safetensors_open(&sf, file);
+    if (st != LOOM_OK) return st;
+    const char *recorded = loom_safetensors_metadata(sf, "loom.tokenizer");
+    const char *from = loom_safetensors_metadata(sf, "loom.tokenizer_source");
+    if (recorded && strcmp(recorded, "bytes") != 0 && strcmp(recorded, "gpt2") != 0) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: metadata loom.tokenizer: expected \"bytes\" or \"gpt2\", got \"%.40s\"",
+                       file, recorded);
+    } else if (recorded) {
+        snprintf(name, name_cap, "%s", recorded);
+        snprintf(source, source_cap, "%s", from ? from : "");
+    } else {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", file);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        if (has_tokenizer_files(slash ? dir : ".")) {
+            snprintf(name, name_cap, "gpt2");
+            snprintf(source, source_cap, "%s", slash ? dir : ".");
+        }
+    }
+    loom_safetensors_close(sf);
+    return st;
+}
+
 loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model) {
     *model = NULL;
     loom_gpt_config config;
