@@ -97,5 +97,35 @@ good "a byte model trained with --tokenizer bytes" '' -- \
 bad "sample refuses GPT-2's tokenizer for a byte model" 'run_bytes.*vocabulary has 257 ids, the gpt2 tokenizer' -- \
     "$LOOM" sample --checkpoint run_bytes --tokenizer tok --tokens 5
 
+# ---- --init-from a Hugging Face GPT-2 folder -----------------------------------------------
+# config.json + model.safetensors (loom's checkpoint with its metadata stripped to "format",
+# as Hugging Face writes it) + the tokenizer files: one flag gives the model and the tokenizer.
+mkdir -p hf && cp tok/vocab.json tok/merges.txt hf/
+python3 - <<'PY'
+import glob, json, struct
+src = open(sorted(glob.glob('run/checkpoints/step_*/model.safetensors'))[-1], 'rb').read()
+n = struct.unpack('<Q', src[:8])[0]
+header = json.loads(src[8:8 + n]); header['__metadata__'] = {'format': 'pt'}
+text = json.dumps(header).encode(); text += b' ' * (-len(text) % 8)
+open('hf/model.safetensors', 'wb').write(struct.pack('<Q', len(text)) + text + src[8 + n:])
+json.dump({"model_type": "gpt2", "activation_function": "gelu_new", "n_layer": 2, "n_head": 2,
+           "n_embd": 16, "n_positions": 16, "vocab_size": 265}, open('hf/config.json', 'w'))
+PY
+good "sample from a Hugging Face folder uses its tokenizer" '^the' -- \
+    "$LOOM" sample --checkpoint hf --prompt the --tokens 5
+good "train --init-from a Hugging Face folder" 'initialised from hf' -- \
+    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf
+meta=$(python3 -c "
+import json, struct, glob
+f = open(sorted(glob.glob('run_hf/checkpoints/step_*/model.safetensors'))[-1], 'rb')
+n = struct.unpack('<Q', f.read(8))[0]; m = json.loads(f.read(n))['__metadata__']
+print(m.get('loom.tokenizer'), m.get('loom.tokenizer_source'))")
+check "the fine-tuned checkpoint records the folder's tokenizer" \
+    "$([ "$meta" = "gpt2 $PWD/hf" ] || echo "got '$meta'")"
+good "sample the fine-tuned model" '^the' -- "$LOOM" sample --checkpoint run_hf --prompt the --tokens 5
+sed -i 's/"n_head": 2/"n_head": 0/' hf/config.json
+bad "a bad config.json is refused naming the key" 'hf/config.json: n_head: expected a positive integer' -- \
+    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf2
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

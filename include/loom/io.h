@@ -227,7 +227,9 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
 /* ---- loading a model from any file users have -------------------------------------------- */
 
 /* The model configuration stored in PATH: a run folder, its checkpoints/ folder, one step
- * folder, a .safetensors file (loom or Hugging Face GPT-2), or an llm.c .bin. */
+ * folder, a .safetensors file (loom or Hugging Face GPT-2), a Hugging Face GPT-2 folder
+ * (config.json's n_layer, n_head, n_embd, n_positions, vocab_size; model.safetensors), or an
+ * llm.c .bin. */
 loom_status loom_model_config_of(const char *path, loom_gpt_config *config);
 /* The weights of any of those, slice by slice, as take(ctx, 0, tensor, layer, slice) in the
  * unsharded `layout` (whose configuration the file must describe): for a rank that holds part

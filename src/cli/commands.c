@@ -59,7 +59,8 @@ static const cli_opt train_opts[] = {
     TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,
-         "start from weights: llm.c .bin, .safetensors or a checkpoint"),
+         "start from weights: llm.c .bin, .safetensors, a Hugging Face GPT-2 folder (config.json "
+         "+ model.safetensors + tokenizer files) or a checkpoint"),
     TOPT("--tokenizer", OPT_STRING, tokenizer,
          "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
          "files (default: the one --resume / --init-from records)"),
