@@ -413,8 +413,11 @@ static loom_status read_tokenizer_json(loom_bpe *bpe, const char *path) {
         st = loom_fail(LOOM_ERR_INPUT, "%s: model.merges: expected an array", path);
     }
     /* added tokens with ids past the vocabulary (<|endoftext|> in some exports) join it */
-    json_t *vocab = st == LOOM_OK ? json_deep_copy(json_object_get(model, "vocab")) : NULL;
     const json_t *added = json_object_get(root, "added_tokens");
+    if (st == LOOM_OK && added && !json_is_array(added)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: added_tokens: expected an array", path);
+    }
+    json_t *vocab = st == LOOM_OK ? json_deep_copy(json_object_get(model, "vocab")) : NULL;
     size_t i;
     const json_t *entry;
     json_array_foreach(added, i, entry) {
