@@ -805,9 +805,8 @@ size_t loom_bpe_merge_reference(const loom_bpe *bpe, const unsigned char *piece,
 }
 
 typedef struct {
-    int32_t rank;
+    int32_t rank; /* names the pair: one merge per rank */
     int32_t left; /* position of the left symbol */
-    int32_t left_id, right_id;
 } heap_entry;
 
 /* The cache of encoded pieces: open addressing over (hash, piece) -> tokens, with the pieces
@@ -823,7 +822,7 @@ typedef struct {
 
 struct loom_bpe_encoder {
     const loom_bpe *bpe;
-    size_t capacity; /* of the scratch arrays below, in symbols */
+    size_t capacity; /* of id, next, prev in symbols; the heap holds twice as many entries */
     int32_t *id, *next, *prev;
     heap_entry *heap;
     cache_slot *slots;
@@ -867,7 +866,7 @@ static loom_status reserve_symbols(loom_bpe_encoder *enc, size_t n) {
     enc->id = malloc(cap * sizeof *enc->id);
     enc->next = malloc(cap * sizeof *enc->next);
     enc->prev = malloc(cap * sizeof *enc->prev);
-    enc->heap = malloc(cap * sizeof *enc->heap);
+    enc->heap = malloc(2 * cap * sizeof *enc->heap);
     if (!enc->id || !enc->next || !enc->prev || !enc->heap) {
         enc->capacity = 0;
         return loom_fail(LOOM_ERR_NOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
@@ -906,16 +905,16 @@ static heap_entry heap_pop(heap_entry *heap, size_t *size) {
 
 static void push_pair(loom_bpe_encoder *enc, size_t *size, int32_t left) {
     if (left < 0 || enc->next[left] < 0) return;
-    int32_t right = enc->next[left];
-    const pair_slot *p = find_pair(enc->bpe, enc->id[left], enc->id[right]);
-    if (p) heap_push(enc->heap, size, (heap_entry){p->rank, left, enc->id[left], enc->id[right]});
+    const pair_slot *p = find_pair(enc->bpe, enc->id[left], enc->id[enc->next[left]]);
+    if (p) heap_push(enc->heap, size, (heap_entry){p->rank, left});
 }
 
 /* The heap holds every adjacent pair that has a merge, ordered by (rank, position): the lowest
  * rank first and, among equal ranks (the same pair twice), the leftmost, as the reference does.
- * An entry is stale when either symbol has changed since it was pushed (a merge gives the left
- * symbol a new id and removes the right one); stale entries are dropped as they come up. The
- * n - 1 first pairs and at most two per merge (n - 1 merges) bound the heap by 3n entries. */
+ * An entry is stale when the pair at its position is no longer the one of its rank (a merge
+ * gives the left symbol a new id and removes the right one); stale entries are dropped as they
+ * come up, and when the heap (2n entries) would overflow it is rebuilt from the live pairs (at
+ * most n - 1), so a long piece costs 28 bytes of scratch per byte. */
 loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *piece, size_t n,
                                  uint16_t *tokens, size_t *count) {
     const loom_bpe *bpe = enc->bpe;
@@ -924,7 +923,13 @@ loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *pie
         *count = 1;
         return LOOM_OK;
     }
-    loom_status st = reserve_symbols(enc, 3 * n);
+    if (n > INT32_MAX / 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "tokenizer: a piece of %zu bytes (one word or run of "
+                         "spaces) is more than it can merge",
+                         n);
+    }
+    loom_status st = reserve_symbols(enc, n);
     if (st != LOOM_OK) return st;
     int32_t *id = enc->id, *next = enc->next, *prev = enc->prev;
     for (size_t i = 0; i < n; i++) {
@@ -932,18 +937,23 @@ loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *pie
         next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
         prev[i] = (int32_t)i - 1;
     }
-    size_t size = 0;
+    size_t size = 0, heap_cap = 2 * n;
     for (size_t i = 0; i + 1 < n; i++) push_pair(enc, &size, (int32_t)i);
     while (size > 0) {
         heap_entry e = heap_pop(enc->heap, &size);
-        int32_t left = e.left, right = next[left];
-        if (id[left] != e.left_id || right < 0 || id[right] != e.right_id) continue;
-        const pair_slot *p = find_pair(bpe, e.left_id, e.right_id);
+        int32_t left = e.left, right = id[left] >= 0 ? next[left] : -1;
+        const pair_slot *p = right >= 0 ? find_pair(bpe, id[left], id[right]) : NULL;
+        if (!p || p->rank != e.rank) continue;
         id[left] = p->merged;
         id[right] = -1;
         next[left] = next[right];
         if (next[right] >= 0) prev[next[right]] = left;
-        if (prev[left] >= 0) push_pair(enc, &size, prev[left]);
+        if (size + 2 > heap_cap) {
+            size = 0;
+            for (int32_t at = 0; at >= 0; at = next[at]) push_pair(enc, &size, at);
+            continue;
+        }
+        push_pair(enc, &size, prev[left]);
         push_pair(enc, &size, left);
     }
     size_t k = 0;

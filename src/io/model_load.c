@@ -173,7 +173,7 @@ loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_
 static int has_tokenizer_files(const char *dir) {
     static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char file[4200];
+        char file[4400];
         snprintf(file, sizeof file, "%s/%s", dir, names[i]);
         FILE *f = fopen(file, "rb");
         if (f) {
