@@ -42,6 +42,7 @@ struct loom_bpe {
     pair_slot *pairs;
     size_t pairs_mask;
     int byte_token[256];
+    int16_t symbol_byte[512]; /* code point -> byte (loom_bpe_byte_to_unicode inverted), or -1 */
     int eot;
     int can_encode;
 };
@@ -128,18 +129,11 @@ void loom_bpe_byte_to_unicode(uint32_t table[256]) {
     }
 }
 
-/* Symbols (a vocabulary key) -> bytes; out holds strlen(text) bytes. -1 when a character is not
- * one of the 256 byte symbols (*bad gets it). */
-static long symbols_to_bytes(const char *text, size_t length, unsigned char *out, int32_t *bad) {
-    static int16_t inverse[512];
-    static int ready;
-    if (!ready) { /* idempotent: racing threads write the same values */
-        uint32_t table[256];
-        loom_bpe_byte_to_unicode(table);
-        for (int i = 0; i < 512; i++) inverse[i] = -1;
-        for (int b = 0; b < 256; b++) inverse[table[b]] = (int16_t)b;
-        ready = 1;
-    }
+/* Symbols (a vocabulary key) -> bytes, through bpe->symbol_byte; out holds strlen(text) bytes.
+ * -1 when a character is not one of the 256 byte symbols (*bad gets it, -1 for bad UTF-8). */
+static long symbols_to_bytes(const loom_bpe *bpe, const char *text, size_t length,
+                             unsigned char *out, int32_t *bad) {
+    const int16_t *inverse = bpe->symbol_byte;
     const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)text;
     size_t at = 0, n = 0;
     while (at < length) {
@@ -275,7 +269,7 @@ static loom_status bpe_add_merge(loom_bpe *bpe, const char *left, size_t left_n,
             return loom_fail(LOOM_ERR_INPUT, "%s: expected two symbols separated by one space",
                              where);
         }
-        long n = symbols_to_bytes(sides[s], lengths[s], bytes + total, &bad);
+        long n = symbols_to_bytes(bpe, sides[s], lengths[s], bytes + total, &bad);
         if (n < 0) {
             return loom_fail(LOOM_ERR_INPUT, "%s: \"%.*s\": %s", where, (int)lengths[s], sides[s],
                              bad < 0 ? "invalid UTF-8" : "not one of GPT-2's byte symbols");
@@ -337,7 +331,7 @@ static loom_status read_vocab_object(loom_bpe *bpe, const json_t *object, const 
             break;
         }
         int32_t bad = 0;
-        long n = symbols_to_bytes(key, strlen(key), bytes, &bad);
+        long n = symbols_to_bytes(bpe, key, strlen(key), bytes, &bad);
         if (n < 0) {
             st = loom_fail(LOOM_ERR_INPUT,
                            "%s: character U+%04X is not one of GPT-2's 256 byte "
@@ -615,6 +609,10 @@ loom_status loom_bpe_open(loom_bpe **out, const char *path) {
     loom_bpe *bpe = loom_calloc(1, sizeof *bpe, "tokenizer");
     if (!bpe) return LOOM_ERR_NOMEM;
     bpe->eot = BPE_NO_ID;
+    uint32_t table[256];
+    loom_bpe_byte_to_unicode(table);
+    for (int i = 0; i < 512; i++) bpe->symbol_byte[i] = -1;
+    for (int b = 0; b < 256; b++) bpe->symbol_byte[table[b]] = (int16_t)b;
     struct stat st;
     loom_status status;
     if (stat(path, &st) != 0) {
@@ -706,19 +704,20 @@ static int class_of(int32_t cp) {
     }
 }
 
-static unsigned char ascii_class[128];
-static int ascii_ready;
+/* ASCII's classes: no other ASCII character is a letter, a number or JavaScript's \s. */
+static int ascii_class(unsigned char c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CHAR_LETTER;
+    if (c >= '0' && c <= '9') return CHAR_NUMBER;
+    if (c == ' ' || (c >= '\t' && c <= '\r')) return CHAR_SPACE;
+    return CHAR_OTHER;
+}
 
 /* The character at `at`: its class in *cls, its length in bytes (an invalid UTF-8 byte is one
  * "other" character of one byte). */
 static size_t char_at(const unsigned char *text, size_t at, size_t end, int *cls) {
     unsigned char c = text[at];
     if (c < 128) {
-        if (!ascii_ready) { /* idempotent: racing threads write the same values */
-            for (int i = 0; i < 128; i++) ascii_class[i] = (unsigned char)class_of(i);
-            ascii_ready = 1;
-        }
-        *cls = ascii_class[c];
+        *cls = ascii_class(c);
         return 1;
     }
     utf8proc_int32_t cp;
@@ -1000,7 +999,7 @@ static loom_status encode_piece(loom_bpe_encoder *enc, const unsigned char *piec
 static loom_status encode_plain(loom_bpe_encoder *enc, const unsigned char *text, size_t at,
                                 size_t end, uint16_t *tokens, size_t *count) {
     while (at < end) {
-        size_t piece_end = loom_bpe_piece_end(text, at, end), k;
+        size_t piece_end = loom_bpe_piece_end(text, at, end), k = 0;
         loom_status st = encode_piece(enc, text + at, piece_end - at, tokens + *count, &k);
         if (st != LOOM_OK) return st;
         *count += k;
