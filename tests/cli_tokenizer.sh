@@ -91,6 +91,9 @@ import json, struct
 f = open('run/checkpoints/step_00000003/model.safetensors', 'rb')
 n = struct.unpack('<Q', f.read(8))[0]; print(json.loads(f.read(n))['__metadata__'].get('loom.tokenizer'))")
 check "the resumed checkpoint records it too" "$([ "$meta" = gpt2 ] || echo "got '$meta'")"
+bad "resume refuses another tokenizer than the checkpoint's" \
+    '--tokenizer bytes is the bytes tokenizer, but --resume run.* records the gpt2 tokenizer' -- \
+    "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 4 --resume run --out run --tokenizer bytes
 "$LOOM" prepare --text text.txt --out bytes_data --seq-len 16 >/dev/null
 good "a byte model trained with --tokenizer bytes" '' -- \
     "$LOOM" train "${FLAGS[@]}" --data 'bytes_data/train_*.bin' --tokenizer bytes --out run_bytes

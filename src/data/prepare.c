@@ -322,7 +322,8 @@ static loom_status prepare_batch(const char *const *paths, int first, int nfiles
 static loom_status prepare_all(const char *const *paths, int count, const loom_prepare_opts *opts,
                                const loom_tokenizer *tok, split_writer *train, split_writer *val) {
     int threads = opts->threads > 0 ? opts->threads : omp_get_max_threads();
-    loom_token_encoder **encoders = loom_calloc((size_t)threads, sizeof(loom_token_encoder *), "prepare");
+    loom_token_encoder **encoders =
+        loom_calloc((size_t)threads, sizeof(loom_token_encoder *), "prepare");
     loom_status status = encoders ? LOOM_OK : LOOM_ERR_NOMEM;
     for (int t = 0; t < threads && status == LOOM_OK; t++) {
         status = loom_token_encoder_create(&encoders[t], tok);
