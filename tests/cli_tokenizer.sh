@@ -84,6 +84,12 @@ bad "sample refuses another tokenizer than the recorded one" \
     "$LOOM" sample --checkpoint run --tokenizer bytes --tokens 5
 good "eval --text with the recorded tokenizer" '^loss [0-9.]+ ' -- \
     "$LOOM" eval --checkpoint run --text text.txt --seq-len 16 --max-windows 4
+mv tok tok_moved
+good "eval --data needs no tokenizer (the recorded files moved away)" '^loss [0-9.]+ ' -- \
+    "$LOOM" eval --checkpoint run --data 'data/val_*.bin' --seq-len 16 --max-windows 4
+bad "sample names the recorded tokenizer it cannot open" "records the gpt2 tokenizer from $PWD/tok, which cannot be opened" -- \
+    "$LOOM" sample --checkpoint run --tokens 5
+mv tok_moved tok
 good "resume keeps the recorded tokenizer" '' -- \
     "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 3 --resume run --out run
 meta=$(python3 -c "

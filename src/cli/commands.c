@@ -631,8 +631,11 @@ int cmd_eval(int argc, char **argv) {
     }
     if (st != LOOM_OK) return cli_fail(st);
     loom_ops_set_threads(args.threads);
+    /* shards need no tokenizer: one is resolved (and checked against the model) for --text, or
+     * when --tokenizer is given */
     loom_tokenizer *tok = NULL;
-    st = model_tokenizer(args.checkpoint, args.tokenizer, &tok);
+    if (args.text[0] || args.tokenizer[0])
+        st = model_tokenizer(args.checkpoint, args.tokenizer, &tok);
     char scratch[64] = "";
     if (st == LOOM_OK && args.text[0]) st = tokenise_for_eval(args.text, tok, scratch, args.data);
     loom_tokenizer_free(tok);
