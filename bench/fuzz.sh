@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fuzz.sh — the full run of loom's file-format fuzzer (tests/fuzz.py): COUNT mutants (default
 # 10000) of every format loom reads, one at a time, against the sanitizer build: about 12 minutes
-# on 2 cores for the seven single-process formats (cluster descriptions, only read and checked,
-# are the quickest), and about 2 s more for each compressor-state mutant (one in eight: a 2-rank
+# on 2 cores for the eight single-process formats (cluster descriptions and GPT-2 tokenizer files,
+# only read, are the quickest: the tokenizer's ~1,100 mutants take about a minute), and about 2 s
+# more for each compressor-state mutant (one in nine: a 2-rank
 # resume under mpirun, leak-checked), about 40 minutes more in all; LIMIT=compress=N caps them. Prints the totals per format (exit 2 / 0 / 1 / crash / hang /
 # slow), the crashes and hangs (kept with a repro.sh under OUT/findings/), the suspicious
 # accepted mutants, and those accepted with a changed outcome (for review). Exits non-zero on a

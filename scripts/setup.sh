@@ -2,7 +2,7 @@
 # Installs the Debian packages loom needs, only those missing. Safe to run again.
 set -euo pipefail
 packages=(cmake gcc make pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          libjansson-dev libglpk-dev fortunes python3)
+          libjansson-dev libutf8proc-dev libglpk-dev fortunes python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,14 +13,18 @@ Formats and the commands that read them:
           (rank 0's compress_rank00000.safetensors, and the signature in state.safetensors's
           metadata loom.compress)
   cluster cluster descriptions      plan --check-cluster
+  tokenizer GPT-2 tokenizer files   tokenize --tokenizer (and --decode): a folder of vocab.json +
+          merges.txt, one of tokenizer.json, one of llm.c's gpt2_tokenizer.bin (decoding only)
 
 The valid seeds are made here with the binary itself (prepare, a 1-step tiny run, a 2-step run
 of 2 ranks with data-parallel PowerSGD under mpirun, loom plan) or written by this script (the
-JSON config, an llm.c checkpoint of the tiny model's shape, and the repository's
+JSON config, an llm.c checkpoint of the tiny model's shape, a tiny byte-level BPE in its three
+file formats (GPT-2's byte alphabet, a few merges, <|endoftext|>), and the repository's
 clusters/dgx-a100.json with a collective fit and compressor throughputs added, so that every
 part of the schema is mutated). Without mpirun the compress format is skipped, with a note.
 Mutant i of seed S is a pure function of (S, i) and the formats asked for: format i mod their
-number (8: shard, llmc, model, state, config, plan, compress, cluster), then one operator drawn
+number (9: shard, llmc, model, state, config, plan, compress, cluster, tokenizer), then one
+operator drawn
 from random.Random("S/i"): bit flips, byte and integer-slot writes at the header
 fields, truncation, extension, insertion/deletion, and structured edits (JSON values, keys and
 nesting; safetensors shapes, dtypes, offsets, names and metadata; llm.c header dimensions; token
@@ -60,7 +64,8 @@ import subprocess
 import sys
 import time
 
-FORMATS = ["shard", "llmc", "model", "state", "config", "plan", "compress", "cluster"]
+FORMATS = ["shard", "llmc", "model", "state", "config", "plan", "compress", "cluster",
+           "tokenizer"]
 CLASSES = ["refused", "accepted", "failed", "crash", "hang", "slow"]
 TINY = ["--threads", "1", "--seq-len", "16", "--micro-batch-size", "2", "--global-batch-size", "2"]
 RUN_FLAGS = ["--threads", "1", "--eval-every", "0", "--log-every", "1", "--out", "run"]
@@ -923,6 +928,118 @@ def cluster_seed():
     return (jdump(doc, 2) + "\n").encode()
 
 
+# ---- tokenizer files ------------------------------------------------------------------------
+
+TOKENIZER_MERGES = [("t", "h"), ("th", "e"), (" ", "the"), ("e", "r"), (" ", "a"), ("i", "n"),
+                    ("o", "n"), (" ", "s"), ("c", "af"), ("a", "f"), ("!", " ")]
+TOKENIZER_TEXT = ("the thin cafe\u0301 caf\u00e9! naive \u6771\u4eac 2026 it's they're  \t\n\n"
+                  "<|endoftext|>x\u00a0y \U0001f642 \x7f end ")
+# which files a tokenizer variant reads (mutated one at a time)
+TOKENIZER_FILES = {"tokenize vocab+merges": ["vocab.json", "merges.txt"],
+                   "tokenize tokenizer.json": ["tokenizer.json"],
+                   "tokenize --decode .bin": ["gpt2_tokenizer.bin"]}
+
+
+def tokenizer_seeds():
+    """The tiny BPE's files: {name: bytes}."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    sym = {b: chr(c) for b, c in zip(bs, cs)}
+
+    def enc(text):
+        return "".join(sym[b] for b in text.encode())
+
+    vocab = [(sym[b], b) for b in range(256)]
+    pieces = [bytes([b]) for b in range(256)]
+    for i, (a, b) in enumerate(TOKENIZER_MERGES):
+        vocab.append((enc(a + b), 256 + i))
+        pieces.append((a + b).encode())
+    eot = 256 + len(TOKENIZER_MERGES)
+    vocab.append(("<|endoftext|>", eot))
+    pieces.append(b"<|endoftext|>")
+    merges = ["%s %s" % (enc(a), enc(b)) for a, b in TOKENIZER_MERGES]
+    tokenizer_json = Obj([
+        ("version", "1.0"),
+        ("added_tokens", [Obj([("id", eot), ("content", "<|endoftext|>"), ("special", True)])]),
+        ("model", Obj([("type", "BPE"), ("vocab", Obj(vocab)), ("merges", merges)]))])
+    header = [20240328, 2, len(pieces), eot] + [0] * 252
+    binary = struct.pack("<256i", *header) + b"".join(bytes([len(p)]) + p for p in pieces)
+    return {"vocab.json": (jdump(Obj(vocab), 1) + "\n").encode(),
+            "merges.txt": ("#version: 0.2\n" + "\n".join(merges) + "\n").encode(),
+            "tokenizer.json": (jdump(tokenizer_json, 2) + "\n").encode(),
+            "gpt2_tokenizer.bin": binary}
+
+
+def tokenizer_json_rules(path, op, expect):
+    """vocab.json and tokenizer.json: a renamed or deleted token is a legitimate vocabulary (or
+    refused when it breaks the bytes or a merge); tokenizer.json's other keys are not read."""
+    if op in ("rename", "delete", "unknown-key"):
+        return "any"
+    return expect
+
+
+def merges_mutant(rng, seed):
+    """Line edits of merges.txt: drop, swap, repeat, a third symbol, an unknown symbol, an empty
+    line, no #version line; else a byte-level operator."""
+    lines = seed.decode().split("\n")
+    body = list(range(1, len(lines) - 1))
+    op = rng.choice(["drop", "swap", "repeat", "three", "unknown", "blank", "no-version",
+                     "bytes", "bytes"])
+    i, j = rng.choice(body), rng.choice(body)
+    expect = "any"
+    if op == "drop":
+        del lines[i]
+    elif op == "swap":
+        lines[i], lines[j] = lines[j], lines[i]
+    elif op == "repeat":
+        lines.insert(j, lines[i])
+    elif op == "three":
+        lines[i] += " x"
+        expect = "refuse"
+    elif op == "unknown":
+        lines[i] = "zz " + lines[i].split(" ")[-1]
+        expect = "refuse"
+    elif op == "blank":
+        lines.insert(i, "")
+    elif op == "no-version":
+        del lines[0]
+    else:
+        def classify(changed, resized):
+            return "any", "tokenizer"
+
+        m = byte_op(rng, seed, {"header": (0, len(seed))}, classify)
+        m.file = "merges.txt"
+        return m
+    return Mutant("\n".join(lines).encode(), "merges.txt: %s line %d" % (op, i), expect,
+                  "tokenizer", "merges.txt")
+
+
+def tokenizer_mutant(rng, seeds, variant):
+    """One of the variant's files, mutated."""
+    name = rng.choice(TOKENIZER_FILES[variant])
+    seed = seeds[name]
+    if name == "merges.txt":
+        return merges_mutant(rng, seed)
+    if name == "gpt2_tokenizer.bin":
+        def classify(changed, resized):  # past the 1024-byte header: a token's bytes or length
+            return "any", "payload" if changed and min(changed) >= 1024 else "header"
+
+        if rng.random() < 0.4:
+            m = slot_op(rng, seed, [0, 1, 2, 3], classify)[0]
+        else:
+            m = byte_op(rng, seed, {"header": (0, len(seed))}, classify)
+    else:
+        m = text_json_mutant(rng, seed, tokenizer_json_rules, 1 if name == "vocab.json" else 2)
+        m.where = "tokenizer"
+    m.file, m.op = name, name + ": " + m.op
+    return m
+
+
 # ---- the seeds ------------------------------------------------------------------------------
 
 def lcg_text(words, count, seed=7):
@@ -1110,6 +1227,10 @@ class Harness:
         write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
         write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
         write_llmc(os.path.join(s, "model.bin"))
+        self.tokenizer_files = tokenizer_seeds()
+        write(os.path.join(s, "tok_text.txt"), TOKENIZER_TEXT.encode())
+        write(os.path.join(s, "tok_ids.txt"),
+              " ".join(str(i) for i in range(257 + len(TOKENIZER_MERGES))).encode())
         if "compress" in formats:  # 2 ranks, data-parallel PowerSGD, saved at step 2
             self.must([self.mpirun, "-np", "2", self.loom, "train"] + COMPRESS_RUN +
                       ["--steps", "2", "--out", "crun", "--eval-every", "0", "--log-every", "1"],
@@ -1124,6 +1245,7 @@ class Harness:
             "config": read_bytes(os.path.join(s, "config.json")),
             "plan": read_bytes(os.path.join(s, "plan.json")),
             "cluster": cluster_seed(),
+            "tokenizer": self.tokenizer_files["vocab.json"],
             "compress": read_bytes(os.path.join(cstep, COMPRESS_FILE)),
             "compress-rank1": read_bytes(os.path.join(cstep, "compress_rank00001.safetensors")),
             "compress-state": read_bytes(os.path.join(cstep, "state.safetensors")),
@@ -1192,7 +1314,32 @@ class Harness:
             return [self.loom, "eval", "--checkpoint", m, "--data", "data/val_*.bin", "--threads",
                     "1", "--max-windows", "8"]
 
+        def tokenizer_dir(variant):
+            def setup(cwd, blob, file):
+                os.makedirs(os.path.join(cwd, "tok"))
+                for name in TOKENIZER_FILES[variant]:
+                    data = blob if name == (file or "vocab.json") else self.tokenizer_files[name]
+                    write(os.path.join(cwd, "tok", name), data)
+                for name in ("tok_text.txt", "tok_ids.txt"):
+                    shutil.copyfile(os.path.join(seeds, name), os.path.join(cwd, name))
+                return "tok"
+            return setup
+
+        # encode the text, print the ids, decode them (a signal or a sanitizer report of either
+        # run is the result); the llm.c file decodes every id
+        encode_decode = ('"$0" tokenize --tokenizer "$1" <tok_text.txt >ids.txt || exit $?; '
+                         'cat ids.txt; exec "$0" tokenize --decode --tokenizer "$1" <ids.txt')
+        decode_all = 'exec "$0" tokenize --decode --tokenizer "$1" <tok_ids.txt'
+
         table = {
+            "tokenizer": [
+                ("tokenize vocab+merges", tokenizer_dir("tokenize vocab+merges"),
+                 lambda m: ["sh", "-c", encode_decode, self.loom, m], "stdout"),
+                ("tokenize tokenizer.json", tokenizer_dir("tokenize tokenizer.json"),
+                 lambda m: ["sh", "-c", encode_decode, self.loom, m], "stdout"),
+                ("tokenize --decode .bin", tokenizer_dir("tokenize --decode .bin"),
+                 lambda m: ["sh", "-c", decode_all, self.loom, m], "stdout"),
+            ],
             "shard": [
                 ("train --data", put("m.bin"),
                  lambda m: train + tiny + ["--data", m, "--steps", "2"] + RUN_FLAGS, "train"),
@@ -1309,8 +1456,10 @@ class Harness:
 
     # -- one mutant --
 
-    def mutate(self, fmt, rng):
+    def mutate(self, fmt, rng, variant):
         seed = self.seed_bytes[fmt]
+        if fmt == "tokenizer":
+            return tokenizer_mutant(rng, self.tokenizer_files, variant)
         if fmt == "shard":
             return shard_mutant(rng, seed)
         if fmt == "llmc":
@@ -1514,7 +1663,7 @@ def main():
         rng = random.Random("%d/%d" % (args.seed, i))
         variants = h.variants(fmt)
         variant = variants[rng.randrange(len(variants))]
-        mutant = h.mutate(fmt, rng)
+        mutant = h.mutate(fmt, rng, variant[0])
         result = h.run_case(variant, mutant.data, mutant.file)
         cls = result["cls"]
         totals[fmt][cls] += 1

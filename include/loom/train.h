@@ -48,6 +48,9 @@ typedef struct {
     int eval_batches;
     char resume[LOOM_PATH_MAX];    /* "" = fresh start */
     char init_from[LOOM_PATH_MAX]; /* llm.c .bin or .safetensors; "" = random init */
+    char tokenizer[LOOM_PATH_MAX]; /* what the data was tokenised with, recorded in checkpoints:
+                                      "bytes" or GPT-2's files; "" = the one --resume or
+                                      --init-from records, if any */
     char trace[LOOM_PATH_MAX];     /* Chrome trace-event JSON of the run ("" = none) */
     int no_save;                   /* no checkpoint at the end (benchmarks) */
     int keep_last;                 /* keep the newest N checkpoints (0: all) */
@@ -127,9 +130,12 @@ typedef struct {
     int top_k;          /* 0 = all */
     uint64_t seed;
 } loom_sample_opts;
-/* Generates after the byte-tokenised prompt and writes the text (prompt included) to out. */
-loom_status loom_sample_text(loom_gpt *model, const char *prompt, const loom_sample_opts *opts,
-                             FILE *out);
+/* Generates after the prompt, encoded by tok (NULL: bytes), and writes the text (the prompt
+ * included) to out, each token as the bytes it decodes to. An empty prompt starts from the
+ * end-of-text token. The tokenizer's ids must fit the model's vocabulary (LOOM_ERR_INPUT). */
+struct loom_tokenizer;
+loom_status loom_sample_text(loom_gpt *model, const struct loom_tokenizer *tok, const char *prompt,
+                             const loom_sample_opts *opts, FILE *out);
 
 /* Mean loss over sequential windows of seq_len (all of them, or max_windows if > 0). */
 loom_status loom_eval_loss(loom_gpt *model, const char *data, int seq_len, int batch,

@@ -84,6 +84,7 @@ int cli_find_flag(int argc, char **argv, const char *flag);
 
 int cmd_train(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -59,7 +59,11 @@ static const cli_opt train_opts[] = {
     TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
     TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
     TOPT("--init-from", OPT_STRING, init_from,
-         "start from weights: llm.c .bin, .safetensors or a checkpoint"),
+         "start from weights: llm.c .bin, .safetensors, a Hugging Face GPT-2 folder (config.json "
+         "+ model.safetensors + tokenizer files) or a checkpoint"),
+    TOPT("--tokenizer", OPT_STRING, tokenizer,
+         "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
+         "files (default: the one --resume / --init-from records)"),
     TOPT("--plan", OPT_STRING, plan,
          "parallel layout from a plan file (loom plan), or auto: the planner chooses it for "
          "these ranks"),
@@ -387,6 +391,8 @@ typedef struct {
     double val_fraction;
     int seq_len;
     int64_t shard_tokens;
+    char tokenizer[LOOM_PATH_MAX];
+    int threads;
     char text_placeholder[2];
 } prepare_args;
 
@@ -399,6 +405,10 @@ static const cli_opt prepare_opts[] = {
     POPT("--seq-len", OPT_INT, seq_len,
          "planned training sequence length: each file's val part gets at least one window"),
     POPT("--shard-tokens", OPT_I64, shard_tokens, "tokens per shard at most"),
+    POPT("--tokenizer", OPT_STRING, tokenizer,
+         "bytes (default), or GPT-2's: a folder with vocab.json + merges.txt or tokenizer.json, "
+         "or one of those files"),
+    POPT("--threads", OPT_INT, threads, "threads that tokenise (0 = all cores)"),
 };
 #define NPREPARE ((int)(sizeof prepare_opts / sizeof prepare_opts[0]))
 
@@ -409,6 +419,7 @@ int cmd_prepare(int argc, char **argv) {
         return 0;
     }
     prepare_args args = {.val_fraction = 0.1, .seq_len = 256, .shard_tokens = 100000000};
+    snprintf(args.tokenizer, sizeof args.tokenizer, "bytes");
     const char **texts = calloc((size_t)argc, sizeof *texts);
     char **rest = calloc((size_t)argc, sizeof *rest);
     if (!texts || !rest) {
@@ -442,21 +453,78 @@ int cmd_prepare(int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--shard-tokens: expected a positive integer, got %lld",
                        (long long)args.shard_tokens);
     }
+    if (st == LOOM_OK && args.threads < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--threads: expected >= 0 (0 = all cores), got %d",
+                       args.threads);
+    }
+    loom_tokenizer *tok = NULL;
+    if (st == LOOM_OK) st = loom_tokenizer_open(&tok, args.tokenizer);
     if (st == LOOM_OK) {
         loom_prepare_opts opts = loom_prepare_default_opts();
         opts.val_fraction = args.val_fraction;
         opts.shard_tokens = (size_t)args.shard_tokens;
         opts.min_val_tokens = (size_t)args.seq_len + 1;
+        opts.tokenizer = tok;
+        opts.threads = args.threads;
         st = loom_prepare_text(texts, ntexts, args.out, &opts);
     }
+    loom_tokenizer_free(tok);
     free(texts), free(rest);
     return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
 /* ---- sample ---- */
 
+/* The tokenizer for the model at `path`: --tokenizer (`given`) when set, else the one the model
+ * records, else bytes unless the vocabulary is GPT-2's size or more (then one must be given). A
+ * tokenizer the model's vocabulary cannot hold, or another than the model records, is refused
+ * by name. */
+static loom_status model_tokenizer(const char *path, const char *given, loom_tokenizer **tok) {
+    *tok = NULL;
+    loom_gpt_config config;
+    char name[16], source[1024];
+    loom_status st = loom_model_config_of(path, &config);
+    if (st == LOOM_OK) st = loom_model_tokenizer_of(path, name, sizeof name, source, sizeof source);
+    if (st != LOOM_OK) return st;
+    const char *spec = given;
+    if (!spec[0] && !strcmp(name, "bytes")) spec = "bytes";
+    if (!spec[0] && !strcmp(name, "gpt2") && source[0]) spec = source;
+    if (!spec[0] && (name[0] || config.vocab_size >= LOOM_GPT2_VOCAB)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: the model (vocabulary %d) %s; give --tokenizer (GPT-2's folder with "
+                         "vocab.json + merges.txt, tokenizer.json or gpt2_tokenizer.bin)",
+                         path, config.vocab_size,
+                         name[0] ? "records GPT-2's tokenizer but not its files"
+                                 : "records no tokenizer");
+    }
+    if (!spec[0]) spec = "bytes"; /* loom's byte models from before tokenizers were recorded */
+    st = loom_tokenizer_open(tok, spec);
+    if (st != LOOM_OK && !given[0]) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        return loom_fail(st,
+                         "%s records the %s tokenizer from %s, which cannot be opened (%s); "
+                         "give --tokenizer",
+                         path, name, source, why);
+    }
+    if (st == LOOM_OK) st = loom_tokenizer_check_vocab(*tok, config.vocab_size, path);
+    if (st == LOOM_OK && name[0] && strcmp(name, loom_tokenizer_name(*tok)) != 0) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "--tokenizer %s is the %s tokenizer, but the model %s was trained with the "
+                       "%s tokenizer%s%s",
+                       given, loom_tokenizer_name(*tok), path, name, source[0] ? " from " : "",
+                       source);
+    }
+    if (st != LOOM_OK) {
+        loom_tokenizer_free(*tok);
+        *tok = NULL;
+    }
+    return st;
+}
+
 typedef struct {
     char checkpoint[LOOM_PATH_MAX];
+    char tokenizer[LOOM_PATH_MAX];
     char prompt[4096];
     int tokens, top_k, threads;
     double temperature;
@@ -468,6 +536,8 @@ typedef struct {
 static const cli_opt sample_opts[] = {
     SOPT("--checkpoint", OPT_STRING, checkpoint,
          "run folder, checkpoint folder, .safetensors or llm.c .bin"),
+    SOPT("--tokenizer", OPT_STRING, tokenizer,
+         "bytes, or GPT-2's files (default: the one the model records)"),
     SOPT("--prompt", OPT_STRING, prompt, "text to continue"),
     SOPT("--tokens", OPT_INT, tokens, "tokens to generate"),
     SOPT("--temperature", OPT_DOUBLE, temperature, "softmax temperature (0 = greedy)"),
@@ -505,12 +575,17 @@ int cmd_sample(int argc, char **argv) {
     }
     if (st != LOOM_OK) return cli_fail(st);
     loom_ops_set_threads(args.threads);
+    loom_tokenizer *tok = NULL;
+    st = model_tokenizer(args.checkpoint, args.tokenizer, &tok);
+    if (st != LOOM_OK) return cli_fail(st);
     loom_gpt *model;
     st = loom_model_load(args.checkpoint, loom_backend_cpu(), &model);
-    if (st != LOOM_OK) return cli_fail(st);
-    loom_sample_opts opts = {args.tokens, args.temperature, args.top_k, args.seed};
-    st = loom_sample_text(model, args.prompt, &opts, stdout);
-    loom_gpt_free(model);
+    if (st == LOOM_OK) {
+        loom_sample_opts opts = {args.tokens, args.temperature, args.top_k, args.seed};
+        st = loom_sample_text(model, tok, args.prompt, &opts, stdout);
+        loom_gpt_free(model);
+    }
+    loom_tokenizer_free(tok);
     return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
@@ -519,6 +594,8 @@ int cmd_sample(int argc, char **argv) {
 typedef struct {
     char checkpoint[LOOM_PATH_MAX];
     char data[LOOM_PATH_MAX];
+    char text[LOOM_PATH_MAX];
+    char tokenizer[LOOM_PATH_MAX];
     int seq_len, batch, threads;
     int64_t max_windows;
 } eval_args;
@@ -529,6 +606,11 @@ static const cli_opt eval_opts[] = {
     EOPT("--checkpoint", OPT_STRING, checkpoint,
          "run folder, checkpoint folder, .safetensors or llm.c .bin"),
     EOPT("--data", OPT_STRING, data, "token shards (glob)"),
+    EOPT("--text", OPT_STRING, text,
+         "a text file instead of --data, tokenised as prepare does (one document)"),
+    EOPT("--tokenizer", OPT_STRING, tokenizer,
+         "bytes, or GPT-2's files (default: the one the model records); checked against the "
+         "model"),
     EOPT("--seq-len", OPT_INT, seq_len, "window length (0 = the model's context)"),
     EOPT("--batch", OPT_INT, batch, "windows per forward pass"),
     EOPT("--max-windows", OPT_I64, max_windows, "stop after this many windows (0 = all)"),
@@ -536,9 +618,36 @@ static const cli_opt eval_opts[] = {
 };
 #define NEVAL ((int)(sizeof eval_opts / sizeof eval_opts[0]))
 
+/* --text FILE: the file as `loom prepare` tokenises it (one document, no validation split), in
+ * a scratch folder made here; data gets the shard's path. */
+static loom_status tokenise_for_eval(const char *text, const loom_tokenizer *tok, char *scratch,
+                                     char *data) {
+    snprintf(scratch, 64, "/tmp/loom-eval-XXXXXX");
+    if (!mkdtemp(scratch)) {
+        scratch[0] = '\0';
+        return loom_fail(LOOM_ERR_IO, "--text: cannot make a scratch folder in /tmp");
+    }
+    loom_prepare_opts opts = loom_prepare_default_opts();
+    opts.val_fraction = 0, opts.min_val_tokens = 0, opts.tokenizer = tok;
+    const char *paths[] = {text};
+    loom_log_set_level(LOOM_LOG_WARN);
+    loom_status st = loom_prepare_text(paths, 1, scratch, &opts);
+    loom_log_set_level(LOOM_LOG_INFO);
+    snprintf(data, LOOM_PATH_MAX, "%s/train_000000.bin", scratch);
+    return st;
+}
+
+static void remove_scratch(const char *scratch) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/train_000000.bin", scratch);
+    unlink(path);
+    rmdir(scratch);
+}
+
 int cmd_eval(int argc, char **argv) {
     if (wants_help(argc, argv)) {
-        cli_print_help("usage: loom eval --checkpoint PATH --data FILE", eval_opts, NEVAL);
+        cli_print_help("usage: loom eval --checkpoint PATH --data FILE|--text FILE", eval_opts,
+                       NEVAL);
         return 0;
     }
     eval_args args = {.batch = 4};
@@ -547,9 +656,12 @@ int cmd_eval(int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path (both --checkpoint and "
                                        "--data are required)");
     }
-    if (st == LOOM_OK && !args.data[0]) {
+    if (st == LOOM_OK && !args.data[0] && !args.text[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--data: expected token shards (a glob; both --checkpoint "
                                        "and --data are required)");
+    }
+    if (st == LOOM_OK && args.data[0] && args.text[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--data and --text: expected one of them");
     }
     if (st == LOOM_OK && args.seq_len < 0) {
         st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected >= 0 (0 = the model's context), got %d",
@@ -568,14 +680,29 @@ int cmd_eval(int argc, char **argv) {
     }
     if (st != LOOM_OK) return cli_fail(st);
     loom_ops_set_threads(args.threads);
-    loom_gpt *model;
-    st = loom_model_load(args.checkpoint, loom_backend_cpu(), &model);
-    if (st != LOOM_OK) return cli_fail(st);
-    int T = args.seq_len > 0 ? args.seq_len : model->config.max_seq_len;
+    /* shards need no tokenizer: one is resolved (and checked against the model) for --text, or
+     * when --tokenizer is given */
+    loom_tokenizer *tok = NULL;
+    if (args.text[0] || args.tokenizer[0])
+        st = model_tokenizer(args.checkpoint, args.tokenizer, &tok);
+    char scratch[64] = "";
+    if (st == LOOM_OK && args.text[0]) st = tokenise_for_eval(args.text, tok, scratch, args.data);
+    loom_tokenizer_free(tok);
+    loom_gpt *model = NULL;
+    if (st == LOOM_OK) st = loom_model_load(args.checkpoint, loom_backend_cpu(), &model);
+    int T = model && args.seq_len > 0 ? args.seq_len : model ? model->config.max_seq_len : 0;
     double loss = 0.0;
     int64_t tokens = 0;
-    st = loom_eval_loss(model, args.data, T, args.batch, args.max_windows, &loss, &tokens);
+    if (st == LOOM_OK) {
+        st = loom_eval_loss(model, args.data, T, args.batch, args.max_windows, &loss, &tokens);
+    }
     loom_gpt_free(model);
+    if (scratch[0]) remove_scratch(scratch);
+    if (st != LOOM_OK && scratch[0] && strstr(loom_last_error(), scratch)) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        st = loom_fail(st, "--text %s: %s", args.text, why);
+    }
     if (st != LOOM_OK) return cli_fail(st);
     printf("loss %.6f  perplexity %.4f  tokens %lld  (windows of %d)\n", loss, exp(loss),
            (long long)tokens, T);

@@ -1,7 +1,6 @@
 /*
- * main.c — the `loom` command: dispatches to train, prepare, sample, eval, bench, plan and
- * profile.
- * Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input.
+ * main.c — the `loom` command: dispatches to train, prepare, tokenize, sample, eval, bench, plan
+ * and profile. Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input.
  */
 #include "cli/cli.h"
 
@@ -14,6 +13,7 @@ static void usage(FILE *out) {
             "commands:\n"
             "  train     train a GPT model (loom train --help)\n"
             "  prepare   turn text files into token shards\n"
+            "  tokenize  text -> token ids, or ids -> text (loom tokenize --help)\n"
             "  sample    generate text from a checkpoint\n"
             "  eval      mean loss of a checkpoint over a token file\n"
             "  bench     measure step time, tokens/s and MFU\n"
@@ -23,7 +23,8 @@ static void usage(FILE *out) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        loom_error("expected a command: train, prepare, sample, eval, bench, plan or profile");
+        loom_error(
+            "expected a command: train, prepare, tokenize, sample, eval, bench, plan or profile");
         usage(stderr);
         return 2;
     }
@@ -34,13 +35,15 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "prepare")) return cmd_prepare(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "sample")) return cmd_sample(argc, argv);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
     if (!strcmp(cmd, "profile")) return cmd_profile(argc, argv);
-    loom_error(
-        "unknown command '%s'; expected train, prepare, sample, eval, bench, plan or profile", cmd);
+    loom_error("unknown command '%s'; expected train, prepare, tokenize, sample, eval, bench, plan "
+               "or profile",
+               cmd);
     usage(stderr);
     return 2;
 }

@@ -1,17 +1,19 @@
 /*
- * prepare.c — `loom prepare`: text files -> byte-level train/val shards. Each file is one
- * document; its tail (val_fraction of its bytes, with a floor of one window-worth when the file
- * is long enough) goes to validation, so both splits see every source. Each part is followed by
- * EOT, so documents never run into each other. Shards are written as they fill: memory is one
- * input file at a time.
+ * prepare.c — `loom prepare`: text files -> train/val token shards, with the byte tokenizer or
+ * GPT-2's BPE, on all cores. Each file is one document; its tail (val_fraction of its tokens,
+ * with a floor of one window-worth when the file is long enough) goes to validation, so both
+ * splits see every source. Each part carries an EOT (after it for bytes, before it for GPT-2, as
+ * llm.c's scripts do), so documents never run into each other. Shards are written as they fill:
+ * memory is one batch of input files (64 MB, or one larger file) and its tokens.
  *
- * Not here: BPE tokenisation, deduplication or any cleaning of the text.
+ * Not here: deduplication or any cleaning of the text.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "shard_stream.h"
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,7 +28,7 @@ loom_prepare_opts loom_prepare_default_opts(void) {
     return opts;
 }
 
-/* The documented rule (see data.h): how many trailing bytes of an n-byte file go to val. */
+/* The documented rule (see data.h): how many trailing tokens of an n-token file go to val. */
 static size_t val_bytes_for(size_t n, const loom_prepare_opts *opts) {
     if (opts->val_fraction <= 0 || n < 2) return 0;
     size_t val = (size_t)floor(opts->val_fraction * (double)n + 0.5);
@@ -94,13 +96,6 @@ static loom_status split_append(split_writer *w, const uint16_t *tokens, size_t 
     return LOOM_OK;
 }
 
-/* A document part followed by EOT. */
-static loom_status split_append_document(split_writer *w, const uint16_t *tokens, size_t count) {
-    static const uint16_t eot = LOOM_BYTE_EOT;
-    loom_status status = split_append(w, tokens, count);
-    return status == LOOM_OK ? split_append(w, &eot, 1) : status;
-}
-
 /* Removes DIR/NAME_NNNNNN.bin left by an earlier, larger run, so a glob sees only ours. */
 static loom_status split_remove_stale(const split_writer *w) {
     for (int index = w->shards_done;; index++) {
@@ -142,6 +137,18 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
                          "existing directory",
                          out_dir);
     }
+    if (opts->tokenizer) {
+        loom_token_encoder *enc = NULL;
+        loom_status st = loom_token_encoder_create(&enc, opts->tokenizer);
+        loom_token_encoder_free(enc);
+        if (st != LOOM_OK) return st;
+        if (loom_tokenizer_eot(opts->tokenizer) < 0) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: the tokenizer has no <|endoftext|> token; "
+                             "prepare puts one between documents",
+                             loom_tokenizer_source(opts->tokenizer));
+        }
+    }
     if (count < 1 || !paths) {
         return loom_fail(LOOM_ERR_INPUT, "prepare: expected at least one input text file");
     }
@@ -164,33 +171,181 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
     return LOOM_OK;
 }
 
-static loom_status prepare_file(const char *path, const loom_prepare_opts *opts,
-                                split_writer *train, split_writer *val) {
+/* ---- tokenising in parallel --------------------------------------------------------------
+ * A batch of files (up to BATCH_BYTES of text, at least one file) is cut into chunks of about
+ * CHUNK_BYTES at places where every tokenizer starts a new token whatever came before: after a
+ * newline, before a printable ASCII character (GPT-2's pattern ends a whitespace piece there, and
+ * no piece or special token spans a newline into such a character). The chunks are encoded on all
+ * threads, each into its own range of its file's token array (a token covers at least one byte),
+ * then closed up in order, so the output does not depend on the number of threads. */
+
+#define CHUNK_BYTES (1u << 20)
+#define BATCH_BYTES ((size_t)64 << 20)
+
+typedef struct {
+    int file;          /* index in the batch */
+    size_t start, end; /* bytes of that file */
+    size_t count;      /* tokens written at tokens[file] + start */
+    loom_status status;
+} text_chunk;
+
+typedef struct {
+    const char *path;
     char *text;
-    size_t n;
-    loom_status status = loom_read_file(path, &text, &n);
-    if (status != LOOM_OK) return status;
-    if (n == 0) {
-        free(text);
-        return loom_fail(LOOM_ERR_INPUT, "%s: input text is empty", path);
+    size_t bytes;
+    uint16_t *tokens; /* (bytes) */
+    size_t count;
+} batch_file;
+
+static size_t next_cut(const char *text, size_t from, size_t n) {
+    for (size_t p = from; p < n; p++) {
+        unsigned char c = (unsigned char)text[p];
+        if (text[p - 1] == '\n' && c > ' ' && c < 0x7f) return p;
     }
-    uint16_t *tokens = loom_malloc(n * sizeof *tokens, path);
-    if (!tokens) {
-        free(text);
-        return LOOM_ERR_NOMEM;
+    return n;
+}
+
+/* Appends the chunks of file f to *chunks (growing *cap). */
+static loom_status cut_file(const batch_file *file, int f, text_chunk **chunks, size_t *count,
+                            size_t *cap) {
+    for (size_t start = 0; start < file->bytes;) {
+        size_t end = start + CHUNK_BYTES >= file->bytes
+                         ? file->bytes
+                         : next_cut(file->text, start + CHUNK_BYTES, file->bytes);
+        if (*count == *cap) {
+            size_t grown_cap = *cap ? 2 * *cap : 64;
+            text_chunk *grown = realloc(*chunks, grown_cap * sizeof *grown);
+            if (!grown) return loom_fail(LOOM_ERR_NOMEM, "prepare: out of memory");
+            *chunks = grown, *cap = grown_cap;
+        }
+        (*chunks)[(*count)++] = (text_chunk){f, start, end, 0, LOOM_OK};
+        start = end;
     }
-    loom_bytes_encode(text, n, tokens);
-    free(text);
-    size_t val_bytes = val_bytes_for(n, opts);
-    size_t train_bytes = n - val_bytes;
-    status = split_append_document(train, tokens, train_bytes);
-    if (status == LOOM_OK && val_bytes > 0) {
-        status = split_append_document(val, tokens + train_bytes, val_bytes);
+    return LOOM_OK;
+}
+
+/* Encodes every file of the batch into its tokens; *seconds += the time spent encoding. */
+static loom_status encode_batch(batch_file *files, int nfiles, loom_token_encoder **encoders,
+                                int threads, double *seconds) {
+    text_chunk *chunks = NULL;
+    size_t nchunks = 0, cap = 0;
+    loom_status st = LOOM_OK;
+    for (int f = 0; f < nfiles && st == LOOM_OK; f++)
+        st = cut_file(&files[f], f, &chunks, &nchunks, &cap);
+    if (st != LOOM_OK) {
+        free(chunks);
+        return st;
     }
-    free(tokens);
+    double t0 = loom_now();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (size_t c = 0; c < nchunks; c++) {
+        text_chunk *ch = &chunks[c];
+        batch_file *file = &files[ch->file];
+        ch->status =
+            loom_token_encoder_run(encoders[omp_get_thread_num()], file->text + ch->start,
+                                   ch->end - ch->start, 0, file->tokens + ch->start, &ch->count);
+    }
+    *seconds += loom_now() - t0;
+    for (size_t c = 0; c < nchunks; c++) {
+        const text_chunk *ch = &chunks[c];
+        batch_file *file = &files[ch->file];
+        if (ch->status != LOOM_OK && st == LOOM_OK) {
+            st = loom_fail(ch->status, "%s: cannot tokenise bytes %zu..%zu (%s)", file->path,
+                           ch->start, ch->end, loom_strerror(ch->status));
+        }
+        memmove(file->tokens + file->count, file->tokens + ch->start, ch->count * sizeof(uint16_t));
+        file->count += ch->count;
+    }
+    free(chunks);
+    return st;
+}
+
+/* A document part: GPT-2 shards put EOT before each document (llm.c's preparation scripts),
+ * byte shards after it. */
+static loom_status append_part(split_writer *w, const uint16_t *tokens, size_t count, int eot,
+                               int eot_first) {
+    const uint16_t mark = (uint16_t)eot;
+    loom_status status = eot_first ? split_append(w, &mark, 1) : LOOM_OK;
+    if (status == LOOM_OK) status = split_append(w, tokens, count);
+    if (status == LOOM_OK && !eot_first) status = split_append(w, &mark, 1);
+    return status;
+}
+
+static loom_status split_file(const batch_file *file, const loom_prepare_opts *opts, int eot,
+                              int eot_first, split_writer *train, split_writer *val) {
+    size_t n = file->count;
+    size_t val_tokens = val_bytes_for(n, opts);
+    size_t train_tokens = n - val_tokens;
+    loom_status status = append_part(train, file->tokens, train_tokens, eot, eot_first);
+    if (status == LOOM_OK && val_tokens > 0) {
+        status = append_part(val, file->tokens + train_tokens, val_tokens, eot, eot_first);
+    }
     if (status == LOOM_OK) {
-        loom_info("prepare: %s: %zu bytes -> %zu train + %zu val tokens", path, n, train_bytes + 1,
-                  val_bytes ? val_bytes + 1 : 0);
+        loom_info("prepare: %s: %zu bytes -> %zu train + %zu val tokens", file->path, file->bytes,
+                  train_tokens + 1, val_tokens ? val_tokens + 1 : 0);
+    }
+    return status;
+}
+
+/* Files [first, first + nfiles): read, encode, split; the texts are freed before returning. */
+static loom_status prepare_batch(const char *const *paths, int first, int nfiles,
+                                 const loom_prepare_opts *opts, loom_token_encoder **encoders,
+                                 int threads, split_writer *train, split_writer *val,
+                                 double *seconds, size_t *bytes) {
+    batch_file *files = loom_calloc((size_t)nfiles, sizeof *files, "prepare");
+    if (!files) return LOOM_ERR_NOMEM;
+    loom_status status = LOOM_OK;
+    for (int f = 0; f < nfiles && status == LOOM_OK; f++) {
+        files[f].path = paths[first + f];
+        status = loom_read_file(files[f].path, &files[f].text, &files[f].bytes);
+        if (status == LOOM_OK && files[f].bytes == 0) {
+            status = loom_fail(LOOM_ERR_INPUT, "%s: input text is empty", files[f].path);
+        }
+        if (status == LOOM_OK) {
+            files[f].tokens = loom_malloc(files[f].bytes * sizeof(uint16_t), files[f].path);
+            if (!files[f].tokens) status = LOOM_ERR_NOMEM;
+        }
+        if (status == LOOM_OK) *bytes += files[f].bytes;
+    }
+    if (status == LOOM_OK) status = encode_batch(files, nfiles, encoders, threads, seconds);
+    int eot = opts->tokenizer ? loom_tokenizer_eot(opts->tokenizer) : LOOM_BYTE_EOT;
+    int eot_first = opts->tokenizer && strcmp(loom_tokenizer_name(opts->tokenizer), "bytes") != 0;
+    for (int f = 0; f < nfiles; f++) {
+        if (status == LOOM_OK) status = split_file(&files[f], opts, eot, eot_first, train, val);
+        free(files[f].text), free(files[f].tokens);
+    }
+    free(files);
+    return status;
+}
+
+/* Runs every batch with one encoder per thread. */
+static loom_status prepare_all(const char *const *paths, int count, const loom_prepare_opts *opts,
+                               const loom_tokenizer *tok, split_writer *train, split_writer *val) {
+    int threads = opts->threads > 0 ? opts->threads : omp_get_max_threads();
+    loom_token_encoder **encoders =
+        loom_calloc((size_t)threads, sizeof(loom_token_encoder *), "prepare");
+    loom_status status = encoders ? LOOM_OK : LOOM_ERR_NOMEM;
+    for (int t = 0; t < threads && status == LOOM_OK; t++) {
+        status = loom_token_encoder_create(&encoders[t], tok);
+    }
+    double seconds = 0.0;
+    size_t bytes = 0;
+    for (int i = 0; i < count && status == LOOM_OK;) {
+        int j = i;
+        for (size_t batch_bytes = 0; j < count && (j == i || batch_bytes < BATCH_BYTES); j++) {
+            struct stat st;
+            batch_bytes += stat(paths[j], &st) == 0 ? (size_t)st.st_size : 0;
+        }
+        status =
+            prepare_batch(paths, i, j - i, opts, encoders, threads, train, val, &seconds, &bytes);
+        i = j;
+    }
+    for (int t = 0; encoders && t < threads; t++) loom_token_encoder_free(encoders[t]);
+    free(encoders);
+    if (status == LOOM_OK) {
+        loom_info("prepare: tokenised %.1f MB in %.2f s (%.1f MB/s, %d thread%s, %s tokenizer)",
+                  (double)bytes / 1e6, seconds, seconds > 0 ? (double)bytes / 1e6 / seconds : 0.0,
+                  threads, threads == 1 ? "" : "s", loom_tokenizer_name(tok));
     }
     return status;
 }
@@ -204,11 +359,19 @@ loom_status loom_prepare_text(const char *const *paths, int count, const char *o
     status = loom_mkdir_p(out_dir);
     if (status != LOOM_OK) return status;
 
+    loom_tokenizer *bytes_tokenizer = NULL;
+    const loom_tokenizer *tok = opts->tokenizer;
+    if (!tok) {
+        status = loom_tokenizer_open(&bytes_tokenizer, "bytes");
+        if (status != LOOM_OK) return status;
+        tok = bytes_tokenizer;
+    }
     split_writer train = {.dir = out_dir, .name = "train", .shard_tokens = opts->shard_tokens};
     split_writer val = {.dir = out_dir, .name = "val", .shard_tokens = opts->shard_tokens};
-    for (int i = 0; i < count && status == LOOM_OK; i++) {
-        status = prepare_file(paths[i], opts, &train, &val);
-    }
+    status = prepare_all(paths, count, opts, tok, &train, &val);
+    int vocab = loom_tokenizer_vocab_size(tok);
+    const char *name = loom_tokenizer_name(tok);
+    loom_tokenizer_free(bytes_tokenizer);
     if (status == LOOM_OK && train.open) status = split_close_shard(&train);
     if (status == LOOM_OK && val.open) status = split_close_shard(&val);
     if (status != LOOM_OK) {
@@ -220,8 +383,8 @@ loom_status loom_prepare_text(const char *const *paths, int count, const char *o
     if (status == LOOM_OK) status = split_remove_stale(&val);
     if (status != LOOM_OK) return status;
     loom_info("prepare: %s: %zu train tokens in %d shard(s), %zu val tokens in %d shard(s), "
-              "vocab %d (bytes + EOT)",
+              "vocab %d (%s)",
               out_dir, train.total_tokens, train.shards_done, val.total_tokens, val.shards_done,
-              LOOM_BYTE_VOCAB);
+              vocab, name);
     return LOOM_OK;
 }

@@ -351,10 +351,19 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
 
     char *cfg = config_json(&model->config);
     if (!cfg) return loom_fail(LOOM_ERR_NOMEM, "%s: cannot encode the model config", dir);
-    const char *model_meta[] = {"format", "pt", "loom.config", cfg};
+    const char *model_meta[] = {"format",
+                                "pt",
+                                "loom.config",
+                                cfg,
+                                "loom.tokenizer",
+                                state->tokenizer,
+                                "loom.tokenizer_source",
+                                state->tokenizer_source};
+    int model_meta_count = state->tokenizer[0] ? 4 : 2;
     const char *model_prefix[] = {""};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    status = write_tensors(path, model, bufs, model_prefix, 1, model_meta, 2, fill, ctx, 0);
+    status = write_tensors(path, model, bufs, model_prefix, 1, model_meta, model_meta_count, fill,
+                           ctx, 0);
     free(cfg);
     if (status != LOOM_OK) return status;
 

@@ -1,14 +1,17 @@
 /*
  * model_load.c — a whole model from any file users have: an llm.c fp32 .bin, a .safetensors
- * (loom's or Hugging Face's GPT-2), or a loom checkpoint (a run folder, its checkpoints/ folder
+ * (loom's or Hugging Face's GPT-2), a Hugging Face model folder (config.json + model.safetensors,
+ * its tokenizer files beside them), or a loom checkpoint (a run folder, its checkpoints/ folder
  * or one step folder). Also just the configuration such a file describes, without reading any
  * weights, so that a run can be planned for it.
  *
  * A rank that holds part of the model reads any of these files slice by slice
  * (loom_model_load_take), keeping its part.
  */
+#define _DEFAULT_SOURCE /* realpath */
 #include "loom/io.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +33,63 @@ static loom_status weights_file(const char *path, char *file, size_t cap) {
     return st;
 }
 
+/* A Hugging Face model folder: config.json beside model.safetensors. */
+static int is_hf_folder(const char *path, char *config_json, size_t cap) {
+    char weights[4200];
+    snprintf(config_json, cap, "%s/config.json", path);
+    snprintf(weights, sizeof weights, "%s/model.safetensors", path);
+    FILE *a = fopen(config_json, "rb"), *b = fopen(weights, "rb");
+    int both = a && b;
+    if (a) fclose(a);
+    if (b) fclose(b);
+    return both;
+}
+
+static loom_status hf_int(const json_t *root, const char *key, const char *alt, int *out,
+                          const char *path) {
+    const json_t *v = json_object_get(root, key);
+    if (!v && alt) v = json_object_get(root, alt);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > INT32_MAX) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected a positive integer", path, key);
+    }
+    *out = (int)json_integer_value(v);
+    return LOOM_OK;
+}
+
+/* Hugging Face's GPT-2 config.json: n_layer, n_head, n_embd, n_positions (or n_ctx), vocab_size;
+ * model_type and activation_function, when given, must be GPT-2's. */
+static loom_status hf_config(const char *path, loom_gpt_config *c) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return loom_fail(LOOM_ERR_INPUT, "%s:%d:%d: expected a JSON object: %s", path, err.line,
+                         err.column, err.text);
+    }
+    memset(c, 0, sizeof *c);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    const char *act = json_string_value(json_object_get(root, "activation_function"));
+    loom_status st = LOOM_OK;
+    if (json_object_get(root, "model_type") && (!type || strcmp(type, "gpt2") != 0)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: model_type: expected \"gpt2\", got %s%.40s%s", path,
+                       type ? "\"" : "", type ? type : "another value", type ? "\"" : "");
+    } else if (act && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: activation_function: expected \"gelu_new\" (GPT-2's), got \"%.40s\"",
+                       path, act);
+    }
+    if (st == LOOM_OK) st = hf_int(root, "n_layer", NULL, &c->num_layers, path);
+    if (st == LOOM_OK) st = hf_int(root, "n_head", NULL, &c->num_heads, path);
+    if (st == LOOM_OK) st = hf_int(root, "n_embd", NULL, &c->channels, path);
+    if (st == LOOM_OK) st = hf_int(root, "n_positions", "n_ctx", &c->max_seq_len, path);
+    if (st == LOOM_OK) st = hf_int(root, "vocab_size", NULL, &c->vocab_size, path);
+    json_decref(root);
+    return st == LOOM_OK ? loom_gpt_config_check(c, path) : st;
+}
+
 loom_status loom_model_config_of(const char *path, loom_gpt_config *config) {
+    char config_json[4200];
+    if (is_hf_folder(path, config_json, sizeof config_json)) return hf_config(config_json, config);
     if (has_suffix(path, ".bin")) {
         loom_llmc_header h;
         loom_status st = loom_llmc_read_header(path, &h);
@@ -108,6 +167,54 @@ loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_
     char file[4200];
     st = weights_file(path, file, sizeof file);
     if (st == LOOM_OK) st = loom_gpt_load_safetensors_take(file, layout, take, ctx);
+    return st;
+}
+
+static int has_tokenizer_files(const char *dir) {
+    static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char file[4400];
+        snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+        FILE *f = fopen(file, "rb");
+        if (f) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_cap, char *source,
+                                    size_t source_cap) {
+    name[0] = source[0] = '\0';
+    if (has_suffix(path, ".bin")) return LOOM_OK;
+    char file[4200];
+    loom_status st = weights_file(path, file, sizeof file);
+    loom_safetensors *sf = NULL;
+    if (st == LOOM_OK) st = loom_safetensors_open(&sf, file);
+    if (st != LOOM_OK) return st;
+    const char *recorded = loom_safetensors_metadata(sf, "loom.tokenizer");
+    const char *from = loom_safetensors_metadata(sf, "loom.tokenizer_source");
+    if (recorded && strcmp(recorded, "bytes") != 0 && strcmp(recorded, "gpt2") != 0) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: metadata loom.tokenizer: expected \"bytes\" or \"gpt2\", got \"%.40s\"",
+                       file, recorded);
+    } else if (recorded) {
+        snprintf(name, name_cap, "%s", recorded);
+        snprintf(source, source_cap, "%s", from ? from : "");
+    } else {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", file);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        if (has_tokenizer_files(slash ? dir : ".")) {
+            char *absolute = realpath(slash ? dir : ".", NULL);
+            snprintf(name, name_cap, "gpt2");
+            snprintf(source, source_cap, "%s", absolute ? absolute : dir);
+            free(absolute);
+        }
+    }
+    loom_safetensors_close(sf);
     return st;
 }
 

@@ -11,6 +11,7 @@
  * plus one slice.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* realpath */
 #include "train/train_internal.h"
 
 #include <dirent.h>
@@ -114,6 +115,42 @@ loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_status st = unsharded_layout(model, &layout);
     slice_take c = {model, {model->params_memory, NULL, NULL}};
     if (st == LOOM_OK) st = loom_model_load_take(path, &layout, take_slice, &c);
+    return st;
+}
+
+loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_config *model,
+                               const char *resume_dir, loom_ckpt_state *state) {
+    const char *file = resume_dir[0] ? resume_dir : cfg->init_from;
+    const char *flag = resume_dir[0] ? "--resume" : "--init-from";
+    char name[sizeof state->tokenizer] = "", source[sizeof state->tokenizer_source] = "";
+    loom_status st = LOOM_OK;
+    if (file[0]) st = loom_model_tokenizer_of(file, name, sizeof name, source, sizeof source);
+    if (st != LOOM_OK) return st;
+    if (!cfg->tokenizer[0]) {
+        snprintf(state->tokenizer, sizeof state->tokenizer, "%s", name);
+        snprintf(state->tokenizer_source, sizeof state->tokenizer_source, "%s", source);
+        return LOOM_OK;
+    }
+    loom_tokenizer *tok = NULL;
+    st = loom_tokenizer_open(&tok, cfg->tokenizer);
+    if (st == LOOM_OK) st = loom_tokenizer_check_vocab(tok, model->vocab_size, "--tokenizer");
+    if (st == LOOM_OK && name[0] && strcmp(name, loom_tokenizer_name(tok)) != 0) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "--tokenizer %s is the %s tokenizer, but %s %s records the %s tokenizer%s%s",
+                       cfg->tokenizer, loom_tokenizer_name(tok), flag, file, name,
+                       source[0] ? " from " : "", source);
+    }
+    if (st == LOOM_OK) {
+        snprintf(state->tokenizer, sizeof state->tokenizer, "%s", loom_tokenizer_name(tok));
+        int is_bytes = !strcmp(cfg->tokenizer, "bytes");
+        char *absolute = is_bytes ? NULL : realpath(cfg->tokenizer, NULL);
+        snprintf(state->tokenizer_source, sizeof state->tokenizer_source, "%s",
+                 is_bytes   ? ""
+                 : absolute ? absolute
+                            : cfg->tokenizer);
+        free(absolute);
+    }
+    loom_tokenizer_free(tok);
     return st;
 }
 

@@ -3,7 +3,8 @@
  * loss over a token file.
  *
  * Generation recomputes the whole window for every new token (no KV cache): simple, and
- * fast enough for the small byte-level models loom trains on a CPU.
+ * fast enough for the small models loom trains on a CPU. Text goes through a loom_tokenizer
+ * (bytes, or GPT-2's BPE).
  */
 #include "loom/data.h"
 #include "loom/train.h"
@@ -48,18 +49,47 @@ static int sample_token(const float *logits, int V, const loom_sample_opts *opts
     return V - 1;
 }
 
-static void write_token(FILE *out, int token) {
-    if (token < 256) {
-        fputc(token, out);
-    } else if (token == LOOM_BYTE_EOT) {
-        fputc('\n', out);
+/* A token as the bytes it decodes to; an id the tokenizer has no token for (a model's vocabulary
+ * can be larger than its tokenizer's) as <id>. */
+static void write_token(FILE *out, const loom_tokenizer *tok, int token) {
+    const char *bytes;
+    size_t n = loom_tokenizer_token_bytes(tok, token, &bytes);
+    if (n > 0) {
+        fwrite(bytes, 1, n, out);
     } else {
         fprintf(out, "<%d>", token);
     }
 }
 
-loom_status loom_sample_text(loom_gpt *model, const char *prompt, const loom_sample_opts *opts,
-                             FILE *out) {
+/* The prompt's tokens into tokens (room for plen + 1); an empty prompt is the EOT token. */
+static loom_status encode_prompt(const loom_tokenizer *tok, const char *prompt, size_t plen,
+                                 int vocab, int32_t *tokens, size_t *n) {
+    *n = 0;
+    if (plen == 0) {
+        int eot = loom_tokenizer_eot(tok);
+        tokens[(*n)++] = eot >= 0 && eot < vocab ? eot : 0;
+        return LOOM_OK;
+    }
+    uint16_t *encoded = loom_calloc(plen, sizeof *encoded, "prompt");
+    if (!encoded) return LOOM_ERR_NOMEM;
+    loom_token_encoder *enc = NULL;
+    size_t count = 0;
+    loom_status st = loom_token_encoder_create(&enc, tok);
+    if (st == LOOM_OK) st = loom_token_encoder_run(enc, prompt, plen, 1, encoded, &count);
+    for (size_t i = 0; st == LOOM_OK && i < count; i++) {
+        if (encoded[i] >= vocab) {
+            st = loom_fail(LOOM_ERR_INPUT, "prompt: token %u is outside the model's vocab %d",
+                           encoded[i], vocab);
+        }
+        tokens[(*n)++] = encoded[i];
+    }
+    loom_token_encoder_free(enc);
+    free(encoded);
+    return st;
+}
+
+loom_status loom_sample_text(loom_gpt *model, const loom_tokenizer *tok, const char *prompt,
+                             const loom_sample_opts *opts, FILE *out) {
     const loom_gpt_config *c = &model->config;
     if (opts->tokens < 0) return loom_fail(LOOM_ERR_INPUT, "--tokens: expected >= 0");
     if (opts->temperature < 0 || !isfinite(opts->temperature)) {
@@ -67,31 +97,21 @@ loom_status loom_sample_text(loom_gpt *model, const char *prompt, const loom_sam
                          opts->temperature);
     }
     if (opts->top_k < 0) return loom_fail(LOOM_ERR_INPUT, "--top-k: expected >= 0");
+    loom_tokenizer *bytes = NULL;
+    if (!tok) {
+        loom_status st = loom_tokenizer_open(&bytes, "bytes");
+        if (st != LOOM_OK) return st;
+        tok = bytes;
+    }
     size_t plen = strlen(prompt);
     size_t total = plen + (size_t)opts->tokens + 1;
     int32_t *tokens = loom_calloc(total, sizeof(int32_t), "tokens");
-    uint16_t *encoded = loom_calloc(plen + 1, sizeof(uint16_t), "prompt");
     float *work = loom_calloc((size_t)c->vocab_size, sizeof(float), "sampling buffer");
-    if (!tokens || !encoded || !work) {
-        free(tokens), free(encoded), free(work);
-        return LOOM_ERR_NOMEM;
-    }
-    loom_status st = loom_gpt_reserve(model, 1, c->max_seq_len);
+    loom_status st = tokens && work ? LOOM_OK : LOOM_ERR_NOMEM;
+    if (st == LOOM_OK) st = loom_gpt_reserve(model, 1, c->max_seq_len);
     size_t n = 0;
-    if (plen == 0) {
-        tokens[n++] = c->vocab_size > LOOM_BYTE_EOT ? LOOM_BYTE_EOT : 0;
-    } else {
-        loom_bytes_encode(prompt, plen, encoded);
-        for (size_t i = 0; i < plen; i++) {
-            if (encoded[i] >= c->vocab_size) {
-                st = loom_fail(LOOM_ERR_INPUT, "prompt: byte %u is outside the model's vocab %d",
-                               encoded[i], c->vocab_size);
-                break;
-            }
-            tokens[n++] = encoded[i];
-        }
-        fwrite(prompt, 1, plen, out);
-    }
+    if (st == LOOM_OK) st = encode_prompt(tok, prompt, plen, c->vocab_size, tokens, &n);
+    if (st == LOOM_OK) fwrite(prompt, 1, plen, out);
     loom_rng rng;
     loom_rng_seed(&rng, opts->seed);
     for (int i = 0; st == LOOM_OK && i < opts->tokens; i++) {
@@ -100,11 +120,12 @@ loom_status loom_sample_text(loom_gpt *model, const char *prompt, const loom_sam
         const float *logits = model->acts.probs + (size_t)(T - 1) * (size_t)c->padded_vocab_size;
         int next = sample_token(logits, c->vocab_size, opts, &rng, work);
         tokens[n++] = next;
-        write_token(out, next);
+        write_token(out, tok, next);
         fflush(out);
     }
-    fputc('\n', out);
-    free(tokens), free(encoded), free(work);
+    if (st == LOOM_OK) fputc('\n', out);
+    free(tokens), free(work);
+    loom_tokenizer_free(bytes);
     return st;
 }
 

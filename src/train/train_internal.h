@@ -54,6 +54,12 @@ loom_status loom_run_prune_checkpoints(const char *out, int keep);
 loom_status loom_run_clean_checkpoints(const char *out);
 /* --init-from: fills this rank's part of the parameters from any model file. */
 loom_status loom_run_init_from(const char *path, loom_gpt *model);
+/* What the run records as its tokenizer (state->tokenizer, tokenizer_source): --tokenizer,
+ * opened and checked against the model's vocabulary and against what the resumed checkpoint or
+ * the --init-from file records (a different tokenizer is refused by name); else what that file
+ * records; else nothing. */
+loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_config *model,
+                               const char *resume_dir, loom_ckpt_state *state);
 
 /* ---- compress_state.c ---- */
 

