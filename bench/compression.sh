@@ -185,30 +185,14 @@ PY
 slow_model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
     --global-batch-size 8 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save --log-every 1)
 ns=loom_cbench_$$
-netns_one_link() { # rate
-    ip netns add "$ns"
-    ip netns exec "$ns" ip link set lo up
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$1" burst 256kb latency 50ms
-}
-netns_two_hosts() { # rate
-    ip netns add "$ns"
-    ip netns exec "$ns" sh -c "ip link set lo up && ip link add va type veth peer name vb &&
-        ip addr add 10.9.1.1/16 dev va && ip addr add 10.9.2.1/16 dev vb && ip link set va up &&
-        ip link set vb up && tc qdisc add dev lo root handle 1: htb default 10 r2q 100000 &&
-        tc class add dev lo parent 1: classid 1:10 htb rate 40gbit &&
-        tc class add dev lo parent 1: classid 1:20 htb rate $1 &&
-        tc filter add dev lo parent 1: protocol ip u32 match ip src 10.9.1.0/24 match ip dst 10.9.2.0/24 flowid 1:20 &&
-        tc filter add dev lo parent 1: protocol ip u32 match ip src 10.9.2.0/24 match ip dst 10.9.1.0/24 flowid 1:20"
-}
+. "$ROOT/bench/netns.bash"
 slow_run() { # name ranks hosts(or "") steps flags...
     local name=$1 np=$2 hosts=$3 steps=$4
     shift 4
-    local run=$OUT/slow_$name wrap=()
-    [ -n "$hosts" ] && wrap=(bash "$ROOT/bench/host_of_rank.sh")
-    LOOM_HOSTS=$hosts show ip netns exec "$ns" mpirun -np "$np" -x LOOM_HOSTS --mca btl tcp,self \
-        --mca oob_tcp_if_include lo $([ -z "$hosts" ] && echo --mca btl_tcp_if_include lo) \
-        "${wrap[@]}" "$LOOM" train "${slow_model[@]}" --steps "$steps" "$@" --out "$run" >"$run.log" 2>&1 ||
-        echo "  $name failed: $(tail -2 "$run.log")"
+    local run=$OUT/slow_$name
+    echo "\$ $(netns_mpirun_text "$np" "$hosts") loom train ${slow_model[*]} --steps $steps $*" >&2
+    netns_mpirun "$np" "$hosts" "$LOOM" train "${slow_model[@]}" --steps "$steps" "$@" --out "$run" \
+        >"$run.log" 2>&1 || echo "  $name failed: $(tail -2 "$run.log")"
 }
 
 slow() {

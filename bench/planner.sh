@@ -9,10 +9,13 @@
 #              rerun), beside the prediction of `loom plan --predict`; the largest resident set
 #              of any rank (/usr/bin/time) beside the predicted peak; then the planner's own pick
 #              (loom plan --devices 2 on the profile) against the fastest measured layout
+#   slow       in network namespaces (100 Mbit/s and 1 Gbit/s; one shaped link for 2 ranks, two
+#              emulated hosts for 4): loom profile there, the planner's pick without and with
+#              --allow-compression all, each trained there: predicted vs measured (root)
 #   megatron   Megatron-LM SC'21 Table 1's layouts predicted on clusters/dgx-a100.json, TFLOP/s
 #              per GPU by Megatron's count against the published, and the planner's own choice
 # Errors are (predicted - measured) / measured; every layout is printed, the bad ones too.
-# usage: bash bench/planner.sh [schedules|layouts|megatron] [OUT]   (build first)
+# usage: bash bench/planner.sh [schedules|layouts|megatron|slow] [OUT]   (build first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -124,6 +127,7 @@ layouts() {
         measure "$name" "$model" "$g" "$t" "$ranks" "$flags"
         local plan=$OUT/layouts/$name.plan.json zero1=()
         grep -q -- "--zero1" <<<"$flags" && zero1=(--zero1)
+        grep -q -- "--no-zero1" <<<"$flags" && zero1=(--no-zero1)
         # shellcheck disable=SC2046
         "$LOOM" plan --model "$model" --global-batch-size "$g" $(plan_flags "$flags") \
             --out "$plan" >/dev/null </dev/null || { echo "$name: loom plan failed"; continue; }
@@ -225,9 +229,59 @@ PY
 ROWS
 }
 
+# ---- slow links: the planner with and without compression (root: ip netns, tc) ----
+ns=loom_pbench_$$
+slow() {
+    [ "$(id -u)" -eq 0 ] || { echo "slow: needs root (ip netns, tc)"; return 0; }
+    . "$ROOT/bench/netns.bash"
+    local dir=$OUT/slow data=$OUT/slow/data
+    mkdir -p "$dir"
+    if [ ! -f "$data/.done" ]; then
+        "$LOOM" prepare --text $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort) \
+            --out "$data" --seq-len 64 >/dev/null
+        touch "$data/.done"
+    fi
+    local model=(--model small --layers 6 --d-model 384 --heads 6 --context 128)
+    echo "== slow links: 6 layers, width 384 (43 MB of gradient), global batch 8 x 64; each setting"
+    echo "   profiled in its namespace (loom profile --quick), then the planner without and with"
+    echo "   --allow-compression all, each pick trained 5 steps there (median after the first)"
+    for setting in 100mbit:link:2 1gbit:link:2 100mbit:hosts:4 1gbit:hosts:4; do
+        IFS=: read -r rate kind np <<<"$setting"
+        local hosts="" pretend=() name=${rate}_$kind
+        if [ "$kind" = link ]; then netns_one_link "$rate"; else netns_two_hosts "$rate"; hosts=0,0,1,1; pretend=(--pretend-hosts 2); fi
+        netns_mpirun "$np" "$hosts" "$LOOM" profile --quick --threads 1 "${pretend[@]}" \
+            --out "$dir/$name.cluster.json" >"$dir/$name.profile.log" 2>&1 </dev/null ||
+            { echo "$name: profile failed: $(tail -2 "$dir/$name.profile.log")"; ip netns del "$ns"; continue; }
+        for allow in none all; do
+            local pick=$dir/${name}_$allow.json
+            "$LOOM" plan "${model[@]}" --cluster "$dir/$name.cluster.json" --devices "$np" \
+                --global-batch-size 8 --seq-len 64 --allow-compression "$allow" --out "$pick" \
+                >"$pick.log" 2>&1 </dev/null || { echo "$name $allow: plan failed: $(tail -1 "$pick.log")"; continue; }
+            netns_mpirun "$np" "$hosts" "$LOOM" train --plan "$pick" --data "$data/train_*.bin" \
+                --seq-len 64 --steps 5 --threads 1 --eval-every 0 --no-save --log-every 1 \
+                --out "$dir/${name}_$allow.run" >"$dir/${name}_$allow.run.log" 2>&1 </dev/null ||
+                { echo "$name $allow: train failed: $(tail -2 "$dir/${name}_$allow.run.log")"; continue; }
+            python3 - "$pick" "$dir/${name}_$allow.run/metrics.jsonl" "$name" "$allow" <<'PY'
+import json, statistics, sys
+p = json.load(open(sys.argv[1]))
+ms = [r["ms"] for r in map(json.loads, open(sys.argv[2])) if "ms" in r and r["step"] > 1]
+meas, pred = statistics.median(ms) / 1e3, p["predicted"]["step_s"]
+m, c = p["mesh"], p.get("compression", {})
+comp = ", ".join(f"{k} {v['method']}{v.get('rank', '')}" for k, v in c.items()
+                 if isinstance(v, dict) and v.get("method", "none") != "none") or "none"
+print(f"{sys.argv[3]:14s} allow {sys.argv[4]:4s}: dp {m['dp']} tp {m['tp']} pp {m['pp']} micro "
+      f"{p['batch']['micro']} {p['batch']['schedule']}, compression {comp:22s} predicted "
+      f"{pred:7.3f} s  measured {meas:7.3f} s  error {100 * (pred - meas) / meas:+6.1f}%")
+PY
+        done
+        ip netns del "$ns"
+    done
+}
+
 case $what in
 schedules) schedules ;;
 layouts) layouts ;;
 megatron) megatron ;;
-*) echo "usage: bash bench/planner.sh [schedules|layouts|megatron] [OUT]" >&2; exit 2 ;;
+slow) slow ;;
+*) echo "usage: bash bench/planner.sh [schedules|layouts|megatron|slow] [OUT]" >&2; exit 2 ;;
 esac

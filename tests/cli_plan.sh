@@ -329,7 +329,7 @@ file_has "plan: predicted step in the file" predicted.json '"step_s": [0-9]'
 good "plan: the predicted plan checks" 'predicted\.json: ok' -- "$LOOM" plan --check predicted.json
 bad "plan: --predict without --cluster" '--predict: expected --cluster FILE' \
     -- "$LOOM" plan --predict gpt2_pp2.json
-bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1, --out or --trace with it, got --tp' \
+bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1, --no-zero1, --out or --trace with it, got --tp' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --tp 2
 bad "plan: --predict bf16 on V100" 'has no bf16 peak' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/p3-v100.json" --precision bf16

@@ -43,6 +43,7 @@ assert c["nodes"] == 1 and c["max_nodes"] == 1, (c["nodes"], c["max_nodes"])
 assert node["devices"] == 2, node["devices"]
 assert dev["peak_flops"]["fp32"] > 0, dev["peak_flops"]
 assert dev["memory_bytes"] > 0 and dev["memory_bandwidth"] > 0
+assert dev["optimizer_params_per_s"] > 0, dev
 table = dev["gemm_efficiency"]
 assert len(table) >= 1, table
 flops = [p["flops"] for p in table]

@@ -59,7 +59,8 @@ typedef struct {
     int64_t weights, grads, optimizer; /* optimizer: AdamW m and v, ZeRO-1 sharded when asked */
     int64_t activations;               /* the schedule's peak of activation sets (and kept
                                           inputs and W state with recomputation) */
-    int64_t scratch;                   /* backward scratch */
+    int64_t scratch;                   /* backward scratch; with ZeRO-1 the reduce-scatter
+                                          ring's receive buffers (one gradient's worth) */
     int64_t compressor;                /* compressors' state (error feedback, lazy error,
                                           warm-start factors), both copies */
     int64_t total;

@@ -42,7 +42,7 @@ typedef struct {
     char predict[PLAN_PATH_MAX];
     char cluster[PLAN_PATH_MAX];
     char precision[16];
-    int seq_len, zero1, devices;
+    int seq_len, zero1, no_zero1, devices;
     int intraop;
     char search_space[16];
     char allow_compression[16];
@@ -94,6 +94,8 @@ static const cli_opt plan_opts[] = {
     POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
     POPT("--zero1", OPT_FLAG, zero1,
          "--predict: AdamW's state sharded over the data-parallel ranks"),
+    POPT("--no-zero1", OPT_FLAG, no_zero1,
+         "--predict: AdamW's state not sharded, whatever the plan says (as loom train --no-zero1)"),
     POPT("--intraop", OPT_FLAG, intraop,
          "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
          "strategy, its costs, the ILP's size and solve time"),
@@ -430,10 +432,10 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
 }
 
 static int run_predict(const plan_args *args, int argc, char **argv) {
-    static const char *const allowed[] = {"--predict", "--cluster", "--precision", "--seq-len",
-                                          "--zero1",   "--out",     "--trace"};
+    static const char *const allowed[] = {"--predict", "--cluster",  "--precision", "--seq-len",
+                                          "--zero1",   "--no-zero1", "--out",       "--trace"};
     loom_status st =
-        check_mode_flags(argc, argv, "--predict", allowed, 7, "the plan file holds the layout");
+        check_mode_flags(argc, argv, "--predict", allowed, 8, "the plan file holds the layout");
     if (st == LOOM_OK && !args->cluster[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
                                        "loom profile's)");
@@ -453,10 +455,11 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     if (st != LOOM_OK) return cli_fail(st);
     if (!args->precision[0])
         loom_precision_parse(plan.precision, args->predict, "precision", &precision);
-    /* ZeRO-1: --zero1, else the plan's, else what loom train would do (on, but off with
-     * data-parallel compression) */
-    int zero1 = args->zero1 || plan.zero1 == 1 ||
-                (plan.zero1 < 0 && !strcmp(plan.dp_compression.method, "none"));
+    /* ZeRO-1: --zero1 or --no-zero1, else the plan's, else what loom train would do (on, but
+     * off with data-parallel compression) */
+    int zero1 =
+        !args->no_zero1 && (args->zero1 || plan.zero1 == 1 ||
+                            (plan.zero1 < 0 && !strcmp(plan.dp_compression.method, "none")));
     st = loom_cluster_read(args->cluster, &cluster);
     int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
     if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {

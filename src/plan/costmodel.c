@@ -121,14 +121,8 @@ static double codec_s(const loom_cluster *cl, loom_compress_method method, doubl
 /* The stage's cost facts for one micro-batch (in_flight 1). */
 static loom_status stage_cost(const loom_plan *plan, int s, int seq_len, loom_gpt_stage_cost *c) {
     const loom_plan_stage *st = &plan->stages[s];
-    loom_gpt_stage_spec spec = {plan->tp,
-                                st->first_layer,
-                                st->end_layer,
-                                st->embedding,
-                                st->head,
-                                plan->micro_batch,
-                                seq_len,
-                                1,
+    loom_gpt_stage_spec spec = {plan->tp,     st->first_layer,   st->end_layer, st->embedding,
+                                st->head,     plan->micro_batch, seq_len,       1,
                                 st->recompute};
     return loom_gpt_cost_stage(&plan->model, &spec, c);
 }
@@ -164,7 +158,12 @@ static loom_status rank_memory(const loom_plan *plan, int pp_rank, int seq_len, 
         int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
         out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
     }
-    if (zero1 && plan->dp > 1) out->optimizer /= plan->dp;
+    if (zero1 && plan->dp > 1) {
+        out->optimizer /= plan->dp;
+        /* the reduce-scatter ring's receive buffers: per DP bucket its largest block, the whole
+         * bucket when it lies inside one rank's range — about one gradient's worth */
+        out->scratch += out->grads;
+    }
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
     if (plan->dp > 1 && strcmp(plan->dp_compression.method, "none") != 0)
         out->compressor += (int64_t)dp_traffic_of(plan, pp_rank).state;
