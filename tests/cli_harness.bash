@@ -20,6 +20,16 @@ crashed() { # RC STDERR_FILE: a signal, or a sanitizer/abort report
     [ "$1" -ge 128 ] || grep -Eq 'Sanitizer|runtime error|Segmentation|Aborted|core dumped' "$2"
 }
 
+check() { # NAME WHY (empty WHY = pass): a check that ran no command of its own
+    if [ -z "$2" ]; then
+        passed=$((passed + 1))
+        echo "ok    $1"
+    else
+        failed=$((failed + 1))
+        echo "FAIL  $1: $2"
+    fi
+}
+
 record() { # NAME WHY (empty WHY = pass) COMMAND...
     local name=$1 why=$2
     shift 2

@@ -7,15 +7,6 @@
 # usage: cli_tokenizer.sh LOOM_BINARY TMPDIR
 . "$(dirname "$0")/cli_harness.bash"
 
-check() { # NAME WHY (empty WHY = pass)
-    if [ -z "$2" ]; then
-        passed=$((passed + 1))
-        echo "ok    $1"
-    else
-        failed=$((failed + 1))
-        echo "FAIL  $1: $2"
-    fi
-}
 
 python3 - <<'PY'
 import json, os

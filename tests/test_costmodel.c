@@ -172,13 +172,18 @@ static double powersgd_wire(const loom_gpt_config *m, int r, double *state) {
 /* Compression in the cost model: PowerSGD's bytes and state by hand; on a slow DP link it
  * shortens the step, on a free one it only adds its codec; the search takes it only when
  * allowed and only where it pays; low-rank pipeline sends shrink to r (n + m) values. */
+static loom_plan_compressor compressor_of(const char *method, int rank) {
+    loom_plan_compressor c;
+    loom_plan_compressor_init(&c);
+    snprintf(c.method, sizeof c.method, "%s", method);
+    c.rank = rank;
+    return c;
+}
+
 static void test_compression(void) {
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
-    loom_plan_compressor psgd;
-    loom_plan_compressor_init(&psgd);
-    snprintf(psgd.method, sizeof psgd.method, "powersgd");
-    psgd.rank = 4;
+    loom_plan_compressor psgd = compressor_of("powersgd", 4);
     loom_plan_request r = {.dp = 2,
                            .tp = 1,
                            .pp = 1,
@@ -236,10 +241,7 @@ static void test_compression(void) {
     loom_plan_free(&plan);
     loom_plan_free(&plain);
     /* low-rank pipeline gradients: every backward message is 4 r (n + m) bytes */
-    loom_plan_compressor lowrank;
-    loom_plan_compressor_init(&lowrank);
-    snprintf(lowrank.method, sizeof lowrank.method, "lowrank");
-    lowrank.rank = 8;
+    loom_plan_compressor lowrank = compressor_of("lowrank", 8);
     loom_plan_request q = {.dp = 1,
                            .tp = 1,
                            .pp = 2,
