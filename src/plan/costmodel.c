@@ -379,8 +379,11 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
      * link's gradient is the compressor's wire, plus encoding and decoding */
     int V = plan->num_stages;
     double *forward_link = calloc((size_t)V * 3 + 1, sizeof(double));
+    if (!forward_link) {
+        memset(out, 0, sizeof *out);
+        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    }
     double *backward_link = forward_link + V, *backward_bytes = backward_link + V;
-    if (st == LOOM_OK && !forward_link) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     int64_t rows = (int64_t)plan->micro_batch * seq_len;
     double message = (double)rows * plan->model.channels * k.bytes_per_value;
     const loom_plan_compressor *pc = &plan->pp_compression;
@@ -571,16 +574,15 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
     copy.stages = malloc((size_t)S * sizeof *copy.stages);
     loom_pipe_shape shape;
     loom_pipe_stage_schedule *lists = calloc((size_t)S, sizeof *lists);
-    loom_status st = LOOM_OK;
     if (!out->time || !out->memory || !out->per_flight || !out->in_flight || !copy.stages ||
         !lists) {
-        st = loom_fail(LOOM_ERR_NOMEM, "stage DP: out of memory");
+        free(lists), free(copy.stages);
+        loom_stage_problem_free(out);
+        return loom_fail(LOOM_ERR_NOMEM, "stage DP: out of memory");
     }
-    if (st == LOOM_OK) {
-        memcpy(copy.stages, plan->stages, (size_t)S * sizeof *copy.stages);
-        for (size_t i = 0; i < cells; i++) out->time[i] = INFINITY;
-        st = loom_pipe_shape_of(plan, &shape);
-    }
+    memcpy(copy.stages, plan->stages, (size_t)S * sizeof *copy.stages);
+    for (size_t i = 0; i < cells; i++) out->time[i] = INFINITY;
+    loom_status st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
     for (int s = 0; s < S && st == LOOM_OK; s++)
         out->in_flight[s] = loom_pipe_peak_in_flight(&lists[s]);
@@ -603,7 +605,7 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
 loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
                                     loom_precision precision, int seq_len, int zero1,
                                     const char *path, loom_prediction *out) {
-    loom_trace **traces = calloc((size_t)plan->pp, sizeof *traces);
+    loom_trace **traces = calloc((size_t)plan->pp, sizeof(loom_trace *));
     loom_status st = traces ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
         st = loom_trace_create(&traces[r], r, (size_t)1 << 20);
