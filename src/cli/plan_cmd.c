@@ -571,6 +571,7 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
         st =
             loom_intraop_space_parse(args->search_space, "loom plan", "--search-space", &req.space);
     loom_cluster cluster;
+    memset(&cluster, 0, sizeof cluster);
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
     int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
     if (st == LOOM_OK && (int64_t)req.dp * req.tp > devices) {
