@@ -1224,6 +1224,7 @@ class Harness:
         plan = jparse(read_text(os.path.join(s, "plan0.json")))
         plan.append(("predicted", Obj([("step_s", 0.25), ("tokens_per_s", 512.0),
                                        ("peak_bytes_per_rank", [104857600])])))
+        plan.append(("zero1", False))  # as the planner writes it
         write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
         write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
         write_llmc(os.path.join(s, "model.bin"))
