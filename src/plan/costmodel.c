@@ -388,8 +388,8 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     double message = (double)rows * plan->model.channels * k.bytes_per_value;
     const loom_plan_compressor *pc = &plan->pp_compression;
     loom_compress_method pp_method = method_of(pc->method);
+    int link = plan->pp > 1 ? kind_link(plan, cluster, 2) : LOOM_LINK_INTRA_NODE;
     for (int s = 0; s + 1 < V && st == LOOM_OK; s++) {
-        int link = kind_link(plan, cluster, 2);
         forward_link[s] =
             loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
         backward_link[s] = forward_link[s], backward_bytes[s] = message;
