@@ -257,8 +257,13 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
         (double)c.act_slot_bytes * k->bytes_per_value / 4.0 * 2.0 / k->cluster->memory_bandwidth;
     t->tp_forward_s = tp_s(k, c.tp_allreduces_fwd, c.tp_bytes_fwd);
     t->tp_backward_s = tp_s(k, c.tp_allreduces_bwd, c.tp_bytes_bwd);
-    t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + t->tp_forward_s;
-    t->backward_input_s = gemm_s(k, (double)c.flops_bwd_input, typical) + memory + t->tp_backward_s;
+    /* and every GEMM call streams its weight operand from memory once (BLAS packs it; on a
+     * GPU it is read from HBM): the forward and the input gradient, once per micro-batch */
+    double weights =
+        (double)c.param_bytes * k->bytes_per_value / 4.0 / k->cluster->memory_bandwidth;
+    t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + weights + t->tp_forward_s;
+    t->backward_input_s =
+        gemm_s(k, (double)c.flops_bwd_input, typical) + memory + weights + t->tp_backward_s;
     t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2;
     t->backward_s = t->backward_input_s + t->backward_weight_s;
     if (c.flops_recompute > 0) { /* the rerun forward: before a whole backward, or before B and
@@ -289,6 +294,40 @@ static void record_pipeline(const loom_pipe_shape *shape, const loom_pipe_stage_
                                    origin + t->start_s * 1e6, (end - t->start_s) * 1e6, 0,
                                    a->micro_batch, loom_pipe_stage(shape, r, a->chunk));
         }
+    }
+}
+
+/* Recomputation only where the schedule needs it: the executor reruns a micro-batch's forward
+ * before its backward (B) unless the rank's previous compute was that very forward, and before
+ * its W unless the previous compute was its B (the one activation set is still there). Each
+ * virtual stage's B and W times, which stage_times charged a rerun forward every time, keep the
+ * share of micro-batches that need it (the simulator takes one time per stage). */
+static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape *shape,
+                                   const loom_pipe_stage_schedule *lists, loom_prediction *out) {
+    int needs_b[LOOM_PREDICT_MAX_STAGES] = {0}, needs_w[LOOM_PREDICT_MAX_STAGES] = {0};
+    for (int r = 0; r < shape->ranks; r++) {
+        const loom_pipe_action *last = NULL;
+        for (int i = 0; i < lists[r].count; i++) {
+            const loom_pipe_action *a = &lists[r].actions[i];
+            int s = loom_pipe_stage(shape, r, a->chunk);
+            int same = last && last->micro_batch == a->micro_batch && last->chunk == a->chunk;
+            if (a->op == LOOM_PIPE_BACKWARD || a->op == LOOM_PIPE_BACKWARD_INPUT)
+                needs_b[s] += !(same && last->op == LOOM_PIPE_FORWARD);
+            if (a->op == LOOM_PIPE_BACKWARD_WEIGHT)
+                needs_w[s] += !(same && last->op == LOOM_PIPE_BACKWARD_INPUT);
+            if (a->op == LOOM_PIPE_FORWARD || a->op == LOOM_PIPE_BACKWARD ||
+                a->op == LOOM_PIPE_BACKWARD_INPUT || a->op == LOOM_PIPE_BACKWARD_WEIGHT)
+                last = a;
+        }
+    }
+    int m = shape->micro_batches;
+    for (int s = 0; s < plan->num_stages && m > 0; s++) {
+        if (!plan->stages[s].recompute) continue;
+        loom_stage_times *t = &out->stage[s];
+        double f = t->forward_s, spare_b = f * (1.0 - (double)needs_b[s] / m);
+        double spare_w = f * (1.0 - (double)needs_w[s] / m);
+        t->backward_input_s -= spare_b, t->backward_weight_s -= spare_w;
+        t->backward_s -= spare_b; /* a whole backward: one rerun at most, as B's */
     }
 }
 
@@ -408,6 +447,7 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    if (st == LOOM_OK) recompute_as_scheduled(plan, &shape, lists, out);
     if (st == LOOM_OK)
         st = simulate_pipeline(&k, &shape, lists, forward_link, backward_link, backward_bytes,
                                traces, out);
