@@ -18,15 +18,16 @@
 #define MAX_LAYERS 12
 
 /* The closed form scored here, apart from the library: sum + (B - 1) max, INFINITY when a stage
- * does not fit. */
-static double score(const loom_stage_problem *p, const int *counts) {
+ * does not fit; options[s] each stage's table (recomputation or not). */
+static double score(const loom_stage_problem *p, const int *counts, const int *options) {
     double sum = 0, worst = 0;
     for (int s = 0; s < p->stages; s++) {
         int c = p->stages == 1       ? LOOM_STAGE_ONLY
                 : s == 0             ? LOOM_STAGE_FIRST
                 : s == p->stages - 1 ? LOOM_STAGE_LAST
                                      : LOOM_STAGE_MIDDLE;
-        size_t i = (size_t)c * (size_t)(p->layers + 1) + (size_t)counts[s];
+        size_t i = ((size_t)options[s] * LOOM_STAGE_CLASSES + (size_t)c) * (size_t)(p->layers + 1) +
+                   (size_t)counts[s];
         double t = p->time[i];
         if (!isfinite(t)) return INFINITY;
         if (p->memory_bytes > 0 &&
@@ -38,11 +39,26 @@ static double score(const loom_stage_problem *p, const int *counts) {
     return sum + (p->micro_batches - 1) * worst;
 }
 
-/* Every split of the layers into positive counts, the least score (INFINITY: none fits). */
+/* Every choice of every stage's option, the least score (INFINITY: none fits). */
+static double every_option(const loom_stage_problem *p, const int *counts, int *options,
+                           int stage) {
+    if (stage == p->stages) return score(p, counts, options);
+    double best = INFINITY;
+    for (int o = 0; o < p->options; o++) {
+        options[stage] = o;
+        double t = every_option(p, counts, options, stage + 1);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+/* Every split of the layers into positive counts (and every option of each stage), the least
+ * score (INFINITY: none fits). */
 static double brute_force(const loom_stage_problem *p, int *counts, int stage, int left) {
     if (stage == p->stages - 1) {
         counts[stage] = left;
-        return score(p, counts);
+        int options[MAX_STAGES] = {0};
+        return every_option(p, counts, options, 0);
     }
     double best = INFINITY;
     for (int n = 1; n <= left - (p->stages - stage - 1); n++) {
@@ -55,10 +71,10 @@ static double brute_force(const loom_stage_problem *p, int *counts, int stage, i
 
 /* The DP's optimum equals brute force, and its split scores what it says. */
 static void check_against_brute_force(const loom_stage_problem *p, const char *what) {
-    int counts[MAX_STAGES], scratch[MAX_STAGES];
+    int counts[MAX_STAGES], scratch[MAX_STAGES], options[MAX_STAGES] = {0};
     double latency = 0;
     int tried = 0;
-    loom_status st = loom_stage_dp(p, counts, &latency, &tried);
+    loom_status st = loom_stage_dp(p, counts, options, &latency, &tried);
     double expected = brute_force(p, scratch, 0, p->layers);
     if (!isfinite(expected)) {
         CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "fits"),
@@ -70,7 +86,7 @@ static void check_against_brute_force(const loom_stage_problem *p, const char *w
     if (st != LOOM_OK) return;
     CHECK(fabs(latency - expected) <= 1e-12 * expected, "%s: DP %.17g, brute force %.17g", what,
           latency, expected);
-    double own = score(p, counts);
+    double own = score(p, counts, options);
     CHECK(fabs(own - latency) <= 1e-12 * expected, "%s: the split scores %.17g, the DP says %.17g",
           what, own, latency);
     CHECK(tried >= 1, "%s: %d bounds tried", what, tried);
@@ -82,45 +98,63 @@ static unsigned next_random(unsigned *state) {
 }
 
 static void test_random_tables(void) {
-    double time[LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
-    int64_t memory[LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
-    int64_t per_flight[LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
+    double time[2 * LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
+    int64_t memory[2 * LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
+    int64_t per_flight[2 * LOOM_STAGE_CLASSES * (MAX_LAYERS + 1)];
     int in_flight[MAX_STAGES];
     unsigned seed = 7;
-    int cases = 0, infeasible = 0;
+    int cases = 0, infeasible = 0, mixed = 0;
     for (int trial = 0; trial < 400; trial++) {
-        int L = 1 + (int)(next_random(&seed) % MAX_LAYERS);
+        /* every other case: a second table per stage (recomputation: slower, less memory); the
+         * brute force then tries 2^S choices per split, so at most 8 layers there */
+        int options = 1 + trial % 2;
+        int L = 1 + (int)(next_random(&seed) % (options == 2 ? 8 : MAX_LAYERS));
         int S = 1 + (int)(next_random(&seed) % (unsigned)(L < MAX_STAGES ? L : MAX_STAGES));
         loom_stage_problem p = {.stages = S,
                                 .layers = L,
                                 .micro_batches = 1 + (int)(next_random(&seed) % 16),
+                                .options = options,
                                 .time = time,
                                 .memory = memory,
                                 .per_flight = per_flight,
                                 .in_flight = in_flight};
-        int additive = trial % 2; /* half like real layers (n x layer + a class's extra) */
+        int additive = trial % 4 < 2; /* half like real layers (n x layer + a class's extra) */
         for (int c = 0; c < LOOM_STAGE_CLASSES; c++) {
             double extra = (double)(next_random(&seed) % 50) / 10.0;
             for (int n = 0; n <= L; n++) {
                 size_t i = (size_t)c * (size_t)(L + 1) + (size_t)n;
+                size_t j = i + (size_t)LOOM_STAGE_CLASSES * (size_t)(L + 1); /* option 1 */
                 time[i] = additive ? n * 1.0 + extra : 0.5 + (double)(next_random(&seed) % 100);
                 memory[i] = 100 * n + (int64_t)(next_random(&seed) % 100);
                 per_flight[i] = 10 * n;
+                time[j] = time[i] * (1.0 + (double)(next_random(&seed) % 60) / 100.0);
+                memory[j] = memory[i] / 2 + (int64_t)(next_random(&seed) % 50);
+                per_flight[j] = n;
             }
         }
         for (int s = 0; s < S; s++) in_flight[s] = S - s; /* 1F1B */
         /* a third without a limit, the rest with one that rules out some (or every) split */
         p.memory_bytes = trial % 3 == 0 ? 0 : 100 + (int64_t)(next_random(&seed) % 1500);
         char what[96];
-        snprintf(what, sizeof what, "random %d (S %d, L %d, B %d, limit %lld)", trial, S, L,
-                 p.micro_batches, (long long)p.memory_bytes);
+        snprintf(what, sizeof what, "random %d (S %d, L %d, B %d, %d options, limit %lld)", trial,
+                 S, L, p.micro_batches, options, (long long)p.memory_bytes);
         int counts[MAX_STAGES];
         infeasible += !isfinite(brute_force(&p, counts, 0, L));
         check_against_brute_force(&p, what);
+        if (options == 2) { /* does the optimum mix the options? */
+            int chosen[MAX_STAGES] = {0}, ones = 0;
+            double latency;
+            if (loom_stage_dp(&p, counts, chosen, &latency, NULL) == LOOM_OK) {
+                for (int s = 0; s < S; s++) ones += chosen[s];
+                mixed += ones > 0 && ones < S;
+            }
+            loom_clear_error();
+        }
         cases++;
     }
     CHECK(cases == 400 && infeasible > 10 && infeasible < 300, "%d cases, %d with no split", cases,
           infeasible);
+    CHECK(mixed >= 5, "%d optima recompute on some stages and not on others", mixed);
 }
 
 /* A cluster with perfect GEMMs and slow memory, so that the head's logits cost. */
@@ -153,7 +187,7 @@ static void test_tables(void) {
     CHECK(loom_plan_uniform(&plan, &model, 1, 1, 4, 2, 16, "1f1b", 0, NULL) == LOOM_OK, "plan: %s",
           loom_last_error());
     loom_stage_problem p;
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &p) == LOOM_OK,
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 0, &p) == LOOM_OK,
           "problem: %s", loom_last_error());
     size_t row = (size_t)p.layers + 1;
     CHECK(p.stages == 4 && p.layers == 8 && p.micro_batches == 8, "shape %d %d %d", p.stages,
@@ -181,18 +215,32 @@ static void test_tables(void) {
     /* the heavy head: the DP takes layers off the last stage */
     int counts[4];
     double latency;
-    CHECK(loom_stage_dp(&p, counts, &latency, NULL) == LOOM_OK, "dp: %s", loom_last_error());
+    CHECK(loom_stage_dp(&p, counts, NULL, &latency, NULL) == LOOM_OK, "dp: %s", loom_last_error());
     CHECK(counts[3] < 2 && counts[0] + counts[1] + counts[2] + counts[3] == 8,
           "the last stage keeps %d layers (%d %d %d %d)", counts[3], counts[0], counts[1],
           counts[2], counts[3]);
     int even[4] = {2, 2, 2, 2};
-    CHECK(latency < loom_stage_latency(&p, even), "the DP's split beats the even one");
+    CHECK(latency < loom_stage_latency(&p, even, NULL), "the DP's split beats the even one");
+    loom_stage_problem_free(&p);
+    /* two options per stage: recomputation costs time and saves memory per activation set */
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 1, &p) == LOOM_OK &&
+              p.options == 2,
+          "per-stage problem: %s", loom_last_error());
+    size_t off = (size_t)LOOM_STAGE_CLASSES * row;
+    for (int n = 1; n <= 5; n++) {
+        size_t i = LOOM_STAGE_MIDDLE * row + (size_t)n;
+        CHECK(p.time[off + i] > p.time[i] && p.per_flight[off + i] < p.per_flight[i],
+              "recompute at %d layers: %g s vs %g s, %lld vs %lld bytes per set", n,
+              p.time[off + i], p.time[i], (long long)p.per_flight[off + i],
+              (long long)p.per_flight[i]);
+    }
     loom_stage_problem_free(&p);
     loom_plan_free(&plan);
     /* interleaved layouts are not the DP's */
     CHECK(loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 8, "interleaved", 2, NULL) == LOOM_OK,
           "interleaved plan");
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &p) == LOOM_ERR_INPUT &&
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 0, &p) ==
+                  LOOM_ERR_INPUT &&
               strstr(loom_last_error(), "one"),
           "interleaved refused: %s", loom_last_error());
     loom_clear_error();
@@ -216,12 +264,11 @@ static void test_every_small_layout(void) {
                             if (loom_plan_uniform(&plan, &model, dp, tp, pp, micro, 32,
                                                   schedules[k], 0, NULL) != LOOM_OK)
                                 continue;
-                            for (int s = 0; s < plan.num_stages; s++)
-                                plan.stages[s].recompute = recompute;
+                            /* recompute: the DP chooses it per stage (two options) */
                             loom_cluster cl = cluster_of(8, (int64_t)1 << 40);
                             loom_stage_problem p;
                             CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0,
-                                                          &p) == LOOM_OK,
+                                                          recompute, &p) == LOOM_OK,
                                   "problem: %s", loom_last_error());
                             if (limit) { /* between the least and the largest stage's need */
                                 int64_t lo = INT64_MAX, hi = 0;
@@ -236,7 +283,8 @@ static void test_every_small_layout(void) {
                             }
                             char what[128];
                             snprintf(what, sizeof what, "dp %d tp %d pp %d micro %d %s%s%s", dp, tp,
-                                     pp, micro, schedules[k], recompute ? " recompute" : "",
+                                     pp, micro, schedules[k],
+                                     recompute ? " per-stage recompute" : "",
                                      limit ? " limited" : "");
                             check_against_brute_force(&p, what);
                             loom_stage_problem_free(&p);

@@ -123,8 +123,9 @@ typedef enum {
 
 typedef struct {
     int stages, layers, micro_batches;
-    /* indexed [class * (layers + 1) + n], n = 1 .. layers layers; a class/count that cannot
-     * exist (a middle stage of all layers) has time INFINITY */
+    int options; /* 1; or 2: each stage may also recompute (option 1), chosen per stage */
+    /* indexed [(option * LOOM_STAGE_CLASSES + class) * (layers + 1) + n], n = 1 .. layers
+     * layers; a class/count that cannot exist (a middle stage of all layers) has time INFINITY */
     double *time;         /* seconds: forward + backward of one micro-batch */
     int64_t *memory;      /* bytes with no activation set in flight */
     int64_t *per_flight;  /* bytes each activation set in flight adds */
@@ -134,21 +135,26 @@ typedef struct {
 
 /* The class of stage i of S. */
 loom_stage_class loom_stage_class_of(int stage, int stages);
-/* T for `counts` (S positive layer counts summing to the layers), INFINITY when a stage does not
- * fit its memory or the counts are not such a split. */
-double loom_stage_latency(const loom_stage_problem *p, const int *counts);
-/* The split minimising T (ties: the first found), by Alpa's DP: for each candidate t_max in
- * ascending order, the least sum of stage times with every stage <= t_max, stopping once the
- * least unconstrained sum + (B - 1) t_max reaches the best T. *candidates counts the t_max tried
- * (may be NULL). No split that fits is LOOM_ERR_INPUT. */
-loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, double *latency,
+/* T for `counts` (S positive layer counts summing to the layers) with each stage's option
+ * (`recompute`, S entries of 0 or 1 below p->options; NULL: all 0), INFINITY when a stage does
+ * not fit its memory or the counts are not such a split. */
+double loom_stage_latency(const loom_stage_problem *p, const int *counts, const int *recompute);
+/* The split minimising T (ties: the first found), and each stage's option (`recompute`, may be
+ * NULL when options is 1: for a stage of a given size under a given bound the fastest option
+ * that fits is the best, so the DP picks it per transition), by Alpa's DP: for each candidate
+ * t_max in ascending order, the least sum of stage times with every stage <= t_max, stopping
+ * once the least unconstrained sum + (B - 1) t_max reaches the best T. *candidates counts the
+ * t_max tried (may be NULL). No split that fits is LOOM_ERR_INPUT. */
+loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompute, double *latency,
                           int *candidates);
 
-/* The problem for a checked plan with one chunk per rank (its stages' own split is not used),
- * costed as loom_plan_predict costs stages; free with loom_stage_problem_free. */
+/* The problem for a checked plan with one chunk per rank (its stages' own split and
+ * recomputation are not used), costed as loom_plan_predict costs stages; per_stage_recompute:
+ * two options per stage (no, yes), else the plan's own (stage 0's) for all. Free with
+ * loom_stage_problem_free. */
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
                                     loom_precision precision, int seq_len, int zero1,
-                                    loom_stage_problem *out);
+                                    int per_stage_recompute, loom_stage_problem *out);
 void loom_stage_problem_free(loom_stage_problem *p);
 
 /* ---- the search ------------------------------------------------------------------------------

@@ -241,7 +241,12 @@ void cli_print_candidates(const loom_plan_candidate *best, int found) {
     for (int i = 0; i < found; i++) {
         const loom_plan *p = &best[i].plan;
         const loom_prediction *pr = &best[i].prediction;
-        char split[64], compress[64];
+        char split[64], compress[64], recompute[32];
+        int recomputing = 0;
+        for (int s = 0; s < p->num_stages; s++) recomputing += p->stages[s].recompute != 0;
+        snprintf(recompute, sizeof recompute, "%s", recomputing == 0 ? "no" : "yes");
+        if (recomputing > 0 && recomputing < p->num_stages)
+            snprintf(recompute, sizeof recompute, "%d of %d", recomputing, p->num_stages);
         const loom_plan_compressor *dc = &p->dp_compression, *pc = &p->pp_compression;
         int dpc = strcmp(dc->method, "none") != 0, ppc = strcmp(pc->method, "none") != 0;
         snprintf(compress, sizeof compress, "%s%s%.0d%s%s%s%.0d", dpc ? "dp " : "",
@@ -250,10 +255,9 @@ void cli_print_candidates(const loom_plan_candidate *best, int found) {
         printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
                "%-26s %s\n",
                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
-               p->schedule, p->stages[0].recompute ? "yes" : "no", best[i].zero1 ? "yes" : "no",
-               pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
-               (double)pr->peak_bytes / 1073741824.0, compress[0] ? compress : "-",
-               split_text(p, split, sizeof split));
+               p->schedule, recompute, best[i].zero1 ? "yes" : "no", pr->step_s, pr->tokens_per_s,
+               100 * pr->bubble, (double)pr->peak_bytes / 1073741824.0,
+               compress[0] ? compress : "-", split_text(p, split, sizeof split));
     }
 }
 

@@ -561,12 +561,13 @@ void loom_stage_problem_free(loom_stage_problem *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* A stage of class c with n layers: time and memory, costed on a copy of the plan whose stage
- * `s` (of that class) holds n layers; INFINITY time when no stage of that class can hold n. */
-static loom_status cost_class(const costing *k, loom_plan *copy, int c, int n, int zero1,
+/* A stage of class c with n layers under option o (1: recompute): time and memory, costed on a
+ * copy of the plan whose stage `s` (of that class) holds n layers; INFINITY time when no stage
+ * of that class can hold n. */
+static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, int n, int zero1,
                               loom_stage_problem *out) {
     int S = copy->num_stages, L = copy->model.num_layers;
-    size_t i = (size_t)c * (size_t)(L + 1) + (size_t)n;
+    size_t i = ((size_t)o * LOOM_STAGE_CLASSES + (size_t)c) * (size_t)(L + 1) + (size_t)n;
     out->time[i] = INFINITY;
     int s = c == LOOM_STAGE_FIRST || c == LOOM_STAGE_ONLY ? 0 : c == LOOM_STAGE_LAST ? S - 1 : 1;
     /* the other S - 1 stages hold at least a layer each */
@@ -577,6 +578,7 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int c, int n, i
     loom_plan_stage keep = copy->stages[s];
     copy->stages[s].first_layer = c == LOOM_STAGE_LAST ? L - n : c == LOOM_STAGE_MIDDLE ? 1 : 0;
     copy->stages[s].end_layer = copy->stages[s].first_layer + n;
+    if (out->options > 1) copy->stages[s].recompute = o;
     loom_stage_times t;
     loom_rank_memory none, one;
     loom_status st = stage_times(k, s, k->seq_len, &t);
@@ -592,7 +594,7 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int c, int n, i
 
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
                                     loom_precision precision, int seq_len, int zero1,
-                                    loom_stage_problem *out) {
+                                    int per_stage_recompute, loom_stage_problem *out) {
     memset(out, 0, sizeof *out);
     if (plan->virtual_stages != 1) {
         return loom_fail(LOOM_ERR_INPUT,
@@ -601,7 +603,8 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
                          plan->schedule, plan->virtual_stages);
     }
     int S = plan->num_stages, L = plan->model.num_layers;
-    size_t cells = (size_t)LOOM_STAGE_CLASSES * (size_t)(L + 1);
+    out->options = per_stage_recompute ? 2 : 1;
+    size_t cells = (size_t)out->options * LOOM_STAGE_CLASSES * (size_t)(L + 1);
     out->stages = S, out->layers = L;
     out->micro_batches = loom_plan_num_micro_batches(plan);
     out->memory_bytes = cluster->memory_bytes;
@@ -627,8 +630,11 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
     for (int s = 0; s < S && st == LOOM_OK; s++)
         out->in_flight[s] = loom_pipe_peak_in_flight(&lists[s]);
     costing k = costing_of(&copy, cluster, precision, seq_len);
-    for (int c = 0; c < LOOM_STAGE_CLASSES && st == LOOM_OK; c++) {
-        for (int n = 1; n <= L && st == LOOM_OK; n++) st = cost_class(&k, &copy, c, n, zero1, out);
+    for (int o = 0; o < out->options && st == LOOM_OK; o++) {
+        for (int c = 0; c < LOOM_STAGE_CLASSES && st == LOOM_OK; c++) {
+            for (int n = 1; n <= L && st == LOOM_OK; n++)
+                st = cost_class(&k, &copy, o, c, n, zero1, out);
+        }
     }
     for (int s = 0; lists && s < S; s++) loom_pipe_schedule_free(&lists[s]);
     free(lists), free(copy.stages);

@@ -59,37 +59,40 @@ static void predict(search *s, loom_plan *plan, int zero1) {
     consider(s, plan, zero1);
 }
 
-/* The stage DP's split for a layout of one chunk per rank, as a --stage-layers text; "" when it
- * is the even split (or there is none that fits). */
-static void dp_split(search *s, const loom_plan *even, int zero1, char *text, size_t cap) {
+/* The stage DP's split for a layout of one chunk per rank, as a --stage-layers text, and each
+ * stage's recomputation (recompute[], the plan's stages); "" when the DP found the even split
+ * without recomputation (or nothing that fits). */
+static void dp_split(search *s, const loom_plan *even, int zero1, char *text, size_t cap,
+                     int *recompute) {
     text[0] = '\0';
     loom_stage_problem problem;
     if (loom_plan_stage_problem(even, s->cluster, s->request->precision, s->request->seq_len, zero1,
-                                &problem) != LOOM_OK)
+                                1, &problem) != LOOM_OK)
         return;
     int *counts = calloc((size_t)problem.stages, sizeof *counts);
     double latency;
-    if (counts && loom_stage_dp(&problem, counts, &latency, NULL) == LOOM_OK) {
-        int uneven = 0;
+    if (counts && loom_stage_dp(&problem, counts, recompute, &latency, NULL) == LOOM_OK) {
+        int changed = 0;
         size_t used = 0;
         for (int i = 0; i < problem.stages && used < cap; i++) {
             const loom_plan_stage *st = &even->stages[i];
-            uneven |= counts[i] != st->end_layer - st->first_layer;
+            changed |= counts[i] != st->end_layer - st->first_layer || recompute[i];
             used += (size_t)snprintf(text + used, cap - used, "%s%d", i ? "," : "", counts[i]);
         }
-        if (!uneven || used >= cap) text[0] = '\0';
+        if (!changed || used >= cap) text[0] = '\0';
     }
     free(counts);
     loom_stage_problem_free(&problem);
 }
 
-/* Builds and predicts one plan of the layout (stage split: "" even); the request's compressors
- * as given. */
+/* Builds and predicts one plan of the layout (stage split: "" even; recompute: each stage's,
+ * NULL: the request's); the request's compressors as given. */
 static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request *r,
-                     const char *split, int zero1) {
+                     const char *split, const int *recompute, int zero1) {
     loom_plan plan;
     r->stage_layers = split[0] ? split : NULL;
     if (loom_plan_from_request(&plan, model, r, 0) != LOOM_OK) return; /* not a valid layout */
+    for (int i = 0; recompute && i < plan.num_stages; i++) plan.stages[i].recompute = recompute[i];
     snprintf(plan.precision, sizeof plan.precision, "%s",
              loom_precision_name(s->request->precision));
     predict(s, &plan, zero1);
@@ -108,9 +111,12 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
     if (loom_plan_from_request(&even, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
     snprintf(even.precision, sizeof even.precision, "%s",
              loom_precision_name(s->request->precision));
+    /* the DP chooses each stage's recomputation too: once, from the layout without it */
     char split[4096] = "";
-    if (!s->request->even_stages && even.virtual_stages == 1 && pp > 1)
-        dp_split(s, &even, zero1, split, sizeof split);
+    int *stage_recompute = calloc((size_t)even.num_stages, sizeof *stage_recompute);
+    if (stage_recompute && !s->request->even_stages && even.virtual_stages == 1 && pp > 1 &&
+        !recompute)
+        dp_split(s, &even, zero1, split, sizeof split, stage_recompute);
     loom_plan_free(&even);
     /* compression, where allowed and where it can apply: PowerSGD on the DP gradients (not
      * with ZeRO-1, whose parameter all-gather it cannot compress), low-rank on the pipeline's
@@ -130,10 +136,11 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
         if (((c & 1) && !dp_ok) || ((c & 2) && !pp_ok)) continue;
         r.dp_compression = c & 1 ? &powersgd : &none;
         r.pp_compression = c & 2 ? &lowrank : &none;
-        try_plan(s, model, &r, "", zero1);
-        /* the DP's uneven split beside the even one: the simulator ranks both */
-        if (split[0]) try_plan(s, model, &r, split, zero1);
+        try_plan(s, model, &r, "", NULL, zero1);
+        /* the DP's split beside the even one: the simulator ranks both */
+        if (split[0]) try_plan(s, model, &r, split, stage_recompute, zero1);
     }
+    free(stage_recompute);
 }
 
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
