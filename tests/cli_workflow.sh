@@ -6,32 +6,7 @@
 # steps without a stop (same thread count), with exactly one metrics record per step.
 #
 # usage: bash tests/cli_workflow.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
-set -u
-if [ $# -ne 2 ]; then
-    echo "usage: $0 LOOM_BINARY TMPDIR" >&2
-    exit 2
-fi
-LOOM=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-TMP=$2
-rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
-[ -x "$LOOM" ] || { echo "not an executable: $LOOM" >&2; exit 1; }
-
-passed=0
-failed=0
-
-check() { # NAME WHY (empty WHY = pass)
-    if [ -z "$2" ]; then
-        passed=$((passed + 1))
-        echo "ok    $1"
-    else
-        failed=$((failed + 1))
-        echo "FAIL  $1: $2"
-    fi
-}
-
-crashed() { # RC STDERR_FILE
-    [ "$1" -ge 128 ] || grep -Eq 'Sanitizer|runtime error|Segmentation|Aborted|core dumped' "$2"
-}
+source "$(dirname "$0")/cli_harness.bash" "$@"
 
 # run NAME LOG COMMAND...: the command must exit 0 without a crash report; output goes to LOG
 # (stdout) and LOG.err (stderr).
