@@ -15,7 +15,6 @@
 #include "loom/profile.h"
 #include "loom/train.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,19 +40,6 @@ static void cache_dir(char *dir, size_t cap) {
     } else {
         snprintf(dir, cap, "%s/.cache/loom", home && home[0] ? home : "/tmp");
     }
-}
-
-/* mkdir -p */
-static int make_dirs(const char *path) {
-    char p[LOOM_PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
-        *c = '/';
-    }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* The cached description's path for these ranks: a hash of every rank's host name and rank,
@@ -119,10 +105,10 @@ static loom_status cluster_for(const loom_train_config *cfg, loom_comm *world, l
     if (slash) *slash = '\0';
     char note[512];
     loom_profile_source_note(cl, note, sizeof note);
-    if (make_dirs(dir) != 0 || loom_cluster_write(path, cl, note) != LOOM_OK) {
+    if (loom_mkdir_p(dir) != LOOM_OK || loom_cluster_write(path, cl, note) != LOOM_OK) {
         loom_warn("--plan auto: could not cache the cluster description in %s (%s); the next "
                   "run measures again",
-                  path, loom_last_error()[0] ? loom_last_error() : strerror(errno));
+                  path, loom_last_error());
         loom_clear_error();
     }
     return LOOM_OK;

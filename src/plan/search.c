@@ -107,17 +107,18 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
                            .global_batch = s->request->global_batch,
                            .schedule = schedule,
                            .recompute = recompute};
-    loom_plan even;
-    if (loom_plan_from_request(&even, model, &r, 0) != LOOM_OK) return; /* not a valid layout */
-    snprintf(even.precision, sizeof even.precision, "%s",
-             loom_precision_name(s->request->precision));
-    /* the DP chooses each stage's recomputation too: once, from the layout without it */
+    /* the DP chooses each stage's recomputation too: once, from the layout without it, for the
+     * schedules of one chunk per rank */
     char split[4096] = "";
-    int *stage_recompute = calloc((size_t)even.num_stages, sizeof *stage_recompute);
-    if (stage_recompute && !s->request->even_stages && even.virtual_stages == 1 && pp > 1 &&
-        !recompute)
-        dp_split(s, &even, zero1, split, sizeof split, stage_recompute);
-    loom_plan_free(&even);
+    int *stage_recompute = NULL;
+    loom_plan even;
+    if (!s->request->even_stages && pp > 1 && !recompute &&
+        loom_plan_schedule_chunks(schedule) == 1 &&
+        loom_plan_from_request(&even, model, &r, 0) == LOOM_OK) {
+        stage_recompute = calloc((size_t)even.num_stages, sizeof *stage_recompute);
+        if (stage_recompute) dp_split(s, &even, zero1, split, sizeof split, stage_recompute);
+        loom_plan_free(&even);
+    }
     /* compression, where allowed and where it can apply: PowerSGD on the DP gradients (not
      * with ZeRO-1, whose parameter all-gather it cannot compress), low-rank on the pipeline's
      * backward sends, or both */

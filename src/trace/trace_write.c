@@ -309,6 +309,14 @@ static loom_status receive_rank(struct loom_comm *world, int peer, FILE *out, ch
     return LOOM_OK;
 }
 
+/* The file's end: the events array closed, then the totals. */
+static void write_footer(FILE *out, const trace_totals *totals) {
+    fprintf(out,
+            "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%" PRId64
+            ",\"events\":%" PRId64 ",\"dropped_events\":%" PRId64 "}}\n",
+            totals->ranks, totals->events, totals->dropped);
+}
+
 static loom_status broadcast_int(struct loom_comm *world, int32_t *value) {
     if (!world || loom_comm_size(world) == 1) return LOOM_OK;
     return loom_comm_broadcast(world, value, (int64_t)sizeof *value, 0);
@@ -347,10 +355,7 @@ static loom_status write_root(const loom_trace *trace, struct loom_comm *world, 
         loom_atomic_abort(file);
         return cst;
     }
-    fprintf(out,
-            "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%" PRId64
-            ",\"events\":%" PRId64 ",\"dropped_events\":%" PRId64 "}}\n",
-            totals.ranks, totals.events, totals.dropped);
+    write_footer(out, &totals);
     if (st == LOOM_OK) {
         st = loom_atomic_commit(file);
     } else {
@@ -424,10 +429,7 @@ loom_status loom_trace_write_all(loom_trace *const *traces, int count, const cha
         totals.events += (int64_t)traces[i]->count;
         totals.dropped += traces[i]->dropped;
     }
-    fprintf(out,
-            "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%" PRId64
-            ",\"events\":%" PRId64 ",\"dropped_events\":%" PRId64 "}}\n",
-            totals.ranks, totals.events, totals.dropped);
+    write_footer(out, &totals);
     if (st == LOOM_OK) return loom_atomic_commit(file);
     loom_atomic_abort(file);
     return st;
