@@ -262,6 +262,14 @@ bad "plan: --check malformed JSON" 'broken\.json:1:[0-9]+: invalid JSON' \
 sed 's/"recompute": false}/"recompute": false, "gpu": 0}/' design.json >unknown.json
 bad "plan: --check unknown key" 'unknown\.json: stages\[0\]\.gpu: unknown key' \
     -- "$LOOM" plan --check unknown.json
+sed 's/"recompute": true}/"recompute": "sometimes"}/' design.json >recompute_word.json
+bad "plan: --check recompute neither a boolean nor always" \
+    'recompute_word\.json: stages\[1\]\.recompute: expected true, false or "always"' \
+    -- "$LOOM" plan --check recompute_word.json
+good "plan: --recompute-always written as \"always\"" '"recompute": "always"' \
+    -- bash -c "\"$LOOM\" plan --model gpt2 --pp 2 --recompute-always --out always.json >/dev/null && cat always.json"
+sed 's/"recompute": true}/"recompute": "always"}/' design.json >always_design.json
+good "plan: --check reads recompute \"always\"" 'ok' -- "$LOOM" plan --check always_design.json
 sed 's/\[5, 12\]/[7, 5]/' design.json >range.json
 bad "plan: --check bad layer range" \
     'range\.json: stages\[1\]\.layers: expected \[start, end\) with start < end, got \[7, 5\]' \

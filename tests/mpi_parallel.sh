@@ -149,6 +149,21 @@ compare_run pp2_gpipe_recompute
 "$LOOM" train "${common[@]}" --recompute --out single_recompute >single_recompute.log 2>&1 ||
     fail "single-process recompute run: $(tail -3 single_recompute.log)"
 compare_run single_recompute
+# "always" (Megatron's full recomputation) reruns the forward before every backward, even where
+# the activations are still there (one stage: every backward follows its own forward, so as
+# needed reruns none): the same numbers, and the trace shows each rerun
+"$LOOM" train "${common[@]}" --recompute-always --trace always.trace.json --out single_always \
+    >single_always.log 2>&1 || fail "single-process --recompute-always: $(tail -3 single_always.log)"
+compare_run single_always
+"$LOOM" train "${common[@]}" --recompute --steps 2 --trace needed.trace.json --out single_needed \
+    >single_needed.log 2>&1 || fail "single-process --recompute (trace): $(tail -3 single_needed.log)"
+reruns() { grep -o '"name": *"recompute"' "$1" | wc -l; }
+# 8 steps x 4 micro-batches, and none as needed
+if [ "$(reruns always.trace.json)" -eq 32 ] && [ "$(reruns needed.trace.json)" -eq 0 ]; then ok; else
+    fail "recompute spans: always $(reruns always.trace.json) (expected 32), as needed $(reruns needed.trace.json) (expected 0)"
+fi
+run pp2_recompute_always 2 --pipeline-parallel 2 --micro-batch-size 1 --recompute-always
+compare_run pp2_recompute_always
 cat >plan_recompute.json <<'PLAN'
 {"model": {"layers": 2, "heads": 2, "d_model": 16, "context": 16, "vocab": 257},
  "batch": {"global": 8, "micro": 2, "schedule": "1f1b"},

@@ -123,6 +123,46 @@ static void test_single_process(void) {
     loom_plan_free(&plan);
 }
 
+/* Recomputation on one process (ideal cluster, F the forward's seconds, m = 4 micro-batches):
+ * as needed, every backward follows its own forward, so nothing is rerun (m (F + 2F)); always,
+ * every backward reruns the forward (m (F + F + 2F)). Two stages with 1F1B as needed: the last
+ * stage's backwards follow their forwards, the first stage's do not. */
+static void test_recompute(void) {
+    loom_cluster cl = ideal_cluster(8, 1);
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, "1f1b");
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12;
+    const int modes[3] = {LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_AS_NEEDED, LOOM_RECOMPUTE_ALWAYS};
+    const double expect[3] = {4 * 3 * f, 4 * 3 * f, 4 * 4 * f};
+    for (int i = 0; i < 3; i++) {
+        plan.stages[0].recompute = modes[i];
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict: %s", loom_last_error());
+        CHECK(fabs(pr.step_s - expect[i]) <= 1e-9 * expect[i],
+              "one process, recompute mode %d: %g s, expected %g s", modes[i], pr.step_s,
+              expect[i]);
+    }
+    loom_plan_free(&plan);
+    double step[2];
+    for (int i = 0; i < 2; i++) {
+        plan = plan_of(1, 1, 2, 2, 16, "1f1b");
+        for (int s = 0; s < plan.num_stages; s++) plan.stages[s].recompute = modes[1 + i];
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict pp 2: %s", loom_last_error());
+        step[i] = pr.step_s;
+        /* the last stage's backward: without its rerun as needed, with it always */
+        double b = pr.stage[1].backward_s, fw = pr.stage[1].forward_s;
+        CHECK(i == 0 ? b < 2.5 * fw : b > 2.5 * fw, "pp 2 %s: last stage B %g s, F %g s",
+              i ? "always" : "as needed", b, fw);
+        loom_plan_free(&plan);
+    }
+    CHECK(step[1] > step[0], "pp 2: always %g s, as needed %g s", step[1], step[0]);
+}
+
 /* dp 2: an allreduce of G gradient bytes over a link of bandwidth b takes 2 (1/2) G / b; the
  * last backward (2F) hides that much of it. */
 static void test_dp_sync(void) {
@@ -363,6 +403,7 @@ int main(void) {
     test_search();
     test_memory();
     test_single_process();
+    test_recompute();
     test_dp_sync();
     test_compression();
     test_tp_placement();

@@ -46,7 +46,7 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
         const loom_plan_stage *sa = &a->stages[i], *sb = &b->stages[i];
         if (sa->first_layer != sb->first_layer || sa->end_layer != sb->end_layer ||
             !sa->embedding != !sb->embedding || !sa->head != !sb->head ||
-            !sa->recompute != !sb->recompute || sa->rank != sb->rank || sa->chunk != sb->chunk) {
+            sa->recompute != sb->recompute || sa->rank != sb->rank || sa->chunk != sb->chunk) {
             return 0;
         }
     }
@@ -93,7 +93,7 @@ static void test_round_trip(void) {
     loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", 0, "5,7");
     CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
     if (st != LOOM_OK) return;
-    plan.stages[1].recompute = 1;
+    plan.stages[1].recompute = LOOM_RECOMPUTE_ALWAYS;
     snprintf(plan.dp_compression.method, sizeof plan.dp_compression.method, "powersgd");
     plan.dp_compression.rank = 3;
     plan.dp_compression.error_feedback = 0;
@@ -149,7 +149,7 @@ static void test_round_trip(void) {
         CHECK(strstr(text, "{\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},") !=
                   NULL,
               "stage 0 line in:\n%s", text);
-        CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": true}") != NULL,
+        CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": \"always\"}") != NULL,
               "stage 1 line in:\n%s", text);
         const char *order[] = {"\"model\"",  "\"batch\"",       "\"mesh\"",
                                "\"stages\"", "\"compression\"", "\"predicted\""};
@@ -574,7 +574,10 @@ static const broken_case broken_cases[] = {
      "expected an integer, got \"12\""},
     {"\"global\": 64", "\"global\": 64.5", 0, 0, "batch.global", "expected an integer"},
     {"\"dp\": 2", "\"dp\": 4294967298", 0, 0, "mesh.dp", "expected an integer"},
-    {"\"recompute\": true", "\"recompute\": 1", 0, 0, "stages[1].recompute", "true or false"},
+    {"\"recompute\": true", "\"recompute\": 1", 0, 0, "stages[1].recompute",
+     "true, false or \"always\""},
+    {"\"recompute\": true", "\"recompute\": \"sometimes\"", 0, 0, "stages[1].recompute",
+     "true, false or \"always\""},
     {"[0, 5]", "[0, 5, 7]", 0, 0, "stages[0].layers", "two integers, got [0,5,7]"},
     {"[0, 5]", "[0, 5.5]", 0, 0, "stages[0].layers", "two integers"},
     {"\"stages\": [0]", "\"stages\": []", 0, 0, "compression.dp.stages", "non-empty"},
@@ -1199,7 +1202,7 @@ static void test_virtual_round_trip(void) {
                     plan.stages[i].end_layer == ends[i];
     }
     CHECK(as_asked && placed_as_expected(&plan), "interleaved: 4 virtual stages, ranks 0,1,0,1");
-    plan.stages[1].recompute = 1;
+    plan.stages[1].recompute = LOOM_RECOMPUTE_AS_NEEDED;
     SET_WORD(plan.pp_compression.method, "int8");
     plan.pp_compression.stages = index_list(2, (const int[]){2, 0});
     plan.pp_compression.num_stages = 2;
@@ -1293,7 +1296,7 @@ static void test_v1_file_unchanged(void) {
     if (st != LOOM_OK) return;
     CHECK(plan.virtual_stages == 1 && plan.stages[1].rank == 1 && plan.stages[1].chunk == 0,
           "v = 1: stage i on rank i");
-    plan.stages[1].recompute = 1;
+    plan.stages[1].recompute = LOOM_RECOMPUTE_AS_NEEDED;
     st = loom_plan_write(path, &plan);
     char *text = st == LOOM_OK ? file_text(path) : NULL;
     CHECK(text && !strcmp(text, expected), "v = 1 file byte for byte:\n%s\nexpected:\n%s",

@@ -29,7 +29,7 @@
  * follows it unless --zero1/--no-zero1 say otherwise.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
- * and "recompute" (false).
+ * and "recompute" (false; true: as needed; "always": before every backward, LOOM_RECOMPUTE_*).
  *
  * Virtual stages: with schedule "interleaved" or "zb-v" each pipeline rank runs v model chunks,
  * so "stages" lists all pp * v virtual stages in model order; "batch.virtual_stages" says v
@@ -77,10 +77,20 @@ extern "C" {
  * last one. With v virtual stages per rank the plan lists all p v of them in model order, and
  * each says which pipeline rank runs it and as which of that rank's chunks (the schedule's
  * placement, loom_plan_place). */
+/* A stage's recomputation (the plan file's "recompute": false, true or "always"):
+ *   LOOM_RECOMPUTE_NONE       every micro-batch in flight keeps its activation set
+ *   LOOM_RECOMPUTE_AS_NEEDED  one activation set; a backward reruns its micro-batch's forward
+ *                             unless that forward was the rank's last compute (the set is there)
+ *   LOOM_RECOMPUTE_ALWAYS     one activation set; every backward reruns the forward first, as
+ *                             Megatron-LM's full activation recomputation does (slower, the
+ *                             same numbers; for comparing with runs that recompute so) */
+enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_AS_NEEDED = 1, LOOM_RECOMPUTE_ALWAYS = 2 };
+
 typedef struct {
     int first_layer, end_layer;
-    int embedding, head, recompute; /* booleans */
-    int rank, chunk;                /* pipeline rank in [0, pp), chunk in [0, virtual_stages) */
+    int embedding, head; /* booleans */
+    int recompute;       /* LOOM_RECOMPUTE_* */
+    int rank, chunk;     /* pipeline rank in [0, pp), chunk in [0, virtual_stages) */
 } loom_plan_stage;
 
 /* One compressor (loom/compress.h has the methods). For data-parallel gradients: method "none",
@@ -207,7 +217,8 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
  *                  other value than the schedule's with a schedule that fixes it is refused
  *   stage_layers   NULL or "": as even as possible (loom_plan_uniform); else one count per
  *                  virtual stage
- *   recompute      every stage recomputes its activations in backward (not with zb-h1, zb-v) */
+ *   recompute      LOOM_RECOMPUTE_*: every stage recomputes its activations in backward (not
+ *                  with zb-h1, zb-v); 0 none */
 #define LOOM_PLAN_DEFAULT_MICRO_BATCH 8
 typedef struct {
     int dp, tp, pp;

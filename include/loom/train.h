@@ -66,6 +66,7 @@ typedef struct {
     int virtual_stages;     /* model chunks per pipeline rank (0 = the schedule's) */
     char stage_layers[256]; /* virtual stage sizes, e.g. "3,5"; "" = as even as possible */
     int recompute;          /* every stage keeps only its inputs; backward recomputes */
+    int recompute_always;   /* ... and reruns the forward before every backward */
     loom_plan_compression_flags compression; /* what is compressed, and how */
     /* how the layout runs (not part of a plan) */
     double bucket_mb;    /* DP allreduce bucket size */

@@ -94,6 +94,9 @@ static const cli_opt train_opts[] = {
          "progress bar: auto (a terminal, not under mpirun), on, off"),
     TOPT("--recompute", OPT_FLAG, recompute,
          "pipeline stages keep only their inputs and recompute activations in backward"),
+    TOPT("--recompute-always", OPT_FLAG, recompute_always,
+         "as --recompute, and rerun the forward before every backward even where its "
+         "activations are still there (Megatron-LM's full recomputation: slower, same numbers)"),
     CLI_COMPRESSION_OPTS(TOPT),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
@@ -147,7 +150,8 @@ static const char *const plan_owned[] = {"--model",
                                          "--schedule",
                                          "--virtual-stages",
                                          "--stage-layers",
-                                         "--recompute"};
+                                         "--recompute",
+                                         "--recompute-always"};
 
 static int plan_owns(const cli_opt *opt) {
     size_t first = offsetof(loom_train_config, compression);

@@ -30,7 +30,7 @@ typedef struct {
     char model[64];
     int layers, heads, d_model, context, vocab;
     int dp, tp, pp;
-    int micro_batch_size, global_batch_size, micro_batches, recompute;
+    int micro_batch_size, global_batch_size, micro_batches, recompute, recompute_always;
     char schedule[64];
     int virtual_stages;
     char stage_layers[256];
@@ -71,6 +71,9 @@ static const cli_opt plan_opts[] = {
     POPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else pp)"),
     POPT("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
+    POPT("--recompute-always", OPT_FLAG, recompute_always,
+         "as --recompute, rerunning the forward before every backward (Megatron-LM's full "
+         "recomputation)"),
     POPT("--schedule", OPT_STRING, schedule,
          "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
     POPT("--virtual-stages", OPT_INT, virtual_stages,
@@ -641,7 +644,9 @@ static int run_build(const plan_args *args) {
                                  .schedule = args->schedule,
                                  .virtual_stages = args->virtual_stages,
                                  .stage_layers = args->stage_layers,
-                                 .recompute = args->recompute};
+                                 .recompute = args->recompute_always ? LOOM_RECOMPUTE_ALWAYS
+                                              : args->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
+                                                                     : LOOM_RECOMPUTE_NONE};
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) {

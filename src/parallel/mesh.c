@@ -23,9 +23,12 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
         if (plan->stages[s].recompute != plan->stages[rank].recompute) {
             return loom_fail(LOOM_ERR_INPUT,
                              "%s: stages[%d].recompute: expected %s, as stages[%d] (pipeline rank "
-                             "%d runs both and recomputes all its chunks or none)",
-                             source, s, plan->stages[rank].recompute ? "true" : "false", rank,
-                             rank);
+                             "%d runs both and recomputes all its chunks the same way)",
+                             source, s,
+                             plan->stages[rank].recompute == LOOM_RECOMPUTE_ALWAYS ? "\"always\""
+                             : plan->stages[rank].recompute                        ? "true"
+                                                                                   : "false",
+                             rank, rank);
         }
     }
     return LOOM_OK;

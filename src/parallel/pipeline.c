@@ -92,6 +92,7 @@ struct loom_pipeline {
     loom_comm_request **send_req;      /* (2, wires) their non-blocking sends */
     int wires, next_wire[2];           /* wire buffers per kind; the next to use (round robin) */
     loom_trace *trace;                 /* NULL: not tracing */
+    int64_t trace_step;                /* the step being trained, for the trace's spans */
     loom_compress_stats stats;
     /* policy "slack" */
     int slack;
@@ -631,15 +632,21 @@ static loom_status wait_sends(loom_pipeline *p) {
 /* ---- training ------------------------------------------------------------------------------- */
 
 /* Makes (chunk, mb)'s activation set current; rebuilds it from the kept input when
- * recomputation dropped it. */
+ * recomputation dropped it, and before every backward (whole or B) when the plan says
+ * "always" (backward is 1 for those). */
 static void use_activations(loom_pipeline *p, int c, int mb, const int32_t *tokens,
-                            const int32_t *targets) {
+                            const int32_t *targets, int backward) {
     int key = key_of(p, c, mb);
     loom_gpt_use_slot(p->model, p->slots.of[key] >= 0 ? p->slots.of[key] : 0);
-    if (!p->recompute || p->last_forward == key) return;
+    if (!p->recompute) return;
+    if (p->last_forward == key && !(backward && p->recompute == LOOM_RECOMPUTE_ALWAYS)) return;
     loom_comm_progress("pipeline recompute");
+    double t0 = loom_trace_now_us();
     loom_gpt_forward_chunk(p->model, c, tokens, input_of(p, c, mb), targets, p->B, p->T);
     p->last_forward = key;
+    /* inside the action's own span on the same stream */
+    loom_trace_event_stage(p->trace, LOOM_TRACE_COMPUTE, "recompute", "compute", t0,
+                           loom_trace_now_us() - t0, p->trace_step, mb, p->chunk[c].stage);
 }
 
 /* After a backward (whole or B) of (c, mb): the input gradient handed to the chunk below when
@@ -684,7 +691,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         break;
     }
     case LOOM_PIPE_SEND_ACT:
-        use_activations(p, c, mb, tokens, mb_targets);
+        use_activations(p, c, mb, tokens, mb_targets, 0);
         st =
             encode_send(p, KIND_ACT, c, mb, loom_gpt_chunk_output(model, c), rows, cols, ch->above);
         break;
@@ -693,7 +700,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         break;
     case LOOM_PIPE_BACKWARD:
     case LOOM_PIPE_BACKWARD_INPUT: {
-        use_activations(p, c, mb, tokens, mb_targets);
+        use_activations(p, c, mb, tokens, mb_targets, 1);
         int last = i == ch->last_weight; /* a whole backward that finishes the chunk */
         if (last) loom_grad_sync_before_backward(sync, step);
         loom_comm_progress("backward");
@@ -711,7 +718,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         break;
     }
     case LOOM_PIPE_BACKWARD_WEIGHT: {
-        use_activations(p, c, mb, tokens, mb_targets);
+        use_activations(p, c, mb, tokens, mb_targets, 0);
         if (p->kept.size > 0) loom_gpt_weight_state_load(model, c, kept_of(p, c, mb));
         int last = i == ch->last_weight;
         if (last) loom_grad_sync_before_backward(sync, step);
@@ -751,6 +758,7 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
     loom_status st = LOOM_OK;
     *loss_sum = 0.0;
     p->last_forward = -1;
+    p->trace_step = step + 1;
     for (int i = 0; i < p->schedule.count && st == LOOM_OK; i++) {
         loom_pipe_action a = p->schedule.actions[i];
         int field = timed_field(a.op);

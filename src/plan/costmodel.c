@@ -299,7 +299,8 @@ static void record_pipeline(const loom_pipe_shape *shape, const loom_pipe_stage_
 
 /* Recomputation only where the schedule needs it: the executor reruns a micro-batch's forward
  * before its backward (B) unless the rank's previous compute was that very forward, and before
- * its W unless the previous compute was its B (the one activation set is still there). Each
+ * its W unless the previous compute was its B (the one activation set is still there); a stage
+ * that recomputes "always" reruns it before every B, as Megatron's full recomputation. Each
  * virtual stage's B and W times, which stage_times charged a rerun forward every time, keep the
  * share of micro-batches that need it (the simulator takes one time per stage). */
 static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape *shape,
@@ -311,8 +312,9 @@ static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape 
             const loom_pipe_action *a = &lists[r].actions[i];
             int s = loom_pipe_stage(shape, r, a->chunk);
             int same = last && last->micro_batch == a->micro_batch && last->chunk == a->chunk;
+            int always = plan->stages[s].recompute == LOOM_RECOMPUTE_ALWAYS;
             if (a->op == LOOM_PIPE_BACKWARD || a->op == LOOM_PIPE_BACKWARD_INPUT)
-                needs_b[s] += !(same && last->op == LOOM_PIPE_FORWARD);
+                needs_b[s] += always || !(same && last->op == LOOM_PIPE_FORWARD);
             if (a->op == LOOM_PIPE_BACKWARD_WEIGHT)
                 needs_w[s] += !(same && last->op == LOOM_PIPE_BACKWARD_INPUT);
             if (a->op == LOOM_PIPE_FORWARD || a->op == LOOM_PIPE_BACKWARD ||

@@ -841,7 +841,7 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
                            r->stage_layers);
     if (st == LOOM_OK) st = request_compression(plan, r);
     if (st == LOOM_OK) {
-        for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute != 0;
+        for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute;
         st = loom_plan_check(plan, "plan", world_size);
     }
     if (st != LOOM_OK) loom_plan_free(plan);
@@ -952,7 +952,10 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
         fprintf(out, "%5d  ", i);
         if (placed) fprintf(out, "%4d  %5d  ", s->rank, s->chunk);
         fprintf(out, "%-12s  %6d  %-9s  %-4s  %s\n", range, s->end_layer - s->first_layer,
-                s->embedding ? "yes" : "no", s->head ? "yes" : "no", s->recompute ? "yes" : "no");
+                s->embedding ? "yes" : "no", s->head ? "yes" : "no",
+                s->recompute == LOOM_RECOMPUTE_ALWAYS ? "always"
+                : s->recompute                        ? "yes"
+                                                      : "no");
     }
     enum { MAX_ROWS = 64 };
     fprintf(out, "\nrank -> (pp, dp, tp)\n");

@@ -99,6 +99,24 @@ static loom_status read_mesh(const char *file, const json_t *root, loom_plan *pl
     return st;
 }
 
+/* "recompute": false, true (as needed) or "always" (LOOM_RECOMPUTE_*); absent keeps *out. */
+static loom_status read_recompute(const char *file, const json_t *object, const char *parent,
+                                  int *out) {
+    const json_t *v = json_object_get(object, "recompute");
+    if (!v) return LOOM_OK;
+    if (json_is_boolean(v)) {
+        *out = json_is_true(v) ? LOOM_RECOMPUTE_AS_NEEDED : LOOM_RECOMPUTE_NONE;
+        return LOOM_OK;
+    }
+    if (json_is_string(v) && strcmp(json_string_value(v), "always") == 0) {
+        *out = LOOM_RECOMPUTE_ALWAYS;
+        return LOOM_OK;
+    }
+    char path[96];
+    snprintf(path, sizeof path, "%s.recompute", parent);
+    return loom_json_fail_type(file, path, "true, false or \"always\"", v);
+}
+
 static loom_status read_stage(const char *file, const json_t *value, int index, int last,
                               const loom_plan *plan, loom_plan_stage *stage) {
     static const char *const keys[] = {"layers", "rank", "embedding", "head", "recompute"};
@@ -135,7 +153,7 @@ static loom_status read_stage(const char *file, const json_t *value, int index, 
     stage->recompute = 0;
     st = read_bool(file, value, path, "embedding", &stage->embedding);
     if (st == LOOM_OK) st = read_bool(file, value, path, "head", &stage->head);
-    if (st == LOOM_OK) st = read_bool(file, value, path, "recompute", &stage->recompute);
+    if (st == LOOM_OK) st = read_recompute(file, value, path, &stage->recompute);
     return st;
 }
 
@@ -427,7 +445,10 @@ static void write_document(FILE *out, const loom_plan *plan) {
         if (placed) fprintf(out, ", \"rank\": %d", s->rank);
         if (s->embedding) fprintf(out, ", \"embedding\": true");
         if (s->head) fprintf(out, ", \"head\": true");
-        fprintf(out, ", \"recompute\": %s}%s\n", s->recompute ? "true" : "false",
+        fprintf(out, ", \"recompute\": %s}%s\n",
+                s->recompute == LOOM_RECOMPUTE_ALWAYS ? "\"always\""
+                : s->recompute                        ? "true"
+                                                      : "false",
                 i + 1 < plan->num_stages ? "," : "");
     }
     fprintf(out, "  ],\n");

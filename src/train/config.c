@@ -87,7 +87,9 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
                                  .schedule = c->schedule,
                                  .virtual_stages = c->virtual_stages,
                                  .stage_layers = c->stage_layers,
-                                 .recompute = c->recompute};
+                                 .recompute = c->recompute_always ? LOOM_RECOMPUTE_ALWAYS
+                                              : c->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
+                                                                  : LOOM_RECOMPUTE_NONE};
     return loom_plan_from_flags(plan, &model, request, &c->compression,
                                 world_size > 1 ? world_size : 1);
 }
