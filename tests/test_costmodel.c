@@ -302,6 +302,125 @@ static void test_compression(void) {
 
 /* tp 2 on one node of 2 devices uses the intra-node link, on nodes of 1 device the inter-node
  * one: a slower inter-node link makes the step longer. */
+/* The pipeline compressor's policies, pp 2 1F1B, 4 micro-batches of 2 x 64 on a slow link: "all"
+ * packs all 4 backward sends of the last stage; "epilogue" only its cool-down send (its last
+ * forward is micro-batch 3's, so the one after it); "slack" packs exactly the sends whose slack
+ * is below the saving, so the step equals "all"'s (a packed send only arrives sooner) while its
+ * bytes lie between the two. */
+static void test_pp_policies(void) {
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_cluster cl = ideal_cluster(1, 2);
+    cl.links[LOOM_LINK_INTER_NODE].bandwidth = 1e8;
+    cl.compressor_bytes_per_s[LOOM_COMPRESS_LOWRANK] = 1e10;
+    double n = 2 * 64, c = model.channels, wte = (double)model.padded_vocab_size * c * 4;
+    double message = n * c * 4, wire = 4 * 8 * (n + c);
+    const char *policies[4] = {"none", "all", "epilogue", "slack"};
+    double step[4], bytes[4];
+    for (int i = 0; i < 4; i++) {
+        loom_plan_compressor lowrank = compressor_of(i ? "lowrank" : "none", i ? 8 : 0);
+        snprintf(lowrank.policy, sizeof lowrank.policy, "%s", i ? policies[i] : "all");
+        loom_plan_request q = {.dp = 1,
+                               .tp = 1,
+                               .pp = 2,
+                               .micro_batch = 2,
+                               .global_batch = 8,
+                               .schedule = "1f1b",
+                               .pp_compression = &lowrank};
+        loom_plan plan;
+        CHECK(loom_plan_from_request(&plan, &model, &q, 0) == LOOM_OK, "pp plan %s: %s",
+              policies[i], loom_last_error());
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict %s: %s", policies[i], loom_last_error());
+        step[i] = pr.step_s, bytes[i] = (double)pr.pp_bytes - 2 * wte - 4 * message;
+        loom_plan_free(&plan);
+    }
+    CHECK_CLOSE(bytes[0], 4 * message, 1e-12, 0, "none: 4 plain gradient sends");
+    CHECK_CLOSE(bytes[1], 4 * wire, 1e-12, 0, "all: 4 packed sends");
+    CHECK_CLOSE(bytes[2], 3 * message + wire, 1e-12, 0, "epilogue: the cool-down send packed");
+    CHECK(step[1] <= step[2] && step[2] < step[0], "all %g s <= epilogue %g s < none %g s", step[1],
+          step[2], step[0]);
+    CHECK(fabs(step[3] - step[1]) <= 1e-9 * step[1], "slack %g s, all %g s", step[3], step[1]);
+    CHECK(bytes[3] >= bytes[1] - 1 && bytes[3] <= bytes[0] + 1, "slack bytes %g in [%g, %g]",
+          bytes[3], bytes[1], bytes[0]);
+}
+
+/* Compression where it shortens the step, per stage and per link: 2 nodes of 3 devices, slow
+ * between them, dp 2 x pp 3 puts pipeline rank 1's DP pair across the nodes (ranks 2 and 3)
+ * and the boundary between stages 1 and 2 across them too. For every plan the search keeps,
+ * each listed DP rank and pipeline link must make the step shorter (dropping it is slower), and
+ * each unlisted one must not (adding it is not faster), by the cost model's own prediction. */
+static int listed_in(const loom_plan_compressor *c, int i) {
+    if (!strcmp(c->method, "none")) return 0;
+    if (c->num_stages == 0) return 1;
+    for (int k = 0; k < c->num_stages; k++)
+        if (c->stages[k] == i) return 1;
+    return 0;
+}
+
+static double step_with(loom_plan *plan, loom_plan_compressor *c, int count, int flip,
+                        const loom_cluster *cl, int zero1) {
+    loom_plan_compressor saved = *c;
+    int list[LOOM_PREDICT_MAX_STAGES], n = 0;
+    for (int i = 0; i < count; i++)
+        if (listed_in(c, i) != (i == flip)) list[n++] = i;
+    c->stages = list, c->num_stages = n;
+    if (n == 0) snprintf(c->method, sizeof c->method, "none");
+    loom_prediction pr;
+    double step = loom_plan_predict(plan, cl, LOOM_PRECISION_FP32, 16, zero1, &pr) == LOOM_OK
+                      ? pr.step_s
+                      : -1;
+    if (step < 0) fprintf(stderr, "step_with: %s\n", loom_last_error());
+    *c = saved;
+    return step;
+}
+
+static void test_search_per_stage(void) {
+    loom_cluster cl = ideal_cluster(3, 2);
+    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e11, 1e-6};
+    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e8, 1e-5};
+    cl.compressor_bytes_per_s[LOOM_COMPRESS_POWERSGD] = 1e10;
+    cl.compressor_bytes_per_s[LOOM_COMPRESS_LOWRANK] = 1e10;
+    cl.memory_bandwidth = 1e11;
+    loom_gpt_config model;
+    loom_gpt_preset("tiny", &model);
+    model.num_layers = 6;
+    loom_search_request req = {.devices = 6,
+                               .global_batch = 12,
+                               .seq_len = 16,
+                               .precision = LOOM_PRECISION_FP32,
+                               .keep = 8,
+                               .allow_compression =
+                                   LOOM_ALLOW_DP_COMPRESSION | LOOM_ALLOW_PP_COMPRESSION};
+    loom_plan_candidate best[8];
+    int found = 0, tried = 0, fitting = 0, partial = 0, compressing = 0;
+    CHECK(loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting) == LOOM_OK,
+          "search: %s", loom_last_error());
+    for (int i = 0; i < found; i++) {
+        loom_plan *p = &best[i].plan;
+        double step = best[i].prediction.step_s;
+        loom_plan_compressor *cs[2] = {&p->dp_compression, &p->pp_compression};
+        int counts[2] = {p->pp, p->num_stages - 1};
+        for (int w = 0; w < 2; w++) {
+            if (!strcmp(cs[w]->method, "none")) continue;
+            compressing++;
+            partial += cs[w]->num_stages > 0;
+            for (int k = 0; k < counts[w]; k++) {
+                double t = step_with(p, cs[w], counts[w], k, &cl, best[i].zero1);
+                int on = listed_in(cs[w], k);
+                CHECK(on ? t > step * (1 + 1e-9) : t >= step * (1 - 1e-9),
+                      "plan %d (dp %d pp %d): %s %s %d: step %g s, flipped %g s", i, p->dp, p->pp,
+                      w ? "pp link" : "dp rank", on ? "listed" : "unlisted", k, step, t);
+            }
+        }
+    }
+    CHECK(compressing > 0 && partial > 0,
+          "the search compressed in %d plans, %d of them on some stages only", compressing,
+          partial);
+    for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
+}
+
 static void test_tp_placement(void) {
     loom_plan plan = plan_of(1, 2, 1, 2, 8, "1f1b");
     double step[2];
@@ -406,6 +525,8 @@ int main(void) {
     test_recompute();
     test_dp_sync();
     test_compression();
+    test_pp_policies();
+    test_search_per_stage();
     test_tp_placement();
     test_pipeline();
     test_refused();

@@ -50,8 +50,8 @@ static void free_pipeline(pipeline *pl) {
 
 static loom_pipe_sim_times times_of(int stages, const double *forward, const double *backward,
                                     const double *act_link, const double *grad_link) {
-    return (loom_pipe_sim_times){stages,   stages - 1, forward, backward,
-                                 act_link, grad_link,  NULL,    NULL};
+    return (loom_pipe_sim_times){stages,    stages - 1, forward, backward, act_link,
+                                 grad_link, NULL,       NULL,    NULL};
 }
 
 static const char *abbreviation[] = {"RA", "F", "SA", "RG", "B", "SG"};
@@ -528,7 +528,7 @@ static void test_against_longest_paths(void) {
         }
         pipeline pl;
         if (!build_shape(&pl, kind, p, v, m)) return;
-        loom_pipe_sim_times times = {V, V - 1, forward, backward, act, grad, input, weight};
+        loom_pipe_sim_times times = {V, V - 1, forward, backward, act, grad, input, weight, NULL};
         loom_pipe_sim_result r;
         loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
         CHECK(st == LOOM_OK, "trial %d: %s", trial, loom_last_error());
@@ -606,9 +606,46 @@ static void test_slack_policy(void) {
     free_pipeline(&pl);
 }
 
+/* Per-message gradient times (grad_link_mb_s), on the fast case of
+ * test_slow_link_makes_send_critical (makespan 15.5; message slacks SG0 0.5, SG1 2, SG2 0): the
+ * same times as grad_link_s give the same step; SG1 later by 1.5 (within its slack) changes
+ * nothing, later by 3 (1 past it) ends the step 1 later; SG2 later by 0.5 ends it 0.5 later; a
+ * negative time is refused by name. */
+static void test_per_message_gradients(void) {
+    pipeline pl;
+    if (!build(&pl, LOOM_SCHEDULE_1F1B, 2, 3)) return;
+    double forward[] = {1, 1}, backward[] = {2, 3}, link[] = {0.25};
+    static const struct {
+        int mb;
+        double extra, makespan;
+    } cases[] = {{0, 0, 15.5}, {1, 1.5, 15.5}, {1, 3, 16.5}, {2, 0.5, 16}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double per[6] = {0, 0, 0, 0.25, 0.25, 0.25};
+        per[3 + cases[i].mb] += cases[i].extra;
+        loom_pipe_sim_times times = times_of(2, forward, backward, link, link);
+        times.grad_link_mb_s = per;
+        loom_pipe_sim_result r;
+        loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
+        CHECK(st == LOOM_OK && r.makespan_s == cases[i].makespan,
+              "SG%d later by %g: makespan %g, expected %g (%s)", cases[i].mb, cases[i].extra,
+              st == LOOM_OK ? r.makespan_s : -1.0, cases[i].makespan,
+              st == LOOM_OK ? "ok" : loom_last_error());
+        if (st == LOOM_OK) loom_pipe_sim_result_free(&r);
+    }
+    double bad[6] = {0, 0, 0, 0.25, -1, 0.25};
+    loom_pipe_sim_times times = times_of(2, forward, backward, link, link);
+    times.grad_link_mb_s = bad;
+    loom_pipe_sim_result r;
+    CHECK(loom_pipe_simulate(&pl.shape, pl.stage, &times, &r) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "grad_link_mb_s[4]"),
+          "a negative per-message time: %s", loom_last_error());
+    free_pipeline(&pl);
+}
+
 int main(void) {
     test_1f1b_two_stages();
     test_slow_link_makes_send_critical();
+    test_per_message_gradients();
     test_uneven_stages();
     test_gpipe_equals_1f1b();
     test_slack_policy();

@@ -415,6 +415,10 @@ typedef struct {
     const double *grad_link_s; /* (links,) [s]: gradient from stage s + 1 to s; NULL when 0 */
     const double *backward_input_s;  /* (stages,) B; NULL when no list has BACKWARD_INPUT */
     const double *backward_weight_s; /* (stages,) W; NULL when no list has BACKWARD_WEIGHT */
+    /* (stages x micro_batches) or NULL: [v * micro_batches + mb] the transfer of the gradient
+     * virtual stage v sends back for micro-batch mb, in place of grad_link_s[v - 1] (a policy
+     * that compresses some sends of a boundary and not others); row 0 is not read */
+    const double *grad_link_mb_s;
 } loom_pipe_sim_times;
 
 typedef struct {

@@ -238,25 +238,40 @@ static const char *split_text(const loom_plan *p, char *text, size_t cap) {
     return text;
 }
 
+/* "dp powersgd4", "pp lowrank8 slack links 1,2": a compressor as the candidates' table shows
+ * it (its policy where not "all", its stages or links where not all of them); "" for none. */
+static void compressor_text(const char *where, const loom_plan_compressor *c, const char *list,
+                            char *text, size_t cap) {
+    text[0] = '\0';
+    if (!strcmp(c->method, "none")) return;
+    size_t used = (size_t)snprintf(text, cap, "%s %s", where, c->method);
+    if (c->rank > 0 && used < cap) used += (size_t)snprintf(text + used, cap - used, "%d", c->rank);
+    if (c->policy[0] && strcmp(c->policy, "all") != 0 && used < cap)
+        used += (size_t)snprintf(text + used, cap - used, " %s", c->policy);
+    for (int i = 0; i < c->num_stages && used < cap; i++)
+        used += (size_t)snprintf(text + used, cap - used, "%s%s%d", i ? "," : " ", i ? "" : list,
+                                 c->stages[i]);
+}
+
 void cli_print_candidates(const loom_plan_candidate *best, int found) {
     printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
-           "bubble  peak GiB  compression                layers per stage\n");
+           "bubble  peak GiB  compression                           layers per stage\n");
     for (int i = 0; i < found; i++) {
         const loom_plan *p = &best[i].plan;
         const loom_prediction *pr = &best[i].prediction;
-        char split[64], compress[64], recompute[32];
+        char split[64], compress[100], recompute[32];
         int recomputing = 0;
         for (int s = 0; s < p->num_stages; s++) recomputing += p->stages[s].recompute != 0;
         snprintf(recompute, sizeof recompute, "%s", recomputing == 0 ? "no" : "yes");
         if (recomputing > 0 && recomputing < p->num_stages)
             snprintf(recompute, sizeof recompute, "%d of %d", recomputing, p->num_stages);
-        const loom_plan_compressor *dc = &p->dp_compression, *pc = &p->pp_compression;
-        int dpc = strcmp(dc->method, "none") != 0, ppc = strcmp(pc->method, "none") != 0;
-        snprintf(compress, sizeof compress, "%s%s%.0d%s%s%s%.0d", dpc ? "dp " : "",
-                 dpc ? dc->method : "", dpc ? dc->rank : 0, dpc && ppc ? ", " : "",
-                 ppc ? "pp " : "", ppc ? pc->method : "", ppc ? pc->rank : 0);
+        char dp_text[48], pp_text[48];
+        compressor_text("dp", &p->dp_compression, "stages ", dp_text, sizeof dp_text);
+        compressor_text("pp", &p->pp_compression, "links ", pp_text, sizeof pp_text);
+        snprintf(compress, sizeof compress, "%s%s%s", dp_text, dp_text[0] && pp_text[0] ? ", " : "",
+                 pp_text);
         printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
-               "%-26s %s\n",
+               "%-37s %s\n",
                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
                p->schedule, recompute, best[i].zero1 ? "yes" : "no", pr->step_s, pr->tokens_per_s,
                100 * pr->bubble, (double)pr->peak_bytes / 1073741824.0,

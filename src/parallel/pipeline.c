@@ -291,7 +291,7 @@ static loom_status slack_update(loom_pipeline *p) {
         saving[s - 1] =
             row[SLACK_COMPRESSED] > 0 ? row[SLACK_RAW] - row[SLACK_COMPRESSED] - codec : 0.0;
     }
-    loom_pipe_sim_times times = {V, V - 1, forward, backward, link, link, input, weight};
+    loom_pipe_sim_times times = {V, V - 1, forward, backward, link, link, input, weight, NULL};
     st = loom_pipe_slack_choose(&p->shape, p->schedules, &times, saving, p->choice);
     if (st != LOOM_OK) return st;
     (void)pp;

@@ -54,7 +54,12 @@ static int boundary_of(const simulation *sim, int s, loom_pipe_action a) {
 /* Transfer time of the message a send or receive on stage s moves. */
 static double link_time(const simulation *sim, int s, loom_pipe_action a) {
     int gradient = a.op == LOOM_PIPE_SEND_GRAD || a.op == LOOM_PIPE_RECV_GRAD;
-    return (gradient ? sim->times->grad_link_s : sim->times->act_link_s)[boundary_of(sim, s, a)];
+    int boundary = boundary_of(sim, s, a);
+    if (gradient && sim->times->grad_link_mb_s) { /* the sender is virtual stage boundary + 1 */
+        size_t m = (size_t)sim->shape->micro_batches;
+        return sim->times->grad_link_mb_s[(size_t)(boundary + 1) * m + (size_t)a.micro_batch];
+    }
+    return (gradient ? sim->times->grad_link_s : sim->times->act_link_s)[boundary];
 }
 
 /* How long the action keeps its stage busy once the stage reaches it, receives aside. */
@@ -96,9 +101,10 @@ static loom_status check_time_array(const double *values, int count, const char 
     return LOOM_OK;
 }
 
-/* The durations for V virtual stages; the split backward's arrays only when some list uses
- * BACKWARD_INPUT (split[0]) or BACKWARD_WEIGHT (split[1]). */
-static loom_status check_times(const loom_pipe_sim_times *t, int stages, const int split[2]) {
+/* The durations for V virtual stages and m micro-batches; the split backward's arrays only when
+ * some list uses BACKWARD_INPUT (split[0]) or BACKWARD_WEIGHT (split[1]). */
+static loom_status check_times(const loom_pipe_sim_times *t, int stages, int m,
+                               const int split[2]) {
     if (t->stages != stages) {
         return loom_fail(LOOM_ERR_INPUT,
                          "pipeline simulation: times.stages = %d, expected %d (one per virtual "
@@ -118,6 +124,8 @@ static loom_status check_times(const loom_pipe_sim_times *t, int stages, const i
         st = check_time_array(t->backward_input_s, t->stages, "backward_input_s");
     if (st == LOOM_OK && (split[1] || t->backward_weight_s))
         st = check_time_array(t->backward_weight_s, t->stages, "backward_weight_s");
+    if (st == LOOM_OK && t->grad_link_mb_s)
+        st = check_time_array(t->grad_link_mb_s, t->stages * m, "grad_link_mb_s");
     return st;
 }
 
@@ -377,7 +385,8 @@ loom_status loom_pipe_simulate(const loom_pipe_shape *shape,
     st = check_lists(schedules, sim.stages);
     if (st == LOOM_OK) st = allocate(&sim, out);
     if (st == LOOM_OK) st = check_actions(&sim, split);
-    if (st == LOOM_OK) st = check_times(times, loom_pipe_virtual_stages(shape), split);
+    if (st == LOOM_OK)
+        st = check_times(times, loom_pipe_virtual_stages(shape), shape->micro_batches, split);
     /* pair the messages of every two ranks that have any between them: the ranks a rank's own
      * messages name, both directions (the few there are, not every pair of ranks) */
     for (int a = 0; a < sim.stages && st == LOOM_OK; a++) {

@@ -333,24 +333,39 @@ static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape 
     }
 }
 
-/* The pipeline part: every rank's list in the simulator, each message link_s; the bubble is the
- * mean idle share of the ranks. */
-static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
-                                     const loom_pipe_stage_schedule *lists,
-                                     const double *forward_link_s, const double *backward_link_s,
-                                     const double *backward_bytes, loom_trace **traces,
-                                     loom_prediction *out) {
-    const loom_plan *plan = k->plan;
-    int V = plan->num_stages, p = plan->pp;
-    loom_status st = LOOM_OK;
-    double *f = calloc((size_t)V * 4 + 1, sizeof(double));
-    if (!f) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    double *b = f + V, *bi = b + V, *bw = bi + V;
+/* The pipeline's messages: per boundary s (virtual stages s and s + 1) the activation's and the
+ * uncompressed gradient's transfer, and per gradient send (the sender's virtual stage v times m
+ * plus the micro-batch) its transfer and bytes, compressed where the plan's policy says. */
+typedef struct {
+    double *act_s, *grad_s;         /* (V) */
+    double *grad_mb_s, *grad_bytes; /* (V x m) */
+} pipeline_links;
+
+/* The stage times of out as the simulator's arrays (f, b, bi, bw: V each, allocated by the
+ * caller) and links. */
+static loom_pipe_sim_times sim_times_of(const loom_prediction *out, int V, double *f, double *b,
+                                        double *bi, double *bw, const pipeline_links *links) {
     for (int s = 0; s < V; s++) {
         f[s] = out->stage[s].forward_s, b[s] = out->stage[s].backward_s;
         bi[s] = out->stage[s].backward_input_s, bw[s] = out->stage[s].backward_weight_s;
     }
-    loom_pipe_sim_times times = {V, V - 1, f, b, forward_link_s, backward_link_s, bi, bw};
+    loom_pipe_sim_times times = {V,  V - 1,           f, b, links->act_s, links->grad_s, bi,
+                                 bw, links->grad_mb_s};
+    return times;
+}
+
+/* The pipeline part: every rank's list in the simulator, each message its link time; the
+ * bubble is the mean idle share of the ranks. */
+static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
+                                     const loom_pipe_stage_schedule *lists,
+                                     const pipeline_links *links, loom_trace **traces,
+                                     loom_prediction *out) {
+    const loom_plan *plan = k->plan;
+    int V = plan->num_stages, p = plan->pp, m = shape->micro_batches;
+    loom_status st = LOOM_OK;
+    double *f = calloc((size_t)V * 4 + 1, sizeof(double));
+    if (!f) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    loom_pipe_sim_times times = sim_times_of(out, V, f, f + V, f + 2 * V, f + 3 * V, links);
     loom_pipe_sim_result result;
     if (st == LOOM_OK) st = loom_pipe_simulate(shape, lists, &times, &result);
     if (st == LOOM_OK && traces) record_pipeline(shape, lists, &result, traces);
@@ -377,8 +392,12 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
                 const loom_pipe_action *a = &lists[r].actions[i];
                 if (a->op == LOOM_PIPE_SEND_ACT) out->pp_bytes += message;
                 if (a->op == LOOM_PIPE_SEND_GRAD) {
-                    int link = loom_pipe_stage(shape, r, a->chunk) - 1; /* into the previous */
-                    out->pp_bytes += link >= 0 ? (int64_t)backward_bytes[link] : message;
+                    int v = loom_pipe_stage(shape, r, a->chunk); /* into v - 1 */
+                    out->pp_bytes +=
+                        v > 0 && a->micro_batch < m
+                            ? (int64_t)
+                                  links->grad_bytes[(size_t)v * (size_t)m + (size_t)a->micro_batch]
+                            : message;
                 }
             }
         }
@@ -386,6 +405,96 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
         loom_pipe_sim_result_free(&result);
     }
     free(f);
+    return st;
+}
+
+/* The slowest link class between the ranks of virtual stages s and s + 1, over every (dp, tp)
+ * coordinate: the class boundary s's messages cross. */
+static int boundary_link(const loom_plan *plan, const loom_cluster *cl, int s) {
+    int worst = LOOM_LINK_INTRA_NODE, members[2];
+    for (int r = 0; r < plan->dp * plan->tp * plan->pp; r++) {
+        loom_plan_coords c = loom_plan_rank_coords(plan, r), d = c;
+        if (c.pp_rank != plan->stages[s].rank) continue;
+        d.pp_rank = plan->stages[s + 1].rank;
+        members[0] = r, members[1] = loom_plan_world_rank(plan, d);
+        if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE)
+            worst = LOOM_LINK_INTER_NODE;
+    }
+    return worst;
+}
+
+/* One message (B, T, C) between neighbouring virtual stages each way, over its boundary's link
+ * class; a backward send the plan compresses takes the compressor's wire plus encoding and
+ * decoding. Which sends compress is the pipeline compressor's policy, as the executor decides
+ * it: every send of a listed boundary ("all"), the sender's cool-down sends ("epilogue"), or
+ * the sends whose simulated slack is below what compressing saves on their boundary ("slack",
+ * from these same predicted times). */
+static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
+                            const loom_pipe_stage_schedule *lists, const loom_prediction *out,
+                            pipeline_links *links) {
+    const loom_plan *plan = k->plan;
+    const loom_cluster *cluster = k->cluster;
+    int V = plan->num_stages, m = shape->micro_batches;
+    size_t vm = (size_t)V * (size_t)m;
+    links->act_s = calloc((size_t)V * 9 + 2 * vm + 1, sizeof(double));
+    unsigned char *which = calloc(vm + (size_t)shape->chunks * (size_t)m + 1, 1);
+    if (!links->act_s || !which) {
+        free(which);
+        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    }
+    links->grad_s = links->act_s + V;
+    double *packed = links->grad_s + V, *packed_bytes = packed + V, *saving = packed_bytes + V;
+    double *f = saving + V;
+    links->grad_mb_s = f + 4 * V; /* after the four stage-time arrays */
+    links->grad_bytes = links->grad_mb_s + vm;
+    int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
+    double message = (double)rows * plan->model.channels * k->bytes_per_value;
+    const loom_plan_compressor *pc = &plan->pp_compression;
+    loom_compress_method method = method_of(pc->method);
+    int compressing = 0;
+    for (int s = 0; s + 1 < V; s++) {
+        int link = boundary_link(plan, cluster, s);
+        links->act_s[s] =
+            loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
+        links->grad_s[s] = packed[s] = links->act_s[s], packed_bytes[s] = message;
+        if (method == LOOM_COMPRESS_NONE || !listed(pc, s)) continue;
+        double state, wire = wire_of(pc, method, rows, plan->model.channels, &state);
+        wire *= k->bytes_per_value / 4.0;
+        if (wire >= message) continue; /* the executor sends it as it is */
+        packed_bytes[s] = wire;
+        packed[s] = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, wire) +
+                    codec_s(cluster, method, message);
+        saving[s] = links->grad_s[s] - packed[s];
+        compressing = 1;
+    }
+    loom_status st = LOOM_OK;
+    if (compressing && !strcmp(pc->policy, "slack")) {
+        double *t = f; /* the four stage-time arrays, V each */
+        pipeline_links plain = {links->act_s, links->grad_s, NULL, NULL};
+        loom_pipe_sim_times times = sim_times_of(out, V, t, t + V, t + 2 * V, t + 3 * V, &plain);
+        st = loom_pipe_slack_choose(shape, lists, &times, saving, which);
+    } else if (compressing && !strcmp(pc->policy, "epilogue")) {
+        unsigned char *cool = which + vm;
+        for (int r = 0; r < shape->ranks; r++) {
+            memset(cool, 0, (size_t)shape->chunks * (size_t)m);
+            loom_pipe_cooldown_sends(&lists[r], shape->chunks, m, cool);
+            for (int c = 0; c < shape->chunks; c++) {
+                int v = loom_pipe_stage(shape, r, c);
+                memcpy(which + (size_t)v * (size_t)m, cool + (size_t)c * (size_t)m, (size_t)m);
+            }
+        }
+    } else if (compressing) {
+        memset(which, 1, vm);
+    }
+    for (int v = 1; v < V; v++) {
+        for (int mb = 0; mb < m; mb++) {
+            size_t i = (size_t)v * (size_t)m + (size_t)mb;
+            int packs = which[i] && packed_bytes[v - 1] < message;
+            links->grad_mb_s[i] = packs ? packed[v - 1] : links->grad_s[v - 1];
+            links->grad_bytes[i] = packs ? packed_bytes[v - 1] : message;
+        }
+    }
+    free(which);
     return st;
 }
 
@@ -416,33 +525,6 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
         st = stage_times(&k, s, seq_len, &out->stage[s]);
     }
-    /* one activation message (B, T, C) between neighbouring virtual stages; a compressed
-     * link's gradient is the compressor's wire, plus encoding and decoding */
-    int V = plan->num_stages;
-    double *forward_link = calloc((size_t)V * 3 + 1, sizeof(double));
-    if (!forward_link) {
-        memset(out, 0, sizeof *out);
-        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    }
-    double *backward_link = forward_link + V, *backward_bytes = backward_link + V;
-    int64_t rows = (int64_t)plan->micro_batch * seq_len;
-    double message = (double)rows * plan->model.channels * k.bytes_per_value;
-    const loom_plan_compressor *pc = &plan->pp_compression;
-    loom_compress_method pp_method = method_of(pc->method);
-    int link = plan->pp > 1 ? kind_link(plan, cluster, 2) : LOOM_LINK_INTRA_NODE;
-    for (int s = 0; s + 1 < V && st == LOOM_OK; s++) {
-        forward_link[s] =
-            loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
-        backward_link[s] = forward_link[s], backward_bytes[s] = message;
-        if (pp_method != LOOM_COMPRESS_NONE && listed(pc, s)) {
-            double state, wire = wire_of(pc, pp_method, rows, plan->model.channels, &state);
-            wire *= k.bytes_per_value / 4.0;
-            backward_bytes[s] = wire;
-            backward_link[s] =
-                loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, wire) +
-                (wire < message ? codec_s(cluster, pp_method, message) : 0.0);
-        }
-    }
     /* every rank's list once: the simulator's input and each rank's peak of activation sets */
     loom_pipe_shape shape;
     loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
@@ -450,10 +532,10 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
     if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
     if (st == LOOM_OK) recompute_as_scheduled(plan, &shape, lists, out);
-    if (st == LOOM_OK)
-        st = simulate_pipeline(&k, &shape, lists, forward_link, backward_link, backward_bytes,
-                               traces, out);
-    free(forward_link);
+    pipeline_links links = {NULL, NULL, NULL, NULL};
+    if (st == LOOM_OK) st = links_of(&k, &shape, lists, out, &links);
+    if (st == LOOM_OK) st = simulate_pipeline(&k, &shape, lists, &links, traces, out);
+    free(links.act_s);
     /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
      * embedding's sum between the ranks of the first and the last virtual stage (none when one
      * rank holds both), and AdamW */
@@ -473,7 +555,10 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
         if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
         double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
         double sync = 0, codec = 0;
-        loom_compress_method dp_method = method_of(plan->dp_compression.method);
+        /* the pipeline ranks the plan does not list sync as they are */
+        loom_compress_method dp_method = listed(&plan->dp_compression, r)
+                                             ? method_of(plan->dp_compression.method)
+                                             : LOOM_COMPRESS_NONE;
         if (plan->dp > 1 && dp_method != LOOM_COMPRESS_NONE) {
             /* PowerSGD sums its factors (two allreduces); the others are all-gathered, and every
              * replica's part decoded */

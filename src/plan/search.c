@@ -14,12 +14,32 @@
 
 typedef struct {
     const loom_cluster *cluster;
+    loom_cluster free_links; /* the cluster with free links and codecs: compression's bound */
     const loom_search_request *request;
     loom_plan_candidate *best;
     int found, tried, fitting;
     int64_t least_short; /* the smallest shortfall of a layout that does not fit (bytes) */
     loom_prediction scratch;
 } search;
+
+/* The compressors the search may choose (--allow-compression): for the DP gradients PowerSGD at
+ * the default rank and the two quantisers whose loss matched the uncompressed run; for the
+ * pipeline's backward sends low-rank under each policy and the quantisers. top-k and sign are
+ * left to the user (their loss was measured worse). */
+typedef struct {
+    const char *method;
+    int rank;
+    const char *policy;
+} compressor_choice;
+static const compressor_choice dp_choices[] = {
+    {"powersgd", LOOM_PLAN_DEFAULT_DP_RANK, "all"}, {"int8", 0, "all"}, {"bf16", 0, "all"}};
+static const compressor_choice pp_choices[] = {{"lowrank", LOOM_PLAN_DEFAULT_PP_RANK, "all"},
+                                               {"lowrank", LOOM_PLAN_DEFAULT_PP_RANK, "epilogue"},
+                                               {"lowrank", LOOM_PLAN_DEFAULT_PP_RANK, "slack"},
+                                               {"int8", 0, "all"},
+                                               {"bf16", 0, "all"}};
+#define DP_CHOICES ((int)(sizeof dp_choices / sizeof dp_choices[0]))
+#define PP_CHOICES ((int)(sizeof pp_choices / sizeof pp_choices[0]))
 
 /* Keeps the candidate if it is among the best `keep` so far (the list stays sorted). */
 static void consider(search *s, loom_plan *plan, int zero1) {
@@ -41,22 +61,35 @@ static void consider(search *s, loom_plan *plan, int zero1) {
     s->found++;
 }
 
-/* Predicts the plan and keeps it if it fits and is among the best; the plan is consumed. */
-static void predict(search *s, loom_plan *plan, int zero1) {
+/* Predicts the plan into s->scratch: its step time when it fits the device, else -1 (and
+ * notes the shortfall), or -1 when the cost model refuses it. */
+static double step_if_fits(search *s, const loom_plan *plan, int zero1) {
     s->tried++;
     if (loom_plan_predict(plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
-                          &s->scratch) != LOOM_OK) {
-        loom_plan_free(plan);
-        return;
-    }
+                          &s->scratch) != LOOM_OK)
+        return -1;
     int64_t shortfall = s->scratch.peak_bytes - s->cluster->memory_bytes;
     if (shortfall > 0) {
         if (s->least_short < 0 || shortfall < s->least_short) s->least_short = shortfall;
+        return -1;
+    }
+    s->fitting++;
+    return s->scratch.step_s;
+}
+
+/* Predicts the plan and keeps it if it fits and is among the best; the plan is consumed. */
+static void predict(search *s, loom_plan *plan, int zero1) {
+    if (step_if_fits(s, plan, zero1) < 0) {
         loom_plan_free(plan);
         return;
     }
-    s->fitting++;
     consider(s, plan, zero1);
+}
+
+/* The slowest step kept so far when the list is full (a plan must beat it to enter), else
+ * infinity. */
+static double entry_bar(const search *s) {
+    return s->found == s->request->keep ? s->best[s->found - 1].prediction.step_s : 1e300;
 }
 
 /* The stage DP's split for a layout of one chunk per rank, as a --stage-layers text, and each
@@ -85,8 +118,97 @@ static void dp_split(search *s, const loom_plan *even, int zero1, char *text, si
     loom_stage_problem_free(&problem);
 }
 
+/* Sets a plan compressor to a choice, every stage or link listed; "none" for NULL. */
+static void set_compressor(loom_plan_compressor *c, const compressor_choice *choice) {
+    loom_plan_compressor_free(c); /* back to the defaults: "none", every stage */
+    if (!choice) return;
+    snprintf(c->method, sizeof c->method, "%s", choice->method);
+    snprintf(c->policy, sizeof c->policy, "%s", choice->policy);
+    c->rank = choice->rank;
+}
+
+/* Sets the compressor's list to the stages whose flag is set ("all" when every one is, method
+ * "none" when none is, with the method kept in `method`). */
+static int set_listed(loom_plan_compressor *c, const unsigned char *in, int count,
+                      const char *method) {
+    free(c->stages);
+    c->stages = NULL, c->num_stages = 0;
+    int n = 0;
+    for (int i = 0; i < count; i++) n += in[i];
+    snprintf(c->method, sizeof c->method, "%s", n ? method : "none");
+    if (n == 0 || n == count) return 1;
+    c->stages = malloc((size_t)n * sizeof *c->stages);
+    if (!c->stages) return 0;
+    for (int i = 0; i < count; i++)
+        if (in[i]) c->stages[c->num_stages++] = i;
+    return 1;
+}
+
+/* Drops the stages (pipeline ranks for DP, links for the pipeline) one at a time from the
+ * compressor's list where the step does not get slower without them: compression stays only
+ * where it shortens the predicted step. *step is the plan's, and stays its. */
+static void prune_stages(search *s, loom_plan *plan, loom_plan_compressor *c, int count, int zero1,
+                         double *step) {
+    if (!strcmp(c->method, "none") || count < 1) return;
+    char method[sizeof c->method];
+    snprintf(method, sizeof method, "%s", c->method);
+    unsigned char *in = malloc((size_t)count);
+    if (!in) return;
+    memset(in, 1, (size_t)count);
+    for (int i = 0; i < count; i++) {
+        in[i] = 0;
+        double t = set_listed(c, in, count, method) ? step_if_fits(s, plan, zero1) : -1;
+        if (t >= 0 && t <= *step * (1 + 1e-9)) {
+            *step = t;
+        } else {
+            in[i] = 1;
+        }
+    }
+    if (!set_listed(c, in, count, method)) set_listed(c, in, 0, "none"); /* out of memory */
+    free(in);
+}
+
+/* Compression as a decision: for a plan that fits, every allowed pair of a DP and a pipeline
+ * compressor, each on every stage and link; the fastest pair, if it beats the plan without
+ * compression, then loses the stages and links where it does not help (prune_stages), and is
+ * kept beside the plain plan. Skipped where no compression could win: the plan with free links
+ * and codecs is a lower bound on every compressed variant. */
+static void try_compression(search *s, const loom_plan *plain, double plain_step, int zero1) {
+    int allow = s->request->allow_compression;
+    int dp_ok = (allow & LOOM_ALLOW_DP_COMPRESSION) && plain->dp > 1 && !zero1;
+    int pp_ok = (allow & LOOM_ALLOW_PP_COMPRESSION) && plain->pp > 1;
+    if (!dp_ok && !pp_ok) return;
+    loom_prediction bound;
+    if (loom_plan_predict(plain, &s->free_links, s->request->precision, s->request->seq_len, zero1,
+                          &bound) != LOOM_OK ||
+        bound.step_s >= plain_step * (1 - 1e-9) || bound.step_s >= entry_bar(s))
+        return;
+    loom_plan plan;
+    if (loom_plan_copy(&plan, plain) != LOOM_OK) return;
+    double best = plain_step;
+    int best_dp = -1, best_pp = -1;
+    for (int d = -1; d < (dp_ok ? DP_CHOICES : 0); d++) {
+        for (int q = -1; q < (pp_ok ? PP_CHOICES : 0); q++) {
+            if (d < 0 && q < 0) continue;
+            set_compressor(&plan.dp_compression, d >= 0 ? &dp_choices[d] : NULL);
+            set_compressor(&plan.pp_compression, q >= 0 ? &pp_choices[q] : NULL);
+            double t = step_if_fits(s, &plan, zero1);
+            if (t >= 0 && t < best * (1 - 1e-9)) best = t, best_dp = d, best_pp = q;
+        }
+    }
+    if (best_dp < 0 && best_pp < 0) {
+        loom_plan_free(&plan);
+        return;
+    }
+    set_compressor(&plan.dp_compression, best_dp >= 0 ? &dp_choices[best_dp] : NULL);
+    set_compressor(&plan.pp_compression, best_pp >= 0 ? &pp_choices[best_pp] : NULL);
+    prune_stages(s, &plan, &plan.dp_compression, plan.pp, zero1, &best);
+    prune_stages(s, &plan, &plan.pp_compression, plan.num_stages - 1, zero1, &best);
+    predict(s, &plan, zero1);
+}
+
 /* Builds and predicts one plan of the layout (stage split: "" even; recompute: each stage's,
- * NULL: the request's); the request's compressors as given. */
+ * NULL: the request's), and its compressed variants where allowed. */
 static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request *r,
                      const char *split, const int *recompute, int zero1) {
     loom_plan plan;
@@ -95,7 +217,17 @@ static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request 
     for (int i = 0; recompute && i < plan.num_stages; i++) plan.stages[i].recompute = recompute[i];
     snprintf(plan.precision, sizeof plan.precision, "%s",
              loom_precision_name(s->request->precision));
-    predict(s, &plan, zero1);
+    double step = step_if_fits(s, &plan, zero1);
+    if (step < 0) {
+        loom_plan_free(&plan);
+        return;
+    }
+    if (s->request->allow_compression) {
+        loom_prediction mine = s->scratch; /* try_compression predicts others into it */
+        try_compression(s, &plan, step, zero1);
+        s->scratch = mine;
+    }
+    consider(s, &plan, zero1);
 }
 
 static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
@@ -119,28 +251,9 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
         if (stage_recompute) dp_split(s, &even, zero1, split, sizeof split, stage_recompute);
         loom_plan_free(&even);
     }
-    /* compression, where allowed and where it can apply: PowerSGD on the DP gradients (not
-     * with ZeRO-1, whose parameter all-gather it cannot compress), low-rank on the pipeline's
-     * backward sends, or both */
-    loom_plan_compressor none, powersgd, lowrank;
-    loom_plan_compressor_init(&none);
-    loom_plan_compressor_init(&powersgd);
-    loom_plan_compressor_init(&lowrank);
-    snprintf(powersgd.method, sizeof powersgd.method, "powersgd");
-    powersgd.rank = LOOM_PLAN_DEFAULT_DP_RANK;
-    snprintf(lowrank.method, sizeof lowrank.method, "lowrank");
-    lowrank.rank = LOOM_PLAN_DEFAULT_PP_RANK;
-    int allow = s->request->allow_compression;
-    int dp_ok = (allow & LOOM_ALLOW_DP_COMPRESSION) && dp > 1 && !zero1;
-    int pp_ok = (allow & LOOM_ALLOW_PP_COMPRESSION) && pp > 1;
-    for (int c = 0; c < 4; c++) {
-        if (((c & 1) && !dp_ok) || ((c & 2) && !pp_ok)) continue;
-        r.dp_compression = c & 1 ? &powersgd : &none;
-        r.pp_compression = c & 2 ? &lowrank : &none;
-        try_plan(s, model, &r, "", NULL, zero1);
-        /* the DP's split beside the even one: the simulator ranks both */
-        if (split[0]) try_plan(s, model, &r, split, stage_recompute, zero1);
-    }
+    try_plan(s, model, &r, "", NULL, zero1);
+    /* the DP's split beside the even one: the simulator ranks both */
+    if (split[0]) try_plan(s, model, &r, split, stage_recompute, zero1);
     free(stage_recompute);
 }
 
@@ -158,6 +271,10 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
                          request->seq_len);
     }
     search s = {.cluster = cluster, .request = request, .best = best, .least_short = -1};
+    s.free_links = *cluster;
+    s.free_links.num_collectives = 0;
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) s.free_links.links[l] = (loom_link){1e30, 0.0};
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) s.free_links.compressor_bytes_per_s[m] = 1e30;
     static const char *const schedules[] = {"1f1b", "interleaved", "zb-h1", "zb-v"};
     int n = request->devices;
     for (int tp = 1; tp <= n; tp++) {
