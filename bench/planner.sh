@@ -268,7 +268,13 @@ p = json.load(open(sys.argv[1]))
 ms = [r["ms"] for r in map(json.loads, open(sys.argv[2])) if "ms" in r and r["step"] > 1]
 meas, pred = statistics.median(ms) / 1e3, p["predicted"]["step_s"]
 m, c = p["mesh"], p.get("compression", {})
-comp = ", ".join(f"{k} {v['method']}{v.get('rank', '')}" for k, v in c.items()
+def text(k, v):
+    t = f"{k} {v['method']}{v.get('rank', '')}"
+    if v.get("policy", "all") != "all": t += f" {v['policy']}"
+    for key in ("stages", "links"):
+        if key in v: t += f" {key} " + ",".join(map(str, v[key]))
+    return t
+comp = ", ".join(text(k, v) for k, v in c.items()
                  if isinstance(v, dict) and v.get("method", "none") != "none") or "none"
 print(f"{sys.argv[3]:14s} allow {sys.argv[4]:4s}: dp {m['dp']} tp {m['tp']} pp {m['pp']} micro "
       f"{p['batch']['micro']} {p['batch']['schedule']}, compression {comp:22s} predicted "
