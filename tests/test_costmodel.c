@@ -271,7 +271,8 @@ static void test_compression(void) {
                                    .allow_compression = k ? LOOM_ALLOW_DP_COMPRESSION : 0};
         loom_plan_candidate best;
         int found, tried, fitting;
-        CHECK(loom_plan_search(&plan.model, &cl, &req, &best, &found, &tried, &fitting) == LOOM_OK,
+        CHECK(loom_plan_search(&plan.model, &cl, &req, &best, &found, &tried, &fitting, NULL) ==
+                  LOOM_OK,
               "search: %s", loom_last_error());
         int compressed = strcmp(best.plan.dp_compression.method, "none") != 0;
         CHECK(compressed == (k == 1), "search %d: compression %s (dp %d, pp %d)", k,
@@ -395,7 +396,7 @@ static void test_search_per_stage(void) {
                                    LOOM_ALLOW_DP_COMPRESSION | LOOM_ALLOW_PP_COMPRESSION};
     loom_plan_candidate best[8];
     int found = 0, tried = 0, fitting = 0, partial = 0, compressing = 0;
-    CHECK(loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting) == LOOM_OK,
+    CHECK(loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting, NULL) == LOOM_OK,
           "search: %s", loom_last_error());
     for (int i = 0; i < found; i++) {
         loom_plan *p = &best[i].plan;
@@ -484,7 +485,7 @@ static void test_search(void) {
                                .keep = 5};
     loom_plan_candidate best[5];
     int found = 0, tried = 0, fitting = 0;
-    loom_status st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);
+    loom_status st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting, NULL);
     CHECK(st == LOOM_OK && found == 5 && tried >= fitting && fitting >= 5, "search: %s (%d of %d)",
           loom_last_error(), found, tried);
     for (int i = 1; i < found; i++) {
@@ -511,9 +512,40 @@ static void test_search(void) {
         }
         loom_plan_free(&plan);
     }
+    /* the compute bound is never above the predicted step, and pruning with it keeps the same
+     * best plans as a search that keeps every plan (and so never prunes) */
+    static loom_plan_candidate all[4096];
+    int all_found = 0, all_tried = 0, all_fitting = 0, pruned = -1, all_pruned = -1;
+    loom_search_request every = req;
+    every.keep = 4096;
+    st = loom_plan_search(&model, &cl, &every, all, &all_found, &all_tried, &all_fitting,
+                          &all_pruned);
+    CHECK(st == LOOM_OK && all_pruned == 0 && all_found == all_fitting && all_found < 4096,
+          "search keeping every plan: %s (%d found, %d pruned)", loom_last_error(), all_found,
+          all_pruned);
+    int below = 0;
+    for (int i = 0; i < all_found; i++) {
+        double bound;
+        CHECK(loom_plan_step_bound(&all[i].plan, &cl, LOOM_PRECISION_FP32, 64, &bound) == LOOM_OK &&
+                  bound <= all[i].prediction.step_s * (1 + 1e-12),
+              "plan %d: bound %g s above its step %g s", i, bound, all[i].prediction.step_s);
+        below += bound > 0;
+    }
+    CHECK(below == all_found, "bounds above zero: %d of %d", below, all_found);
+    loom_plan_candidate again[5];
+    int again_found = 0;
+    st = loom_plan_search(&model, &cl, &req, again, &again_found, &tried, &fitting, &pruned);
+    CHECK(st == LOOM_OK && again_found == 5 && pruned > 0, "pruned search: %d pruned", pruned);
+    for (int i = 0; i < again_found && i < all_found; i++) {
+        CHECK(again[i].prediction.step_s == all[i].prediction.step_s,
+              "pruned search's plan %d: %g s, keeping every plan: %g s", i,
+              again[i].prediction.step_s, all[i].prediction.step_s);
+        loom_plan_free(&again[i].plan);
+    }
+    for (int i = 0; i < all_found; i++) loom_plan_free(&all[i].plan);
     for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
     cl.memory_bytes = (int64_t)1 << 20;
-    st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting);
+    st = loom_plan_search(&model, &cl, &req, best, &found, &tried, &fitting, NULL);
     CHECK(st == LOOM_ERR_INPUT && found == 0 && strstr(loom_last_error(), "GiB short per rank"),
           "nothing fits: %s", loom_last_error());
 }

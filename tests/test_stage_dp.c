@@ -311,10 +311,11 @@ static void test_search(void) {
                                .keep = 200};
     loom_plan_candidate *with = calloc(200, sizeof *with), *without = calloc(200, sizeof *without);
     int found[2], tried[2], fitting[2];
-    CHECK(loom_plan_search(&model, &cl, &req, with, &found[0], &tried[0], &fitting[0]) == LOOM_OK,
+    CHECK(loom_plan_search(&model, &cl, &req, with, &found[0], &tried[0], &fitting[0], NULL) ==
+              LOOM_OK,
           "search: %s", loom_last_error());
     req.even_stages = 1;
-    CHECK(loom_plan_search(&model, &cl, &req, without, &found[1], &tried[1], &fitting[1]) ==
+    CHECK(loom_plan_search(&model, &cl, &req, without, &found[1], &tried[1], &fitting[1], NULL) ==
               LOOM_OK,
           "search, even: %s", loom_last_error());
     CHECK(tried[0] > tried[1], "the DP adds uneven candidates: %d vs %d", tried[0], tried[1]);

@@ -97,6 +97,13 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
                               loom_precision precision, int seq_len, int zero1,
                               loom_prediction *out);
 
+/* A lower bound on loom_plan_predict's step for the plan, without simulating: the busiest
+ * pipeline rank's compute, every micro-batch's forward and backward on each of its virtual
+ * stages (no recomputation, bubble, communication or optimizer). The search skips layouts whose
+ * bound cannot beat the plans it keeps. Errors as loom_plan_predict's, *bound_s then 0. */
+loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *cluster,
+                                 loom_precision precision, int seq_len, double *bound_s);
+
 /* loom_plan_predict, and the simulated step written to `path` as a Chrome trace in the format
  * of `loom train --trace` (loom/trace.h): a process per pipeline rank (the ranks of one DP or TP
  * group are alike), its compute and pp streams from the schedule simulator (micro-batch and
@@ -184,11 +191,12 @@ typedef struct {
 enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
 
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
- * layouts predicted and those that fit. No layout that fits is LOOM_ERR_INPUT naming the
- * smallest memory shortfall per rank. */
+ * plans predicted and those that fit, *pruned (when not NULL) the plans not simulated because
+ * their compute alone (loom_plan_step_bound) could not beat the ones kept. No layout that fits
+ * is LOOM_ERR_INPUT naming the smallest memory shortfall per rank. */
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
-                             int *found, int *tried, int *fitting);
+                             int *found, int *tried, int *fitting, int *pruned);
 
 #ifdef __cplusplus
 }

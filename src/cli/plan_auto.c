@@ -167,7 +167,7 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
     int found = 0, tried = 0, fitting = 0;
     double t0 = loom_now();
     if (st == LOOM_OK)
-        st = loom_plan_search(&single.model, &cluster, &req, best, &found, &tried, &fitting);
+        st = loom_plan_search(&single.model, &cluster, &req, best, &found, &tried, &fitting, NULL);
     double took = loom_now() - t0;
     if (st == LOOM_OK && world) st = check_agreement(world, &best[0]);
     if (st == LOOM_OK) {

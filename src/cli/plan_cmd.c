@@ -378,15 +378,17 @@ static int run_search(const plan_args *args) {
     if (st != LOOM_OK) return cli_fail(st);
     loom_plan_candidate *best = loom_calloc((size_t)req.keep, sizeof *best, "plan search");
     if (!best) return cli_fail(LOOM_ERR_NOMEM);
-    int found = 0, tried = 0, fitting = 0;
+    int found = 0, tried = 0, fitting = 0, pruned = 0;
     double t0 = loom_now();
-    st = loom_plan_search(&model, &cluster, &req, best, &found, &tried, &fitting);
+    st = loom_plan_search(&model, &cluster, &req, best, &found, &tried, &fitting, &pruned);
     double took = loom_now() - t0;
     if (st == LOOM_OK) {
         printf("searched %d layouts of %d devices on %s (%s, sequence %d, global batch %d) in "
-               "%.2f s; %d fit the device's %.1f GiB\n",
-               tried, req.devices, cluster.name, loom_precision_name(req.precision), req.seq_len,
-               req.global_batch, took, fitting, (double)cluster.memory_bytes / 1073741824.0);
+               "%.2f s; %d simulated, %d of them fit the device's %.1f GiB; %d ruled out by "
+               "their compute alone\n",
+               tried + pruned, req.devices, cluster.name, loom_precision_name(req.precision),
+               req.seq_len, req.global_batch, took, tried, fitting,
+               (double)cluster.memory_bytes / 1073741824.0, pruned);
         cli_print_candidates(best, found);
         best[0].plan.zero1 = best[0].plan.dp > 1 ? best[0].zero1 : -1;
         st =

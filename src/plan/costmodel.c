@@ -408,19 +408,20 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
     return st;
 }
 
-/* The slowest link class between the ranks of virtual stages s and s + 1, over every (dp, tp)
- * coordinate: the class boundary s's messages cross. */
-static int boundary_link(const loom_plan *plan, const loom_cluster *cl, int s) {
-    int worst = LOOM_LINK_INTRA_NODE, members[2];
-    for (int r = 0; r < plan->dp * plan->tp * plan->pp; r++) {
-        loom_plan_coords c = loom_plan_rank_coords(plan, r), d = c;
-        if (c.pp_rank != plan->stages[s].rank) continue;
-        d.pp_rank = plan->stages[s + 1].rank;
-        members[0] = r, members[1] = loom_plan_world_rank(plan, d);
-        if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE)
-            worst = LOOM_LINK_INTER_NODE;
+/* The slowest link class between pipeline ranks a and b over every (dp, tp) coordinate: the
+ * class a message between two virtual stages on them crosses. */
+static int pair_link(const loom_plan *plan, const loom_cluster *cl, int a, int b) {
+    int members[2];
+    for (int dp = 0; dp < plan->dp; dp++) {
+        for (int tp = 0; tp < plan->tp; tp++) {
+            loom_plan_coords c = {.dp_rank = dp, .tp_rank = tp, .pp_rank = a}, d = c;
+            d.pp_rank = b;
+            members[0] = loom_plan_world_rank(plan, c), members[1] = loom_plan_world_rank(plan, d);
+            if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE)
+                return LOOM_LINK_INTER_NODE;
+        }
     }
-    return worst;
+    return LOOM_LINK_INTRA_NODE;
 }
 
 /* One message (B, T, C) between neighbouring virtual stages each way, over its boundary's link
@@ -451,9 +452,19 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     double message = (double)rows * plan->model.channels * k->bytes_per_value;
     const loom_plan_compressor *pc = &plan->pp_compression;
     loom_compress_method method = method_of(pc->method);
-    int compressing = 0;
+    int compressing = 0, pairs = 0, pair[2 * LOOM_PREDICT_MAX_STAGES][3]; /* (a, b, class) */
     for (int s = 0; s + 1 < V; s++) {
-        int link = boundary_link(plan, cluster, s);
+        /* the boundary's class: the pair of pipeline ranks it joins (few, each costed once) */
+        int a = plan->stages[s].rank, b = plan->stages[s + 1].rank, link = -1;
+        for (int i = 0; i < pairs && link < 0; i++)
+            if (pair[i][0] == a && pair[i][1] == b) link = pair[i][2];
+        if (link < 0) {
+            link = pair_link(plan, cluster, a, b);
+            if (pairs < 2 * LOOM_PREDICT_MAX_STAGES) {
+                pair[pairs][0] = a, pair[pairs][1] = b, pair[pairs][2] = link;
+                pairs++;
+            }
+        }
         links->act_s[s] =
             loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
         links->grad_s[s] = packed[s] = links->act_s[s], packed_bytes[s] = message;
@@ -727,6 +738,33 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
     free(lists), free(copy.stages);
     if (st != LOOM_OK) loom_stage_problem_free(out);
     return st;
+}
+
+loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *cluster,
+                                 loom_precision precision, int seq_len, double *bound_s) {
+    *bound_s = 0;
+    if (!(cluster->peak_flops[precision] > 0)) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
+                         cluster->name, loom_precision_name(precision));
+    }
+    if (plan->num_stages > LOOM_PREDICT_MAX_STAGES || plan->pp > LOOM_PREDICT_MAX_STAGES) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
+                         plan->num_stages, LOOM_PREDICT_MAX_STAGES);
+    }
+    costing k = costing_of(plan, cluster, precision, seq_len);
+    double busy[LOOM_PREDICT_MAX_STAGES] = {0};
+    for (int s = 0; s < plan->num_stages; s++) {
+        loom_stage_times t;
+        loom_status st = stage_times(&k, s, seq_len, &t);
+        if (st != LOOM_OK) return st;
+        /* stage_times charges a rerun forward to the backward of a recomputing stage */
+        double rerun = plan->stages[s].recompute ? t.forward_s : 0;
+        busy[plan->stages[s].rank] += t.forward_s + t.backward_s - rerun;
+    }
+    double most = 0;
+    for (int r = 0; r < plan->pp; r++) most = busy[r] > most ? busy[r] : most;
+    *bound_s = most * loom_plan_num_micro_batches(plan);
+    return LOOM_OK;
 }
 
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,

@@ -17,7 +17,7 @@ typedef struct {
     loom_cluster free_links; /* the cluster with free links and codecs: compression's bound */
     const loom_search_request *request;
     loom_plan_candidate *best;
-    int found, tried, fitting;
+    int found, tried, fitting, pruned;
     int64_t least_short; /* the smallest shortfall of a layout that does not fit (bytes) */
     loom_prediction scratch;
 } search;
@@ -61,9 +61,20 @@ static void consider(search *s, loom_plan *plan, int zero1) {
     s->found++;
 }
 
+static double entry_bar(const search *s);
+
 /* Predicts the plan into s->scratch: its step time when it fits the device, else -1 (and
- * notes the shortfall), or -1 when the cost model refuses it. */
+ * notes the shortfall), or -1 when the cost model refuses it or when its compute alone
+ * (loom_plan_step_bound) is already no faster than every plan kept (counted as pruned). */
 static double step_if_fits(search *s, const loom_plan *plan, int zero1) {
+    double bound;
+    if (s->found == s->request->keep &&
+        loom_plan_step_bound(plan, s->cluster, s->request->precision, s->request->seq_len,
+                             &bound) == LOOM_OK &&
+        bound >= entry_bar(s)) {
+        s->pruned++;
+        return -1;
+    }
     s->tried++;
     if (loom_plan_predict(plan, s->cluster, s->request->precision, s->request->seq_len, zero1,
                           &s->scratch) != LOOM_OK)
@@ -259,8 +270,9 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
 
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
-                             int *found, int *tried, int *fitting) {
+                             int *found, int *tried, int *fitting, int *pruned) {
     *found = *tried = *fitting = 0;
+    if (pruned) *pruned = 0;
     int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
     if (request->devices < 1 || request->devices > devices || request->keep < 1 ||
         request->global_batch < 1 || request->seq_len < 1) {
@@ -300,6 +312,7 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
     }
     loom_clear_error();
     *found = s.found, *tried = s.tried, *fitting = s.fitting;
+    if (pruned) *pruned = s.pruned;
     if (s.found == 0) {
         return loom_fail(LOOM_ERR_INPUT,
                          "plan search: none of the %d layouts of %d devices fits the device's "
