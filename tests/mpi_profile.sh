@@ -122,6 +122,23 @@ cmp -s <(grep -v '"predicted"' auto1/plan.json) <(grep -v '"predicted"' auto2/pl
 if timeout 120 mpirun -np 2 "$LOOM" train --plan auto --cluster "$CLUSTERS/dgx-a100.json" \
     "${auto[@]}" --out auto3 >auto3.log 2>&1; then ok; else fail "--plan auto --cluster: exit $?: $(tail -3 auto3.log)"; fi
 grep -q "layouts of 2 ranks on dgx-a100" auto3.log && ok || fail "--cluster not used"
+# --allow-compression: two one-device nodes joined by a 1 MB/s link; the planner compresses
+# where that shortens the step, and the job trains with what it chose
+python3 - "$CLUSTERS/p3-v100.json" slow2.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["name"], c["max_nodes"] = "slow2", 2
+c["node"]["devices"] = 1
+c["node"]["links"]["inter_node"]["bandwidth"] = 1e6
+json.dump(c, open(sys.argv[2], "w"))
+PY
+if timeout 120 mpirun -np 2 "$LOOM" train --plan auto --cluster slow2.json --allow-compression all \
+    "${auto[@]}" --out auto_comp >auto_comp.log 2>&1; then ok; else fail "--plan auto --allow-compression: exit $?: $(tail -3 auto_comp.log)"; fi
+python3 - auto_comp/plan.json <<'PY' && ok || fail "auto_comp/plan.json: no compression chosen on a 1 MB/s link"
+import json, sys
+c = json.load(open(sys.argv[1]))["compression"]
+assert c["dp"]["method"] != "none" or c["pp"]["method"] != "none", c
+PY
 unset LOOM_CACHE_DIR LOOM_PROFILE_QUICK
 expect_refused() { # NAME REGEX ARGS...
     local name=$1 regex=$2
@@ -135,6 +152,10 @@ expect_refused auto_layout_flag '--plan auto: --micro-batch-size sets what the p
     mpirun -np 2 "$LOOM" train --plan auto --micro-batch-size 2 "${auto[@]}" --out auto4
 expect_refused cluster_without_auto '--cluster .*: only with --plan auto' \
     "$LOOM" train --cluster "$CLUSTERS/dgx-a100.json" "${auto[@]}" --out auto5
+expect_refused allow_without_auto '--allow-compression all: only with --plan auto' \
+    "$LOOM" train --allow-compression all "${auto[@]}" --out auto6
+expect_refused allow_bad_word '--allow-compression: expected none, dp, pp or all, got "some"' \
+    mpirun -np 2 "$LOOM" train --plan auto --cluster slow2.json --allow-compression some "${auto[@]}" --out auto7
 
 # ---- bad input ----
 # name expected-message command...: exit 2 and the message on stderr

@@ -60,6 +60,7 @@ typedef struct {
     char plan[LOOM_PATH_MAX];    /* "" = from the flags below; "auto": the planner chooses */
     char cluster[LOOM_PATH_MAX]; /* --plan auto: the cluster description ("" = profile these
                                     ranks, cached) */
+    char allow_compression[16];  /* --plan auto: none (""), dp, pp or all */
     int data_parallel, tensor_parallel, pipeline_parallel;
     int micro_batch_size, global_batch_size, micro_batches;
     char schedule[16];      /* "1f1b", "gpipe", "interleaved", "zb-h1" or "zb-v" */

@@ -70,6 +70,9 @@ static const cli_opt train_opts[] = {
     TOPT("--cluster", OPT_STRING, cluster,
          "with --plan auto: the cluster description to plan on (default: loom profile of these "
          "ranks, measured once and cached)"),
+    TOPT("--allow-compression", OPT_STRING, allow_compression,
+         "with --plan auto: compressors the planner may choose, where they shorten the step: "
+         "none (default), dp, pp or all"),
     TOPT("--data-parallel", OPT_INT, data_parallel,
          "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
     TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
@@ -279,6 +282,12 @@ static loom_status build_plan(const loom_train_config *cfg, const unsigned char 
                          "--cluster %s: only with --plan auto (the planner's "
                          "input)",
                          cfg->cluster);
+    }
+    if (cfg->allow_compression[0] && strcmp(cfg->plan, "auto") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--allow-compression %s: only with --plan auto (the planner's choice; "
+                         "to compress yourself use --dp-compression / --pp-compression)",
+                         cfg->allow_compression);
     }
     if (!strcmp(cfg->plan, "auto")) {
         loom_status st = refuse_auto_conflicts(seen);

@@ -156,6 +156,7 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
                                .seq_len = cfg->seq_len,
                                .precision = LOOM_PRECISION_FP32,
                                .keep = CANDIDATES};
+    if (st == LOOM_OK) st = cli_allow_compression(cfg->allow_compression, &req.allow_compression);
     int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
     if (st == LOOM_OK && devices < ranks) {
         st = loom_fail(LOOM_ERR_INPUT,
@@ -164,10 +165,11 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
                        cluster.name, (long long)devices, ranks);
     }
     loom_plan_candidate best[CANDIDATES];
-    int found = 0, tried = 0, fitting = 0;
+    int found = 0, tried = 0, fitting = 0, pruned = 0;
     double t0 = loom_now();
     if (st == LOOM_OK)
-        st = loom_plan_search(&single.model, &cluster, &req, best, &found, &tried, &fitting, NULL);
+        st = loom_plan_search(&single.model, &cluster, &req, best, &found, &tried, &fitting,
+                              &pruned);
     double took = loom_now() - t0;
     if (st == LOOM_OK && world) st = check_agreement(world, &best[0]);
     if (st == LOOM_OK) {
@@ -177,9 +179,9 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
     }
     if (st == LOOM_OK) st = loom_plan_copy(plan, &best[0].plan);
     if (st == LOOM_OK && rank0) {
-        printf("--plan auto: searched %d layouts of %d ranks on %s in %.2f s; %d fit %.2f GiB "
-               "per rank\n",
-               tried, ranks, cluster.name, took, fitting,
+        printf("--plan auto: searched %d layouts of %d ranks on %s in %.2f s; %d simulated, %d of "
+               "them fit %.2f GiB per rank\n",
+               tried + pruned, ranks, cluster.name, took, tried, fitting,
                (double)cluster.memory_bytes / 1073741824.0);
         cli_print_candidates(best, found);
         char path[LOOM_PATH_MAX];

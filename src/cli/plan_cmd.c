@@ -253,6 +253,20 @@ static void compressor_text(const char *where, const loom_plan_compressor *c, co
                                  c->stages[i]);
 }
 
+loom_status cli_allow_compression(const char *word, int *bits) {
+    static const char *const allowed[] = {"none", "dp", "pp", "all"};
+    *bits = 0;
+    if (!word[0]) return LOOM_OK;
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(word, allowed[i])) {
+            *bits = i; /* the LOOM_ALLOW_* bits, in that order */
+            return LOOM_OK;
+        }
+    }
+    return loom_fail(LOOM_ERR_INPUT,
+                     "--allow-compression: expected none, dp, pp or all, got \"%s\"", word);
+}
+
 void cli_print_candidates(const loom_plan_candidate *best, int found) {
     printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
            "bubble  peak GiB  compression                           layers per stage\n");
@@ -355,17 +369,7 @@ static int run_search(const plan_args *args) {
     if (st == LOOM_OK && args->precision[0]) {
         st = loom_precision_parse(args->precision, "loom plan", "--precision", &req.precision);
     }
-    static const char *const allowed[] = {"none", "dp", "pp", "all"};
-    for (int i = 0; st == LOOM_OK && args->allow_compression[0] && i <= 4; i++) {
-        if (i == 4) {
-            st = loom_fail(LOOM_ERR_INPUT,
-                           "--allow-compression: expected none, dp, pp or all, got \"%s\"",
-                           args->allow_compression);
-        } else if (!strcmp(args->allow_compression, allowed[i])) {
-            req.allow_compression = i; /* the LOOM_ALLOW_* bits, in that order */
-            break;
-        }
-    }
+    if (st == LOOM_OK) st = cli_allow_compression(args->allow_compression, &req.allow_compression);
     if (st == LOOM_OK && req.devices == 0)
         req.devices = cluster.max_nodes * cluster.devices_per_node;
     if (st == LOOM_OK && req.global_batch < 1) {
