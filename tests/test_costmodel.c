@@ -220,20 +220,29 @@ static loom_plan_compressor compressor_of(const char *method, int rank) {
     return c;
 }
 
+/* gpt2 at micro 2, global 8, 1F1B on dp x pp with the given compressors (NULL: none). */
+static loom_plan compressed_plan(const loom_gpt_config *model, int dp, int pp,
+                                 const loom_plan_compressor *dpc, const loom_plan_compressor *ppc) {
+    loom_plan_request r = {.dp = dp,
+                           .tp = 1,
+                           .pp = pp,
+                           .micro_batch = 2,
+                           .global_batch = 8,
+                           .schedule = "1f1b",
+                           .dp_compression = dpc,
+                           .pp_compression = ppc};
+    loom_plan plan;
+    CHECK(loom_plan_from_request(&plan, model, &r, 0) == LOOM_OK, "plan dp %d pp %d: %s", dp, pp,
+          loom_last_error());
+    return plan;
+}
+
 static void test_compression(void) {
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
     loom_plan_compressor psgd = compressor_of("powersgd", 4);
-    loom_plan_request r = {.dp = 2,
-                           .tp = 1,
-                           .pp = 1,
-                           .micro_batch = 2,
-                           .global_batch = 8,
-                           .schedule = "1f1b",
-                           .dp_compression = &psgd};
-    loom_plan plan, plain;
-    CHECK(loom_plan_from_request(&plan, &model, &r, 0) == LOOM_OK, "plan: %s", loom_last_error());
-    plain = plan_of(2, 1, 1, 2, 8, "1f1b");
+    loom_plan plan = compressed_plan(&model, 2, 1, &psgd, NULL);
+    loom_plan plain = plan_of(2, 1, 1, 2, 8, "1f1b");
     double state, wire = powersgd_wire(&plan.model, 4, &state);
     loom_rank_memory mem;
     loom_plan_rank_memory(&plan, 0, 64, 0, &mem);
@@ -283,15 +292,7 @@ static void test_compression(void) {
     loom_plan_free(&plain);
     /* low-rank pipeline gradients: every backward message is 4 r (n + m) bytes */
     loom_plan_compressor lowrank = compressor_of("lowrank", 8);
-    loom_plan_request q = {.dp = 1,
-                           .tp = 1,
-                           .pp = 2,
-                           .micro_batch = 2,
-                           .global_batch = 8,
-                           .schedule = "1f1b",
-                           .pp_compression = &lowrank};
-    CHECK(loom_plan_from_request(&plan, &model, &q, 0) == LOOM_OK, "pp plan: %s",
-          loom_last_error());
+    plan = compressed_plan(&model, 1, 2, NULL, &lowrank);
     loom_cluster cl = ideal_cluster(1, 2);
     loom_prediction pr;
     CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
@@ -321,16 +322,7 @@ static void test_pp_policies(void) {
     for (int i = 0; i < 4; i++) {
         loom_plan_compressor lowrank = compressor_of(i ? "lowrank" : "none", i ? 8 : 0);
         snprintf(lowrank.policy, sizeof lowrank.policy, "%s", i ? policies[i] : "all");
-        loom_plan_request q = {.dp = 1,
-                               .tp = 1,
-                               .pp = 2,
-                               .micro_batch = 2,
-                               .global_batch = 8,
-                               .schedule = "1f1b",
-                               .pp_compression = &lowrank};
-        loom_plan plan;
-        CHECK(loom_plan_from_request(&plan, &model, &q, 0) == LOOM_OK, "pp plan %s: %s",
-              policies[i], loom_last_error());
+        loom_plan plan = compressed_plan(&model, 1, 2, NULL, &lowrank);
         loom_prediction pr;
         CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
               "predict %s: %s", policies[i], loom_last_error());
