@@ -236,14 +236,22 @@ static void test_tables(void) {
     }
     loom_stage_problem_free(&p);
     loom_plan_free(&plan);
-    /* interleaved layouts are not the DP's */
+    /* interleaved (pp 2, two chunks per rank): the problem is over the 4 virtual stages, one
+     * option (a rank's chunks agree on recomputation), no memory limit (they share a device;
+     * loom_plan_predict checks the result), and its times are the even plan's predicted ones */
     CHECK(loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 8, "interleaved", 2, NULL) == LOOM_OK,
           "interleaved plan");
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 0, &p) ==
-                  LOOM_ERR_INPUT &&
-              strstr(loom_last_error(), "one"),
-          "interleaved refused: %s", loom_last_error());
-    loom_clear_error();
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 1, &p) == LOOM_OK &&
+              p.stages == 4 && p.options == 1 && p.memory_bytes == INT64_MAX,
+          "interleaved problem: %s (%d stages, %d options)", loom_last_error(), p.stages,
+          p.options);
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    for (int s = 0; s < 4 && p.time; s++) {
+        double t = p.time[(size_t)loom_stage_class_of(s, 4) * row + 2];
+        CHECK_CLOSE(t, pr.stage[s].forward_s + pr.stage[s].backward_s, 1e-12, 0,
+                    "interleaved stage time");
+    }
+    loom_stage_problem_free(&p);
     loom_plan_free(&plan);
 }
 
@@ -321,14 +329,28 @@ static void test_search(void) {
     CHECK(tried[0] > tried[1], "the DP adds uneven candidates: %d vs %d", tried[0], tried[1]);
     CHECK(with[0].prediction.step_s <= without[0].prediction.step_s, "DP %g s, even %g s",
           with[0].prediction.step_s, without[0].prediction.step_s);
-    int uneven = 0;
+    int uneven = 0, uneven_chunked = 0;
     for (int i = 0; i < found[0]; i++) {
         const loom_plan *p = &with[i].plan;
-        if (p->pp < 2 || p->virtual_stages != 1) continue;
+        if (p->pp < 2) continue;
         const loom_plan_stage *last = &p->stages[p->num_stages - 1], *first = &p->stages[0];
-        uneven |= last->end_layer - last->first_layer < first->end_layer - first->first_layer;
+        int fewer = last->end_layer - last->first_layer < first->end_layer - first->first_layer;
+        if (p->virtual_stages == 1) uneven |= fewer;
+        if (p->virtual_stages > 1) uneven_chunked |= fewer;
     }
     CHECK(uneven, "some pipeline candidate gives the last stage fewer layers");
+    CHECK(uneven_chunked, "some interleaved or zb-v candidate gives the last stage fewer layers");
+    /* among interleaved and zb-v alone, the DP's candidates never make the best slower */
+    double best_chunked[2] = {1e300, 1e300};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < found[k]; i++) {
+            const loom_plan_candidate *c = &(k ? without : with)[i];
+            if (c->plan.virtual_stages > 1 && c->prediction.step_s < best_chunked[k])
+                best_chunked[k] = c->prediction.step_s;
+        }
+    }
+    CHECK(best_chunked[0] <= best_chunked[1] && best_chunked[1] < 1e300,
+          "chunked schedules: with the DP %g s, even %g s", best_chunked[0], best_chunked[1]);
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < found[k]; i++) loom_plan_free(&(k ? without : with)[i].plan);
     }

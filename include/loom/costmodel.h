@@ -99,10 +99,14 @@ loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster
 
 /* A lower bound on loom_plan_predict's step for the plan, without simulating: the busiest
  * pipeline rank's compute, every micro-batch's forward and backward on each of its virtual
- * stages (no recomputation, bubble, communication or optimizer). The search skips layouts whose
- * bound cannot beat the plans it keeps. Errors as loom_plan_predict's, *bound_s then 0. */
+ * stages (no recomputation, bubble, communication or optimizer). *mean_s (when not NULL) gets
+ * the mean rank's, a bound for every split of the same layers over the same ranks (the layers
+ * are identical, so the total does not depend on the split). The search skips layouts, and
+ * stage DPs, whose bound cannot beat the plans it keeps. Errors as loom_plan_predict's, the
+ * bounds then 0. */
 loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *cluster,
-                                 loom_precision precision, int seq_len, double *bound_s);
+                                 loom_precision precision, int seq_len, double *bound_s,
+                                 double *mean_s);
 
 /* loom_plan_predict, and the simulated step written to `path` as a Chrome trace in the format
  * of `loom train --trace` (loom/trace.h): a process per pipeline rank (the ranks of one DP or TP
@@ -155,9 +159,12 @@ double loom_stage_latency(const loom_stage_problem *p, const int *counts, const 
 loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompute, double *latency,
                           int *candidates);
 
-/* The problem for a checked plan with one chunk per rank (its stages' own split and
- * recomputation are not used), costed as loom_plan_predict costs stages; per_stage_recompute:
- * two options per stage (no, yes), else the plan's own (stage 0's) for all. Free with
+/* The problem for a checked plan (its stages' own split and recomputation are not used), costed
+ * as loom_plan_predict costs stages; per_stage_recompute: two options per stage (no, yes), else
+ * the plan's own (stage 0's) for all. With several chunks per rank (interleaved, zb-v) the
+ * stages are the virtual stages and the DP is a heuristic: Alpa's closed form does not describe
+ * chunked ranks, a rank's chunks must agree on recomputation (one option only) and share its
+ * memory (no memory limit here: loom_plan_predict checks the result). Free with
  * loom_stage_problem_free. */
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
                                     loom_precision precision, int seq_len, int zero1,

@@ -694,18 +694,12 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
                                     loom_precision precision, int seq_len, int zero1,
                                     int per_stage_recompute, loom_stage_problem *out) {
     memset(out, 0, sizeof *out);
-    if (plan->virtual_stages != 1) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "stage DP: the schedule \"%s\" has %d chunks per rank; "
-                         "the DP splits layouts of one",
-                         plan->schedule, plan->virtual_stages);
-    }
-    int S = plan->num_stages, L = plan->model.num_layers;
-    out->options = per_stage_recompute ? 2 : 1;
+    int S = plan->num_stages, L = plan->model.num_layers, chunked = plan->virtual_stages > 1;
+    out->options = per_stage_recompute && !chunked ? 2 : 1;
     size_t cells = (size_t)out->options * LOOM_STAGE_CLASSES * (size_t)(L + 1);
     out->stages = S, out->layers = L;
     out->micro_batches = loom_plan_num_micro_batches(plan);
-    out->memory_bytes = cluster->memory_bytes;
+    out->memory_bytes = chunked ? INT64_MAX : cluster->memory_bytes;
     out->time = malloc(cells * sizeof *out->time);
     out->memory = calloc(cells, sizeof *out->memory);
     out->per_flight = calloc(cells, sizeof *out->per_flight);
@@ -741,8 +735,10 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
 }
 
 loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *cluster,
-                                 loom_precision precision, int seq_len, double *bound_s) {
+                                 loom_precision precision, int seq_len, double *bound_s,
+                                 double *mean_s) {
     *bound_s = 0;
+    if (mean_s) *mean_s = 0;
     if (!(cluster->peak_flops[precision] > 0)) {
         return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
                          cluster->name, loom_precision_name(precision));
@@ -761,9 +757,10 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
         double rerun = plan->stages[s].recompute ? t.forward_s : 0;
         busy[plan->stages[s].rank] += t.forward_s + t.backward_s - rerun;
     }
-    double most = 0;
-    for (int r = 0; r < plan->pp; r++) most = busy[r] > most ? busy[r] : most;
+    double most = 0, total = 0;
+    for (int r = 0; r < plan->pp; r++) most = busy[r] > most ? busy[r] : most, total += busy[r];
     *bound_s = most * loom_plan_num_micro_batches(plan);
+    if (mean_s) *mean_s = total / plan->pp * loom_plan_num_micro_batches(plan);
     return LOOM_OK;
 }
 

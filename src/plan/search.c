@@ -1,8 +1,9 @@
 /*
  * search.c — the planner's search over layouts (loom/costmodel.h): every (dp, tp, pp), micro
- * batch, schedule, recomputation and ZeRO-1 choice for a device count; for layouts of one chunk
- * per rank, beside the even split, the stage DP's split (stage_dp.c); each predicted by the cost
- * model, ranked by step time among those that fit.
+ * batch, schedule, recomputation and ZeRO-1 choice for a device count; for pipelines, beside the
+ * even split, the stage DP's split (stage_dp.c; exact for one chunk per rank, a heuristic over
+ * the virtual stages for interleaved and zb-v); each predicted by the cost model, ranked by step
+ * time among those that fit.
  *
  * Not here: the cost model (costmodel.c), the DP itself (stage_dp.c), the intra-op ILP.
  */
@@ -69,8 +70,8 @@ static double entry_bar(const search *s);
 static double step_if_fits(search *s, const loom_plan *plan, int zero1) {
     double bound;
     if (s->found == s->request->keep &&
-        loom_plan_step_bound(plan, s->cluster, s->request->precision, s->request->seq_len,
-                             &bound) == LOOM_OK &&
+        loom_plan_step_bound(plan, s->cluster, s->request->precision, s->request->seq_len, &bound,
+                             NULL) == LOOM_OK &&
         bound >= entry_bar(s)) {
         s->pruned++;
         return -1;
@@ -250,15 +251,21 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
                            .global_batch = s->request->global_batch,
                            .schedule = schedule,
                            .recompute = recompute};
-    /* the DP chooses each stage's recomputation too: once, from the layout without it, for the
-     * schedules of one chunk per rank */
+    /* the DP splits every pipeline once, from the layout without recomputation, and chooses
+     * each stage's recomputation too where a rank runs one chunk (a rank's chunks must agree) */
     char split[4096] = "";
     int *stage_recompute = NULL;
     loom_plan even;
     if (!s->request->even_stages && pp > 1 && !recompute &&
-        loom_plan_schedule_chunks(schedule) == 1 &&
         loom_plan_from_request(&even, model, &r, 0) == LOOM_OK) {
-        stage_recompute = calloc((size_t)even.num_stages, sizeof *stage_recompute);
+        /* no split can beat the mean rank's compute: skip the DP when that is out already */
+        double busiest, mean;
+        int hopeless = s->found == s->request->keep &&
+                       loom_plan_step_bound(&even, s->cluster, s->request->precision,
+                                            s->request->seq_len, &busiest, &mean) == LOOM_OK &&
+                       mean >= entry_bar(s);
+        stage_recompute =
+            hopeless ? NULL : calloc((size_t)even.num_stages, sizeof *stage_recompute);
         if (stage_recompute) dp_split(s, &even, zero1, split, sizeof split, stage_recompute);
         loom_plan_free(&even);
     }
