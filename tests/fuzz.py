@@ -1220,7 +1220,8 @@ class Harness:
         self.must([self.loom, "train", "--model", "tiny"] + TINY +
                   ["--data", "data/train_*.bin", "--steps", "1", "--out", "seedrun",
                    "--eval-every", "0", "--log-every", "1"])
-        self.must([self.loom, "plan", "--model", "tiny", "--out", "plan0.json"])
+        self.must([self.loom, "plan", "--model", "tiny", "--recompute-always", "--out",
+                   "plan0.json"])  # "recompute": "always", a string where others write booleans
         plan = jparse(read_text(os.path.join(s, "plan0.json")))
         plan.append(("predicted", Obj([("step_s", 0.25), ("tokens_per_s", 512.0),
                                        ("peak_bytes_per_rank", [104857600])])))
