@@ -181,13 +181,17 @@ megatron() {
     local cluster=$ROOT/clusters/dgx-a100.json dir=$OUT/megatron
     mkdir -p "$dir"
     echo "== Megatron-LM SC'21 Table 1: the published layouts predicted on $cluster (bf16, micro 1,"
+    echo "   interleaved with the fewest chunks (>= 2) that divide a stage's layers where p > 1,"
     echo "   full recomputation (--recompute-always: the forward rerun before every backward, as"
-    echo "   Megatron's count and time include), interleaved v 2 where p > 1), TFLOP/s per GPU by Megatron's count, and the"
+    echo "   Megatron's count and time include)), TFLOP/s per GPU by Megatron's count, and the"
     echo "   planner's own choice for the same model, GPUs and batch"
     # params heads hidden layers t p GPUs batch published-TFLOP/s
     while read -r name a h l t p n b pub; do
-        local d=$((n / (t * p))) sched=(--schedule 1f1b)
-        [ "$p" -gt 1 ] && sched=(--schedule interleaved --virtual-stages 2)
+        local d=$((n / (t * p))) sched=(--schedule 1f1b) v=2
+        # interleaved with the fewest chunks >= 2 that divide each stage's layers, as Megatron
+        # requires (the paper does not say v; 76.1B and 529.6B cannot use 2: 15 and 3 layers)
+        while [ $((l % (p * v))) -ne 0 ]; do v=$((v + 1)); done
+        [ "$p" -gt 1 ] && sched=(--schedule interleaved --virtual-stages "$v")
         local model=(--model gpt3-175b --layers "$l" --heads "$a" --d-model "$h" --context 2048 --vocab 51200)
         "$LOOM" plan "${model[@]}" --dp "$d" --tp "$t" --pp "$p" --micro-batch-size 1 \
             --global-batch-size "$b" "${sched[@]}" --recompute-always --out "$dir/$name.json" >/dev/null </dev/null ||

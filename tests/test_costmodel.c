@@ -163,6 +163,36 @@ static void test_recompute(void) {
     CHECK(step[1] > step[0], "pp 2: always %g s, as needed %g s", step[1], step[0]);
 }
 
+/* The weight-gradient GEMMs accumulate into the fp32 gradients (beta 1), so each micro-batch's
+ * W reads and writes them: with perfect GEMMs at 1e12 FLOP/s and memory at 1e10 B/s, W is its
+ * FLOPs, plus one activation slot read, plus twice the gradients a GEMM writes — pp 2 of gpt2:
+ * stage 0's without wte and wpe (the embedding adds into its rows), stage 1's with wte (the
+ * tied LM head). */
+static void test_gradient_accumulation(void) {
+    loom_cluster cl = ideal_cluster(8, 1);
+    cl.memory_bandwidth = 1e10;
+    loom_plan plan = plan_of(1, 1, 2, 2, 8, "1f1b");
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    double wte = (double)plan.model.padded_vocab_size * plan.model.channels * 4;
+    double wpe = (double)plan.model.max_seq_len * plan.model.channels * 4;
+    for (int s = 0; s < 2; s++) {
+        const loom_plan_stage *st = &plan.stages[s];
+        loom_gpt_stage_spec spec = {
+            1, st->first_layer, st->end_layer, st->embedding, st->head, 2, 64, 1, 0};
+        loom_gpt_stage_cost c;
+        CHECK(loom_gpt_cost_stage(&plan.model, &spec, &c) == LOOM_OK, "cost: %s",
+              loom_last_error());
+        double grads = (double)c.param_bytes - (s == 0 ? wte + wpe : 0);
+        double expect =
+            (double)c.flops_bwd_weight / 1e12 + (double)c.act_slot_bytes / 1e10 + 2 * grads / 1e10;
+        CHECK(fabs(pr.stage[s].backward_weight_s - expect) <= 1e-9 * expect,
+              "stage %d's W: %g s, expected %g s", s, pr.stage[s].backward_weight_s, expect);
+    }
+    loom_plan_free(&plan);
+}
+
 /* dp 2: an allreduce of G gradient bytes over a link of bandwidth b takes 2 (1/2) G / b; the
  * last backward (2F) hides that much of it. */
 static void test_dp_sync(void) {
@@ -548,6 +578,7 @@ int main(void) {
     test_memory();
     test_single_process();
     test_recompute();
+    test_gradient_accumulation();
     test_dp_sync();
     test_compression();
     test_pp_policies();

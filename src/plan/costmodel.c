@@ -245,6 +245,18 @@ static double tp_s(const costing *k, int64_t calls, int64_t bytes) {
                                                      k->tp_link, k->plan->tp, per_call);
 }
 
+/* Bytes of the stage's gradients a weight-gradient GEMM writes: its parameters but the token
+ * and position embeddings, with wte back in when the stage also holds the LM head (tied). */
+static int64_t gemm_gradient_bytes(const loom_plan *plan, int s, const loom_gpt_stage_cost *c) {
+    const loom_plan_stage *st = &plan->stages[s];
+    if (!st->embedding) return c->param_bytes;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_tp(&plan->model, plan->tp, info);
+    int64_t wte = info[LOOM_WTE].numel * (int64_t)sizeof(float);
+    int64_t wpe = info[LOOM_WPE].numel * (int64_t)sizeof(float);
+    return c->param_bytes - wpe - (st->head ? 0 : wte);
+}
+
 static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_times *t) {
     loom_gpt_stage_cost c;
     loom_status st = stage_cost(k->plan, s, seq_len, &c);
@@ -264,7 +276,13 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
     t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + weights + t->tp_forward_s;
     t->backward_input_s =
         gemm_s(k, (double)c.flops_bwd_input, typical) + memory + weights + t->tp_backward_s;
-    t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2;
+    /* and the weight-gradient GEMMs accumulate into the fp32 gradients (beta 1): every
+     * micro-batch reads and writes the gradients of the weights they produce once — not the
+     * embedding's (its backward adds into the rows of the batch's tokens), but wte's again when
+     * the stage's LM head multiplies by it */
+    double accumulate =
+        2.0 * (double)gemm_gradient_bytes(k->plan, s, &c) / k->cluster->memory_bandwidth;
+    t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2 + accumulate;
     t->backward_s = t->backward_input_s + t->backward_weight_s;
     if (c.flops_recompute > 0) { /* the rerun forward: before a whole backward, or before B and
                                   * again before W (the executor reruns it when another micro-
