@@ -323,6 +323,7 @@ static void record_pipeline(const loom_pipe_shape *shape, const loom_pipe_stage_
  * share of micro-batches that need it (the simulator takes one time per stage). */
 static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape *shape,
                                    const loom_pipe_stage_schedule *lists, loom_prediction *out) {
+    if (!lists) return;
     int needs_b[LOOM_PREDICT_MAX_STAGES] = {0}, needs_w[LOOM_PREDICT_MAX_STAGES] = {0};
     for (int r = 0; r < shape->ranks; r++) {
         const loom_pipe_action *last = NULL;

@@ -104,9 +104,9 @@ static double entry_bar(const search *s) {
     return s->found == s->request->keep ? s->best[s->found - 1].prediction.step_s : 1e300;
 }
 
-/* The stage DP's split for a layout of one chunk per rank, as a --stage-layers text, and each
- * stage's recomputation (recompute[], the plan's stages); "" when the DP found the even split
- * without recomputation (or nothing that fits). */
+/* The stage DP's split for a pipeline, as a --stage-layers text (one count per virtual stage),
+ * and each stage's recomputation (recompute[], the plan's stages; none with several chunks per
+ * rank); "" when the DP found the even split without recomputation (or nothing that fits). */
 static void dp_split(search *s, const loom_plan *even, int zero1, char *text, size_t cap,
                      int *recompute) {
     text[0] = '\0';
