@@ -563,7 +563,7 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
     int nallowed = (int)(sizeof allowed / sizeof allowed[0]);
     loom_status st = check_mode_flags(argc, argv, "--intraop", allowed, nallowed,
                                       "the ILP plans one (dp, tp) mesh");
-    loom_gpt_config model;
+    loom_gpt_config model = {0};
     if (st == LOOM_OK) {
         st = loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
                                      args->context, args->vocab, "model configuration", &model);
