@@ -183,7 +183,9 @@ megatron() {
     echo "== Megatron-LM SC'21 Table 1: the published layouts predicted on $cluster (bf16, micro 1,"
     echo "   interleaved with the fewest chunks (>= 2) that divide a stage's layers where p > 1,"
     echo "   full recomputation (--recompute-always: the forward rerun before every backward, as"
-    echo "   Megatron's count and time include)), TFLOP/s per GPU by Megatron's count, and the"
+    echo "   Megatron's count and time include), the gradient sync after the backward and AdamW"
+    echo "   unsharded (Megatron-LM's local DDP and optimizer of 2021: --no-overlap-grad-reduce,"
+    echo "   --no-zero1)), TFLOP/s per GPU by Megatron's count, and the"
     echo "   planner's own choice for the same model, GPUs and batch"
     # params heads hidden layers t p GPUs batch published-TFLOP/s
     while read -r name a h l t p n b pub; do
@@ -194,10 +196,11 @@ megatron() {
         [ "$p" -gt 1 ] && sched=(--schedule interleaved --virtual-stages "$v")
         local model=(--model gpt3-175b --layers "$l" --heads "$a" --d-model "$h" --context 2048 --vocab 51200)
         "$LOOM" plan "${model[@]}" --dp "$d" --tp "$t" --pp "$p" --micro-batch-size 1 \
-            --global-batch-size "$b" "${sched[@]}" --recompute-always --out "$dir/$name.json" >/dev/null </dev/null ||
+            --global-batch-size "$b" "${sched[@]}" --recompute-always --no-overlap-grad-reduce \
+            --out "$dir/$name.json" >/dev/null </dev/null ||
             { echo "$name: loom plan failed"; continue; }
         "$LOOM" plan --predict "$dir/$name.json" --cluster "$cluster" --precision bf16 --seq-len 2048 \
-            --out "$dir/$name.pred.json" >/dev/null </dev/null || { echo "$name: --predict failed"; continue; }
+            --no-zero1 --out "$dir/$name.pred.json" >/dev/null </dev/null || { echo "$name: --predict failed"; continue; }
         local t0 t1
         t0=$(date +%s.%N)
         "$LOOM" plan "${model[@]}" --cluster "$cluster" --devices "$n" --global-batch-size "$b" \

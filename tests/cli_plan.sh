@@ -262,6 +262,12 @@ bad "plan: --check malformed JSON" 'broken\.json:1:[0-9]+: invalid JSON' \
 sed 's/"recompute": false}/"recompute": false, "gpu": 0}/' design.json >unknown.json
 bad "plan: --check unknown key" 'unknown\.json: stages\[0\]\.gpu: unknown key' \
     -- "$LOOM" plan --check unknown.json
+sed 's/"mesh":/"overlap_grad_reduce": 1, "mesh":/' design.json >overlap_word.json
+bad "plan: --check overlap_grad_reduce not a boolean" \
+    'overlap_word\.json: overlap_grad_reduce: expected true or false' \
+    -- "$LOOM" plan --check overlap_word.json
+good "plan: --no-overlap-grad-reduce written and shown" 'gradient sync after the backward' \
+    -- bash -c "\"$LOOM\" plan --model gpt2 --dp 2 --no-overlap-grad-reduce --out no_overlap.json >/dev/null && grep -q '\"overlap_grad_reduce\": false' no_overlap.json && \"$LOOM\" plan --check no_overlap.json"
 sed 's/"recompute": true}/"recompute": "sometimes"}/' design.json >recompute_word.json
 bad "plan: --check recompute neither a boolean nor always" \
     'recompute_word\.json: stages\[1\]\.recompute: expected true, false or "always"' \

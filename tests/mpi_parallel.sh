@@ -49,8 +49,36 @@ compare_run() {
 }
 
 # plain data parallelism (--no-zero1): bucketed allreduces during backward
-run dp2 2 --no-zero1
+run dp2 2 --no-zero1 --trace overlap.trace.json
 compare_run dp2
+# the sync after the backward instead of during it (Megatron-LM's local DDP): the same numbers,
+# and every gradient bucket starts after the step's last backward ends (with overlap, some
+# start before it)
+run dp2_no_overlap 2 --no-zero1 --no-overlap-grad-reduce --trace no_overlap.trace.json
+compare_run dp2_no_overlap
+python3 - overlap.trace.json no_overlap.trace.json <<'PY' && ok || fail "bucket starts against the last backward: see above"
+import json, sys
+def early_starts(path):
+    events = json.load(open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    steps = {}
+    for e in events:
+        if e.get("ph") != "X" or (e.get("args") or {}).get("step") is None:
+            continue
+        d = steps.setdefault((e.get("pid"), e["args"]["step"]), {"end": 0.0, "starts": []})
+        if e["name"] == "backward":
+            d["end"] = max(d["end"], e["ts"] + e["dur"])
+        if e["name"] == "bucket start":
+            d["starts"].append(e["ts"])
+    starts = sum(len(d["starts"]) for d in steps.values())
+    early = sum(1 for d in steps.values() for t in d["starts"] if t < d["end"])
+    return starts, early
+s0, e0 = early_starts(sys.argv[1])
+s1, e1 = early_starts(sys.argv[2])
+print(f"overlap: {e0} of {s0} bucket starts before the last backward ended; "
+      f"no overlap: {e1} of {s1}")
+sys.exit(0 if s0 > 0 and e0 > 0 and s1 > 0 and e1 == 0 else 1)
+PY
 run dp4 4 --no-zero1
 compare_run dp4
 # ZeRO-1 is the default for dp > 1

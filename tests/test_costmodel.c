@@ -213,6 +213,12 @@ static void test_dp_sync(void) {
         CHECK_CLOSE(pr.step_s, expect, 1e-9, 1e-9, slow ? "dp 2, slow link" : "dp 2, fast link");
         CHECK(pr.dp_bytes == (int64_t)grads * 2, "dp bytes %lld, expected %lld",
               (long long)pr.dp_bytes, (long long)grads * 2);
+        /* the sync after the backward (no overlap): all of it shows */
+        plan.overlap_grad_reduce = 0;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+              "predict: %s", loom_last_error());
+        CHECK_CLOSE(pr.step_s, 2 * 3 * f + sync, 1e-9, 1e-9, "dp 2, sync after the backward");
+        plan.overlap_grad_reduce = 1;
     }
     loom_plan_free(&plan);
 }

@@ -39,7 +39,8 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
     }
     if (a->global_batch != b->global_batch || a->micro_batch != b->micro_batch ||
         strcmp(a->schedule, b->schedule) || a->virtual_stages != b->virtual_stages ||
-        a->dp != b->dp || a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages) {
+        a->dp != b->dp || a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages ||
+        a->overlap_grad_reduce != b->overlap_grad_reduce) {
         return 0;
     }
     for (int i = 0; i < a->num_stages; i++) {
@@ -94,6 +95,7 @@ static void test_round_trip(void) {
     CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
     if (st != LOOM_OK) return;
     plan.stages[1].recompute = LOOM_RECOMPUTE_ALWAYS;
+    plan.overlap_grad_reduce = 0;
     snprintf(plan.dp_compression.method, sizeof plan.dp_compression.method, "powersgd");
     plan.dp_compression.rank = 3;
     plan.dp_compression.error_feedback = 0;
@@ -149,7 +151,8 @@ static void test_round_trip(void) {
         CHECK(strstr(text, "{\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},") !=
                   NULL,
               "stage 0 line in:\n%s", text);
-        CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": \"always\"}") != NULL,
+        CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": \"always\"}") !=
+                  NULL,
               "stage 1 line in:\n%s", text);
         const char *order[] = {"\"model\"",  "\"batch\"",       "\"mesh\"",
                                "\"stages\"", "\"compression\"", "\"predicted\""};

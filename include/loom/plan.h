@@ -27,6 +27,9 @@
  * A top-level "zero1" (true/false; left out: the trainer decides) says whether AdamW's state is
  * sharded over the data-parallel ranks: the planner writes what it predicted, `loom train`
  * follows it unless --zero1/--no-zero1 say otherwise.
+ * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
+ * says whether the data-parallel gradient buckets start during the last backward (loom's way)
+ * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
  * and "recompute" (false; true: as needed; "always": before every backward, LOOM_RECOMPUTE_*).
@@ -141,6 +144,7 @@ typedef struct {
                           the runtime refuses them by name) */
     int zero1;         /* AdamW's state sharded over dp: 1, 0, or -1 (not said: the trainer's
                           default) */
+    int overlap_grad_reduce; /* 1 (default): DP buckets start during backward; 0: after it */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
     int num_predicted_peak;

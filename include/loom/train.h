@@ -70,7 +70,8 @@ typedef struct {
     int recompute_always;   /* ... and reruns the forward before every backward */
     loom_plan_compression_flags compression; /* what is compressed, and how */
     /* how the layout runs (not part of a plan) */
-    double bucket_mb;    /* DP allreduce bucket size */
+    double bucket_mb;           /* DP allreduce bucket size */
+    int no_overlap_grad_reduce; /* start the DP buckets after the backward, not during it */
     int zero1, no_zero1; /* shard AdamW state across DP ranks (default), or not; the CLI turns
                             zero1 off for data-parallel compression unless --zero1 is given */
     double comm_timeout; /* seconds before a silent peer ends the job */

@@ -103,6 +103,9 @@ static const cli_opt train_opts[] = {
     CLI_COMPRESSION_OPTS(TOPT),
     TOPT("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
+    TOPT("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
+         "start the data-parallel gradient sync after the backward instead of during it "
+         "(Megatron-LM's local DDP of 2021; slower, the same numbers)"),
     TOPT("--zero1", OPT_FLAG, zero1,
          "shard the AdamW state across data-parallel ranks (the default when dp > 1, but not "
          "with data-parallel compression unless given)"),
@@ -387,6 +390,7 @@ int cmd_train(int argc, char **argv) {
     }
     int rank0 = !world || loom_comm_rank(world) == 0;
     choose_zero1(&cfg, &plan, seen, rank0);
+    if (cfg.no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
     if (rank0) {
         loom_train_config shown = cfg;
         show_plan(&shown, &plan);
@@ -803,6 +807,7 @@ int cmd_bench_train(int argc, char **argv) {
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
     if (st == LOOM_OK) choose_zero1(&cfg, &plan, given, rank == 0);
+    if (cfg.no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {

@@ -31,6 +31,7 @@ typedef struct {
     int layers, heads, d_model, context, vocab;
     int dp, tp, pp;
     int micro_batch_size, global_batch_size, micro_batches, recompute, recompute_always;
+    int no_overlap_grad_reduce;
     char schedule[64];
     int virtual_stages;
     char stage_layers[256];
@@ -71,6 +72,9 @@ static const cli_opt plan_opts[] = {
     POPT("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else pp)"),
     POPT("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
+    POPT("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
+         "the data-parallel gradient sync starts after the backward (Megatron-LM's local DDP of "
+         "2021), not during it"),
     POPT("--recompute-always", OPT_FLAG, recompute_always,
          "as --recompute, rerunning the forward before every backward (Megatron-LM's full "
          "recomputation)"),
@@ -673,6 +677,7 @@ static int run_build(const plan_args *args) {
     if (st == LOOM_OK) {
         st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
     }
+    if (st == LOOM_OK && args->no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
     if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {

@@ -258,14 +258,20 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         keep_error(s, st);
         bs->phase = st == LOOM_OK ? BUCKET_COMPRESSED : BUCKET_DONE;
     } else if (bs->phase == BUCKET_IDLE && !s->zero1) {
+        double t0 = loom_trace_now_us();
         loom_status st =
             loom_comm_iallreduce_f32(s->mesh->dp, s->model->grads_memory + bucket->begin,
                                      (int64_t)(bucket->end - bucket->begin), &bs->request);
+        loom_trace_event(s->trace, LOOM_TRACE_DP, "bucket start", "dp", t0,
+                         loom_trace_now_us() - t0, s->step + 1, b);
         keep_error(s, st);
         bs->phase = st == LOOM_OK ? BUCKET_REDUCING : BUCKET_DONE;
     } else if (bs->phase == BUCKET_IDLE) {
+        double t0 = loom_trace_now_us();
         bs->step = 0;
         loom_status st = ring_post(s, b);
+        loom_trace_event(s->trace, LOOM_TRACE_DP, "bucket start", "dp", t0,
+                         loom_trace_now_us() - t0, s->step + 1, b);
         keep_error(s, st);
         bs->phase = st == LOOM_OK ? BUCKET_RING : BUCKET_DONE;
     }
@@ -332,7 +338,7 @@ static void grads_ready(void *ctx, size_t ready_offset) {
 void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
     if (s->in_step && s->step == step) { /* a later chunk's last backward in the same step */
-        loom_gpt_set_grads_ready(s->model, grads_ready, s);
+        if (s->mesh->plan->overlap_grad_reduce) loom_gpt_set_grads_ready(s->model, grads_ready, s);
         return;
     }
     s->in_step = 1;
@@ -349,7 +355,8 @@ void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
         }
     }
     for (int b = 0; b < s->num_buckets; b++) s->state[b].phase = BUCKET_IDLE;
-    loom_gpt_set_grads_ready(s->model, grads_ready, s);
+    /* without overlap every bucket starts in loom_grad_sync_finish, after the backward */
+    if (s->mesh->plan->overlap_grad_reduce) loom_gpt_set_grads_ready(s->model, grads_ready, s);
 }
 
 void loom_grad_sync_after_backward(loom_grad_sync *s) {

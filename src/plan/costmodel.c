@@ -625,8 +625,9 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
                     (int64_t)(2.0 * grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
             }
         }
-        /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync */
-        double hidden = out->stage[r].backward_s;
+        /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync, unless
+         * the plan starts the buckets only after it */
+        double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
         double exposed = (sync > hidden ? sync - hidden : 0) + codec; /* the codec computes */
         if (r == first_rank || r == last_rank) exposed += tied;
         /* AdamW: measured parameters per second, or 28 bytes per parameter streamed (it reads

@@ -88,6 +88,7 @@ void loom_plan_init(loom_plan *plan) {
     snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
     snprintf(plan->precision, sizeof plan->precision, "fp32");
     plan->zero1 = -1;
+    plan->overlap_grad_reduce = 1;
 }
 
 void loom_plan_free(loom_plan *plan) {
@@ -931,8 +932,9 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
     }
     fprintf(out, "\n");
     int ranks = plan->dp * plan->tp * plan->pp;
-    fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks\n", plan->dp, plan->tp, plan->pp,
-            ranks);
+    fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks%s\n", plan->dp, plan->tp, plan->pp,
+            ranks,
+            plan->overlap_grad_reduce || plan->dp < 2 ? "" : "; gradient sync after the backward");
     fprintf(out, "compress ");
     print_compressor(out, "dp", &plan->dp_compression, 0);
     print_compressor(out, ", pp", &plan->pp_compression, 1);

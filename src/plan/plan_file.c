@@ -331,11 +331,12 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
 }
 
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"model",       "batch",     "mesh",      "stages",
-                                       "compression", "predicted", "precision", "zero1"};
+    static const char *const keys[] = {"model",     "batch",       "mesh",
+                                       "stages",    "compression", "predicted",
+                                       "precision", "zero1",       "overlap_grad_reduce"};
     if (!json_is_object(root))
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
-    loom_status st = loom_json_check_keys(file, root, "", keys, 8);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 9);
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
     if (st == LOOM_OK) st = read_mesh(file, root, plan);
@@ -352,6 +353,8 @@ static loom_status read_document(const char *file, const json_t *root, loom_plan
             snprintf(plan->precision, sizeof plan->precision, "%s", json_string_value(precision));
         }
     }
+    if (st == LOOM_OK)
+        st = read_bool(file, root, "", "overlap_grad_reduce", &plan->overlap_grad_reduce);
     const json_t *zero1 = json_object_get(root, "zero1");
     if (st == LOOM_OK && zero1) {
         if (json_is_boolean(zero1)) {
@@ -429,6 +432,7 @@ static void write_document(FILE *out, const loom_plan *plan) {
     if (strcmp(plan->precision, "fp32") != 0)
         fprintf(out, "  \"precision\": \"%s\",\n", plan->precision);
     if (plan->zero1 >= 0) fprintf(out, "  \"zero1\": %s,\n", plan->zero1 ? "true" : "false");
+    if (!plan->overlap_grad_reduce) fprintf(out, "  \"overlap_grad_reduce\": false,\n");
     /* virtual stages are written only when there are some, so that a v = 1 plan reads as a plan
      * written before they existed */
     int placed = plan->virtual_stages > 1;
