@@ -33,12 +33,8 @@ check() { # NAME WHY (empty WHY = pass): a check that ran no command of its own
 record() { # NAME WHY (empty WHY = pass) COMMAND...
     local name=$1 why=$2
     shift 2
-    if [ -z "$why" ]; then
-        passed=$((passed + 1))
-        echo "ok    $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL  $name: $why"
+    check "$name" "$why"
+    if [ -n "$why" ]; then
         echo "      command: $*"
         sed 's/^/      stderr: /' err.txt | head -n 8
     fi

@@ -352,6 +352,14 @@ static void choose_zero1(loom_train_config *cfg, const loom_plan *plan, const un
     }
 }
 
+/* What the flags settle beside the plan: ZeRO-1 (choose_zero1) and, with
+ * --no-overlap-grad-reduce, a gradient sync after the backward whatever the plan says. */
+static void settle_plan_flags(loom_train_config *cfg, loom_plan *plan, const unsigned char *seen,
+                              int say) {
+    choose_zero1(cfg, plan, seen, say);
+    if (cfg->no_overlap_grad_reduce) plan->overlap_grad_reduce = 0;
+}
+
 int cmd_train(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN);
@@ -389,8 +397,7 @@ int cmd_train(int argc, char **argv) {
         return cli_finish(world, cli_fail(st));
     }
     int rank0 = !world || loom_comm_rank(world) == 0;
-    choose_zero1(&cfg, &plan, seen, rank0);
-    if (cfg.no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
+    settle_plan_flags(&cfg, &plan, seen, rank0);
     if (rank0) {
         loom_train_config shown = cfg;
         show_plan(&shown, &plan);
@@ -806,8 +813,7 @@ int cmd_bench_train(int argc, char **argv) {
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
-    if (st == LOOM_OK) choose_zero1(&cfg, &plan, given, rank == 0);
-    if (cfg.no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
+    if (st == LOOM_OK) settle_plan_flags(&cfg, &plan, given, rank == 0);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {

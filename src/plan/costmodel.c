@@ -528,6 +528,21 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     return st;
 }
 
+/* What every costing of a plan needs: a peak in the precision, and at most
+ * LOOM_PREDICT_MAX_STAGES virtual stages (so at most that many ranks in a pipeline). */
+static loom_status check_costable(const loom_plan *plan, const loom_cluster *cluster,
+                                  loom_precision precision) {
+    if (!(cluster->peak_flops[precision] > 0)) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
+                         cluster->name, loom_precision_name(precision));
+    }
+    if (plan->num_stages > LOOM_PREDICT_MAX_STAGES) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
+                         plan->num_stages, LOOM_PREDICT_MAX_STAGES);
+    }
+    return LOOM_OK;
+}
+
 static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
                            loom_precision precision, int seq_len, int zero1, loom_trace **traces,
                            loom_prediction *out) {
@@ -541,14 +556,8 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
                          (long long)ranks, cluster->name, cluster->max_nodes,
                          cluster->devices_per_node, (long long)devices);
     }
-    if (!(cluster->peak_flops[precision] > 0)) {
-        return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
-                         cluster->name, loom_precision_name(precision));
-    }
-    if (plan->num_stages > LOOM_PREDICT_MAX_STAGES) {
-        return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
-                         plan->num_stages, LOOM_PREDICT_MAX_STAGES);
-    }
+    loom_status checked = check_costable(plan, cluster, precision);
+    if (checked != LOOM_OK) return checked;
     costing k = costing_of(plan, cluster, precision, seq_len);
     out->stages = plan->num_stages;
     loom_status st = LOOM_OK;
@@ -759,14 +768,8 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
                                  double *mean_s) {
     *bound_s = 0;
     if (mean_s) *mean_s = 0;
-    if (!(cluster->peak_flops[precision] > 0)) {
-        return loom_fail(LOOM_ERR_INPUT, "cost model: the cluster \"%s\" has no %s peak",
-                         cluster->name, loom_precision_name(precision));
-    }
-    if (plan->num_stages > LOOM_PREDICT_MAX_STAGES || plan->pp > LOOM_PREDICT_MAX_STAGES) {
-        return loom_fail(LOOM_ERR_INPUT, "cost model: %d virtual stages, at most %d",
-                         plan->num_stages, LOOM_PREDICT_MAX_STAGES);
-    }
+    loom_status checked = check_costable(plan, cluster, precision);
+    if (checked != LOOM_OK) return checked;
     costing k = costing_of(plan, cluster, precision, seq_len);
     double busy[LOOM_PREDICT_MAX_STAGES] = {0};
     for (int s = 0; s < plan->num_stages; s++) {
