@@ -223,13 +223,14 @@ static void test_dp_sync(void) {
     loom_plan_free(&plan);
 }
 
-/* PowerSGD's wire, by hand: per block the four weight matrices (qkv 3C x C, attention
+/* PowerSGD's wire, by hand: per block the weight matrices (Q, K and V, each C x C, attention
  * projection C x C, MLP C x 4C and 4C x C, as (rows, cols) = (out, in)) each compress when
  * r (rows + cols) < rows cols / 2, else go as fp32; wte (Vp x C) and wpe (T x C) likewise;
  * every 1-D tensor as fp32. */
 static double powersgd_wire(const loom_gpt_config *m, int r, double *state) {
     double C = m->channels, V = m->padded_vocab_size, T = m->max_seq_len, L = m->num_layers;
-    double mats[6][3] = {{3 * C, C, L}, {C, C, L}, {4 * C, C, L},
+    /* qkvw as its Q, K and V: three C x C matrices a layer */
+    double mats[6][3] = {{C, C, 3 * L}, {C, C, L}, {4 * C, C, L},
                          {C, 4 * C, L}, {V, C, 1}, {T, C, 1}};
     double wire = 0, vectors = L * (2 * C + 2 * C + 3 * C + C + 4 * C + C) + 2 * C;
     *state = 0;

@@ -43,7 +43,7 @@ static size_t total_floats(size_t *offset) {
 /* Two buckets, from the top of the buffer down as grad_sync makes them: {3, 4} and {0, 1, 2}. */
 static void make_buckets(loom_grad_bucket *b, loom_grad_matrix *m, const size_t *offset, size_t n) {
     for (int i = 0; i < MATRICES; i++) {
-        m[i] = (loom_grad_matrix){offset[i], shape[i][0], shape[i][1], i, -1};
+        m[i] = (loom_grad_matrix){offset[i], shape[i][0], shape[i][1], i, -1, 0};
     }
     b[0] = (loom_grad_bucket){offset[3], n, &m[3], 2};
     b[1] = (loom_grad_bucket){0, offset[3], &m[0], 3};

@@ -3,9 +3,10 @@
  * (tensor-parallel shards and pipeline stages included) and bucket sizes, the buckets tile the
  * gradient buffer [0, num_params) from the top down with no gap or overlap, every bucket is a
  * list of whole tensor slices (each segment of the model lies in exactly one bucket), each
- * matrix's rows x cols is its slice's element count with the 2-D weights' true shapes, and every
+ * matrix's rows x cols is its slice's element count with the 2-D weights' true shapes — but a
+ * qkvw slice is three matrices, its Q, K and V (C/tp rows each, in that order) — and every
  * bucket but the last holds at least the bucket size. The reference is the model's own segment
- * list and its tensors' logical shapes, checked element by element.
+ * list, its tensors' logical shapes and the width C, checked element by element.
  */
 #include "check.h"
 #include "loom/parallel.h"
@@ -41,24 +42,34 @@ static void check_buckets(const loom_gpt *m, size_t bucket_bytes, const char *wh
         top = buckets[b].begin;
     }
     CHECK(top == 0, "%s: buckets stop at %zu, not 0", what, top);
-    /* every segment is exactly one matrix of one bucket, with its tensor's shape */
+    /* every segment is exactly one matrix of one bucket, with its tensor's shape; qkvw's are
+     * three in a row: Q, K and V, C/tp rows of C each */
     for (int s = 0; s < m->num_segments; s++) {
         const loom_gpt_segment *seg = &m->segments[s];
-        int found = 0;
+        const loom_gpt_tensor_info *ti = &m->info[seg->tensor];
+        int qkv = seg->tensor == LOOM_QKVW, parts = qkv ? 3 : 1, found = 0;
+        int dims = ti->ndim - (ti->per_layer ? 1 : 0);
+        int64_t rows =
+            qkv ? m->config.channels / m->tp_size : (dims == 2 ? ti->shape[ti->ndim - 2] : 1);
+        int64_t cols = seg->numel / (rows * parts);
         for (int b = 0; b < count; b++) {
             for (int i = 0; i < buckets[b].count; i++) {
                 const loom_grad_matrix *mx = &buckets[b].matrices[i];
                 if (mx->offset != seg->offset) continue;
                 found++;
-                CHECK(mx->rows * mx->cols == seg->numel && mx->tensor == seg->tensor &&
-                          mx->layer == seg->layer,
-                      "%s: segment %d as a %lld x %lld matrix of tensor %d", what, s,
-                      (long long)mx->rows, (long long)mx->cols, mx->tensor);
-                const loom_gpt_tensor_info *ti = &m->info[seg->tensor];
-                int dims = ti->ndim - (ti->per_layer ? 1 : 0);
-                int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] : 1;
-                CHECK(mx->rows == rows, "%s: %s has %lld rows, expected %lld", what, ti->name,
-                      (long long)mx->rows, (long long)rows);
+                CHECK(i + parts <= buckets[b].count, "%s: segment %d's matrices cut at %d", what, s,
+                      buckets[b].count);
+                for (int p = 0; p < parts && i + p < buckets[b].count; p++) {
+                    const loom_grad_matrix *part = &buckets[b].matrices[i + p];
+                    CHECK(part->offset == seg->offset + (size_t)(p * rows * cols) &&
+                              part->rows == rows && part->cols == cols &&
+                              part->tensor == seg->tensor && part->layer == seg->layer &&
+                              part->part == p,
+                          "%s: segment %d (%s) part %d as a %lld x %lld matrix of tensor %d part "
+                          "%d, expected %lld x %lld",
+                          what, s, ti->name, p, (long long)part->rows, (long long)part->cols,
+                          part->tensor, part->part, (long long)rows, (long long)cols);
+                }
             }
         }
         CHECK(found == 1, "%s: segment %d in %d buckets", what, s, found);

@@ -79,16 +79,18 @@ loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh);
  *
  * Buckets are tensor-aligned: a bucket is a list of whole tensor slices (one layer of one
  * tensor, or a global tensor) with their (rows, cols) shapes, never a cut through one, so that a
- * compressor can work per matrix. They are formed from the top of the layer-major buffer down
- * (backward finishes the last blocks first), each at least bucket_bytes unless it is the last.
- * A bucket's synchronisation is a small state machine (phases, advanced by polling from the
- * model's grads_ready hook and at the end), so that a compressor can add phases (encode, a
- * first collective, decode, a second one) without changing the driver. */
+ * compressor can work per matrix (a qkvw slice is three matrices, loom_gpt_matrix_parts). They are
+ * formed from the top of the layer-major buffer down (backward finishes the last blocks first),
+ * each at least bucket_bytes unless it is the last. A bucket's synchronisation is a small state
+ * machine (phases, advanced by polling from the model's grads_ready hook and at the end), so that a
+ * compressor can add phases (encode, a first collective, decode, a second one) without changing the
+ * driver. */
 
 typedef struct {
     size_t offset;      /* in floats, in the model's flat buffer */
     int64_t rows, cols; /* the matrix a compressor sees (1-D tensors: 1 x numel) */
     int tensor, layer;  /* LOOM_WTE ..., layer -1 for global tensors */
+    int part;           /* which of the slice's loom_gpt_matrix_parts (qkvw: 0 Q, 1 K, 2 V) */
 } loom_grad_matrix;
 
 typedef struct {

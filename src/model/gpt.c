@@ -170,6 +170,10 @@ int loom_gpt_tensor_is_sharded(int k) {
            k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW;
 }
 
+int loom_gpt_matrix_parts(int k) {
+    return k == LOOM_QKVW ? 3 : 1;
+}
+
 size_t loom_gpt_layout(const loom_gpt_config *config,
                        loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
     return loom_gpt_layout_tp(config, 1, info);

@@ -59,7 +59,8 @@ static loom_status bucket_init(loom_dp_compress *dc, dp_bucket *db, const loom_g
     for (int i = 0; i < b->count; i++) {
         const loom_grad_matrix *m = &b->matrices[i];
         /* the stream names the matrix, so every replica starts from the same Q */
-        uint64_t stream = ((uint64_t)m->tensor << 32) | (uint64_t)(uint32_t)(m->layer + 1);
+        uint64_t stream = ((uint64_t)m->part << 48) | ((uint64_t)m->tensor << 32) |
+                          (uint64_t)(uint32_t)(m->layer + 1);
         loom_compress_opts opts = dc->opts;
         if (m->tensor == dc->keep_tensor) opts.method = LOOM_COMPRESS_NONE;
         loom_status st = loom_compressor_create(&db->comp[i], &opts, m->rows, m->cols, stream);

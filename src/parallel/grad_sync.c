@@ -16,17 +16,23 @@
 
 /* ---- tensor-aligned buckets ------------------------------------------------------------------ */
 
-/* The matrix a compressor would see for one segment: 2-D weights as (rows, cols) of one layer,
- * everything else as a row. */
-static loom_grad_matrix matrix_of(const loom_gpt *model, const loom_gpt_segment *seg) {
+/* The matrices a compressor sees for one segment, into out (at most 3; returns how many): 2-D
+ * weights as (rows, cols) of one layer, cut into loom_gpt_matrix_parts equal row blocks (qkvw's
+ * Q, K, V), everything else as a row. */
+static int matrices_of(const loom_gpt *model, const loom_gpt_segment *seg, loom_grad_matrix *out) {
     const loom_gpt_tensor_info *ti = &model->info[seg->tensor];
     int matrix_dims = ti->per_layer ? ti->ndim - 1 : ti->ndim; /* without the layer axis */
-    loom_grad_matrix m = {seg->offset, 1, seg->numel, seg->tensor, seg->layer};
-    if (matrix_dims == 2) {
-        m.rows = ti->shape[ti->ndim - 2];
-        m.cols = ti->shape[ti->ndim - 1];
+    if (matrix_dims != 2) {
+        out[0] = (loom_grad_matrix){seg->offset, 1, seg->numel, seg->tensor, seg->layer, 0};
+        return 1;
     }
-    return m;
+    int parts = loom_gpt_matrix_parts(seg->tensor);
+    int64_t rows = ti->shape[ti->ndim - 2] / parts, cols = ti->shape[ti->ndim - 1];
+    for (int p = 0; p < parts; p++) {
+        out[p] = (loom_grad_matrix){
+            seg->offset + (size_t)(p * rows * cols), rows, cols, seg->tensor, seg->layer, p};
+    }
+    return parts;
 }
 
 /* isolate: a tensor whose slices get buckets of their own (the fused embedding's), or -1. */
@@ -47,14 +53,15 @@ static loom_status make_buckets(const loom_gpt *model, size_t bucket_bytes, int 
         while (!alone && lo > 0 && size < per_bucket && model->segments[lo - 1].tensor != isolate)
             size += (size_t)model->segments[--lo].numel;
         loom_grad_bucket *b = &buckets[made];
-        b->count = hi - lo + 1;
-        b->matrices = loom_calloc((size_t)b->count, sizeof *b->matrices, "bucket matrices");
+        b->matrices = loom_calloc((size_t)(hi - lo + 1) * LOOM_MAX_MATRIX_PARTS,
+                                  sizeof *b->matrices, "bucket matrices");
         if (!b->matrices) {
             loom_grad_buckets_free(buckets, made);
             return LOOM_ERR_NOMEM;
         }
-        for (int i = 0; i < b->count; i++)
-            b->matrices[i] = matrix_of(model, &model->segments[lo + i]);
+        b->count = 0;
+        for (int i = lo; i <= hi; i++)
+            b->count += matrices_of(model, &model->segments[i], b->matrices + b->count);
         b->begin = model->segments[lo].offset;
         b->end = model->segments[hi].offset + (size_t)model->segments[hi].numel;
         made++;

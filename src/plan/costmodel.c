@@ -99,8 +99,10 @@ static dp_traffic dp_traffic_of(const loom_plan *plan, int pp_rank) {
         const loom_gpt_tensor_info *ti = &info[k];
         if (ti->numel == 0) continue;
         int dims = ti->per_layer ? ti->ndim - 1 : ti->ndim;
-        int64_t count = ti->per_layer ? ti->shape[0] : 1;
-        int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] : 1;
+        /* as the runtime's buckets hand them: qkvw as its Q, K and V row blocks */
+        int parts = dims == 2 ? loom_gpt_matrix_parts(k) : 1;
+        int64_t count = (ti->per_layer ? ti->shape[0] : 1) * parts;
+        int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] / parts : 1;
         int64_t cols = dims == 2 ? ti->shape[ti->ndim - 1] : ti->layer_numel;
         double state, wire = wire_of(c, method, rows, cols, &state);
         double raw = 4.0 * (double)rows * (double)cols * (double)count;

@@ -22,7 +22,7 @@
 static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap) {
     const loom_plan_compressor *c[2] = {&plan->dp_compression, &plan->pp_compression};
     size_t used = (size_t)snprintf(out, cap,
-                                   "files=compress_rank*.safetensors dp=%d tp=%d pp=%d "
+                                   "files=compress_rank*.safetensors qkv=3 dp=%d tp=%d pp=%d "
                                    "micro=%dx%d stages=",
                                    plan->dp, plan->tp, plan->pp, plan->micro_batch, seq_len);
     for (int s = 0; s < plan->num_stages && used < cap; s++) {
