@@ -14,7 +14,9 @@
 #               (dp 2, pp 2) on two emulated hosts with DP or PP across them, without and with
 #               compression; then time to the uncompressed run's final validation loss = steps
 #               to that loss (from the parity runs) x step time on the slow link
-# usage: bash bench/compression.sh [throughput|bytes|parity|slow|time-to-loss|all] [OUT]   (build first)
+#   width       PowerSGD rank 4 against uncompressed on a wider model (6 x 384, 1,000 steps)
+# usage: bash bench/compression.sh [throughput|bytes|parity|slow|time-to-loss|width|all] [OUT]
+# (build first)
 # Every figure is printed with the command that made it; the parity runs take about an hour on 2
 # cores.
 set -euo pipefail
@@ -174,6 +176,26 @@ print(f"curves: {out}/parity.svg")
 PY
 }
 
+# ---- does a wider model close PowerSGD rank 4's gap? 6 layers of width 384, 1,000 steps ----
+wide=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 128 --data "$data/train_*.bin"
+    --val-data "$data/val_*.bin" --steps 1000 --micro-batch-size 8 --global-batch-size 16 --lr 1e-3
+    --warmup-steps 100 --eval-every 250 --eval-batches 16 --log-every 100 --threads 1 --no-save
+    --data-parallel 2 --seed 1)
+width() {
+    echo "== PowerSGD rank 4 on a wider model: 6 x 384, dp 2, 1000 steps (about 15 min a run)"
+    local loss base
+    for r in "none:--no-zero1" "powersgd:--dp-compression powersgd --dp-compression-rank 4"; do
+        local name=${r%%:*} run=$OUT/width_${r%%:*}
+        # shellcheck disable=SC2086
+        [ -f "$run/metrics.jsonl" ] && [ -n "$(last "$run" val_loss)" ] ||
+            show mpirun -np 2 "$LOOM" train "${wide[@]}" ${r#*:} --out "$run" >"$run.log" 2>&1 ||
+            { echo "  $name failed: $(tail -2 "$run.log")"; continue; }
+        loss=$(last "$run" val_loss)
+        [ "$name" = none ] && base=$loss
+        awk -v n="$name" -v v="$loss" -v b="$base" 'BEGIN { printf "  %-9s final validation loss %.4f (%+.1f %%)\n", n, v, 100 * (v / b - 1) }'
+    done
+}
+
 # ---- slow links ----
 # Two settings, both in a network namespace of this machine (root):
 #   one link   every rank's traffic goes through the namespace's loopback, shaped by tc (tbf)
@@ -290,6 +312,7 @@ bytes) bytes ;;
 parity) parity ;;
 slow) slow ;;
 time-to-loss) time_to_loss ;;
+width) width ;;
 all) throughput && bytes && parity && slow ;;
-*) echo "usage: $0 [throughput|bytes|parity|slow|time-to-loss|all] [OUT]" >&2; exit 2 ;;
+*) echo "usage: $0 [throughput|bytes|parity|slow|time-to-loss|width|all] [OUT]" >&2; exit 2 ;;
 esac
