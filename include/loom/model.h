@@ -163,9 +163,9 @@ size_t loom_gpt_layout_chunks(const loom_gpt_config *config, int tp, const loom_
 int loom_gpt_tensor_is_sharded(int k);
 /* How many matrices one layer's slice of tensor k is to a gradient compressor: 3 for qkvw
  * (the Q, K and V maps, packed as equal row blocks [q | k | v] on every tensor-parallel rank),
- * 1 for everything else. A low-rank compressor of the packed (3C x C) matrix would spend its
- * rank on the largest of the three (in practice V) and leave Q and K to the residual. The one
- * place the rule lives: the runtime's buckets and the cost model both ask it. */
+ * 1 for everything else. The packed (3C x C) gradient is nearly rank 1 early in training, so a
+ * low-rank compressor of it serves mostly one of the three maps and leaves the others to the
+ * residual. The one place the rule lives: the runtime's buckets and the cost model both ask it. */
 int loom_gpt_matrix_parts(int k);
 #define LOOM_MAX_MATRIX_PARTS 3
 /* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */

@@ -344,24 +344,23 @@ static void grads_ready(void *ctx, size_t ready_offset) {
 
 void loom_grad_sync_before_backward(loom_grad_sync *s, int64_t step) {
     if (!s || !s->buckets) return;
-    if (s->in_step && s->step == step) { /* a later chunk's last backward in the same step */
-        if (s->mesh->plan->overlap_grad_reduce) loom_gpt_set_grads_ready(s->model, grads_ready, s);
-        return;
-    }
-    s->in_step = 1;
-    s->compressing = s->compress && step >= s->warmup_steps;
-    s->step = step;
-    s->next_second = 0;
-    s->started = 0;
-    s->error = LOOM_OK;
-    s->held = -1;
-    if (s->mesh->embedding) {
-        const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
-        for (int b = 0; b < s->num_buckets; b++) {
-            if (s->buckets[b].begin <= wte->offset && wte->offset < s->buckets[b].end) s->held = b;
+    if (!s->in_step || s->step != step) { /* else a later chunk's last backward in the step */
+        s->in_step = 1;
+        s->compressing = s->compress && step >= s->warmup_steps;
+        s->step = step;
+        s->next_second = 0;
+        s->started = 0;
+        s->error = LOOM_OK;
+        s->held = -1;
+        if (s->mesh->embedding) {
+            const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
+            for (int b = 0; b < s->num_buckets; b++) {
+                if (s->buckets[b].begin <= wte->offset && wte->offset < s->buckets[b].end)
+                    s->held = b;
+            }
         }
+        for (int b = 0; b < s->num_buckets; b++) s->state[b].phase = BUCKET_IDLE;
     }
-    for (int b = 0; b < s->num_buckets; b++) s->state[b].phase = BUCKET_IDLE;
     /* without overlap every bucket starts in loom_grad_sync_finish, after the backward */
     if (s->mesh->plan->overlap_grad_reduce) loom_gpt_set_grads_ready(s->model, grads_ready, s);
 }
