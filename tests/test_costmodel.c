@@ -9,7 +9,7 @@
  */
 #include "check.h"
 #include "loom/compress.h"
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 #include "loom/model.h"
 
 #include <math.h>

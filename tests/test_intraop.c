@@ -10,7 +10,7 @@
  * refused by name.
  */
 #include "check.h"
-#include "loom/intraop.h"
+#include "loom/planner.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
  * cluster's limit in ascending order; the median skips the "not measured" marks.
  */
 #include "check.h"
-#include "plan/profile_internal.h"
+#include "cluster/profile_internal.h"
 
 #include <math.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * even stages only, and gives the last stage fewer layers when the head is heavy.
  */
 #include "check.h"
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 #include "loom/model.h"
 
 #include <math.h>

@@ -121,6 +121,15 @@ int64_t loom_memory_available(void);
  * ranks]; HINT". Unknown memory passes. */
 loom_status loom_memory_check(int64_t bytes, int sharers, const char *what, const char *hint);
 
+/* Precisions a plan and a cluster description name: fp32 (what loom trains), bf16 and fp16
+ * (simulated GPU clusters; fp32 master weights). Here because both descriptions use them. */
+typedef enum { LOOM_PRECISION_FP32, LOOM_PRECISION_BF16, LOOM_PRECISION_FP16 } loom_precision;
+#define LOOM_PRECISIONS 3
+/* "fp32", "bf16", "fp16"; anything else is LOOM_ERR_INPUT naming `source` and `field`. */
+loom_status loom_precision_parse(const char *name, const char *source, const char *field,
+                                 loom_precision *precision);
+const char *loom_precision_name(loom_precision precision);
+
 #ifdef __cplusplus
 }
 #endif

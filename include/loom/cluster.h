@@ -46,13 +46,16 @@
  * (per device) and "source" (per link) are free text, required in shipped descriptions (the
  * checker does not read them). Unknown keys are errors.
  *
- * Not here: turning these figures into the time of a stage or a collective (the cost model),
- * measuring them (`loom profile`).
+ * Also here: measuring a description on the ranks that will train (`loom profile`, below).
+ *
+ * Not here: turning these figures into the time of a stage or a collective (the planner's cost
+ * model).
  */
 #ifndef LOOM_CLUSTER_H
 #define LOOM_CLUSTER_H
 
 #include "loom/base.h"
+#include "loom/comm.h"
 #include "loom/compress.h"
 
 #include <stddef.h>
@@ -61,15 +64,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Precisions the cost model knows: fp32 (what loom trains), bf16 and fp16 (simulated GPU
- * clusters; fp32 master weights). */
-typedef enum { LOOM_PRECISION_FP32, LOOM_PRECISION_BF16, LOOM_PRECISION_FP16 } loom_precision;
-#define LOOM_PRECISIONS 3
-/* "fp32", "bf16", "fp16"; anything else is LOOM_ERR_INPUT naming `source` and `field`. */
-loom_status loom_precision_parse(const char *name, const char *source, const char *field,
-                                 loom_precision *precision);
-const char *loom_precision_name(loom_precision precision);
 
 #define LOOM_CLUSTER_MAX_GEMM_POINTS 64
 #define LOOM_CLUSTER_MAX_COLLECTIVES 64
@@ -150,6 +144,50 @@ double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision
  * then all-gather), n-1 for the others, 1 for a send). 0 for ranks <= 1. */
 double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
                                  int ranks, double bytes);
+
+/* ---- measuring: `loom profile` ------------------------------------------------------------
+ * `loom profile` measures a cluster description (above) on the ranks
+ * that will train, every rank measuring at the same time, so that shared cores,
+ * oversubscription and the contention for memory and links are in the figures:
+ *
+ *   hosts        which ranks share a host (by host name): nodes, devices (ranks) per node, the
+ *                device's name (the CPU model and the threads each rank uses)
+ *   device       the fp32 peak (the faster of a large square sgemm and the fastest of a GPT-2
+ *                block's GEMMs below; bf16 and fp16 are left at 0, not offered: the runtime
+ *                trains fp32), the memory each rank can have (available memory / ranks on its
+ *                host), a STREAM triad's bandwidth, and the share of the peak that a GPT-2
+ *                block's GEMMs (forward, input and weight gradients) reach, measured in passes
+ *                that interleave them with the square sgemm
+ *   links        ping-pong latency and bandwidth between two ranks of one host and of two
+ *                hosts, and alpha-beta fits of send-receive, allreduce, all-gather and
+ *                reduce-scatter over the world and over each host's ranks
+ *   compressors  bytes of fp32 input per second through encode + decode, per method
+ *
+ * Figures measured on several ranks are the median over the ranks (the memory the smallest
+ * share, a collective the slowest rank); every rank returns the same description.
+ *
+ * Not here: writing the file (loom_cluster_write), turning the figures into times (the cost
+ * model).
+ */
+typedef struct {
+    int threads;       /* OpenMP and OpenBLAS threads per rank while measuring: the ones training
+                          will use (0 = leave them as they are) */
+    int quick;         /* fewer and smaller repetitions: seconds instead of a minute (tests) */
+    int verbose;       /* rank 0 prints each phase as it starts and what it found */
+    int pretend_hosts; /* > 0: take the ranks as this many hosts, contiguous blocks of ranks,
+                          whatever their host names (<= the ranks) — to exercise the
+                          measurements between hosts on one machine */
+} loom_profile_opts;
+
+/* Collective over `world` (at least 2 ranks: links are measured between ranks); every rank
+ * passes the same options and gets the same *out. Failures (a bad option, an allocation, a
+ * transfer) are returned on every rank, naming the phase and the rank that failed. */
+loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, loom_cluster *out);
+
+/* The "source" note for loom_cluster_write: what was measured, on how many ranks and threads,
+ * and which link class was copied from the other (one host: inter_node is intra_node's; one
+ * rank per host: the other way round). */
+void loom_profile_source_note(const loom_cluster *cluster, char *note, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -466,6 +466,47 @@ loom_status loom_pipe_slack_choose(const loom_pipe_shape *shape,
                                    const loom_pipe_sim_times *times, const double *saving_s,
                                    unsigned char *compress);
 
+/* ---- memory (memory.c) ---------------------------------------------------------------------
+ * What one rank holds, in bytes, as the runtime allocates it: `loom train` checks it before
+ * allocating (train/memory.c) and the planner's cost model charges it. */
+typedef struct {
+    int64_t weights, grads, optimizer; /* optimizer: AdamW m and v, ZeRO-1 sharded when asked */
+    int64_t activations;               /* the schedule's peak of activation sets (and kept
+                                          inputs and W state with recomputation) */
+    int64_t scratch;                   /* backward scratch; with ZeRO-1 the reduce-scatter
+                                          ring's receive buffers (one gradient's worth) */
+    int64_t compressor;                /* compressors' state (error feedback, lazy error,
+                                          warm-start factors), both copies */
+    int64_t total;
+    int in_flight; /* the schedule's peak of chunk activation sets */
+} loom_rank_memory;
+
+/* Pipeline rank pp_rank's memory (any TP rank: they are alike) for sequences of seq_len tokens;
+ * zero1: AdamW's moments sharded over the plan's dp. Errors are the cost facts'. */
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                  loom_rank_memory *out);
+
+/* loom_plan_rank_memory with the schedule's peak of activation sets given (the planner's
+ * simulator knows it without building the rank's list again). */
+loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                     int peak_in_flight, loom_rank_memory *out);
+/* Virtual stage s's cost facts for one micro-batch (one activation set). */
+loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
+                                 loom_gpt_stage_cost *out);
+/* Wire bytes of one (rows x cols) matrix under `method` with the compressor's rank, fraction
+ * and error feedback, by loom/compress.h's formulas; *state gets the bytes of state it keeps
+ * (committed and working copies: the error-feedback residual, the warm-start factor). */
+double loom_plan_compressor_wire(const loom_plan_compressor *compressor,
+                                 loom_compress_method method, int64_t rows, int64_t cols,
+                                 double *state);
+/* One pipeline rank's gradients under the plan's DP compressor, as the gradient sync's buckets
+ * hand them to it: the bytes sent (wire), the fp32 bytes the codec reads (raw: the compressing
+ * matrices) and the state kept. */
+typedef struct {
+    double wire, raw, state;
+} loom_dp_traffic;
+loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank);
+
 #ifdef __cplusplus
 }
 #endif

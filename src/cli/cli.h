@@ -5,7 +5,7 @@
 #define LOOM_CLI_H
 
 #include "loom/base.h"
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 #include "loom/train.h"
 
 #include <stddef.h>

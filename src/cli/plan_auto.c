@@ -10,9 +10,9 @@
  */
 #include "cli/cli.h"
 #include "loom/comm.h"
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 #include "loom/ops.h"
-#include "loom/profile.h"
+#include "loom/cluster.h"
 #include "loom/train.h"
 
 #include <math.h>

@@ -13,8 +13,7 @@
  */
 #include "cli/cli.h"
 #include "loom/cluster.h"
-#include "loom/costmodel.h"
-#include "loom/intraop.h"
+#include "loom/planner.h"
 #include "loom/plan.h"
 
 #include <stddef.h>

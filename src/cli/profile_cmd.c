@@ -10,7 +10,7 @@
  */
 #include "cli/cli.h"
 #include "loom/comm.h"
-#include "loom/profile.h"
+#include "loom/cluster.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -121,9 +121,9 @@ static loom_status pp_from_flags(const loom_plan_compression_flags *f, loom_plan
                                         &forward);
     }
     if (st != LOOM_OK) return st;
-    if (!loom_plan_word_ok(&loom_plan_policies, f->pp_compression_policy)) {
+    if (!loom_word_ok(&loom_plan_policies, f->pp_compression_policy)) {
         char list[128];
-        loom_plan_word_list(&loom_plan_policies, list, sizeof list);
+        loom_word_list(&loom_plan_policies, list, sizeof list);
         return loom_fail(LOOM_ERR_INPUT, "--pp-compression-policy: expected %s, got \"%s\"", list,
                          f->pp_compression_policy);
     }

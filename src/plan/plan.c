@@ -9,7 +9,6 @@
  *
  * Not here: choosing a plan by cost (the planner proper).
  */
-#include "loom/cluster.h"
 #include "plan/plan_internal.h"
 
 #include <errno.h>
@@ -26,23 +25,9 @@ static const char *const schedule_words[] = {"gpipe", "1f1b", "interleaved", "zb
 static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
-const loom_plan_words loom_plan_schedules = {schedule_words, 5};
-const loom_plan_words loom_plan_policies = {policy_words, 3};
-const loom_plan_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
-
-int loom_plan_word_ok(const loom_plan_words *words, const char *value) {
-    for (int i = 0; i < words->count; i++)
-        if (strcmp(words->words[i], value) == 0) return 1;
-    return 0;
-}
-
-void loom_plan_word_list(const loom_plan_words *words, char *buf, size_t cap) {
-    size_t used = (size_t)snprintf(buf, cap, "%s", words->count > 2 ? "one of " : "");
-    for (int i = 0; i < words->count && used < cap; i++) {
-        const char *sep = i == 0 ? "" : i == words->count - 1 ? " or " : ", ";
-        used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\"", sep, words->words[i]);
-    }
-}
+const loom_words loom_plan_schedules = {schedule_words, 5};
+const loom_words loom_plan_policies = {policy_words, 3};
+const loom_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
 
 int loom_plan_method_has_rank(loom_compress_method method) {
     return method == LOOM_COMPRESS_POWERSGD || method == LOOM_COMPRESS_LOWRANK;
@@ -52,15 +37,6 @@ int loom_plan_default_rank(loom_compress_method method) {
     return method == LOOM_COMPRESS_POWERSGD  ? LOOM_PLAN_DEFAULT_DP_RANK
            : method == LOOM_COMPRESS_LOWRANK ? LOOM_PLAN_DEFAULT_PP_RANK
                                              : 0;
-}
-
-loom_status loom_plan_fail_field(const char *source, const char *path, const char *fmt, ...) {
-    char detail[1024];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(detail, sizeof detail, fmt, args); /* NOLINT(clang-analyzer-valist.Uninitialized) */
-    va_end(args);
-    return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", source, path, detail);
 }
 
 /* ---- life cycle ----------------------------------------------------------------------------- */
@@ -144,13 +120,13 @@ static const char *word_of(const char *field, size_t cap, char *buf) {
 }
 
 static loom_status check_word(const char *source, const char *path, const char *field, size_t cap,
-                              const loom_plan_words *words) {
+                              const loom_words *words) {
     char value[64];
     word_of(field, cap < sizeof value - 1 ? cap : sizeof value - 1, value);
-    if (memchr(field, '\0', cap) && loom_plan_word_ok(words, value)) return LOOM_OK;
+    if (memchr(field, '\0', cap) && loom_word_ok(words, value)) return LOOM_OK;
     char list[128];
-    loom_plan_word_list(words, list, sizeof list);
-    return loom_plan_fail_field(source, path, "expected %s, got \"%s\"", list, value);
+    loom_word_list(words, list, sizeof list);
+    return loom_fail_field(source, path, "expected %s, got \"%s\"", list, value);
 }
 
 static loom_status check_model(const loom_gpt_config *m, const char *source) {
@@ -158,40 +134,39 @@ static loom_status check_model(const loom_gpt_config *m, const char *source) {
     loom_status st = loom_gpt_config_check_shape(&copy, source, "model.");
     int padded = loom_gpt_pad_vocab(m->vocab_size);
     if (st == LOOM_OK && m->padded_vocab_size != padded) { /* only a plan filled in by hand */
-        return loom_plan_fail_field(source, "model.vocab",
-                                    "expected padded_vocab_size %d (vocab %d rounded up to a "
-                                    "multiple of 128), got %d",
-                                    padded, m->vocab_size, m->padded_vocab_size);
+        return loom_fail_field(source, "model.vocab",
+                               "expected padded_vocab_size %d (vocab %d rounded up to a "
+                               "multiple of 128), got %d",
+                               padded, m->vocab_size, m->padded_vocab_size);
     }
     return st;
 }
 
 static loom_status check_batch(const loom_plan *p, const char *source) {
     if (p->micro_batch <= 0) {
-        return loom_plan_fail_field(source, "batch.micro", "expected a positive integer, got %d",
-                                    p->micro_batch);
+        return loom_fail_field(source, "batch.micro", "expected a positive integer, got %d",
+                               p->micro_batch);
     }
     if (p->global_batch <= 0) {
-        return loom_plan_fail_field(source, "batch.global", "expected a positive integer, got %d",
-                                    p->global_batch);
+        return loom_fail_field(source, "batch.global", "expected a positive integer, got %d",
+                               p->global_batch);
     }
     loom_status st =
         check_word(source, "batch.schedule", p->schedule, sizeof p->schedule, &loom_plan_schedules);
     if (st != LOOM_OK) return st;
     int fixed = loom_plan_schedule_chunks(p->schedule), v = p->virtual_stages;
     if (fixed > 0 && v != fixed) {
-        return loom_plan_fail_field(source, "batch.virtual_stages",
-                                    "expected %d for schedule \"%s\" (%s), got %d", fixed,
-                                    p->schedule,
-                                    fixed == 1 ? "one model chunk per pipeline rank"
-                                               : "its V runs two model chunks on every rank",
-                                    v);
+        return loom_fail_field(source, "batch.virtual_stages",
+                               "expected %d for schedule \"%s\" (%s), got %d", fixed, p->schedule,
+                               fixed == 1 ? "one model chunk per pipeline rank"
+                                          : "its V runs two model chunks on every rank",
+                               v);
     }
     if (fixed == 0 && v < 2) {
-        return loom_plan_fail_field(source, "batch.virtual_stages",
-                                    "expected at least 2 for schedule \"%s\" (model chunks per "
-                                    "pipeline rank; one chunk is 1f1b), got %d",
-                                    p->schedule, v);
+        return loom_fail_field(source, "batch.virtual_stages",
+                               "expected at least 2 for schedule \"%s\" (model chunks per "
+                               "pipeline rank; one chunk is 1f1b), got %d",
+                               p->schedule, v);
     }
     return LOOM_OK;
 }
@@ -203,56 +178,56 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
     } sizes[] = {{"mesh.dp", p->dp}, {"mesh.tp", p->tp}, {"mesh.pp", p->pp}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         if (sizes[i].value <= 0) {
-            return loom_plan_fail_field(source, sizes[i].path,
-                                        "expected a positive integer, got %d", sizes[i].value);
+            return loom_fail_field(source, sizes[i].path, "expected a positive integer, got %d",
+                                   sizes[i].value);
         }
     }
     int64_t ranks = (int64_t)p->dp * p->tp * p->pp;
     if (world_size > 0 && ranks != world_size) {
-        return loom_plan_fail_field(source, "mesh",
-                                    "expected dp*tp*pp to equal the %d ranks launched, got "
-                                    "%d*%d*%d = %" PRId64 " (the ranks this plan needs)",
-                                    world_size, p->dp, p->tp, p->pp, ranks);
+        return loom_fail_field(source, "mesh",
+                               "expected dp*tp*pp to equal the %d ranks launched, got "
+                               "%d*%d*%d = %" PRId64 " (the ranks this plan needs)",
+                               world_size, p->dp, p->tp, p->pp, ranks);
     }
     if (ranks > INT_MAX) {
-        return loom_plan_fail_field(
-            source, "mesh", "expected dp*tp*pp of at most %d ranks, got %d*%d*%d = %" PRId64,
-            INT_MAX, p->dp, p->tp, p->pp, ranks);
+        return loom_fail_field(source, "mesh",
+                               "expected dp*tp*pp of at most %d ranks, got %d*%d*%d = %" PRId64,
+                               INT_MAX, p->dp, p->tp, p->pp, ranks);
     }
     const loom_gpt_config *m = &p->model;
     loom_status st = loom_gpt_check_tp(m, p->tp, source, "mesh.tp", "model.");
     if (st != LOOM_OK) return st;
     int64_t virtual_stages = (int64_t)p->pp * p->virtual_stages;
     if (p->virtual_stages == 1 && p->pp > m->num_layers) {
-        return loom_plan_fail_field(source, "mesh.pp",
-                                    "expected at most model.layers %d stages (one layer each at "
-                                    "least), got %d",
-                                    m->num_layers, p->pp);
+        return loom_fail_field(source, "mesh.pp",
+                               "expected at most model.layers %d stages (one layer each at "
+                               "least), got %d",
+                               m->num_layers, p->pp);
     }
     if (virtual_stages > m->num_layers) {
-        return loom_plan_fail_field(source, "mesh.pp",
-                                    "expected at most model.layers %d virtual stages (one layer "
-                                    "each at least), got mesh.pp x batch.virtual_stages = %d x "
-                                    "%d = %" PRId64,
-                                    m->num_layers, p->pp, p->virtual_stages, virtual_stages);
+        return loom_fail_field(source, "mesh.pp",
+                               "expected at most model.layers %d virtual stages (one layer "
+                               "each at least), got mesh.pp x batch.virtual_stages = %d x "
+                               "%d = %" PRId64,
+                               m->num_layers, p->pp, p->virtual_stages, virtual_stages);
     }
     int64_t per_step = (int64_t)p->micro_batch * p->dp;
     if (p->global_batch % per_step != 0) {
-        return loom_plan_fail_field(
-            source, "batch.global",
-            "expected a multiple of batch.micro * mesh.dp = %d*%d = %" PRId64 ", got %d",
-            p->micro_batch, p->dp, per_step, p->global_batch);
+        return loom_fail_field(source, "batch.global",
+                               "expected a multiple of batch.micro * mesh.dp = %d*%d = %" PRId64
+                               ", got %d",
+                               p->micro_batch, p->dp, per_step, p->global_batch);
     }
     /* Megatron's interleaved schedule runs the micro-batches in groups of pp per chunk */
     int micro_batches = loom_plan_num_micro_batches(p);
     if (strcmp(p->schedule, "interleaved") == 0 && micro_batches % p->pp != 0) {
-        return loom_plan_fail_field(source, "batch.global",
-                                    "expected a multiple of batch.micro * mesh.dp * mesh.pp = "
-                                    "%d*%d*%d = %" PRId64 " with schedule \"interleaved\" (its "
-                                    "micro-batches per step must be a multiple of mesh.pp, "
-                                    "Megatron's rule), got %d (%d micro-batches)",
-                                    p->micro_batch, p->dp, p->pp, per_step * p->pp, p->global_batch,
-                                    micro_batches);
+        return loom_fail_field(source, "batch.global",
+                               "expected a multiple of batch.micro * mesh.dp * mesh.pp = "
+                               "%d*%d*%d = %" PRId64 " with schedule \"interleaved\" (its "
+                               "micro-batches per step must be a multiple of mesh.pp, "
+                               "Megatron's rule), got %d (%d micro-batches)",
+                               p->micro_batch, p->dp, p->pp, per_step * p->pp, p->global_batch,
+                               micro_batches);
     }
     return LOOM_OK;
 }
@@ -262,8 +237,8 @@ static loom_status check_stage_flag(const char *source, int index, const char *k
     if ((value != 0) == expected) return LOOM_OK;
     char path[64];
     snprintf(path, sizeof path, "stages[%d].%s", index, key);
-    return loom_plan_fail_field(source, path, "expected %s (%s), got %s",
-                                expected ? "true" : "false", why, value ? "true" : "false");
+    return loom_fail_field(source, path, "expected %s (%s), got %s", expected ? "true" : "false",
+                           why, value ? "true" : "false");
 }
 
 /* stages[i] as its schedule needs it: rank and chunk where the schedule places virtual stage i
@@ -276,18 +251,17 @@ static loom_status check_stage_schedule(const loom_plan *p, const char *source, 
     char path[64];
     if (s->rank != rank) {
         snprintf(path, sizeof path, "stages[%d].rank", i);
-        return loom_plan_fail_field(source, path,
-                                    "expected %d (%s places %s %d of %d on rank %d), "
-                                    "got %d",
-                                    rank, p->schedule, what, i, p->num_stages, rank, s->rank);
+        return loom_fail_field(source, path,
+                               "expected %d (%s places %s %d of %d on rank %d), "
+                               "got %d",
+                               rank, p->schedule, what, i, p->num_stages, rank, s->rank);
     }
     if (s->chunk != chunk) {
         snprintf(path, sizeof path, "stages[%d].chunk", i);
-        return loom_plan_fail_field(source, path,
-                                    "expected %d (%s runs %s %d of %d as chunk %d of rank %d), "
-                                    "got %d",
-                                    chunk, p->schedule, what, i, p->num_stages, chunk, rank,
-                                    s->chunk);
+        return loom_fail_field(source, path,
+                               "expected %d (%s runs %s %d of %d as chunk %d of rank %d), "
+                               "got %d",
+                               chunk, p->schedule, what, i, p->num_stages, chunk, rank, s->chunk);
     }
     return LOOM_OK;
 }
@@ -297,13 +271,13 @@ static loom_status check_stages(const loom_plan *p, const char *source) {
     if (p->num_stages != expected || (p->num_stages > 0 && !p->stages)) {
         int got = p->stages ? p->num_stages : 0;
         if (p->virtual_stages == 1) {
-            return loom_plan_fail_field(source, "stages", "expected mesh.pp = %d stages, got %d",
-                                        p->pp, got);
+            return loom_fail_field(source, "stages", "expected mesh.pp = %d stages, got %d", p->pp,
+                                   got);
         }
-        return loom_plan_fail_field(source, "stages",
-                                    "expected mesh.pp x batch.virtual_stages = %d x %d = %d "
-                                    "virtual stages, got %d",
-                                    p->pp, p->virtual_stages, expected, got);
+        return loom_fail_field(source, "stages",
+                               "expected mesh.pp x batch.virtual_stages = %d x %d = %d "
+                               "virtual stages, got %d",
+                               p->pp, p->virtual_stages, expected, got);
     }
     int last = p->num_stages - 1;
     for (int i = 0; i < p->num_stages; i++) {
@@ -311,27 +285,26 @@ static loom_status check_stages(const loom_plan *p, const char *source) {
         char path[64];
         snprintf(path, sizeof path, "stages[%d].layers", i);
         if (s->first_layer >= s->end_layer) {
-            return loom_plan_fail_field(source, path,
-                                        "expected [start, end) with start < end, got [%d, %d]",
-                                        s->first_layer, s->end_layer);
+            return loom_fail_field(source, path,
+                                   "expected [start, end) with start < end, got [%d, %d]",
+                                   s->first_layer, s->end_layer);
         }
         if (i == 0 && s->first_layer != 0) {
-            return loom_plan_fail_field(
-                source, path, "expected the first stage to start at layer 0, got [%d, %d]",
-                s->first_layer, s->end_layer);
+            return loom_fail_field(source, path,
+                                   "expected the first stage to start at layer 0, got [%d, %d]",
+                                   s->first_layer, s->end_layer);
         }
         if (i > 0 && s->first_layer != p->stages[i - 1].end_layer) {
-            return loom_plan_fail_field(source, path,
-                                        "expected to start where stages[%d] ends (layer %d), got "
-                                        "[%d, %d]",
-                                        i - 1, p->stages[i - 1].end_layer, s->first_layer,
-                                        s->end_layer);
+            return loom_fail_field(source, path,
+                                   "expected to start where stages[%d] ends (layer %d), got "
+                                   "[%d, %d]",
+                                   i - 1, p->stages[i - 1].end_layer, s->first_layer, s->end_layer);
         }
         if (i == last && s->end_layer != p->model.num_layers) {
-            return loom_plan_fail_field(source, path,
-                                        "expected the last stage to end at model.layers %d, got "
-                                        "[%d, %d]",
-                                        p->model.num_layers, s->first_layer, s->end_layer);
+            return loom_fail_field(source, path,
+                                   "expected the last stage to end at model.layers %d, got "
+                                   "[%d, %d]",
+                                   p->model.num_layers, s->first_layer, s->end_layer);
         }
         loom_status st = check_stage_flag(source, i, "embedding", s->embedding, i == 0,
                                           i == 0 ? "the first stage runs the embedding"
@@ -362,24 +335,24 @@ static loom_status check_rank_and_fraction(const loom_plan_compressor *c, loom_c
     char path[96];
     snprintf(path, sizeof path, "%s.rank", where);
     if (loom_plan_method_has_rank(m) && c->rank <= 0) {
-        return loom_plan_fail_field(
-            source, path, "expected a positive rank for method \"%s\", got %d", name, c->rank);
+        return loom_fail_field(source, path, "expected a positive rank for method \"%s\", got %d",
+                               name, c->rank);
     }
     if (!loom_plan_method_has_rank(m) && c->rank != 0) {
-        return loom_plan_fail_field(
-            source, path, "expected no rank (0) for method \"%s\", which has none, got %d", name,
-            c->rank);
+        return loom_fail_field(source, path,
+                               "expected no rank (0) for method \"%s\", which has none, got %d",
+                               name, c->rank);
     }
     snprintf(path, sizeof path, "%s.fraction", where);
     if (m == LOOM_COMPRESS_TOPK && !(c->fraction > 0 && c->fraction <= 1)) {
-        return loom_plan_fail_field(
+        return loom_fail_field(
             source, path, "expected the share of entries kept, in (0, 1], got %g", c->fraction);
     }
     if (m != LOOM_COMPRESS_TOPK && c->fraction != LOOM_PLAN_DEFAULT_TOPK_FRACTION) {
-        return loom_plan_fail_field(source, path,
-                                    "expected no fraction for method \"%s\" (only topk keeps "
-                                    "one), got %g",
-                                    name, c->fraction);
+        return loom_fail_field(source, path,
+                               "expected no fraction for method \"%s\" (only topk keeps "
+                               "one), got %g",
+                               name, c->fraction);
     }
     return LOOM_OK;
 }
@@ -391,19 +364,19 @@ static loom_status check_indices(const loom_plan_compressor *c, const char *sour
     char path[96];
     snprintf(path, sizeof path, "%s.%s", where, key);
     if (c->num_stages < 0 || (c->num_stages > 0 && !c->stages)) {
-        return loom_plan_fail_field(source, path, "expected a list of %s indices, got %d of them",
-                                    item, c->num_stages);
+        return loom_fail_field(source, path, "expected a list of %s indices, got %d of them", item,
+                               c->num_stages);
     }
     for (int j = 0; j < c->num_stages; j++) {
         snprintf(path, sizeof path, "%s.%s[%d]", where, key, j);
         if (c->stages[j] < 0 || c->stages[j] >= limit) {
-            return loom_plan_fail_field(source, path, "expected a %s index in [0, %d) (%s), got %d",
-                                        item, limit, limit_why, c->stages[j]);
+            return loom_fail_field(source, path, "expected a %s index in [0, %d) (%s), got %d",
+                                   item, limit, limit_why, c->stages[j]);
         }
         for (int k = 0; k < j; k++) {
             if (c->stages[k] == c->stages[j]) {
-                return loom_plan_fail_field(
-                    source, path, "expected distinct %s indices, got %d again", item, c->stages[j]);
+                return loom_fail_field(source, path, "expected distinct %s indices, got %d again",
+                                       item, c->stages[j]);
             }
         }
     }
@@ -415,34 +388,34 @@ static loom_status check_indices(const loom_plan_compressor *c, const char *sour
 static loom_status check_other_place(const loom_plan_compressor *c, const char *source, int is_pp) {
     char value[64];
     if (!is_pp && !c->lazy_error) {
-        return loom_plan_fail_field(source, "compression.dp.lazy_error",
-                                    "expected true (the default; lazy error propagation is "
-                                    "compression.pp's), got false");
+        return loom_fail_field(source, "compression.dp.lazy_error",
+                               "expected true (the default; lazy error propagation is "
+                               "compression.pp's), got false");
     }
     word_of(c->policy, sizeof c->policy, value);
     if (!is_pp && strcmp(value, "all") != 0) {
-        return loom_plan_fail_field(source, "compression.dp.policy",
-                                    "expected \"all\" (the default; the policy is "
-                                    "compression.pp's), got \"%s\"",
-                                    value);
+        return loom_fail_field(source, "compression.dp.policy",
+                               "expected \"all\" (the default; the policy is "
+                               "compression.pp's), got \"%s\"",
+                               value);
     }
     word_of(c->forward, sizeof c->forward, value);
     if (!is_pp && strcmp(value, "none") != 0) {
-        return loom_plan_fail_field(source, "compression.dp.forward",
-                                    "expected \"none\" (the default; forward compression is "
-                                    "compression.pp's), got \"%s\"",
-                                    value);
+        return loom_fail_field(source, "compression.dp.forward",
+                               "expected \"none\" (the default; forward compression is "
+                               "compression.pp's), got \"%s\"",
+                               value);
     }
     if (is_pp && !c->error_feedback) {
-        return loom_plan_fail_field(source, "compression.pp.error_feedback",
-                                    "expected true (the default; error feedback is "
-                                    "compression.dp's, lazy_error is the pipeline's), got false");
+        return loom_fail_field(source, "compression.pp.error_feedback",
+                               "expected true (the default; error feedback is "
+                               "compression.dp's, lazy_error is the pipeline's), got false");
     }
     if (is_pp && c->warmup_steps != 0) {
-        return loom_plan_fail_field(source, "compression.pp.warmup_steps",
-                                    "expected 0 (the default; warm-up is compression.dp's), "
-                                    "got %d",
-                                    c->warmup_steps);
+        return loom_fail_field(source, "compression.pp.warmup_steps",
+                               "expected 0 (the default; warm-up is compression.dp's), "
+                               "got %d",
+                               c->warmup_steps);
     }
     return LOOM_OK;
 }
@@ -455,13 +428,13 @@ static loom_status check_dp_compressor(const loom_plan *p, const char *source) {
     if (st == LOOM_OK) st = check_rank_and_fraction(c, m, source, "compression.dp");
     if (st != LOOM_OK) return st;
     if (c->warmup_steps < 0) {
-        return loom_plan_fail_field(source, "compression.dp.warmup_steps",
-                                    "expected a number of steps >= 0, got %d", c->warmup_steps);
+        return loom_fail_field(source, "compression.dp.warmup_steps",
+                               "expected a number of steps >= 0, got %d", c->warmup_steps);
     }
     if (m == LOOM_COMPRESS_SIGN && !c->error_feedback) {
-        return loom_plan_fail_field(source, "compression.dp.error_feedback",
-                                    "sign compression needs error feedback (it does not converge "
-                                    "without it), got false");
+        return loom_fail_field(source, "compression.dp.error_feedback",
+                               "sign compression needs error feedback (it does not converge "
+                               "without it), got false");
     }
     char why[64];
     snprintf(why, sizeof why, "mesh.pp = %d", p->pp);
@@ -478,9 +451,9 @@ static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
     if (st != LOOM_OK) return st;
     int stages = p->pp * p->virtual_stages; /* links join neighbouring virtual stages */
     if (stages == 1 && m != LOOM_COMPRESS_NONE) {
-        return loom_plan_fail_field(source, "compression.pp.method",
-                                    "expected \"none\" with one pipeline stage, got \"%s\"",
-                                    loom_compress_method_name(m));
+        return loom_fail_field(source, "compression.pp.method",
+                               "expected \"none\" with one pipeline stage, got \"%s\"",
+                               loom_compress_method_name(m));
     }
     st = check_rank_and_fraction(c, m, source, "compression.pp");
     if (st == LOOM_OK) {
@@ -493,9 +466,9 @@ static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
     }
     if (st != LOOM_OK) return st;
     if (stages == 1 && forward != LOOM_COMPRESS_NONE) {
-        return loom_plan_fail_field(source, "compression.pp.forward",
-                                    "expected \"none\" with one pipeline stage, got \"%s\"",
-                                    loom_compress_method_name(forward));
+        return loom_fail_field(source, "compression.pp.forward",
+                               "expected \"none\" with one pipeline stage, got \"%s\"",
+                               loom_compress_method_name(forward));
     }
     char why[128];
     if (p->virtual_stages == 1) {
@@ -518,40 +491,38 @@ static loom_status check_compression(const loom_plan *p, const char *source) {
                         sizeof p->embedding_sync, &loom_plan_embedding_syncs);
         loom_precision precision;
         if (st == LOOM_OK && memchr(p->precision, '\0', sizeof p->precision) == NULL) {
-            st = loom_plan_fail_field(source, "precision",
-                                      "expected \"fp32\", \"bf16\" or \"fp16\"");
+            st = loom_fail_field(source, "precision", "expected \"fp32\", \"bf16\" or \"fp16\"");
         }
         if (st == LOOM_OK) st = loom_precision_parse(p->precision, source, "precision", &precision);
     }
     if (st == LOOM_OK && p->pp == 1 && strcmp(p->embedding_sync, "fused") == 0) {
-        return loom_plan_fail_field(source, "compression.embedding_sync",
-                                    "\"fused\" needs pipeline parallelism (pp > 1), got mesh.pp = "
-                                    "1");
+        return loom_fail_field(source, "compression.embedding_sync",
+                               "\"fused\" needs pipeline parallelism (pp > 1), got mesh.pp = "
+                               "1");
     }
     return st;
 }
 
 static loom_status check_predicted(const loom_plan *p, const char *source) {
     if (!isfinite(p->predicted_step_s) || p->predicted_step_s < 0) {
-        return loom_plan_fail_field(source, "predicted.step_s",
-                                    "expected a finite number >= 0, got %g", p->predicted_step_s);
+        return loom_fail_field(source, "predicted.step_s", "expected a finite number >= 0, got %g",
+                               p->predicted_step_s);
     }
     if (!isfinite(p->predicted_tokens_per_s) || p->predicted_tokens_per_s < 0) {
-        return loom_plan_fail_field(source, "predicted.tokens_per_s",
-                                    "expected a finite number >= 0, got %g",
-                                    p->predicted_tokens_per_s);
+        return loom_fail_field(source, "predicted.tokens_per_s",
+                               "expected a finite number >= 0, got %g", p->predicted_tokens_per_s);
     }
     if (p->num_predicted_peak < 0 || (p->num_predicted_peak > 0 && !p->predicted_peak_bytes)) {
-        return loom_plan_fail_field(source, "predicted.peak_bytes_per_rank",
-                                    "expected a list of byte counts, got %d of them",
-                                    p->num_predicted_peak);
+        return loom_fail_field(source, "predicted.peak_bytes_per_rank",
+                               "expected a list of byte counts, got %d of them",
+                               p->num_predicted_peak);
     }
     for (int i = 0; i < p->num_predicted_peak; i++) {
         if (p->predicted_peak_bytes[i] < 0) {
             char path[64];
             snprintf(path, sizeof path, "predicted.peak_bytes_per_rank[%d]", i);
-            return loom_plan_fail_field(source, path, "expected a byte count >= 0, got %" PRId64,
-                                        p->predicted_peak_bytes[i]);
+            return loom_fail_field(source, path, "expected a byte count >= 0, got %" PRId64,
+                                   p->predicted_peak_bytes[i]);
         }
     }
     return LOOM_OK;
@@ -603,10 +574,10 @@ static loom_status parse_stage_layers(const loom_plan *plan, const char *text, i
         long v = strtol(p, &end, 10);
         int bad_number = end == p || errno || v <= 0 || v > INT_MAX || (*end && *end != ',');
         if (bad_number || n >= stages) {
-            return loom_plan_fail_field(source, "stage_layers",
-                                        "expected %d comma-separated positive layer counts, %s, "
-                                        "got \"%s\"",
-                                        stages, why, text);
+            return loom_fail_field(source, "stage_layers",
+                                   "expected %d comma-separated positive layer counts, %s, "
+                                   "got \"%s\"",
+                                   stages, why, text);
         }
         counts[n++] = (int)v;
         sum += v;
@@ -614,16 +585,16 @@ static loom_status parse_stage_layers(const loom_plan *plan, const char *text, i
         p = end + 1;
     }
     if (n != stages) {
-        return loom_plan_fail_field(source, "stage_layers",
-                                    "expected %d comma-separated positive layer counts, %s, got "
-                                    "%d in \"%s\"",
-                                    stages, why, n, text);
+        return loom_fail_field(source, "stage_layers",
+                               "expected %d comma-separated positive layer counts, %s, got "
+                               "%d in \"%s\"",
+                               stages, why, n, text);
     }
     if (sum != layers) {
-        return loom_plan_fail_field(source, "stage_layers",
-                                    "expected layer counts summing to model.layers %d, got \"%s\" "
-                                    "(sum %" PRId64 ")",
-                                    layers, text, sum);
+        return loom_fail_field(source, "stage_layers",
+                               "expected layer counts summing to model.layers %d, got \"%s\" "
+                               "(sum %" PRId64 ")",
+                               layers, text, sum);
     }
     return LOOM_OK;
 }
@@ -680,9 +651,9 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
     loom_status st = LOOM_OK;
     if (strlen(schedule) >= sizeof plan->schedule) {
         char list[128];
-        loom_plan_word_list(&loom_plan_schedules, list, sizeof list);
-        st = loom_plan_fail_field("plan", "batch.schedule", "expected %s, got \"%.64s\"", list,
-                                  schedule);
+        loom_word_list(&loom_plan_schedules, list, sizeof list);
+        st =
+            loom_fail_field("plan", "batch.schedule", "expected %s, got \"%.64s\"", list, schedule);
     } else {
         snprintf(plan->schedule, sizeof plan->schedule, "%s", schedule);
     }
@@ -699,9 +670,9 @@ static loom_status request_compression(loom_plan *plan, const loom_plan_request 
     const char *sync = r->embedding_sync;
     if (sync && sync[0]) {
         if (strlen(sync) >= sizeof plan->embedding_sync ||
-            !loom_plan_word_ok(&loom_plan_embedding_syncs, sync)) {
+            !loom_word_ok(&loom_plan_embedding_syncs, sync)) {
             char list[128];
-            loom_plan_word_list(&loom_plan_embedding_syncs, list, sizeof list);
+            loom_word_list(&loom_plan_embedding_syncs, list, sizeof list);
             return loom_fail(LOOM_ERR_INPUT, "--embedding-sync: expected %s, got \"%.64s\"", list,
                              sync);
         }
@@ -727,7 +698,7 @@ static loom_status request_schedule(const loom_plan_request *r, int pp, int laye
     int fixed = loom_plan_schedule_chunks(name), v = r->virtual_stages;
     if (fixed < 0) {
         char list[128];
-        loom_plan_word_list(&loom_plan_schedules, list, sizeof list);
+        loom_word_list(&loom_plan_schedules, list, sizeof list);
         return loom_fail(LOOM_ERR_INPUT, "--schedule: batch.schedule: expected %s, got \"%.64s\"",
                          list, name);
     }

@@ -32,17 +32,17 @@ static loom_status read_bool(const char *file, const json_t *object, const char 
 
 /* A word from `words` into out[cap]. */
 static loom_status read_word(const char *file, const json_t *object, const char *parent,
-                             const char *key, int required, const loom_plan_words *words, char *out,
+                             const char *key, int required, const loom_words *words, char *out,
                              size_t cap) {
     char list[128];
-    loom_plan_word_list(words, list, sizeof list);
+    loom_word_list(words, list, sizeof list);
     json_t *value;
     loom_status st = loom_json_member(file, object, parent, key, required, list, &value);
     if (st != LOOM_OK || !value) return st;
     char path[256];
     loom_json_join_path(path, sizeof path, parent, key);
     const char *text = json_string_value(value);
-    if (!text || strlen(text) >= cap || !loom_plan_word_ok(words, text)) {
+    if (!text || strlen(text) >= cap || !loom_word_ok(words, text)) {
         return loom_json_fail_type(file, path, list, value);
     }
     snprintf(out, cap, "%s", text);

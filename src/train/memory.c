@@ -6,7 +6,7 @@
  * than ending "out of memory" hours later or taking the machine down.
  */
 #include "train/train_internal.h"
-#include "loom/costmodel.h"
+#include "loom/parallel.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -10,7 +10,7 @@
  *
  * Not here: the fit itself (profile_fit.c), the device (profile.c).
  */
-#include "plan/profile_internal.h"
+#include "cluster/profile_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

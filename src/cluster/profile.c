@@ -14,8 +14,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "loom/ops.h"
-#include "loom/plan.h"
-#include "plan/profile_internal.h"
+#include "loom/plan.h" /* the compressors' default ranks, measured as training runs them */
+#include "cluster/profile_internal.h"
 
 #include <math.h>
 #include <stdarg.h>

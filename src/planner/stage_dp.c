@@ -16,7 +16,7 @@
  * Not here: the tables (costmodel.c costs each class and layer count once), choosing among
  * layouts (search.c).
  */
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
 
 #include "loom/cluster.h"
 #include "loom/comm.h"
-#include "loom/profile.h"
+#include "loom/cluster.h"
 
 typedef struct {
     loom_comm *world;

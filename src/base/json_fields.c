@@ -5,13 +5,78 @@
  * known; malformed JSON names the line and column. And the double format both files are written
  * with (the shortest text that reads back equal).
  *
- * Not here: what the fields mean (plan_file.c, cluster.c).
+ * Also the words of word-valued fields, and the precisions every description names.
+ *
+ * Not here: what the fields mean (plan/plan_file.c, cluster/cluster.c).
  */
-#include "plan/plan_internal.h"
+#include "base/json_fields.h"
+
+#include <stdarg.h>
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+loom_status loom_fail_field(const char *source, const char *path, const char *fmt, ...) {
+    char detail[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(detail, sizeof detail, fmt, args); /* NOLINT(clang-analyzer-valist.Uninitialized) */
+    va_end(args);
+    return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", source, path, detail);
+}
+
+/* ---- words -------------------------------------------------------------------------------- */
+
+int loom_word_index(const loom_words *words, const char *value) {
+    for (int i = 0; value && i < words->count; i++)
+        if (strcmp(words->words[i], value) == 0) return i;
+    return -1;
+}
+
+int loom_word_ok(const loom_words *words, const char *value) {
+    return loom_word_index(words, value) >= 0;
+}
+
+void loom_word_list(const loom_words *words, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "%s", words->count > 2 ? "one of " : "");
+    for (int i = 0; i < words->count && used < cap; i++) {
+        const char *sep = i == 0 ? "" : i == words->count - 1 ? " or " : ", ";
+        used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\"", sep, words->words[i]);
+    }
+}
+
+loom_status loom_word_parse(const loom_words *words, const char *name, const char *source,
+                            const char *field, int *index) {
+    int found = loom_word_index(words, name);
+    if (found >= 0) {
+        *index = found;
+        return LOOM_OK;
+    }
+    char list[256];
+    loom_word_list(words, list, sizeof list);
+    return loom_fail_field(source, field, "expected %s, got \"%s\"", list, name ? name : "");
+}
+
+/* ---- precisions --------------------------------------------------------------------------- */
+
+static const char *const precision_names[LOOM_PRECISIONS] = {"fp32", "bf16", "fp16"};
+static const loom_words precision_words = {precision_names, LOOM_PRECISIONS};
+
+loom_status loom_precision_parse(const char *name, const char *source, const char *field,
+                                 loom_precision *precision) {
+    int index = 0;
+    loom_status st = loom_word_parse(&precision_words, name, source, field, &index);
+    if (st == LOOM_OK) *precision = (loom_precision)index;
+    return st;
+}
+
+const char *loom_precision_name(loom_precision precision) {
+    if ((int)precision < 0 || precision >= LOOM_PRECISIONS) return "?";
+    return precision_names[precision];
+}
+
+/* ---- JSON values -------------------------------------------------------------------------- */
 
 /* A JSON value as it appears in the file (compact, at most about 60 characters), for "got". */
 static void describe(const json_t *value, char *buf, size_t cap) {
@@ -32,7 +97,7 @@ loom_status loom_json_fail_type(const char *file, const char *path, const char *
                                 const json_t *value) {
     char got[80];
     describe(value, got, sizeof got);
-    return loom_plan_fail_field(file, path, "expected %s, got %s", expected, got);
+    return loom_fail_field(file, path, "expected %s, got %s", expected, got);
 }
 
 void loom_json_join_path(char *buf, size_t cap, const char *parent, const char *key) {
@@ -58,7 +123,7 @@ loom_status loom_json_check_keys(const char *file, const json_t *object, const c
                 (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", keys[i]);
         char field[256];
         loom_json_join_path(field, sizeof field, path, key);
-        return loom_plan_fail_field(file, field, "unknown key (expected one of: %s)", list);
+        return loom_fail_field(file, field, "unknown key (expected one of: %s)", list);
     }
     return LOOM_OK;
 }
@@ -69,7 +134,7 @@ loom_status loom_json_member(const char *file, const json_t *object, const char 
     if (*out || !required) return LOOM_OK;
     char path[256];
     loom_json_join_path(path, sizeof path, parent, key);
-    return loom_plan_fail_field(file, path, "missing (expected %s)", expected);
+    return loom_fail_field(file, path, "missing (expected %s)", expected);
 }
 
 loom_status loom_json_as_object(const char *file, const char *path, const json_t *value) {

@@ -7,8 +7,7 @@
  * Not here: the stage slicing (inter-op), the cost model of a whole plan (costmodel.c), or
  * executing anything the full space offers beyond what the runtime does.
  */
-#include "loom/intraop.h"
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 
 #include <glpk.h>
 #include <math.h>

@@ -7,7 +7,7 @@
  *
  * Not here: the cost model (costmodel.c), the DP itself (stage_dp.c), the intra-op ILP.
  */
-#include "loom/costmodel.h"
+#include "loom/planner.h"
 #include "loom/model.h"
 
 #include <stdlib.h>

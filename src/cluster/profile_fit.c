@@ -5,7 +5,7 @@
  *
  * Not here: measuring (profile.c, profile_links.c).
  */
-#include "plan/profile_internal.h"
+#include "cluster/profile_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  * Not here: the time of a stage, a pipeline or a plan (the cost model), measuring (profile).
  */
 #include "loom/cluster.h"
-#include "plan/plan_internal.h"
+#include "base/json_fields.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -21,40 +21,15 @@
 
 /* ---- words ---------------------------------------------------------------------------------- */
 
-static const char *const precision_names[LOOM_PRECISIONS] = {"fp32", "bf16", "fp16"};
 static const char *const op_names[LOOM_COLLECTIVE_OPS] = {"allreduce", "allgather",
                                                           "reduce_scatter", "sendrecv"};
 static const char *const link_names[LOOM_LINK_CLASSES] = {"intra_node", "inter_node"};
 
-static const loom_plan_words precision_words = {precision_names, LOOM_PRECISIONS};
-static const loom_plan_words op_words = {op_names, LOOM_COLLECTIVE_OPS};
-static const loom_plan_words link_words = {link_names, LOOM_LINK_CLASSES};
+static const loom_words op_words = {op_names, LOOM_COLLECTIVE_OPS};
+static const loom_words link_words = {link_names, LOOM_LINK_CLASSES};
 
 /* A compressor throughput is keyed by any method name, whatever place the method is used in. */
 #define ANY_PLACE (LOOM_COMPRESS_FOR_DP | LOOM_COMPRESS_FOR_PP_GRAD | LOOM_COMPRESS_FOR_PP_FORWARD)
-
-static int word_index(const loom_plan_words *words, const char *value) {
-    for (int i = 0; value && i < words->count; i++)
-        if (strcmp(words->words[i], value) == 0) return i;
-    return -1;
-}
-
-loom_status loom_precision_parse(const char *name, const char *source, const char *field,
-                                 loom_precision *precision) {
-    int index = word_index(&precision_words, name);
-    if (index >= 0) {
-        *precision = (loom_precision)index;
-        return LOOM_OK;
-    }
-    char list[96];
-    loom_plan_word_list(&precision_words, list, sizeof list);
-    return loom_plan_fail_field(source, field, "expected %s, got \"%s\"", list, name ? name : "");
-}
-
-const char *loom_precision_name(loom_precision precision) {
-    if ((int)precision < 0 || precision >= LOOM_PRECISIONS) return "?";
-    return precision_names[precision];
-}
 
 /* ---- reading -------------------------------------------------------------------------------- */
 
@@ -103,13 +78,13 @@ static loom_status read_source(const char *file, const json_t *object, const cha
 
 /* A word from `words` (required) into *index. */
 static loom_status read_word_index(const char *file, const json_t *object, const char *parent,
-                                   const char *key, const loom_plan_words *words, int *index) {
+                                   const char *key, const loom_words *words, int *index) {
     char list[128];
-    loom_plan_word_list(words, list, sizeof list);
+    loom_word_list(words, list, sizeof list);
     json_t *value;
     loom_status st = loom_json_member(file, object, parent, key, 1, list, &value);
     if (st != LOOM_OK) return st;
-    *index = word_index(words, json_string_value(value));
+    *index = loom_word_index(words, json_string_value(value));
     if (*index >= 0) return LOOM_OK;
     char path[256];
     loom_json_join_path(path, sizeof path, parent, key);
@@ -336,8 +311,8 @@ static loom_status check_number(const char *source, const char *path, double val
     if (isfinite(value) && (value > 0 || (zero_ok && value == 0))) return LOOM_OK;
     char got[32];
     loom_json_format_double(value, got, sizeof got);
-    return loom_plan_fail_field(source, path, "expected a finite number %s%s, got %s",
-                                zero_ok ? ">= 0" : "> 0", what, got);
+    return loom_fail_field(source, path, "expected a finite number %s%s, got %s",
+                           zero_ok ? ">= 0" : "> 0", what, got);
 }
 
 /* A NUL-terminated name of 1 to cap - 1 bytes of UTF-8 (so that it is written as it reads). */
@@ -345,11 +320,11 @@ static loom_status check_name(const char *source, const char *path, const char *
     const char *end = memchr(name, '\0', cap);
     size_t len = end ? (size_t)(end - name) : cap;
     if (len == 0 || len == cap) {
-        return loom_plan_fail_field(source, path, "expected a name of 1 to %zu bytes, got %s",
-                                    cap - 1, len == 0 ? "\"\"" : "a longer one");
+        return loom_fail_field(source, path, "expected a name of 1 to %zu bytes, got %s", cap - 1,
+                               len == 0 ? "\"\"" : "a longer one");
     }
     json_t *probe = json_string(name);
-    if (!probe) return loom_plan_fail_field(source, path, "expected UTF-8 text");
+    if (!probe) return loom_fail_field(source, path, "expected UTF-8 text");
     json_decref(probe);
     return LOOM_OK;
 }
@@ -357,21 +332,22 @@ static loom_status check_name(const char *source, const char *path, const char *
 static loom_status check_device(const loom_cluster *c, const char *source) {
     loom_status st = check_name(source, "node.device.name", c->device_name, sizeof c->device_name);
     if (st == LOOM_OK && c->memory_bytes <= 0) {
-        st = loom_plan_fail_field(source, "node.device.memory_bytes",
-                                  "expected a byte count > 0, got %" PRId64, c->memory_bytes);
+        st = loom_fail_field(source, "node.device.memory_bytes",
+                             "expected a byte count > 0, got %" PRId64, c->memory_bytes);
     }
     int offered = 0;
     for (int p = 0; p < LOOM_PRECISIONS && st == LOOM_OK; p++) {
         char path[64];
-        snprintf(path, sizeof path, "node.device.peak_flops.%s", precision_names[p]);
+        snprintf(path, sizeof path, "node.device.peak_flops.%s",
+                 loom_precision_name((loom_precision)p));
         st = check_number(source, path, c->peak_flops[p], 1,
                           " (FLOP/s; 0: the precision is not offered)");
         offered |= c->peak_flops[p] > 0;
     }
     if (st == LOOM_OK && !offered) {
-        st = loom_plan_fail_field(source, "node.device.peak_flops",
-                                  "expected a peak > 0 for at least one of fp32, bf16 and fp16, "
-                                  "got none");
+        st = loom_fail_field(source, "node.device.peak_flops",
+                             "expected a peak > 0 for at least one of fp32, bf16 and fp16, "
+                             "got none");
     }
     if (st == LOOM_OK) {
         st = check_number(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
@@ -386,9 +362,9 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
 
 static loom_status check_gemm_table(const loom_cluster *c, const char *source) {
     if (c->gemm_points < 1 || c->gemm_points > LOOM_CLUSTER_MAX_GEMM_POINTS) {
-        return loom_plan_fail_field(source, "node.device.gemm_efficiency",
-                                    "expected 1 to %d points, got %d", LOOM_CLUSTER_MAX_GEMM_POINTS,
-                                    c->gemm_points);
+        return loom_fail_field(source, "node.device.gemm_efficiency",
+                               "expected 1 to %d points, got %d", LOOM_CLUSTER_MAX_GEMM_POINTS,
+                               c->gemm_points);
     }
     loom_status st = LOOM_OK;
     for (int i = 0; i < c->gemm_points && st == LOOM_OK; i++) {
@@ -400,18 +376,17 @@ static loom_status check_gemm_table(const loom_cluster *c, const char *source) {
             char got[32], before[32];
             loom_json_format_double(g->flops, got, sizeof got);
             loom_json_format_double(g[-1].flops, before, sizeof before);
-            st = loom_plan_fail_field(source, path,
-                                      "expected more than gemm_efficiency[%d].flops %s (points "
-                                      "in ascending FLOPs), got %s",
-                                      i - 1, before, got);
+            st = loom_fail_field(source, path,
+                                 "expected more than gemm_efficiency[%d].flops %s (points "
+                                 "in ascending FLOPs), got %s",
+                                 i - 1, before, got);
         }
         snprintf(path, sizeof path, "node.device.gemm_efficiency[%d].efficiency", i);
         if (st == LOOM_OK &&
             !(isfinite(g->efficiency) && g->efficiency > 0 && g->efficiency <= 1)) {
             char got[32];
             loom_json_format_double(g->efficiency, got, sizeof got);
-            st = loom_plan_fail_field(source, path, "expected a share of peak in (0, 1], got %s",
-                                      got);
+            st = loom_fail_field(source, path, "expected a share of peak in (0, 1], got %s", got);
         }
     }
     return st;
@@ -435,18 +410,18 @@ static loom_status check_collective(const loom_cluster *c, int i, const char *so
     char path[64], list[128];
     if ((int)f->op < 0 || f->op >= LOOM_COLLECTIVE_OPS) {
         snprintf(path, sizeof path, "collectives[%d].op", i);
-        loom_plan_word_list(&op_words, list, sizeof list);
-        return loom_plan_fail_field(source, path, "expected %s, got %d", list, (int)f->op);
+        loom_word_list(&op_words, list, sizeof list);
+        return loom_fail_field(source, path, "expected %s, got %d", list, (int)f->op);
     }
     if (f->link < 0 || f->link >= LOOM_LINK_CLASSES) {
         snprintf(path, sizeof path, "collectives[%d].link", i);
-        loom_plan_word_list(&link_words, list, sizeof list);
-        return loom_plan_fail_field(source, path, "expected %s, got %d", list, f->link);
+        loom_word_list(&link_words, list, sizeof list);
+        return loom_fail_field(source, path, "expected %s, got %d", list, f->link);
     }
     if (f->ranks < 2) {
         snprintf(path, sizeof path, "collectives[%d].ranks", i);
-        return loom_plan_fail_field(source, path, "expected a group of at least 2 ranks, got %d",
-                                    f->ranks);
+        return loom_fail_field(source, path, "expected a group of at least 2 ranks, got %d",
+                               f->ranks);
     }
     snprintf(path, sizeof path, "collectives[%d].alpha_s", i);
     loom_status st = check_number(source, path, f->alpha_s, 1, " (seconds)");
@@ -456,10 +431,10 @@ static loom_status check_collective(const loom_cluster *c, int i, const char *so
         const loom_collective_fit *g = &c->collectives[j];
         if (g->op != f->op || g->link != f->link || g->ranks != f->ranks) continue;
         snprintf(path, sizeof path, "collectives[%d]", i);
-        st = loom_plan_fail_field(source, path,
-                                  "expected one fit per (op, link, ranks), got a second one for "
-                                  "(%s, %s, %d) (the first is collectives[%d])",
-                                  op_names[f->op], link_names[f->link], f->ranks, j);
+        st = loom_fail_field(source, path,
+                             "expected one fit per (op, link, ranks), got a second one for "
+                             "(%s, %s, %d) (the first is collectives[%d])",
+                             op_names[f->op], link_names[f->link], f->ranks, j);
     }
     return st;
 }
@@ -467,23 +442,23 @@ static loom_status check_collective(const loom_cluster *c, int i, const char *so
 loom_status loom_cluster_check(const loom_cluster *c, const char *source) {
     loom_status st = check_name(source, "name", c->name, sizeof c->name);
     if (st == LOOM_OK && c->nodes < 1) {
-        st = loom_plan_fail_field(source, "nodes", "expected an integer >= 1, got %d", c->nodes);
+        st = loom_fail_field(source, "nodes", "expected an integer >= 1, got %d", c->nodes);
     }
     if (st == LOOM_OK && c->max_nodes < c->nodes) {
-        st = loom_plan_fail_field(source, "max_nodes", "expected an integer >= nodes (%d), got %d",
-                                  c->nodes, c->max_nodes);
+        st = loom_fail_field(source, "max_nodes", "expected an integer >= nodes (%d), got %d",
+                             c->nodes, c->max_nodes);
     }
     if (st == LOOM_OK && c->devices_per_node < 1) {
-        st = loom_plan_fail_field(source, "node.devices", "expected an integer >= 1, got %d",
-                                  c->devices_per_node);
+        st = loom_fail_field(source, "node.devices", "expected an integer >= 1, got %d",
+                             c->devices_per_node);
     }
     if (st == LOOM_OK) st = check_device(c, source);
     if (st == LOOM_OK) st = check_gemm_table(c, source);
     if (st == LOOM_OK) st = check_links(c, source);
     if (st == LOOM_OK &&
         (c->num_collectives < 0 || c->num_collectives > LOOM_CLUSTER_MAX_COLLECTIVES)) {
-        st = loom_plan_fail_field(source, "collectives", "expected 0 to %d fits, got %d",
-                                  LOOM_CLUSTER_MAX_COLLECTIVES, c->num_collectives);
+        st = loom_fail_field(source, "collectives", "expected 0 to %d fits, got %d",
+                             LOOM_CLUSTER_MAX_COLLECTIVES, c->num_collectives);
     }
     for (int i = 0; i < c->num_collectives && st == LOOM_OK; i++) {
         st = check_collective(c, i, source);
@@ -523,7 +498,7 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
     fprintf(out, "      \"memory_bytes\": %" PRId64 ",\n", c->memory_bytes);
     fprintf(out, "      \"peak_flops\": {");
     for (int p = 0; p < LOOM_PRECISIONS; p++) {
-        fprintf(out, "%s\"%s\": ", p ? ", " : "", precision_names[p]);
+        fprintf(out, "%s\"%s\": ", p ? ", " : "", loom_precision_name((loom_precision)p));
         write_number(out, "", c->peak_flops[p], "");
     }
     fprintf(out, "},\n");

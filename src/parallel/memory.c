@@ -1,0 +1,174 @@
+/*
+ * memory.c — what one rank of a plan holds, in bytes, as the runtime allocates it (weights,
+ * gradients, AdamW's moments, the activation sets the schedule keeps in flight, backward
+ * scratch, the compressors' state), and what the data-parallel gradient sync sends per step.
+ * Here, below the planner, because both read it: `loom train` refuses a run that cannot fit
+ * before allocating (train/memory.c), and the planner's cost model charges the same figures.
+ *
+ * Not here: time (the planner's cost model), the machine's memory (base/sys.c).
+ */
+#include "parallel/parallel_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static int splits_backward(const loom_plan *plan) {
+    return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
+}
+
+/* ---- compression ------------------------------------------------------------------------
+ * What the plan's compressors send and keep, by the formulas of loom/compress.h over the
+ * matrices the runtime hands them (2-D weights one layer at a time, everything else a row). */
+
+/* Wire bytes of one (rows x cols) matrix under a method (rank r, top-k fraction f); *state gets
+ * the bytes of state it keeps (committed and working copies: the error-feedback residual, the
+ * warm-start factor). */
+double loom_plan_compressor_wire(const loom_plan_compressor *c, loom_compress_method method,
+                                 int64_t rows, int64_t cols, double *state) {
+    double n = (double)rows * (double)cols;
+    int64_t r = c->rank < rows ? c->rank : rows;
+    if (r > cols) r = cols;
+    int lossy = method != LOOM_COMPRESS_NONE && c->error_feedback;
+    *state = 0;
+    switch (method) {
+    case LOOM_COMPRESS_POWERSGD:
+    case LOOM_COMPRESS_LOWRANK:
+        if (rows < 2 || (double)r * (double)(rows + cols) >= 0.5 * n) return 4 * n;
+        *state = 2 * 4 * ((lossy ? n : 0) + (double)cols * (double)r);
+        return 4 * (double)r * (double)(rows + cols);
+    case LOOM_COMPRESS_TOPK: {
+        double k = ceil(c->fraction * n * (1 - 1e-9));
+        *state = lossy ? 2 * 4 * n : 0;
+        return 8 * (k < 1 ? 1 : k);
+    }
+    case LOOM_COMPRESS_SIGN:
+        *state = 2 * 4 * n;
+        return 4 + ceil(n / 8);
+    case LOOM_COMPRESS_INT8:
+        *state = lossy ? 2 * 4 * n : 0;
+        return 4 * ceil(n / 256) + n;
+    case LOOM_COMPRESS_BF16:
+        *state = lossy ? 2 * 4 * n : 0;
+        return 2 * n;
+    default:
+        return 4 * n;
+    }
+}
+
+static loom_compress_method method_of(const char *name) {
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) {
+        if (!strcmp(name, loom_compress_method_name((loom_compress_method)m)))
+            return (loom_compress_method)m;
+    }
+    return LOOM_COMPRESS_NONE;
+}
+
+static int listed(const loom_plan_compressor *c, int index) {
+    if (c->num_stages == 0) return 1;
+    for (int i = 0; i < c->num_stages; i++)
+        if (c->stages[i] == index) return 1;
+    return 0;
+}
+
+/* One pipeline rank's gradients under the plan's DP compressor: the bytes sent (wire), the fp32
+ * bytes the codec reads (raw: the compressing matrices) and the state kept. */
+loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
+    loom_dp_traffic t = {0, 0, 0};
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
+    int n = 0;
+    for (int s = 0; s < plan->num_stages && n < LOOM_GPT_MAX_CHUNKS; s++) {
+        const loom_plan_stage *st = &plan->stages[s];
+        if (st->rank != pp_rank) continue;
+        chunks[n++] = (loom_gpt_chunk){st->first_layer, st->end_layer, st->embedding, st->head};
+    }
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
+    const loom_plan_compressor *c = &plan->dp_compression;
+    loom_compress_method method = listed(c, pp_rank) ? method_of(c->method) : LOOM_COMPRESS_NONE;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        const loom_gpt_tensor_info *ti = &info[k];
+        if (ti->numel == 0) continue;
+        int dims = ti->per_layer ? ti->ndim - 1 : ti->ndim;
+        /* as the runtime's buckets hand them: qkvw as its Q, K and V row blocks */
+        int parts = dims == 2 ? loom_gpt_matrix_parts(k) : 1;
+        int64_t count = (ti->per_layer ? ti->shape[0] : 1) * parts;
+        int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] / parts : 1;
+        int64_t cols = dims == 2 ? ti->shape[ti->ndim - 1] : ti->layer_numel;
+        double state, wire = loom_plan_compressor_wire(c, method, rows, cols, &state);
+        double raw = 4.0 * (double)rows * (double)cols * (double)count;
+        t.wire += wire * (double)count, t.state += state * (double)count;
+        if (wire * (double)count < raw) t.raw += raw;
+    }
+    return t;
+}
+
+/* The stage's cost facts for one micro-batch (in_flight 1). */
+loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
+                                 loom_gpt_stage_cost *c) {
+    const loom_plan_stage *st = &plan->stages[s];
+    loom_gpt_stage_spec spec = {plan->tp,     st->first_layer,   st->end_layer, st->embedding,
+                                st->head,     plan->micro_batch, seq_len,       1,
+                                st->recompute};
+    return loom_gpt_cost_stage(&plan->model, &spec, c);
+}
+
+loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                     int peak, loom_rank_memory *out) {
+    memset(out, 0, sizeof *out);
+    int split = splits_backward(plan);
+    out->in_flight = peak;
+    int64_t slot = 0, input = 0, kept = 0;
+    int embedding = 0, head = 0, recompute = 0;
+    for (int s = 0; s < plan->num_stages; s++) {
+        if (plan->stages[s].rank != pp_rank) continue;
+        loom_gpt_stage_cost c;
+        loom_status st = loom_plan_stage_cost(plan, s, seq_len, &c);
+        if (st != LOOM_OK) return st;
+        recompute = plan->stages[s].recompute;
+        out->weights += c.param_bytes, out->grads += c.grad_bytes;
+        out->optimizer += c.optimizer_bytes;
+        int64_t chunk_slot = c.act_slot_bytes + (split ? c.act_slot_split_bytes : 0);
+        if (chunk_slot > slot) slot = chunk_slot;
+        if (c.act_bytes_recompute - c.act_slot_bytes > input)
+            input = c.act_bytes_recompute - c.act_slot_bytes;
+        if (c.grad_scratch_bytes > out->scratch) out->scratch = c.grad_scratch_bytes;
+        if (split && c.act_slot_split_bytes > kept) kept = c.act_slot_split_bytes;
+        /* a chunk with the embedding and another with the head each count wte */
+        embedding |= plan->stages[s].embedding && !plan->stages[s].head;
+        head |= plan->stages[s].head && !plan->stages[s].embedding;
+    }
+    const loom_gpt_config *m = &plan->model;
+    if (embedding && head) { /* one wte: its parameters, gradients and two moments once */
+        int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
+        out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
+    }
+    if (zero1 && plan->dp > 1) {
+        out->optimizer /= plan->dp;
+        /* the reduce-scatter ring's receive buffers: per DP bucket its largest block, the whole
+         * bucket when it lies inside one rank's range — about one gradient's worth */
+        out->scratch += out->grads;
+    }
+    /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
+    if (plan->dp > 1 && strcmp(plan->dp_compression.method, "none") != 0)
+        out->compressor += (int64_t)loom_plan_dp_traffic(plan, pp_rank).state;
+    const loom_plan_compressor *pc = &plan->pp_compression;
+    for (int s = 1; s < plan->num_stages && strcmp(pc->method, "none") != 0; s++) {
+        if (plan->stages[s].rank != pp_rank || !listed(pc, s - 1)) continue;
+        double state;
+        loom_plan_compressor_wire(pc, method_of(pc->method), (int64_t)plan->micro_batch * seq_len,
+                                  plan->model.channels, &state);
+        out->compressor += (int64_t)state;
+    }
+    /* recomputation keeps one set, each micro-batch's input, and under split backward what B
+     * leaves for W (the head's logit gradient aside) */
+    out->activations = recompute ? slot + (input + kept) * out->in_flight : slot * out->in_flight;
+    out->total = out->weights + out->grads + out->optimizer + out->activations + out->scratch +
+                 out->compressor;
+    return LOOM_OK;
+}
+
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+                                  loom_rank_memory *out) {
+    return loom_plan_rank_memory_at(plan, pp_rank, seq_len, zero1,
+                                    loom_pipeline_peak_in_flight(plan, pp_rank), out);
+}
