@@ -1221,11 +1221,10 @@ class Harness:
                   ["--data", "data/train_*.bin", "--steps", "1", "--out", "seedrun",
                    "--eval-every", "0", "--log-every", "1"])
         self.must([self.loom, "plan", "--model", "tiny", "--recompute-always", "--out",
-                   "plan0.json"])  # "recompute": "always", a string where others write booleans
+                   "plan0.json"])  # "recompute": "always", and mesh.zero as the planner writes it
         plan = jparse(read_text(os.path.join(s, "plan0.json")))
-        plan.append(("predicted", Obj([("step_s", 0.25), ("tokens_per_s", 512.0),
+        plan.append(("predicted", Obj([("seq_len", 16), ("step_s", 0.25), ("tokens_per_s", 512.0),
                                        ("peak_bytes_per_rank", [104857600])])))
-        plan.append(("zero1", False))  # as the planner writes it
         write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
         write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
         write_llmc(os.path.join(s, "model.bin"))

@@ -82,8 +82,7 @@ typedef struct {
  * max_nodes x devices_per_node; a plan that needs more is LOOM_ERR_INPUT naming the numbers)
  * in `precision` (a precision the cluster has no peak for is LOOM_ERR_INPUT). */
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
-                              loom_precision precision, int seq_len, int zero1,
-                              loom_prediction *out);
+                              loom_precision precision, int seq_len, loom_prediction *out);
 
 /* A lower bound on loom_plan_predict's step for the plan, without simulating: the busiest
  * pipeline rank's compute, every micro-batch's forward and backward on each of its virtual
@@ -102,8 +101,8 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
  * virtual stage in each event's args), then the DP sync its last backward did not hide and the
  * optimizer. */
 loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    const char *path, loom_prediction *out);
+                                    loom_precision precision, int seq_len, const char *path,
+                                    loom_prediction *out);
 
 /* ---- Alpa's stage DP ------------------------------------------------------------------------
  * How many layers each of the S stages of a layout with one chunk per rank takes (stages may be
@@ -155,8 +154,8 @@ loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompu
  * memory (no memory limit here: loom_plan_predict checks the result). Free with
  * loom_stage_problem_free. */
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    int per_stage_recompute, loom_stage_problem *out);
+                                    loom_precision precision, int seq_len, int per_stage_recompute,
+                                    loom_stage_problem *out);
 void loom_stage_problem_free(loom_stage_problem *p);
 
 /* ---- the search ------------------------------------------------------------------------------
@@ -169,8 +168,7 @@ void loom_stage_problem_free(loom_stage_problem *p);
  * those that do not fit the device's memory left out, ranked by predicted step time (the
  * simulator ranks the DP's split against the even one). */
 typedef struct {
-    loom_plan plan; /* owned: free with loom_plan_free */
-    int zero1;
+    loom_plan plan; /* owned: free with loom_plan_free; its zero says ZeRO-1 or not */
     loom_prediction prediction;
 } loom_plan_candidate;
 

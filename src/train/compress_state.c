@@ -30,10 +30,11 @@ static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap)
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
     for (int i = 0; i < 2 && used < cap; i++) {
-        used += (size_t)snprintf(out + used, cap - used,
-                                 " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
-                                 c[i]->method, c[i]->rank, c[i]->fraction, c[i]->error_feedback,
-                                 c[i]->warmup_steps, c[i]->lazy_error, c[i]->policy, c[i]->forward);
+        used += (size_t)snprintf(
+            out + used, cap - used, " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
+            loom_compress_method_name(c[i]->method), c[i]->rank, c[i]->fraction,
+            c[i]->error_feedback, c[i]->warmup_steps, c[i]->lazy_error,
+            loom_pp_policy_name(c[i]->policy), loom_compress_method_name(c[i]->forward));
         for (int s = 0; s < c[i]->num_stages && used < cap; s++) {
             used += (size_t)snprintf(out + used, cap - used, "%s%d", s ? "," : "", c[i]->stages[s]);
         }
@@ -228,7 +229,8 @@ void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_
     loom_info("compression: dp %s, pp %s; compressor state on rank 0: %.1f MiB (data-parallel "
               "%.1f MiB, pipeline %.1f MiB; error feedback keeps a gradient-sized residual, "
               "twice: committed and working)",
-              plan->dp_compression.method, plan->pp_compression.method,
+              loom_compress_method_name(plan->dp_compression.method),
+              loom_compress_method_name(plan->pp_compression.method),
               (double)(dp + pp_bytes) / 1048576.0, (double)dp / 1048576.0,
               (double)pp_bytes / 1048576.0);
 }

@@ -34,8 +34,8 @@ void loom_train_config_defaults(loom_train_config *c) {
     /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
     loom_plan_compression_flags_defaults(&c->compression);
     c->bucket_mb = 25.0;
-    c->zero1 = 1; /* measured at least as fast as plain DP in every layout (bench/parallel.sh) */
     c->comm_timeout = 60.0;
+    c->zero = -1;
 }
 
 int loom_train_config_sets_model(const loom_train_config *c) {
@@ -73,10 +73,30 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
     return LOOM_OK;
 }
 
+loom_status loom_train_config_zero(const loom_train_config *c, int *zero) {
+    *zero = c->zero;
+    if (c->zero1 && c->no_zero1)
+        return loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
+    int alias = c->zero1 ? 1 : c->no_zero1 ? 0 : -1;
+    if (alias >= 0 && c->zero >= 0 && alias != c->zero) {
+        return loom_fail(LOOM_ERR_INPUT, "%s and --zero %d contradict each other: give one",
+                         c->zero1 ? "--zero1" : "--no-zero1", c->zero);
+    }
+    if (alias >= 0) *zero = alias;
+    if (*zero < -1 || *zero > 3) {
+        return loom_fail(LOOM_ERR_INPUT, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got %d",
+                         *zero);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_plan *plan) {
     loom_plan_init(plan);
     loom_gpt_config model;
     loom_status st = loom_train_model_config(c, &model);
+    if (st != LOOM_OK) return st;
+    int zero;
+    st = loom_train_config_zero(c, &zero);
     if (st != LOOM_OK) return st;
     loom_plan_request request = {.dp = c->data_parallel,
                                  .tp = c->tensor_parallel,
@@ -89,7 +109,10 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
                                  .stage_layers = c->stage_layers,
                                  .recompute = c->recompute_always ? LOOM_RECOMPUTE_ALWAYS
                                               : c->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                  : LOOM_RECOMPUTE_NONE};
+                                                                  : LOOM_RECOMPUTE_NONE,
+                                 .zero_given = zero >= 0,
+                                 .zero = zero,
+                                 .no_overlap_grad_reduce = c->no_overlap_grad_reduce};
     return loom_plan_from_flags(plan, &model, request, &c->compression,
                                 world_size > 1 ? world_size : 1);
 }

@@ -16,9 +16,8 @@
  * memory shared by the ranks on it: refused before anything is allocated. */
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
                                   const loom_mesh *mesh) {
-    int zero1 = cfg->zero1 && !cfg->no_zero1 && mesh->dp_size > 1;
     loom_rank_memory mem;
-    loom_status st = loom_plan_rank_memory(plan, mesh->pp_rank, cfg->seq_len, zero1, &mem);
+    loom_status st = loom_plan_rank_memory(plan, mesh->pp_rank, cfg->seq_len, &mem);
     if (st != LOOM_OK) return st;
     /* the rank's layer ranges, for the message */
     char ranges[128] = "";

@@ -250,11 +250,11 @@ static void compression_note(loom_step_record *r, const double *sums) {
     const loom_plan *plan = r->mesh->plan;
     size_t used = 0, cap = sizeof r->compression;
     r->compression[0] = '\0';
-    if (strcmp(plan->dp_compression.method, "none") != 0 && sums[SUM_DP_BYTES] > 0) {
+    if (plan->dp_compression.method != LOOM_COMPRESS_NONE && sums[SUM_DP_BYTES] > 0) {
         used += (size_t)snprintf(r->compression + used, cap - used, " | dp bytes /%.1f",
                                  (sums[SUM_DP_BYTES] + sums[SUM_DP_SAVED]) / sums[SUM_DP_BYTES]);
     }
-    if (strcmp(plan->pp_compression.method, "none") != 0 && sums[SUM_PP_GRAD] > 0 && used < cap) {
+    if (plan->pp_compression.method != LOOM_COMPRESS_NONE && sums[SUM_PP_GRAD] > 0 && used < cap) {
         snprintf(r->compression + used, cap - used, " | pp grads /%.1f, %.0f of %.0f sends",
                  sums[SUM_PP_GRAD_RAW] / sums[SUM_PP_GRAD], sums[SUM_SENDS_COMPRESSED],
                  sums[SUM_SENDS]);

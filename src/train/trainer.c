@@ -155,9 +155,9 @@ static void print_setup(const trainer *t) {
               ranks, mesh->dp_size,
               loom_grad_sync_range(t->sync).shard < t->model->num_params ? " with ZeRO-1" : "",
               mesh->tp_size, mesh->pp_size, mesh->pp_size > 1 ? ", schedule " : "",
-              mesh->pp_size > 1 ? t->plan->schedule : "", t->plan->global_batch,
-              t->plan->micro_batch, loom_plan_num_micro_batches(t->plan), mesh->dp_size,
-              loom_ops_get_threads(), t->peak_gflops);
+              mesh->pp_size > 1 ? loom_schedule_kind_name(t->plan->schedule) : "",
+              t->plan->global_batch, t->plan->micro_batch, loom_plan_num_micro_batches(t->plan),
+              mesh->dp_size, loom_ops_get_threads(), t->peak_gflops);
 }
 
 static loom_status trainer_setup(trainer *t, loom_comm *world) {
@@ -180,8 +180,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
-    loom_grad_sync_opts opts = {cfg->zero1 && !cfg->no_zero1, cfg->bucket_mb * 1024 * 1024,
-                                cfg->seed};
+    loom_grad_sync_opts opts = {t->plan->zero >= 1, cfg->bucket_mb * 1024 * 1024, cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
