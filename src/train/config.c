@@ -4,9 +4,15 @@
  */
 #include "loom/io.h"
 #include "loom/train.h"
+#include "base/json_fields.h"
 
 #include <math.h>
 #include <string.h>
+
+/* --lr-schedule's words, in the order of the LR_* values. */
+enum { LR_CONSTANT, LR_COSINE };
+static const char *const lr_schedule_words[] = {"constant", "cosine"};
+static const loom_words lr_schedules = {lr_schedule_words, 2};
 
 void loom_train_config_defaults(loom_train_config *c) {
     memset(c, 0, sizeof *c);
@@ -132,7 +138,7 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->lr >= 0 && c->lr <= 10, "lr", "expected a number in [0, 10], got %g", c->lr);
     REQUIRE(c->min_lr_ratio >= 0 && c->min_lr_ratio <= 1, "min_lr_ratio",
             "expected a number in [0, 1], got %g", c->min_lr_ratio);
-    REQUIRE(!strcmp(c->lr_schedule, "constant") || !strcmp(c->lr_schedule, "cosine"), "lr_schedule",
+    REQUIRE(loom_word_ok(&lr_schedules, c->lr_schedule), "lr_schedule",
             "expected \"constant\" or \"cosine\", got \"%s\"", c->lr_schedule);
     REQUIRE(c->warmup_steps >= 0, "warmup_steps", "expected >= 0, got %lld",
             (long long)c->warmup_steps);
@@ -175,7 +181,7 @@ double loom_lr_at(const loom_train_config *c, int64_t step) {
     if (c->warmup_steps > 0 && step < c->warmup_steps) {
         return c->lr * (double)(step + 1) / (double)c->warmup_steps;
     }
-    if (strcmp(c->lr_schedule, "cosine") != 0) return c->lr;
+    if (loom_word_index(&lr_schedules, c->lr_schedule) != LR_COSINE) return c->lr;
     int64_t decay_steps = c->steps - c->warmup_steps;
     if (decay_steps <= 1) return c->lr;
     double progress = (double)(step - c->warmup_steps) / (double)(decay_steps - 1);
