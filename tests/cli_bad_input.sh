@@ -208,6 +208,15 @@ bad "empty --out" 'out: expected an output folder' -- "${TRAIN[@]}" --out ''
 bad "--out is a file" '--out: text\.txt exists and is not a directory' \
     -- "${TRAIN[@]}" --out text.txt
 bad "bench: unknown flag" "unknown option '--no-such-flag'" -- "$LOOM" bench --no-such-flag
+bad "bench: non-numeric --warmup" "--warmup: expected an integer, got '2x'" \
+    -- "$LOOM" bench --warmup 2x
+bad "bench: negative --warmup" '--warmup: expected >= 0, got -1' -- "$LOOM" bench --warmup -1
+bad "bench: non-numeric --threads entry" "--threads: expected an integer, got '2x'" \
+    -- "$LOOM" bench --threads 1,2x
+bad "bench: --threads entry 0" '--threads: expected counts >= 1, got 0' \
+    -- "$LOOM" bench --threads 0
+bad "bench: empty --threads" "--threads: expected thread counts such as 1,2, got ','" \
+    -- "$LOOM" bench --threads ,
 
 # ---- --config ------------------------------------------------------------------------------
 
