@@ -1,7 +1,8 @@
 /*
  * test_base_files.c — base's file helpers: the reader of llm.c's 1024-byte little-endian int32
  * headers (against bytes laid out by hand here: byte order, negative slots, a short file, an
- * empty one, a wrong magic named as the llm.c format it is).
+ * empty one, a wrong magic named as the llm.c format it is), and the checked path join (a path
+ * that just fits, one byte too many refused by name and never cut).
  */
 #include "check.h"
 #include "loom/base.h"
@@ -100,9 +101,40 @@ static void test_read(const char *dir) {
     fclose(f);
 }
 
+static void test_path_join(void) {
+    char buf[12];
+    loom_status st = loom_path_join(buf, sizeof buf, "runs/a", "b.tx"); /* 11 bytes: fits */
+    CHECK(st == LOOM_OK && strcmp(buf, "runs/a/b.tx") == 0, "join: '%s' %s", buf,
+          loom_last_error());
+    st = loom_path_join(buf, sizeof buf, NULL, "plain/name");
+    CHECK(st == LOOM_OK && strcmp(buf, "plain/name") == 0, "no folder: '%s'", buf);
+    st = loom_path_join(buf, sizeof buf, "", "x");
+    CHECK(st == LOOM_OK && strcmp(buf, "/x") == 0, "empty folder is the root: '%s'", buf);
+
+    st = loom_path_join(buf, sizeof buf, "runs/ab", "b.tx"); /* 12 bytes: one too many */
+    CHECK(st == LOOM_ERR_INPUT && buf[0] == '\0', "one byte over: refused, buffer emptied");
+    CHECK(strcmp(loom_last_error(), "path too long: runs/ab/b.tx (12 bytes, at most 11)") == 0,
+          "message: %s", loom_last_error());
+    st = loom_path_join(buf, sizeof buf, NULL, "a-long-file-name");
+    CHECK(st == LOOM_ERR_INPUT &&
+              strcmp(loom_last_error(), "path too long: a-long-file-name (16 bytes, at most 11)") ==
+                  0,
+          "no folder, too long: %s", loom_last_error());
+
+    char big[5000];
+    memset(big, 'd', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    char path[4096];
+    st = loom_path_join(path, sizeof path, big, "model.safetensors");
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "path too long: ddd") &&
+              path[0] == '\0',
+          "a folder longer than the buffer: %.40s", loom_last_error());
+}
+
 int main(void) {
     const char *dir = check_tmpdir();
     test_decode();
     test_read(dir);
+    test_path_join();
     return check_finish();
 }

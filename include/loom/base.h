@@ -113,6 +113,11 @@ loom_status loom_write_file_atomic(const char *path, const void *data, size_t si
 /* mkdir -p; fails naming the path. */
 loom_status loom_mkdir_p(const char *path);
 
+/* DIR/NAME into buf (cap bytes; NAME alone when dir is NULL). A path that does not fit is
+ * refused, never cut: LOOM_ERR_INPUT "path too long: DIR/NAME (N bytes, at most M)", and buf is
+ * left empty. buf must not overlap dir or name. */
+loom_status loom_path_join(char *buf, size_t cap, const char *dir, const char *name);
+
 /* llm.c's binary files — token shards (magic 20240520), tokenizers (20240328) and model
  * checkpoints (20240326) — start with a header of 256 little-endian int32 slots, slot 0 the magic.
  * loom_i32_header_decode reads it from the first `size` bytes of `path` (already in memory) into

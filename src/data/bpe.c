@@ -542,13 +542,14 @@ static loom_status open_vocab_merges(loom_bpe *bpe, const char *vocab, const cha
 }
 
 /* The file beside `path` (same folder) named `name`, into out. */
-static void beside(const char *path, const char *name, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (slash) {
-        snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, name);
-    } else {
-        snprintf(out, cap, "%s", name);
-    }
+static loom_status beside(const char *path, const char *name, char *out, size_t cap) {
+    char dir[TOKENIZER_PATH_MAX + 32];
+    loom_status st = loom_path_join(dir, sizeof dir, NULL, path);
+    if (st != LOOM_OK) return st;
+    char *slash = strrchr(dir, '/');
+    if (!slash) return loom_path_join(out, cap, NULL, name);
+    *slash = '\0';
+    return loom_path_join(out, cap, dir, name);
 }
 
 static loom_status open_file(loom_bpe *bpe, const char *path) {
@@ -559,15 +560,18 @@ static loom_status open_file(loom_bpe *bpe, const char *path) {
         return read_tokenizer_json(bpe, path);
     }
     if (ends_with(path, ".json")) { /* vocab.json or encoder.json: merges beside it */
-        beside(path, ends_with(path, "encoder.json") ? "vocab.bpe" : "merges.txt", other,
-               sizeof other);
+        loom_status st = beside(path, ends_with(path, "encoder.json") ? "vocab.bpe" : "merges.txt",
+                                other, sizeof other);
+        if (st != LOOM_OK) return st;
         if (!is_file(other)) {
             return loom_fail(LOOM_ERR_INPUT, "%s: expected the merges file %s beside it", path,
                              other);
         }
         return open_vocab_merges(bpe, path, other);
     }
-    beside(path, ends_with(path, "vocab.bpe") ? "encoder.json" : "vocab.json", other, sizeof other);
+    loom_status st = beside(path, ends_with(path, "vocab.bpe") ? "encoder.json" : "vocab.json",
+                            other, sizeof other);
+    if (st != LOOM_OK) return st;
     if (!is_file(other)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: expected a tokenizer file (vocab.json, merges.txt, "
@@ -582,13 +586,15 @@ static loom_status open_folder(loom_bpe *bpe, const char *dir) {
                                            {"encoder.json", "vocab.bpe"}};
     char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32];
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", dir, pairs[i][0]);
-        snprintf(b, sizeof b, "%s/%s", dir, pairs[i][1]);
+        loom_status st = loom_path_join(a, sizeof a, dir, pairs[i][0]);
+        if (st == LOOM_OK) st = loom_path_join(b, sizeof b, dir, pairs[i][1]);
+        if (st != LOOM_OK) return st;
         if (is_file(a) && is_file(b)) return open_vocab_merges(bpe, a, b);
     }
     static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", dir, singles[i]);
+        loom_status st = loom_path_join(a, sizeof a, dir, singles[i]);
+        if (st != LOOM_OK) return st;
         if (is_file(a)) return open_file(bpe, a);
     }
     return loom_fail(LOOM_ERR_INPUT,
