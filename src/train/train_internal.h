@@ -43,9 +43,10 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
 /* Takes the run folder's lock (OUT/.lock, flock): refused by name while another run holds it.
  * *fd keeps it until closed. */
 loom_status loom_run_lock_folder(const char *out, int *fd);
-/* Refuses a run whose rank part does not fit this machine's memory (memory.c). */
+/* Refuses a run whose rank part does not fit this machine's memory, shared by `sharers` ranks
+ * (loom_comm_local_size) (memory.c). */
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
-                                  const loom_mesh *mesh);
+                                  const loom_mesh *mesh, int sharers);
 /* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),
  * deleting the others; the lead calls it after a save. */
 loom_status loom_run_prune_checkpoints(const char *out, int keep);
