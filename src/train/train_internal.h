@@ -129,7 +129,8 @@ loom_status loom_stop_agree(loom_stop *stop, const loom_mesh *mesh, int *stop_no
 
 /* ---- test hooks (trainer.c) ---- */
 
-/* Failures and numeric trouble on demand, for the tests; read from the environment once. */
+/* Failures and numeric trouble on demand, for the tests; read from the environment once
+ * (hooks.c), and all empty in a build without LOOM_TEST_HOOKS. */
 typedef struct {
     int64_t nan_steps[16]; /* LOOM_DEBUG_NAN_STEPS="3,4,5": poison these (1-based) steps */
     int num_nan_steps;
