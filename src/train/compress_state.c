@@ -123,9 +123,11 @@ static const char *unknown_tensor(const loom_safetensors *file, const state_list
     return NULL;
 }
 
-static void file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
-    snprintf(path, cap, "%s/compress_rank%05d.safetensors", dir,
+static loom_status file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
+    char name[64];
+    snprintf(name, sizeof name, "compress_rank%05d.safetensors",
              mesh->world ? loom_comm_rank(mesh->world) : 0);
+    return loom_path_join(path, cap, dir, name);
 }
 
 loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
@@ -137,12 +139,12 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
     signature(plan, seq_len, state->compress, sizeof state->compress);
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out, state->step);
+    char dir[4096], step_name[64], path[4200];
+    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
+    if (st == LOOM_OK && l.count > 0) st = loom_path_join(dir, sizeof dir, out, step_name);
     if (st == LOOM_OK && l.count > 0) st = loom_mkdir_p(dir);
+    if (st == LOOM_OK && l.count > 0) st = file_of(dir, mesh, path, sizeof path);
     if (st == LOOM_OK && l.count > 0) {
-        char path[4200];
-        file_of(dir, mesh, path, sizeof path);
         const char *meta[] = {"format", COMPRESS_FORMAT, "loom.compress", state->compress};
         st = loom_safetensors_write(path, l.tensors, l.count, meta, 2);
     }
@@ -179,7 +181,7 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
     char path[4200];
-    file_of(dir, mesh, path, sizeof path);
+    if (st == LOOM_OK) st = file_of(dir, mesh, path, sizeof path);
     loom_safetensors *file = NULL;
     if (st == LOOM_OK && l.count > 0) st = loom_safetensors_open(&file, path);
     const char *format = file ? loom_safetensors_metadata(file, "format") : NULL;

@@ -158,8 +158,8 @@ loom_status loom_metrics_open(loom_metrics **out, const char *dir, int64_t resum
     *out = NULL;
     loom_metrics *m = loom_calloc(1, sizeof *m, "metrics");
     if (!m) return LOOM_ERR_NOMEM;
-    snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", dir);
-    loom_status st = resume_step >= 0 ? keep_until(m, resume_step) : LOOM_OK;
+    loom_status st = loom_path_join(m->path, sizeof m->path, dir, "metrics.jsonl");
+    if (st == LOOM_OK && resume_step >= 0) st = keep_until(m, resume_step);
     if (st == LOOM_OK) {
         m->file = fopen(m->path, resume_step >= 0 ? "a" : "w");
         if (!m->file) st = loom_fail(LOOM_ERR_IO, "%s: cannot open for writing", m->path);
@@ -322,9 +322,10 @@ loom_status loom_metrics_validation(loom_metrics *m, int64_t step, double val_lo
 
 loom_status loom_metrics_plot(loom_metrics *m, const char *out) {
     char path[LOOM_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/loss.svg", out);
-    loom_status st = loom_plot_loss_svg(path, "loom: training loss", m->steps, m->loss, m->n,
-                                        m->val_steps, m->val_loss, m->n_val);
+    loom_status st = loom_path_join(path, sizeof path, out, "loss.svg");
+    if (st != LOOM_OK) return st;
+    st = loom_plot_loss_svg(path, "loom: training loss", m->steps, m->loss, m->n, m->val_steps,
+                            m->val_loss, m->n_val);
     if (st == LOOM_OK) loom_info("loss plot: %s", path);
     return st;
 }

@@ -176,7 +176,9 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
     if (world) loom_comm_set_timeout(cfg->comm_timeout);
-    if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh)) != LOOM_OK) return st;
+    int sharers; /* ranks on this machine */
+    if ((st = loom_comm_local_size(world, &sharers)) != LOOM_OK) return st;
+    if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh, sharers)) != LOOM_OK) return st;
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
