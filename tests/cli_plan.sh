@@ -358,6 +358,17 @@ bad "plan: search without a global batch" '--global-batch-size: expected the seq
 bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
     -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
 
+# the search's work is bounded by the layouts, not the batch: sizes it cannot count are refused
+# by name, the largest it takes finishes in seconds, never a signal (timeout: a hang fails)
+bad "plan: search, a global batch past the search's bound" \
+    'global batch \(--global-batch-size\): expected 1 to 1048576 sequences \(the most the search counts\), got 2147483647' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 2147483647 --out huge.json
+good "plan: search, the largest global batch finishes" 'searched [0-9]+ layouts of 8 devices .* global batch 1048576\) in [0-9.]+ s' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 1048576 --out huge.json
+bad "plan: search, an odd batch needs too many micro-batches" \
+    'no layout of 1 devices for global batch 1048575: every one runs more than 16384 micro-batches per step' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 1 --global-batch-size 1048575 --out huge.json
+
 # --trace: the simulated step as a Chrome trace; every (virtual stage, micro-batch) forward once
 # per schedule, and the last event ends at the predicted step
 "$LOOM" plan --model tiny --layers 4 --pp 2 --micro-batch-size 1 --global-batch-size 4 --schedule zb-v --out trace_zbv.json >/dev/null
