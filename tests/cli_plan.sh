@@ -368,6 +368,16 @@ good "plan: search, the largest global batch finishes" 'searched [0-9]+ layouts 
 bad "plan: search, an odd batch needs too many micro-batches" \
     'no layout of 1 devices for global batch 1048575: every one runs more than 16384 micro-batches per step' \
     -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 1 --global-batch-size 1048575 --out huge.json
+# no layout at all says why, never "none of the 0 layouts ... 0.00 GiB short"
+bad "plan: search, --devices 0 (all 3072) and a batch of 8" \
+    'no layout of 3072 devices: a split dp x tp x pp = 3072 needs tp dividing the model.s 12 heads .* pp at most its 12 layers, and dp dividing the global batch 8; none does' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 0 --global-batch-size 8 --out none.json
+bad "plan: search, 3 devices for 2 heads and 2 layers" \
+    'no layout of 3 devices: .*tp dividing the model.s 2 heads .* pp at most its 2 layers, and dp dividing the global batch 8' \
+    -- "$LOOM" plan --model tiny --cluster "$CLUSTERS/dgx-a100.json" --devices 3 --global-batch-size 8 --out none.json
+bad "plan: search, bf16 on a cluster without a bf16 peak" \
+    'precision \(--precision\) bf16: the cluster p3-v100 has no bf16 peak \(node\.device\.peak_flops\.bf16 is 0: not offered\); it offers fp32, fp16' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --precision bf16 --out none.json
 
 # --trace: the simulated step as a Chrome trace; every (virtual stage, micro-batch) forward once
 # per schedule, and the last event ends at the predicted step

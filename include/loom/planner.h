@@ -197,8 +197,10 @@ enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
  * plans predicted and those that fit, *pruned (when not NULL) the plans not simulated because
  * their compute alone (loom_plan_step_bound) could not beat the ones kept. A request outside the
- * bounds above is LOOM_ERR_INPUT naming the field. No layout that fits is LOOM_ERR_INPUT naming
- * the smallest memory shortfall per rank (or too many micro-batches per step). */
+ * bounds above, or a precision the cluster has no peak for, is LOOM_ERR_INPUT naming the field.
+ * No layout that fits is LOOM_ERR_INPUT saying why: no split of the devices that the model's
+ * heads and layers and the batch allow, too many micro-batches, the cost model's refusal, or the
+ * smallest memory shortfall per rank. */
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
                              int *found, int *tried, int *fitting, int *pruned);
