@@ -316,6 +316,26 @@ sed 's/"bf16": 312e12/"fp64": 312e12/' "$CLUSTERS/dgx-a100.json" >fp64.json
 bad "plan: --check-cluster unknown precision" \
     'fp64\.json: node\.device\.peak_flops\.fp64: expected one of "fp32", "bf16" or "fp16", got "fp64"' \
     -- "$LOOM" plan --check-cluster fp64.json
+# implausible figures and device counts past int are refused by name (then nothing downstream,
+# the search included, counts them)
+sed 's/"devices": 8/"devices": 1073741824/; s/"max_nodes": 384/"max_nodes": 1073741824/' \
+    "$CLUSTERS/dgx-a100.json" >hugecluster.json
+bad "plan: --check-cluster 2^30 nodes of 2^30 devices" \
+    'hugecluster\.json: max_nodes: expected max_nodes x node\.devices at most 1048576 devices, got 1073741824 x 1073741824 = 1152921504606846976' \
+    -- "$LOOM" plan --check-cluster hugecluster.json
+bad "plan: search on 2^30 x 2^30 devices, huge --devices" 'hugecluster\.json: max_nodes: expected' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster hugecluster.json --devices 2147483647 --global-batch-size 8 --out huge.json
+sed 's/"bandwidth": 2.4e10/"bandwidth": 1e-300/' "$CLUSTERS/dgx-a100.json" >slowlink.json
+bad "plan: --check-cluster a bandwidth of 1e-300" \
+    'slowlink\.json: node\.links\.inter_node\.bandwidth: expected 1000 to 1e\+15 bytes/s \(the plausible range\), got 1e-300' \
+    -- "$LOOM" plan --check-cluster slowlink.json
+sed 's/"latency_s": 9.6e-6/"latency_s": 1e308/' "$CLUSTERS/dgx-a100.json" >slowlatency.json
+bad "plan: --check-cluster a latency of 1e308" \
+    'slowlatency\.json: node\.links\.inter_node\.latency_s: expected 0 to 10 seconds \(the plausible range\), got 1e\+308' \
+    -- "$LOOM" plan --check-cluster slowlatency.json
+bad "plan: search with more --devices than the cluster has" \
+    'devices \(--devices\): expected 1 to 3072 \(the cluster.s 384 x 8, at most 1048576\), got 2147483647' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 2147483647 --global-batch-size 8 --out huge.json
 printf '{"name": "x",\n  "nodes": }' >malformed_cluster.json
 bad "plan: --check-cluster malformed JSON" 'malformed_cluster\.json:2:12: invalid JSON' \
     -- "$LOOM" plan --check-cluster malformed_cluster.json
