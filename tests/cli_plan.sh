@@ -316,6 +316,26 @@ sed 's/"bf16": 312e12/"fp64": 312e12/' "$CLUSTERS/dgx-a100.json" >fp64.json
 bad "plan: --check-cluster unknown precision" \
     'fp64\.json: node\.device\.peak_flops\.fp64: expected one of "fp32", "bf16" or "fp16", got "fp64"' \
     -- "$LOOM" plan --check-cluster fp64.json
+# implausible figures and device counts past int are refused by name (then nothing downstream,
+# the search included, counts them)
+sed 's/"devices": 8/"devices": 1073741824/; s/"max_nodes": 384/"max_nodes": 1073741824/' \
+    "$CLUSTERS/dgx-a100.json" >hugecluster.json
+bad "plan: --check-cluster 2^30 nodes of 2^30 devices" \
+    'hugecluster\.json: max_nodes: expected max_nodes x node\.devices at most 1048576 devices, got 1073741824 x 1073741824 = 1152921504606846976' \
+    -- "$LOOM" plan --check-cluster hugecluster.json
+bad "plan: search on 2^30 x 2^30 devices, huge --devices" 'hugecluster\.json: max_nodes: expected' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster hugecluster.json --devices 2147483647 --global-batch-size 8 --out huge.json
+sed 's/"bandwidth": 2.4e10/"bandwidth": 1e-300/' "$CLUSTERS/dgx-a100.json" >slowlink.json
+bad "plan: --check-cluster a bandwidth of 1e-300" \
+    'slowlink\.json: node\.links\.inter_node\.bandwidth: expected 1000 to 1e\+15 bytes/s \(the plausible range\), got 1e-300' \
+    -- "$LOOM" plan --check-cluster slowlink.json
+sed 's/"latency_s": 9.6e-6/"latency_s": 1e308/' "$CLUSTERS/dgx-a100.json" >slowlatency.json
+bad "plan: --check-cluster a latency of 1e308" \
+    'slowlatency\.json: node\.links\.inter_node\.latency_s: expected 0 to 10 seconds \(the plausible range\), got 1e\+308' \
+    -- "$LOOM" plan --check-cluster slowlatency.json
+bad "plan: search with more --devices than the cluster has" \
+    'devices \(--devices\): expected 1 to 3072 \(the cluster.s 384 x 8, at most 1048576\), got 2147483647' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 2147483647 --global-batch-size 8 --out huge.json
 printf '{"name": "x",\n  "nodes": }' >malformed_cluster.json
 bad "plan: --check-cluster malformed JSON" 'malformed_cluster\.json:2:12: invalid JSON' \
     -- "$LOOM" plan --check-cluster malformed_cluster.json
@@ -357,6 +377,27 @@ bad "plan: search without a global batch" '--global-batch-size: expected the seq
     -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --out best.json
 bad "plan: search gpt3-175b on one V100 node" 'none of the [0-9]+ layouts of 8 devices fits' \
     -- "$LOOM" plan --model gpt3-175b --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --seq-len 2048 --precision fp16 --out best.json
+
+# the search's work is bounded by the layouts, not the batch: sizes it cannot count are refused
+# by name, the largest it takes finishes in seconds, never a signal (timeout: a hang fails)
+bad "plan: search, a global batch past the search's bound" \
+    'global batch \(--global-batch-size\): expected 1 to 1048576 sequences \(the most the search counts\), got 2147483647' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 2147483647 --out huge.json
+good "plan: search, the largest global batch finishes" 'searched [0-9]+ layouts of 8 devices .* global batch 1048576\) in [0-9.]+ s' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 1048576 --out huge.json
+bad "plan: search, an odd batch needs too many micro-batches" \
+    'no layout of 1 devices for global batch 1048575: every one runs more than 16384 micro-batches per step' \
+    -- timeout 20 "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 1 --global-batch-size 1048575 --out huge.json
+# no layout at all says why, never "none of the 0 layouts ... 0.00 GiB short"
+bad "plan: search, --devices 0 (all 3072) and a batch of 8" \
+    'no layout of 3072 devices: a split dp x tp x pp = 3072 needs tp dividing the model.s 12 heads .* pp at most its 12 layers, and dp dividing the global batch 8; none does' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 0 --global-batch-size 8 --out none.json
+bad "plan: search, 3 devices for 2 heads and 2 layers" \
+    'no layout of 3 devices: .*tp dividing the model.s 2 heads .* pp at most its 2 layers, and dp dividing the global batch 8' \
+    -- "$LOOM" plan --model tiny --cluster "$CLUSTERS/dgx-a100.json" --devices 3 --global-batch-size 8 --out none.json
+bad "plan: search, bf16 on a cluster without a bf16 peak" \
+    'precision \(--precision\) bf16: the cluster p3-v100 has no bf16 peak \(node\.device\.peak_flops\.bf16 is 0: not offered\); it offers fp32, fp16' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 8 --precision bf16 --out none.json
 
 # --trace: the simulated step as a Chrome trace; every (virtual stage, micro-batch) forward once
 # per schedule, and the last event ends at the predicted step

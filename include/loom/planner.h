@@ -183,10 +183,22 @@ typedef struct {
 } loom_search_request;
 enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
 
+/* The search's bounds, so that its time and memory are set by the layouts, not by the sizes: at
+ * most LOOM_SEARCH_MAX_DEVICES devices and a global batch of at most LOOM_SEARCH_MAX_GLOBAL_BATCH
+ * sequences (larger requests are refused by name); the micro-batch sizes tried are the powers of
+ * two that divide a replica's batch, and one with more than LOOM_SEARCH_MAX_MICRO_BATCHES
+ * micro-batches per step is not simulated (the simulator's work grows with them). */
+#define LOOM_SEARCH_MAX_DEVICES (1 << 20)
+#define LOOM_SEARCH_MAX_GLOBAL_BATCH (1 << 20)
+#define LOOM_SEARCH_MAX_MICRO_BATCHES 16384
+
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
  * plans predicted and those that fit, *pruned (when not NULL) the plans not simulated because
- * their compute alone (loom_plan_step_bound) could not beat the ones kept. No layout that fits
- * is LOOM_ERR_INPUT naming the smallest memory shortfall per rank. */
+ * their compute alone (loom_plan_step_bound) could not beat the ones kept. A request outside the
+ * bounds above, or a precision the cluster has no peak for, is LOOM_ERR_INPUT naming the field.
+ * No layout that fits is LOOM_ERR_INPUT saying why: no split of the devices that the model's
+ * heads and layers and the batch allow, too many micro-batches, the cost model's refusal, or the
+ * smallest memory shortfall per rank. */
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
                              int *found, int *tried, int *fitting, int *pruned);

@@ -20,6 +20,11 @@ typedef struct {
     loom_plan_candidate *best;
     int found, tried, fitting, pruned;
     int64_t least_short; /* the smallest shortfall of a layout that does not fit (bytes) */
+    /* why nothing may be found: splits of the devices the model and the batch allow, micro-batch
+     * sizes left out for too many micro-batches, plans the cost model refused (and its last
+     * word), plans that are no valid layout (and the last reason) */
+    int splits, too_many_micro, refused, invalid;
+    char refusal[256], invalidity[256];
     loom_prediction scratch;
 } search;
 
@@ -80,8 +85,11 @@ static double step_if_fits(search *s, const loom_plan *plan) {
     }
     s->tried++;
     if (loom_plan_predict(plan, s->cluster, s->request->precision, s->request->seq_len,
-                          &s->scratch) != LOOM_OK)
+                          &s->scratch) != LOOM_OK) {
+        s->refused++;
+        snprintf(s->refusal, sizeof s->refusal, "%s", loom_last_error());
         return -1;
+    }
     int64_t shortfall = s->scratch.peak_bytes - s->cluster->memory_bytes;
     if (shortfall > 0) {
         if (s->least_short < 0 || shortfall < s->least_short) s->least_short = shortfall;
@@ -226,7 +234,11 @@ static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request 
                      const char *split, const int *recompute) {
     loom_plan plan;
     r->stage_layers = split[0] ? split : NULL;
-    if (loom_plan_from_request(&plan, model, r, 0) != LOOM_OK) return; /* not a valid layout */
+    if (loom_plan_from_request(&plan, model, r, 0) != LOOM_OK) { /* not a valid layout */
+        s->invalid++;
+        snprintf(s->invalidity, sizeof s->invalidity, "%s", loom_last_error());
+        return;
+    }
     for (int i = 0; recompute && i < plan.num_stages; i++) plan.stages[i].recompute = recompute[i];
     plan.precision = s->request->precision;
     double step = step_if_fits(s, &plan);
@@ -277,20 +289,97 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
     free(stage_recompute);
 }
 
+/* The request's sizes, each within what the search counts (loom/planner.h's bounds), and a
+ * peak for its precision on the cluster's device. */
+static loom_status check_request(const loom_cluster *cluster, const loom_search_request *r) {
+    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
+    if (devices > LOOM_SEARCH_MAX_DEVICES) devices = LOOM_SEARCH_MAX_DEVICES;
+    if (r->devices < 1 || r->devices > devices) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: devices (--devices): expected 1 to %lld (the cluster's "
+                         "%d x %d, at most %d), got %d",
+                         (long long)devices, cluster->max_nodes, cluster->devices_per_node,
+                         LOOM_SEARCH_MAX_DEVICES, r->devices);
+    }
+    if (r->global_batch < 1 || r->global_batch > LOOM_SEARCH_MAX_GLOBAL_BATCH) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: global batch (--global-batch-size): expected 1 to %d "
+                         "sequences (the most the search counts), got %d",
+                         LOOM_SEARCH_MAX_GLOBAL_BATCH, r->global_batch);
+    }
+    if (r->seq_len < 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: sequence length (--seq-len): expected >= 1, got %d",
+                         r->seq_len);
+    }
+    if (r->keep < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "plan search: keep: expected >= 1, got %d", r->keep);
+    }
+    if (!(cluster->peak_flops[r->precision] > 0)) {
+        char offered[64] = "";
+        size_t used = 0;
+        for (int p = 0; p < LOOM_PRECISIONS; p++) {
+            if (!(cluster->peak_flops[p] > 0) || used >= sizeof offered) continue;
+            used += (size_t)snprintf(offered + used, sizeof offered - used, "%s%s",
+                                     used ? ", " : "", loom_precision_name((loom_precision)p));
+        }
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: precision (--precision) %s: the cluster %s has no %s peak "
+                         "(node.device.peak_flops.%s is 0: not offered); it offers %s",
+                         loom_precision_name(r->precision), cluster->name,
+                         loom_precision_name(r->precision), loom_precision_name(r->precision),
+                         offered[0] ? offered : "none");
+    }
+    return LOOM_OK;
+}
+
+/* Why the search kept nothing, from what it counted: no split of the devices, every split with
+ * too many micro-batches, no valid layout, every plan refused by the cost model, or none within
+ * the device's memory. */
+static loom_status explain_none(const search *s, const loom_gpt_config *model, int n) {
+    const loom_search_request *r = s->request;
+    if (s->splits == 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: no layout of %d devices: a split dp x tp x pp = %d needs "
+                         "tp dividing the model's %d heads and its padded vocabulary %d, pp at "
+                         "most its %d layers, and dp dividing the global batch %d; none does",
+                         n, n, model->num_heads, model->padded_vocab_size, model->num_layers,
+                         r->global_batch);
+    }
+    if (s->tried == 0 && s->invalid == 0 && s->too_many_micro > 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: no layout of %d devices for global batch %d: every one "
+                         "runs more than %d micro-batches per step (the most the search "
+                         "simulates; micro-batch sizes are the powers of two dividing a "
+                         "replica's share of the batch)",
+                         n, r->global_batch, LOOM_SEARCH_MAX_MICRO_BATCHES);
+    }
+    if (s->tried == 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: no valid layout of %d devices; the last "
+                         "refused: %s",
+                         n, s->invalidity);
+    }
+    if (s->least_short < 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "plan search: the cost model refused all %d layouts of %d devices; the "
+                         "last: %s",
+                         s->tried, n, s->refusal);
+    }
+    return loom_fail(LOOM_ERR_INPUT,
+                     "plan search: none of the %d layouts of %d devices fits the device's "
+                     "%.2f GiB; the closest is %.2f GiB short per rank",
+                     s->tried, n, (double)s->cluster->memory_bytes / 1073741824.0,
+                     (double)s->least_short / 1073741824.0);
+}
+
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
                              int *found, int *tried, int *fitting, int *pruned) {
     *found = *tried = *fitting = 0;
     if (pruned) *pruned = 0;
-    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
-    if (request->devices < 1 || request->devices > devices || request->keep < 1 ||
-        request->global_batch < 1 || request->seq_len < 1) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "plan search: expected 1..%lld devices (got %d), a global batch >= 1 (got "
-                         "%d), a sequence length >= 1 (got %d)",
-                         (long long)devices, request->devices, request->global_batch,
-                         request->seq_len);
-    }
+    loom_status st = check_request(cluster, request);
+    if (st != LOOM_OK) return st;
     search s = {.cluster = cluster, .request = request, .best = best, .least_short = -1};
     s.free_links = *cluster;
     s.free_links.num_collectives = 0;
@@ -298,20 +387,29 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
     for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) s.free_links.compressor_bytes_per_s[m] = 1e30;
     static const char *const schedules[] = {"1f1b", "interleaved", "zb-h1", "zb-v"};
     int n = request->devices;
-    for (int tp = 1; tp <= n; tp++) {
+    /* the work is bounded by the layouts, not the sizes: tp up to the heads, pp up to the layers,
+     * micro-batch sizes the powers of two dividing a replica's batch (at most 21 of them), each
+     * simulated only with at most LOOM_SEARCH_MAX_MICRO_BATCHES micro-batches per step */
+    for (int tp = 1; tp <= n && tp <= model->num_heads; tp++) {
         if (n % tp || loom_gpt_check_tp(model, tp, "search", "tp", "") != LOOM_OK) continue;
         for (int pp = 1; pp <= n / tp && pp <= model->num_layers; pp++) {
             if ((n / tp) % pp) continue;
             int dp = n / (tp * pp);
             if (request->global_batch % dp) continue;
-            for (int micro = 1; micro <= request->global_batch / dp; micro *= 2) {
-                if ((request->global_batch / dp) % micro) continue;
+            s.splits++;
+            int64_t per_replica = request->global_batch / dp;
+            for (int64_t micro = 1; micro <= per_replica; micro *= 2) {
+                if (per_replica % micro) break; /* no larger power of two divides it either */
+                if (per_replica / micro > LOOM_SEARCH_MAX_MICRO_BATCHES) {
+                    s.too_many_micro++;
+                    continue;
+                }
                 for (int k = 0; k < (pp > 1 ? 4 : 1); k++) {
                     /* with one stage 1F1B holds one activation set whether or not it recomputes:
                      * recomputation there only costs time */
                     for (int recompute = 0; recompute < (pp > 1 ? 2 : 1); recompute++) {
                         for (int zero1 = 0; zero1 < (dp > 1 ? 2 : 1); zero1++) {
-                            try_layout(&s, model, dp, tp, pp, micro, schedules[k], recompute,
+                            try_layout(&s, model, dp, tp, pp, (int)micro, schedules[k], recompute,
                                        zero1);
                         }
                     }
@@ -322,12 +420,5 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
     loom_clear_error();
     *found = s.found, *tried = s.tried, *fitting = s.fitting;
     if (pruned) *pruned = s.pruned;
-    if (s.found == 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "plan search: none of the %d layouts of %d devices fits the device's "
-                         "%.2f GiB; the closest is %.2f GiB short per rank",
-                         s.tried, n, (double)cluster->memory_bytes / 1073741824.0,
-                         s.least_short > 0 ? (double)s.least_short / 1073741824.0 : 0.0);
-    }
-    return LOOM_OK;
+    return s.found == 0 ? explain_none(&s, model, n) : LOOM_OK;
 }

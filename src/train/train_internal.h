@@ -119,6 +119,7 @@ typedef struct {
     double deadline; /* loom_now() past which the run stops; 0: no budget */
     int installed;
     const char *reason; /* why the ranks agreed to stop */
+    int signalled;      /* ... and that was a signal (to some rank) */
 } loom_stop;
 
 /* Catches SIGTERM and SIGINT (once) and starts the clock of a budget of `minutes` (0: none). */

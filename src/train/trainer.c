@@ -449,9 +449,12 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
         if (st == LOOM_OK && stop_now && done < cfg->steps) {
             stopped = 1;
             clear_progress_line(&t);
-            loom_info("stopping after step %" PRId64 " of %" PRId64 ": %s; saving a checkpoint "
-                      "(continue with --resume %s)",
-                      done, cfg->steps, stop.reason, cfg->out);
+            if (t.mesh.lead) { /* a signal's on stderr: see stop.c on launchers */
+                loom_log(stop.signalled ? LOOM_LOG_WARN : LOOM_LOG_INFO,
+                         "stopping after step %" PRId64 " of %" PRId64 ": %s; saving a "
+                         "checkpoint (continue with --resume %s)",
+                         done, cfg->steps, stop.reason, cfg->out);
+            }
             break;
         }
         if (st == LOOM_OK && cfg->save_every > 0 && done % cfg->save_every == 0 &&
@@ -463,9 +466,9 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
                                   loom_now() - t.run_start);
         }
     }
-    loom_stop_remove(&stop);
     loom_train_result r = {0};
     if (st == LOOM_OK && t.state.step > t.first_step) st = finish_run(&t, &r, stopped);
+    loom_stop_remove(&stop); /* after the stop checkpoint: see stop.c on launchers */
     if (st == LOOM_OK && t.trace) {
         st = loom_trace_write(t.trace, world, cfg->trace);
         if (st == LOOM_OK && t.mesh.lead) loom_info("trace: %s (open in Perfetto)", cfg->trace);
