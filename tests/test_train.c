@@ -31,6 +31,15 @@ static void write_tokens(const char *name, size_t count, int vocab, uint64_t see
     free(tokens);
 }
 
+/* The layout of the runs below: one process, micro batch 2, global batch 4. */
+static loom_layout_flags tiny_layout(void) {
+    loom_layout_flags l;
+    loom_layout_flags_defaults(&l);
+    l.micro_batch_size = 2;
+    l.global_batch_size = 4;
+    return l;
+}
+
 static loom_train_config tiny_config(const char *out) {
     loom_train_config c;
     loom_train_config_defaults(&c);
@@ -39,8 +48,6 @@ static loom_train_config tiny_config(const char *out) {
     snprintf(c.val_data, sizeof c.val_data, "%s/val.bin", tmp);
     snprintf(c.out, sizeof c.out, "%s/%s", tmp, out);
     c.steps = 6;
-    c.micro_batch_size = 2;
-    c.global_batch_size = 4;
     c.seq_len = 16;
     c.lr = 3e-3;
     c.warmup_steps = 2;
@@ -79,11 +86,13 @@ static void test_overfit(void) {
     loom_train_config c = tiny_config("overfit");
     snprintf(c.data, sizeof c.data, "%s/one.bin", tmp);
     c.val_data[0] = '\0';
-    c.steps = 300, c.global_batch_size = 2, c.lr = 1e-2, c.warmup_steps = 0;
+    c.steps = 300, c.lr = 1e-2, c.warmup_steps = 0;
     c.weight_decay = 0.0;
     snprintf(c.lr_schedule, sizeof c.lr_schedule, "constant");
+    loom_layout_flags l = tiny_layout();
+    l.global_batch_size = 2;
     loom_train_result r;
-    CHECK(loom_train_run_ex(&c, NULL, &r) == LOOM_OK, "overfit run: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&c, &l, NULL, &r) == LOOM_OK, "overfit run: %s", loom_last_error());
     CHECK(r.final_loss < 0.1, "over-fitting one batch: final loss %.4f, expected < 0.1",
           r.final_loss);
 }
@@ -98,9 +107,10 @@ static void test_accumulation(void) {
         char name[32];
         snprintf(name, sizeof name, "accum%d", micro[i]);
         loom_train_config c = tiny_config(name);
-        c.micro_batch_size = micro[i];
+        loom_layout_flags l = tiny_layout();
+        l.micro_batch_size = micro[i];
         c.steps = 4;
-        CHECK(loom_train_run_ex(&c, NULL, &r[i]) == LOOM_OK, "accumulation run: %s",
+        CHECK(loom_train_run_ex(&c, &l, NULL, &r[i]) == LOOM_OK, "accumulation run: %s",
               loom_last_error());
         params[i] = load_params(c.out, &n);
     }
@@ -120,12 +130,13 @@ static void test_accumulation(void) {
 static void test_resume(void) {
     loom_train_config a = tiny_config("straight");
     a.save_every = 3;
-    CHECK(loom_train_run_ex(&a, NULL, NULL) == LOOM_OK, "straight run: %s", loom_last_error());
+    loom_layout_flags l = tiny_layout();
+    CHECK(loom_train_run_ex(&a, &l, NULL, NULL) == LOOM_OK, "straight run: %s", loom_last_error());
 
     /* continue from the step-3 checkpoint, in a fresh folder, as a new process would */
     loom_train_config b = tiny_config("resumed");
     snprintf(b.resume, sizeof b.resume, "%.900s/checkpoints/step_00000003", a.out);
-    CHECK(loom_train_run_ex(&b, NULL, NULL) == LOOM_OK, "resumed run: %s", loom_last_error());
+    CHECK(loom_train_run_ex(&b, &l, NULL, NULL) == LOOM_OK, "resumed run: %s", loom_last_error());
 
     char fa[1400], fb[1400];
     const char *files[] = {"model.safetensors", "state.safetensors"};
@@ -156,8 +167,9 @@ static void test_nan_skip(void) {
     loom_train_config c = tiny_config("nan");
     c.val_data[0] = '\0';
     setenv("LOOM_DEBUG_NAN_STEPS", "2", 1);
+    loom_layout_flags l = tiny_layout();
     loom_train_result r;
-    CHECK(loom_train_run_ex(&c, NULL, &r) == LOOM_OK, "one bad step is skipped: %s",
+    CHECK(loom_train_run_ex(&c, &l, NULL, &r) == LOOM_OK, "one bad step is skipped: %s",
           loom_last_error());
     CHECK(r.skipped_steps == 1 && r.steps_done == 6, "skipped %lld of %lld",
           (long long)r.skipped_steps, (long long)r.steps_done);
@@ -167,11 +179,25 @@ static void test_nan_skip(void) {
     c.val_data[0] = '\0';
     c.max_bad_steps = 3;
     setenv("LOOM_DEBUG_NAN_STEPS", "2,3,4", 1);
-    loom_status st = loom_train_run_ex(&c, NULL, &r);
+    loom_status st = loom_train_run_ex(&c, &l, NULL, &r);
     CHECK(st == LOOM_ERR_NUMERIC && strstr(loom_last_error(), "in a row"),
           "three bad steps in a row stop the run: %d %s", st, loom_last_error());
     CHECK(r.steps_done == 4, "stopped at step 4, got %lld", (long long)r.steps_done);
     unsetenv("LOOM_DEBUG_NAN_STEPS");
+}
+
+/* loom_train trains the plan's model: a config asking for another is refused by name. */
+static void test_model_mismatch(void) {
+    loom_train_config c = tiny_config("mismatch");
+    loom_layout_flags l = tiny_layout();
+    loom_plan plan;
+    CHECK(loom_train_plan(&c, &l, 1, &plan) == LOOM_OK, "tiny plan: %s", loom_last_error());
+    snprintf(c.model, sizeof c.model, "small");
+    loom_status st = loom_train(&c, &plan, NULL, NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "config: model:") &&
+              strstr(loom_last_error(), "differs from the plan's"),
+          "a config for another model than the plan's is refused: %d %s", st, loom_last_error());
+    loom_plan_free(&plan);
 }
 
 static void test_lr_schedule(void) {
@@ -269,6 +295,7 @@ int main(void) {
     write_tokens("train.bin", 4000, 257, 1);
     write_tokens("val.bin", 600, 257, 2);
     test_lr_schedule();
+    test_model_mismatch();
     test_hf_layout();
     test_overfit();
     test_accumulation();

@@ -321,12 +321,34 @@ void loom_plan_compression_flags_defaults(loom_plan_compression_flags *flags);
  * none). The rules that need the mesh are loom_plan_check's. */
 loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *flags,
                                              loom_plan_compressor *dp, loom_plan_compressor *pp);
-/* loom_plan_from_request with the request's compression taken from the flags (what `loom train`
- * and `loom plan` build): the flags' errors first, then the request's. On failure the plan is
- * left empty. */
+
+/* The layout flags of `loom train` and `loom plan` (and the keys of a --config file: the field
+ * names), one field per flag; 0 / "" asks for the default, as in loom_plan_request. */
+typedef struct {
+    int data_parallel, tensor_parallel, pipeline_parallel;
+    int micro_batch_size, global_batch_size, micro_batches;
+    char schedule[16];
+    int virtual_stages;
+    char stage_layers[256];
+    int recompute;        /* LOOM_RECOMPUTE_AS_NEEDED */
+    int recompute_always; /* LOOM_RECOMPUTE_ALWAYS (implies recompute) */
+    loom_plan_compression_flags compression;
+    int no_overlap_grad_reduce;
+    int zero;            /* the ZeRO stage; -1: not given (loom_plan_default_zero) */
+    int zero1, no_zero1; /* older spellings of zero 1 and zero 0 */
+} loom_layout_flags;
+
+/* Every flag at its default (zero -1: not given). */
+void loom_layout_flags_defaults(loom_layout_flags *flags);
+/* The ZeRO stage the flags ask for: --zero, or its aliases --zero1 (1) and --no-zero1 (0); -1
+ * when none is given. Flags that contradict each other are LOOM_ERR_INPUT naming both; a stage
+ * outside 0-3 names --zero. */
+loom_status loom_layout_flags_zero(const loom_layout_flags *flags, int *zero);
+/* The plan the layout flags ask for, for the model on world_size ranks: the request they make
+ * (the one place flags become a loom_plan_request) through loom_plan_from_request, compression
+ * included. The flags' errors come first, then the request's. On failure the plan is left empty. */
 loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
-                                 loom_plan_request request,
-                                 const loom_plan_compression_flags *flags, int world_size);
+                                 const loom_layout_flags *flags, int world_size);
 /* The flags that ask for the plan's compression (for showing a resolved configuration). */
 void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *flags);
 

@@ -4,9 +4,12 @@
  * lines, metrics.jsonl, loss plot), checkpoints every N steps, resume, and generation and
  * evaluation from a checkpoint.
  *
- * The layout comes as a plan (loom/plan.h), the contract; parallel/ executes it.
+ * The layout comes as a plan (loom/plan.h), the contract; parallel/ executes it. The run
+ * configuration holds the rest: which model (for loom_train_plan), the data, the steps, the
+ * optimiser and its learning-rate schedule, the output, threads and timeouts.
  *
- * Not here: parsing flags or JSON files (the CLI does that and fills loom_train_config).
+ * Not here: parsing flags or JSON files (the CLI does that and fills loom_train_config and the
+ * layout flags, loom_layout_flags of loom/plan.h).
  */
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
@@ -56,25 +59,9 @@ typedef struct {
     int keep_last;                 /* keep the newest N checkpoints (0: all) */
     double exit_after_minutes;     /* save and stop after this much wall-clock time (0: never) */
     char progress[16];             /* progress bar: "auto" (a terminal, no launcher), "on", "off" */
-    /* the layout: a plan file, or the flags below (loom_plan_request: 0 / "" = default) */
-    char plan[LOOM_PATH_MAX];    /* "" = from the flags below; "auto": the planner chooses */
-    char cluster[LOOM_PATH_MAX]; /* --plan auto: the cluster description ("" = profile these
-                                    ranks, cached) */
-    char allow_compression[16];  /* --plan auto: none (""), dp, pp or all */
-    int data_parallel, tensor_parallel, pipeline_parallel;
-    int micro_batch_size, global_batch_size, micro_batches;
-    char schedule[16];      /* "1f1b", "gpipe", "interleaved", "zb-h1" or "zb-v" */
-    int virtual_stages;     /* model chunks per pipeline rank (0 = the schedule's) */
-    char stage_layers[256]; /* virtual stage sizes, e.g. "3,5"; "" = as even as possible */
-    int recompute;          /* every stage keeps only its inputs; backward recomputes */
-    int recompute_always;   /* ... and reruns the forward before every backward */
-    loom_plan_compression_flags compression; /* what is compressed, and how */
-    /* how the layout runs (not part of a plan) */
-    double bucket_mb;           /* DP allreduce bucket size */
-    int no_overlap_grad_reduce; /* start the DP buckets after the backward, not during it */
-    int zero;            /* ZeRO stage (--zero); -1: the plan's default (loom_plan_default_zero) */
-    int zero1, no_zero1; /* --zero1 / --no-zero1: older spellings of --zero 1 / --zero 0 */
-    double comm_timeout; /* seconds before a silent peer ends the job */
+    /* how the plan runs (not part of a plan) */
+    double bucket_mb;    /* DP allreduce bucket size */
+    double comm_timeout; /* seconds before a silent peer ends the job (0: never) */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */
@@ -85,14 +72,13 @@ loom_status loom_train_config_check(const loom_train_config *config);
  * the preset with overrides. Explicit model settings that contradict such a file are refused
  * (LOOM_ERR_INPUT naming both). */
 loom_status loom_train_model_config(const loom_train_config *config, loom_gpt_config *model);
-/* The ZeRO stage the layout flags ask for: --zero, or its aliases --zero1 (1) and --no-zero1
- * (0); -1 when none is given. Flags that contradict each other are LOOM_ERR_INPUT naming both. */
-loom_status loom_train_config_zero(const loom_train_config *config, int *zero);
 /* Whether the config sets any part of the model (preset or a size). */
 int loom_train_config_sets_model(const loom_train_config *config);
-/* The plan of the config's layout flags for world_size ranks (0 or 1: one process): the model of
- * loom_train_model_config and loom_plan_from_request, the constructor `loom plan` uses. */
-loom_status loom_train_plan(const loom_train_config *config, int world_size, loom_plan *plan);
+/* The plan of the layout flags (NULL: every default) for the model of loom_train_model_config
+ * on world_size ranks (0 or 1: one process): loom_plan_from_flags, the constructor `loom plan`
+ * uses. */
+loom_status loom_train_plan(const loom_train_config *config, const loom_layout_flags *layout,
+                            int world_size, loom_plan *plan);
 
 /* Learning rate at 0-based step `step` of `total`. */
 double loom_lr_at(const loom_train_config *config, int64_t step);
@@ -108,15 +94,16 @@ typedef struct {
 
 /* Runs the training the plan lays out (checked against the world, refused by field name where
  * this build cannot execute it) with the config's data, optimiser and output settings; prints
- * progress; writes metrics, checkpoints and the loss plot under config->out. world: the MPI
- * world (loom_comm_init), or NULL for one process. result may be NULL. */
+ * progress; writes metrics, checkpoints and the loss plot under config->out. Every layout
+ * decision is the plan's. A config that sets a model must set the plan's (LOOM_ERR_INPUT naming
+ * both). world: the MPI world (loom_comm_init), or NULL for one process. result may be NULL. */
 struct loom_comm;
 loom_status loom_train(const loom_train_config *config, const loom_plan *plan,
                        struct loom_comm *world, loom_train_result *result);
-/* The same with the plan of the config's flags (loom_train_plan). */
-loom_status loom_train_run_ex(const loom_train_config *config, struct loom_comm *world,
-                              loom_train_result *result);
-loom_status loom_train_run(const loom_train_config *config);
+/* The same with the plan of the layout flags (loom_train_plan; layout NULL: every default). */
+loom_status loom_train_run_ex(const loom_train_config *config, const loom_layout_flags *layout,
+                              struct loom_comm *world, loom_train_result *result);
+loom_status loom_train_run(const loom_train_config *config, const loom_layout_flags *layout);
 
 /* One record of a metrics.jsonl file (fields absent from the record are NaN). */
 typedef struct {

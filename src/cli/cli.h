@@ -10,6 +10,20 @@
 
 #include <stddef.h>
 
+/* `loom train`'s settings (the target of its option table and --config file): the run options,
+ * and where the layout comes from — a plan file, the planner (--plan auto, on --cluster, with
+ * the compressors --allow-compression allows), or the layout flags. loom_train gets the run
+ * options and the plan. */
+typedef struct {
+    loom_train_config run;
+    char plan[LOOM_PATH_MAX];    /* "" = from the layout flags; "auto": the planner chooses */
+    char cluster[LOOM_PATH_MAX]; /* --plan auto: the cluster description ("" = profile these
+                                    ranks, cached) */
+    char allow_compression[16];  /* --plan auto: none (""), dp, pp or all */
+    loom_layout_flags layout;
+} cli_train_args;
+void cli_train_args_defaults(cli_train_args *args);
+
 /* offset of an option read elsewhere (like --config): parsing skips its value */
 #define CLI_OPT_SKIP ((size_t)-1)
 
@@ -97,9 +111,9 @@ int cmd_profile(int argc, char **argv);
  * auto). */
 void cli_print_candidates(const loom_plan_candidate *best, int found);
 /* `loom train --plan auto`: plans for the job's ranks (collective; world may be NULL) from
- * cfg->cluster or a cached `loom profile` of them, prints the candidates and writes
+ * args->cluster or a cached `loom profile` of them, prints the candidates and writes
  * OUT/plan.json from rank 0. */
-loom_status cli_plan_auto(const loom_train_config *cfg, struct loom_comm *world, loom_plan *plan);
+loom_status cli_plan_auto(const cli_train_args *args, struct loom_comm *world, loom_plan *plan);
 /* Fills the plan's "predicted" (step time, tokens/s, every rank's peak memory). */
 /* --allow-compression's word (none, dp, pp, all; "" = none) as LOOM_ALLOW_* bits. */
 loom_status cli_allow_compression(const char *word, int *bits);

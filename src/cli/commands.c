@@ -8,6 +8,7 @@
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/io.h"
+#include "loom/parallel.h"
 #include "loom/plan.h"
 #include "loom/train.h"
 
@@ -18,50 +19,54 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TOPT(...) CLI_OPT(loom_train_config, __VA_ARGS__)
+/* rows of train_opts: a run option (loom_train_config), where the layout comes from, a layout
+ * flag (loom_layout_flags) */
+#define TRUN(flag, kind, field, help) CLI_OPT(cli_train_args, flag, kind, run.field, help)
+#define TOPT(...)                     CLI_OPT(cli_train_args, __VA_ARGS__)
+#define TLAY(flag, kind, field, help) CLI_OPT(cli_train_args, flag, kind, layout.field, help)
 
 static const cli_opt train_opts[] = {
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
      "JSON file with these settings in snake_case (flags win)"},
-    TOPT("--model", OPT_STRING, model,
+    TRUN("--model", OPT_STRING, model,
          "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny "
          "(default small, or the "
          "model of --resume / --init-from)"),
-    TOPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
-    TOPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
-    TOPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
-    TOPT("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
-    TOPT("--vocab", OPT_INT, vocab, "vocabulary size (0 = preset)"),
-    TOPT("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
-    TOPT("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
-    TOPT("--steps", OPT_I64, steps, "optimizer steps"),
-    TOPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward (0 = 8)"),
-    TOPT("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
-    TOPT("--global-batch-size", OPT_INT, global_batch_size,
+    TRUN("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
+    TRUN("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
+    TRUN("--d-model", OPT_INT, d_model, "width (0 = preset)"),
+    TRUN("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
+    TRUN("--vocab", OPT_INT, vocab, "vocabulary size (0 = preset)"),
+    TRUN("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
+    TRUN("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
+    TRUN("--steps", OPT_I64, steps, "optimizer steps"),
+    TLAY("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward (0 = 8)"),
+    TRUN("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
+    TLAY("--global-batch-size", OPT_INT, global_batch_size,
          "sequences per step = micro x micro-batches x data parallel (0 = from --micro-batches)"),
-    TOPT("--lr", OPT_DOUBLE, lr, "peak learning rate"),
-    TOPT("--lr-schedule", OPT_STRING, lr_schedule, "constant or cosine (after warm-up)"),
-    TOPT("--min-lr-ratio", OPT_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
-    TOPT("--warmup-steps", OPT_I64, warmup_steps, "linear warm-up steps"),
-    TOPT("--weight-decay", OPT_DOUBLE, weight_decay, "AdamW decay (2-D weights only)"),
-    TOPT("--beta1", OPT_DOUBLE, beta1, "AdamW beta1"),
-    TOPT("--beta2", OPT_DOUBLE, beta2, "AdamW beta2"),
-    TOPT("--eps", OPT_DOUBLE, eps, "AdamW epsilon"),
-    TOPT("--grad-clip", OPT_DOUBLE, grad_clip, "global gradient norm clip (0 disables)"),
-    TOPT("--max-bad-steps", OPT_INT, max_bad_steps, "stop after this many NaN/Inf steps in a row"),
-    TOPT("--seed", OPT_U64, seed, "seed of the initial weights and the data order"),
-    TOPT("--threads", OPT_INT, threads, "OpenMP and OpenBLAS threads (0 = default)"),
-    TOPT("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
-    TOPT("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
-    TOPT("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
-    TOPT("--eval-batches", OPT_INT, eval_batches,
+    TRUN("--lr", OPT_DOUBLE, lr, "peak learning rate"),
+    TRUN("--lr-schedule", OPT_STRING, lr_schedule, "constant or cosine (after warm-up)"),
+    TRUN("--min-lr-ratio", OPT_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
+    TRUN("--warmup-steps", OPT_I64, warmup_steps, "linear warm-up steps"),
+    TRUN("--weight-decay", OPT_DOUBLE, weight_decay, "AdamW decay (2-D weights only)"),
+    TRUN("--beta1", OPT_DOUBLE, beta1, "AdamW beta1"),
+    TRUN("--beta2", OPT_DOUBLE, beta2, "AdamW beta2"),
+    TRUN("--eps", OPT_DOUBLE, eps, "AdamW epsilon"),
+    TRUN("--grad-clip", OPT_DOUBLE, grad_clip, "global gradient norm clip (0 disables)"),
+    TRUN("--max-bad-steps", OPT_INT, max_bad_steps, "stop after this many NaN/Inf steps in a row"),
+    TRUN("--seed", OPT_U64, seed, "seed of the initial weights and the data order"),
+    TRUN("--threads", OPT_INT, threads, "OpenMP and OpenBLAS threads (0 = default)"),
+    TRUN("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
+    TRUN("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
+    TRUN("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
+    TRUN("--eval-batches", OPT_INT, eval_batches,
          "global batches per validation (Megatron eval-iters)"),
-    TOPT("--log-every", OPT_I64, log_every, "progress line every N steps"),
-    TOPT("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
-    TOPT("--init-from", OPT_STRING, init_from,
+    TRUN("--log-every", OPT_I64, log_every, "progress line every N steps"),
+    TRUN("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
+    TRUN("--init-from", OPT_STRING, init_from,
          "start from weights: llm.c .bin, .safetensors, a Hugging Face GPT-2 folder (config.json "
          "+ model.safetensors + tokenizer files) or a checkpoint"),
-    TOPT("--tokenizer", OPT_STRING, tokenizer,
+    TRUN("--tokenizer", OPT_STRING, tokenizer,
          "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
          "files (default: the one --resume / --init-from records)"),
     TOPT("--plan", OPT_STRING, plan,
@@ -73,48 +78,54 @@ static const cli_opt train_opts[] = {
     TOPT("--allow-compression", OPT_STRING, allow_compression,
          "with --plan auto: compressors the planner may choose, where they shorten the step: "
          "none (default), dp, pp or all"),
-    TOPT("--data-parallel", OPT_INT, data_parallel,
+    TLAY("--data-parallel", OPT_INT, data_parallel,
          "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
-    TOPT("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
-    TOPT("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (0 = 1)"),
-    TOPT("--schedule", OPT_STRING, schedule,
+    TLAY("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
+    TLAY("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (0 = 1)"),
+    TLAY("--schedule", OPT_STRING, schedule,
          "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
-    TOPT("--virtual-stages", OPT_INT, virtual_stages,
+    TLAY("--virtual-stages", OPT_INT, virtual_stages,
          "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
          "others 1)"),
-    TOPT("--stage-layers", OPT_STRING, stage_layers,
+    TLAY("--stage-layers", OPT_STRING, stage_layers,
          "layers per (virtual) pipeline stage in model order, e.g. 3,5 (default: as even as "
          "possible)"),
-    TOPT("--micro-batches", OPT_INT, micro_batches,
+    TLAY("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else the stages)"),
-    TOPT("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
-    TOPT("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
-    TOPT("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (0 = all)"),
-    TOPT("--exit-after-minutes", OPT_DOUBLE, exit_after_minutes,
+    TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    TRUN("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
+    TRUN("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (0 = all)"),
+    TRUN("--exit-after-minutes", OPT_DOUBLE, exit_after_minutes,
          "save a checkpoint and stop after this many minutes (0 = no limit); SIGTERM and "
          "SIGINT do the same at once"),
-    TOPT("--progress", OPT_STRING, progress,
+    TRUN("--progress", OPT_STRING, progress,
          "progress bar: auto (a terminal, not under mpirun), on, off"),
-    TOPT("--recompute", OPT_FLAG, recompute,
+    TLAY("--recompute", OPT_FLAG, recompute,
          "pipeline stages keep only their inputs and recompute activations in backward"),
-    TOPT("--recompute-always", OPT_FLAG, recompute_always,
+    TLAY("--recompute-always", OPT_FLAG, recompute_always,
          "as --recompute, and rerun the forward before every backward even where its "
          "activations are still there (Megatron-LM's full recomputation: slower, same numbers)"),
-    CLI_COMPRESSION_OPTS(TOPT),
-    TOPT("--trace", OPT_STRING, trace,
+    CLI_COMPRESSION_OPTS(TLAY),
+    TRUN("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
-    TOPT("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
+    TLAY("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
          "start the data-parallel gradient sync after the backward instead of during it "
          "(Megatron-LM's local DDP of 2021; slower, the same numbers)"),
-    TOPT("--zero", OPT_INT, zero,
+    TLAY("--zero", OPT_INT, zero,
          "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded (default 1 "
          "when dp > 1 without data-parallel compression, else 0; 2 and 3 are not built yet)"),
-    TOPT("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),
-    TOPT("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)"),
-    TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
+    TLAY("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),
+    TLAY("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)"),
+    TRUN("--comm-timeout", OPT_DOUBLE, comm_timeout,
          "seconds without progress before the job is ended (0 = never)"),
 };
 #define NTRAIN ((int)(sizeof train_opts / sizeof train_opts[0]))
+
+void cli_train_args_defaults(cli_train_args *args) {
+    memset(args, 0, sizeof *args);
+    loom_train_config_defaults(&args->run);
+    loom_layout_flags_defaults(&args->layout);
+}
 
 static int wants_help(int argc, char **argv) {
     return cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0;
@@ -140,7 +151,7 @@ static loom_status find_config(int argc, char **argv, const char **path) {
 }
 
 /* What a plan file sets: with --plan FILE these flags (or config keys) would contradict it, and
- * so would every compression flag (the fields of cfg.compression, see plan_owns). */
+ * so would every compression flag (the fields of layout.compression, see plan_owns). */
 static const char *const plan_owned[] = {"--model",
                                          "--layers",
                                          "--heads",
@@ -160,20 +171,20 @@ static const char *const plan_owned[] = {"--model",
                                          "--recompute-always"};
 
 static int plan_owns(const cli_opt *opt) {
-    size_t first = offsetof(loom_train_config, compression);
+    size_t first = offsetof(cli_train_args, layout.compression);
     if (opt->offset >= first && opt->offset < first + sizeof(loom_plan_compression_flags)) return 1;
     for (size_t j = 0; j < sizeof plan_owned / sizeof plan_owned[0]; j++)
         if (!strcmp(opt->flag, plan_owned[j])) return 1;
     return 0;
 }
 
-static loom_status refuse_plan_conflicts(const loom_train_config *cfg, const unsigned char *seen) {
+static loom_status refuse_plan_conflicts(const cli_train_args *args, const unsigned char *seen) {
     for (int i = 0; i < NTRAIN; i++) {
         if (!seen[i] || !plan_owns(&train_opts[i])) continue;
         return loom_fail(LOOM_ERR_INPUT,
                          "--plan %s: %s sets what the plan file sets (model, layout, batch sizes, "
                          "schedule, stages, compression); change the plan (loom plan) or drop %s",
-                         cfg->plan, train_opts[i].flag, train_opts[i].flag);
+                         args->plan, train_opts[i].flag, train_opts[i].flag);
     }
     return LOOM_OK;
 }
@@ -280,78 +291,83 @@ static loom_status refuse_auto_conflicts(const unsigned char *seen) {
  * data-parallel ranks (--zero and its aliases, --no-overlap-grad-reduce): given, they win over
  * the file and are written into the plan, which is checked again. Every decision is then the
  * plan's before the runtime starts. */
-static loom_status settle_plan_flags(const loom_train_config *cfg, loom_plan *plan,
+static loom_status settle_plan_flags(const cli_train_args *args, loom_plan *plan,
                                      const char *source, int world_size) {
     int zero;
-    loom_status st = loom_train_config_zero(cfg, &zero);
+    loom_status st = loom_layout_flags_zero(&args->layout, &zero);
     if (st != LOOM_OK) return st;
     if (zero >= 0) plan->zero = zero;
-    if (cfg->no_overlap_grad_reduce) plan->overlap_grad_reduce = 0;
-    return loom_plan_check(plan, source, world_size);
-}
-
-static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
-                              loom_comm *world, loom_plan *plan) {
-    int world_size = world ? loom_comm_size(world) : 1;
-    loom_plan_init(plan);
-    if (cfg->cluster[0] && strcmp(cfg->plan, "auto") != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--cluster %s: only with --plan auto (the planner's "
-                         "input)",
-                         cfg->cluster);
-    }
-    if (cfg->allow_compression[0] && strcmp(cfg->plan, "auto") != 0) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--allow-compression %s: only with --plan auto (the planner's choice; "
-                         "to compress yourself use --dp-compression / --pp-compression)",
-                         cfg->allow_compression);
-    }
-    if (!strcmp(cfg->plan, "auto")) {
-        loom_status st = refuse_auto_conflicts(seen);
-        if (st == LOOM_OK) st = cli_plan_auto(cfg, world, plan);
-        if (st == LOOM_OK) st = settle_plan_flags(cfg, plan, "--plan auto", world_size);
-        return st;
-    }
-    if (!cfg->plan[0]) return loom_train_plan(cfg, world_size, plan);
-    loom_status st = refuse_plan_conflicts(cfg, seen);
-    if (st == LOOM_OK) st = loom_plan_read(cfg->plan, plan);
-    if (st == LOOM_OK) st = settle_plan_flags(cfg, plan, cfg->plan, world_size);
+    if (args->layout.no_overlap_grad_reduce) plan->overlap_grad_reduce = 0;
+    st = loom_plan_check(plan, source, world_size);
+    /* what this build cannot run of it, named by the file now (loom_train names "plan") */
+    if (st == LOOM_OK) st = loom_parallel_check_plan(plan, source);
     return st;
 }
 
-/* The resolved values of the layout, for the configuration table. */
-static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
+static loom_status build_plan(const cli_train_args *args, const unsigned char *seen,
+                              loom_comm *world, loom_plan *plan) {
+    int world_size = world ? loom_comm_size(world) : 1;
+    loom_plan_init(plan);
+    if (args->cluster[0] && strcmp(args->plan, "auto") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--cluster %s: only with --plan auto (the planner's "
+                         "input)",
+                         args->cluster);
+    }
+    if (args->allow_compression[0] && strcmp(args->plan, "auto") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--allow-compression %s: only with --plan auto (the planner's choice; "
+                         "to compress yourself use --dp-compression / --pp-compression)",
+                         args->allow_compression);
+    }
+    if (!strcmp(args->plan, "auto")) {
+        loom_status st = refuse_auto_conflicts(seen);
+        if (st == LOOM_OK) st = cli_plan_auto(args, world, plan);
+        if (st == LOOM_OK) st = settle_plan_flags(args, plan, "--plan auto", world_size);
+        return st;
+    }
+    if (!args->plan[0]) return loom_train_plan(&args->run, &args->layout, world_size, plan);
+    loom_status st = refuse_plan_conflicts(args, seen);
+    if (st == LOOM_OK) st = loom_plan_read(args->plan, plan);
+    if (st == LOOM_OK) st = settle_plan_flags(args, plan, args->plan, world_size);
+    return st;
+}
+
+/* The resolved values of the model and the layout, for the configuration table. */
+static void show_plan(cli_train_args *args, const loom_plan *plan) {
     const loom_gpt_config *m = &plan->model;
-    cfg->layers = m->num_layers, cfg->heads = m->num_heads, cfg->d_model = m->channels;
-    cfg->context = m->max_seq_len, cfg->vocab = m->vocab_size;
-    cfg->data_parallel = plan->dp, cfg->tensor_parallel = plan->tp;
-    cfg->pipeline_parallel = plan->pp;
-    cfg->micro_batch_size = plan->micro_batch, cfg->global_batch_size = plan->global_batch;
-    cfg->micro_batches = loom_plan_num_micro_batches(plan);
-    snprintf(cfg->schedule, sizeof cfg->schedule, "%s", loom_schedule_kind_name(plan->schedule));
-    cfg->zero = plan->zero, cfg->zero1 = cfg->no_zero1 = 0;
-    cfg->no_overlap_grad_reduce = !plan->overlap_grad_reduce;
-    cfg->virtual_stages = plan->virtual_stages;
+    loom_train_config *run = &args->run;
+    run->layers = m->num_layers, run->heads = m->num_heads, run->d_model = m->channels;
+    run->context = m->max_seq_len, run->vocab = m->vocab_size;
+    loom_layout_flags *l = &args->layout;
+    l->data_parallel = plan->dp, l->tensor_parallel = plan->tp, l->pipeline_parallel = plan->pp;
+    l->micro_batch_size = plan->micro_batch, l->global_batch_size = plan->global_batch;
+    l->micro_batches = loom_plan_num_micro_batches(plan);
+    snprintf(l->schedule, sizeof l->schedule, "%s", loom_schedule_kind_name(plan->schedule));
+    l->zero = plan->zero, l->zero1 = l->no_zero1 = 0;
+    l->no_overlap_grad_reduce = !plan->overlap_grad_reduce;
+    l->virtual_stages = plan->virtual_stages;
     size_t used = 0;
-    cfg->stage_layers[0] = '\0';
-    for (int s = 0; s < plan->num_stages && used < sizeof cfg->stage_layers; s++) {
+    l->stage_layers[0] = '\0';
+    for (int s = 0; s < plan->num_stages && used < sizeof l->stage_layers; s++) {
         used +=
-            (size_t)snprintf(cfg->stage_layers + used, sizeof cfg->stage_layers - used, "%s%d",
+            (size_t)snprintf(l->stage_layers + used, sizeof l->stage_layers - used, "%s%d",
                              s ? "," : "", plan->stages[s].end_layer - plan->stages[s].first_layer);
     }
-    loom_plan_compression_flags_of(plan, &cfg->compression);
+    loom_plan_compression_flags_of(plan, &l->compression);
 }
 
 /* Rank 0 says where the ZeRO stage came from when there are replicas: the plan file's, a flag,
  * or the default rule (loom_plan_default_zero), naming data-parallel compression when it is
  * what turned ZeRO-1 off. */
-static void say_zero(const loom_train_config *cfg, const loom_plan *plan) {
+static void say_zero(const cli_train_args *args, const loom_plan *plan) {
     if (plan->dp < 2) return;
     const char *on = plan->zero ? "on" : "off";
-    int given = cfg->zero >= 0 || cfg->zero1 || cfg->no_zero1;
+    const loom_layout_flags *l = &args->layout;
+    int given = l->zero >= 0 || l->zero1 || l->no_zero1;
     if (given) {
         loom_info("ZeRO-1 %s: --zero %d", on, plan->zero);
-    } else if (cfg->plan[0]) {
+    } else if (args->plan[0]) {
         loom_info("ZeRO-1 %s: the plan's mesh.zero", on);
     } else if (plan->dp_compression.method != LOOM_COMPRESS_NONE) {
         loom_info("ZeRO-1 off: data-parallel compression (%s) — ZeRO-1's parameter all-gather "
@@ -369,28 +385,29 @@ int cmd_train(int argc, char **argv) {
     loom_comm *world = NULL;
     loom_status init = cli_start_mpi(&argc, &argv, &world);
     if (init != LOOM_OK) return cli_fail(init);
-    loom_train_config cfg;
-    loom_train_config_defaults(&cfg);
+    cli_train_args args;
+    cli_train_args_defaults(&args);
     unsigned char seen[NTRAIN], in_file[NTRAIN], in_flags[NTRAIN];
     memset(in_file, 0, sizeof in_file);
     memset(in_flags, 0, sizeof in_flags);
     const char *config_path = NULL;
     loom_status st = find_config(argc, argv, &config_path);
     if (st == LOOM_OK && config_path) {
-        st = cli_parse_json(&cfg, train_opts, NTRAIN, config_path, in_file);
+        st = cli_parse_json(&args, train_opts, NTRAIN, config_path, in_file);
     }
-    if (st == LOOM_OK) st = cli_parse_flags(&cfg, train_opts, NTRAIN, argc, argv, 2, in_flags);
+    if (st == LOOM_OK) st = cli_parse_flags(&args, train_opts, NTRAIN, argc, argv, 2, in_flags);
     for (int i = 0; i < NTRAIN; i++) seen[i] = in_file[i] || in_flags[i];
-    if (st == LOOM_OK) st = loom_train_config_check(&cfg);
-    if (st == LOOM_OK) st = check_output_paths(&cfg);
-    if (st == LOOM_OK && !cfg.val_data[0] && cfg.eval_every > 0 &&
+    loom_train_config *cfg = &args.run;
+    if (st == LOOM_OK) st = loom_train_config_check(cfg);
+    if (st == LOOM_OK) st = check_output_paths(cfg);
+    if (st == LOOM_OK && !cfg->val_data[0] && cfg->eval_every > 0 &&
         option_seen(seen, "--eval-every") && (!world || loom_comm_rank(world) == 0)) {
         loom_warn("--eval-every %lld: there is no --val-data, so no validation runs",
-                  (long long)cfg.eval_every);
+                  (long long)cfg->eval_every);
     }
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) st = build_plan(&cfg, seen, world, &plan);
+    if (st == LOOM_OK) st = build_plan(&args, seen, world, &plan);
     if (st != LOOM_OK) name_origin(config_path, in_file, in_flags);
     /* a bad configuration is the same on every rank: each says so and exits cleanly */
     if (st != LOOM_OK) {
@@ -398,13 +415,13 @@ int cmd_train(int argc, char **argv) {
         return cli_finish(world, cli_fail(st));
     }
     int rank0 = !world || loom_comm_rank(world) == 0;
-    if (rank0) say_zero(&cfg, &plan);
+    if (rank0) say_zero(&args, &plan);
     if (rank0) {
-        loom_train_config shown = cfg;
+        cli_train_args shown = args;
         show_plan(&shown, &plan);
         cli_print_table(&shown, train_opts, NTRAIN);
     }
-    st = loom_train(&cfg, &plan, world, NULL);
+    st = loom_train(cfg, &plan, world, NULL);
     loom_plan_free(&plan);
     return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }
@@ -789,12 +806,14 @@ int cmd_bench_train(int argc, char **argv) {
     loom_status st = cli_start_mpi(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     int ranks = world ? loom_comm_size(world) : 1, rank = world ? loom_comm_rank(world) : 0;
-    loom_train_config cfg;
-    loom_train_config_defaults(&cfg);
-    snprintf(cfg.model, sizeof cfg.model, "gpt2");
-    cfg.micro_batch_size = 4, cfg.seq_len = 64, cfg.global_batch_size = 8, cfg.steps = 12;
-    cfg.warmup_steps = 0, cfg.eval_every = 0, cfg.no_save = 1, cfg.log_every = 1000000;
-    snprintf(cfg.out, sizeof cfg.out, "runs/bench");
+    cli_train_args args;
+    cli_train_args_defaults(&args);
+    loom_train_config *cfg = &args.run;
+    snprintf(cfg->model, sizeof cfg->model, "gpt2");
+    args.layout.micro_batch_size = 4, args.layout.global_batch_size = 8;
+    cfg->seq_len = 64, cfg->steps = 12;
+    cfg->warmup_steps = 0, cfg->eval_every = 0, cfg->no_save = 1, cfg->log_every = 1000000;
+    snprintf(cfg->out, sizeof cfg->out, "runs/bench");
     int warmup = 2;
     /* drop --train and --warmup N; the rest are train flags */
     char **rest = calloc((size_t)argc, sizeof *rest);
@@ -810,31 +829,31 @@ int cmd_bench_train(int argc, char **argv) {
     }
     unsigned char given[NTRAIN];
     memset(given, 0, sizeof given);
-    st = cli_parse_flags(&cfg, train_opts, NTRAIN, nrest, rest, 0, given);
+    st = cli_parse_flags(&args, train_opts, NTRAIN, nrest, rest, 0, given);
     free(rest);
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
+    if (st == LOOM_OK) st = loom_train_plan(cfg, &args.layout, ranks, &plan);
     (void)rank;
     /* synthetic tokens, written once by rank 0: enough windows for every step */
-    snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
+    snprintf(cfg->data, sizeof cfg->data, "%.900s/synthetic.bin", cfg->out);
     if (st == LOOM_OK && rank == 0) {
         size_t count =
-            ((size_t)cfg.steps * (size_t)plan.global_batch + 2) * (size_t)cfg.seq_len + 1;
+            ((size_t)cfg->steps * (size_t)plan.global_batch + 2) * (size_t)cfg->seq_len + 1;
         uint16_t *tokens = malloc(count * sizeof *tokens);
-        st = tokens ? loom_mkdir_p(cfg.out) : LOOM_ERR_NOMEM;
+        st = tokens ? loom_mkdir_p(cfg->out) : LOOM_ERR_NOMEM;
         for (size_t i = 0; st == LOOM_OK && i < count; i++) {
-            tokens[i] = (uint16_t)(loom_rng_u64(cfg.seed, 7, i) % (uint64_t)plan.model.vocab_size);
+            tokens[i] = (uint16_t)(loom_rng_u64(cfg->seed, 7, i) % (uint64_t)plan.model.vocab_size);
         }
-        if (st == LOOM_OK) st = loom_shard_write(cfg.data, tokens, count);
+        if (st == LOOM_OK) st = loom_shard_write(cfg->data, tokens, count);
         free(tokens);
     }
     if (world && loom_comm_barrier(world) != LOOM_OK && st == LOOM_OK) st = LOOM_ERR_RUNTIME;
     if (st == LOOM_OK) {
         loom_log_set_level(LOOM_LOG_WARN);
-        st = loom_train(&cfg, &plan, world, NULL);
+        st = loom_train(cfg, &plan, world, NULL);
     }
-    if (st == LOOM_OK && rank == 0) st = bench_report(&cfg, &plan, ranks, warmup);
+    if (st == LOOM_OK && rank == 0) st = bench_report(cfg, &plan, ranks, warmup);
     loom_plan_free(&plan);
     return cli_finish(world, st == LOOM_OK ? 0 : cli_fail(st));
 }

@@ -61,9 +61,10 @@ static loom_status cache_path(loom_comm *world, int threads, char *path, size_t 
 
 /* The description: --cluster's, the cache's, or measured now (and cached). Every rank gets the
  * same. */
-static loom_status cluster_for(const loom_train_config *cfg, loom_comm *world, loom_cluster *cl) {
+static loom_status cluster_for(const cli_train_args *args, loom_comm *world, loom_cluster *cl) {
     memset(cl, 0, sizeof *cl);
-    if (cfg->cluster[0]) return loom_cluster_read(cfg->cluster, cl);
+    const loom_train_config *cfg = &args->run;
+    if (args->cluster[0]) return loom_cluster_read(args->cluster, cl);
     int rank0 = loom_comm_rank(world) == 0;
     int threads = cfg->threads > 0 ? cfg->threads : loom_ops_get_threads();
     char path[LOOM_PATH_MAX];
@@ -131,13 +132,15 @@ static loom_status check_agreement(loom_comm *world, const loom_plan_candidate *
     return st;
 }
 
-loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_plan *plan) {
+loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_plan *plan) {
+    const loom_train_config *cfg = &args->run;
     int ranks = world ? loom_comm_size(world) : 1;
     int rank0 = !world || loom_comm_rank(world) == 0;
     loom_plan single;
-    loom_status st = loom_train_plan(cfg, 1, &single); /* the model and the global batch */
+    /* the model and the global batch */
+    loom_status st = loom_train_plan(cfg, &args->layout, 1, &single);
     if (st != LOOM_OK) return st;
-    if (ranks == 1 && !cfg->cluster[0]) {
+    if (ranks == 1 && !args->cluster[0]) {
         if (rank0) {
             loom_info("--plan auto: one rank, nothing to split (give --cluster FILE to plan the "
                       "micro batch too)");
@@ -147,16 +150,16 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
     }
     loom_cluster cluster;
     if (world) {
-        st = cluster_for(cfg, world, &cluster);
+        st = cluster_for(args, world, &cluster);
     } else {
-        st = loom_cluster_read(cfg->cluster, &cluster);
+        st = loom_cluster_read(args->cluster, &cluster);
     }
     loom_search_request req = {.devices = ranks,
                                .global_batch = single.global_batch,
                                .seq_len = cfg->seq_len,
                                .precision = LOOM_PRECISION_FP32,
                                .keep = CANDIDATES};
-    if (st == LOOM_OK) st = cli_allow_compression(cfg->allow_compression, &req.allow_compression);
+    if (st == LOOM_OK) st = cli_allow_compression(args->allow_compression, &req.allow_compression);
     int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
     if (st == LOOM_OK && devices < ranks) {
         st = loom_fail(LOOM_ERR_INPUT,

@@ -28,13 +28,7 @@ enum { PLAN_PATH_MAX = 1024 };
 typedef struct {
     char model[64];
     int layers, heads, d_model, context, vocab;
-    int dp, tp, pp;
-    int micro_batch_size, global_batch_size, micro_batches, recompute, recompute_always;
-    int no_overlap_grad_reduce;
-    char schedule[64];
-    int virtual_stages;
-    char stage_layers[256];
-    loom_plan_compression_flags compression;
+    loom_layout_flags layout;
     int ranks;
     char out[PLAN_PATH_MAX];
     char check[PLAN_PATH_MAX];
@@ -42,14 +36,15 @@ typedef struct {
     char predict[PLAN_PATH_MAX];
     char cluster[PLAN_PATH_MAX];
     char precision[16];
-    int seq_len, zero1, no_zero1, devices;
+    int seq_len, devices;
     int intraop;
     char search_space[16];
     char allow_compression[16];
     char trace[PLAN_PATH_MAX];
 } plan_args;
 
-#define POPT(...) CLI_OPT(plan_args, __VA_ARGS__)
+#define POPT(...)                     CLI_OPT(plan_args, __VA_ARGS__)
+#define PLAY(flag, kind, field, help) CLI_OPT(plan_args, flag, kind, layout.field, help)
 
 static const cli_opt plan_opts[] = {
     POPT("--model", OPT_STRING, model,
@@ -59,33 +54,34 @@ static const cli_opt plan_opts[] = {
     POPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
     POPT("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
     POPT("--vocab", OPT_INT, vocab, "real vocabulary size (0 = preset; padded to 128)"),
-    POPT("--dp", OPT_INT, dp, "data-parallel replicas (0 = the ranks left: --ranks / (tp x pp))"),
-    POPT("--data-parallel", OPT_INT, dp, "same as --dp"),
-    POPT("--tp", OPT_INT, tp, "tensor-parallel ranks per layer"),
-    POPT("--tensor-parallel", OPT_INT, tp, "same as --tp"),
-    POPT("--pp", OPT_INT, pp, "pipeline stages"),
-    POPT("--pipeline-parallel", OPT_INT, pp, "same as --pp"),
-    POPT("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
-    POPT("--global-batch-size", OPT_INT, global_batch_size,
+    PLAY("--dp", OPT_INT, data_parallel,
+         "data-parallel replicas (0 = the ranks left: --ranks / (tp x pp))"),
+    PLAY("--data-parallel", OPT_INT, data_parallel, "same as --dp"),
+    PLAY("--tp", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer"),
+    PLAY("--tensor-parallel", OPT_INT, tensor_parallel, "same as --tp"),
+    PLAY("--pp", OPT_INT, pipeline_parallel, "pipeline stages"),
+    PLAY("--pipeline-parallel", OPT_INT, pipeline_parallel, "same as --pp"),
+    PLAY("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
+    PLAY("--global-batch-size", OPT_INT, global_batch_size,
          "sequences per step (0 = micro x micro-batches x dp)"),
-    POPT("--micro-batches", OPT_INT, micro_batches,
+    PLAY("--micro-batches", OPT_INT, micro_batches,
          "micro-batches per step and replica (0 = from the global batch, else pp)"),
-    POPT("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
-    POPT("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
+    PLAY("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
+    PLAY("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
          "the data-parallel gradient sync starts after the backward (Megatron-LM's local DDP of "
          "2021), not during it"),
-    POPT("--recompute-always", OPT_FLAG, recompute_always,
+    PLAY("--recompute-always", OPT_FLAG, recompute_always,
          "as --recompute, rerunning the forward before every backward (Megatron-LM's full "
          "recomputation)"),
-    POPT("--schedule", OPT_STRING, schedule,
+    PLAY("--schedule", OPT_STRING, schedule,
          "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
-    POPT("--virtual-stages", OPT_INT, virtual_stages,
+    PLAY("--virtual-stages", OPT_INT, virtual_stages,
          "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
          "others 1)"),
-    POPT("--stage-layers", OPT_STRING, stage_layers,
+    PLAY("--stage-layers", OPT_STRING, stage_layers,
          "layers per (virtual) stage in model order, comma-separated (e.g. 3,5; default: even, "
          "earlier stages +1)"),
-    CLI_COMPRESSION_OPTS(POPT),
+    CLI_COMPRESSION_OPTS(PLAY),
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
     POPT("--check", OPT_STRING, check, "validate this plan file instead of writing one"),
@@ -98,9 +94,9 @@ static const cli_opt plan_opts[] = {
     POPT("--devices", OPT_INT, devices, "search: devices to use (0 = all of the cluster's)"),
     POPT("--precision", OPT_STRING, precision, "--predict: fp32 (default), bf16 or fp16"),
     POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
-    POPT("--zero1", OPT_FLAG, zero1,
+    PLAY("--zero1", OPT_FLAG, zero1,
          "--predict: AdamW's state sharded over the data-parallel ranks"),
-    POPT("--no-zero1", OPT_FLAG, no_zero1,
+    PLAY("--no-zero1", OPT_FLAG, no_zero1,
          "--predict: AdamW's state not sharded, whatever the plan says (as loom train --no-zero1)"),
     POPT("--intraop", OPT_FLAG, intraop,
          "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
@@ -363,7 +359,7 @@ static int run_search(const plan_args *args) {
     memset(&cluster, 0, sizeof cluster);
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
     loom_search_request req = {.devices = args->devices,
-                               .global_batch = args->global_batch_size,
+                               .global_batch = args->layout.global_batch_size,
                                .seq_len = args->seq_len ? args->seq_len : model.max_seq_len,
                                .precision = LOOM_PRECISION_FP32,
                                .keep = 8};
@@ -480,11 +476,11 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     st = loom_plan_read(args->predict, &plan);
     if (st != LOOM_OK) return cli_fail(st);
     if (!args->precision[0]) precision = plan.precision;
-    /* ZeRO-1: --zero1 or --no-zero1 (as loom train's), else the plan's mesh.zero */
-    if (args->zero1 && args->no_zero1) {
-        st = loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
-    } else if (args->zero1 || args->no_zero1) {
-        plan.zero = args->zero1 ? 1 : 0;
+    /* the ZeRO stage: --zero or its aliases (as loom train's), else the plan's mesh.zero */
+    int zero;
+    st = loom_layout_flags_zero(&args->layout, &zero);
+    if (st == LOOM_OK && zero >= 0) {
+        plan.zero = zero;
         st = loom_plan_check(&plan, args->predict, 0);
     }
     int zero1 = plan.zero >= 1;
@@ -567,17 +563,19 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
         st = loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
                                      args->context, args->vocab, "model configuration", &model);
     }
-    loom_intraop_request req = {.dp = args->dp ? args->dp : 1,
-                                .tp = args->tp ? args->tp : 1,
-                                .micro_batch = args->micro_batch_size ? args->micro_batch_size : 1,
-                                .micro_batches = args->micro_batches,
-                                .seq_len = args->seq_len,
-                                .precision = LOOM_PRECISION_FP32,
-                                .space = LOOM_INTRAOP_RUNTIME,
-                                .part = LOOM_INTRAOP_MODEL};
+    loom_intraop_request req = {
+        .dp = args->layout.data_parallel ? args->layout.data_parallel : 1,
+        .tp = args->layout.tensor_parallel ? args->layout.tensor_parallel : 1,
+        .micro_batch = args->layout.micro_batch_size ? args->layout.micro_batch_size : 1,
+        .micro_batches = args->layout.micro_batches,
+        .seq_len = args->seq_len,
+        .precision = LOOM_PRECISION_FP32,
+        .space = LOOM_INTRAOP_RUNTIME,
+        .part = LOOM_INTRAOP_MODEL};
     static const char *const counts[] = {"--dp", "--tp", "--micro-batch-size", "--micro-batches",
                                          "--seq-len"};
-    int values[] = {args->dp, args->tp, args->micro_batch_size, args->micro_batches, args->seq_len};
+    int values[] = {args->layout.data_parallel, args->layout.tensor_parallel,
+                    args->layout.micro_batch_size, args->layout.micro_batches, args->seq_len};
     for (int i = 0; i < 5 && st == LOOM_OK; i++) { /* 0: the default */
         if (values[i] < 0) {
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a positive number, got %d", counts[i],
@@ -655,28 +653,10 @@ static int run_build(const plan_args *args) {
                        "--ranks: expected a positive world size (0 = no check), got %d",
                        args->ranks);
     }
-    loom_plan_request request = {.dp = args->dp,
-                                 .tp = args->tp,
-                                 .pp = args->pp,
-                                 .micro_batch = args->micro_batch_size,
-                                 .global_batch = args->global_batch_size,
-                                 .micro_batches = args->micro_batches,
-                                 .schedule = args->schedule,
-                                 .virtual_stages = args->virtual_stages,
-                                 .stage_layers = args->stage_layers,
-                                 .recompute = args->recompute_always ? LOOM_RECOMPUTE_ALWAYS
-                                              : args->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                     : LOOM_RECOMPUTE_NONE,
-                                 .zero_given = args->zero1 || args->no_zero1,
-                                 .zero = args->zero1 ? 1 : 0,
-                                 .no_overlap_grad_reduce = args->no_overlap_grad_reduce};
-    if (args->zero1 && args->no_zero1) {
-        st = loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
-    }
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) {
-        st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
+        st = loom_plan_from_flags(&plan, &model, &args->layout, args->ranks);
     }
     if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
@@ -695,9 +675,9 @@ int cmd_plan(int argc, char **argv) {
         cli_print_help(plan_usage, plan_opts, NPLAN);
         return 0;
     }
-    plan_args args; /* zero: the defaults loom train has too (loom_plan_request) */
+    plan_args args; /* the layout flags' defaults are loom train's */
     memset(&args, 0, sizeof args);
-    loom_plan_compression_flags_defaults(&args.compression);
+    loom_layout_flags_defaults(&args.layout);
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
     int check_given = 0, cluster_given = 0;
     for (int i = 2; i < argc; i++) {

@@ -1,9 +1,10 @@
 /*
- * compression_flags.c — the compression flags of `loom train` and `loom plan` (one field per
- * flag, loom_plan_compression_flags) turned into the plan's two compressors, and back for the
- * configuration table. Messages name the flag; the rules that need the mesh (index ranges, one
- * pipeline stage) and the value ranges are loom_plan_check's, met when the request becomes a
- * plan.
+ * compression_flags.c — the layout flags of `loom train` and `loom plan` (one field per flag,
+ * loom_layout_flags) turned into a plan request, the one place that happens; and the
+ * compression flags among them (loom_plan_compression_flags) turned into the plan's two
+ * compressors, and back for the configuration table. Messages name the flag; the rules that need
+ * the mesh (index ranges, one pipeline stage) and the value ranges are loom_plan_check's, met when
+ * the request becomes a plan.
  *
  * Not here: the method names (compress/methods.c), the plan's rules (plan.c).
  */
@@ -167,15 +168,56 @@ loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *
     return st;
 }
 
+void loom_layout_flags_defaults(loom_layout_flags *f) {
+    memset(f, 0, sizeof *f);
+    loom_plan_compression_flags_defaults(&f->compression);
+    f->zero = -1;
+}
+
+loom_status loom_layout_flags_zero(const loom_layout_flags *f, int *zero) {
+    *zero = f->zero;
+    if (f->zero1 && f->no_zero1)
+        return loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
+    int alias = f->zero1 ? 1 : f->no_zero1 ? 0 : -1;
+    if (alias >= 0 && f->zero >= 0 && alias != f->zero) {
+        return loom_fail(LOOM_ERR_INPUT, "%s and --zero %d contradict each other: give one",
+                         f->zero1 ? "--zero1" : "--no-zero1", f->zero);
+    }
+    if (alias >= 0) *zero = alias;
+    if (*zero < -1 || *zero > 3) {
+        return loom_fail(LOOM_ERR_INPUT, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got %d",
+                         *zero);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
-                                 loom_plan_request request,
-                                 const loom_plan_compression_flags *flags, int world_size) {
+                                 const loom_layout_flags *f, int world_size) {
     loom_plan_init(plan);
-    loom_plan_compressor dp, pp;
-    loom_status st = loom_plan_compression_from_flags(flags, &dp, &pp);
+    int zero;
+    loom_status st = loom_layout_flags_zero(f, &zero);
     if (st != LOOM_OK) return st;
-    request.dp_compression = &dp, request.pp_compression = &pp;
-    request.embedding_sync = flags->embedding_sync;
+    loom_plan_compressor dp, pp;
+    st = loom_plan_compression_from_flags(&f->compression, &dp, &pp);
+    if (st != LOOM_OK) return st;
+    loom_plan_request request = {.dp = f->data_parallel,
+                                 .tp = f->tensor_parallel,
+                                 .pp = f->pipeline_parallel,
+                                 .micro_batch = f->micro_batch_size,
+                                 .global_batch = f->global_batch_size,
+                                 .micro_batches = f->micro_batches,
+                                 .schedule = f->schedule,
+                                 .virtual_stages = f->virtual_stages,
+                                 .stage_layers = f->stage_layers,
+                                 .recompute = f->recompute_always ? LOOM_RECOMPUTE_ALWAYS
+                                              : f->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
+                                                                  : LOOM_RECOMPUTE_NONE,
+                                 .zero_given = zero >= 0,
+                                 .zero = zero,
+                                 .no_overlap_grad_reduce = f->no_overlap_grad_reduce,
+                                 .dp_compression = &dp,
+                                 .pp_compression = &pp,
+                                 .embedding_sync = f->compression.embedding_sync};
     st = loom_plan_from_request(plan, model, &request, world_size);
     loom_plan_compressor_free(&dp);
     loom_plan_compressor_free(&pp);

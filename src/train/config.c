@@ -37,11 +37,8 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->log_every = 10;
     snprintf(c->progress, sizeof c->progress, "auto");
     c->eval_batches = 16;
-    /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
-    loom_plan_compression_flags_defaults(&c->compression);
     c->bucket_mb = 25.0;
     c->comm_timeout = 60.0;
-    c->zero = -1;
 }
 
 int loom_train_config_sets_model(const loom_train_config *c) {
@@ -79,48 +76,18 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
     return LOOM_OK;
 }
 
-loom_status loom_train_config_zero(const loom_train_config *c, int *zero) {
-    *zero = c->zero;
-    if (c->zero1 && c->no_zero1)
-        return loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
-    int alias = c->zero1 ? 1 : c->no_zero1 ? 0 : -1;
-    if (alias >= 0 && c->zero >= 0 && alias != c->zero) {
-        return loom_fail(LOOM_ERR_INPUT, "%s and --zero %d contradict each other: give one",
-                         c->zero1 ? "--zero1" : "--no-zero1", c->zero);
-    }
-    if (alias >= 0) *zero = alias;
-    if (*zero < -1 || *zero > 3) {
-        return loom_fail(LOOM_ERR_INPUT, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got %d",
-                         *zero);
-    }
-    return LOOM_OK;
-}
-
-loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_plan *plan) {
+loom_status loom_train_plan(const loom_train_config *c, const loom_layout_flags *layout,
+                            int world_size, loom_plan *plan) {
     loom_plan_init(plan);
+    loom_layout_flags defaults;
+    if (!layout) {
+        loom_layout_flags_defaults(&defaults);
+        layout = &defaults;
+    }
     loom_gpt_config model;
     loom_status st = loom_train_model_config(c, &model);
     if (st != LOOM_OK) return st;
-    int zero;
-    st = loom_train_config_zero(c, &zero);
-    if (st != LOOM_OK) return st;
-    loom_plan_request request = {.dp = c->data_parallel,
-                                 .tp = c->tensor_parallel,
-                                 .pp = c->pipeline_parallel,
-                                 .micro_batch = c->micro_batch_size,
-                                 .global_batch = c->global_batch_size,
-                                 .micro_batches = c->micro_batches,
-                                 .schedule = c->schedule,
-                                 .virtual_stages = c->virtual_stages,
-                                 .stage_layers = c->stage_layers,
-                                 .recompute = c->recompute_always ? LOOM_RECOMPUTE_ALWAYS
-                                              : c->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                  : LOOM_RECOMPUTE_NONE,
-                                 .zero_given = zero >= 0,
-                                 .zero = zero,
-                                 .no_overlap_grad_reduce = c->no_overlap_grad_reduce};
-    return loom_plan_from_flags(plan, &model, request, &c->compression,
-                                world_size > 1 ? world_size : 1);
+    return loom_plan_from_flags(plan, &model, layout, world_size > 1 ? world_size : 1);
 }
 
 loom_status loom_train_config_check(const loom_train_config *c) {

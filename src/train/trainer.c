@@ -70,8 +70,21 @@ static void trainer_free(trainer *t) {
 static loom_status check_model(const trainer *t, const char *resume_dir) {
     const loom_gpt_config *mc = &t->plan->model;
     loom_gpt_config model = *mc;
-    loom_status st = loom_gpt_config_check(&model, t->cfg->plan[0] ? t->cfg->plan : "plan");
+    loom_status st = loom_gpt_config_check(&model, "plan");
     if (st != LOOM_OK) return st;
+    if (loom_train_config_sets_model(t->cfg)) { /* a library caller's config and plan agree */
+        loom_gpt_config asked;
+        if ((st = loom_train_model_config(t->cfg, &asked)) != LOOM_OK) return st;
+        if (!loom_gpt_config_same(&asked, mc)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "config: model: %d layers, %d heads, d_model %d, context %d, vocab "
+                             "%d differs from the plan's (%d, %d, %d, %d, %d); train the plan's "
+                             "model or make a plan for this one",
+                             asked.num_layers, asked.num_heads, asked.channels, asked.max_seq_len,
+                             asked.vocab_size, mc->num_layers, mc->num_heads, mc->channels,
+                             mc->max_seq_len, mc->vocab_size);
+        }
+    }
     if (t->cfg->seq_len > mc->max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT,
                          "config: seq_len: expected at most the model's context %d, got %d",
@@ -165,7 +178,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     loom_ops_set_threads(cfg->threads);
     t->hooks = loom_test_hooks_read();
     char resume_dir[4096] = "";
-    loom_status st = loom_parallel_check_plan(t->plan, cfg->plan[0] ? cfg->plan : "plan");
+    loom_status st = loom_parallel_check_plan(t->plan, "plan");
     if (st == LOOM_OK && cfg->resume[0]) {
         st = loom_checkpoint_resolve(cfg->resume, resume_dir, sizeof resume_dir);
     }
@@ -490,15 +503,15 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
     return st;
 }
 
-loom_status loom_train_run_ex(const loom_train_config *cfg, loom_comm *world,
-                              loom_train_result *result) {
+loom_status loom_train_run_ex(const loom_train_config *cfg, const loom_layout_flags *layout,
+                              loom_comm *world, loom_train_result *result) {
     loom_plan plan;
-    loom_status st = loom_train_plan(cfg, world ? loom_comm_size(world) : 1, &plan);
+    loom_status st = loom_train_plan(cfg, layout, world ? loom_comm_size(world) : 1, &plan);
     if (st == LOOM_OK) st = loom_train(cfg, &plan, world, result);
     loom_plan_free(&plan);
     return st;
 }
 
-loom_status loom_train_run(const loom_train_config *cfg) {
-    return loom_train_run_ex(cfg, NULL, NULL);
+loom_status loom_train_run(const loom_train_config *cfg, const loom_layout_flags *layout) {
+    return loom_train_run_ex(cfg, layout, NULL, NULL);
 }
