@@ -49,6 +49,26 @@ good "plan: folder of --out is made" 'wrote sub/dir/plan\.json' \
     -- "$LOOM" plan --model tiny --out sub/dir/plan.json
 good "plan: --help" 'usage: loom plan' '--stage-layers' '--virtual-stages' \
     'interleaved, zb-h1 or zb-v' -- "$LOOM" plan --help
+# loom train and loom plan share the model, layout and compression flags: one help line each
+"$LOOM" plan --help >plan_help.txt 2>&1
+"$LOOM" train --help >train_help.txt 2>&1
+why=""
+for flag in --model --vocab --data-parallel --micro-batch-size --schedule --stage-layers \
+    --recompute-always --zero --no-zero1 --dp-compression --embedding-sync; do
+    line=$(grep -E -- "^ +$flag( |$)" plan_help.txt)
+    if [ -z "$line" ] || [ "$line" != "$(grep -E -- "^ +$flag( |$)" train_help.txt)" ]; then
+        why="$flag: plan's help line '$line' differs from train's"
+        break
+    fi
+done
+check "plan and train: the shared flags have one help line" "$why"
+good "plan: --zero 0 with replicas" 'wrote zero0\.json' \
+    -- "$LOOM" plan --model tiny --dp 2 --zero 0 --out zero0.json
+file_has "plan: --zero 0 is the file's mesh.zero" zero0.json '"dp": 2, "tp": 1, "pp": 1, "zero": 0\}'
+bad "plan: --zero 0 --zero1" '^error: --zero1 and --zero 0 contradict each other' \
+    -- "$LOOM" plan --model tiny --dp 2 --zero 0 --zero1 --out zero_both.json
+bad "plan: --zero 5" '^error: --zero: expected a ZeRO stage 0, 1, 2 or 3, got 5' \
+    -- "$LOOM" plan --model tiny --dp 2 --zero 5 --out zero5.json
 
 # ---- virtual stages ------------------------------------------------------------------------
 
@@ -363,7 +383,7 @@ file_has "plan: predicted step in the file" predicted.json '"step_s": [0-9]'
 good "plan: the predicted plan checks" 'predicted\.json: ok' -- "$LOOM" plan --check predicted.json
 bad "plan: --predict without --cluster" '--predict: expected --cluster FILE' \
     -- "$LOOM" plan --predict gpt2_pp2.json
-bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero1, --no-zero1, --out or --trace with it, got --tp' \
+bad "plan: --predict with a layout flag" '--predict: expected only --cluster, --precision, --seq-len, --zero, --zero1, --no-zero1, --out or --trace with it, got --tp' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/dgx-a100.json" --tp 2
 bad "plan: --predict bf16 on V100" 'has no bf16 peak' \
     -- "$LOOM" plan --predict gpt2_pp2.json --cluster "$CLUSTERS/p3-v100.json" --precision bf16

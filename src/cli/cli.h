@@ -43,6 +43,60 @@ typedef struct {
 #define CLI_OPT(type, flag, kind, field, help)                                                     \
     { flag, kind, offsetof(type, field), sizeof(((type *)0)->field), help }
 
+/* The model flags of `loom train` and `loom plan` (fields model, layers, heads, d_model, context
+ * and vocab of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */
+#define CLI_MODEL_OPTS(ROW)                                                                        \
+    ROW("--model", OPT_STRING, model,                                                              \
+        "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny "    \
+        "(default small; loom train: the model of --resume or --init-from when given)"),           \
+        ROW("--layers", OPT_INT, layers, "transformer blocks (default: the preset's)"),            \
+        ROW("--heads", OPT_INT, heads, "attention heads (default: the preset's)"),                 \
+        ROW("--d-model", OPT_INT, d_model, "width (default: the preset's)"),                       \
+        ROW("--context", OPT_INT, context, "maximum sequence length (default: the preset's)"),     \
+        ROW("--vocab", OPT_INT, vocab,                                                             \
+            "real vocabulary size, padded to a multiple of 128 (default: the preset's)")
+
+/* The layout flags of `loom train` and `loom plan` (loom_layout_flags but the compression, the
+ * field `layout` of the option struct: ROW prefixes the field with it). */
+#define CLI_LAYOUT_OPTS(ROW)                                                                       \
+    ROW("--data-parallel", OPT_INT, data_parallel,                                                 \
+        "data-parallel replicas (default: the ranks left over, ranks / (tensor x pipeline); "      \
+        "loom plan: --ranks, else 1)"),                                                            \
+        ROW("--tensor-parallel", OPT_INT, tensor_parallel,                                         \
+            "tensor-parallel ranks per layer (default 1)"),                                        \
+        ROW("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (default 1)"),     \
+        ROW("--micro-batch-size", OPT_INT, micro_batch_size,                                       \
+            "sequences per forward/backward (default 8)"),                                         \
+        ROW("--global-batch-size", OPT_INT, global_batch_size,                                     \
+            "sequences per step = micro batch x micro-batches x data parallel (default: from "     \
+            "--micro-batches)"),                                                                   \
+        ROW("--micro-batches", OPT_INT, micro_batches,                                             \
+            "micro-batches per step and replica (default: from the global batch, else one per "    \
+            "pipeline stage)"),                                                                    \
+        ROW("--schedule", OPT_STRING, schedule,                                                    \
+            "pipeline schedule: 1f1b, gpipe, interleaved, zb-h1 or zb-v (default 1f1b)"),          \
+        ROW("--virtual-stages", OPT_INT, virtual_stages,                                           \
+            "model chunks per pipeline rank (default: the schedule's: interleaved 2, zb-v 2, the " \
+            "others 1)"),                                                                          \
+        ROW("--stage-layers", OPT_STRING, stage_layers,                                            \
+            "layers per (virtual) pipeline stage in model order, e.g. 3,5 (default: as even as "   \
+            "possible, earlier stages one more)"),                                                 \
+        ROW("--recompute", OPT_FLAG, recompute,                                                    \
+            "every stage keeps one set of activations and reruns a micro-batch's forward in its "  \
+            "backward where that set no longer holds it"),                                         \
+        ROW("--recompute-always", OPT_FLAG, recompute_always,                                      \
+            "as --recompute (implied), rerunning the forward before every backward "               \
+            "(Megatron-LM's full recomputation: slower, the same numbers)"),                       \
+        ROW("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,                          \
+            "start the data-parallel gradient sync after the backward, not during it "             \
+            "(Megatron-LM's local DDP of 2021: slower, the same numbers)"),                        \
+        ROW("--zero", OPT_INT, zero,                                                               \
+            "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded; 2 and 3 "   \
+            "are not built yet (default 1 when dp > 1 without data-parallel compression, else 0; " \
+            "given, it wins over a plan file's mesh.zero)"),                                       \
+        ROW("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),               \
+        ROW("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)")
+
 /* The compression flags of `loom train` and `loom plan` (loom_plan_compression_flags, a field
  * `compression` of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */
 #define CLI_COMPRESSION_OPTS(ROW)                                                                  \

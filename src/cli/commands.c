@@ -28,22 +28,11 @@
 static const cli_opt train_opts[] = {
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
      "JSON file with these settings in snake_case (flags win)"},
-    TRUN("--model", OPT_STRING, model,
-         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny "
-         "(default small, or the "
-         "model of --resume / --init-from)"),
-    TRUN("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
-    TRUN("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
-    TRUN("--d-model", OPT_INT, d_model, "width (0 = preset)"),
-    TRUN("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
-    TRUN("--vocab", OPT_INT, vocab, "vocabulary size (0 = preset)"),
+    CLI_MODEL_OPTS(TRUN),
     TRUN("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
     TRUN("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
     TRUN("--steps", OPT_I64, steps, "optimizer steps"),
-    TLAY("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward (0 = 8)"),
     TRUN("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
-    TLAY("--global-batch-size", OPT_INT, global_batch_size,
-         "sequences per step = micro x micro-batches x data parallel (0 = from --micro-batches)"),
     TRUN("--lr", OPT_DOUBLE, lr, "peak learning rate"),
     TRUN("--lr-schedule", OPT_STRING, lr_schedule, "constant or cosine (after warm-up)"),
     TRUN("--min-lr-ratio", OPT_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
@@ -78,20 +67,7 @@ static const cli_opt train_opts[] = {
     TOPT("--allow-compression", OPT_STRING, allow_compression,
          "with --plan auto: compressors the planner may choose, where they shorten the step: "
          "none (default), dp, pp or all"),
-    TLAY("--data-parallel", OPT_INT, data_parallel,
-         "data-parallel replicas (0 = the ranks left: world / (tensor x pipeline))"),
-    TLAY("--tensor-parallel", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer (0 = 1)"),
-    TLAY("--pipeline-parallel", OPT_INT, pipeline_parallel, "pipeline stages (0 = 1)"),
-    TLAY("--schedule", OPT_STRING, schedule,
-         "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
-    TLAY("--virtual-stages", OPT_INT, virtual_stages,
-         "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
-         "others 1)"),
-    TLAY("--stage-layers", OPT_STRING, stage_layers,
-         "layers per (virtual) pipeline stage in model order, e.g. 3,5 (default: as even as "
-         "possible)"),
-    TLAY("--micro-batches", OPT_INT, micro_batches,
-         "micro-batches per step and replica (0 = from the global batch, else the stages)"),
+    CLI_LAYOUT_OPTS(TLAY),
     TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
     TRUN("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
     TRUN("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (0 = all)"),
@@ -100,22 +76,9 @@ static const cli_opt train_opts[] = {
          "SIGINT do the same at once"),
     TRUN("--progress", OPT_STRING, progress,
          "progress bar: auto (a terminal, not under mpirun), on, off"),
-    TLAY("--recompute", OPT_FLAG, recompute,
-         "pipeline stages keep only their inputs and recompute activations in backward"),
-    TLAY("--recompute-always", OPT_FLAG, recompute_always,
-         "as --recompute, and rerun the forward before every backward even where its "
-         "activations are still there (Megatron-LM's full recomputation: slower, same numbers)"),
     CLI_COMPRESSION_OPTS(TLAY),
     TRUN("--trace", OPT_STRING, trace,
          "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
-    TLAY("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
-         "start the data-parallel gradient sync after the backward instead of during it "
-         "(Megatron-LM's local DDP of 2021; slower, the same numbers)"),
-    TLAY("--zero", OPT_INT, zero,
-         "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded (default 1 "
-         "when dp > 1 without data-parallel compression, else 0; 2 and 3 are not built yet)"),
-    TLAY("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),
-    TLAY("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)"),
     TRUN("--comm-timeout", OPT_DOUBLE, comm_timeout,
          "seconds without progress before the job is ended (0 = never)"),
 };

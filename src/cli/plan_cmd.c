@@ -26,7 +26,7 @@ int cmd_plan(int argc, char **argv);
 enum { PLAN_PATH_MAX = 1024 };
 
 typedef struct {
-    char model[64];
+    char model[32];
     int layers, heads, d_model, context, vocab;
     loom_layout_flags layout;
     int ranks;
@@ -47,40 +47,11 @@ typedef struct {
 #define PLAY(flag, kind, field, help) CLI_OPT(plan_args, flag, kind, layout.field, help)
 
 static const cli_opt plan_opts[] = {
-    POPT("--model", OPT_STRING, model,
-         "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny"),
-    POPT("--layers", OPT_INT, layers, "transformer blocks (0 = preset)"),
-    POPT("--heads", OPT_INT, heads, "attention heads (0 = preset)"),
-    POPT("--d-model", OPT_INT, d_model, "width (0 = preset)"),
-    POPT("--context", OPT_INT, context, "maximum sequence length (0 = preset)"),
-    POPT("--vocab", OPT_INT, vocab, "real vocabulary size (0 = preset; padded to 128)"),
-    PLAY("--dp", OPT_INT, data_parallel,
-         "data-parallel replicas (0 = the ranks left: --ranks / (tp x pp))"),
-    PLAY("--data-parallel", OPT_INT, data_parallel, "same as --dp"),
-    PLAY("--tp", OPT_INT, tensor_parallel, "tensor-parallel ranks per layer"),
-    PLAY("--tensor-parallel", OPT_INT, tensor_parallel, "same as --tp"),
-    PLAY("--pp", OPT_INT, pipeline_parallel, "pipeline stages"),
-    PLAY("--pipeline-parallel", OPT_INT, pipeline_parallel, "same as --pp"),
-    PLAY("--micro-batch-size", OPT_INT, micro_batch_size, "sequences per forward/backward"),
-    PLAY("--global-batch-size", OPT_INT, global_batch_size,
-         "sequences per step (0 = micro x micro-batches x dp)"),
-    PLAY("--micro-batches", OPT_INT, micro_batches,
-         "micro-batches per step and replica (0 = from the global batch, else pp)"),
-    PLAY("--recompute", OPT_FLAG, recompute, "every stage recomputes activations in backward"),
-    PLAY("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
-         "the data-parallel gradient sync starts after the backward (Megatron-LM's local DDP of "
-         "2021), not during it"),
-    PLAY("--recompute-always", OPT_FLAG, recompute_always,
-         "as --recompute, rerunning the forward before every backward (Megatron-LM's full "
-         "recomputation)"),
-    PLAY("--schedule", OPT_STRING, schedule,
-         "pipeline schedule: 1f1b (default), gpipe, interleaved, zb-h1 or zb-v"),
-    PLAY("--virtual-stages", OPT_INT, virtual_stages,
-         "model chunks per pipeline rank for --schedule interleaved (0 = 2; zb-v runs 2, the "
-         "others 1)"),
-    PLAY("--stage-layers", OPT_STRING, stage_layers,
-         "layers per (virtual) stage in model order, comma-separated (e.g. 3,5; default: even, "
-         "earlier stages +1)"),
+    CLI_MODEL_OPTS(POPT),
+    CLI_LAYOUT_OPTS(PLAY),
+    PLAY("--dp", OPT_INT, data_parallel, "same as --data-parallel"),
+    PLAY("--tp", OPT_INT, tensor_parallel, "same as --tensor-parallel"),
+    PLAY("--pp", OPT_INT, pipeline_parallel, "same as --pipeline-parallel"),
     CLI_COMPRESSION_OPTS(PLAY),
     POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
     POPT("--out", OPT_STRING, out, "plan file to write"),
@@ -94,10 +65,6 @@ static const cli_opt plan_opts[] = {
     POPT("--devices", OPT_INT, devices, "search: devices to use (0 = all of the cluster's)"),
     POPT("--precision", OPT_STRING, precision, "--predict: fp32 (default), bf16 or fp16"),
     POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
-    PLAY("--zero1", OPT_FLAG, zero1,
-         "--predict: AdamW's state sharded over the data-parallel ranks"),
-    PLAY("--no-zero1", OPT_FLAG, no_zero1,
-         "--predict: AdamW's state not sharded, whatever the plan says (as loom train --no-zero1)"),
     POPT("--intraop", OPT_FLAG, intraop,
          "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
          "strategy, its costs, the ILP's size and solve time"),
@@ -121,7 +88,7 @@ static const char *plan_usage =
     "       loom plan --check plan.json [--ranks N]\n"
     "       loom plan --check-cluster cluster.json\n"
     "       loom plan --predict plan.json --cluster cluster.json [--precision P] [--seq-len T] "
-    "[--zero1] [--out predicted.json]\n"
+    "[--zero N] [--out predicted.json]\n"
     "       loom plan --model M --cluster cluster.json [--devices N] --global-batch-size G "
     "[--seq-len T] [--precision P] --out plan.json\n"
     "       loom plan --intraop --model M --cluster cluster.json --dp D --tp T "
@@ -143,7 +110,7 @@ static loom_status check_mode_flags(int argc, char **argv, const char *mode,
         int ok = 0;
         for (int j = 0; j < n && !ok; j++) ok = is_flag(arg, allowed[j]);
         if (ok) continue;
-        char list[160] = "";
+        char list[512] = "";
         size_t used = 0;
         for (int j = 1; j < n && used < sizeof list; j++) {
             used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
@@ -454,10 +421,12 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
 }
 
 static int run_predict(const plan_args *args, int argc, char **argv) {
-    static const char *const allowed[] = {"--predict", "--cluster",  "--precision", "--seq-len",
-                                          "--zero1",   "--no-zero1", "--out",       "--trace"};
-    loom_status st =
-        check_mode_flags(argc, argv, "--predict", allowed, 8, "the plan file holds the layout");
+    static const char *const allowed[] = {"--predict",  "--cluster", "--precision",
+                                          "--seq-len",  "--zero",    "--zero1",
+                                          "--no-zero1", "--out",     "--trace"};
+    loom_status st = check_mode_flags(argc, argv, "--predict", allowed,
+                                      (int)(sizeof allowed / sizeof allowed[0]),
+                                      "the plan file holds the layout");
     if (st == LOOM_OK && !args->cluster[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
                                        "loom profile's)");
@@ -540,21 +509,11 @@ static void print_intraop(const loom_intraop_graph *g, const loom_intraop_result
 /* `loom plan --intraop`: the ILP over the model's operator graph on a (dp, tp) mesh; with
  * --search-space full, also the runtime space's optimum for the gain. */
 static int run_intraop(const plan_args *args, int argc, char **argv) {
-    static const char *const allowed[] = {"--intraop",
-                                          "--model",
-                                          "--layers",
-                                          "--heads",
-                                          "--d-model",
-                                          "--context",
-                                          "--vocab",
-                                          "--cluster",
-                                          "--dp",
-                                          "--tp",
-                                          "--seq-len",
-                                          "--precision",
-                                          "--micro-batch-size",
-                                          "--micro-batches",
-                                          "--search-space"};
+    static const char *const allowed[] = {
+        "--intraop",       "--model",           "--layers",  "--heads",     "--d-model",
+        "--context",       "--vocab",           "--cluster", "--dp",        "--tp",
+        "--data-parallel", "--tensor-parallel", "--seq-len", "--precision", "--micro-batch-size",
+        "--micro-batches", "--search-space"};
     int nallowed = (int)(sizeof allowed / sizeof allowed[0]);
     loom_status st = check_mode_flags(argc, argv, "--intraop", allowed, nallowed,
                                       "the ILP plans one (dp, tp) mesh");
