@@ -171,9 +171,18 @@ TRAIN=("$LOOM" train "${TINY[@]}" --data data/train.bin --steps 1 --out run_x)
 
 # ---- help ----------------------------------------------------------------------------------
 
-good "loom --help" 'usage: loom' -- "$LOOM" --help
+good "loom --help" 'usage: loom' 'by group' -- "$LOOM" --help
 for cmd in train prepare sample eval bench; do
-    good "loom $cmd --help" "usage: loom $cmd" '^options:' -- "$LOOM" $cmd --help
+    good "loom $cmd --help" "usage: loom $cmd" '^run:$' -- "$LOOM" $cmd --help
+done
+good "loom train --help: grouped" '^model:$' '^layout:$' '^compression:$' '^run:$' '^output:$' \
+    '^  --steps N +optimizer steps \(default 200\)$' -- "$LOOM" train --help
+# every option that takes a value says its default (in words, or the value itself)
+for cmd in train prepare sample eval bench plan tokenize profile; do
+    "$LOOM" $cmd --help >help.txt 2>&1
+    missing=$(grep -E '^  --[a-z0-9-]+ (N|X|VALUE) ' help.txt | grep -Ev 'default|same as --' | head -n 1)
+    check "loom $cmd --help: every option with a value shows its default" \
+        "${missing:+no default: $missing}"
 done
 
 # ---- commands and flags --------------------------------------------------------------------

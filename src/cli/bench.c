@@ -23,12 +23,13 @@ typedef struct {
 #define BOPT(...) CLI_OPT(bench_args, __VA_ARGS__)
 
 static const cli_opt bench_opts[] = {
-    BOPT("--steps", OPT_INT, steps, "timed steps per case (median reported)"),
-    BOPT("--warmup", OPT_INT, warmup, "untimed steps first"),
-    BOPT("--threads", OPT_STRING, threads, "comma-separated thread counts"),
+    CLI_GROUP("run"),
     BOPT("--cases", OPT_STRING, cases,
          "comma-separated: a (gpt2 124M, B4 T64), b (L4 C256 NH4 V50257, B4 T64), "
          "s (small preset, B8 T128)"),
+    BOPT("--threads", OPT_STRING, threads, "comma-separated thread counts"),
+    BOPT("--steps", OPT_INT, steps, "timed steps per case (median reported)"),
+    BOPT("--warmup", OPT_INT, warmup, "untimed steps first"),
 };
 #define NBENCH ((int)(sizeof bench_opts / sizeof bench_opts[0]))
 
@@ -153,6 +154,9 @@ static loom_status parse_thread_counts(const char *list, int counts[MAX_THREAD_C
 int cmd_bench(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--train") >= 0) return cmd_bench_train(argc, argv);
     if (cli_find_flag(argc, argv, "--compressors") >= 0) return cmd_bench_compressors(argc, argv);
+    bench_args args = {.steps = 10, .warmup = 2};
+    snprintf(args.threads, sizeof args.threads, "1,2");
+    snprintf(args.cases, sizeof args.cases, "a,b");
     if (cli_find_flag(argc, argv, "--help") >= 0) {
         cli_print_help("usage: loom bench [--cases a,b] [--threads 1,2] [--steps 10]\n"
                        "       [mpirun -np N] loom bench --train [--warmup 2] [loom train flags: "
@@ -160,12 +164,9 @@ int cmd_bench(int argc, char **argv) {
                        "       (training steps of a parallel layout on synthetic tokens; gpt2, "
                        "micro 4, seq 64, global 8, 12 steps by default)\n"
                        "       loom bench --compressors (every compressor's GB/s on gpt2 shapes)",
-                       bench_opts, NBENCH);
+                       bench_opts, NBENCH, &args);
         return 0;
     }
-    bench_args args = {.steps = 10, .warmup = 2};
-    snprintf(args.threads, sizeof args.threads, "1,2");
-    snprintf(args.cases, sizeof args.cases, "a,b");
     loom_status st = cli_parse_flags(&args, bench_opts, NBENCH, argc, argv, 2, NULL);
     if (st == LOOM_OK && args.steps < 1) {
         st = loom_fail(LOOM_ERR_INPUT, "--steps: expected >= 1, got %d", args.steps);

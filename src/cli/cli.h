@@ -27,10 +27,19 @@ void cli_train_args_defaults(cli_train_args *args);
 /* offset of an option read elsewhere (like --config): parsing skips its value */
 #define CLI_OPT_SKIP ((size_t)-1)
 
-typedef enum { OPT_INT, OPT_I64, OPT_U64, OPT_DOUBLE, OPT_STRING, OPT_FLAG } cli_opt_type;
+typedef enum {
+    OPT_INT,
+    OPT_I64,
+    OPT_U64,
+    OPT_DOUBLE,
+    OPT_STRING,
+    OPT_FLAG,
+    OPT_GROUP /* not an option: the heading of the rows after it in --help (CLI_GROUP) */
+} cli_opt_type;
 
 /* One option: its --kebab-case flag (the JSON key is the same in snake_case), where it lives
- * in the target struct, and a line of help. */
+ * in the target struct, and a line of help that says the default in words where the default
+ * value is 0 or "" (--help shows any other default value itself). */
 typedef struct {
     const char *flag;
     cli_opt_type type;
@@ -38,6 +47,11 @@ typedef struct {
     size_t size; /* for strings: the buffer size */
     const char *help;
 } cli_opt;
+
+/* A heading in a table: the options after it, up to the next, are one group in --help (model,
+ * layout, compression, run, output). */
+#define CLI_GROUP(title)                                                                           \
+    { title, OPT_GROUP, CLI_OPT_SKIP, 0, NULL }
 
 /* One table row for field `field` of struct `type`. */
 #define CLI_OPT(type, flag, kind, field, help)                                                     \
@@ -144,7 +158,10 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
  * above. */
 loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const char *path,
                            unsigned char *seen);
-void cli_print_help(const char *usage, const cli_opt *opts, int nopts);
+/* The usage text, then every option by group with a placeholder for its value (N, X, VALUE) and
+ * its help; where the help does not say the default, the value in `defaults` (a target filled
+ * with the defaults, or NULL) is shown when it is not 0 or "". */
+void cli_print_help(const char *usage, const cli_opt *opts, int nopts, const void *defaults);
 /* Prints every option with its resolved value as a table. */
 void cli_print_table(const void *target, const cli_opt *opts, int nopts);
 /* Index of "--flag" in argv (or -1). */

@@ -26,11 +26,33 @@
 #define TLAY(flag, kind, field, help) CLI_OPT(cli_train_args, flag, kind, layout.field, help)
 
 static const cli_opt train_opts[] = {
-    {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
-     "JSON file with these settings in snake_case (flags win)"},
+    CLI_GROUP("model"),
     CLI_MODEL_OPTS(TRUN),
+    TRUN("--init-from", OPT_STRING, init_from,
+         "start from weights: llm.c .bin, .safetensors, a Hugging Face GPT-2 folder (config.json "
+         "+ model.safetensors + tokenizer files) or a checkpoint (default: random weights)"),
+    CLI_GROUP("layout"),
+    TOPT("--plan", OPT_STRING, plan,
+         "parallel layout from a plan file (loom plan), or auto: the planner chooses it for "
+         "these ranks (default: the layout flags below)"),
+    TOPT("--cluster", OPT_STRING, cluster,
+         "with --plan auto: the cluster description to plan on (default: loom profile of these "
+         "ranks, measured once and cached)"),
+    TOPT("--allow-compression", OPT_STRING, allow_compression,
+         "with --plan auto: compressors the planner may choose, where they shorten the step: "
+         "none, dp, pp or all (default none)"),
+    CLI_LAYOUT_OPTS(TLAY),
+    TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    CLI_GROUP("compression"),
+    CLI_COMPRESSION_OPTS(TLAY),
+    CLI_GROUP("run"),
+    {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
+     "JSON file with these settings in snake_case; flags win (default: none)"},
     TRUN("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
-    TRUN("--val-data", OPT_STRING, val_data, "validation token shards (empty: none)"),
+    TRUN("--val-data", OPT_STRING, val_data, "validation token shards (default: none)"),
+    TRUN("--tokenizer", OPT_STRING, tokenizer,
+         "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
+         "files (default: the one --resume / --init-from records)"),
     TRUN("--steps", OPT_I64, steps, "optimizer steps"),
     TRUN("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
     TRUN("--lr", OPT_DOUBLE, lr, "peak learning rate"),
@@ -44,43 +66,30 @@ static const cli_opt train_opts[] = {
     TRUN("--grad-clip", OPT_DOUBLE, grad_clip, "global gradient norm clip (0 disables)"),
     TRUN("--max-bad-steps", OPT_INT, max_bad_steps, "stop after this many NaN/Inf steps in a row"),
     TRUN("--seed", OPT_U64, seed, "seed of the initial weights and the data order"),
-    TRUN("--threads", OPT_INT, threads, "OpenMP and OpenBLAS threads (0 = default)"),
+    TRUN("--threads", OPT_INT, threads,
+         "OpenMP and OpenBLAS threads (default: as the environment gives, all cores)"),
+    TRUN("--resume", OPT_STRING, resume,
+         "continue from a run folder or checkpoint folder (default: a fresh start)"),
+    TRUN("--exit-after-minutes", OPT_DOUBLE, exit_after_minutes,
+         "save a checkpoint and stop after this many minutes; SIGTERM and SIGINT do the same at "
+         "once (default: no limit)"),
+    TRUN("--comm-timeout", OPT_DOUBLE, comm_timeout,
+         "seconds without progress before the job is ended (0 = never)"),
+    CLI_GROUP("output"),
     TRUN("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
-    TRUN("--save-every", OPT_I64, save_every, "checkpoint every N steps (0 = at the end only)"),
+    TRUN("--save-every", OPT_I64, save_every,
+         "checkpoint every N steps (default: at the end only)"),
+    TRUN("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
+    TRUN("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (default: all)"),
     TRUN("--eval-every", OPT_I64, eval_every, "validation every N steps (0 disables)"),
     TRUN("--eval-batches", OPT_INT, eval_batches,
          "global batches per validation (Megatron eval-iters)"),
     TRUN("--log-every", OPT_I64, log_every, "progress line every N steps"),
-    TRUN("--resume", OPT_STRING, resume, "continue from a run folder or checkpoint folder"),
-    TRUN("--init-from", OPT_STRING, init_from,
-         "start from weights: llm.c .bin, .safetensors, a Hugging Face GPT-2 folder (config.json "
-         "+ model.safetensors + tokenizer files) or a checkpoint"),
-    TRUN("--tokenizer", OPT_STRING, tokenizer,
-         "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
-         "files (default: the one --resume / --init-from records)"),
-    TOPT("--plan", OPT_STRING, plan,
-         "parallel layout from a plan file (loom plan), or auto: the planner chooses it for "
-         "these ranks"),
-    TOPT("--cluster", OPT_STRING, cluster,
-         "with --plan auto: the cluster description to plan on (default: loom profile of these "
-         "ranks, measured once and cached)"),
-    TOPT("--allow-compression", OPT_STRING, allow_compression,
-         "with --plan auto: compressors the planner may choose, where they shorten the step: "
-         "none (default), dp, pp or all"),
-    CLI_LAYOUT_OPTS(TLAY),
-    TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
-    TRUN("--no-save", OPT_FLAG, no_save, "do not write a checkpoint at the end"),
-    TRUN("--keep-last", OPT_INT, keep_last, "keep only the newest N checkpoints (0 = all)"),
-    TRUN("--exit-after-minutes", OPT_DOUBLE, exit_after_minutes,
-         "save a checkpoint and stop after this many minutes (0 = no limit); SIGTERM and "
-         "SIGINT do the same at once"),
     TRUN("--progress", OPT_STRING, progress,
          "progress bar: auto (a terminal, not under mpirun), on, off"),
-    CLI_COMPRESSION_OPTS(TLAY),
     TRUN("--trace", OPT_STRING, trace,
-         "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream"),
-    TRUN("--comm-timeout", OPT_DOUBLE, comm_timeout,
-         "seconds without progress before the job is ended (0 = never)"),
+         "write a Chrome trace-event JSON (Perfetto) of the run, one track per rank and stream "
+         "(default: none)"),
 };
 #define NTRAIN ((int)(sizeof train_opts / sizeof train_opts[0]))
 
@@ -342,7 +351,10 @@ static void say_zero(const cli_train_args *args, const loom_plan *plan) {
 
 int cmd_train(int argc, char **argv) {
     if (wants_help(argc, argv)) {
-        cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN);
+        cli_train_args defaults;
+        cli_train_args_defaults(&defaults);
+        cli_print_help("usage: loom train [--config FILE.json] [options]", train_opts, NTRAIN,
+                       &defaults);
         return 0;
     }
     loom_comm *world = NULL;
@@ -404,27 +416,36 @@ typedef struct {
 #define POPT(...) CLI_OPT(prepare_args, __VA_ARGS__)
 
 static const cli_opt prepare_opts[] = {
-    {"--text", OPT_STRING, CLI_OPT_SKIP, 0, "text files (one document each); several allowed"},
-    POPT("--out", OPT_STRING, out, "output folder for train_*.bin and val_*.bin"),
-    POPT("--val-fraction", OPT_DOUBLE, val_fraction, "share of each file kept for validation"),
-    POPT("--seq-len", OPT_INT, seq_len,
-         "planned training sequence length: each file's val part gets at least one window"),
-    POPT("--shard-tokens", OPT_I64, shard_tokens, "tokens per shard at most"),
+    CLI_GROUP("run"),
+    {"--text", OPT_STRING, CLI_OPT_SKIP, 0,
+     "text files (one document each); several allowed (default: none, give one)"},
     POPT("--tokenizer", OPT_STRING, tokenizer,
          "bytes (default), or GPT-2's: a folder with vocab.json + merges.txt or tokenizer.json, "
          "or one of those files"),
-    POPT("--threads", OPT_INT, threads, "threads that tokenise (0 = all cores)"),
+    POPT("--val-fraction", OPT_DOUBLE, val_fraction, "share of each file kept for validation"),
+    POPT("--seq-len", OPT_INT, seq_len,
+         "planned training sequence length: each file's val part gets at least one window"),
+    POPT("--threads", OPT_INT, threads, "threads that tokenise (default: all cores)"),
+    CLI_GROUP("output"),
+    POPT("--out", OPT_STRING, out,
+         "output folder for train_*.bin and val_*.bin (default: none, give one)"),
+    POPT("--shard-tokens", OPT_I64, shard_tokens, "tokens per shard at most"),
 };
+
+static prepare_args prepare_defaults(void) {
+    prepare_args args = {.val_fraction = 0.1, .seq_len = 256, .shard_tokens = 100000000};
+    snprintf(args.tokenizer, sizeof args.tokenizer, "bytes");
+    return args;
+}
 #define NPREPARE ((int)(sizeof prepare_opts / sizeof prepare_opts[0]))
 
 int cmd_prepare(int argc, char **argv) {
     const char *usage = "usage: loom prepare --text FILE [FILE...] --out DIR [options]";
+    prepare_args args = prepare_defaults();
     if (wants_help(argc, argv)) {
-        cli_print_help(usage, prepare_opts, NPREPARE);
+        cli_print_help(usage, prepare_opts, NPREPARE, &args);
         return 0;
     }
-    prepare_args args = {.val_fraction = 0.1, .seq_len = 256, .shard_tokens = 100000000};
-    snprintf(args.tokenizer, sizeof args.tokenizer, "bytes");
     const char **texts = calloc((size_t)argc, sizeof *texts);
     char **rest = calloc((size_t)argc, sizeof *rest);
     if (!texts || !rest) {
@@ -539,26 +560,29 @@ typedef struct {
 #define SOPT(...) CLI_OPT(sample_args, __VA_ARGS__)
 
 static const cli_opt sample_opts[] = {
+    CLI_GROUP("model"),
     SOPT("--checkpoint", OPT_STRING, checkpoint,
-         "run folder, checkpoint folder, .safetensors or llm.c .bin"),
+         "run folder, checkpoint folder, .safetensors or llm.c .bin (default: none, give one)"),
     SOPT("--tokenizer", OPT_STRING, tokenizer,
          "bytes, or GPT-2's files (default: the one the model records)"),
-    SOPT("--prompt", OPT_STRING, prompt, "text to continue"),
+    CLI_GROUP("run"),
+    SOPT("--prompt", OPT_STRING, prompt,
+         "text to continue (default: none, start from the end-of-text token)"),
     SOPT("--tokens", OPT_INT, tokens, "tokens to generate"),
     SOPT("--temperature", OPT_DOUBLE, temperature, "softmax temperature (0 = greedy)"),
     SOPT("--top-k", OPT_INT, top_k, "sample among the k most likely (0 = all)"),
     SOPT("--seed", OPT_U64, seed, "sampling seed"),
-    SOPT("--threads", OPT_INT, threads, "threads (0 = default)"),
+    SOPT("--threads", OPT_INT, threads, "threads (default: all cores)"),
 };
 #define NSAMPLE ((int)(sizeof sample_opts / sizeof sample_opts[0]))
 
 int cmd_sample(int argc, char **argv) {
+    sample_args args = {.tokens = 200, .top_k = 40, .temperature = 0.8, .seed = 42};
     if (wants_help(argc, argv)) {
         cli_print_help("usage: loom sample --checkpoint PATH [--prompt TEXT] [--tokens N]",
-                       sample_opts, NSAMPLE);
+                       sample_opts, NSAMPLE, &args);
         return 0;
     }
-    sample_args args = {.tokens = 200, .top_k = 40, .temperature = 0.8, .seed = 42};
     loom_status st = cli_parse_flags(&args, sample_opts, NSAMPLE, argc, argv, 2, NULL);
     if (st == LOOM_OK && !args.checkpoint[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path");
@@ -608,18 +632,21 @@ typedef struct {
 #define EOPT(...) CLI_OPT(eval_args, __VA_ARGS__)
 
 static const cli_opt eval_opts[] = {
+    CLI_GROUP("model"),
     EOPT("--checkpoint", OPT_STRING, checkpoint,
-         "run folder, checkpoint folder, .safetensors or llm.c .bin"),
-    EOPT("--data", OPT_STRING, data, "token shards (glob)"),
-    EOPT("--text", OPT_STRING, text,
-         "a text file instead of --data, tokenised as prepare does (one document)"),
+         "run folder, checkpoint folder, .safetensors or llm.c .bin (default: none, give one)"),
     EOPT("--tokenizer", OPT_STRING, tokenizer,
          "bytes, or GPT-2's files (default: the one the model records); checked against the "
          "model"),
-    EOPT("--seq-len", OPT_INT, seq_len, "window length (0 = the model's context)"),
+    CLI_GROUP("run"),
+    EOPT("--data", OPT_STRING, data, "token shards (glob; default: none, give it or --text)"),
+    EOPT("--text", OPT_STRING, text,
+         "a text file instead of --data, tokenised as prepare does (one document; default: "
+         "none)"),
+    EOPT("--seq-len", OPT_INT, seq_len, "window length (default: the model's context)"),
     EOPT("--batch", OPT_INT, batch, "windows per forward pass"),
-    EOPT("--max-windows", OPT_I64, max_windows, "stop after this many windows (0 = all)"),
-    EOPT("--threads", OPT_INT, threads, "threads (0 = default)"),
+    EOPT("--max-windows", OPT_I64, max_windows, "stop after this many windows (default: all)"),
+    EOPT("--threads", OPT_INT, threads, "threads (default: all cores)"),
 };
 #define NEVAL ((int)(sizeof eval_opts / sizeof eval_opts[0]))
 
@@ -650,12 +677,12 @@ static void remove_scratch(const char *scratch) {
 }
 
 int cmd_eval(int argc, char **argv) {
+    eval_args args = {.batch = 4};
     if (wants_help(argc, argv)) {
         cli_print_help("usage: loom eval --checkpoint PATH --data FILE|--text FILE", eval_opts,
-                       NEVAL);
+                       NEVAL, &args);
         return 0;
     }
-    eval_args args = {.batch = 4};
     loom_status st = cli_parse_flags(&args, eval_opts, NEVAL, argc, argv, 2, NULL);
     if (st == LOOM_OK && !args.checkpoint[0]) {
         st = loom_fail(LOOM_ERR_INPUT, "--checkpoint: expected a path (both --checkpoint and "

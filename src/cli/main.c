@@ -18,7 +18,9 @@ static void usage(FILE *out) {
             "  eval      mean loss of a checkpoint over a token file\n"
             "  bench     measure step time, tokens/s and MFU\n"
             "  plan      write or check a parallel layout (loom plan --help)\n"
-            "  profile   measure the cluster description under mpirun (loom profile --help)\n");
+            "  profile   measure the cluster description under mpirun (loom profile --help)\n\n"
+            "loom <command> --help lists the command's options by group (model, layout,\n"
+            "compression, run, output) with their defaults.\n");
 }
 
 int main(int argc, char **argv) {

@@ -117,15 +117,18 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
         }
         return loom_fail(LOOM_ERR_INPUT, "%s: expected true, false, 1 or 0, got '%s'", source,
                          text);
+    case OPT_GROUP:
+        break;
     }
-    static const char *kinds[] = {"an integer", "an integer", "a non-negative integer",
-                                  "a number",   "a string",   "true or false"};
+    static const char *kinds[] = {
+        "an integer", "an integer",    "a non-negative integer", "a number",
+        "a string",   "true or false", "no value (a heading)"};
     return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got '%s'", source, kinds[opt->type], text);
 }
 
 static const cli_opt *find_opt(const cli_opt *opts, int nopts, const char *flag) {
     for (int i = 0; i < nopts; i++)
-        if (strcmp(opts[i].flag, flag) == 0) return &opts[i];
+        if (opts[i].type != OPT_GROUP && strcmp(opts[i].flag, flag) == 0) return &opts[i];
     return NULL;
 }
 
@@ -208,6 +211,7 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
         const cli_opt *opt = NULL;
         char k[128];
         for (int i = 0; i < nopts && !opt; i++) {
+            if (opts[i].type == OPT_GROUP) continue;
             json_key_of(opts[i].flag, k, sizeof k);
             if (strcmp(k, key) == 0 && opts[i].offset != CLI_OPT_SKIP) opt = &opts[i];
         }
@@ -272,6 +276,9 @@ static void format_value(const void *target, const cli_opt *opt, char *buf, size
     case OPT_STRING:
         snprintf(buf, cap, "%s", field[0] ? field : "-");
         break;
+    case OPT_GROUP:
+        buf[0] = '\0';
+        break;
     }
 }
 
@@ -279,14 +286,39 @@ void cli_print_table(const void *target, const cli_opt *opts, int nopts) {
     loom_info("%-28s %s", "setting", "value");
     loom_info("%-28s %s", "----------------------------", "--------------------");
     for (int i = 0; i < nopts; i++) {
-        if (opts[i].offset == CLI_OPT_SKIP) continue;
+        if (opts[i].offset == CLI_OPT_SKIP || opts[i].type == OPT_GROUP) continue;
         char value[1200];
         format_value(target, &opts[i], value, sizeof value);
         loom_info("%-28s %s", opts[i].flag + 2, value);
     }
 }
 
-void cli_print_help(const char *usage, const cli_opt *opts, int nopts) {
-    printf("%s\n\noptions:\n", usage);
-    for (int i = 0; i < nopts; i++) printf("  %-30s %s\n", opts[i].flag, opts[i].help);
+/* A default worth showing: not 0, "" or false (those the help text says in words). */
+static int shows_default(const void *defaults, const cli_opt *opt, char *value, size_t cap) {
+    if (!defaults || opt->offset == CLI_OPT_SKIP || opt->type == OPT_FLAG ||
+        strstr(opt->help, "default"))
+        return 0;
+    format_value(defaults, opt, value, cap);
+    return strcmp(value, "0") != 0 && strcmp(value, "-") != 0;
+}
+
+void cli_print_help(const char *usage, const cli_opt *opts, int nopts, const void *defaults) {
+    static const char *const placeholders[] = {"N", "N", "N", "X", "VALUE", "", ""};
+    printf("%s\n", usage);
+    if (nopts > 0 && opts[0].type != OPT_GROUP) printf("\noptions:\n");
+    for (int i = 0; i < nopts; i++) {
+        const cli_opt *opt = &opts[i];
+        if (opt->type == OPT_GROUP) {
+            printf("\n%s:\n", opt->flag);
+            continue;
+        }
+        char spelled[64], value[1200];
+        snprintf(spelled, sizeof spelled, "%s%s%s", opt->flag, opt->type == OPT_FLAG ? "" : " ",
+                 placeholders[opt->type]);
+        if (shows_default(defaults, opt, value, sizeof value)) {
+            printf("  %-33s %s (default %s)\n", spelled, opt->help, value);
+        } else {
+            printf("  %-33s %s\n", spelled, opt->help);
+        }
+    }
 }

@@ -47,39 +47,49 @@ typedef struct {
 #define PLAY(flag, kind, field, help) CLI_OPT(plan_args, flag, kind, layout.field, help)
 
 static const cli_opt plan_opts[] = {
+    CLI_GROUP("model"),
     CLI_MODEL_OPTS(POPT),
+    CLI_GROUP("layout"),
     CLI_LAYOUT_OPTS(PLAY),
     PLAY("--dp", OPT_INT, data_parallel, "same as --data-parallel"),
     PLAY("--tp", OPT_INT, tensor_parallel, "same as --tensor-parallel"),
     PLAY("--pp", OPT_INT, pipeline_parallel, "same as --pipeline-parallel"),
+    POPT("--ranks", OPT_INT, ranks,
+         "check that dp x tp x pp equals this world size (default: no check)"),
+    CLI_GROUP("compression"),
     CLI_COMPRESSION_OPTS(PLAY),
-    POPT("--ranks", OPT_INT, ranks, "check that dp*tp*pp equals this world size (0 = no check)"),
-    POPT("--out", OPT_STRING, out, "plan file to write"),
-    POPT("--check", OPT_STRING, check, "validate this plan file instead of writing one"),
-    POPT("--predict", OPT_STRING, predict,
-         "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
-         "back with \"predicted\" filled in)"),
+    CLI_GROUP("checks, search and prediction"),
+    POPT("--check", OPT_STRING, check,
+         "validate this plan file instead of writing one (default: write one)"),
+    POPT("--check-cluster", OPT_STRING, check_cluster,
+         "read and check this cluster description (e.g. clusters/dgx-a100.json): prints "
+         "\"FILE: ok (NAME, N devices per node, max M nodes)\", or the problem and exits 2 "
+         "(default: none)"),
     POPT("--cluster", OPT_STRING, cluster,
          "cluster description (clusters/*.json, or loom profile's): without --predict, search "
-         "every layout of --devices for the fastest that fits"),
-    POPT("--devices", OPT_INT, devices, "search: devices to use (0 = all of the cluster's)"),
-    POPT("--precision", OPT_STRING, precision, "--predict: fp32 (default), bf16 or fp16"),
-    POPT("--seq-len", OPT_INT, seq_len, "--predict: tokens per sequence (0 = the model's context)"),
-    POPT("--intraop", OPT_FLAG, intraop,
-         "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
-         "strategy, its costs, the ILP's size and solve time"),
-    POPT("--trace", OPT_STRING, trace,
-         "search, --predict: the simulated step as a Chrome trace (the format of loom train "
-         "--trace), to open beside a measured one"),
+         "every layout of --devices for the fastest that fits (default: none, no search)"),
+    POPT("--devices", OPT_INT, devices, "search: devices to use (default: all of the cluster's)"),
     POPT("--allow-compression", OPT_STRING, allow_compression,
          "search: compressors it may choose where they shorten the step: none (default), dp "
          "(PowerSGD rank 4 on the data-parallel gradients), pp (low-rank rank 8 on the "
          "pipeline's backward sends) or all"),
+    POPT("--predict", OPT_STRING, predict,
+         "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
+         "back with \"predicted\" filled in; default: none)"),
+    POPT("--precision", OPT_STRING, precision,
+         "search, --predict, --intraop: fp32, bf16 or fp16 (default fp32; --predict: the plan's)"),
+    POPT("--seq-len", OPT_INT, seq_len,
+         "search, --predict, --intraop: tokens per sequence (default: the model's context)"),
+    POPT("--intraop", OPT_FLAG, intraop,
+         "Alpa's intra-operator ILP for --dp x --tp on --cluster: each operator's sharding "
+         "strategy, its costs, the ILP's size and solve time"),
     POPT("--search-space", OPT_STRING, search_space,
          "--intraop: runtime (default: what loom executes) or full (every strategy, simulated)"),
-    POPT("--check-cluster", OPT_STRING, check_cluster,
-         "read and check this cluster description (e.g. clusters/dgx-a100.json): prints "
-         "\"FILE: ok (NAME, N devices per node, max M nodes)\", or the problem and exits 2"),
+    CLI_GROUP("output"),
+    POPT("--out", OPT_STRING, out, "plan file to write (default: none, give one)"),
+    POPT("--trace", OPT_STRING, trace,
+         "search, --predict: the simulated step as a Chrome trace (the format of loom train "
+         "--trace), to open beside a measured one (default: none)"),
 };
 #define NPLAN ((int)(sizeof plan_opts / sizeof plan_opts[0]))
 
@@ -631,7 +641,10 @@ static int run_build(const plan_args *args) {
 
 int cmd_plan(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0) {
-        cli_print_help(plan_usage, plan_opts, NPLAN);
+        plan_args defaults;
+        memset(&defaults, 0, sizeof defaults);
+        loom_layout_flags_defaults(&defaults.layout);
+        cli_print_help(plan_usage, plan_opts, NPLAN, &defaults);
         return 0;
     }
     plan_args args; /* the layout flags' defaults are loom train's */

@@ -24,15 +24,17 @@ typedef struct {
 #define POPT(...) CLI_OPT(profile_args, __VA_ARGS__)
 
 static const cli_opt profile_opts[] = {
-    POPT("--out", OPT_STRING, out, "cluster description to write (default cluster.json)"),
+    CLI_GROUP("run"),
     POPT("--threads", OPT_INT, threads,
-         "OpenMP and OpenBLAS threads per rank, the ones training will use (0 = as the "
+         "OpenMP and OpenBLAS threads per rank, the ones training will use (default: as the "
          "environment gives, like loom train)"),
     POPT("--quick", OPT_FLAG, quick,
          "fewer and smaller repetitions: seconds instead of a minute (tests, a first look)"),
     POPT("--pretend-hosts", OPT_INT, pretend_hosts,
          "testing: take the ranks as N hosts (contiguous blocks of ranks), to exercise the "
-         "measurements between hosts on one machine (0 = by host name)"),
+         "measurements between hosts on one machine (default: by host name)"),
+    CLI_GROUP("output"),
+    POPT("--out", OPT_STRING, out, "cluster description to write (default cluster.json)"),
 };
 #define NPROFILE ((int)(sizeof profile_opts / sizeof profile_opts[0]))
 
@@ -109,7 +111,7 @@ static int fail_quietly(loom_comm *world, loom_status status) {
 
 int cmd_profile(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0) {
-        cli_print_help(profile_usage, profile_opts, NPROFILE);
+        cli_print_help(profile_usage, profile_opts, NPROFILE, NULL);
         return 0;
     }
     loom_comm *world = NULL;

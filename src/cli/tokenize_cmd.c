@@ -20,9 +20,11 @@ typedef struct {
 #define KOPT(...) CLI_OPT(tokenize_args, __VA_ARGS__)
 
 static const cli_opt tokenize_opts[] = {
+    CLI_GROUP("run"),
     KOPT("--tokenizer", OPT_STRING, tokenizer,
          "\"bytes\", or GPT-2's tokenizer: a folder with vocab.json + merges.txt, tokenizer.json "
-         "or gpt2_tokenizer.bin (decoding only), or one of those files"),
+         "or gpt2_tokenizer.bin (decoding only), or one of those files (default: none, give "
+         "one)"),
     KOPT("--decode", OPT_FLAG, decode, "read token ids, write the bytes they decode to"),
 };
 #define NTOKENIZE ((int)(sizeof tokenize_opts / sizeof tokenize_opts[0]))
@@ -124,7 +126,7 @@ static loom_status decode_stdin(const loom_tokenizer *tok) {
 int cmd_tokenize(int argc, char **argv) {
     const char *usage = "usage: loom tokenize --tokenizer DIR_OR_FILE [--decode] <IN >OUT";
     if (cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0) {
-        cli_print_help(usage, tokenize_opts, NTOKENIZE);
+        cli_print_help(usage, tokenize_opts, NTOKENIZE, NULL);
         return 0;
     }
     tokenize_args args;
