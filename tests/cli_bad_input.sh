@@ -213,7 +213,12 @@ bad "unknown model preset" "unknown preset 'nosuch'" -- "${TRAIN[@]}" --model no
 bad "value too long" '--model: expected at most 31 characters, got 40' \
     -- "${TRAIN[@]}" --model "$(printf 'x%.0s' {1..40})"
 bad "negative threads" 'threads: expected >= 0' -- "${TRAIN[@]}" --threads -2
-bad "empty --out" 'out: expected an output folder' -- "${TRAIN[@]}" --out ''
+bad "empty --out" '^error: --out: expected a value, got "" \(leave the option out for its default\)' \
+    -- "${TRAIN[@]}" --out ''
+bad "empty --schedule" '^error: --schedule: expected a value, got ""' -- "${TRAIN[@]}" --schedule ''
+bad "empty --schedule=" '^error: --schedule: expected a value, got ""' -- "${TRAIN[@]}" --schedule=
+bad "plan: empty --stage-layers" '^error: --stage-layers: expected a value, got ""' \
+    -- "$LOOM" plan --model tiny --stage-layers '' --out empty.json
 bad "--out is a file" '--out: text\.txt exists and is not a directory' \
     -- "${TRAIN[@]}" --out text.txt
 bad "bench: unknown flag" "unknown option '--no-such-flag'" -- "$LOOM" bench --no-such-flag
@@ -370,6 +375,9 @@ bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a 
 bad "--progress unknown" 'progress: expected "auto", "on" or "off", got "sometimes"' \
     -- "${TRAIN[@]}" --progress sometimes
 
+echo '{"schedule": ""}' >empty_schedule.json
+bad "config: an empty value" 'empty_schedule\.json: key "schedule": expected a value, got ""' \
+    -- "${TRAIN[@]}" --config empty_schedule.json
 echo '{"heads": 3, "d_model": 64}' >heads3.json
 bad "config file: the model's rule names the file and the key" \
     'heads3\.json: key "heads": expected a divisor of d_model 64, got 3' \
@@ -456,6 +464,20 @@ echo '{"no_lazy_error": true}' >plan_conflict_pp.json
 bad "plan with a compression config key" \
     '--plan tiny_plan\.json: --no-lazy-error sets what the plan file sets' \
     -- "$LOOM" train --config plan_conflict_pp.json --plan tiny_plan.json --data data/train.bin --out run_p
+
+# flags that contradict each other are refused by name; --recompute-always implies --recompute,
+# so the two together say the same thing (cli_plan.sh checks the plan they make)
+bad "--zero1 with --no-zero1" '^error: --zero1 and --no-zero1 contradict each other' \
+    -- "${TRAIN[@]}" --zero1 --no-zero1
+bad "--zero 0 with --zero1" '^error: --zero1 and --zero 0 contradict each other' \
+    -- "${TRAIN[@]}" --zero 0 --zero1
+bad "--zero 1 with --no-zero1" '^error: --no-zero1 and --zero 1 contradict each other' \
+    -- "${TRAIN[@]}" --zero 1 --no-zero1
+bad "a plan file with --zero1 --no-zero1" '^error: --zero1 and --no-zero1 contradict each other' \
+    -- "$LOOM" train --plan tiny_plan.json --data data/train.bin --zero1 --no-zero1 --out run_p
+echo '{"zero": 0, "zero1": true}' >zero_both.json
+bad "config keys zero 0 and zero1" 'zero_both\.json: key "zero1" and --zero 0 contradict each other' \
+    -- "${TRAIN[@]}" --config zero_both.json
 
 # ---- compression flags ---------------------------------------------------------------------
 

@@ -67,6 +67,10 @@ good "plan: --zero 0 with replicas" 'wrote zero0\.json' \
 file_has "plan: --zero 0 is the file's mesh.zero" zero0.json '"dp": 2, "tp": 1, "pp": 1, "zero": 0\}'
 bad "plan: --zero 0 --zero1" '^error: --zero1 and --zero 0 contradict each other' \
     -- "$LOOM" plan --model tiny --dp 2 --zero 0 --zero1 --out zero_both.json
+good "plan: --recompute with --recompute-always (implied)" 'wrote recompute_both\.json' \
+    -- "$LOOM" plan --model tiny --pp 2 --recompute --recompute-always --out recompute_both.json
+file_has "plan: --recompute --recompute-always recomputes always" recompute_both.json \
+    '"recompute": "always"'
 bad "plan: --zero 5" '^error: --zero: expected a ZeRO stage 0, 1, 2 or 3, got 5' \
     -- "$LOOM" plan --model tiny --dp 2 --zero 5 --out zero5.json
 
@@ -318,7 +322,7 @@ bad "plan: --check missing file" 'nosuch\.json: cannot open' -- "$LOOM" plan --c
 bad "plan: --check a folder" 'sub: not a regular file' -- "$LOOM" plan --check sub
 bad "plan: --check with layout flags" '--check: expected only --ranks with it, got --tp' \
     -- "$LOOM" plan --check plan.json --tp 2
-bad "plan: --check empty" '--check: expected a plan file' -- "$LOOM" plan --check=
+bad "plan: --check empty" '--check: expected a value, got ""' -- "$LOOM" plan --check=
 
 # ---- cluster descriptions ------------------------------------------------------------------
 
@@ -368,7 +372,7 @@ bad "plan: --check-cluster with other flags" \
     -- "$LOOM" plan --check-cluster "$CLUSTERS/dgx-a100.json" --ranks 8
 bad "plan: --check-cluster and --check" '--check-cluster: expected no other option with it, got --check' \
     -- "$LOOM" plan --check-cluster "$CLUSTERS/dgx-a100.json" --check plan.json
-bad "plan: --check-cluster empty" '--check-cluster: expected a cluster description' \
+bad "plan: --check-cluster empty" '--check-cluster: expected a value, got ""' \
     -- "$LOOM" plan --check-cluster=
 
 # ---- predictions ----------------------------------------------------------------------------

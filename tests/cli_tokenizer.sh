@@ -120,7 +120,7 @@ PY
 good "sample from a Hugging Face folder uses its tokenizer" '^the' -- \
     "$LOOM" sample --checkpoint hf --prompt the --tokens 5
 good "train --init-from a Hugging Face folder" 'initialised from hf' -- \
-    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf
+    "$LOOM" train "${FLAGS[@]:2}" --init-from hf --out run_hf
 meta=$(python3 -c "
 import json, struct, glob
 f = open(sorted(glob.glob('run_hf/checkpoints/step_*/model.safetensors'))[-1], 'rb')
@@ -131,7 +131,7 @@ check "the fine-tuned checkpoint records the folder's tokenizer" \
 good "sample the fine-tuned model" '^the' -- "$LOOM" sample --checkpoint run_hf --prompt the --tokens 5
 sed -i 's/"n_head": 2/"n_head": 0/' hf/config.json
 bad "a bad config.json is refused naming the key" 'hf/config.json: n_head: expected a positive integer' -- \
-    "$LOOM" train "${FLAGS[@]}" --model '' --init-from hf --out run_hf2
+    "$LOOM" train "${FLAGS[@]:2}" --init-from hf --out run_hf2
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -24,9 +24,9 @@ typedef struct {
 
 static const cli_opt bench_opts[] = {
     CLI_GROUP("run"),
-    BOPT("--cases", OPT_STRING, cases,
-         "comma-separated: a (gpt2 124M, B4 T64), b (L4 C256 NH4 V50257, B4 T64), "
-         "s (small preset, B8 T128)"),
+    CLI_OPT_MAY_BE_EMPTY(bench_args, "--cases", cases,
+                         "comma-separated: a (gpt2 124M, B4 T64), b (L4 C256 NH4 V50257, B4 "
+                         "T64), s (small preset, B8 T128); empty: none, the peak alone"),
     BOPT("--threads", OPT_STRING, threads, "comma-separated thread counts"),
     BOPT("--steps", OPT_INT, steps, "timed steps per case (median reported)"),
     BOPT("--warmup", OPT_INT, warmup, "untimed steps first"),
@@ -127,7 +127,7 @@ enum { MAX_THREAD_COUNTS = 32 };
 /* --threads "1,2": each entry through the checked integer parser, and at least 1. */
 static loom_status parse_thread_counts(const char *list, int counts[MAX_THREAD_COUNTS],
                                        int *count) {
-    static const cli_opt entry_opt = {"--threads", OPT_INT, 0, sizeof(int), NULL};
+    static const cli_opt entry_opt = {"--threads", OPT_INT, 0, sizeof(int), NULL, 0};
     char copy[64];
     snprintf(copy, sizeof copy, "%s", list);
     *count = 0;

@@ -46,16 +46,21 @@ typedef struct {
     size_t offset;
     size_t size; /* for strings: the buffer size */
     const char *help;
+    int may_be_empty; /* strings: "" is a value of its own (else it is refused by name) */
 } cli_opt;
 
 /* A heading in a table: the options after it, up to the next, are one group in --help (model,
  * layout, compression, run, output). */
 #define CLI_GROUP(title)                                                                           \
-    { title, OPT_GROUP, CLI_OPT_SKIP, 0, NULL }
+    { title, OPT_GROUP, CLI_OPT_SKIP, 0, NULL, 0 }
 
 /* One table row for field `field` of struct `type`. */
 #define CLI_OPT(type, flag, kind, field, help)                                                     \
-    { flag, kind, offsetof(type, field), sizeof(((type *)0)->field), help }
+    { flag, kind, offsetof(type, field), sizeof(((type *)0)->field), help, 0 }
+/* A string option whose empty value means something of its own (not the default, which an
+ * empty value would otherwise hide): `loom bench --cases=` runs no case. */
+#define CLI_OPT_MAY_BE_EMPTY(type, flag, field, help)                                              \
+    { flag, OPT_STRING, offsetof(type, field), sizeof(((type *)0)->field), help, 1 }
 
 /* The model flags of `loom train` and `loom plan` (fields model, layers, heads, d_model, context
  * and vocab of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */
@@ -148,7 +153,8 @@ typedef struct {
             "tied embedding's gradient: separate (default) or fused (one allreduce over the "      \
             "first and last stages of every replica; needs pp > 1)")
 
-/* Parses one value into target + opt->offset; `source` names where it came from. */
+/* Parses one value into target + opt->offset; `source` names where it came from. An empty string
+ * is refused (leaving the option out gives its default) unless opt->may_be_empty. */
 loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, const char *source);
 /* Applies argv[start..argc) flags to target. Unknown flags are errors. seen (nopts entries, or
  * NULL) gets a 1 for every option that was given. */

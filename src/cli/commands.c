@@ -47,7 +47,7 @@ static const cli_opt train_opts[] = {
     CLI_COMPRESSION_OPTS(TLAY),
     CLI_GROUP("run"),
     {"--config", OPT_STRING, CLI_OPT_SKIP, 0,
-     "JSON file with these settings in snake_case; flags win (default: none)"},
+     "JSON file with these settings in snake_case; flags win (default: none)", 0},
     TRUN("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
     TRUN("--val-data", OPT_STRING, val_data, "validation token shards (default: none)"),
     TRUN("--tokenizer", OPT_STRING, tokenizer,
@@ -418,7 +418,7 @@ typedef struct {
 static const cli_opt prepare_opts[] = {
     CLI_GROUP("run"),
     {"--text", OPT_STRING, CLI_OPT_SKIP, 0,
-     "text files (one document each); several allowed (default: none, give one)"},
+     "text files (one document each); several allowed (default: none, give one)", 0},
     POPT("--tokenizer", OPT_STRING, tokenizer,
          "bytes (default), or GPT-2's: a folder with vocab.json + merges.txt or tokenizer.json, "
          "or one of those files"),

@@ -99,6 +99,12 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
         return LOOM_OK;
     }
     case OPT_STRING:
+        if (!text[0] && !opt->may_be_empty) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: expected a value, got \"\" (leave the option out for its "
+                             "default)",
+                             source);
+        }
         if (strlen(text) >= opt->size) {
             return loom_fail(LOOM_ERR_INPUT, "%s: expected at most %zu characters, got %zu", source,
                              opt->size - 1, strlen(text));

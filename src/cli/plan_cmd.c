@@ -651,16 +651,10 @@ int cmd_plan(int argc, char **argv) {
     memset(&args, 0, sizeof args);
     loom_layout_flags_defaults(&args.layout);
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
-    int check_given = 0, cluster_given = 0;
+    int check_given = 0, cluster_given = 0; /* (with a value: an empty one is refused) */
     for (int i = 2; i < argc; i++) {
         check_given |= is_flag(argv[i], "--check");
         cluster_given |= is_flag(argv[i], "--check-cluster");
-    }
-    if (st == LOOM_OK && check_given && !args.check[0]) {
-        st = loom_fail(LOOM_ERR_INPUT, "--check: expected a plan file to validate");
-    }
-    if (st == LOOM_OK && cluster_given && !args.check_cluster[0]) {
-        st = loom_fail(LOOM_ERR_INPUT, "--check-cluster: expected a cluster description to check");
     }
     if (st != LOOM_OK) return cli_fail(st);
     if (cluster_given) return run_check_cluster(&args, argc, argv);
