@@ -470,6 +470,27 @@ sed 's/^{$/{\n  "precision": "bf16",/' tiny1.json >bf16.json
 bad "train: a bf16 plan refused by name" 'bf16\.json: precision: "bf16" is not supported by this build' \
     -- "$LOOM" train --plan bf16.json --data nosuch.bin --steps 1
 
+# ---- train --plan auto: the planner chooses the micro batch -------------------------------
+
+seq 400 | sed 's/.*/line &: the quick brown fox./' >corpus.txt
+"$LOOM" prepare --text corpus.txt --out autodata --seq-len 16 >/dev/null 2>&1
+AUTO=("$LOOM" train --model tiny --threads 1 --seq-len 16 --data 'autodata/train_*.bin' --steps 1
+    --eval-every 0 --no-save --plan auto)
+both() { "$@" 2>&1; } # the configuration table is logged on stderr; good() reads stdout
+# a global batch below the default micro batch (8) is the planner's to split, not refused for it
+good "train --plan auto --global-batch-size 4 on a cluster file" 'chose #1' \
+    'micro-batch-size +[124]$' 'global-batch-size +4$' 'step +1/1' \
+    -- both "${AUTO[@]}" --global-batch-size 4 --cluster "$CLUSTERS/dgx-a100.json" --out run_auto
+good "train --plan auto, one rank, no cluster: the micro batch divides the global batch" \
+    'micro-batch-size +6$' 'global-batch-size +12$' 'step +1/1' \
+    -- both "${AUTO[@]}" --global-batch-size 12 --out run_auto
+bad "train --plan auto: a missing --cluster file is named" \
+    '^error: --cluster nosuch\.json: cannot open' \
+    -- "${AUTO[@]}" --global-batch-size 4 --cluster nosuch.json --out run_auto
+bad "train --plan auto: a negative global batch" \
+    '^error: --global-batch-size: expected a positive integer, got -4' \
+    -- "${AUTO[@]}" --global-batch-size -4 --out run_auto
+
 # ---- the intra-op ILP -------------------------------------------------------------------------
 
 good "plan: --intraop, runtime space on (2, 4)" 'intra-op ILP on dgx-a100: mesh \(dp 2, tp 4\)' \

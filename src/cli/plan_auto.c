@@ -132,21 +132,54 @@ static loom_status check_agreement(loom_comm *world, const loom_plan_candidate *
     return st;
 }
 
+/* The planner's inputs: the model and the global batch (LOOM_PLAN_DEFAULT_MICRO_BATCH sequences
+ * when none is given). The planner chooses the micro batch, so no micro batch is checked against
+ * the global batch here. */
+static loom_status auto_inputs(const cli_train_args *args, loom_gpt_config *model, int *global) {
+    *global = args->layout.global_batch_size ? args->layout.global_batch_size
+                                             : LOOM_PLAN_DEFAULT_MICRO_BATCH;
+    if (*global < 0) {
+        return loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected a positive integer, got %d",
+                         *global);
+    }
+    return loom_train_model_config(&args->run, model);
+}
+
+/* One rank and no cluster description: nothing to split. The micro batch is the largest divisor
+ * of the global batch up to the default one. */
+static loom_status one_rank_plan(const loom_gpt_config *model, int global, loom_plan *plan) {
+    loom_layout_flags flags;
+    loom_layout_flags_defaults(&flags);
+    flags.global_batch_size = global;
+    flags.micro_batch_size = LOOM_PLAN_DEFAULT_MICRO_BATCH;
+    while (global % flags.micro_batch_size != 0) flags.micro_batch_size--;
+    return loom_plan_from_flags(plan, model, &flags, 1);
+}
+
+/* A --cluster file that cannot be read or is wrong: the message names the flag too. */
+static loom_status name_cluster_flag(const char *path, loom_status st) {
+    if (st == LOOM_OK || !path[0]) return st;
+    char why[2048];
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    if (!strncmp(why, path, strlen(path))) return loom_fail(st, "--cluster %s", why);
+    return loom_fail(st, "--cluster %s: %s", path, why);
+}
+
 loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_plan *plan) {
     const loom_train_config *cfg = &args->run;
     int ranks = world ? loom_comm_size(world) : 1;
     int rank0 = !world || loom_comm_rank(world) == 0;
-    loom_plan single;
-    /* the model and the global batch */
-    loom_status st = loom_train_plan(cfg, &args->layout, 1, &single);
+    loom_plan_init(plan);
+    loom_gpt_config model;
+    int global;
+    loom_status st = auto_inputs(args, &model, &global);
     if (st != LOOM_OK) return st;
     if (ranks == 1 && !args->cluster[0]) {
         if (rank0) {
             loom_info("--plan auto: one rank, nothing to split (give --cluster FILE to plan the "
                       "micro batch too)");
         }
-        *plan = single;
-        return LOOM_OK;
+        return one_rank_plan(&model, global, plan);
     }
     loom_cluster cluster;
     if (world) {
@@ -154,8 +187,9 @@ loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_pla
     } else {
         st = loom_cluster_read(args->cluster, &cluster);
     }
+    st = name_cluster_flag(args->cluster, st);
     loom_search_request req = {.devices = ranks,
-                               .global_batch = single.global_batch,
+                               .global_batch = global,
                                .seq_len = cfg->seq_len,
                                .precision = LOOM_PRECISION_FP32,
                                .keep = CANDIDATES};
@@ -171,8 +205,7 @@ loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_pla
     int found = 0, tried = 0, fitting = 0, pruned = 0;
     double t0 = loom_now();
     if (st == LOOM_OK)
-        st = loom_plan_search(&single.model, &cluster, &req, best, &found, &tried, &fitting,
-                              &pruned);
+        st = loom_plan_search(&model, &cluster, &req, best, &found, &tried, &fitting, &pruned);
     double took = loom_now() - t0;
     if (st == LOOM_OK && world) st = check_agreement(world, &best[0]);
     if (st == LOOM_OK) {
@@ -197,6 +230,5 @@ loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_pla
         fflush(stdout);
     }
     for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
-    loom_plan_free(&single);
     return st;
 }
