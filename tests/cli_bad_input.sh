@@ -407,6 +407,8 @@ bad "sample: a config of 1 layer over 2 layers' tensors" \
     -- "$LOOM" sample --checkpoint one_layer
 bad "--lr 1e308" 'lr: expected a number in \[0, 10\], got 1e\+308' -- "${TRAIN[@]}" --lr 1e308
 bad "--eps 5" 'eps: expected a number in \(0, 1\], got 5' -- "${TRAIN[@]}" --eps 5
+bad "comm-timeout below a second" '--comm-timeout: expected 0 \(disabled\) or at least 1 second, got 1e-09' \
+    -- "${TRAIN[@]}" --comm-timeout 1e-9
 mkdir -p trace_dir
 bad "--trace is a folder" '--trace: trace_dir is a directory' -- "${TRAIN[@]}" --trace trace_dir
 touch not_a_folder

@@ -61,7 +61,7 @@ typedef struct {
     char progress[16];             /* progress bar: "auto" (a terminal, no launcher), "on", "off" */
     /* how the plan runs (not part of a plan) */
     double bucket_mb;    /* DP allreduce bucket size */
-    double comm_timeout; /* seconds before a silent peer ends the job (0: never) */
+    double comm_timeout; /* seconds before a silent peer ends the job (0: never, else >= 1) */
 } loom_train_config;
 
 /* Megatron-like defaults: small preset, AdamW(0.9, 0.95, 1e-8), decay 0.1, clip 1.0, ... */

@@ -74,7 +74,7 @@ static const cli_opt train_opts[] = {
          "save a checkpoint and stop after this many minutes; SIGTERM and SIGINT do the same at "
          "once (default: no limit)"),
     TRUN("--comm-timeout", OPT_DOUBLE, comm_timeout,
-         "seconds without progress before the job is ended (0 = never)"),
+         "seconds without progress before the job is ended: 0 (never) or at least 1"),
     CLI_GROUP("output"),
     TRUN("--out", OPT_STRING, out, "output folder: metrics.jsonl, loss.svg, checkpoints/"),
     TRUN("--save-every", OPT_I64, save_every,

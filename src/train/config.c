@@ -131,8 +131,11 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->data[0] != '\0', "data", "expected a token shard path or glob");
     REQUIRE(c->bucket_mb > 0, "bucket_mb", "expected a positive number of MB, got %g",
             c->bucket_mb);
-    REQUIRE(c->comm_timeout >= 0, "comm_timeout", "expected seconds >= 0 (0 disables), got %g",
-            c->comm_timeout);
+    /* Below a second a healthy job is ended: the liveness pings start at a quarter of the
+     * timeout and are at least 0.05 s apart, and any computation between two messages (tens of
+     * ms for the tiny model, more on a loaded machine) counts as silence. */
+    REQUIRE(c->comm_timeout == 0 || c->comm_timeout >= 1, "comm_timeout",
+            "expected 0 (disabled) or at least 1 second, got %g", c->comm_timeout);
     REQUIRE(c->out[0] != '\0', "out", "expected an output folder");
     REQUIRE(c->keep_last >= 0, "keep_last", "expected >= 0 (0 keeps all), got %d", c->keep_last);
     REQUIRE(c->exit_after_minutes >= 0, "exit_after_minutes",
