@@ -225,6 +225,16 @@ bad "bench: unknown flag" "unknown option '--no-such-flag'" -- "$LOOM" bench --n
 bad "bench: non-numeric --warmup" "--warmup: expected an integer, got '2x'" \
     -- "$LOOM" bench --warmup 2x
 bad "bench: negative --warmup" '--warmup: expected >= 0, got -1' -- "$LOOM" bench --warmup -1
+bad "bench --train: bad --warmup" "--warmup: expected an integer, got 'x'" \
+    -- "$LOOM" bench --train --warmup x
+bad "bench --train: bad --warmup=" "--warmup: expected an integer, got '2x'" \
+    -- "$LOOM" bench --train --warmup=2x
+bad "bench --train: negative --warmup" '--warmup: expected >= 0, got -1' \
+    -- "$LOOM" bench --train --warmup -1
+bad "bench --train: --warmup without a value" '--warmup: expected a value after it' \
+    -- "$LOOM" bench --train --warmup
+good "bench --train --help" 'usage: \[mpirun -np N\] loom bench --train \[--warmup N\]' \
+    '^  --steps N +optimizer steps \(default 12\)$' -- "$LOOM" bench --train --help
 bad "bench: non-numeric --threads entry" "--threads: expected an integer, got '2x'" \
     -- "$LOOM" bench --threads 1,2x
 bad "bench: --threads entry 0" '--threads: expected counts >= 1, got 0' \
@@ -480,6 +490,11 @@ bad "a plan file with --zero1 --no-zero1" '^error: --zero1 and --no-zero1 contra
 echo '{"zero": 0, "zero1": true}' >zero_both.json
 bad "config keys zero 0 and zero1" 'zero_both\.json: key "zero1" and --zero 0 contradict each other' \
     -- "${TRAIN[@]}" --config zero_both.json
+
+good "bench --train --plan FILE runs the file's layout (micro 8), not bench's (micro 4)" \
+    'layout dp 1 tp 1 pp 1 .*micro 8 seq 16 global 8' \
+    -- "$LOOM" bench --train --plan tiny_plan.json --seq-len 16 --steps 3 --warmup 1 --threads 1 \
+    --out run_bench
 
 # ---- compression flags ---------------------------------------------------------------------
 

@@ -791,40 +791,80 @@ static loom_status bench_report(const loom_train_config *cfg, const loom_plan *p
     return st;
 }
 
+/* bench --train's defaults: gpt2, micro 4, global 8, sequences of 64, 12 steps, no checkpoint. */
+static void bench_train_defaults(cli_train_args *args) {
+    cli_train_args_defaults(args);
+    loom_train_config *cfg = &args->run;
+    snprintf(cfg->model, sizeof cfg->model, "gpt2");
+    args->layout.micro_batch_size = 4, args->layout.global_batch_size = 8;
+    cfg->seq_len = 64, cfg->steps = 12;
+    cfg->warmup_steps = 0, cfg->eval_every = 0, cfg->no_save = 1, cfg->log_every = 1000000;
+    snprintf(cfg->out, sizeof cfg->out, "runs/bench");
+}
+
+/* --warmup N (or --warmup=N) at argv[*i]: the untimed steps, a checked integer >= 0. */
+static loom_status bench_warmup(int argc, char **argv, int *i, int *warmup) {
+    static const cli_opt warmup_opt = {"--warmup", OPT_INT, 0, sizeof(int), NULL, 0};
+    const char *arg = argv[*i], *value = NULL;
+    if (arg[8] == '=') {
+        value = arg + 9;
+    } else if (*i + 1 < argc) {
+        value = argv[++*i];
+    } else {
+        return loom_fail(LOOM_ERR_INPUT, "--warmup: expected a value after it");
+    }
+    loom_status st = cli_set_value(warmup, &warmup_opt, value, "--warmup");
+    if (st == LOOM_OK && *warmup < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--warmup: expected >= 0, got %d", *warmup);
+    }
+    return st;
+}
+
 int cmd_bench_train(int argc, char **argv) {
+    cli_train_args args;
+    bench_train_defaults(&args);
+    if (wants_help(argc, argv)) {
+        cli_print_help(
+            "usage: [mpirun -np N] loom bench --train [--warmup N] [loom train options]\n"
+            "       Training steps of a layout on synthetic tokens; reports the medians of the "
+            "steps\n"
+            "       after --warmup N (default 2). Defaults that differ from loom train's: "
+            "--model gpt2\n"
+            "       --micro-batch-size 4 --global-batch-size 8 --seq-len 64 --steps 12 "
+            "--warmup-steps 0\n"
+            "       --eval-every 0 --no-save --out runs/bench",
+            train_opts, NTRAIN, &args);
+        return 0;
+    }
     loom_comm *world = NULL;
     loom_status st = cli_start_mpi(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     int ranks = world ? loom_comm_size(world) : 1, rank = world ? loom_comm_rank(world) : 0;
-    cli_train_args args;
-    cli_train_args_defaults(&args);
     loom_train_config *cfg = &args.run;
-    snprintf(cfg->model, sizeof cfg->model, "gpt2");
-    args.layout.micro_batch_size = 4, args.layout.global_batch_size = 8;
-    cfg->seq_len = 64, cfg->steps = 12;
-    cfg->warmup_steps = 0, cfg->eval_every = 0, cfg->no_save = 1, cfg->log_every = 1000000;
-    snprintf(cfg->out, sizeof cfg->out, "runs/bench");
     int warmup = 2;
     /* drop --train and --warmup N; the rest are train flags */
     char **rest = calloc((size_t)argc, sizeof *rest);
     int nrest = 0;
     if (!rest) return cli_finish(world, cli_fail(loom_fail(LOOM_ERR_NOMEM, "out of memory")));
-    for (int i = 2; i < argc; i++) {
+    for (int i = 2; i < argc && st == LOOM_OK; i++) {
         if (!strcmp(argv[i], "--train")) continue;
-        if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
-            warmup = atoi(argv[++i]);
+        if (!strncmp(argv[i], "--warmup", 8) && (argv[i][8] == '\0' || argv[i][8] == '=')) {
+            st = bench_warmup(argc, argv, &i, &warmup);
             continue;
         }
         rest[nrest++] = argv[i];
     }
     unsigned char given[NTRAIN];
     memset(given, 0, sizeof given);
-    st = cli_parse_flags(&args, train_opts, NTRAIN, nrest, rest, 0, given);
+    if (st == LOOM_OK) st = cli_parse_flags(&args, train_opts, NTRAIN, nrest, rest, 0, given);
     free(rest);
+    /* a plan file's model is the file's, not bench's default */
+    if (args.plan[0] && strcmp(args.plan, "auto") != 0 && !option_seen(given, "--model")) {
+        cfg->model[0] = '\0';
+    }
     loom_plan plan;
     loom_plan_init(&plan);
-    if (st == LOOM_OK) st = loom_train_plan(cfg, &args.layout, ranks, &plan);
-    (void)rank;
+    if (st == LOOM_OK) st = build_plan(&args, given, world, &plan);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg->data, sizeof cfg->data, "%.900s/synthetic.bin", cfg->out);
     if (st == LOOM_OK && rank == 0) {
