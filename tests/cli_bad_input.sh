@@ -233,6 +233,9 @@ bad "bench --train: negative --warmup" '--warmup: expected >= 0, got -1' \
     -- "$LOOM" bench --train --warmup -1
 bad "bench --train: --warmup without a value" '--warmup: expected a value after it' \
     -- "$LOOM" bench --train --warmup
+bad "bench --train: an --out too long for its synthetic tokens is refused, not cut" \
+    '^error: --out: path too long: d+/synthetic\.bin \(1029 bytes, at most 1023\)' \
+    -- "$LOOM" bench --train --model tiny --out "$(printf 'd%.0s' {1..1015})"
 good "bench --train --help" 'usage: \[mpirun -np N\] loom bench --train \[--warmup N\]' \
     '^  --steps N +optimizer steps \(default 12\)$' -- "$LOOM" bench --train --help
 bad "bench: non-numeric --threads entry" "--threads: expected an integer, got '2x'" \

@@ -191,9 +191,10 @@ void cli_print_candidates(const loom_plan_candidate *best, int found);
  * args->cluster or a cached `loom profile` of them, prints the candidates and writes
  * OUT/plan.json from rank 0. */
 loom_status cli_plan_auto(const cli_train_args *args, struct loom_comm *world, loom_plan *plan);
-/* Fills the plan's "predicted" (step time, tokens/s, every rank's peak memory). */
 /* --allow-compression's word (none, dp, pp, all; "" = none) as LOOM_ALLOW_* bits. */
 loom_status cli_allow_compression(const char *word, int *bits);
+/* Fills the plan's "predicted" (step time, tokens/s, every rank's peak memory, and the sequence
+ * length they are for). */
 loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len);
 
 /* An --out file path (`what`, for the message: "a plan file"): not empty, not a folder; its

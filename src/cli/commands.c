@@ -167,6 +167,13 @@ static int option_seen(const unsigned char *seen, const char *flag) {
     return 0;
 }
 
+/* A path loom_path_join refused, named with the flag it came from. */
+static loom_status flag_path_error(const char *flag, loom_status st) {
+    char why[2048];
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    return loom_fail(st, "%s: %s", flag, why);
+}
+
 /* Files written at the end of a run are checked at its start: a bad path must not cost the run. */
 static loom_status check_output_paths(const loom_train_config *cfg) {
     struct stat st;
@@ -179,10 +186,11 @@ static loom_status check_output_paths(const loom_train_config *cfg) {
                          cfg->trace);
     }
     char dir[LOOM_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", cfg->trace);
+    loom_status joined = loom_path_join(dir, sizeof dir, NULL, cfg->trace);
+    if (joined != LOOM_OK) return flag_path_error("--trace", joined);
     char *slash = strrchr(dir, '/');
     if (!slash)
-        snprintf(dir, sizeof dir, ".");
+        dir[0] = '.', dir[1] = '\0';
     else if (slash == dir)
         dir[1] = '\0';
     else
@@ -235,8 +243,6 @@ static void name_origin(const char *path, const unsigned char *in_file,
     }
 }
 
-/* The one plan the run executes: the plan file, or the layout flags through the constructor
- * `loom plan` uses. */
 /* --plan auto plans the layout from the model, the global batch and the sequence length; the
  * flags that would set the rest (layout, micro batch, schedule, stages, compression) are refused
  * by name. */
@@ -665,14 +671,13 @@ static loom_status tokenise_for_eval(const char *text, const loom_tokenizer *tok
     loom_log_set_level(LOOM_LOG_WARN);
     loom_status st = loom_prepare_text(paths, 1, scratch, &opts);
     loom_log_set_level(LOOM_LOG_INFO);
-    snprintf(data, LOOM_PATH_MAX, "%s/train_000000.bin", scratch);
+    if (st == LOOM_OK) st = loom_path_join(data, LOOM_PATH_MAX, scratch, "train_000000.bin");
     return st;
 }
 
 static void remove_scratch(const char *scratch) {
     char path[128];
-    snprintf(path, sizeof path, "%s/train_000000.bin", scratch);
-    unlink(path);
+    if (loom_path_join(path, sizeof path, scratch, "train_000000.bin") == LOOM_OK) unlink(path);
     rmdir(scratch);
 }
 
@@ -753,10 +758,10 @@ static int compare_double(const void *a, const void *b) {
 static loom_status bench_report(const loom_train_config *cfg, const loom_plan *plan, int ranks,
                                 int warmup) {
     char path[LOOM_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out);
     loom_metrics_record *records;
     size_t count;
-    loom_status st = loom_metrics_read(path, &records, &count);
+    loom_status st = loom_path_join(path, sizeof path, cfg->out, "metrics.jsonl");
+    if (st == LOOM_OK) st = loom_metrics_read(path, &records, &count);
     if (st != LOOM_OK) return st;
     double *ms = calloc(count + 1, sizeof(double)), *tps = calloc(count + 1, sizeof(double));
     double *mfu = calloc(count + 1, sizeof(double)), wait[3] = {0}, total_s = 0.0;
@@ -866,7 +871,10 @@ int cmd_bench_train(int argc, char **argv) {
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = build_plan(&args, given, world, &plan);
     /* synthetic tokens, written once by rank 0: enough windows for every step */
-    snprintf(cfg->data, sizeof cfg->data, "%.900s/synthetic.bin", cfg->out);
+    if (st == LOOM_OK) {
+        st = loom_path_join(cfg->data, sizeof cfg->data, cfg->out, "synthetic.bin");
+        if (st != LOOM_OK) st = flag_path_error("--out", st);
+    }
     if (st == LOOM_OK && rank == 0) {
         size_t count =
             ((size_t)cfg->steps * (size_t)plan.global_batch + 2) * (size_t)cfg->seq_len + 1;

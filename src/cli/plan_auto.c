@@ -29,17 +29,14 @@ static uint32_t fnv1a(const char *s) {
     return h;
 }
 
-/* The cache folder: $LOOM_CACHE_DIR, $XDG_CACHE_HOME/loom or ~/.cache/loom. */
-static void cache_dir(char *dir, size_t cap) {
+/* The cache folder: $LOOM_CACHE_DIR, $XDG_CACHE_HOME/loom or ~/.cache/loom (a path too long
+ * is refused by name, never cut). */
+static loom_status cache_dir(char *dir, size_t cap) {
     const char *env = getenv("LOOM_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
-    if (env && env[0]) {
-        snprintf(dir, cap, "%s", env);
-    } else if (xdg && xdg[0]) {
-        snprintf(dir, cap, "%s/loom", xdg);
-    } else {
-        snprintf(dir, cap, "%s/.cache/loom", home && home[0] ? home : "/tmp");
-    }
+    if (env && env[0]) return loom_path_join(dir, cap, NULL, env);
+    if (xdg && xdg[0]) return loom_path_join(dir, cap, xdg, "loom");
+    return loom_path_join(dir, cap, home && home[0] ? home : "/tmp", ".cache/loom");
 }
 
 /* The cached description's path for these ranks: a hash of every rank's host name and rank,
@@ -52,11 +49,20 @@ static loom_status cache_path(loom_comm *world, int threads, char *path, size_t 
     double key = (double)fnv1a(item); /* a sum of < 2^21 such values is exact in a double */
     st = loom_comm_allreduce_f64(world, &key, 1, LOOM_REDUCE_SUM);
     if (st != LOOM_OK) return st;
-    char dir[LOOM_PATH_MAX - 64];
-    cache_dir(dir, sizeof dir);
-    snprintf(path, cap, "%s/cluster-%08x-%dranks-%dthreads.json", dir,
+    char dir[LOOM_PATH_MAX], name[96];
+    snprintf(name, sizeof name, "cluster-%08x-%dranks-%dthreads.json",
              (unsigned)fmod(key, 4294967296.0), loom_comm_size(world), threads);
-    return LOOM_OK;
+    st = cache_dir(dir, sizeof dir);
+    if (st == LOOM_OK) st = loom_path_join(path, cap, dir, name);
+    if (st != LOOM_OK) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        st = loom_fail(st,
+                       "--plan auto: the cached cluster description: %s (set LOOM_CACHE_DIR "
+                       "to a shorter folder, or give --cluster FILE)",
+                       why);
+    }
+    return st;
 }
 
 /* The description: --cluster's, the cache's, or measured now (and cached). Every rank gets the
@@ -101,12 +107,13 @@ static loom_status cluster_for(const cli_train_args *args, loom_comm *world, loo
     st = loom_profile_run(world, &opts, cl);
     if (st != LOOM_OK || !rank0) return st;
     char dir[LOOM_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
+    loom_status joined = loom_path_join(dir, sizeof dir, NULL, path); /* path fits: same size */
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
     char note[512];
     loom_profile_source_note(cl, note, sizeof note);
-    if (loom_mkdir_p(dir) != LOOM_OK || loom_cluster_write(path, cl, note) != LOOM_OK) {
+    if (joined != LOOM_OK || loom_mkdir_p(dir) != LOOM_OK ||
+        loom_cluster_write(path, cl, note) != LOOM_OK) {
         loom_warn("--plan auto: could not cache the cluster description in %s (%s); the next "
                   "run measures again",
                   path, loom_last_error());
@@ -218,9 +225,9 @@ loom_status cli_plan_auto(const cli_train_args *args, loom_comm *world, loom_pla
                tried + pruned, ranks, cluster.name, took, tried, fitting,
                (double)cluster.memory_bytes / 1073741824.0);
         cli_print_candidates(best, found);
-        char path[LOOM_PATH_MAX];
-        snprintf(path, sizeof path, "%.*s/plan.json", LOOM_PATH_MAX - 16, cfg->out);
-        if (cli_prepare_out(path, "a plan file") == LOOM_OK &&
+        char path[LOOM_PATH_MAX + 16];
+        if (loom_path_join(path, sizeof path, cfg->out, "plan.json") == LOOM_OK &&
+            cli_prepare_out(path, "a plan file") == LOOM_OK &&
             loom_plan_write(path, plan) == LOOM_OK) {
             printf("--plan auto: chose #1, written to %s\n", path);
         } else {

@@ -92,8 +92,9 @@ static loom_status check_model(const trainer *t, const char *resume_dir) {
     }
     if (!resume_dir[0]) return LOOM_OK;
     char file[4200];
-    snprintf(file, sizeof file, "%s/model.safetensors", resume_dir);
     loom_gpt_config saved;
+    if ((st = loom_path_join(file, sizeof file, resume_dir, "model.safetensors")) != LOOM_OK)
+        return st;
     if ((st = loom_gpt_config_from_safetensors(file, &saved)) != LOOM_OK) return st;
     if (!loom_gpt_config_same(&saved, mc)) {
         return loom_fail(LOOM_ERR_INPUT,
