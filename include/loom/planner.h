@@ -188,8 +188,8 @@ enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
  * sequences (larger requests are refused by name); the micro-batch sizes tried are the powers of
  * two that divide a replica's batch, and one with more than LOOM_SEARCH_MAX_MICRO_BATCHES
  * micro-batches per step is not simulated (the simulator's work grows with them). */
-#define LOOM_SEARCH_MAX_DEVICES (1 << 20)
-#define LOOM_SEARCH_MAX_GLOBAL_BATCH (1 << 20)
+#define LOOM_SEARCH_MAX_DEVICES       (1 << 20)
+#define LOOM_SEARCH_MAX_GLOBAL_BATCH  (1 << 20)
 #define LOOM_SEARCH_MAX_MICRO_BATCHES 16384
 
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
