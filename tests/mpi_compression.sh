@@ -37,12 +37,6 @@ run() {
     fail "$name: exit $?: $(tail -5 "$name.log")"
     return 1
 }
-# the value of KEY in the metrics record of STEP
-metric() { python3 -c "
-import json, sys
-for line in open('$1/metrics.jsonl'):
-    r = json.loads(line)
-    if r.get('step') == $2 and '$3' in r: print(r['$3'])"; }
 
 # ---- every DP method in every composition: the run's replica check passes ----
 methods=(powersgd topk sign int8 bf16)

@@ -148,11 +148,6 @@ fi
 compare_run plan_zbv single_l6
 
 # ---- compression on every schedule ----
-metric() { python3 -c "
-import json, sys
-for line in open('$1/metrics.jsonl'):
-    r = json.loads(line)
-    if r.get('step') == $2 and '$3' in r: print(r['$3'])"; }
 comp_common=(--pp-compression lowrank --pp-compression-rank 4 --log-every 1)
 # interleaved p 2 v 2: 3 boundaries cross ranks, each with m = 4 gradient sends per step; low-rank
 # rank 4 sends P (32 x 4) and Q (16 x 4) floats instead of 32 x 16
