@@ -6,8 +6,13 @@
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-# LOOM_SANITIZED=1: a representative subset (the sanitizers make every run ~10x slower)
+# How much of a script runs. LOOM_SANITIZED=1 (quick): a representative subset, as the sanitizers
+# make every run ~10x slower. LOOM_TEST_QUICK=1 (core_only; scripts/test.sh's default sanitizer
+# phase, under a time budget): less again, the core of each capability (every layout kind, resume,
+# refusal), and implies quick. `scripts/test.sh --full` leaves LOOM_TEST_QUICK unset.
+core_only=${LOOM_TEST_QUICK:-0}
 quick=${LOOM_SANITIZED:-0}
+[ "$core_only" = 1 ] && quick=1
 passed=0
 failed=0
 ok() { passed=$((passed + 1)); }
