@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/compression.sh — issue 8's figures for communication compression (README, "Compression").
+# bench/compression.sh — issue 8's figures for communication compression (docs/results.md, "Compression").
 #   throughput  every compressor's GB/s of input on gpt2 124M's shapes (loom bench --compressors)
 #   bytes       gpt2 124M, dp 2: DP bytes per step uncompressed and with PowerSGD rank 1/4/8,
 #               top-k 1 %, sign, int8, bf16 (the runs' own dp_bytes / dp_bytes_raw); pipeline

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/schedules.sh — issue 9's figures for the pipeline schedules (README, "Pipeline
+# bench/schedules.sh — issue 9's figures for the pipeline schedules (docs/results.md, "Pipeline
 # schedules"): for `small` and gpt2 124M, pipeline-parallel 2 (and 4, reported but not a target:
 # 4 ranks on this machine's 2 cores fill each other's bubbles), m = 4 and 8 micro-batches, each
 # of 1f1b, interleaved (2 virtual stages per rank), zb-h1 and zb-v:

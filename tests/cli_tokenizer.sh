@@ -41,6 +41,12 @@ printf 'caf\xc3\xa9 \xff\xfe the\t\t end  \n' >odd.txt
 check "round trip of invalid UTF-8, byte for byte" "$(cmp -s odd.txt odd.back || echo differs)"
 bad "tokenize --decode refuses an unknown id" 'token 1: expected an id of the tokenizer \(0\.\.264\), got "9999"' -- \
     sh -c "echo '5 9999' | '$LOOM' tokenize --tokenizer tok --decode"
+bad "tokenize --decode refuses a NUL byte, not stops at it" \
+    'standard input: byte 7 is a NUL byte: expected token ids' -- \
+    sh -c "printf '257 258\\0000 32 9999' | '$LOOM' tokenize --tokenizer tok --decode"
+printf '257 258 32\0' | "$LOOM" tokenize --tokenizer tok --decode >nul.out 2>/dev/null
+check "tokenize --decode writes nothing before refusing a NUL byte" \
+    "$([ -s nul.out ] && echo "wrote $(wc -c <nul.out) bytes")"
 bad "tokenize needs --tokenizer" '--tokenizer: expected' -- "$LOOM" tokenize
 mkdir -p badtok && cp tok/vocab.json badtok/ && printf '#version: 0.2\nt h\nzz q\n' >badtok/merges.txt
 bad "merges naming an unknown symbol" 'badtok/merges.txt:3: symbol "zz" is not in the vocabulary' -- \

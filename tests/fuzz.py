@@ -744,10 +744,11 @@ def signature_desc(old, new):
 
 
 def compress_tensor_rules(path, op, expect):
-    """Expectations for generic JSON edits of a compressor file's header: its format and its
-    signature (the state file's) are checked, and it holds exactly its compressors' arrays."""
+    """Expectations for generic JSON edits of a compressor file's header: its format, its
+    signature (the state file's), its step and its rank (world rank and coordinates) are
+    checked, and it holds exactly its compressors' arrays."""
     if len(path) >= 2 and path[0] == "__metadata__":
-        if path[1] in ("format", "loom.compress"):
+        if path[1] in ("format", "loom.compress", "step", "rank", "coords"):
             return "refuse"
         return "same" if op == "unknown-key" else expect
     return "refuse" if expect != "same" else "same"
@@ -776,11 +777,11 @@ def compress_file_mutant(rng, seeds):
     op = rng.choice(["remove", "rank1-to-rank0", "rank0-to-rank1", "rank2"])
     if op == "remove":
         return Mutant(None, "%s removed" % COMPRESS_FILE, "refuse", "file", COMPRESS_FILE)
-    if op == "rank1-to-rank0":  # the same names and shapes, another rank's residuals
-        return Mutant(seeds["compress-rank1"], "rank 1's compressor file in rank 0's place", "any",
-                      "payload", COMPRESS_FILE)
+    if op == "rank1-to-rank0":  # the same names and shapes, but it records rank 1
+        return Mutant(seeds["compress-rank1"], "rank 1's compressor file in rank 0's place",
+                      "refuse", "payload", COMPRESS_FILE)
     if op == "rank0-to-rank1":
-        return Mutant(seeds["compress"], "rank 0's compressor file in rank 1's place", "any",
+        return Mutant(seeds["compress"], "rank 0's compressor file in rank 1's place", "refuse",
                       "payload", "compress_rank00001.safetensors")
     return Mutant(seeds["compress"], "a compress_rank00002.safetensors that no rank reads", "same",
                   "file", "compress_rank00002.safetensors")
@@ -1221,11 +1222,10 @@ class Harness:
                   ["--data", "data/train_*.bin", "--steps", "1", "--out", "seedrun",
                    "--eval-every", "0", "--log-every", "1"])
         self.must([self.loom, "plan", "--model", "tiny", "--recompute-always", "--out",
-                   "plan0.json"])  # "recompute": "always", a string where others write booleans
+                   "plan0.json"])  # "recompute": "always", and mesh.zero as the planner writes it
         plan = jparse(read_text(os.path.join(s, "plan0.json")))
-        plan.append(("predicted", Obj([("step_s", 0.25), ("tokens_per_s", 512.0),
+        plan.append(("predicted", Obj([("seq_len", 16), ("step_s", 0.25), ("tokens_per_s", 512.0),
                                        ("peak_bytes_per_rank", [104857600])])))
-        plan.append(("zero1", False))  # as the planner writes it
         write(os.path.join(s, "plan.json"), (jdump(plan, 2) + "\n").encode())
         write(os.path.join(s, "config.json"), (jdump(CONFIG, 2) + "\n").encode())
         write_llmc(os.path.join(s, "model.bin"))

@@ -15,7 +15,7 @@
 #     5 % of the uncompressed loss, and without error feedback measurably worse than with it.
 # usage: bash tests/mpi_compression.sh LOOM_BINARY TMPDIR
 # LOOM_SANITIZED=1 runs a representative subset; LOOM_TEST_QUICK=1 the core only: PowerSGD with
-# DP and ZeRO-1, its bytes, pipeline low-rank bytes, the exact resume, two refused state files.
+# DP and ZeRO-1, its bytes, pipeline low-rank bytes, the exact resume, three refused state files.
 set -u
 LOOM=$1
 TMP=$2
@@ -190,7 +190,7 @@ fi
 bad_checkpoint() {
     rm -rf "$1" && mkdir -p "$1" && cp -r dp2_powersgd/checkpoints/step_00000006 "$1/" &&
         python3 - "$1/step_00000006" "$2" <<'PY'
-import json, os, struct, sys
+import json, os, shutil, struct, sys
 folder, what = sys.argv[1], sys.argv[2]
 def load(name):
     blob = open(f"{folder}/{name}", "rb").read()
@@ -201,8 +201,15 @@ def save(name, header, body, text=None):
     raw += b" " * (-len(raw) % 8)
     open(f"{folder}/{name}", "wb").write(struct.pack("<Q", len(raw)) + raw + bytes(body))
 rank0, rank1 = "compress_rank00000.safetensors", "compress_rank00001.safetensors"
-if what == "format":
-    h, b = load(rank0); h["__metadata__"]["format"] = "loom.compress.v2"; save(rank0, h, b)
+if what == "format":  # an older build's file, without its step and rank
+    h, b = load(rank0); h["__metadata__"]["format"] = "loom.compress.v1"; save(rank0, h, b)
+elif what == "stepcopy":  # both files copied from step 3 of the same run and layout
+    for name in (rank0, rank1):
+        shutil.copy(f"dp2_every3/checkpoints/step_00000003/{name}", f"{folder}/{name}")
+elif what == "swapped":  # the two replicas' files exchanged
+    os.rename(f"{folder}/{rank0}", f"{folder}/swap")
+    os.rename(f"{folder}/{rank1}", f"{folder}/{rank0}")
+    os.rename(f"{folder}/swap", f"{folder}/{rank1}")
 elif what == "signature":
     h, b = load(rank1); h["__metadata__"]["loom.compress"] = ""; save(rank1, h, b)
 elif what == "nan":  # in a warm-start factor
@@ -243,10 +250,16 @@ refused() {
 }
 if [ -d dp2_powersgd/checkpoints/step_00000006 ]; then
     c0='compress_rank00000\.safetensors' c1='compress_rank00001\.safetensors'
-    refused format "$c0: metadata 'format': expected \"loom\.compress\.v1\", got \"loom\.compress\.v2\""
+    refused format "$c0: metadata 'format': expected \"loom\.compress\.v2\" \(this build's compressor files\), got \"loom\.compress\.v1\""
+    # files tied to their rank (and, below, their step): exchanged between replicas
+    refused swapped "$c0: metadata 'rank': expected \"0\" \(this rank's world rank\), got \"1\""
     refused missing "$c1: cannot open"
     if [ "$core_only" != 1 ]; then
-        refused signature "$c1: metadata 'loom\.compress': expected the checkpoint's \(\"files=.*\"\), got \"\"$"
+        refused signature "$c1: metadata 'loom\.compress': expected \"files=.*\" \(the checkpoint's layout and compression\), got \"\"$"
+        # copied from another step
+        if run dp2_every3 2 --dp-compression powersgd --dp-compression-rank 2 --save-every 3; then
+            refused stepcopy "$c0: metadata 'step': expected \"6\" \(the checkpoint's step\), got \"3\""
+        fi
         refused nan "$c0: tensor 'dp\.[0-9]+\.q': expected finite values, got nan at index 0"
         refused extra "$c0: tensor 'dp\.99\.residual' is none of this rank's compressor state \(expected"
         refused duplicate 'state\.safetensors: header: duplicate key "loom\.compress" in __metadata__ '

@@ -242,15 +242,15 @@ fi
 compare_run pp2_plan_recompute
 if grep -q "recompute" pp2_plan_recompute.log; then ok; else fail "plan recompute not reported"; fi
 
-# the plan's zero1 (the planner writes it): followed unless a flag says otherwise
+# the plan's mesh.zero (the planner writes it): followed unless a flag says otherwise
 "$LOOM" plan --model tiny --dp 2 --micro-batch-size 2 --global-batch-size 8 --out plan_dp2.json >/dev/null
-sed 's/^{$/{\n  "zero1": false,/' plan_dp2.json >plan_dp2_nozero1.json
+sed 's/"zero": 1}/"zero": 0}/' plan_dp2.json >plan_dp2_nozero1.json
 if timeout 300 mpirun -np 2 "$LOOM" train "${plan_common[@]}" --out dp2_plan_nozero1 \
     --plan plan_dp2_nozero1.json >dp2_plan_nozero1.log 2>&1; then ok; else
     fail "dp2_plan_nozero1: exit $?: $(grep -m1 error dp2_plan_nozero1.log)"
 fi
 compare_run dp2_plan_nozero1
-if grep -q "ZeRO-1 off: the plan's zero1" dp2_plan_nozero1.log; then ok; else
+if grep -q '"zero": 0}' plan_dp2_nozero1.json && grep -q "ZeRO-1 off: the plan's mesh.zero" dp2_plan_nozero1.log; then ok; else
     fail "the plan's zero1 not followed: $(grep -m1 ZeRO dp2_plan_nozero1.log)"
 fi
 

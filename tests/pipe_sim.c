@@ -54,8 +54,9 @@ int main(int argc, char **argv) {
     int chunks = 0;
     if (colon) *colon = '\0', chunks = atoi(colon + 1);
     loom_schedule_kind kind;
-    if (loom_schedule_kind_parse(kind_name, &kind) != LOOM_OK) return usage(loom_last_error());
-    if (!colon) chunks = loom_schedule_kind_chunks(kind);
+    if (loom_schedule_kind_parse(kind_name, "KIND", "schedule", &kind) != LOOM_OK)
+        return usage(loom_last_error());
+    if (!colon) chunks = loom_plan_schedule_chunks(kind);
     if (chunks < 1) return usage("KIND: interleaved needs :V, the virtual stages per rank");
     int micro_batches = atoi(argv[2]);
     double forward[MAX_STAGES], backward[MAX_STAGES], input[MAX_STAGES], weight[MAX_STAGES];

@@ -136,7 +136,7 @@ static void test_round_trip(void) {
     round_trip(&c, NULL, "the valid description");
     /* doubles that need all 17 digits, tiny and huge ones, text that needs escaping */
     c.peak_flops[LOOM_PRECISION_FP16] = 1.0 / 3.0 * 1e13;
-    c.memory_bandwidth = 0.1 + 0.2;
+    c.memory_bandwidth = 1e11 / 3.0;
     c.links[LOOM_LINK_INTRA_NODE].latency_s = 0;
     c.links[LOOM_LINK_INTER_NODE].latency_s = 5e-324;
     c.gemm[0].flops = 1e-300;
@@ -147,7 +147,7 @@ static void test_round_trip(void) {
     snprintf(c.device_name, sizeof c.device_name, "%.*s", 63,
              "0123456789012345678901234567890123456789012345678901234567890123456789");
     c.collectives[1] =
-        (loom_collective_fit){LOOM_COLLECTIVE_SENDRECV, LOOM_LINK_INTRA_NODE, 2, 0, 1.0 / 7.0};
+        (loom_collective_fit){LOOM_COLLECTIVE_SENDRECV, LOOM_LINK_INTRA_NODE, 2, 0, 1e-9 / 7.0};
     c.collectives[2] = (loom_collective_fit){LOOM_COLLECTIVE_REDUCE_SCATTER, LOOM_LINK_INTER_NODE,
                                              64, 3e-5, 2.5e-11};
     c.num_collectives = 3;
@@ -310,7 +310,66 @@ static const broken_case broken_cases[] = {
     {"\"int8\": 5e8", "\"int8\": \"fast\"", "compressors.int8", "expected a number, got \"fast\""},
     {"{\"powersgd\": 2e9, \"int8\": 5e8}", "[2e9]", "compressors",
      "expected an object of bytes/s per method"},
+    /* the plausible bounds of loom/cluster.h: typos that are finite and positive */
+    {"\"bandwidth\": 1e11", "\"bandwidth\": 1e-300", "node.links.intra_node.bandwidth",
+     "expected 1000 to 1e+15 bytes/s (the plausible range), got 1e-300"},
+    {"\"bandwidth\": 1e10", "\"bandwidth\": 1e16", "node.links.inter_node.bandwidth",
+     "expected 1000 to 1e+15 bytes/s (the plausible range), got 1e+16"},
+    {"\"latency_s\": 1e-5", "\"latency_s\": 1e308", "node.links.inter_node.latency_s",
+     "expected 0 to 10 seconds (the plausible range), got 1e+308"},
+    {"\"memory_bandwidth\": 1e11", "\"memory_bandwidth\": 1e-300", "node.device.memory_bandwidth",
+     "expected 1000 to 1e+15 bytes/s (the plausible range), got 1e-300"},
+    {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"optimizer_params_per_s\": 1e300",
+     "node.device.optimizer_params_per_s",
+     "expected 0 or 1000 to 1e+15 parameters/s (the plausible range), got 1e+300"},
+    {"\"bf16\": 4e12", "\"bf16\": 1e-3", "node.device.peak_flops.bf16",
+     "expected 0 or 1e+06 to 1e+18 FLOP/s (the plausible range), got 0.001"},
+    {"\"fp32\": 1e12", "\"fp32\": 1e300", "node.device.peak_flops.fp32",
+     "expected 0 or 1e+06 to 1e+18 FLOP/s (the plausible range), got 1e+300"},
+    {"\"powersgd\": 2e9", "\"powersgd\": 1e-300", "compressors.powersgd",
+     "expected 0 or 1000 to 1e+15 bytes/s (the plausible range), got 1e-300"},
+    {"\"alpha_s\": 1e-4", "\"alpha_s\": 1e308", "collectives[0].alpha_s",
+     "expected 0 to 10 seconds (the plausible range), got 1e+308"},
+    {"\"beta_s_per_byte\": 1e-10", "\"beta_s_per_byte\": 1e-300", "collectives[0].beta_s_per_byte",
+     "expected 1e-15 to 0.001 seconds/byte (the plausible range), got 1e-300"},
+    {"\"ranks\": 8", "\"ranks\": 2097152", "collectives[0].ranks",
+     "expected a group of at most 1048576 ranks (the plausible range), got 2097152"},
+    /* device counts past int: max_nodes x devices is counted in 64 bits and bounded */
+    {"\"max_nodes\": 4", "\"max_nodes\": 1073741824", "max_nodes",
+     "expected max_nodes x node.devices at most 1048576 devices, got 1073741824 x 8 = "
+     "8589934592"},
+    {"\"nodes\": 2, \"max_nodes\": 4,\n \"node\": {\"devices\": 8",
+     "\"nodes\": 1073741824, \"max_nodes\": 1073741824,\n \"node\": {\"devices\": 1073741824",
+     "max_nodes",
+     "expected max_nodes x node.devices at most 1048576 devices, got 1073741824 x 1073741824 = "
+     "1152921504606846976"},
+    {"\"devices\": 8", "\"devices\": 2147483647", "max_nodes", "got 4 x 2147483647 = 8589934588"},
 };
+
+/* What the bounds allow: a precision not offered (peak 0), and every figure at its bound. */
+static void test_plausible_edges(void) {
+    static const struct {
+        const char *find, *replace;
+    } edits[] = {
+        {"\"bf16\": 4e12", "\"bf16\": 0"},
+        {"\"bandwidth\": 1e11", "\"bandwidth\": 1e3"},
+        {"\"bandwidth\": 1e10", "\"bandwidth\": 1e15"},
+        {"\"latency_s\": 1e-5", "\"latency_s\": 10"},
+        {"\"fp32\": 1e12", "\"fp32\": 1e18"},
+        {"\"max_nodes\": 4", "\"max_nodes\": 131072"}, /* x 8 devices = 2^20 */
+    };
+    char path[1100];
+    snprintf(path, sizeof path, "%s/edge.json", tmpdir);
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        char text[4096];
+        CHECK(check_edit_text(valid_text, edits[i].find, edits[i].replace, text, sizeof text),
+              "edge %zu: the edit applies", i);
+        check_write_text(path, text);
+        loom_cluster c;
+        CHECK(loom_cluster_read(path, &c) == LOOM_OK, "edge %zu (%s): %s", i, edits[i].replace,
+              loom_last_error());
+    }
+}
 
 static void test_rules(void) {
     char path[1100];
@@ -613,6 +672,7 @@ int main(void) {
     test_shipped();
     test_round_trip();
     test_rules();
+    test_plausible_edges();
     test_malformed();
     test_rules_in_memory();
     test_gemm();

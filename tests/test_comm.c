@@ -53,6 +53,25 @@ static void test_host_name(loom_comm *world) {
     CHECK(loom_comm_host_name(name, 0) == LOOM_ERR_RUNTIME, "rank %d: no buffer accepted", rank);
 }
 
+/* Every rank of a test job runs on this machine: the ranks sharing it are the whole
+ * communicator, for the world and for a group split from it; no communicator, one. */
+static void test_local_size(loom_comm *world) {
+    int local = 0;
+    CHECK_OK(loom_comm_local_size(world, &local));
+    CHECK(local == size, "rank %d: %d ranks on this machine, expected the world's %d", rank, local,
+          size);
+    loom_comm *half = NULL;
+    CHECK_OK(loom_comm_split(world, rank % 2, rank, "half", &half));
+    if (half) {
+        CHECK_OK(loom_comm_local_size(half, &local));
+        CHECK(local == loom_comm_size(half), "rank %d: %d ranks of 'half' here, expected %d", rank,
+              local, loom_comm_size(half));
+        loom_comm_free(half);
+    }
+    CHECK(loom_comm_local_size(NULL, &local) == LOOM_OK && local == 1, "no communicator: %d",
+          local);
+}
+
 static void test_allreduce(loom_comm *world, int64_t count) {
     float *a = malloc((size_t)count * sizeof *a);
     double *d = malloc((size_t)count * sizeof *d);
@@ -377,6 +396,7 @@ int main(int argc, char **argv) {
     test_timeout_setting();
     test_basics(world);
     test_host_name(world);
+    test_local_size(world);
     test_allreduce(world, 1000);
     test_allreduce(world, 1);
     test_allreduce(world, 0);

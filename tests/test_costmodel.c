@@ -30,7 +30,8 @@ static loom_cluster ideal_cluster(int devices_per_node, int max_nodes) {
     return c;
 }
 
-static loom_plan plan_of(int dp, int tp, int pp, int micro, int global, const char *schedule) {
+static loom_plan plan_of(int dp, int tp, int pp, int micro, int global,
+                         loom_schedule_kind schedule) {
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
     loom_plan plan;
@@ -41,10 +42,10 @@ static loom_plan plan_of(int dp, int tp, int pp, int micro, int global, const ch
 
 /* Memory: one stage per rank is the cost facts' total for the schedule's peak. */
 static void test_memory(void) {
-    loom_plan plan = plan_of(1, 1, 2, 2, 8, "1f1b");
+    loom_plan plan = plan_of(1, 1, 2, 2, 8, LOOM_SCHEDULE_1F1B);
     for (int r = 0; r < 2; r++) {
         loom_rank_memory mem;
-        CHECK(loom_plan_rank_memory(&plan, r, 64, 0, &mem) == LOOM_OK, "rank memory: %s",
+        CHECK(loom_plan_rank_memory(&plan, r, 64, &mem) == LOOM_OK, "rank memory: %s",
               loom_last_error());
         const loom_plan_stage *s = &plan.stages[r];
         loom_gpt_stage_spec spec = {1,
@@ -64,18 +65,19 @@ static void test_memory(void) {
               (long long)mem.total, (long long)c.total_bytes);
     }
     /* ZeRO-1 over dp 4 keeps a quarter of the moments, and the ring's receive buffers */
-    loom_plan dp4 = plan_of(4, 1, 1, 2, 8, "1f1b");
+    loom_plan dp4 = plan_of(4, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_rank_memory full, sharded;
-    loom_plan_rank_memory(&dp4, 0, 64, 0, &full);
-    loom_plan_rank_memory(&dp4, 0, 64, 1, &sharded);
+    loom_plan_rank_memory(&dp4, 0, 64, &full);
+    dp4.zero = 1;
+    loom_plan_rank_memory(&dp4, 0, 64, &sharded);
     CHECK(sharded.optimizer * 4 == full.optimizer &&
               sharded.total == full.total - full.optimizer + full.optimizer / 4 + full.grads,
           "ZeRO-1: optimizer %lld of %lld", (long long)sharded.optimizer,
           (long long)full.optimizer);
     /* ZB-V's rank 0 holds the first and the last stage: wte once */
-    loom_plan zbv = plan_of(1, 1, 2, 2, 8, "zb-v");
+    loom_plan zbv = plan_of(1, 1, 2, 2, 8, LOOM_SCHEDULE_ZB_V);
     loom_rank_memory r0;
-    loom_plan_rank_memory(&zbv, 0, 64, 0, &r0);
+    loom_plan_rank_memory(&zbv, 0, 64, &r0);
     int64_t blocks = 0;
     for (int s = 0; s < zbv.num_stages; s++) {
         if (zbv.stages[s].rank != 0) continue;
@@ -101,9 +103,9 @@ static void test_memory(void) {
 /* One process: m micro-batches of forward F and backward 2F at the peak, nothing else. */
 static void test_single_process(void) {
     loom_cluster cl = ideal_cluster(8, 1);
-    loom_plan plan = plan_of(1, 1, 1, 2, 8, "1f1b");
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_prediction pr;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict: %s",
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
           loom_last_error());
     loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
     loom_gpt_stage_cost c;
@@ -116,7 +118,7 @@ static void test_single_process(void) {
           "one process: no bubble, no traffic");
     /* a measured AdamW rate: the update takes the parameters over it */
     cl.optimizer_params_per_s = 1e6;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict");
     CHECK_CLOSE(pr.optimizer_s, (double)c.param_bytes / 4 / 1e6, 1e-12, 0, "AdamW at 1e6 params/s");
     CHECK_CLOSE(pr.step_s, expect + (double)c.param_bytes / 4 / 1e6, 1e-9, 1e-9,
                 "one process with AdamW's time");
@@ -129,7 +131,7 @@ static void test_single_process(void) {
  * stage's backwards follow their forwards, the first stage's do not. */
 static void test_recompute(void) {
     loom_cluster cl = ideal_cluster(8, 1);
-    loom_plan plan = plan_of(1, 1, 1, 2, 8, "1f1b");
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
     loom_gpt_stage_cost c;
     loom_gpt_cost_stage(&plan.model, &spec, &c);
@@ -139,8 +141,8 @@ static void test_recompute(void) {
     for (int i = 0; i < 3; i++) {
         plan.stages[0].recompute = modes[i];
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
-              "predict: %s", loom_last_error());
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+              loom_last_error());
         CHECK(fabs(pr.step_s - expect[i]) <= 1e-9 * expect[i],
               "one process, recompute mode %d: %g s, expected %g s", modes[i], pr.step_s,
               expect[i]);
@@ -148,10 +150,10 @@ static void test_recompute(void) {
     loom_plan_free(&plan);
     double step[2];
     for (int i = 0; i < 2; i++) {
-        plan = plan_of(1, 1, 2, 2, 16, "1f1b");
+        plan = plan_of(1, 1, 2, 2, 16, LOOM_SCHEDULE_1F1B);
         for (int s = 0; s < plan.num_stages; s++) plan.stages[s].recompute = modes[1 + i];
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK,
               "predict pp 2: %s", loom_last_error());
         step[i] = pr.step_s;
         /* the last stage's backward: without its rerun as needed, with it always */
@@ -171,9 +173,9 @@ static void test_recompute(void) {
 static void test_gradient_accumulation(void) {
     loom_cluster cl = ideal_cluster(8, 1);
     cl.memory_bandwidth = 1e10;
-    loom_plan plan = plan_of(1, 1, 2, 2, 8, "1f1b");
+    loom_plan plan = plan_of(1, 1, 2, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_prediction pr;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict: %s",
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
           loom_last_error());
     double wte = (double)plan.model.padded_vocab_size * plan.model.channels * 4;
     double wpe = (double)plan.model.max_seq_len * plan.model.channels * 4;
@@ -196,7 +198,7 @@ static void test_gradient_accumulation(void) {
 /* dp 2: an allreduce of G gradient bytes over a link of bandwidth b takes 2 (1/2) G / b; the
  * last backward (2F) hides that much of it. */
 static void test_dp_sync(void) {
-    loom_plan plan = plan_of(2, 1, 1, 2, 8, "1f1b");
+    loom_plan plan = plan_of(2, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
     loom_gpt_stage_cost c;
     loom_gpt_cost_stage(&plan.model, &spec, &c);
@@ -207,16 +209,16 @@ static void test_dp_sync(void) {
         double sync = slow ? 10 * 2 * f : 0.5 * 2 * f;
         cl.links[LOOM_LINK_INTER_NODE].bandwidth = grads / sync;
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
-              "predict: %s", loom_last_error());
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+              loom_last_error());
         double expect = 2 * 3 * f + (slow ? sync - 2 * f : 0);
         CHECK_CLOSE(pr.step_s, expect, 1e-9, 1e-9, slow ? "dp 2, slow link" : "dp 2, fast link");
         CHECK(pr.dp_bytes == (int64_t)grads * 2, "dp bytes %lld, expected %lld",
               (long long)pr.dp_bytes, (long long)grads * 2);
         /* the sync after the backward (no overlap): all of it shows */
         plan.overlap_grad_reduce = 0;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
-              "predict: %s", loom_last_error());
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+              loom_last_error());
         CHECK_CLOSE(pr.step_s, 2 * 3 * f + sync, 1e-9, 1e-9, "dp 2, sync after the backward");
         plan.overlap_grad_reduce = 1;
     }
@@ -249,10 +251,10 @@ static double powersgd_wire(const loom_gpt_config *m, int r, double *state) {
 /* Compression in the cost model: PowerSGD's bytes and state by hand; on a slow DP link it
  * shortens the step, on a free one it only adds its codec; the search takes it only when
  * allowed and only where it pays; low-rank pipeline sends shrink to r (n + m) values. */
-static loom_plan_compressor compressor_of(const char *method, int rank) {
+static loom_plan_compressor compressor_of(loom_compress_method method, int rank) {
     loom_plan_compressor c;
     loom_plan_compressor_init(&c);
-    snprintf(c.method, sizeof c.method, "%s", method);
+    c.method = method;
     c.rank = rank;
     return c;
 }
@@ -277,12 +279,12 @@ static loom_plan compressed_plan(const loom_gpt_config *model, int dp, int pp,
 static void test_compression(void) {
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
-    loom_plan_compressor psgd = compressor_of("powersgd", 4);
+    loom_plan_compressor psgd = compressor_of(LOOM_COMPRESS_POWERSGD, 4);
     loom_plan plan = compressed_plan(&model, 2, 1, &psgd, NULL);
-    loom_plan plain = plan_of(2, 1, 1, 2, 8, "1f1b");
+    loom_plan plain = plan_of(2, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     double state, wire = powersgd_wire(&plan.model, 4, &state);
     loom_rank_memory mem;
-    loom_plan_rank_memory(&plan, 0, 64, 0, &mem);
+    loom_plan_rank_memory(&plan, 0, 64, &mem);
     CHECK_CLOSE((double)mem.compressor, state, 1e-12, 0, "PowerSGD state bytes");
     double step[2][2];
     for (int slow = 0; slow < 2; slow++) {
@@ -291,7 +293,7 @@ static void test_compression(void) {
         cl.compressor_bytes_per_s[LOOM_COMPRESS_POWERSGD] = 1e10;
         loom_prediction pr;
         for (int c = 0; c < 2; c++) {
-            CHECK(loom_plan_predict(c ? &plan : &plain, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) ==
+            CHECK(loom_plan_predict(c ? &plan : &plain, &cl, LOOM_PRECISION_FP32, 64, &pr) ==
                       LOOM_OK,
                   "predict: %s", loom_last_error());
             step[slow][c] = pr.step_s;
@@ -320,19 +322,20 @@ static void test_compression(void) {
         CHECK(loom_plan_search(&plan.model, &cl, &req, &best, &found, &tried, &fitting, NULL) ==
                   LOOM_OK,
               "search: %s", loom_last_error());
-        int compressed = strcmp(best.plan.dp_compression.method, "none") != 0;
+        int compressed = best.plan.dp_compression.method != LOOM_COMPRESS_NONE;
         CHECK(compressed == (k == 1), "search %d: compression %s (dp %d, pp %d)", k,
-              best.plan.dp_compression.method, best.plan.dp, best.plan.pp);
+              loom_compress_method_name(best.plan.dp_compression.method), best.plan.dp,
+              best.plan.pp);
         loom_plan_free(&best.plan);
     }
     loom_plan_free(&plan);
     loom_plan_free(&plain);
     /* low-rank pipeline gradients: every backward message is 4 r (n + m) bytes */
-    loom_plan_compressor lowrank = compressor_of("lowrank", 8);
+    loom_plan_compressor lowrank = compressor_of(LOOM_COMPRESS_LOWRANK, 8);
     plan = compressed_plan(&model, 1, 2, NULL, &lowrank);
     loom_cluster cl = ideal_cluster(1, 2);
     loom_prediction pr;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict");
     double n = 2 * 64, m = model.channels, wte = (double)model.padded_vocab_size * m * 4;
     double expect = 4 * (n * m * 4 + 8 * (n + m) * 4) + 2 * wte; /* 4 micro-batches, tied sum */
     CHECK_CLOSE((double)pr.pp_bytes, expect, 1e-12, 0, "low-rank pp bytes");
@@ -357,11 +360,12 @@ static void test_pp_policies(void) {
     const char *policies[4] = {"none", "all", "epilogue", "slack"};
     double step[4], bytes[4];
     for (int i = 0; i < 4; i++) {
-        loom_plan_compressor lowrank = compressor_of(i ? "lowrank" : "none", i ? 8 : 0);
-        snprintf(lowrank.policy, sizeof lowrank.policy, "%s", i ? policies[i] : "all");
+        loom_plan_compressor lowrank =
+            compressor_of(i ? LOOM_COMPRESS_LOWRANK : LOOM_COMPRESS_NONE, i ? 8 : 0);
+        lowrank.policy = i ? (loom_pp_policy)(i - 1) : LOOM_PP_POLICY_ALL;
         loom_plan plan = compressed_plan(&model, 1, 2, NULL, &lowrank);
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK,
               "predict %s: %s", policies[i], loom_last_error());
         step[i] = pr.step_s, bytes[i] = (double)pr.pp_bytes - 2 * wte - 4 * message;
         loom_plan_free(&plan);
@@ -382,7 +386,7 @@ static void test_pp_policies(void) {
  * each listed DP rank and pipeline link must make the step shorter (dropping it is slower), and
  * each unlisted one must not (adding it is not faster), by the cost model's own prediction. */
 static int listed_in(const loom_plan_compressor *c, int i) {
-    if (!strcmp(c->method, "none")) return 0;
+    if (c->method == LOOM_COMPRESS_NONE) return 0;
     if (c->num_stages == 0) return 1;
     for (int k = 0; k < c->num_stages; k++)
         if (c->stages[k] == i) return 1;
@@ -390,17 +394,16 @@ static int listed_in(const loom_plan_compressor *c, int i) {
 }
 
 static double step_with(loom_plan *plan, loom_plan_compressor *c, int count, int flip,
-                        const loom_cluster *cl, int zero1) {
+                        const loom_cluster *cl) {
     loom_plan_compressor saved = *c;
     int list[LOOM_PREDICT_MAX_STAGES], n = 0;
     for (int i = 0; i < count; i++)
         if (listed_in(c, i) != (i == flip)) list[n++] = i;
     c->stages = list, c->num_stages = n;
-    if (n == 0) snprintf(c->method, sizeof c->method, "none");
+    if (n == 0) c->method = LOOM_COMPRESS_NONE;
     loom_prediction pr;
-    double step = loom_plan_predict(plan, cl, LOOM_PRECISION_FP32, 16, zero1, &pr) == LOOM_OK
-                      ? pr.step_s
-                      : -1;
+    double step =
+        loom_plan_predict(plan, cl, LOOM_PRECISION_FP32, 16, &pr) == LOOM_OK ? pr.step_s : -1;
     if (step < 0) fprintf(stderr, "step_with: %s\n", loom_last_error());
     *c = saved;
     return step;
@@ -433,11 +436,11 @@ static void test_search_per_stage(void) {
         loom_plan_compressor *cs[2] = {&p->dp_compression, &p->pp_compression};
         int counts[2] = {p->pp, p->num_stages - 1};
         for (int w = 0; w < 2; w++) {
-            if (!strcmp(cs[w]->method, "none")) continue;
+            if (cs[w]->method == LOOM_COMPRESS_NONE) continue;
             compressing++;
             partial += cs[w]->num_stages > 0;
             for (int k = 0; k < counts[w]; k++) {
-                double t = step_with(p, cs[w], counts[w], k, &cl, best[i].zero1);
+                double t = step_with(p, cs[w], counts[w], k, &cl);
                 int on = listed_in(cs[w], k);
                 CHECK(on ? t > step * (1 + 1e-9) : t >= step * (1 - 1e-9),
                       "plan %d (dp %d pp %d): %s %s %d: step %g s, flipped %g s", i, p->dp, p->pp,
@@ -452,14 +455,14 @@ static void test_search_per_stage(void) {
 }
 
 static void test_tp_placement(void) {
-    loom_plan plan = plan_of(1, 2, 1, 2, 8, "1f1b");
+    loom_plan plan = plan_of(1, 2, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     double step[2];
     for (int nodes = 0; nodes < 2; nodes++) {
         loom_cluster cl = ideal_cluster(nodes ? 1 : 2, 2);
         cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e9, 1e-5};
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK,
-              "predict: %s", loom_last_error());
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+              loom_last_error());
         step[nodes] = pr.step_s;
         CHECK(pr.tp_bytes > 0, "tp 2 sends bytes");
     }
@@ -471,15 +474,16 @@ static void test_tp_placement(void) {
 static void test_pipeline(void) {
     loom_cluster cl = ideal_cluster(8, 1);
     double step[3];
-    const char *schedules[3] = {"1f1b", "zb-h1", "zb-v"};
+    const loom_schedule_kind schedules[3] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_ZB_H1,
+                                             LOOM_SCHEDULE_ZB_V};
     for (int i = 0; i < 3; i++) {
         loom_plan plan = plan_of(1, 1, 2, 2, 16, schedules[i]);
         loom_prediction pr;
-        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "%s: %s",
-              schedules[i], loom_last_error());
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "%s: %s",
+              loom_schedule_kind_name(schedules[i]), loom_last_error());
         step[i] = pr.step_s;
-        CHECK(pr.bubble > 0 && pr.bubble < 0.5 && pr.pp_bytes > 0, "%s: bubble %g", schedules[i],
-              pr.bubble);
+        CHECK(pr.bubble > 0 && pr.bubble < 0.5 && pr.pp_bytes > 0, "%s: bubble %g",
+              loom_schedule_kind_name(schedules[i]), pr.bubble);
         loom_plan_free(&plan);
     }
     CHECK(step[1] < step[0] && step[2] < step[0], "1f1b %g s, zb-h1 %g s, zb-v %g s", step[0],
@@ -488,13 +492,13 @@ static void test_pipeline(void) {
 
 static void test_refused(void) {
     loom_cluster cl = ideal_cluster(2, 1);
-    loom_plan plan = plan_of(2, 2, 1, 2, 8, "1f1b");
+    loom_plan plan = plan_of(2, 2, 1, 2, 8, LOOM_SCHEDULE_1F1B);
     loom_prediction pr;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_ERR_INPUT &&
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_ERR_INPUT &&
               strstr(loom_last_error(), "needs dp x tp x pp = 4 devices"),
           "too few devices: %s", loom_last_error());
     loom_cluster big = ideal_cluster(8, 1);
-    CHECK(loom_plan_predict(&plan, &big, LOOM_PRECISION_BF16, 64, 0, &pr) == LOOM_ERR_INPUT &&
+    CHECK(loom_plan_predict(&plan, &big, LOOM_PRECISION_BF16, 64, &pr) == LOOM_ERR_INPUT &&
               strstr(loom_last_error(), "no bf16 peak"),
           "no bf16: %s", loom_last_error());
     loom_plan_free(&plan);
@@ -522,9 +526,10 @@ static void test_search(void) {
     }
     static const struct {
         int dp, tp, pp, micro;
-        const char *schedule;
-    } layouts[] = {{4, 1, 1, 1, "1f1b"}, {4, 1, 1, 4, "1f1b"}, {2, 2, 1, 2, "1f1b"},
-                   {1, 1, 4, 1, "1f1b"}, {2, 1, 2, 2, "zb-v"}, {1, 2, 2, 1, "interleaved"}};
+        loom_schedule_kind schedule;
+    } layouts[] = {{4, 1, 1, 1, LOOM_SCHEDULE_1F1B}, {4, 1, 1, 4, LOOM_SCHEDULE_1F1B},
+                   {2, 2, 1, 2, LOOM_SCHEDULE_1F1B}, {1, 1, 4, 1, LOOM_SCHEDULE_1F1B},
+                   {2, 1, 2, 2, LOOM_SCHEDULE_ZB_V}, {1, 2, 2, 1, LOOM_SCHEDULE_INTERLEAVED}};
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] && found > 0; i++) {
         loom_plan plan;
         if (loom_plan_uniform(&plan, &model, layouts[i].dp, layouts[i].tp, layouts[i].pp,
@@ -532,11 +537,12 @@ static void test_search(void) {
             continue;
         for (int zero1 = 0; zero1 < 2; zero1++) {
             loom_prediction pr;
-            if (loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, zero1, &pr) == LOOM_OK) {
+            plan.zero = zero1;
+            if (loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK) {
                 CHECK(best[0].prediction.step_s <= pr.step_s,
                       "search's best %g s slower than dp %d tp %d pp %d %s: %g s",
                       best[0].prediction.step_s, layouts[i].dp, layouts[i].tp, layouts[i].pp,
-                      layouts[i].schedule, pr.step_s);
+                      loom_schedule_kind_name(layouts[i].schedule), pr.step_s);
             }
         }
         loom_plan_free(&plan);

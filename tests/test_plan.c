@@ -19,10 +19,10 @@ static const char *tmpdir;
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static int compressors_equal(const loom_plan_compressor *a, const loom_plan_compressor *b) {
-    if (strcmp(a->method, b->method) || a->rank != b->rank || a->fraction != b->fraction ||
+    if ((a->method != b->method) || a->rank != b->rank || a->fraction != b->fraction ||
         !a->error_feedback != !b->error_feedback || a->warmup_steps != b->warmup_steps ||
-        !a->lazy_error != !b->lazy_error || strcmp(a->policy, b->policy) ||
-        strcmp(a->forward, b->forward) || a->num_stages != b->num_stages) {
+        !a->lazy_error != !b->lazy_error || (a->policy != b->policy) ||
+        (a->forward != b->forward) || a->num_stages != b->num_stages) {
         return 0;
     }
     for (int i = 0; i < a->num_stages; i++)
@@ -38,8 +38,8 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
         return 0;
     }
     if (a->global_batch != b->global_batch || a->micro_batch != b->micro_batch ||
-        strcmp(a->schedule, b->schedule) || a->virtual_stages != b->virtual_stages ||
-        a->dp != b->dp || a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages ||
+        (a->schedule != b->schedule) || a->virtual_stages != b->virtual_stages || a->dp != b->dp ||
+        a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages ||
         a->overlap_grad_reduce != b->overlap_grad_reduce) {
         return 0;
     }
@@ -53,7 +53,7 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
     }
     if (!compressors_equal(&a->dp_compression, &b->dp_compression) ||
         !compressors_equal(&a->pp_compression, &b->pp_compression) ||
-        strcmp(a->embedding_sync, b->embedding_sync)) {
+        (a->embedding_sync != b->embedding_sync)) {
         return 0;
     }
     if (a->predicted_step_s != b->predicted_step_s ||
@@ -91,27 +91,28 @@ static void test_round_trip(void) {
 
     /* a plan with every optional part filled in */
     loom_plan plan;
-    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", 0, "5,7");
+    loom_status st =
+        loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, LOOM_SCHEDULE_GPIPE, 0, "5,7");
     CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
     if (st != LOOM_OK) return;
     plan.stages[1].recompute = LOOM_RECOMPUTE_ALWAYS;
     plan.overlap_grad_reduce = 0;
-    snprintf(plan.dp_compression.method, sizeof plan.dp_compression.method, "powersgd");
+    plan.dp_compression.method = LOOM_COMPRESS_POWERSGD;
     plan.dp_compression.rank = 3;
     plan.dp_compression.error_feedback = 0;
     plan.dp_compression.warmup_steps = 7;
     plan.dp_compression.stages = malloc(sizeof(int));
     plan.dp_compression.stages[0] = 0;
     plan.dp_compression.num_stages = 1;
-    snprintf(plan.pp_compression.method, sizeof plan.pp_compression.method, "lowrank");
+    plan.pp_compression.method = LOOM_COMPRESS_LOWRANK;
     plan.pp_compression.rank = 12;
     plan.pp_compression.lazy_error = 0;
-    snprintf(plan.pp_compression.policy, sizeof plan.pp_compression.policy, "slack");
-    snprintf(plan.pp_compression.forward, sizeof plan.pp_compression.forward, "int8");
+    plan.pp_compression.policy = LOOM_PP_POLICY_SLACK;
+    plan.pp_compression.forward = LOOM_COMPRESS_INT8;
     plan.pp_compression.stages = malloc(sizeof(int));
     plan.pp_compression.stages[0] = 0;
     plan.pp_compression.num_stages = 1;
-    snprintf(plan.embedding_sync, sizeof plan.embedding_sync, "fused");
+    plan.embedding_sync = LOOM_EMBEDDING_SYNC_FUSED;
     plan.predicted_step_s = 0.1234567890123;
     plan.predicted_tokens_per_s = 1.0 / 3.0 * 1e6;
     plan.num_predicted_peak = 8;
@@ -148,7 +149,7 @@ static void test_round_trip(void) {
     char *text = NULL;
     size_t size = 0;
     if (loom_read_file(path, &text, &size) == LOOM_OK) {
-        CHECK(strstr(text, "{\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},") !=
+        CHECK(strstr(text, "{\"layers\": [0, 5], \"embedding\": true, \"recompute\": \"none\"},") !=
                   NULL,
               "stage 0 line in:\n%s", text);
         CHECK(strstr(text, "{\"layers\": [5, 12], \"head\": true, \"recompute\": \"always\"}") !=
@@ -180,11 +181,11 @@ static void test_round_trip(void) {
 
     /* a plan without compression or predictions round-trips too, and pp = 1 puts the embedding
      * and the head on the one stage */
-    st = loom_plan_uniform(&plan, &model, 4, 1, 1, 2, 32, NULL, 0, NULL);
+    st = loom_plan_uniform(&plan, &model, 4, 1, 1, 2, 32, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_OK, "uniform pp=1: %s", loom_last_error());
     if (st != LOOM_OK) return;
-    CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
-              !strcmp(plan.embedding_sync, "separate"),
+    CHECK(plan.schedule == LOOM_SCHEDULE_1F1B && plan.dp_compression.method == LOOM_COMPRESS_NONE &&
+              plan.embedding_sync == LOOM_EMBEDDING_SYNC_SEPARATE,
           "defaults");
     if (loom_plan_write(path, &plan) == LOOM_OK && loom_read_file(path, &text, &size) == LOOM_OK) {
         CHECK(strstr(text, "\"dp\": {\"method\": \"none\"},") &&
@@ -331,7 +332,7 @@ static void check_split(const loom_plan *plan, int layers, int pp) {
 static void test_stage_split(void) {
     loom_gpt_config model = gpt2_config(); /* 12 layers, 12 heads */
     loom_plan plan;
-    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 5, 1, 5, NULL, 0, NULL);
+    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 5, 1, 5, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_OK, "12 layers over 5 stages: %s", loom_last_error());
     if (st == LOOM_OK) {
         check_split(&plan, 12, 5);
@@ -350,7 +351,7 @@ static void test_stage_split(void) {
     for (int layers = 1; layers <= 24; layers++) {
         model.num_layers = layers;
         for (int pp = 1; pp <= layers; pp++) {
-            st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, 1, NULL, 0, NULL);
+            st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, 1, LOOM_SCHEDULE_1F1B, 0, NULL);
             if (st != LOOM_OK) {
                 all_ok = 0;
                 continue;
@@ -363,7 +364,7 @@ static void test_stage_split(void) {
 
     /* an explicit list */
     model.num_layers = 8;
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, 0, "3,5");
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, LOOM_SCHEDULE_1F1B, 0, "3,5");
     CHECK(st == LOOM_OK && plan.stages[0].end_layer == 3 && plan.stages[1].first_layer == 3 &&
               plan.stages[1].end_layer == 8,
           "--stage-layers 3,5: %s", loom_last_error());
@@ -381,7 +382,8 @@ static void test_stage_split(void) {
         {"3,5,", "expected 2"},
     };
     for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
-        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, NULL, 0, bad_lists[i].list);
+        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, LOOM_SCHEDULE_1F1B, 0,
+                               bad_lists[i].list);
         CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "stage_layers") &&
                   strstr(loom_last_error(), bad_lists[i].message),
               "stage list \"%s\": %s", bad_lists[i].list, loom_last_error());
@@ -390,19 +392,16 @@ static void test_stage_split(void) {
 
     /* a bad mesh is named by its plan path */
     model.num_layers = 12;
-    st = loom_plan_uniform(&plan, &model, 1, 5, 1, 1, 1, NULL, 0, NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 5, 1, 1, 1, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.tp"), "tp=5: %s",
           loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 13, 1, 1, NULL, 0, NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 13, 1, 1, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "mesh.pp"), "pp=13 > 12 layers: %s",
           loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "zero-bubble", 0, NULL);
-    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "schedule: %s",
-          loom_last_error());
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, "a-very-long-schedule-name-indeed", 0,
-                           NULL);
-    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule"), "long schedule: %s",
-          loom_last_error());
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 1, (loom_schedule_kind)99, 0, NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "batch.schedule") &&
+              strstr(loom_last_error(), "got the value 99"),
+          "schedule out of range: %s", loom_last_error());
     CHECK(is_empty_plan(&plan), "a failed build leaves an empty plan");
 }
 
@@ -578,9 +577,9 @@ static const broken_case broken_cases[] = {
     {"\"global\": 64", "\"global\": 64.5", 0, 0, "batch.global", "expected an integer"},
     {"\"dp\": 2", "\"dp\": 4294967298", 0, 0, "mesh.dp", "expected an integer"},
     {"\"recompute\": true", "\"recompute\": 1", 0, 0, "stages[1].recompute",
-     "true, false or \"always\""},
+     "\"none\", \"needed\" or \"always\""},
     {"\"recompute\": true", "\"recompute\": \"sometimes\"", 0, 0, "stages[1].recompute",
-     "true, false or \"always\""},
+     "\"none\", \"needed\" or \"always\""},
     {"[0, 5]", "[0, 5, 7]", 0, 0, "stages[0].layers", "two integers, got [0,5,7]"},
     {"[0, 5]", "[0, 5.5]", 0, 0, "stages[0].layers", "two integers"},
     {"\"stages\": [0]", "\"stages\": []", 0, 0, "compression.dp.stages", "non-empty"},
@@ -610,7 +609,8 @@ static void test_rules(void) {
                   plan.stages[1].head && plan.stages[1].recompute && !plan.stages[0].recompute,
               "absent embedding/head keys mean first/last stage");
         CHECK(plan.dp_compression.num_stages == 1 && plan.pp_compression.num_stages == 0 &&
-                  plan.pp_compression.lazy_error && !strcmp(plan.embedding_sync, "fused"),
+                  plan.pp_compression.lazy_error &&
+                  plan.embedding_sync == LOOM_EMBEDDING_SYNC_FUSED,
               "compression fields");
         /* dp*tp*pp against the ranks launched */
         st = loom_plan_check(&plan, path, 8);
@@ -665,6 +665,26 @@ static void check_broken_cases(const char *valid, const broken_case *cases, size
 
 #define SET_WORD(field, word) snprintf((field), sizeof(field), "%s", (word))
 
+/* A plan field's enum value for its file word (compress/'s method names, the plan's policies,
+ * embedding syncs and schedules); a word none of them knows gives 99, out of every range. */
+static int word_value(const char *word) {
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++)
+        if (!strcmp(word, loom_compress_method_name((loom_compress_method)m))) return m;
+    for (int i = 0; i < LOOM_PP_POLICY_COUNT; i++)
+        if (!strcmp(word, loom_pp_policy_name((loom_pp_policy)i))) return i;
+    for (int i = 0; i < LOOM_EMBEDDING_SYNC_COUNT; i++)
+        if (!strcmp(word, loom_embedding_sync_name((loom_embedding_sync)i))) return i;
+    return 99;
+}
+#define SET_ENUM(field, word) ((field) = word_value(word))
+
+/* A schedule by its name (NULL: 1f1b). */
+static loom_schedule_kind kind_of(const char *name) {
+    loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
+    if (name) loom_schedule_kind_parse(name, "test", "schedule", &kind);
+    return kind;
+}
+
 /* A malloc'd list of n indices. */
 static int *index_list(int n, const int *values) {
     int *list = malloc((size_t)n * sizeof *list);
@@ -696,18 +716,19 @@ static void test_compression_round_trip(void) {
     loom_gpt_config model = gpt2_config();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         loom_plan plan, back;
-        loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 4, 4, 64, NULL, 0, NULL);
+        loom_status st =
+            loom_plan_uniform(&plan, &model, 2, 1, 4, 4, 64, LOOM_SCHEDULE_1F1B, 0, NULL);
         CHECK(st == LOOM_OK, "uniform: %s", loom_last_error());
         if (st != LOOM_OK) return;
         loom_plan_compressor *dp = &plan.dp_compression, *pp = &plan.pp_compression;
-        SET_WORD(dp->method, cases[i].dp);
-        SET_WORD(pp->method, cases[i].pp);
+        SET_ENUM(dp->method, cases[i].dp);
+        SET_ENUM(pp->method, cases[i].pp);
         dp->rank = cases[i].dp_rank, pp->rank = cases[i].pp_rank;
         dp->fraction = cases[i].dp_fraction, pp->fraction = cases[i].pp_fraction;
         dp->error_feedback = cases[i].error_feedback, dp->warmup_steps = cases[i].warmup_steps;
         pp->lazy_error = cases[i].lazy_error;
-        SET_WORD(pp->policy, cases[i].policy);
-        SET_WORD(pp->forward, cases[i].forward);
+        SET_ENUM(pp->policy, cases[i].policy);
+        SET_ENUM(pp->forward, cases[i].forward);
         if (cases[i].num_stages) dp->stages = index_list(cases[i].num_stages, stage_order);
         if (cases[i].num_links) pp->stages = index_list(cases[i].num_links, link_order);
         dp->num_stages = cases[i].num_stages, pp->num_stages = cases[i].num_links;
@@ -749,9 +770,9 @@ static void test_compression_defaults(void) {
               "dp %s rank %d (expected %d), pp %s rank %d (expected %d)", cases[i].dp, dp->rank,
               cases[i].dp_rank, cases[i].pp, pp->rank, cases[i].pp_rank);
         CHECK(dp->fraction == 0.01 && pp->fraction == 0.01 && dp->error_feedback &&
-                  dp->warmup_steps == 0 && pp->lazy_error && !strcmp(pp->policy, "all") &&
-                  !strcmp(pp->forward, "none") && dp->num_stages == 0 && pp->num_stages == 0 &&
-                  !strcmp(plan.embedding_sync, "separate"),
+                  dp->warmup_steps == 0 && pp->lazy_error && pp->policy == LOOM_PP_POLICY_ALL &&
+                  pp->forward == LOOM_COMPRESS_NONE && dp->num_stages == 0 && pp->num_stages == 0 &&
+                  plan.embedding_sync == LOOM_EMBEDDING_SYNC_SEPARATE,
               "dp %s, pp %s: the other fields' defaults", cases[i].dp, cases[i].pp);
         CHECK(loom_plan_compresses_stage(dp, 0) && loom_plan_compresses_stage(dp, 1) &&
                   loom_plan_compresses_stage(pp, 0),
@@ -776,44 +797,45 @@ static void expect_refused(const loom_plan *plan, const char *what, const char *
 static void test_compression_rules(void) {
     loom_gpt_config model = gpt2_config();
     loom_plan one, two, p;
-    loom_status st = loom_plan_uniform(&one, &model, 2, 1, 1, 4, 64, NULL, 0, NULL);
+    loom_status st = loom_plan_uniform(&one, &model, 2, 1, 1, 4, 64, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_OK, "pp 1: %s", loom_last_error());
     if (st != LOOM_OK) return;
-    st = loom_plan_uniform(&two, &model, 2, 1, 2, 4, 64, NULL, 0, NULL);
+    st = loom_plan_uniform(&two, &model, 2, 1, 2, 4, 64, LOOM_SCHEDULE_1F1B, 0, NULL);
     CHECK(st == LOOM_OK, "pp 2: %s", loom_last_error());
     if (st != LOOM_OK) return;
     int link0[] = {0}, stage1[] = {1};
 
     p = one;
-    SET_WORD(p.pp_compression.method, "lowrank");
+    SET_ENUM(p.pp_compression.method, "lowrank");
     p.pp_compression.rank = 8;
     expect_refused(&p, "pp method with one stage", "compression.pp.method",
                    "expected \"none\" with one pipeline stage, got \"lowrank\"");
     p = one;
-    SET_WORD(p.pp_compression.forward, "bf16");
+    SET_ENUM(p.pp_compression.forward, "bf16");
     expect_refused(&p, "forward method with one stage", "compression.pp.forward",
                    "expected \"none\" with one pipeline stage, got \"bf16\"");
     p = one;
-    SET_WORD(p.embedding_sync, "fused");
+    SET_ENUM(p.embedding_sync, "fused");
     expect_refused(&p, "fused with one stage", "compression.embedding_sync",
                    "\"fused\" needs pipeline parallelism (pp > 1)");
     p = one;
     p.pp_compression.stages = link0, p.pp_compression.num_stages = 1;
     expect_refused(&p, "a link with one stage", "compression.pp.links[0]", "in [0, 0)");
     p = one;
-    SET_WORD(p.dp_compression.method, "int8");
+    SET_ENUM(p.dp_compression.method, "int8");
     p.dp_compression.stages = stage1, p.dp_compression.num_stages = 1;
     expect_refused(&p, "dp stage 1 of 1", "compression.dp.stages[0]",
                    "stage index in [0, 1) (mesh.pp = 1), got 1");
     p = one;
-    SET_WORD(p.dp_compression.method, "int8");
+    SET_ENUM(p.dp_compression.method, "int8");
     p.dp_compression.stages = stage1, p.dp_compression.num_stages = -1;
     expect_refused(&p, "a negative count", "compression.dp.stages", "got -1 of them");
     p = one;
-    memset(p.dp_compression.method, 'x', sizeof p.dp_compression.method);
-    expect_refused(&p, "an unterminated method", "compression.dp.method", "expected one of");
+    p.dp_compression.method = (loom_compress_method)99;
+    expect_refused(&p, "a method out of range", "compression.dp.method",
+                   "expected a compression method, got the value 99");
     p = one;
-    SET_WORD(p.dp_compression.method, "topk");
+    SET_ENUM(p.dp_compression.method, "topk");
     p.dp_compression.fraction = NAN;
     expect_refused(&p, "fraction NaN", "compression.dp.fraction", "in (0, 1]");
 
@@ -822,10 +844,10 @@ static void test_compression_rules(void) {
     p.dp_compression.lazy_error = 0;
     expect_refused(&p, "dp.lazy_error", "compression.dp.lazy_error", "expected true");
     p = two;
-    SET_WORD(p.dp_compression.policy, "slack");
+    SET_ENUM(p.dp_compression.policy, "slack");
     expect_refused(&p, "dp.policy", "compression.dp.policy", "got \"slack\"");
     p = two;
-    SET_WORD(p.dp_compression.forward, "bf16");
+    SET_ENUM(p.dp_compression.forward, "bf16");
     expect_refused(&p, "dp.forward", "compression.dp.forward", "got \"bf16\"");
     p = two;
     p.pp_compression.error_feedback = 0;
@@ -834,17 +856,17 @@ static void test_compression_rules(void) {
     p.pp_compression.warmup_steps = 3;
     expect_refused(&p, "pp.warmup_steps", "compression.pp.warmup_steps", "got 3");
     p = two;
-    SET_WORD(p.pp_compression.policy, "often");
-    expect_refused(&p, "pp.policy", "compression.pp.policy", "got \"often\"");
+    SET_ENUM(p.pp_compression.policy, "often");
+    expect_refused(&p, "pp.policy", "compression.pp.policy", "got the value 99");
 
     /* and what two stages allow */
     p = two;
-    SET_WORD(p.embedding_sync, "fused");
-    SET_WORD(p.pp_compression.method, "lowrank");
+    SET_ENUM(p.embedding_sync, "fused");
+    SET_ENUM(p.pp_compression.method, "lowrank");
     p.pp_compression.rank = 8;
-    SET_WORD(p.pp_compression.forward, "int8");
+    SET_ENUM(p.pp_compression.forward, "int8");
     p.pp_compression.stages = link0, p.pp_compression.num_stages = 1;
-    SET_WORD(p.dp_compression.method, "sign");
+    SET_ENUM(p.dp_compression.method, "sign");
     p.dp_compression.stages = stage1, p.dp_compression.num_stages = 1;
     st = loom_plan_check(&p, "mem", 0);
     CHECK(st == LOOM_OK, "fused, lowrank on link 0, int8 forward, sign on stage 1: %s",
@@ -860,13 +882,13 @@ static void test_request_compression(void) {
     loom_plan_compressor dp, pp;
     loom_plan_compressor_init(&dp);
     loom_plan_compressor_init(&pp);
-    SET_WORD(dp.method, "powersgd");
+    SET_ENUM(dp.method, "powersgd");
     dp.rank = 2, dp.warmup_steps = 5;
     dp.stages = index_list(1, (const int[]){1}), dp.num_stages = 1;
-    SET_WORD(pp.method, "topk");
+    SET_ENUM(pp.method, "topk");
     pp.fraction = 0.125, pp.lazy_error = 0;
-    SET_WORD(pp.policy, "epilogue");
-    SET_WORD(pp.forward, "bf16");
+    SET_ENUM(pp.policy, "epilogue");
+    SET_ENUM(pp.forward, "bf16");
     pp.stages = index_list(1, (const int[]){0}), pp.num_stages = 1;
     loom_plan_request request = {.dp = 2,
                                  .pp = 2,
@@ -881,7 +903,7 @@ static void test_request_compression(void) {
     if (st == LOOM_OK) {
         CHECK(compressors_equal(&plan.dp_compression, &dp) &&
                   compressors_equal(&plan.pp_compression, &pp) &&
-                  !strcmp(plan.embedding_sync, "fused"),
+                  plan.embedding_sync == LOOM_EMBEDDING_SYNC_FUSED,
               "the plan holds the request's compression");
         CHECK(plan.dp_compression.stages != dp.stages && plan.pp_compression.stages != pp.stages,
               "the lists are copied, not shared");
@@ -904,7 +926,7 @@ static void test_request_compression(void) {
     request.embedding_sync = "both";
     st = loom_plan_from_request(&plan, &model, &request, 4);
     CHECK(st == LOOM_ERR_INPUT &&
-              strstr(loom_last_error(), "--embedding-sync: expected "
+              strstr(loom_last_error(), "--embedding-sync: compression.embedding_sync: expected "
                                         "\"separate\" or \"fused\", got \"both\""),
           "embedding sync both: %s", loom_last_error());
     request.embedding_sync = "fused";
@@ -915,9 +937,9 @@ static void test_request_compression(void) {
           "fused with pp 1 from a request: %s", loom_last_error());
     request.embedding_sync = NULL;
     st = loom_plan_from_request(&plan, &model, &request, 2);
-    CHECK(st == LOOM_OK && !strcmp(plan.dp_compression.method, "none") &&
-              !strcmp(plan.pp_compression.method, "none") &&
-              !strcmp(plan.embedding_sync, "separate"),
+    CHECK(st == LOOM_OK && plan.dp_compression.method == LOOM_COMPRESS_NONE &&
+              plan.pp_compression.method == LOOM_COMPRESS_NONE &&
+              plan.embedding_sync == LOOM_EMBEDDING_SYNC_SEPARATE,
           "no compression requested: none: %s", loom_last_error());
     loom_plan_free(&plan);
     loom_plan_compressor_free(&dp);
@@ -931,7 +953,7 @@ static void test_compression_flags(void) {
     loom_plan_compressor dp, pp;
     loom_plan_compression_flags_defaults(&f);
     loom_status st = loom_plan_compression_from_flags(&f, &dp, &pp);
-    CHECK(st == LOOM_OK && !strcmp(dp.method, "none") && !strcmp(pp.method, "none") &&
+    CHECK(st == LOOM_OK && dp.method == LOOM_COMPRESS_NONE && pp.method == LOOM_COMPRESS_NONE &&
               dp.rank == 0 && pp.rank == 0 && dp.num_stages == 0,
           "defaults: no compression: %s", loom_last_error());
     loom_plan_compressor_free(&dp);
@@ -953,7 +975,7 @@ static void test_compression_flags(void) {
                   pp.stages[0] == 1,
               "index lists");
         CHECK(dp.warmup_steps == 9 && dp.error_feedback && !pp.lazy_error &&
-                  !strcmp(pp.policy, "slack") && !strcmp(pp.forward, "int8"),
+                  pp.policy == LOOM_PP_POLICY_SLACK && pp.forward == LOOM_COMPRESS_INT8,
               "the other fields");
         /* the plan of these flags gives the flags back */
         loom_gpt_config model = gpt2_config();
@@ -989,7 +1011,7 @@ static void test_compression_flags(void) {
                   strstr(loom_last_error(), "--dp-compression-stages: expected comma-separated "
                                             "stage indices"),
               "stages \"%s\": %s", bad_lists[i], loom_last_error());
-        CHECK(dp.stages == NULL && pp.stages == NULL && !strcmp(dp.method, "none"),
+        CHECK(dp.stages == NULL && pp.stages == NULL && dp.method == LOOM_COMPRESS_NONE,
               "a refused list leaves the defaults");
         g = f;
         SET_WORD(g.pp_compression_links, bad_lists[i]);
@@ -1013,7 +1035,8 @@ static void test_compression_flags(void) {
         {"none", "none", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "topk",
          "--pp-forward-compression: compression.pp.forward: expected one of none, int8, bf16"},
         {"none", "lowrank", 4, 8, 0, 0, 0, 0.01, 0.01, "", "", "often", "none",
-         "--pp-compression-policy: expected one of \"all\", \"epilogue\" or \"slack\", got "
+         "--pp-compression-policy: compression.pp.policy: expected one of \"all\", \"epilogue\" or "
+         "\"slack\", got "
          "\"often\""},
         {"topk", "none", 8, 8, 0, 0, 0, 0.01, 0.01, "", "", "all", "none",
          "--dp-compression-rank 8: not used with --dp-compression topk (only powersgd has a "
@@ -1073,7 +1096,8 @@ static void test_compression_flags(void) {
     SET_WORD(f.pp_compression, "none");
     f.pp_topk_fraction = 0.01;
     st = loom_plan_compression_from_flags(&f, &dp, &pp);
-    CHECK(st == LOOM_OK && !strcmp(pp.forward, "bf16"), "forward alone: %s", loom_last_error());
+    CHECK(st == LOOM_OK && pp.forward == LOOM_COMPRESS_BF16, "forward alone: %s",
+          loom_last_error());
     loom_plan_compressor_free(&dp);
     loom_plan_compressor_free(&pp);
 }
@@ -1140,10 +1164,11 @@ static void test_malformed(void) {
     st = loom_plan_read(path, &plan);
     CHECK(st == LOOM_OK, "minimal plan: %s", loom_last_error());
     if (st == LOOM_OK) {
-        CHECK(!strcmp(plan.schedule, "1f1b") && !strcmp(plan.dp_compression.method, "none") &&
-                  !strcmp(plan.pp_compression.method, "none") &&
-                  !strcmp(plan.embedding_sync, "separate") && plan.num_predicted_peak == 0 &&
-                  plan.model.padded_vocab_size == 384,
+        CHECK(plan.schedule == LOOM_SCHEDULE_1F1B &&
+                  plan.dp_compression.method == LOOM_COMPRESS_NONE &&
+                  plan.pp_compression.method == LOOM_COMPRESS_NONE &&
+                  plan.embedding_sync == LOOM_EMBEDDING_SYNC_SEPARATE &&
+                  plan.num_predicted_peak == 0 && plan.model.padded_vocab_size == 384,
               "minimal plan defaults");
         CHECK(plan.stages[0].embedding && plan.stages[1].head && !plan.stages[0].head &&
                   !plan.stages[1].embedding,
@@ -1172,7 +1197,7 @@ static int placed_as_expected(const loom_plan *plan) {
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];
         int rank, chunk;
-        expected_place(plan->schedule, plan->pp, i, &rank, &chunk);
+        expected_place(loom_schedule_kind_name(plan->schedule), plan->pp, i, &rank, &chunk);
         if (s->rank != rank || s->chunk != chunk || !s->embedding != (i != 0) ||
             !s->head != (i != last)) {
             return 0;
@@ -1195,7 +1220,8 @@ static void test_virtual_round_trip(void) {
 
     /* interleaved, p = 2, v = 2, uneven: ranks 0 1 0 1, chunks 0 0 1 1 */
     loom_plan plan, back, copy;
-    loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 2, 4, 64, "interleaved", 2, "4,3,3,2");
+    loom_status st =
+        loom_plan_uniform(&plan, &model, 2, 1, 2, 4, 64, LOOM_SCHEDULE_INTERLEAVED, 2, "4,3,3,2");
     CHECK(st == LOOM_OK, "interleaved 4,3,3,2: %s", loom_last_error());
     if (st != LOOM_OK) return;
     const int ranks[] = {0, 1, 0, 1}, chunks[] = {0, 0, 1, 1}, ends[] = {4, 7, 10, 12};
@@ -1205,8 +1231,8 @@ static void test_virtual_round_trip(void) {
                     plan.stages[i].end_layer == ends[i];
     }
     CHECK(as_asked && placed_as_expected(&plan), "interleaved: 4 virtual stages, ranks 0,1,0,1");
-    plan.stages[1].recompute = LOOM_RECOMPUTE_AS_NEEDED;
-    SET_WORD(plan.pp_compression.method, "int8");
+    plan.stages[1].recompute = plan.stages[3].recompute = LOOM_RECOMPUTE_AS_NEEDED;
+    SET_ENUM(plan.pp_compression.method, "int8");
     plan.pp_compression.stages = index_list(2, (const int[]){2, 0});
     plan.pp_compression.num_stages = 2;
     st = loom_plan_write(path, &plan);
@@ -1225,18 +1251,18 @@ static void test_virtual_round_trip(void) {
                                "\"interleaved\", \"virtual_stages\": 2},\n"),
           "batch line with virtual_stages in:\n%s", text ? text : "(none)");
     CHECK(text && strstr(text, "    {\"layers\": [0, 4], \"rank\": 0, \"embedding\": true, "
-                               "\"recompute\": false},\n"
-                               "    {\"layers\": [4, 7], \"rank\": 1, \"recompute\": true},\n"
-                               "    {\"layers\": [7, 10], \"rank\": 0, \"recompute\": false},\n"
+                               "\"recompute\": \"none\"},\n"
+                               "    {\"layers\": [4, 7], \"rank\": 1, \"recompute\": \"needed\"},\n"
+                               "    {\"layers\": [7, 10], \"rank\": 0, \"recompute\": \"none\"},\n"
                                "    {\"layers\": [10, 12], \"rank\": 1, \"head\": true, "
-                               "\"recompute\": false}\n"),
+                               "\"recompute\": \"needed\"}\n"),
           "stage lines with ranks in:\n%s", text ? text : "(none)");
     CHECK(text && !strstr(text, "chunk"), "the chunk is derived, not written");
     free(text);
     loom_plan_free(&plan);
 
     /* zb-v: v = 2 implied, the V puts stages 0..3 on ranks 0,1,1,0 */
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 4, "zb-v", 0, NULL);
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 4, LOOM_SCHEDULE_ZB_V, 0, NULL);
     CHECK(st == LOOM_OK, "zb-v: %s", loom_last_error());
     if (st != LOOM_OK) return;
     const int v_ranks[] = {0, 1, 1, 0};
@@ -1253,7 +1279,7 @@ static void test_virtual_round_trip(void) {
     if (st == LOOM_OK) loom_plan_free(&back);
     text = file_text(path);
     CHECK(text && strstr(text, "\"schedule\": \"zb-v\", \"virtual_stages\": 2}") &&
-              strstr(text, "{\"layers\": [6, 9], \"rank\": 1, \"recompute\": false}"),
+              strstr(text, "{\"layers\": [6, 9], \"rank\": 1, \"recompute\": \"none\"}"),
           "zb-v file in:\n%s", text ? text : "(none)");
     free(text);
     loom_plan_free(&plan);
@@ -1279,10 +1305,10 @@ static void test_v1_file_unchanged(void) {
         "  \"model\": {\"layers\": 12, \"heads\": 12, \"d_model\": 768, \"context\": 1024, "
         "\"vocab\": 50257},\n"
         "  \"batch\": {\"global\": 64, \"micro\": 4, \"schedule\": \"gpipe\"},\n"
-        "  \"mesh\": {\"dp\": 2, \"tp\": 2, \"pp\": 2},\n"
+        "  \"mesh\": {\"dp\": 2, \"tp\": 2, \"pp\": 2, \"zero\": 0},\n"
         "  \"stages\": [\n"
-        "    {\"layers\": [0, 5], \"embedding\": true, \"recompute\": false},\n"
-        "    {\"layers\": [5, 12], \"head\": true, \"recompute\": true}\n"
+        "    {\"layers\": [0, 5], \"embedding\": true, \"recompute\": \"none\"},\n"
+        "    {\"layers\": [5, 12], \"head\": true, \"recompute\": \"needed\"}\n"
         "  ],\n"
         "  \"compression\": {\n"
         "    \"dp\": {\"method\": \"none\"},\n"
@@ -1294,7 +1320,8 @@ static void test_v1_file_unchanged(void) {
     snprintf(path, sizeof path, "%s/v1.json", tmpdir);
     loom_gpt_config model = gpt2_config();
     loom_plan plan;
-    loom_status st = loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, "gpipe", 0, "5,7");
+    loom_status st =
+        loom_plan_uniform(&plan, &model, 2, 2, 2, 4, 64, LOOM_SCHEDULE_GPIPE, 0, "5,7");
     CHECK(st == LOOM_OK, "gpipe 5,7: %s", loom_last_error());
     if (st != LOOM_OK) return;
     CHECK(plan.virtual_stages == 1 && plan.stages[1].rank == 1 && plan.stages[1].chunk == 0,
@@ -1313,7 +1340,8 @@ static void test_virtual_split(void) {
     model.num_layers = 6;
     loom_plan plan;
     /* 6 layers over p = 2, v = 2: the earlier virtual stages take the extra layer */
-    loom_status st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, NULL);
+    loom_status st =
+        loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, LOOM_SCHEDULE_INTERLEAVED, 2, NULL);
     CHECK(st == LOOM_OK, "6 layers, p 2, v 2: %s", loom_last_error());
     if (st == LOOM_OK) {
         const int sizes[] = {2, 2, 1, 1};
@@ -1323,13 +1351,13 @@ static void test_virtual_split(void) {
         CHECK(same && placed_as_expected(&plan), "6 over 2 x 2 = 2,2,1,1 on ranks 0,1,0,1");
         loom_plan_free(&plan);
     }
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, "1,2,2,1");
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, LOOM_SCHEDULE_INTERLEAVED, 2, "1,2,2,1");
     CHECK(st == LOOM_OK && plan.stages[0].end_layer == 1 && plan.stages[1].end_layer == 3 &&
               plan.stages[2].end_layer == 5 && plan.stages[3].end_layer == 6 &&
               placed_as_expected(&plan),
           "--stage-layers 1,2,2,1 over 4 virtual stages: %s", loom_last_error());
     loom_plan_free(&plan);
-    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, "interleaved", 2, "3,3");
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, LOOM_SCHEDULE_INTERLEAVED, 2, "3,3");
     CHECK(st == LOOM_ERR_INPUT &&
               strstr(loom_last_error(),
                      "plan: stage_layers: expected 4 comma-separated positive layer counts, one "
@@ -1348,7 +1376,8 @@ static void test_virtual_split(void) {
                     {"gpipe", 1},
                     {NULL, 1}};
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
-        st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, defaults[i].schedule, 0, NULL);
+        st =
+            loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 2, kind_of(defaults[i].schedule), 0, NULL);
         CHECK(st == LOOM_OK && plan.virtual_stages == defaults[i].virtual_stages &&
                   plan.num_stages == 2 * defaults[i].virtual_stages && placed_as_expected(&plan),
               "%s: v %d by default: %s", defaults[i].schedule ? defaults[i].schedule : "default",
@@ -1363,7 +1392,7 @@ static void test_virtual_split(void) {
         for (int pp = 1; pp <= layers; pp++) {
             for (int v = 2; v <= 3 && pp * v <= layers; v++) {
                 const char *schedule = v == 2 && pp % 2 ? "zb-v" : "interleaved";
-                st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, pp, schedule, v, NULL);
+                st = loom_plan_uniform(&plan, &model, 1, 1, pp, 1, pp, kind_of(schedule), v, NULL);
                 if (st != LOOM_OK) {
                     all_ok = 0;
                     continue;
@@ -1397,7 +1426,7 @@ static void test_virtual_split(void) {
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         st = loom_plan_uniform(&plan, &model, 1, 1, refused[i].pp, 1, refused[i].global,
-                               refused[i].schedule, refused[i].virtual_stages, NULL);
+                               kind_of(refused[i].schedule), refused[i].virtual_stages, NULL);
         CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), refused[i].message),
               "refused %zu: expected '%s', got %s", i, refused[i].message,
               st == LOOM_OK ? "ok" : loom_last_error());
@@ -1418,7 +1447,8 @@ static const char *valid_interleaved =
     "false},\n"
     "              {\"layers\": [4, 7], \"rank\": 1, \"recompute\": true},\n"
     "              {\"layers\": [7, 10], \"rank\": 0, \"recompute\": false},\n"
-    "              {\"layers\": [10, 12], \"rank\": 1, \"head\": true, \"recompute\": false}],\n"
+    "              {\"layers\": [10, 12], \"rank\": 1, \"head\": true, \"recompute\": "
+    "\"needed\"}],\n"
     "  \"compression\": {\"dp\": {\"method\": \"powersgd\", \"rank\": 4, \"stages\": [1]},\n"
     "                  \"pp\": {\"method\": \"lowrank\", \"rank\": 8, \"links\": [2, 0]},\n"
     "                  \"embedding_sync\": \"fused\"}\n"
@@ -1495,15 +1525,15 @@ static void test_virtual_rules(void) {
     loom_gpt_config model = gpt2_config();
     loom_plan one;
     /* one pipeline rank with two chunks has a link between them, so V, not pp, decides */
-    st = loom_plan_uniform(&one, &model, 1, 1, 1, 1, 1, "interleaved", 2, NULL);
+    st = loom_plan_uniform(&one, &model, 1, 1, 1, 1, 1, LOOM_SCHEDULE_INTERLEAVED, 2, NULL);
     CHECK(st == LOOM_OK, "interleaved on one rank: %s", loom_last_error());
     if (st == LOOM_OK) {
         loom_plan p = one;
-        SET_WORD(p.pp_compression.method, "int8");
+        SET_ENUM(p.pp_compression.method, "int8");
         st = loom_plan_check(&p, "mem", 0);
         CHECK(st == LOOM_OK, "int8 on the link between two chunks of one rank: %s",
               loom_last_error());
-        SET_WORD(p.embedding_sync, "fused");
+        SET_ENUM(p.embedding_sync, "fused");
         expect_refused(&p, "fused with pp 1", "compression.embedding_sync",
                        "\"fused\" needs pipeline parallelism (pp > 1)");
         loom_plan_free(&one);
@@ -1579,6 +1609,128 @@ static void test_virtual_request(void) {
     loom_plan_free(&plan);
 }
 
+/* The keys settled for the memory and islands issues: mesh.zero (an integer; older files'
+ * top-level zero1 read as 0/1; left out, loom_plan_default_zero's rule, written back), the
+ * recompute words (older booleans read as none/needed), predicted.seq_len, and the reserved
+ * keys refused by name. Each expectation is the rule's own statement, not an earlier output. */
+static void test_settled_keys(void) {
+    char path[1200], text[4096];
+    const struct {
+        const char *find, *replace; /* an edit of valid_plan ("" find: none) */
+        int zero;                   /* the zero read, or -1: refused */
+        const char *message;        /* the refusal's piece */
+    } cases[] = {
+        /* dp 2 with PowerSGD: compression all-reduces, so the default is no ZeRO */
+        {"", "", 0, NULL},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 1}", 1, NULL},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 0}", 0, NULL},
+        {"\"mesh\":", "\"zero1\": true, \"mesh\":", 1, NULL},
+        {"\"mesh\":", "\"zero1\": false, \"mesh\":", 0, NULL},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 2}", -1,
+         "mesh.zero: ZeRO stage 2 (gradients sharded over the data-parallel ranks) is not built"},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 3}", -1, "mesh.zero: ZeRO stage 3"},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 4}", -1,
+         "mesh.zero: expected a ZeRO stage 0, 1, 2 or 3, got 4"},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": true}", -1, "mesh.zero"},
+        {"\"pp\": 2}", "\"pp\": 2, \"zero\": 1}, \"zero1\": true, \"x\": {", -1,
+         "zero1: expected either mesh.zero or (in older files) zero1, got both"},
+        {"\"mesh\":", "\"zero1\": 1, \"mesh\":", -1, "zero1: expected true or false"},
+        {"\"pp\": 2}", "\"pp\": 2, \"sequence_parallel\": false}", 0, NULL},
+        {"\"pp\": 2}", "\"pp\": 2, \"sequence_parallel\": true}", -1,
+         "mesh.sequence_parallel: sequence parallelism is not built yet"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2}, \"mesh\":", -1,
+         "islands: islands (DiLoCo-style training over slow links) are not built yet"},
+        {"\"recompute\": true}", "\"recompute\": \"needed\"}", 0, NULL},
+        {"\"recompute\": false}", "\"recompute\": \"always\"}", 0, NULL},
+        {"\"recompute\": true}", "\"recompute\": \"selective\"}", -1,
+         "stages[1].recompute: expected \"none\", \"needed\" or \"always\""},
+        {"\"step_s\": 0.0", "\"seq_len\": 512, \"step_s\": 0.0", 0, NULL},
+        {"\"step_s\": 0.0", "\"seq_len\": -1, \"step_s\": 0.0", -1, "predicted.seq_len"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *find = cases[i].find[0] ? cases[i].find : "{";
+        const char *replace = cases[i].find[0] ? cases[i].replace : "{";
+        if (!check_edit_text(valid_plan, find, replace, text, sizeof text)) continue;
+        /* the case with both keys needs its stray object closed */
+        if (strstr(text, "\"x\": {")) {
+            char *x = strstr(text, ", \"x\": {");
+            memmove(x, x + 8, strlen(x + 8) + 1);
+        }
+        snprintf(path, sizeof path, "%s/settled_%02zu.json", tmpdir, i);
+        check_write_text(path, text);
+        loom_plan plan;
+        loom_status st = loom_plan_read(path, &plan);
+        if (cases[i].zero < 0) {
+            CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), cases[i].message),
+                  "settled case %zu: expected '%s', got %s", i, cases[i].message,
+                  st == LOOM_OK ? "ok" : loom_last_error());
+            continue;
+        }
+        CHECK(st == LOOM_OK && plan.zero == cases[i].zero,
+              "settled case %zu: zero %d, expected %d: %s", i, st == LOOM_OK ? plan.zero : -1,
+              cases[i].zero, st == LOOM_OK ? "" : loom_last_error());
+        if (st != LOOM_OK) continue;
+        /* written back, every key is said, and it reads back equal */
+        snprintf(path, sizeof path, "%s/settled_%02zu_back.json", tmpdir, i);
+        loom_plan back;
+        st = loom_plan_write(path, &plan);
+        if (st == LOOM_OK) st = loom_plan_read(path, &back);
+        CHECK(st == LOOM_OK && plans_equal(&plan, &back) && back.zero == plan.zero &&
+                  back.predicted_seq_len == plan.predicted_seq_len,
+              "settled case %zu round trip: %s", i, st == LOOM_OK ? "differs" : loom_last_error());
+        char *written = file_text(path);
+        char zero_key[32];
+        snprintf(zero_key, sizeof zero_key, "\"zero\": %d}", plan.zero);
+        CHECK(written && strstr(written, zero_key) && !strstr(written, "zero1") &&
+                  !strstr(written, "\"recompute\": true") &&
+                  !strstr(written, "\"recompute\": false"),
+              "settled case %zu: written with mesh.zero and recompute words:\n%s", i,
+              written ? written : "(none)");
+        free(written);
+        if (st == LOOM_OK) loom_plan_free(&back);
+        loom_plan_free(&plan);
+    }
+    /* the default without compression: ZeRO-1 with dp > 1, none with one replica */
+    loom_gpt_config model = gpt2_config();
+    loom_plan_request request = {.dp = 2, .pp = 2, .micro_batch = 4, .global_batch = 64};
+    loom_plan plan;
+    loom_status st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_OK && plan.zero == 1 && plan.overlap_grad_reduce, "request dp 2: zero %d: %s",
+          plan.zero, loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    request.dp = 1, request.global_batch = 32;
+    st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_OK && plan.zero == 0, "request dp 1: zero %d", plan.zero);
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    request.dp = 2, request.global_batch = 64, request.zero_given = 1, request.zero = 0;
+    request.no_overlap_grad_reduce = 1;
+    st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_OK && plan.zero == 0 && !plan.overlap_grad_reduce,
+          "request zero 0, no overlap: zero %d overlap %d", plan.zero, plan.overlap_grad_reduce);
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    request.zero = 5;
+    st = loom_plan_from_request(&plan, &model, &request, 0);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "--zero: expected a ZeRO stage"),
+          "request zero 5: %s", st == LOOM_OK ? "ok" : loom_last_error());
+    /* an interleaved rank's chunks must agree on recomputation: refused by the plan's check, so
+     * `loom plan --check` and `loom train --plan` say the same */
+    st = loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 4, LOOM_SCHEDULE_INTERLEAVED, 2, NULL);
+    CHECK(st == LOOM_OK, "interleaved: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        plan.stages[1].recompute = LOOM_RECOMPUTE_ALWAYS;
+        st = loom_plan_check(&plan, "mem", 0);
+        CHECK(st == LOOM_ERR_INPUT &&
+                  strstr(loom_last_error(),
+                         "mem: stages[3].recompute: expected \"always\", as stages[1] (pipeline "
+                         "rank 1 runs both"),
+              "chunks that disagree: %s", st == LOOM_OK ? "ok" : loom_last_error());
+        plan.stages[3].recompute = LOOM_RECOMPUTE_ALWAYS;
+        CHECK(loom_plan_check(&plan, "mem", 0) == LOOM_OK, "chunks that agree: %s",
+              loom_last_error());
+        loom_plan_free(&plan);
+    }
+}
+
 int main(void) {
     tmpdir = check_tmpdir();
     test_round_trip();
@@ -1596,5 +1748,6 @@ int main(void) {
     test_virtual_split();
     test_virtual_rules();
     test_virtual_request();
+    test_settled_keys();
     return check_finish();
 }

@@ -52,7 +52,7 @@ static int build_shape(pipeline *pl, loom_schedule_kind kind, int p, int v, int 
 }
 
 static int build_pipeline(pipeline *pl, loom_schedule_kind kind, int stages, int micro_batches) {
-    return build_shape(pl, kind, stages, loom_schedule_kind_chunks(kind), micro_batches);
+    return build_shape(pl, kind, stages, loom_plan_schedule_chunks(kind), micro_batches);
 }
 
 static void free_pipeline(pipeline *pl) {
@@ -487,7 +487,7 @@ static void check_layout(loom_schedule_kind kind, int p, int v, int m) {
 static void test_placement(void) {
     for (int k = 0; k < LOOM_SCHEDULE_NUM_KINDS; k++) {
         for (int p = 1; p <= MAX_RANKS; p++) {
-            int v = loom_schedule_kind_chunks((loom_schedule_kind)k);
+            int v = loom_plan_schedule_chunks((loom_schedule_kind)k);
             if (v == 0) v = 3;
             loom_pipe_shape shape = {(loom_schedule_kind)k, p, v, p};
             for (int s = 0; s < p * v; s++) {
@@ -510,7 +510,7 @@ static void test_all_layouts(void) {
     for (int p = 1; p <= MAX_RANKS; p++) {
         for (int ki = 0; ki < 4; ki++) {
             for (int mi = 0; mi < counts; mi++) {
-                check_layout(fixed[ki], p, loom_schedule_kind_chunks(fixed[ki]),
+                check_layout(fixed[ki], p, loom_plan_schedule_chunks(fixed[ki]),
                              micro_batch_counts[mi]);
             }
         }
@@ -616,23 +616,28 @@ static void test_bad_arguments(void) {
                        "NULL output");
 
     loom_schedule_kind kind = LOOM_SCHEDULE_GPIPE;
-    CHECK(loom_schedule_kind_parse("1f1b", &kind) == LOOM_OK && kind == LOOM_SCHEDULE_1F1B,
+    CHECK(loom_schedule_kind_parse("1f1b", "test", "schedule", &kind) == LOOM_OK &&
+              kind == LOOM_SCHEDULE_1F1B,
           "parse 1f1b");
-    CHECK(loom_schedule_kind_parse("gpipe", &kind) == LOOM_OK && kind == LOOM_SCHEDULE_GPIPE,
+    CHECK(loom_schedule_kind_parse("gpipe", "test", "schedule", &kind) == LOOM_OK &&
+              kind == LOOM_SCHEDULE_GPIPE,
           "parse gpipe");
     for (int k = 0; k < LOOM_SCHEDULE_NUM_KINDS; k++) {
-        CHECK(loom_schedule_kind_parse(loom_schedule_kind_name((loom_schedule_kind)k), &kind) ==
-                      LOOM_OK &&
+        CHECK(loom_schedule_kind_parse(loom_schedule_kind_name((loom_schedule_kind)k), "test",
+                                       "schedule", &kind) == LOOM_OK &&
                   (int)kind == k,
               "name of kind %d does not parse back", k);
     }
-    expect_input_error(loom_schedule_kind_parse("zb-h2", &kind),
-                       "unknown schedule \"zb-h2\"; expected \"gpipe\", \"1f1b\", "
-                       "\"interleaved\", \"zb-h1\" or \"zb-v\"",
+    expect_input_error(loom_schedule_kind_parse("zb-h2", "test", "schedule", &kind),
+                       "test: schedule: expected one of \"gpipe\", \"1f1b\", "
+                       "\"interleaved\", \"zb-h1\" or \"zb-v\", got \"zb-h2\"",
                        "kind zb-h2");
-    expect_input_error(loom_schedule_kind_parse("", &kind), "unknown schedule \"\"", "kind \"\"");
-    expect_input_error(loom_schedule_kind_parse("1F1B ", &kind), "1F1B ", "kind \"1F1B \"");
-    expect_input_error(loom_schedule_kind_parse(NULL, &kind), "(null)", "kind NULL");
+    expect_input_error(loom_schedule_kind_parse("", "test", "schedule", &kind), "got \"\"",
+                       "kind \"\"");
+    expect_input_error(loom_schedule_kind_parse("1F1B ", "test", "schedule", &kind), "1F1B ",
+                       "kind \"1F1B \"");
+    expect_input_error(loom_schedule_kind_parse(NULL, "test", "schedule", &kind), "got \"\"",
+                       "kind NULL");
     CHECK(strcmp(loom_schedule_kind_name((loom_schedule_kind)9), "?") == 0, "name of kind 9");
     CHECK(strcmp(loom_pipe_op_name((loom_pipe_op)9), "?") == 0, "name of op 9");
 }

@@ -41,7 +41,7 @@ static int build_shape(pipeline *pl, loom_schedule_kind kind, int stages, int ch
 }
 
 static int build(pipeline *pl, loom_schedule_kind kind, int stages, int micro_batches) {
-    return build_shape(pl, kind, stages, loom_schedule_kind_chunks(kind), micro_batches);
+    return build_shape(pl, kind, stages, loom_plan_schedule_chunks(kind), micro_batches);
 }
 
 static void free_pipeline(pipeline *pl) {
@@ -516,7 +516,7 @@ static void test_against_longest_paths(void) {
         int p = 1 + (int)(loom_rng_next_uniform(&rng) * 4);
         int m = 1 + (int)(loom_rng_next_uniform(&rng) * 5);
         loom_schedule_kind kind = (loom_schedule_kind)(trial % LOOM_SCHEDULE_NUM_KINDS);
-        int v = loom_schedule_kind_chunks(kind);
+        int v = loom_plan_schedule_chunks(kind);
         if (kind == LOOM_SCHEDULE_INTERLEAVED) v = 2 + trial % 2, m = p * (1 + m % 2);
         int V = p * v;
         double forward[MAX_V], backward[MAX_V], input[MAX_V], weight[MAX_V], act[MAX_V],

@@ -184,10 +184,10 @@ static void test_tables(void) {
     loom_gpt_config model = model_of(8);
     loom_cluster cl = cluster_of(8, (int64_t)1 << 40);
     loom_plan plan;
-    CHECK(loom_plan_uniform(&plan, &model, 1, 1, 4, 2, 16, "1f1b", 0, NULL) == LOOM_OK, "plan: %s",
-          loom_last_error());
+    CHECK(loom_plan_uniform(&plan, &model, 1, 1, 4, 2, 16, LOOM_SCHEDULE_1F1B, 0, NULL) == LOOM_OK,
+          "plan: %s", loom_last_error());
     loom_stage_problem p;
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 0, &p) == LOOM_OK,
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &p) == LOOM_OK,
           "problem: %s", loom_last_error());
     size_t row = (size_t)p.layers + 1;
     CHECK(p.stages == 4 && p.layers == 8 && p.micro_batches == 8, "shape %d %d %d", p.stages,
@@ -195,7 +195,7 @@ static void test_tables(void) {
     for (int s = 0; s < 4; s++) CHECK(p.in_flight[s] == 4 - s, "stage %d in flight", s);
     /* the even plan's own predicted stage times are the table's */
     loom_prediction pr;
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict");
     for (int s = 0; s < 4; s++) {
         double t = p.time[(size_t)loom_stage_class_of(s, 4) * row + 2];
         CHECK_CLOSE(t, pr.stage[s].forward_s + pr.stage[s].backward_s, 1e-12, 0, "stage time");
@@ -223,7 +223,7 @@ static void test_tables(void) {
     CHECK(latency < loom_stage_latency(&p, even, NULL), "the DP's split beats the even one");
     loom_stage_problem_free(&p);
     /* two options per stage: recomputation costs time and saves memory per activation set */
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 1, &p) == LOOM_OK &&
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 1, &p) == LOOM_OK &&
               p.options == 2,
           "per-stage problem: %s", loom_last_error());
     size_t off = (size_t)LOOM_STAGE_CLASSES * row;
@@ -239,13 +239,14 @@ static void test_tables(void) {
     /* interleaved (pp 2, two chunks per rank): the problem is over the 4 virtual stages, one
      * option (a rank's chunks agree on recomputation), no memory limit (they share a device;
      * loom_plan_predict checks the result), and its times are the even plan's predicted ones */
-    CHECK(loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 8, "interleaved", 2, NULL) == LOOM_OK,
+    CHECK(loom_plan_uniform(&plan, &model, 1, 1, 2, 1, 8, LOOM_SCHEDULE_INTERLEAVED, 2, NULL) ==
+              LOOM_OK,
           "interleaved plan");
-    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, 1, &p) == LOOM_OK &&
+    CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 1, &p) == LOOM_OK &&
               p.stages == 4 && p.options == 1 && p.memory_bytes == INT64_MAX,
           "interleaved problem: %s (%d stages, %d options)", loom_last_error(), p.stages,
           p.options);
-    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, 0, &pr) == LOOM_OK, "predict");
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict");
     for (int s = 0; s < 4 && p.time; s++) {
         double t = p.time[(size_t)loom_stage_class_of(s, 4) * row + 2];
         CHECK_CLOSE(t, pr.stage[s].forward_s + pr.stage[s].backward_s, 1e-12, 0,
@@ -259,7 +260,7 @@ static void test_tables(void) {
  * also under a memory limit that rules some splits out. */
 static void test_every_small_layout(void) {
     loom_gpt_config model = model_of(8);
-    static const char *const schedules[] = {"1f1b", "zb-h1"};
+    static const loom_schedule_kind schedules[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_ZB_H1};
     int layouts = 0;
     for (int limit = 0; limit < 2; limit++) {
         for (int pp = 2; pp <= 8; pp *= 2) {
@@ -275,7 +276,7 @@ static void test_every_small_layout(void) {
                             /* recompute: the DP chooses it per stage (two options) */
                             loom_cluster cl = cluster_of(8, (int64_t)1 << 40);
                             loom_stage_problem p;
-                            CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 0,
+                            CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64,
                                                           recompute, &p) == LOOM_OK,
                                   "problem: %s", loom_last_error());
                             if (limit) { /* between the least and the largest stage's need */
@@ -291,7 +292,7 @@ static void test_every_small_layout(void) {
                             }
                             char what[128];
                             snprintf(what, sizeof what, "dp %d tp %d pp %d micro %d %s%s%s", dp, tp,
-                                     pp, micro, schedules[k],
+                                     pp, micro, loom_schedule_kind_name(schedules[k]),
                                      recompute ? " per-stage recompute" : "",
                                      limit ? " limited" : "");
                             check_against_brute_force(&p, what);

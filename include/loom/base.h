@@ -113,6 +113,30 @@ loom_status loom_write_file_atomic(const char *path, const void *data, size_t si
 /* mkdir -p; fails naming the path. */
 loom_status loom_mkdir_p(const char *path);
 
+/* DIR/NAME into buf (cap bytes; NAME alone when dir is NULL). A path that does not fit is
+ * refused, never cut: LOOM_ERR_INPUT "path too long: DIR/NAME (N bytes, at most M)", and buf is
+ * left empty. buf must not overlap dir or name. */
+loom_status loom_path_join(char *buf, size_t cap, const char *dir, const char *name);
+
+/* llm.c's binary files — token shards (magic 20240520), tokenizers (20240328) and model
+ * checkpoints (20240326) — start with a header of 256 little-endian int32 slots, slot 0 the magic.
+ * loom_i32_header_decode reads it from the first `size` bytes of `path` (already in memory) into
+ * slots[]; LOOM_ERR_INPUT naming `path` when the file is shorter than the header ("file is 10
+ * bytes, shorter than the 1024-byte header of an llm.c token shard") or slot 0 is not `magic`
+ * ("header slot 0 (magic): expected 20240520 (an llm.c token shard), got 20240326 (an llm.c
+ * model checkpoint)"). The other slots are the caller's to check. */
+#define LOOM_I32_HEADER_SLOTS 256
+#define LOOM_I32_HEADER_BYTES 1024
+loom_status loom_i32_header_decode(const void *bytes, size_t size, const char *path, int32_t magic,
+                                   int32_t slots[LOOM_I32_HEADER_SLOTS]);
+/* The same, read from the open file `f` positioned at its start; on success `f` stands at the
+ * first byte after the header. */
+loom_status loom_i32_header_read(FILE *f, const char *path, int32_t magic,
+                                 int32_t slots[LOOM_I32_HEADER_SLOTS]);
+/* The header's bytes for slots[], as the writers of these formats put them. */
+void loom_i32_header_encode(unsigned char bytes[LOOM_I32_HEADER_BYTES],
+                            const int32_t slots[LOOM_I32_HEADER_SLOTS]);
+
 /* Bytes of memory this machine can still give a process (MemAvailable of /proc/meminfo, else the
  * physical memory), shared by the ranks that run on it; 0 when unknown. */
 int64_t loom_memory_available(void);

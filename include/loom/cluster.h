@@ -46,6 +46,15 @@
  * (per device) and "source" (per link) are free text, required in shipped descriptions (the
  * checker does not read them). Unknown keys are errors.
  *
+ * Plausible bounds (a figure outside them is refused naming the file and the field, so that a
+ * typo is not planned with): at most LOOM_CLUSTER_MAX_DEVICES devices (max_nodes x node.devices,
+ * and a collective's ranks); each peak 0 (the precision is not
+ * offered) or 1e6 to 1e18 FLOP/s, at least one offered (the planner refuses a precision whose
+ * peak is 0 by name); every rate, bandwidths, compressor throughputs and
+ * optimizer_params_per_s, 1e3 to 1e15 (bytes or parameters per second; the optional ones may be
+ * 0: not measured), a fit's beta_s_per_byte their inverse, 1e-15 to 1e-3; latencies and a fit's
+ * alpha_s 0 to 10 s.
+ *
  * Also here: measuring a description on the ranks that will train (`loom profile`, below).
  *
  * Not here: turning these figures into the time of a stage or a collective (the planner's cost
@@ -67,6 +76,13 @@ extern "C" {
 
 #define LOOM_CLUSTER_MAX_GEMM_POINTS 64
 #define LOOM_CLUSTER_MAX_COLLECTIVES 64
+/* the plausible bounds (above) */
+#define LOOM_CLUSTER_MAX_DEVICES   (1 << 20)
+#define LOOM_CLUSTER_MIN_FLOPS     1e6
+#define LOOM_CLUSTER_MAX_FLOPS     1e18
+#define LOOM_CLUSTER_MIN_RATE      1e3 /* bytes or parameters per second */
+#define LOOM_CLUSTER_MAX_RATE      1e15
+#define LOOM_CLUSTER_MAX_LATENCY_S 10.0
 
 typedef struct {
     double flops;      /* 2 m n k of the GEMM, > 0, ascending in the table */

@@ -56,6 +56,10 @@ int loom_comm_world_rank_of(const loom_comm *comm, int rank);
  * starts or after it ends), at most cap - 1 characters, NUL-terminated. Ranks whose names are
  * equal share a machine. LOOM_ERR_RUNTIME when no name can be had. */
 loom_status loom_comm_host_name(char *name, size_t cap);
+/* *ranks: how many of comm's ranks run on this process's machine and share its memory
+ * (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED: any MPI, any launcher, mpirun or srun).
+ * Collective over comm, with the usual deadline; 1 for a NULL comm (no MPI). */
+loom_status loom_comm_local_size(loom_comm *comm, int *ranks);
 
 /* MPI_Comm_split: ranks with the same colour form a group, ordered by key (ties by rank in
  * parent). A rank with colour < 0 joins no group and gets *out = NULL. Collective over parent,

@@ -4,7 +4,7 @@
  * and bf16, each with its error-feedback residual and warm-start factor, and the list of method
  * names the plan checker asks.
  *
- * A compressor never calls MPI (DESIGN.md, "How compression and planning fit"). It sees one
+ * A compressor never calls MPI (docs/design.md, "How compression and planning fit"). It sees one
  * matrix (rows, cols), row-major fp32; a 1-D tensor is one row. parallel/ asks it to encode the
  * matrix into a wire buffer, moves the buffer, and asks it to decode.
  *

@@ -300,15 +300,6 @@ typedef struct {
     int count;
 } loom_pipe_stage_schedule;
 
-typedef enum {
-    LOOM_SCHEDULE_GPIPE,
-    LOOM_SCHEDULE_1F1B,
-    LOOM_SCHEDULE_INTERLEAVED,
-    LOOM_SCHEDULE_ZB_H1,
-    LOOM_SCHEDULE_ZB_V,
-} loom_schedule_kind;
-#define LOOM_SCHEDULE_NUM_KINDS 5
-
 /* One step's pipeline: the schedule, p ranks, v chunks per rank, m micro-batches. */
 typedef struct {
     loom_schedule_kind kind;
@@ -318,15 +309,12 @@ typedef struct {
 } loom_pipe_shape;
 
 /* A checked plan's step as a shape: its schedule, pp ranks, virtual stages and micro-batches per
- * step. LOOM_ERR_INPUT only for a schedule name this build does not know. */
+ * step. */
 loom_status loom_pipe_shape_of(const loom_plan *plan, loom_pipe_shape *shape);
 /* The shape's rules above (and sizes that keep every count an int), as LOOM_ERR_INPUT naming
  * the value and the rule, e.g. "interleaved needs micro-batches a multiple of the pipeline
  * ranks (4), got 6". */
 loom_status loom_pipe_shape_check(const loom_pipe_shape *shape);
-/* The chunks a kind runs per rank when it decides (gpipe, 1f1b, zb-h1: 1; zb-v: 2); 0 for
- * interleaved, whose v the caller chooses. */
-int loom_schedule_kind_chunks(loom_schedule_kind kind);
 /* Virtual stages: p v. The virtual stage of (rank, chunk), and the rank and chunk of a virtual
  * stage (the placement above). Arguments must be in range. */
 int loom_pipe_virtual_stages(const loom_pipe_shape *shape);
@@ -352,11 +340,6 @@ loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_ba
                                loom_pipe_stage_schedule *out);
 void loom_pipe_schedule_free(loom_pipe_stage_schedule *s);
 
-/* "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v" (the plan file's batch.schedule); anything
- * else is LOOM_ERR_INPUT listing them. */
-loom_status loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind);
-/* The name loom_schedule_kind_parse reads back ("?" for a value out of range). */
-const char *loom_schedule_kind_name(loom_schedule_kind kind);
 /* "recv_act", "forward", ... for traces and messages ("?" for a value out of range). */
 const char *loom_pipe_op_name(loom_pipe_op op);
 
@@ -482,13 +465,13 @@ typedef struct {
 } loom_rank_memory;
 
 /* Pipeline rank pp_rank's memory (any TP rank: they are alike) for sequences of seq_len tokens;
- * zero1: AdamW's moments sharded over the plan's dp. Errors are the cost facts'. */
-loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+ * the plan's ZeRO stage says what is sharded over its dp. Errors are the cost facts'. */
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len,
                                   loom_rank_memory *out);
 
 /* loom_plan_rank_memory with the schedule's peak of activation sets given (the planner's
  * simulator knows it without building the rank's list again). */
-loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len,
                                      int peak_in_flight, loom_rank_memory *out);
 /* Virtual stage s's cost facts for one micro-batch (one activation set). */
 loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,

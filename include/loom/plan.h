@@ -9,9 +9,9 @@
  *   {
  *     "model":   {"layers": 12, "heads": 12, "d_model": 768, "context": 1024, "vocab": 50257},
  *     "batch":   {"global": 64, "micro": 4, "schedule": "1f1b"},
- *     "mesh":    {"dp": 2, "tp": 2, "pp": 2},
- *     "stages":  [{"layers": [0, 5], "embedding": true, "recompute": false},
- *                 {"layers": [5, 12], "head": true, "recompute": true}],
+ *     "mesh":    {"dp": 2, "tp": 2, "pp": 2, "zero": 1},
+ *     "stages":  [{"layers": [0, 5], "embedding": true, "recompute": "none"},
+ *                 {"layers": [5, 12], "head": true, "recompute": "needed"}],
  *     "compression": {
  *       "dp": {"method": "powersgd", "rank": 4, "error_feedback": true, "warmup_steps": 0,
  *              "stages": [0]},
@@ -24,15 +24,19 @@
  * "vocab" is the real vocabulary; the padded one (a multiple of 128) is derived from it.
  * A top-level "precision" ("fp32", "bf16" or "fp16"; left out: "fp32", and written only when it
  * is not) says what the planner planned for; this build trains fp32 and refuses the others.
- * A top-level "zero1" (true/false; left out: the trainer decides) says whether AdamW's state is
- * sharded over the data-parallel ranks: the planner writes what it predicted, `loom train`
- * follows it unless --zero1/--no-zero1 say otherwise.
+ * "mesh.zero" (an integer 0-3) is the ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's
+ * state sharded (this build runs 0 and 1; 2 and 3 are refused by name until built). Left out, it
+ * is loom_plan_default_zero's; a file of older builds saying "zero1": true/false at the top level
+ * reads as 1/0. "mesh.sequence_parallel" (false) and a top-level "islands" are reserved: refused
+ * by name until built.
  * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
  * says whether the data-parallel gradient buckets start during the last backward (loom's way)
  * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
+ * "predicted.seq_len" is the sequence length the prediction was made for.
  * Layer ranges are half-open. "compression" and "predicted" may be left out, and so may
  * "batch.schedule" ("1f1b"), a stage's "embedding"/"head" (true on the first/last stage only)
- * and "recompute" (false; true: as needed; "always": before every backward, LOOM_RECOMPUTE_*).
+ * and "recompute" ("none"; "needed": as needed; "always": before every backward,
+ * LOOM_RECOMPUTE_*; older files' false and true read as "none" and "needed").
  *
  * Virtual stages: with schedule "interleaved" or "zb-v" each pipeline rank runs v model chunks,
  * so "stages" lists all pp * v virtual stages in model order; "batch.virtual_stages" says v
@@ -66,6 +70,7 @@
 #define LOOM_PLAN_H
 
 #include "loom/base.h"
+#include "loom/compress.h"
 #include "loom/model.h"
 
 #include <stdint.h>
@@ -75,12 +80,48 @@
 extern "C" {
 #endif
 
+/* The plan's words, as the runtime sees them: enums. Names exist only at the file and flag
+ * edges (loom_plan_read/write, loom_plan_from_request, messages). */
+
+/* batch.schedule: the pipeline schedule. */
+typedef enum {
+    LOOM_SCHEDULE_GPIPE,
+    LOOM_SCHEDULE_1F1B,
+    LOOM_SCHEDULE_INTERLEAVED,
+    LOOM_SCHEDULE_ZB_H1,
+    LOOM_SCHEDULE_ZB_V,
+} loom_schedule_kind;
+#define LOOM_SCHEDULE_NUM_KINDS 5
+/* "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v"; anything else is LOOM_ERR_INPUT listing
+ * them, naming `source` and `field`. */
+loom_status loom_schedule_kind_parse(const char *name, const char *source, const char *field,
+                                     loom_schedule_kind *kind);
+/* The name loom_schedule_kind_parse reads back ("?" for a value out of range). */
+const char *loom_schedule_kind_name(loom_schedule_kind kind);
+
+/* compression.pp.policy: which backward sends of a compressing link compress. */
+typedef enum {
+    LOOM_PP_POLICY_ALL,      /* every one */
+    LOOM_PP_POLICY_EPILOGUE, /* 1F1B's cool-down sends */
+    LOOM_PP_POLICY_SLACK,    /* those whose simulated slack is below the time compression saves */
+} loom_pp_policy;
+#define LOOM_PP_POLICY_COUNT 3
+const char *loom_pp_policy_name(loom_pp_policy policy); /* "all", "epilogue", "slack" */
+
+/* compression.embedding_sync: how the tied embedding's two gradients meet. */
+typedef enum { LOOM_EMBEDDING_SYNC_SEPARATE, LOOM_EMBEDDING_SYNC_FUSED } loom_embedding_sync;
+#define LOOM_EMBEDDING_SYNC_COUNT 2
+const char *loom_embedding_sync_name(loom_embedding_sync sync); /* "separate", "fused" */
+
+/* The plan file's "recompute" word of a stage and its names: "none", "needed", "always". */
+const char *loom_recompute_name(int recompute);
+
 /* One (virtual) pipeline stage: the transformer blocks [first_layer, end_layer), plus the token
  * and position embedding on the first stage and the final LayerNorm, LM head and loss on the
  * last one. With v virtual stages per rank the plan lists all p v of them in model order, and
  * each says which pipeline rank runs it and as which of that rank's chunks (the schedule's
  * placement, loom_plan_place). */
-/* A stage's recomputation (the plan file's "recompute": false, true or "always"):
+/* A stage's recomputation (the plan file's "recompute": "none", "needed" or "always"):
  *   LOOM_RECOMPUTE_NONE       every micro-batch in flight keeps its activation set
  *   LOOM_RECOMPUTE_AS_NEEDED  one activation set; a backward reruns its micro-batch's forward
  *                             unless that forward was the rank's last compute (the set is there)
@@ -116,14 +157,14 @@ typedef struct {
 #define LOOM_PLAN_DEFAULT_PP_RANK       8    /* lowrank */
 #define LOOM_PLAN_DEFAULT_TOPK_FRACTION 0.01 /* topk, dp and pp */
 typedef struct {
-    char method[16];
+    loom_compress_method method;
     int rank;
     double fraction;
     int error_feedback;
     int warmup_steps;
     int lazy_error;
-    char policy[16];
-    char forward[16];
+    loom_pp_policy policy;
+    loom_compress_method forward;
     int *stages;    /* (num_stages) distinct ranks in [0, pp) (links: [0, pp * v - 1)) */
     int num_stages; /* 0 = all */
 } loom_plan_compressor;
@@ -132,19 +173,21 @@ typedef struct {
     loom_gpt_config model; /* padded_vocab_size filled in (vocab rounded up to 128) */
     int global_batch;      /* sequences per optimizer step, over all DP replicas */
     int micro_batch;       /* sequences per forward/backward of one stage */
-    char schedule[16];     /* "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v" */
-    int virtual_stages;    /* v: model chunks per pipeline rank (1; interleaved >= 2; zb-v 2) */
+    loom_schedule_kind schedule;
+    int virtual_stages; /* v: model chunks per pipeline rank (1; interleaved >= 2; zb-v 2) */
     int dp, tp, pp;
     loom_plan_stage *stages;             /* (num_stages) virtual stages in model order */
     int num_stages;                      /* == pp * virtual_stages */
     loom_plan_compressor dp_compression; /* data-parallel gradients */
     loom_plan_compressor pp_compression; /* activations and their gradients between stages */
-    char embedding_sync[16];             /* tied embedding's gradient: "separate" or "fused" */
-    char precision[8]; /* "fp32" (what loom trains), "bf16" or "fp16" (planned for GPU clusters;
-                          the runtime refuses them by name) */
-    int zero1;         /* AdamW's state sharded over dp: 1, 0, or -1 (not said: the trainer's
-                          default) */
-    int overlap_grad_reduce; /* 1 (default): DP buckets start during backward; 0: after it */
+    loom_embedding_sync embedding_sync;  /* the tied embedding's gradient */
+    loom_precision precision; /* fp32 (what loom trains), bf16 or fp16 (planned for GPU clusters;
+                                 the runtime refuses them by name) */
+    int zero;                 /* ZeRO stage over dp: 0 none, 1 AdamW's state sharded; 2 and 3
+                                 (gradients, parameters) are reserved and refused until built */
+    int sequence_parallel;    /* reserved: 0 (1 refused until built) */
+    int overlap_grad_reduce;  /* 1 (default): DP buckets start during backward; 0: after it */
+    int predicted_seq_len;    /* the sequence length the prediction was made for (0: none) */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
     int num_predicted_peak;
@@ -195,7 +238,7 @@ loom_status loom_plan_write(const char *path, const loom_plan *plan);
 loom_status loom_plan_check(const loom_plan *plan, const char *source, int world_size);
 
 /* Builds a checked plan (messages name the source "plan") with compression "none" and no
- * predictions. schedule NULL means "1f1b"; virtual_stages 0 means the schedule's (1, zb-v 2,
+ * predictions. virtual_stages 0 means the schedule's (1, zb-v 2,
  * interleaved LOOM_PLAN_DEFAULT_VIRTUAL_STAGES). The layers are split over the pp *
  * virtual_stages virtual stages in model order, placed on ranks by loom_plan_place. Stages are
  * contiguous and as even as possible; when the layers do not divide evenly, the EARLIER stages
@@ -205,7 +248,7 @@ loom_status loom_plan_check(const loom_plan *plan, const char *source, int world
  * the split: pp * virtual_stages positive counts summing to the layers, in model order. The
  * model's padded_vocab_size is recomputed from vocab_size. On failure the plan is left empty. */
 loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
-                              int micro_batch, int global_batch, const char *schedule,
+                              int micro_batch, int global_batch, loom_schedule_kind schedule,
                               int virtual_stages, const char *stage_layers);
 
 /* What layout flags ask for (`loom train`'s and `loom plan`'s, with one set of defaults): 0 or
@@ -222,7 +265,10 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
  *   stage_layers   NULL or "": as even as possible (loom_plan_uniform); else one count per
  *                  virtual stage
  *   recompute      LOOM_RECOMPUTE_*: every stage recomputes its activations in backward (not
- *                  with zb-h1, zb-v); 0 none */
+ *                  with zb-h1, zb-v); 0 none
+ *   zero_given     0: the ZeRO stage is loom_plan_default_zero's; 1: it is `zero` (0 none, 1)
+ *   no_overlap_grad_reduce  1: the DP buckets start after the backward (plan key
+ *                  overlap_grad_reduce false) */
 #define LOOM_PLAN_DEFAULT_MICRO_BATCH 8
 typedef struct {
     int dp, tp, pp;
@@ -231,6 +277,8 @@ typedef struct {
     const char *schedule, *stage_layers;
     int virtual_stages;
     int recompute;
+    int zero_given, zero;
+    int no_overlap_grad_reduce;
     /* compression (deep-copied into the plan and checked there); NULL: "none" */
     const loom_plan_compressor *dp_compression, *pp_compression;
     const char *embedding_sync; /* NULL or "": "separate" */
@@ -286,12 +334,12 @@ void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression
  * "interleaved" (and every schedule with v = 1): rank stage mod pp, chunk stage / pp (Megatron);
  * "zb-v" (v = 2): stages 0 .. pp-1 on ranks 0 .. pp-1 as chunk 0, stages pp .. 2pp-1 back down
  * on ranks pp-1 .. 0 as chunk 1. The one place the rule lives (the pipeline schedules use it). */
-void loom_plan_place(const char *schedule, int pp, int virtual_stages, int stage, int *rank,
+void loom_plan_place(loom_schedule_kind schedule, int pp, int virtual_stages, int stage, int *rank,
                      int *chunk);
 /* The virtual stages a schedule runs per pipeline rank when it decides ("zb-v": 2; "gpipe",
  * "1f1b", "zb-h1": 1); 0 for "interleaved", whose v is chosen (LOOM_PLAN_DEFAULT_VIRTUAL_STAGES
  * when not given); -1 for an unknown schedule. */
-int loom_plan_schedule_chunks(const char *schedule);
+int loom_plan_schedule_chunks(loom_schedule_kind schedule);
 #define LOOM_PLAN_DEFAULT_VIRTUAL_STAGES 2
 
 /* Megatron rank order: TP fastest, then DP, PP slowest. */
@@ -301,6 +349,12 @@ typedef struct {
 /* world_rank in [0, dp*tp*pp). */
 loom_plan_coords loom_plan_rank_coords(const loom_plan *plan, int world_rank);
 int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
+
+/* The ZeRO stage a plan gets when nothing says one: 1 (AdamW's state sharded: measured at least
+ * as fast as plain DP in every layout, bench/parallel.sh) with dp > 1 and no data-parallel
+ * compression, else 0 (a compressed gradient sync all-reduces, and ZeRO-1's parameter all-gather
+ * cannot be compressed and is as large as the gradient). The one place the rule lives. */
+int loom_plan_default_zero(const loom_plan *plan);
 
 /* Micro-batches each pipeline runs per optimizer step: global / (micro * dp). */
 int loom_plan_num_micro_batches(const loom_plan *plan);

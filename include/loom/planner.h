@@ -82,8 +82,7 @@ typedef struct {
  * max_nodes x devices_per_node; a plan that needs more is LOOM_ERR_INPUT naming the numbers)
  * in `precision` (a precision the cluster has no peak for is LOOM_ERR_INPUT). */
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
-                              loom_precision precision, int seq_len, int zero1,
-                              loom_prediction *out);
+                              loom_precision precision, int seq_len, loom_prediction *out);
 
 /* A lower bound on loom_plan_predict's step for the plan, without simulating: the busiest
  * pipeline rank's compute, every micro-batch's forward and backward on each of its virtual
@@ -102,8 +101,8 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
  * virtual stage in each event's args), then the DP sync its last backward did not hide and the
  * optimizer. */
 loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    const char *path, loom_prediction *out);
+                                    loom_precision precision, int seq_len, const char *path,
+                                    loom_prediction *out);
 
 /* ---- Alpa's stage DP ------------------------------------------------------------------------
  * How many layers each of the S stages of a layout with one chunk per rank takes (stages may be
@@ -155,8 +154,8 @@ loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompu
  * memory (no memory limit here: loom_plan_predict checks the result). Free with
  * loom_stage_problem_free. */
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    int per_stage_recompute, loom_stage_problem *out);
+                                    loom_precision precision, int seq_len, int per_stage_recompute,
+                                    loom_stage_problem *out);
 void loom_stage_problem_free(loom_stage_problem *p);
 
 /* ---- the search ------------------------------------------------------------------------------
@@ -169,8 +168,7 @@ void loom_stage_problem_free(loom_stage_problem *p);
  * those that do not fit the device's memory left out, ranked by predicted step time (the
  * simulator ranks the DP's split against the even one). */
 typedef struct {
-    loom_plan plan; /* owned: free with loom_plan_free */
-    int zero1;
+    loom_plan plan; /* owned: free with loom_plan_free; its zero says ZeRO-1 or not */
     loom_prediction prediction;
 } loom_plan_candidate;
 
@@ -185,10 +183,22 @@ typedef struct {
 } loom_search_request;
 enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
 
+/* The search's bounds, so that its time and memory are set by the layouts, not by the sizes: at
+ * most LOOM_SEARCH_MAX_DEVICES devices and a global batch of at most LOOM_SEARCH_MAX_GLOBAL_BATCH
+ * sequences (larger requests are refused by name); the micro-batch sizes tried are the powers of
+ * two that divide a replica's batch, and one with more than LOOM_SEARCH_MAX_MICRO_BATCHES
+ * micro-batches per step is not simulated (the simulator's work grows with them). */
+#define LOOM_SEARCH_MAX_DEVICES (1 << 20)
+#define LOOM_SEARCH_MAX_GLOBAL_BATCH (1 << 20)
+#define LOOM_SEARCH_MAX_MICRO_BATCHES 16384
+
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the
  * plans predicted and those that fit, *pruned (when not NULL) the plans not simulated because
- * their compute alone (loom_plan_step_bound) could not beat the ones kept. No layout that fits
- * is LOOM_ERR_INPUT naming the smallest memory shortfall per rank. */
+ * their compute alone (loom_plan_step_bound) could not beat the ones kept. A request outside the
+ * bounds above, or a precision the cluster has no peak for, is LOOM_ERR_INPUT naming the field.
+ * No layout that fits is LOOM_ERR_INPUT saying why: no split of the devices that the model's
+ * heads and layers and the batch allow, too many micro-batches, the cost model's refusal, or the
+ * smallest memory shortfall per rank. */
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
                              const loom_search_request *request, loom_plan_candidate *best,
                              int *found, int *tried, int *fitting, int *pruned);

@@ -72,8 +72,8 @@ typedef struct {
     /* how the layout runs (not part of a plan) */
     double bucket_mb;           /* DP allreduce bucket size */
     int no_overlap_grad_reduce; /* start the DP buckets after the backward, not during it */
-    int zero1, no_zero1; /* shard AdamW state across DP ranks (default), or not; the CLI turns
-                            zero1 off for data-parallel compression unless --zero1 is given */
+    int zero;            /* ZeRO stage (--zero); -1: the plan's default (loom_plan_default_zero) */
+    int zero1, no_zero1; /* --zero1 / --no-zero1: older spellings of --zero 1 / --zero 0 */
     double comm_timeout; /* seconds before a silent peer ends the job */
 } loom_train_config;
 
@@ -85,6 +85,9 @@ loom_status loom_train_config_check(const loom_train_config *config);
  * the preset with overrides. Explicit model settings that contradict such a file are refused
  * (LOOM_ERR_INPUT naming both). */
 loom_status loom_train_model_config(const loom_train_config *config, loom_gpt_config *model);
+/* The ZeRO stage the layout flags ask for: --zero, or its aliases --zero1 (1) and --no-zero1
+ * (0); -1 when none is given. Flags that contradict each other are LOOM_ERR_INPUT naming both. */
+loom_status loom_train_config_zero(const loom_train_config *config, int *zero);
 /* Whether the config sets any part of the model (preset or a size). */
 int loom_train_config_sets_model(const loom_train_config *config);
 /* The plan of the config's layout flags for world_size ranks (0 or 1: one process): the model of

@@ -1,6 +1,6 @@
 /*
  * sys.c — time, memory and file helpers: checked allocation, whole-file reads, atomic
- * writes (temporary file, fsync, rename, directory fsync) and mkdir -p.
+ * writes (temporary file, fsync, rename, directory fsync), mkdir -p and a checked path join.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "loom/base.h"
@@ -173,11 +173,19 @@ loom_status loom_write_file_atomic(const char *path, const void *data, size_t si
     return loom_atomic_commit(af);
 }
 
+loom_status loom_path_join(char *buf, size_t cap, const char *dir, const char *name) {
+    int n = dir ? snprintf(buf, cap, "%s/%s", dir, name) : snprintf(buf, cap, "%s", name);
+    if (n >= 0 && (size_t)n < cap) return LOOM_OK;
+    if (cap > 0) buf[0] = '\0';
+    return loom_fail(LOOM_ERR_INPUT, "path too long: %s%s%s (%zu bytes, at most %zu)",
+                     dir ? dir : "", dir ? "/" : "", name,
+                     (dir ? strlen(dir) + 1 : 0) + strlen(name), cap > 0 ? cap - 1 : 0);
+}
+
 loom_status loom_mkdir_p(const char *path) {
     char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
-        return loom_fail(LOOM_ERR_INPUT, "%s: path too long", path);
-    }
+    loom_status joined = loom_path_join(buf, sizeof buf, NULL, path);
+    if (joined != LOOM_OK) return joined;
     for (char *p = buf + 1;; p++) {
         if (*p == '/' || *p == '\0') {
             char saved = *p;

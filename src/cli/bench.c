@@ -120,6 +120,36 @@ done:
     return st;
 }
 
+/* At most this many entries: the --threads text holds 63 characters. */
+enum { MAX_THREAD_COUNTS = 32 };
+
+/* --threads "1,2": each entry through the checked integer parser, and at least 1. */
+static loom_status parse_thread_counts(const char *list, int counts[MAX_THREAD_COUNTS],
+                                       int *count) {
+    static const cli_opt entry_opt = {"--threads", OPT_INT, 0, sizeof(int), NULL};
+    char copy[64];
+    snprintf(copy, sizeof copy, "%s", list);
+    *count = 0;
+    for (char *entry = strtok(copy, ","); entry; entry = strtok(NULL, ",")) {
+        int threads = 0;
+        loom_status st = cli_set_value(&threads, &entry_opt, entry, "--threads");
+        if (st != LOOM_OK) return st;
+        if (threads < 1) {
+            return loom_fail(LOOM_ERR_INPUT, "--threads: expected counts >= 1, got %d", threads);
+        }
+        if (*count == MAX_THREAD_COUNTS) {
+            return loom_fail(LOOM_ERR_INPUT, "--threads: expected at most %d counts in '%s'",
+                             MAX_THREAD_COUNTS, list);
+        }
+        counts[(*count)++] = threads;
+    }
+    if (*count == 0) {
+        return loom_fail(LOOM_ERR_INPUT, "--threads: expected thread counts such as 1,2, got '%s'",
+                         list);
+    }
+    return LOOM_OK;
+}
+
 int cmd_bench(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--train") >= 0) return cmd_bench_train(argc, argv);
     if (cli_find_flag(argc, argv, "--compressors") >= 0) return cmd_bench_compressors(argc, argv);
@@ -137,9 +167,14 @@ int cmd_bench(int argc, char **argv) {
     snprintf(args.threads, sizeof args.threads, "1,2");
     snprintf(args.cases, sizeof args.cases, "a,b");
     loom_status st = cli_parse_flags(&args, bench_opts, NBENCH, argc, argv, 2, NULL);
-    if (st == LOOM_OK && (args.steps < 1 || args.warmup < 0)) {
-        st = loom_fail(LOOM_ERR_INPUT, "--steps: expected >= 1; --warmup: expected >= 0");
+    if (st == LOOM_OK && args.steps < 1) {
+        st = loom_fail(LOOM_ERR_INPUT, "--steps: expected >= 1, got %d", args.steps);
     }
+    if (st == LOOM_OK && args.warmup < 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "--warmup: expected >= 0, got %d", args.warmup);
+    }
+    int thread_counts[MAX_THREAD_COUNTS], nthreads = 0;
+    if (st == LOOM_OK) st = parse_thread_counts(args.threads, thread_counts, &nthreads);
     if (st != LOOM_OK) return cli_fail(st);
 
     bench_case cases[3] = {
@@ -151,12 +186,8 @@ int cmd_bench(int argc, char **argv) {
     cases[1].config = (loom_gpt_config){1024, 50257, 0, 4, 4, 256};
     loom_gpt_preset("small", &cases[2].config);
 
-    char threads_list[64];
-    snprintf(threads_list, sizeof threads_list, "%s", args.threads);
-    for (char *tok = strtok(threads_list, ","); tok; tok = strtok(NULL, ",")) {
-        int threads = atoi(tok);
-        if (threads < 1)
-            return cli_fail(loom_fail(LOOM_ERR_INPUT, "--threads: bad entry '%s'", tok));
+    for (int t = 0; t < nthreads; t++) {
+        int threads = thread_counts[t];
         loom_ops_set_threads(threads);
         double peak = loom_ops_sgemm_peak_gflops(2048, 5);
         printf("threads %d: OpenBLAS sgemm 2048^3 peak %.1f GFLOP/s (measured)\n", threads, peak);

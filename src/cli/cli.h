@@ -103,8 +103,7 @@ loom_status cli_plan_auto(const loom_train_config *cfg, struct loom_comm *world,
 /* Fills the plan's "predicted" (step time, tokens/s, every rank's peak memory). */
 /* --allow-compression's word (none, dp, pp, all; "" = none) as LOOM_ALLOW_* bits. */
 loom_status cli_allow_compression(const char *word, int *bits);
-loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
-                                    int zero1);
+loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len);
 
 /* An --out file path (`what`, for the message: "a plan file"): not empty, not a folder; its
  * folder is made when missing. */

@@ -106,11 +106,11 @@ static const cli_opt train_opts[] = {
     TOPT("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,
          "start the data-parallel gradient sync after the backward instead of during it "
          "(Megatron-LM's local DDP of 2021; slower, the same numbers)"),
-    TOPT("--zero1", OPT_FLAG, zero1,
-         "shard the AdamW state across data-parallel ranks (the default when dp > 1, but not "
-         "with data-parallel compression unless given)"),
-    TOPT("--no-zero1", OPT_FLAG, no_zero1,
-         "plain data parallelism: every replica updates every parameter"),
+    TOPT("--zero", OPT_INT, zero,
+         "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded (default 1 "
+         "when dp > 1 without data-parallel compression, else 0; 2 and 3 are not built yet)"),
+    TOPT("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),
+    TOPT("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)"),
     TOPT("--comm-timeout", OPT_DOUBLE, comm_timeout,
          "seconds without progress before the job is ended (0 = never)"),
 };
@@ -276,6 +276,20 @@ static loom_status refuse_auto_conflicts(const unsigned char *seen) {
     return LOOM_OK;
 }
 
+/* A plan file's layout is the file's, but for the flags that say how it runs over the
+ * data-parallel ranks (--zero and its aliases, --no-overlap-grad-reduce): given, they win over
+ * the file and are written into the plan, which is checked again. Every decision is then the
+ * plan's before the runtime starts. */
+static loom_status settle_plan_flags(const loom_train_config *cfg, loom_plan *plan,
+                                     const char *source, int world_size) {
+    int zero;
+    loom_status st = loom_train_config_zero(cfg, &zero);
+    if (st != LOOM_OK) return st;
+    if (zero >= 0) plan->zero = zero;
+    if (cfg->no_overlap_grad_reduce) plan->overlap_grad_reduce = 0;
+    return loom_plan_check(plan, source, world_size);
+}
+
 static loom_status build_plan(const loom_train_config *cfg, const unsigned char *seen,
                               loom_comm *world, loom_plan *plan) {
     int world_size = world ? loom_comm_size(world) : 1;
@@ -295,13 +309,13 @@ static loom_status build_plan(const loom_train_config *cfg, const unsigned char 
     if (!strcmp(cfg->plan, "auto")) {
         loom_status st = refuse_auto_conflicts(seen);
         if (st == LOOM_OK) st = cli_plan_auto(cfg, world, plan);
-        if (st == LOOM_OK) st = loom_plan_check(plan, "--plan auto", world_size);
+        if (st == LOOM_OK) st = settle_plan_flags(cfg, plan, "--plan auto", world_size);
         return st;
     }
     if (!cfg->plan[0]) return loom_train_plan(cfg, world_size, plan);
     loom_status st = refuse_plan_conflicts(cfg, seen);
     if (st == LOOM_OK) st = loom_plan_read(cfg->plan, plan);
-    if (st == LOOM_OK) st = loom_plan_check(plan, cfg->plan, world_size);
+    if (st == LOOM_OK) st = settle_plan_flags(cfg, plan, cfg->plan, world_size);
     return st;
 }
 
@@ -314,7 +328,9 @@ static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
     cfg->pipeline_parallel = plan->pp;
     cfg->micro_batch_size = plan->micro_batch, cfg->global_batch_size = plan->global_batch;
     cfg->micro_batches = loom_plan_num_micro_batches(plan);
-    snprintf(cfg->schedule, sizeof cfg->schedule, "%s", plan->schedule);
+    snprintf(cfg->schedule, sizeof cfg->schedule, "%s", loom_schedule_kind_name(plan->schedule));
+    cfg->zero = plan->zero, cfg->zero1 = cfg->no_zero1 = 0;
+    cfg->no_overlap_grad_reduce = !plan->overlap_grad_reduce;
     cfg->virtual_stages = plan->virtual_stages;
     size_t used = 0;
     cfg->stage_layers[0] = '\0';
@@ -326,38 +342,23 @@ static void show_plan(loom_train_config *cfg, const loom_plan *plan) {
     loom_plan_compression_flags_of(plan, &cfg->compression);
 }
 
-/* A plan that says "zero1" (the planner's) is followed unless --zero1 or --no-zero1 (flag or
- * config key) says otherwise. Else: ZeRO-1 all-gathers the updated parameters uncompressed, as
- * many bytes as the gradient, so with data-parallel compression it would give back most of what
- * compression saves: it is off then unless --zero1 asks for it. Said once, by rank 0 (`say`). */
-static void choose_zero1(loom_train_config *cfg, const loom_plan *plan, const unsigned char *seen,
-                         int say) {
-    int zero1_given = option_seen(seen, "--zero1");
-    if (plan->zero1 >= 0 && !zero1_given && !option_seen(seen, "--no-zero1")) {
-        cfg->zero1 = plan->zero1, cfg->no_zero1 = !plan->zero1;
-        if (say && plan->dp > 1)
-            loom_info("ZeRO-1 %s: the plan's zero1", plan->zero1 ? "on" : "off");
-        return;
-    }
-    if (!strcmp(plan->dp_compression.method, "none") || zero1_given || !cfg->zero1 ||
-        cfg->no_zero1) {
-        return;
-    }
-    cfg->zero1 = 0;
-    if (say && plan->dp > 1) {
+/* Rank 0 says where the ZeRO stage came from when there are replicas: the plan file's, a flag,
+ * or the default rule (loom_plan_default_zero), naming data-parallel compression when it is
+ * what turned ZeRO-1 off. */
+static void say_zero(const loom_train_config *cfg, const loom_plan *plan) {
+    if (plan->dp < 2) return;
+    const char *on = plan->zero ? "on" : "off";
+    int given = cfg->zero >= 0 || cfg->zero1 || cfg->no_zero1;
+    if (given) {
+        loom_info("ZeRO-1 %s: --zero %d", on, plan->zero);
+    } else if (cfg->plan[0]) {
+        loom_info("ZeRO-1 %s: the plan's mesh.zero", on);
+    } else if (plan->dp_compression.method != LOOM_COMPRESS_NONE) {
         loom_info("ZeRO-1 off: data-parallel compression (%s) — ZeRO-1's parameter all-gather "
-                  "cannot be compressed and is as large as the gradient; pass --zero1 to combine "
-                  "them",
-                  plan->dp_compression.method);
+                  "cannot be compressed and is as large as the gradient; pass --zero 1 to "
+                  "combine them",
+                  loom_compress_method_name(plan->dp_compression.method));
     }
-}
-
-/* What the flags settle beside the plan: ZeRO-1 (choose_zero1) and, with
- * --no-overlap-grad-reduce, a gradient sync after the backward whatever the plan says. */
-static void settle_plan_flags(loom_train_config *cfg, loom_plan *plan, const unsigned char *seen,
-                              int say) {
-    choose_zero1(cfg, plan, seen, say);
-    if (cfg->no_overlap_grad_reduce) plan->overlap_grad_reduce = 0;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -397,7 +398,7 @@ int cmd_train(int argc, char **argv) {
         return cli_finish(world, cli_fail(st));
     }
     int rank0 = !world || loom_comm_rank(world) == 0;
-    settle_plan_flags(&cfg, &plan, seen, rank0);
+    if (rank0) say_zero(&cfg, &plan);
     if (rank0) {
         loom_train_config shown = cfg;
         show_plan(&shown, &plan);
@@ -773,7 +774,8 @@ static loom_status bench_report(const loom_train_config *cfg, const loom_plan *p
         printf("layout dp %d tp %d pp %d (%s, %d ranks, %d threads each), micro %d seq %d global "
                "%d | %8.1f ms/step | %8.0f tok/s | MFU %5.1f%% | waiting on dp %4.1f%% tp %4.1f%% "
                "pp %4.1f%% of the step (rank 0)\n",
-               plan->dp, plan->tp, plan->pp, plan->pp > 1 ? plan->schedule : "no pipeline", ranks,
+               plan->dp, plan->tp, plan->pp,
+               plan->pp > 1 ? loom_schedule_kind_name(plan->schedule) : "no pipeline", ranks,
                loom_ops_get_threads(), plan->micro_batch, cfg->seq_len, plan->global_batch,
                ms[n / 2], tps[n / 2], 100 * mfu[n / 2], 100 * wait[0] / total_s,
                100 * wait[1] / total_s, 100 * wait[2] / total_s);
@@ -813,7 +815,7 @@ int cmd_bench_train(int argc, char **argv) {
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = loom_train_plan(&cfg, ranks, &plan);
-    if (st == LOOM_OK) settle_plan_flags(&cfg, &plan, given, rank == 0);
+    (void)rank;
     /* synthetic tokens, written once by rank 0: enough windows for every step */
     snprintf(cfg.data, sizeof cfg.data, "%.900s/synthetic.bin", cfg.out);
     if (st == LOOM_OK && rank == 0) {

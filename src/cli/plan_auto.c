@@ -173,9 +173,7 @@ loom_status cli_plan_auto(const loom_train_config *cfg, loom_comm *world, loom_p
     double took = loom_now() - t0;
     if (st == LOOM_OK && world) st = check_agreement(world, &best[0]);
     if (st == LOOM_OK) {
-        best[0].plan.zero1 = best[0].plan.dp > 1 ? best[0].zero1 : -1;
-        st = cli_plan_fill_predicted(&best[0].plan, &best[0].prediction, cfg->seq_len,
-                                     best[0].zero1);
+        st = cli_plan_fill_predicted(&best[0].plan, &best[0].prediction, cfg->seq_len);
     }
     if (st == LOOM_OK) st = loom_plan_copy(plan, &best[0].plan);
     if (st == LOOM_OK && rank0) {

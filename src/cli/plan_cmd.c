@@ -200,8 +200,7 @@ static int run_check_cluster(const plan_args *args, int argc, char **argv) {
 }
 
 /* Fills a plan's predicted keys from a prediction and each rank's memory. */
-loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len,
-                                    int zero1) {
+loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, int seq_len) {
     int ranks = plan->dp * plan->tp * plan->pp;
     free(plan->predicted_peak_bytes);
     plan->predicted_peak_bytes = loom_calloc((size_t)ranks, sizeof(int64_t), "predictions");
@@ -210,11 +209,11 @@ loom_status cli_plan_fill_predicted(loom_plan *plan, const loom_prediction *pr, 
     loom_status st = LOOM_OK;
     for (int r = 0; r < ranks && st == LOOM_OK; r++) {
         loom_rank_memory mem;
-        st = loom_plan_rank_memory(plan, loom_plan_rank_coords(plan, r).pp_rank, seq_len, zero1,
-                                   &mem);
+        st = loom_plan_rank_memory(plan, loom_plan_rank_coords(plan, r).pp_rank, seq_len, &mem);
         plan->predicted_peak_bytes[r] = mem.total;
     }
     plan->predicted_step_s = pr->step_s, plan->predicted_tokens_per_s = pr->tokens_per_s;
+    plan->predicted_seq_len = seq_len;
     return st;
 }
 
@@ -246,11 +245,11 @@ static const char *split_text(const loom_plan *p, char *text, size_t cap) {
 static void compressor_text(const char *where, const loom_plan_compressor *c, const char *list,
                             char *text, size_t cap) {
     text[0] = '\0';
-    if (!strcmp(c->method, "none")) return;
-    size_t used = (size_t)snprintf(text, cap, "%s %s", where, c->method);
+    if (c->method == LOOM_COMPRESS_NONE) return;
+    size_t used = (size_t)snprintf(text, cap, "%s %s", where, loom_compress_method_name(c->method));
     if (c->rank > 0 && used < cap) used += (size_t)snprintf(text + used, cap - used, "%d", c->rank);
-    if (c->policy[0] && strcmp(c->policy, "all") != 0 && used < cap)
-        used += (size_t)snprintf(text + used, cap - used, " %s", c->policy);
+    if (c->policy != LOOM_PP_POLICY_ALL && used < cap)
+        used += (size_t)snprintf(text + used, cap - used, " %s", loom_pp_policy_name(c->policy));
     for (int i = 0; i < c->num_stages && used < cap; i++)
         used += (size_t)snprintf(text + used, cap - used, "%s%s%d", i ? "," : " ", i ? "" : list,
                                  c->stages[i]);
@@ -290,21 +289,20 @@ void cli_print_candidates(const loom_plan_candidate *best, int found) {
         printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
                "%-37s %s\n",
                i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
-               p->schedule, recompute, best[i].zero1 ? "yes" : "no", pr->step_s, pr->tokens_per_s,
-               100 * pr->bubble, (double)pr->peak_bytes / 1073741824.0,
+               loom_schedule_kind_name(p->schedule), recompute, p->zero ? "yes" : "no", pr->step_s,
+               pr->tokens_per_s, 100 * pr->bubble, (double)pr->peak_bytes / 1073741824.0,
                compress[0] ? compress : "-", split_text(p, split, sizeof split));
     }
 }
 
 /* --trace: the plan's simulated step as a Chrome trace. */
 static loom_status write_trace(const plan_args *args, const loom_plan *plan,
-                               const loom_cluster *cluster, loom_precision precision, int seq_len,
-                               int zero1) {
+                               const loom_cluster *cluster, loom_precision precision, int seq_len) {
     loom_prediction *pr = loom_calloc(1, sizeof *pr, "prediction");
     if (!pr) return LOOM_ERR_NOMEM;
     loom_status st = cli_prepare_out(args->trace, "a trace file");
     if (st == LOOM_OK)
-        st = loom_plan_predict_trace(plan, cluster, precision, seq_len, zero1, args->trace, pr);
+        st = loom_plan_predict_trace(plan, cluster, precision, seq_len, args->trace, pr);
     if (st == LOOM_OK) printf("wrote %s (its simulated step)\n", args->trace);
     free(pr);
     return st;
@@ -397,9 +395,7 @@ static int run_search(const plan_args *args) {
                req.seq_len, req.global_batch, took, tried, fitting,
                (double)cluster.memory_bytes / 1073741824.0, pruned);
         cli_print_candidates(best, found);
-        best[0].plan.zero1 = best[0].plan.dp > 1 ? best[0].zero1 : -1;
-        st =
-            cli_plan_fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len, best[0].zero1);
+        st = cli_plan_fill_predicted(&best[0].plan, &best[0].prediction, req.seq_len);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &best[0].plan);
         if (st == LOOM_OK) {
@@ -410,8 +406,7 @@ static int run_search(const plan_args *args) {
                                    req.seq_len);
         }
         if (st == LOOM_OK && args->trace[0])
-            st = write_trace(args, &best[0].plan, &cluster, req.precision, req.seq_len,
-                             best[0].zero1);
+            st = write_trace(args, &best[0].plan, &cluster, req.precision, req.seq_len);
     }
     for (int i = 0; i < found; i++) loom_plan_free(&best[i].plan);
     free(best);
@@ -484,14 +479,16 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     loom_cluster cluster;
     st = loom_plan_read(args->predict, &plan);
     if (st != LOOM_OK) return cli_fail(st);
-    if (!args->precision[0])
-        loom_precision_parse(plan.precision, args->predict, "precision", &precision);
-    /* ZeRO-1: --zero1 or --no-zero1, else the plan's, else what loom train would do (on, but
-     * off with data-parallel compression) */
-    int zero1 =
-        !args->no_zero1 && (args->zero1 || plan.zero1 == 1 ||
-                            (plan.zero1 < 0 && !strcmp(plan.dp_compression.method, "none")));
-    st = loom_cluster_read(args->cluster, &cluster);
+    if (!args->precision[0]) precision = plan.precision;
+    /* ZeRO-1: --zero1 or --no-zero1 (as loom train's), else the plan's mesh.zero */
+    if (args->zero1 && args->no_zero1) {
+        st = loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
+    } else if (args->zero1 || args->no_zero1) {
+        plan.zero = args->zero1 ? 1 : 0;
+        st = loom_plan_check(&plan, args->predict, 0);
+    }
+    int zero1 = plan.zero >= 1;
+    if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
     int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
     if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {
         st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected at most the model's context %d, got %d",
@@ -503,18 +500,17 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     if (st == LOOM_OK && args->trace[0]) {
         st = cli_prepare_out(args->trace, "a trace file");
         if (st == LOOM_OK)
-            st = loom_plan_predict_trace(&plan, &cluster, precision, seq_len, zero1, args->trace,
-                                         pr);
+            st = loom_plan_predict_trace(&plan, &cluster, precision, seq_len, args->trace, pr);
         if (st == LOOM_OK) printf("wrote %s (the simulated step)\n", args->trace);
     } else if (st == LOOM_OK) {
-        st = loom_plan_predict(&plan, &cluster, precision, seq_len, zero1, pr);
+        st = loom_plan_predict(&plan, &cluster, precision, seq_len, pr);
     }
     for (int r = 0; r < plan.pp && st == LOOM_OK; r++) {
-        st = loom_plan_rank_memory(&plan, r, seq_len, zero1, &mem[r]);
+        st = loom_plan_rank_memory(&plan, r, seq_len, &mem[r]);
     }
     if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len, zero1);
     if (st == LOOM_OK && args->out[0]) {
-        st = cli_plan_fill_predicted(&plan, pr, seq_len, zero1);
+        st = cli_plan_fill_predicted(&plan, pr, seq_len);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
         if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
@@ -670,13 +666,18 @@ static int run_build(const plan_args *args) {
                                  .stage_layers = args->stage_layers,
                                  .recompute = args->recompute_always ? LOOM_RECOMPUTE_ALWAYS
                                               : args->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                     : LOOM_RECOMPUTE_NONE};
+                                                                     : LOOM_RECOMPUTE_NONE,
+                                 .zero_given = args->zero1 || args->no_zero1,
+                                 .zero = args->zero1 ? 1 : 0,
+                                 .no_overlap_grad_reduce = args->no_overlap_grad_reduce};
+    if (args->zero1 && args->no_zero1) {
+        st = loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
+    }
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) {
         st = loom_plan_from_flags(&plan, &model, request, &args->compression, args->ranks);
     }
-    if (st == LOOM_OK && args->no_overlap_grad_reduce) plan.overlap_grad_reduce = 0;
     if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
     if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
     if (st != LOOM_OK) {

@@ -74,11 +74,22 @@ static loom_status encode_stdin(const loom_tokenizer *tok) {
     return st;
 }
 
+/* Ids separated by white space. A NUL byte is refused by its position before anything is
+ * written (the scan below would take it for the end of the input). */
 static loom_status decode_stdin(const loom_tokenizer *tok) {
     char *buf;
     size_t n;
     loom_status st = read_stdin(&buf, &n);
     if (st != LOOM_OK || !buf) return st;
+    const char *nul = memchr(buf, '\0', n);
+    if (nul) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "standard input: byte %zu is a NUL byte: expected token ids separated by "
+                       "white space",
+                       (size_t)(nul - buf));
+        free(buf);
+        return st;
+    }
     int vocab = loom_tokenizer_vocab_size(tok);
     size_t index = 0;
     for (char *p = buf; st == LOOM_OK;) {

@@ -315,6 +315,18 @@ static loom_status check_number(const char *source, const char *path, double val
                            zero_ok ? ">= 0" : "> 0", what, got);
 }
 
+/* `value` (finite, and > 0 or an allowed 0: check_number's) within [lo, hi] or 0 where 0 means
+ * "not offered" or "not measured" (zero_ok): loom/cluster.h's plausible bounds, so that a typo
+ * such as a bandwidth of 1e-300 or a latency of 1e308 is refused by name, not planned with. */
+static loom_status check_plausible(const char *source, const char *path, double value, int zero_ok,
+                                   double lo, double hi, const char *unit) {
+    if ((zero_ok && value == 0) || (value >= lo && value <= hi)) return LOOM_OK;
+    char got[32];
+    loom_json_format_double(value, got, sizeof got);
+    return loom_fail_field(source, path, "expected %s%g to %g %s (the plausible range), got %s",
+                           zero_ok ? "0 or " : "", lo, hi, unit, got);
+}
+
 /* A NUL-terminated name of 1 to cap - 1 bytes of UTF-8 (so that it is written as it reads). */
 static loom_status check_name(const char *source, const char *path, const char *name, size_t cap) {
     const char *end = memchr(name, '\0', cap);
@@ -342,6 +354,10 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
                  loom_precision_name((loom_precision)p));
         st = check_number(source, path, c->peak_flops[p], 1,
                           " (FLOP/s; 0: the precision is not offered)");
+        if (st == LOOM_OK) {
+            st = check_plausible(source, path, c->peak_flops[p], 1, LOOM_CLUSTER_MIN_FLOPS,
+                                 LOOM_CLUSTER_MAX_FLOPS, "FLOP/s");
+        }
         offered |= c->peak_flops[p] > 0;
     }
     if (st == LOOM_OK && !offered) {
@@ -354,8 +370,17 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
                           " (bytes/s)");
     }
     if (st == LOOM_OK) {
+        st = check_plausible(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
+                             LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
+    }
+    if (st == LOOM_OK) {
         st = check_number(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
                           1, " (parameters/s; 0: not measured)");
+    }
+    if (st == LOOM_OK) {
+        st =
+            check_plausible(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
+                            1, LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "parameters/s");
     }
     return st;
 }
@@ -399,8 +424,16 @@ static loom_status check_links(const loom_cluster *c, const char *source) {
         snprintf(path, sizeof path, "node.links.%s.bandwidth", link_names[l]);
         st = check_number(source, path, c->links[l].bandwidth, 0,
                           " (bytes/s per device, one direction)");
+        if (st == LOOM_OK) {
+            st = check_plausible(source, path, c->links[l].bandwidth, 0, LOOM_CLUSTER_MIN_RATE,
+                                 LOOM_CLUSTER_MAX_RATE, "bytes/s");
+        }
         snprintf(path, sizeof path, "node.links.%s.latency_s", link_names[l]);
         if (st == LOOM_OK) st = check_number(source, path, c->links[l].latency_s, 1, " (seconds)");
+        if (st == LOOM_OK) {
+            st = check_plausible(source, path, c->links[l].latency_s, 0, 0,
+                                 LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+        }
     }
     return st;
 }
@@ -418,15 +451,27 @@ static loom_status check_collective(const loom_cluster *c, int i, const char *so
         loom_word_list(&link_words, list, sizeof list);
         return loom_fail_field(source, path, "expected %s, got %d", list, f->link);
     }
-    if (f->ranks < 2) {
+    if (f->ranks < 2 || f->ranks > LOOM_CLUSTER_MAX_DEVICES) {
         snprintf(path, sizeof path, "collectives[%d].ranks", i);
-        return loom_fail_field(source, path, "expected a group of at least 2 ranks, got %d",
-                               f->ranks);
+        return f->ranks < 2
+                   ? loom_fail_field(source, path, "expected a group of at least 2 ranks, got %d",
+                                     f->ranks)
+                   : loom_fail_field(source, path,
+                                     "expected a group of at most %d ranks (the "
+                                     "plausible range), got %d",
+                                     LOOM_CLUSTER_MAX_DEVICES, f->ranks);
     }
     snprintf(path, sizeof path, "collectives[%d].alpha_s", i);
     loom_status st = check_number(source, path, f->alpha_s, 1, " (seconds)");
+    if (st == LOOM_OK) {
+        st = check_plausible(source, path, f->alpha_s, 0, 0, LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+    }
     snprintf(path, sizeof path, "collectives[%d].beta_s_per_byte", i);
     if (st == LOOM_OK) st = check_number(source, path, f->beta_s_per_byte, 0, " (seconds/byte)");
+    if (st == LOOM_OK) {
+        st = check_plausible(source, path, f->beta_s_per_byte, 0, 1 / LOOM_CLUSTER_MAX_RATE,
+                             1 / LOOM_CLUSTER_MIN_RATE, "seconds/byte");
+    }
     for (int j = 0; j < i && st == LOOM_OK; j++) {
         const loom_collective_fit *g = &c->collectives[j];
         if (g->op != f->op || g->link != f->link || g->ranks != f->ranks) continue;
@@ -452,6 +497,13 @@ loom_status loom_cluster_check(const loom_cluster *c, const char *source) {
         st = loom_fail_field(source, "node.devices", "expected an integer >= 1, got %d",
                              c->devices_per_node);
     }
+    int64_t devices = (int64_t)c->max_nodes * c->devices_per_node;
+    if (st == LOOM_OK && devices > LOOM_CLUSTER_MAX_DEVICES) {
+        st = loom_fail_field(source, "max_nodes",
+                             "expected max_nodes x node.devices at most %d devices, got %d x %d "
+                             "= %" PRId64,
+                             LOOM_CLUSTER_MAX_DEVICES, c->max_nodes, c->devices_per_node, devices);
+    }
     if (st == LOOM_OK) st = check_device(c, source);
     if (st == LOOM_OK) st = check_gemm_table(c, source);
     if (st == LOOM_OK) st = check_links(c, source);
@@ -469,6 +521,10 @@ loom_status loom_cluster_check(const loom_cluster *c, const char *source) {
                  loom_compress_method_name((loom_compress_method)m));
         st = check_number(source, path, c->compressor_bytes_per_s[m], 1,
                           " (bytes/s; 0: not measured)");
+        if (st == LOOM_OK) {
+            st = check_plausible(source, path, c->compressor_bytes_per_s[m], 1,
+                                 LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
+        }
     }
     return st;
 }

@@ -211,6 +211,25 @@ loom_status loom_comm_host_name(char *name, size_t cap) {
     return LOOM_OK;
 }
 
+loom_status loom_comm_local_size(loom_comm *comm, int *ranks) {
+    *ranks = 1;
+    if (!comm) return LOOM_OK;
+    comm_note_activity();
+    /* blocking like MPI_Comm_split: a timed barrier first bounds the wait for a missing rank */
+    loom_status status = comm_timed_barrier(comm, "split by machine");
+    if (status != LOOM_OK) return status;
+    MPI_Comm node = MPI_COMM_NULL;
+    int rc = MPI_Comm_split_type(comm->mpi, MPI_COMM_TYPE_SHARED, comm->rank, MPI_INFO_NULL, &node);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(node, ranks);
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    comm_note_activity();
+    if (rc != MPI_SUCCESS) {
+        *ranks = 1;
+        return comm_mpi_fail(rc, comm, "split by machine");
+    }
+    return LOOM_OK;
+}
+
 void comm_format_ranks(const loom_comm *comm, char *buf, size_t size) {
     enum { SHOWN = 32 };
     size_t used = 0;

@@ -466,11 +466,6 @@ static loom_status read_tokenizer_json(loom_bpe *bpe, const char *path) {
     return st;
 }
 
-static int32_t read_le32(const unsigned char *p) {
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24);
-}
-
 /* llm.c's gpt2_tokenizer.bin: int32[256] header (magic 20240328, version 1 or 2, vocab size, (2)
  * eot id), then per token a uint8 length and its bytes. Decoding only: it has no merges. */
 static loom_status read_llmc_tokenizer(loom_bpe *bpe, const char *path) {
@@ -479,18 +474,14 @@ static loom_status read_llmc_tokenizer(loom_bpe *bpe, const char *path) {
     loom_status st = loom_read_file(path, &data, &size);
     if (st != LOOM_OK) return st;
     const unsigned char *p = (const unsigned char *)data;
-    int32_t magic = size >= 1024 ? read_le32(p) : 0, version = size >= 1024 ? read_le32(p + 4) : 0;
-    int32_t count = size >= 1024 ? read_le32(p + 8) : 0;
+    int32_t slots[LOOM_I32_HEADER_SLOTS] = {0};
+    st = loom_i32_header_decode(data, size, path, LLMC_TOK_MAGIC, slots);
+    int32_t version = slots[1], count = slots[2], eot = slots[3];
     vocab_builder vb;
-    if (size < 1024 || magic != LLMC_TOK_MAGIC) {
-        st = loom_fail(LOOM_ERR_INPUT,
-                       "%s: expected llm.c's tokenizer (a 1024-byte header with "
-                       "magic %d)",
-                       path, LLMC_TOK_MAGIC);
-    } else if (version != 1 && version != 2) {
+    if (st == LOOM_OK && version != 1 && version != 2) {
         st =
             loom_fail(LOOM_ERR_INPUT, "%s: header version: expected 1 or 2, got %d", path, version);
-    } else if (count < 1 || count > BPE_MAX_VOCAB) {
+    } else if (st == LOOM_OK && (count < 1 || count > BPE_MAX_VOCAB)) {
         st = loom_fail(LOOM_ERR_INPUT, "%s: header vocabulary size: expected 1..%d, got %d", path,
                        BPE_MAX_VOCAB, count);
     }
@@ -499,7 +490,7 @@ static loom_status read_llmc_tokenizer(loom_bpe *bpe, const char *path) {
         free(data);
         return st;
     }
-    size_t at = 1024;
+    size_t at = LOOM_I32_HEADER_BYTES;
     for (int id = 0; st == LOOM_OK && id < count; id++) {
         char where[TOKENIZER_PATH_MAX + 48];
         snprintf(where, sizeof where, "%s: token %d (byte %zu)", path, id, at);
@@ -519,7 +510,6 @@ static loom_status read_llmc_tokenizer(loom_bpe *bpe, const char *path) {
     }
     if (st == LOOM_OK) st = bpe_take_vocab(bpe, &vb, path);
     if (st == LOOM_OK && version == 2) {
-        int32_t eot = read_le32(p + 12);
         if (eot < 0 || eot >= count) {
             st = loom_fail(LOOM_ERR_INPUT, "%s: header end-of-text id: expected 0..%d, got %d",
                            path, count - 1, eot);
@@ -552,13 +542,14 @@ static loom_status open_vocab_merges(loom_bpe *bpe, const char *vocab, const cha
 }
 
 /* The file beside `path` (same folder) named `name`, into out. */
-static void beside(const char *path, const char *name, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (slash) {
-        snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, name);
-    } else {
-        snprintf(out, cap, "%s", name);
-    }
+static loom_status beside(const char *path, const char *name, char *out, size_t cap) {
+    char dir[TOKENIZER_PATH_MAX + 32];
+    loom_status st = loom_path_join(dir, sizeof dir, NULL, path);
+    if (st != LOOM_OK) return st;
+    char *slash = strrchr(dir, '/');
+    if (!slash) return loom_path_join(out, cap, NULL, name);
+    *slash = '\0';
+    return loom_path_join(out, cap, dir, name);
 }
 
 static loom_status open_file(loom_bpe *bpe, const char *path) {
@@ -569,15 +560,18 @@ static loom_status open_file(loom_bpe *bpe, const char *path) {
         return read_tokenizer_json(bpe, path);
     }
     if (ends_with(path, ".json")) { /* vocab.json or encoder.json: merges beside it */
-        beside(path, ends_with(path, "encoder.json") ? "vocab.bpe" : "merges.txt", other,
-               sizeof other);
+        loom_status st = beside(path, ends_with(path, "encoder.json") ? "vocab.bpe" : "merges.txt",
+                                other, sizeof other);
+        if (st != LOOM_OK) return st;
         if (!is_file(other)) {
             return loom_fail(LOOM_ERR_INPUT, "%s: expected the merges file %s beside it", path,
                              other);
         }
         return open_vocab_merges(bpe, path, other);
     }
-    beside(path, ends_with(path, "vocab.bpe") ? "encoder.json" : "vocab.json", other, sizeof other);
+    loom_status st = beside(path, ends_with(path, "vocab.bpe") ? "encoder.json" : "vocab.json",
+                            other, sizeof other);
+    if (st != LOOM_OK) return st;
     if (!is_file(other)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: expected a tokenizer file (vocab.json, merges.txt, "
@@ -592,13 +586,15 @@ static loom_status open_folder(loom_bpe *bpe, const char *dir) {
                                            {"encoder.json", "vocab.bpe"}};
     char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32];
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", dir, pairs[i][0]);
-        snprintf(b, sizeof b, "%s/%s", dir, pairs[i][1]);
+        loom_status st = loom_path_join(a, sizeof a, dir, pairs[i][0]);
+        if (st == LOOM_OK) st = loom_path_join(b, sizeof b, dir, pairs[i][1]);
+        if (st != LOOM_OK) return st;
         if (is_file(a) && is_file(b)) return open_vocab_merges(bpe, a, b);
     }
     static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
     for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", dir, singles[i]);
+        loom_status st = loom_path_join(a, sizeof a, dir, singles[i]);
+        if (st != LOOM_OK) return st;
         if (is_file(a)) return open_file(bpe, a);
     }
     return loom_fail(LOOM_ERR_INPUT,

@@ -15,17 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { HEADER_SLOTS = LOOM_SHARD_HEADER_BYTES / 4, CHUNK_TOKENS = 1 << 15 };
-
-static int32_t read_le_i32(const unsigned char *p) {
-    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-    return (int32_t)u;
-}
-
-static void write_le_i32(unsigned char *p, int32_t value) {
-    uint32_t u = (uint32_t)value;
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(u >> (8 * i));
-}
+enum { CHUNK_TOKENS = 1 << 15 };
 
 /* ---- reading ----------------------------------------------------------------------------- */
 
@@ -40,25 +30,14 @@ loom_status loom_shard_open(const char *path, FILE **file, size_t *count) {
         return loom_fail(LOOM_ERR_INPUT, "%s: not a regular file", path);
     }
     long long file_bytes = (long long)st.st_size;
-    if (file_bytes < LOOM_SHARD_HEADER_BYTES) {
+    int32_t slots[LOOM_I32_HEADER_SLOTS];
+    loom_status status = loom_i32_header_read(f, path, LOOM_SHARD_MAGIC, slots);
+    if (status != LOOM_OK) {
         fclose(f);
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: file is %lld bytes, shorter than the %d-byte shard header", path,
-                         file_bytes, LOOM_SHARD_HEADER_BYTES);
+        return status;
     }
-    unsigned char header[LOOM_SHARD_HEADER_BYTES];
-    if (fread(header, 1, sizeof header, f) != sizeof header) {
-        fclose(f);
-        return loom_fail(LOOM_ERR_INPUT, "%s: cannot read the shard header", path);
-    }
-    int32_t magic = read_le_i32(header), version = read_le_i32(header + 4);
-    int32_t header_count = read_le_i32(header + 8);
-    loom_status status = LOOM_OK;
-    if (magic != LOOM_SHARD_MAGIC) {
-        status = loom_fail(LOOM_ERR_INPUT,
-                           "%s: header slot 0 (magic): expected %d (llm.c token shard), got %d",
-                           path, LOOM_SHARD_MAGIC, (int)magic);
-    } else if (version != LOOM_SHARD_VERSION) {
+    int32_t version = slots[1], header_count = slots[2];
+    if (version != LOOM_SHARD_VERSION) {
         status = loom_fail(LOOM_ERR_INPUT, "%s: header slot 1 (version): expected %d, got %d", path,
                            LOOM_SHARD_VERSION, (int)version);
     } else if (header_count < 0) {
@@ -193,10 +172,10 @@ static void stream_free(loom_shard_stream *stream) {
 }
 
 loom_status loom_shard_stream_commit(loom_shard_stream *stream) {
-    unsigned char header[LOOM_SHARD_HEADER_BYTES] = {0};
-    write_le_i32(header, LOOM_SHARD_MAGIC);
-    write_le_i32(header + 4, LOOM_SHARD_VERSION);
-    write_le_i32(header + 8, (int32_t)stream->count);
+    int32_t slots[LOOM_I32_HEADER_SLOTS] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION,
+                                            (int32_t)stream->count};
+    unsigned char header[LOOM_SHARD_HEADER_BYTES];
+    loom_i32_header_encode(header, slots);
     FILE *out = loom_atomic_stream(stream->file);
     if (fseek(out, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof header, out) != sizeof header) {
         loom_status status = loom_fail(LOOM_ERR_IO, "%s: writing the header failed: %s",

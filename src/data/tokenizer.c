@@ -51,11 +51,15 @@ loom_status loom_tokenizer_open(loom_tokenizer **out, const char *spec) {
         return loom_fail(LOOM_ERR_INPUT, "--tokenizer: expected \"bytes\" or a path");
     loom_tokenizer *tok = loom_calloc(1, sizeof *tok, "tokenizer");
     if (!tok) return LOOM_ERR_NOMEM;
-    snprintf(tok->source, sizeof tok->source, "%s", spec);
+    loom_status st = loom_path_join(tok->source, sizeof tok->source, NULL, spec);
+    if (st != LOOM_OK) {
+        free(tok);
+        return st;
+    }
     for (int i = 0; i < 256; i++) tok->byte_table[i] = (char)(unsigned char)i;
     tok->byte_table[256] = '\n';
     if (strcmp(spec, "bytes") != 0) {
-        loom_status st = loom_bpe_open(&tok->bpe, spec);
+        st = loom_bpe_open(&tok->bpe, spec);
         if (st != LOOM_OK) {
             free(tok);
             return st;

@@ -344,9 +344,10 @@ static const int state_signed[STATE_FIELDS] = {1, 0, 0, 0, 1, 1};
 static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
                                    const float *const *bufs, loom_ckpt_fill fill, void *ctx,
                                    const loom_ckpt_state *state) {
-    char dir[4096], path[4200];
-    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out_dir, state->step);
-    loom_status status = loom_mkdir_p(dir);
+    char dir[4096], path[4200], step_name[64];
+    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
+    loom_status status = loom_path_join(dir, sizeof dir, out_dir, step_name);
+    if (status == LOOM_OK) status = loom_mkdir_p(dir);
     if (status != LOOM_OK) return status;
 
     char *cfg = config_json(&model->config);
@@ -361,9 +362,11 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
                                 state->tokenizer_source};
     int model_meta_count = state->tokenizer[0] ? 4 : 2;
     const char *model_prefix[] = {""};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    status = write_tensors(path, model, bufs, model_prefix, 1, model_meta, model_meta_count, fill,
-                           ctx, 0);
+    status = loom_path_join(path, sizeof path, dir, "model.safetensors");
+    if (status == LOOM_OK) {
+        status = write_tensors(path, model, bufs, model_prefix, 1, model_meta, model_meta_count,
+                               fill, ctx, 0);
+    }
     free(cfg);
     if (status != LOOM_OK) return status;
 
@@ -385,7 +388,8 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
         meta[2 * meta_count++ + 1] = state->compress;
     }
     const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
-    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    status = loom_path_join(path, sizeof path, dir, "state.safetensors");
+    if (status != LOOM_OK) return status;
     status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, meta_count, fill,
                            ctx, 1);
     if (status != LOOM_OK) return status;
@@ -393,7 +397,8 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
     /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
     char pointer[64];
     int len = snprintf(pointer, sizeof pointer, "step_%08" PRId64 "\n", state->step);
-    snprintf(path, sizeof path, "%s/checkpoints/latest", out_dir);
+    status = loom_path_join(path, sizeof path, out_dir, "checkpoints/latest");
+    if (status != LOOM_OK) return status;
     return loom_write_file_atomic(path, pointer, (size_t)len);
 }
 
@@ -421,7 +426,8 @@ static int is_file(const char *path) {
 
 static loom_status follow_latest(const char *checkpoints, char *dir, size_t cap) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/latest", checkpoints);
+    loom_status st = loom_path_join(path, sizeof path, checkpoints, "latest");
+    if (st != LOOM_OK) return st;
     char *text;
     size_t size;
     if (loom_read_file(path, &text, &size) != LOOM_OK) {
@@ -434,21 +440,21 @@ static loom_status follow_latest(const char *checkpoints, char *dir, size_t cap)
         return loom_fail(LOOM_ERR_INPUT, "%s: expected a step folder name like step_00000100",
                          path);
     }
-    snprintf(dir, cap, "%s/%s", checkpoints, text);
+    st = loom_path_join(dir, cap, checkpoints, text);
     free(text);
-    return LOOM_OK;
+    return st;
 }
 
 loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap) {
     char probe[4200];
-    snprintf(probe, sizeof probe, "%s/model.safetensors", path);
-    if (is_file(probe)) {
-        snprintf(dir, cap, "%s", path);
-        return LOOM_OK;
-    }
-    snprintf(probe, sizeof probe, "%s/latest", path);
+    loom_status st = loom_path_join(probe, sizeof probe, path, "model.safetensors");
+    if (st != LOOM_OK) return st;
+    if (is_file(probe)) return loom_path_join(dir, cap, NULL, path);
+    st = loom_path_join(probe, sizeof probe, path, "latest");
+    if (st != LOOM_OK) return st;
     if (is_file(probe)) return follow_latest(path, dir, cap);
-    snprintf(probe, sizeof probe, "%s/checkpoints", path);
+    st = loom_path_join(probe, sizeof probe, path, "checkpoints");
+    if (st != LOOM_OK) return st;
     if (is_dir(probe)) return follow_latest(probe, dir, cap);
     if (is_file(path)) {
         return loom_fail(LOOM_ERR_INPUT,
@@ -476,15 +482,17 @@ static loom_status parse_u64(const char *text, uint64_t *out) {
 static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
                                    loom_ckpt_take take, void *ctx, loom_ckpt_state *state) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    loom_status status = loom_path_join(path, sizeof path, dir, "model.safetensors");
+    if (status != LOOM_OK) return status;
     loom_safetensors *st;
-    loom_status status = loom_safetensors_open(&st, path);
+    status = loom_safetensors_open(&st, path);
     if (status != LOOM_OK) return status;
     status = read_tensors_take(st, path, model, "", model->params_memory, take, ctx, 0);
     loom_safetensors_close(st);
     if (status != LOOM_OK) return status;
 
-    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    status = loom_path_join(path, sizeof path, dir, "state.safetensors");
+    if (status != LOOM_OK) return status;
     status = loom_safetensors_open(&st, path);
     if (status != LOOM_OK) return status;
     uint64_t raw[STATE_FIELDS];

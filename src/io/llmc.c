@@ -17,8 +17,6 @@
 #include <sys/stat.h>
 
 #define LLMC_VERSION_BF16 5
-#define LLMC_SHARD_MAGIC  20240520 /* llm.c's token shard, a common mix-up */
-#define LLMC_HEADER_SLOTS 256
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define HOST_BIG_ENDIAN 1
@@ -117,19 +115,6 @@ static loom_status llmc_check_header(const char *path, const loom_llmc_header *h
     return LOOM_OK;
 }
 
-static int32_t load_le32(const unsigned char *b) {
-    uint32_t v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-    int32_t out;
-    memcpy(&out, &v, 4);
-    return out;
-}
-
-static void store_le32(unsigned char *b, int32_t value) {
-    uint32_t v;
-    memcpy(&v, &value, 4);
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-
 /* Opens `path`, reads and checks the header and the file size; on success *file is positioned
  * at the first parameter. */
 static loom_status llmc_open(const char *path, FILE **file, loom_llmc_header *h) {
@@ -142,26 +127,13 @@ static loom_status llmc_open(const char *path, FILE **file, loom_llmc_header *h)
         return loom_fail(LOOM_ERR_INPUT, "%s: not a regular file", path);
     }
     unsigned long long file_size = (unsigned long long)info.st_size;
-    unsigned char raw[LOOM_LLMC_HEADER_BYTES];
-    if (file_size < LOOM_LLMC_HEADER_BYTES || fread(raw, 1, sizeof raw, f) != sizeof raw) {
+    int32_t slot[LOOM_I32_HEADER_SLOTS];
+    loom_status status = loom_i32_header_read(f, path, LOOM_LLMC_MAGIC, slot);
+    if (status != LOOM_OK) {
         fclose(f);
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: file has %llu bytes, too short for the %d-byte llm.c header", path,
-                         file_size, LOOM_LLMC_HEADER_BYTES);
+        return status;
     }
-    int32_t slot[8];
-    for (int i = 0; i < 8; i++) slot[i] = load_le32(raw + 4 * i);
-    loom_status status = LOOM_OK;
-    if (slot[0] == LLMC_SHARD_MAGIC) {
-        status = loom_fail(LOOM_ERR_INPUT,
-                           "%s: magic %d is llm.c's token shard, expected a model checkpoint "
-                           "(magic %d)",
-                           path, (int)slot[0], LOOM_LLMC_MAGIC);
-    } else if (slot[0] != LOOM_LLMC_MAGIC) {
-        status =
-            loom_fail(LOOM_ERR_INPUT, "%s: bad magic %d, expected %d (an llm.c model checkpoint)",
-                      path, (int)slot[0], LOOM_LLMC_MAGIC);
-    } else if (slot[1] == LLMC_VERSION_BF16) {
+    if (slot[1] == LLMC_VERSION_BF16) {
         status = loom_fail(LOOM_ERR_INPUT,
                            "%s: version 5: bf16 checkpoints are not supported; expected version "
                            "3 (fp32)",
@@ -318,11 +290,11 @@ loom_status loom_llmc_write(const char *path, const loom_llmc_header *h, const f
         return loom_fail(LOOM_ERR_INPUT, "%s: given %zu parameters, the header calls for %zu", path,
                          count, expected);
     }
-    int32_t slots[LLMC_HEADER_SLOTS] = {LOOM_LLMC_MAGIC, LOOM_LLMC_VERSION_FP32, h->max_seq_len,
-                                        h->vocab_size,   h->num_layers,          h->num_heads,
-                                        h->channels,     h->padded_vocab_size};
+    int32_t slots[LOOM_I32_HEADER_SLOTS] = {LOOM_LLMC_MAGIC, LOOM_LLMC_VERSION_FP32, h->max_seq_len,
+                                            h->vocab_size,   h->num_layers,          h->num_heads,
+                                            h->channels,     h->padded_vocab_size};
     unsigned char raw[LOOM_LLMC_HEADER_BYTES];
-    for (int i = 0; i < LLMC_HEADER_SLOTS; i++) store_le32(raw + 4 * i, slots[i]);
+    loom_i32_header_encode(raw, slots);
     loom_atomic_file *af;
     status = loom_atomic_open(&af, path);
     if (status != LOOM_OK) return status;

@@ -23,26 +23,25 @@ static int has_suffix(const char *s, const char *suffix) {
 
 /* The safetensors file behind PATH: PATH itself, or a checkpoint's model.safetensors. */
 static loom_status weights_file(const char *path, char *file, size_t cap) {
-    if (has_suffix(path, ".safetensors")) {
-        snprintf(file, cap, "%s", path);
-        return LOOM_OK;
-    }
+    if (has_suffix(path, ".safetensors")) return loom_path_join(file, cap, NULL, path);
     char dir[4096];
     loom_status st = loom_checkpoint_resolve(path, dir, sizeof dir);
-    if (st == LOOM_OK) snprintf(file, cap, "%s/model.safetensors", dir);
+    if (st == LOOM_OK) st = loom_path_join(file, cap, dir, "model.safetensors");
     return st;
 }
 
-/* A Hugging Face model folder: config.json beside model.safetensors. */
-static int is_hf_folder(const char *path, char *config_json, size_t cap) {
+/* *found: PATH is a Hugging Face model folder (config.json beside model.safetensors). */
+static loom_status find_hf_folder(const char *path, char *config_json, size_t cap, int *found) {
     char weights[4200];
-    snprintf(config_json, cap, "%s/config.json", path);
-    snprintf(weights, sizeof weights, "%s/model.safetensors", path);
+    *found = 0;
+    loom_status st = loom_path_join(config_json, cap, path, "config.json");
+    if (st == LOOM_OK) st = loom_path_join(weights, sizeof weights, path, "model.safetensors");
+    if (st != LOOM_OK) return st;
     FILE *a = fopen(config_json, "rb"), *b = fopen(weights, "rb");
-    int both = a && b;
+    *found = a && b;
     if (a) fclose(a);
     if (b) fclose(b);
-    return both;
+    return LOOM_OK;
 }
 
 static loom_status hf_int(const json_t *root, const char *key, const char *alt, int *out,
@@ -89,17 +88,20 @@ static loom_status hf_config(const char *path, loom_gpt_config *c) {
 
 loom_status loom_model_config_of(const char *path, loom_gpt_config *config) {
     char config_json[4200];
-    if (is_hf_folder(path, config_json, sizeof config_json)) return hf_config(config_json, config);
+    int hf_folder;
+    loom_status st = find_hf_folder(path, config_json, sizeof config_json, &hf_folder);
+    if (st != LOOM_OK) return st;
+    if (hf_folder) return hf_config(config_json, config);
     if (has_suffix(path, ".bin")) {
         loom_llmc_header h;
-        loom_status st = loom_llmc_read_header(path, &h);
+        st = loom_llmc_read_header(path, &h);
         if (st != LOOM_OK) return st;
         *config = (loom_gpt_config){h.max_seq_len, h.vocab_size, h.padded_vocab_size,
                                     h.num_layers,  h.num_heads,  h.channels};
         return loom_gpt_config_check(config, path);
     }
     char file[4200];
-    loom_status st = weights_file(path, file, sizeof file);
+    st = weights_file(path, file, sizeof file);
     if (st == LOOM_OK) st = loom_gpt_config_from_safetensors(file, config);
     return st;
 }
@@ -170,18 +172,19 @@ loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_
     return st;
 }
 
-static int has_tokenizer_files(const char *dir) {
+/* *found: DIR holds one of GPT-2's tokenizer files. */
+static loom_status find_tokenizer_files(const char *dir, int *found) {
     static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    *found = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !*found; i++) {
         char file[4400];
-        snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+        loom_status st = loom_path_join(file, sizeof file, dir, names[i]);
+        if (st != LOOM_OK) return st;
         FILE *f = fopen(file, "rb");
-        if (f) {
-            fclose(f);
-            return 1;
-        }
+        if (f) fclose(f);
+        *found = f != NULL;
     }
-    return 0;
+    return LOOM_OK;
 }
 
 loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_cap, char *source,
@@ -200,17 +203,19 @@ loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_ca
                        "%s: metadata loom.tokenizer: expected \"bytes\" or \"gpt2\", got \"%.40s\"",
                        file, recorded);
     } else if (recorded) {
-        snprintf(name, name_cap, "%s", recorded);
-        snprintf(source, source_cap, "%s", from ? from : "");
+        snprintf(name, name_cap, "%s", recorded); /* "bytes" or "gpt2" */
+        st = loom_path_join(source, source_cap, NULL, from ? from : "");
     } else {
         char dir[4200];
-        snprintf(dir, sizeof dir, "%s", file);
+        snprintf(dir, sizeof dir, "%s", file); /* as large as file */
         char *slash = strrchr(dir, '/');
         if (slash) *slash = '\0';
-        if (has_tokenizer_files(slash ? dir : ".")) {
+        int found;
+        st = find_tokenizer_files(slash ? dir : ".", &found);
+        if (st == LOOM_OK && found) {
             char *absolute = realpath(slash ? dir : ".", NULL);
             snprintf(name, name_cap, "gpt2");
-            snprintf(source, source_cap, "%s", absolute ? absolute : dir);
+            st = loom_path_join(source, source_cap, NULL, absolute ? absolute : dir);
             free(absolute);
         }
     }

@@ -13,7 +13,7 @@
 #include <string.h>
 
 static int splits_backward(const loom_plan *plan) {
-    return !strcmp(plan->schedule, "zb-h1") || !strcmp(plan->schedule, "zb-v");
+    return plan->schedule == LOOM_SCHEDULE_ZB_H1 || plan->schedule == LOOM_SCHEDULE_ZB_V;
 }
 
 /* ---- compression ------------------------------------------------------------------------
@@ -55,23 +55,6 @@ double loom_plan_compressor_wire(const loom_plan_compressor *c, loom_compress_me
     }
 }
 
-static loom_compress_method method_of(const char *name) {
-    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) {
-        if (!strcmp(name, loom_compress_method_name((loom_compress_method)m)))
-            return (loom_compress_method)m;
-    }
-    return LOOM_COMPRESS_NONE;
-}
-
-static int listed(const loom_plan_compressor *c, int index) {
-    if (c->num_stages == 0) return 1;
-    for (int i = 0; i < c->num_stages; i++)
-        if (c->stages[i] == index) return 1;
-    return 0;
-}
-
-/* One pipeline rank's gradients under the plan's DP compressor: the bytes sent (wire), the fp32
- * bytes the codec reads (raw: the compressing matrices) and the state kept. */
 loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
     loom_dp_traffic t = {0, 0, 0};
     loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
@@ -84,7 +67,8 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
     const loom_plan_compressor *c = &plan->dp_compression;
-    loom_compress_method method = listed(c, pp_rank) ? method_of(c->method) : LOOM_COMPRESS_NONE;
+    loom_compress_method method =
+        loom_plan_compresses_stage(c, pp_rank) ? c->method : LOOM_COMPRESS_NONE;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &info[k];
         if (ti->numel == 0) continue;
@@ -112,8 +96,8 @@ loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
     return loom_gpt_cost_stage(&plan->model, &spec, c);
 }
 
-loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
-                                     int peak, loom_rank_memory *out) {
+loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int peak,
+                                     loom_rank_memory *out) {
     memset(out, 0, sizeof *out);
     int split = splits_backward(plan);
     out->in_flight = peak;
@@ -142,20 +126,20 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
         int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
         out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
     }
-    if (zero1 && plan->dp > 1) {
+    if (plan->zero >= 1 && plan->dp > 1) {
         out->optimizer /= plan->dp;
         /* the reduce-scatter ring's receive buffers: per DP bucket its largest block, the whole
          * bucket when it lies inside one rank's range — about one gradient's worth */
         out->scratch += out->grads;
     }
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
-    if (plan->dp > 1 && strcmp(plan->dp_compression.method, "none") != 0)
+    if (plan->dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE)
         out->compressor += (int64_t)loom_plan_dp_traffic(plan, pp_rank).state;
     const loom_plan_compressor *pc = &plan->pp_compression;
-    for (int s = 1; s < plan->num_stages && strcmp(pc->method, "none") != 0; s++) {
-        if (plan->stages[s].rank != pp_rank || !listed(pc, s - 1)) continue;
+    for (int s = 1; s < plan->num_stages && pc->method != LOOM_COMPRESS_NONE; s++) {
+        if (plan->stages[s].rank != pp_rank || !loom_plan_compresses_stage(pc, s - 1)) continue;
         double state;
-        loom_plan_compressor_wire(pc, method_of(pc->method), (int64_t)plan->micro_batch * seq_len,
+        loom_plan_compressor_wire(pc, pc->method, (int64_t)plan->micro_batch * seq_len,
                                   plan->model.channels, &state);
         out->compressor += (int64_t)state;
     }
@@ -167,8 +151,8 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
     return LOOM_OK;
 }
 
-loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len, int zero1,
+loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_len,
                                   loom_rank_memory *out) {
-    return loom_plan_rank_memory_at(plan, pp_rank, seq_len, zero1,
+    return loom_plan_rank_memory_at(plan, pp_rank, seq_len,
                                     loom_pipeline_peak_in_flight(plan, pp_rank), out);
 }

@@ -9,27 +9,13 @@
 #include <string.h>
 
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
-    if (strcmp(plan->precision, "fp32") != 0) {
+    /* everything a checked plan says, this build runs, but a precision other than fp32 */
+    if (plan->precision != LOOM_PRECISION_FP32) {
+        const char *name = loom_precision_name(plan->precision);
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: precision: \"%s\" is not supported by this build (it trains in "
                          "fp32; a plan for %s is for predicting a GPU cluster)",
-                         source, plan->precision, plan->precision);
-    }
-    /* everything a checked plan says, this build runs; the executor keeps one recomputation
-     * choice per rank, so a rank's virtual stages must agree on it */
-    for (int s = 0; s < plan->num_stages; s++) {
-        int rank =
-            plan->stages[s].rank; /* its chunk 0 is virtual stage `rank` in every placement */
-        if (plan->stages[s].recompute != plan->stages[rank].recompute) {
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: stages[%d].recompute: expected %s, as stages[%d] (pipeline rank "
-                             "%d runs both and recomputes all its chunks the same way)",
-                             source, s,
-                             plan->stages[rank].recompute == LOOM_RECOMPUTE_ALWAYS ? "\"always\""
-                             : plan->stages[rank].recompute                        ? "true"
-                                                                                   : "false",
-                             rank, rank);
-        }
+                         source, name, name);
     }
     return LOOM_OK;
 }
@@ -37,9 +23,7 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
 loom_status loom_parallel_compress_opts(const loom_plan_compressor *c, int place, uint64_t seed,
                                         loom_compress_opts *opts) {
     memset(opts, 0, sizeof *opts);
-    const char *name = place == LOOM_COMPRESS_FOR_PP_FORWARD ? c->forward : c->method;
-    loom_status st = loom_compress_method_parse(name, place, "plan", "compression", &opts->method);
-    if (st != LOOM_OK) return st;
+    opts->method = place == LOOM_COMPRESS_FOR_PP_FORWARD ? c->forward : c->method;
     opts->rank = c->rank;
     opts->fraction = c->fraction;
     /* pipeline gradients: lazy error propagation is their error feedback; forward activations
@@ -77,7 +61,7 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
     if (st == LOOM_OK) {
         st = loom_comm_split(world, c.dp_rank * tp + c.tp_rank, c.pp_rank, "pp", &mesh->pp);
     }
-    if (st == LOOM_OK && dp > 1 && strcmp(plan->dp_compression.method, "none") != 0) {
+    if (st == LOOM_OK && dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE) {
         st = loom_comm_split(mesh->dp, 0, c.dp_rank, "dp (second round)", &mesh->dp_second);
     }
     int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
@@ -88,7 +72,7 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
         st = loom_comm_split(world, ends ? c.dp_rank * tp + c.tp_rank : -1, c.pp_rank, "embedding",
                              &mesh->embedding);
         /* fused embedding sync: both copies of every replica in one group (2 dp ranks) */
-        int fused = strcmp(plan->embedding_sync, "fused") == 0;
+        int fused = plan->embedding_sync == LOOM_EMBEDDING_SYNC_FUSED;
         if (st == LOOM_OK && fused) {
             st = loom_comm_split(world, ends ? c.tp_rank : -1, rank, "embedding (all replicas)",
                                  &mesh->embedding_all);

@@ -319,8 +319,8 @@ static loom_status link_compressor(loom_pipeline *p, int kind, int boundary, int
     const loom_plan *plan = p->mesh->plan;
     const loom_plan_compressor *pc = &plan->pp_compression;
     *c = NULL;
-    const char *method = kind == KIND_GRAD ? pc->method : pc->forward;
-    if (!strcmp(method, "none") || !loom_plan_compresses_stage(pc, boundary)) return LOOM_OK;
+    loom_compress_method method = kind == KIND_GRAD ? pc->method : pc->forward;
+    if (method == LOOM_COMPRESS_NONE || !loom_plan_compresses_stage(pc, boundary)) return LOOM_OK;
     loom_compress_opts opts;
     int place = kind == KIND_GRAD ? LOOM_COMPRESS_FOR_PP_GRAD : LOOM_COMPRESS_FOR_PP_FORWARD;
     loom_status st = loom_parallel_compress_opts(pc, place, 0x6c6f6f6d ^ (uint64_t)boundary, &opts);
@@ -333,7 +333,7 @@ static loom_status link_compressor(loom_pipeline *p, int kind, int boundary, int
         return LOOM_OK;
     }
     int m = p->micro_batches;
-    if (kind == KIND_ACT || strcmp(pc->policy, "epilogue") != 0) {
+    if (kind == KIND_ACT || pc->policy != LOOM_PP_POLICY_EPILOGUE) {
         memset(which, 1, (size_t)m);
         return LOOM_OK;
     }
@@ -489,7 +489,8 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (st == LOOM_OK && p->stages > 1) {
         st = compression_create(p, (int64_t)B * T, model->config.channels);
         const loom_plan_compressor *pc = &plan->pp_compression;
-        if (st == LOOM_OK && strcmp(pc->method, "none") != 0 && !strcmp(pc->policy, "slack")) {
+        if (st == LOOM_OK && pc->method != LOOM_COMPRESS_NONE &&
+            pc->policy == LOOM_PP_POLICY_SLACK) {
             st = slack_create(p);
         }
     }

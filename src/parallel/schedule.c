@@ -84,14 +84,6 @@ static void build_1f1b(schedule_builder *b, int stages, int micro_batches, int s
 
 /* ---- shapes and placement ------------------------------------------------------------------ */
 
-static const char *const kind_names[LOOM_SCHEDULE_NUM_KINDS] = {"gpipe", "1f1b", "interleaved",
-                                                                "zb-h1", "zb-v"};
-
-int loom_schedule_kind_chunks(loom_schedule_kind kind) {
-    if (kind == LOOM_SCHEDULE_INTERLEAVED) return 0;
-    return kind == LOOM_SCHEDULE_ZB_V ? 2 : 1;
-}
-
 loom_status loom_pipe_shape_check(const loom_pipe_shape *shape) {
     if (!shape) return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: no shape given");
     if ((int)shape->kind < 0 || (int)shape->kind >= LOOM_SCHEDULE_NUM_KINDS) {
@@ -100,12 +92,12 @@ loom_status loom_pipe_shape_check(const loom_pipe_shape *shape) {
                          "interleaved, zb-h1 or zb-v",
                          (int)shape->kind);
     }
-    const char *name = kind_names[shape->kind];
+    const char *name = loom_schedule_kind_name(shape->kind);
     if (shape->ranks < 1) {
         return loom_fail(LOOM_ERR_INPUT, "pipeline schedule: stages must be at least 1, got %d",
                          shape->ranks);
     }
-    int chunks = loom_schedule_kind_chunks(shape->kind);
+    int chunks = loom_plan_schedule_chunks(shape->kind);
     if (chunks == 0 && shape->chunks < 2) {
         return loom_fail(LOOM_ERR_INPUT,
                          "pipeline schedule: interleaved needs at least 2 virtual stages per "
@@ -139,7 +131,8 @@ loom_status loom_pipe_shape_of(const loom_plan *plan, loom_pipe_shape *shape) {
     shape->ranks = plan->pp;
     shape->chunks = plan->virtual_stages;
     shape->micro_batches = loom_plan_num_micro_batches(plan);
-    return loom_schedule_kind_parse(plan->schedule, &shape->kind);
+    shape->kind = plan->schedule;
+    return LOOM_OK;
 }
 
 int loom_pipe_virtual_stages(const loom_pipe_shape *shape) {
@@ -153,8 +146,7 @@ int loom_pipe_stage(const loom_pipe_shape *shape, int rank, int chunk) {
 }
 
 void loom_pipe_place(const loom_pipe_shape *shape, int stage, int *rank, int *chunk) {
-    loom_plan_place(loom_schedule_kind_name(shape->kind), shape->ranks, shape->chunks, stage, rank,
-                    chunk);
+    loom_plan_place(shape->kind, shape->ranks, shape->chunks, stage, rank, chunk);
 }
 
 int loom_pipe_peer(const loom_pipe_shape *shape, int rank, loom_pipe_action action) {
@@ -233,7 +225,7 @@ loom_status loom_pipe_schedule_build_all(const loom_pipe_shape *shape,
 loom_status loom_pipe_schedule(loom_schedule_kind kind, int stages, int micro_batches, int stage,
                                loom_pipe_stage_schedule *out) {
     int chunks =
-        (int)kind >= 0 && (int)kind < LOOM_SCHEDULE_NUM_KINDS ? loom_schedule_kind_chunks(kind) : 1;
+        (int)kind >= 0 && (int)kind < LOOM_SCHEDULE_NUM_KINDS ? loom_plan_schedule_chunks(kind) : 1;
     loom_pipe_shape shape = {kind, stages, chunks, micro_batches};
     return loom_pipe_schedule_build(&shape, stage, out);
 }
@@ -243,23 +235,6 @@ void loom_pipe_schedule_free(loom_pipe_stage_schedule *s) {
     free(s->actions);
     s->actions = NULL;
     s->count = 0;
-}
-
-loom_status loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
-    for (int k = 0; name && k < LOOM_SCHEDULE_NUM_KINDS; k++) {
-        if (strcmp(name, kind_names[k]) == 0) {
-            *kind = (loom_schedule_kind)k;
-            return LOOM_OK;
-        }
-    }
-    return loom_fail(LOOM_ERR_INPUT,
-                     "pipeline schedule: unknown schedule \"%s\"; expected \"gpipe\", \"1f1b\", "
-                     "\"interleaved\", \"zb-h1\" or \"zb-v\"",
-                     name ? name : "(null)");
-}
-
-const char *loom_schedule_kind_name(loom_schedule_kind kind) {
-    return (int)kind >= 0 && (int)kind < LOOM_SCHEDULE_NUM_KINDS ? kind_names[kind] : "?";
 }
 
 const char *loom_pipe_op_name(loom_pipe_op op) {

@@ -102,7 +102,7 @@ static loom_status dp_from_flags(const loom_plan_compression_flags *f, loom_plan
     st = refuse_unused(unused, (int)(sizeof unused / sizeof unused[0]), "--dp-compression",
                        f->dp_compression);
     if (st != LOOM_OK) return st;
-    snprintf(c->method, sizeof c->method, "%s", loom_compress_method_name(m));
+    c->method = m;
     c->rank = loom_plan_method_has_rank(m) ? f->dp_compression_rank : 0;
     c->fraction = f->dp_topk_fraction;
     c->error_feedback = !f->no_error_feedback;
@@ -121,12 +121,10 @@ static loom_status pp_from_flags(const loom_plan_compression_flags *f, loom_plan
                                         &forward);
     }
     if (st != LOOM_OK) return st;
-    if (!loom_word_ok(&loom_plan_policies, f->pp_compression_policy)) {
-        char list[128];
-        loom_word_list(&loom_plan_policies, list, sizeof list);
-        return loom_fail(LOOM_ERR_INPUT, "--pp-compression-policy: expected %s, got \"%s\"", list,
-                         f->pp_compression_policy);
-    }
+    int policy = 0;
+    st = loom_word_parse(&loom_plan_policies, f->pp_compression_policy, "--pp-compression-policy",
+                         "compression.pp.policy", &policy);
+    if (st != LOOM_OK) return st;
     char rank[32], fraction[32];
     snprintf(rank, sizeof rank, "%d", f->pp_compression_rank);
     snprintf(fraction, sizeof fraction, "%g", f->pp_topk_fraction);
@@ -139,19 +137,19 @@ static loom_status pp_from_flags(const loom_plan_compression_flags *f, loom_plan
          "--pp-topk-fraction", fraction, "only topk keeps a fraction"},
         {none && f->pp_compression_links[0], "--pp-compression-links", f->pp_compression_links,
          no_send},
-        {none && strcmp(f->pp_compression_policy, "all") != 0, "--pp-compression-policy",
-         f->pp_compression_policy, no_send},
+        {none && policy != LOOM_PP_POLICY_ALL, "--pp-compression-policy", f->pp_compression_policy,
+         no_send},
         {none && f->no_lazy_error, "--no-lazy-error", "", no_send},
     };
     st = refuse_unused(unused, (int)(sizeof unused / sizeof unused[0]), "--pp-compression",
                        f->pp_compression);
     if (st != LOOM_OK) return st;
-    snprintf(c->method, sizeof c->method, "%s", loom_compress_method_name(m));
+    c->method = m;
     c->rank = loom_plan_method_has_rank(m) ? f->pp_compression_rank : 0;
     c->fraction = f->pp_topk_fraction;
     c->lazy_error = !f->no_lazy_error;
-    snprintf(c->policy, sizeof c->policy, "%s", f->pp_compression_policy);
-    snprintf(c->forward, sizeof c->forward, "%s", loom_compress_method_name(forward));
+    c->policy = (loom_pp_policy)policy;
+    c->forward = forward;
     return parse_indices(f->pp_compression_links, "--pp-compression-links", "link", &c->stages,
                          &c->num_stages);
 }
@@ -195,20 +193,25 @@ static void format_indices(const int *list, int n, char *buf, size_t cap) {
 void loom_plan_compression_flags_of(const loom_plan *plan, loom_plan_compression_flags *f) {
     loom_plan_compression_flags_defaults(f);
     const loom_plan_compressor *dp = &plan->dp_compression, *pp = &plan->pp_compression;
-    snprintf(f->dp_compression, sizeof f->dp_compression, "%.15s", dp->method);
+    snprintf(f->dp_compression, sizeof f->dp_compression, "%.15s",
+             loom_compress_method_name(dp->method));
     if (dp->rank) f->dp_compression_rank = dp->rank;
     f->dp_topk_fraction = dp->fraction;
     f->dp_compression_warmup_steps = dp->warmup_steps;
     format_indices(dp->stages, dp->num_stages, f->dp_compression_stages,
                    sizeof f->dp_compression_stages);
     f->no_error_feedback = !dp->error_feedback;
-    snprintf(f->pp_compression, sizeof f->pp_compression, "%.15s", pp->method);
+    snprintf(f->pp_compression, sizeof f->pp_compression, "%.15s",
+             loom_compress_method_name(pp->method));
     if (pp->rank) f->pp_compression_rank = pp->rank;
     f->pp_topk_fraction = pp->fraction;
     format_indices(pp->stages, pp->num_stages, f->pp_compression_links,
                    sizeof f->pp_compression_links);
-    snprintf(f->pp_compression_policy, sizeof f->pp_compression_policy, "%.15s", pp->policy);
-    snprintf(f->pp_forward_compression, sizeof f->pp_forward_compression, "%.15s", pp->forward);
+    snprintf(f->pp_compression_policy, sizeof f->pp_compression_policy, "%.15s",
+             loom_pp_policy_name(pp->policy));
+    snprintf(f->pp_forward_compression, sizeof f->pp_forward_compression, "%.15s",
+             loom_compress_method_name(pp->forward));
     f->no_lazy_error = !pp->lazy_error;
-    snprintf(f->embedding_sync, sizeof f->embedding_sync, "%.15s", plan->embedding_sync);
+    snprintf(f->embedding_sync, sizeof f->embedding_sync, "%.15s",
+             loom_embedding_sync_name(plan->embedding_sync));
 }

@@ -25,9 +25,37 @@ static const char *const schedule_words[] = {"gpipe", "1f1b", "interleaved", "zb
 static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
-const loom_words loom_plan_schedules = {schedule_words, 5};
-const loom_words loom_plan_policies = {policy_words, 3};
-const loom_words loom_plan_embedding_syncs = {embedding_sync_words, 2};
+static const char *const recompute_words[] = {"none", "needed", "always"};
+
+const loom_words loom_plan_schedules = {schedule_words, LOOM_SCHEDULE_NUM_KINDS};
+const loom_words loom_plan_policies = {policy_words, LOOM_PP_POLICY_COUNT};
+const loom_words loom_plan_embedding_syncs = {embedding_sync_words, LOOM_EMBEDDING_SYNC_COUNT};
+const loom_words loom_plan_recomputes = {recompute_words, 3};
+
+static const char *word_name(const loom_words *words, int index) {
+    return index >= 0 && index < words->count ? words->words[index] : "?";
+}
+
+loom_status loom_schedule_kind_parse(const char *name, const char *source, const char *field,
+                                     loom_schedule_kind *kind) {
+    int index = 0;
+    loom_status st = loom_word_parse(&loom_plan_schedules, name, source, field, &index);
+    if (st == LOOM_OK) *kind = (loom_schedule_kind)index;
+    return st;
+}
+
+const char *loom_schedule_kind_name(loom_schedule_kind kind) {
+    return word_name(&loom_plan_schedules, (int)kind);
+}
+const char *loom_pp_policy_name(loom_pp_policy policy) {
+    return word_name(&loom_plan_policies, (int)policy);
+}
+const char *loom_embedding_sync_name(loom_embedding_sync sync) {
+    return word_name(&loom_plan_embedding_syncs, (int)sync);
+}
+const char *loom_recompute_name(int recompute) {
+    return word_name(&loom_plan_recomputes, recompute);
+}
 
 int loom_plan_method_has_rank(loom_compress_method method) {
     return method == LOOM_COMPRESS_POWERSGD || method == LOOM_COMPRESS_LOWRANK;
@@ -43,11 +71,10 @@ int loom_plan_default_rank(loom_compress_method method) {
 
 void loom_plan_compressor_init(loom_plan_compressor *c) {
     memset(c, 0, sizeof *c);
-    snprintf(c->method, sizeof c->method, "none");
+    c->method = c->forward = LOOM_COMPRESS_NONE;
     c->fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
     c->error_feedback = 1, c->lazy_error = 1;
-    snprintf(c->policy, sizeof c->policy, "all");
-    snprintf(c->forward, sizeof c->forward, "none");
+    c->policy = LOOM_PP_POLICY_ALL;
 }
 
 void loom_plan_compressor_free(loom_plan_compressor *c) {
@@ -57,13 +84,12 @@ void loom_plan_compressor_free(loom_plan_compressor *c) {
 
 void loom_plan_init(loom_plan *plan) {
     memset(plan, 0, sizeof *plan);
-    snprintf(plan->schedule, sizeof plan->schedule, "1f1b");
+    plan->schedule = LOOM_SCHEDULE_1F1B;
     plan->virtual_stages = 1;
     loom_plan_compressor_init(&plan->dp_compression);
     loom_plan_compressor_init(&plan->pp_compression);
-    snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "separate");
-    snprintf(plan->precision, sizeof plan->precision, "fp32");
-    plan->zero1 = -1;
+    plan->embedding_sync = LOOM_EMBEDDING_SYNC_SEPARATE;
+    plan->precision = LOOM_PRECISION_FP32;
     plan->overlap_grad_reduce = 1;
 }
 
@@ -113,20 +139,13 @@ loom_status loom_plan_copy(loom_plan *dst, const loom_plan *src) {
 
 /* ---- the rules ------------------------------------------------------------------------------ */
 
-/* A fixed-size word field, printable even if it was filled without a terminator. */
-static const char *word_of(const char *field, size_t cap, char *buf) {
-    snprintf(buf, cap + 1, "%.*s", (int)cap, field);
-    return buf;
-}
-
-static loom_status check_word(const char *source, const char *path, const char *field, size_t cap,
+/* An enum field's value, one of `words` (in the enum's order). */
+static loom_status check_enum(const char *source, const char *path, int value,
                               const loom_words *words) {
-    char value[64];
-    word_of(field, cap < sizeof value - 1 ? cap : sizeof value - 1, value);
-    if (memchr(field, '\0', cap) && loom_word_ok(words, value)) return LOOM_OK;
+    if (value >= 0 && value < words->count) return LOOM_OK;
     char list[128];
     loom_word_list(words, list, sizeof list);
-    return loom_fail_field(source, path, "expected %s, got \"%s\"", list, value);
+    return loom_fail_field(source, path, "expected %s, got the value %d", list, value);
 }
 
 static loom_status check_model(const loom_gpt_config *m, const char *source) {
@@ -151,13 +170,13 @@ static loom_status check_batch(const loom_plan *p, const char *source) {
         return loom_fail_field(source, "batch.global", "expected a positive integer, got %d",
                                p->global_batch);
     }
-    loom_status st =
-        check_word(source, "batch.schedule", p->schedule, sizeof p->schedule, &loom_plan_schedules);
+    loom_status st = check_enum(source, "batch.schedule", (int)p->schedule, &loom_plan_schedules);
     if (st != LOOM_OK) return st;
+    const char *schedule = loom_schedule_kind_name(p->schedule);
     int fixed = loom_plan_schedule_chunks(p->schedule), v = p->virtual_stages;
     if (fixed > 0 && v != fixed) {
         return loom_fail_field(source, "batch.virtual_stages",
-                               "expected %d for schedule \"%s\" (%s), got %d", fixed, p->schedule,
+                               "expected %d for schedule \"%s\" (%s), got %d", fixed, schedule,
                                fixed == 1 ? "one model chunk per pipeline rank"
                                           : "its V runs two model chunks on every rank",
                                v);
@@ -166,7 +185,7 @@ static loom_status check_batch(const loom_plan *p, const char *source) {
         return loom_fail_field(source, "batch.virtual_stages",
                                "expected at least 2 for schedule \"%s\" (model chunks per "
                                "pipeline rank; one chunk is 1f1b), got %d",
-                               p->schedule, v);
+                               schedule, v);
     }
     return LOOM_OK;
 }
@@ -181,6 +200,20 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
             return loom_fail_field(source, sizes[i].path, "expected a positive integer, got %d",
                                    sizes[i].value);
         }
+    }
+    if (p->zero < 0 || p->zero > 3) {
+        return loom_fail_field(source, "mesh.zero", "expected a ZeRO stage 0, 1, 2 or 3, got %d",
+                               p->zero);
+    }
+    if (p->zero > 1) {
+        return loom_fail_field(source, "mesh.zero",
+                               "ZeRO stage %d (%s sharded over the data-parallel ranks) is not "
+                               "built yet; expected 0 or 1",
+                               p->zero, p->zero == 2 ? "gradients" : "parameters and gradients");
+    }
+    if (p->sequence_parallel) {
+        return loom_fail_field(source, "mesh.sequence_parallel",
+                               "sequence parallelism is not built yet; expected false");
     }
     int64_t ranks = (int64_t)p->dp * p->tp * p->pp;
     if (world_size > 0 && ranks != world_size) {
@@ -220,7 +253,7 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
     }
     /* Megatron's interleaved schedule runs the micro-batches in groups of pp per chunk */
     int micro_batches = loom_plan_num_micro_batches(p);
-    if (strcmp(p->schedule, "interleaved") == 0 && micro_batches % p->pp != 0) {
+    if (p->schedule == LOOM_SCHEDULE_INTERLEAVED && micro_batches % p->pp != 0) {
         return loom_fail_field(source, "batch.global",
                                "expected a multiple of batch.micro * mesh.dp * mesh.pp = "
                                "%d*%d*%d = %" PRId64 " with schedule \"interleaved\" (its "
@@ -254,14 +287,36 @@ static loom_status check_stage_schedule(const loom_plan *p, const char *source, 
         return loom_fail_field(source, path,
                                "expected %d (%s places %s %d of %d on rank %d), "
                                "got %d",
-                               rank, p->schedule, what, i, p->num_stages, rank, s->rank);
+                               rank, loom_schedule_kind_name(p->schedule), what, i, p->num_stages,
+                               rank, s->rank);
     }
     if (s->chunk != chunk) {
         snprintf(path, sizeof path, "stages[%d].chunk", i);
         return loom_fail_field(source, path,
                                "expected %d (%s runs %s %d of %d as chunk %d of rank %d), "
                                "got %d",
-                               chunk, p->schedule, what, i, p->num_stages, chunk, rank, s->chunk);
+                               chunk, loom_schedule_kind_name(p->schedule), what, i, p->num_stages,
+                               chunk, rank, s->chunk);
+    }
+    return LOOM_OK;
+}
+
+/* A stage's recomputation is a word, and the executor keeps one recomputation choice per rank,
+ * so a rank's virtual stages must agree on it (its chunk 0 is virtual stage `rank` in every
+ * placement). */
+static loom_status check_stage_recompute(const loom_plan *p, const char *source, int i) {
+    const loom_plan_stage *s = &p->stages[i];
+    char path[64];
+    snprintf(path, sizeof path, "stages[%d].recompute", i);
+    loom_status st = check_enum(source, path, s->recompute, &loom_plan_recomputes);
+    if (st != LOOM_OK || s->rank < 0 || s->rank >= p->num_stages) return st;
+    const loom_plan_stage *first = &p->stages[s->rank];
+    if (s->recompute != first->recompute) {
+        return loom_fail_field(source, path,
+                               "expected \"%s\", as stages[%d] (pipeline rank %d runs both and "
+                               "recomputes all its chunks the same way), got \"%s\"",
+                               loom_recompute_name(first->recompute), s->rank, s->rank,
+                               loom_recompute_name(s->recompute));
     }
     return LOOM_OK;
 }
@@ -314,17 +369,22 @@ static loom_status check_stages(const loom_plan *p, const char *source) {
                               i == last ? "the last stage runs the head"
                                         : "only the last stage runs the head");
         if (st == LOOM_OK) st = check_stage_schedule(p, source, i);
+        if (st == LOOM_OK) st = check_stage_recompute(p, source, i);
         if (st != LOOM_OK) return st;
     }
     return LOOM_OK;
 }
 
-/* The method in `field` (cap bytes), allowed in `place` (a LOOM_COMPRESS_FOR_* bit). */
-static loom_status check_method(const char *source, const char *path, const char *field, size_t cap,
-                                int place, loom_compress_method *method) {
-    char value[64];
-    word_of(field, cap < sizeof value - 1 ? cap : sizeof value - 1, value);
-    return loom_compress_method_parse(value, place, source, path, method);
+/* A method allowed in `place` (a LOOM_COMPRESS_FOR_* bit). */
+static loom_status check_method(const char *source, const char *path, loom_compress_method method,
+                                int place) {
+    if ((int)method < 0 || method >= LOOM_COMPRESS_COUNT) {
+        return loom_fail_field(source, path, "expected a compression method, got the value %d",
+                               (int)method);
+    }
+    loom_compress_method parsed;
+    return loom_compress_method_parse(loom_compress_method_name(method), place, source, path,
+                                      &parsed);
 }
 
 /* rank and fraction, which only some methods have: the others keep the defaults, so that what
@@ -386,25 +446,22 @@ static loom_status check_indices(const loom_plan_compressor *c, const char *sour
 /* The fields of the other place have no key in the file under this compressor, so they must
  * hold their defaults (or the plan would not read back as it was written). */
 static loom_status check_other_place(const loom_plan_compressor *c, const char *source, int is_pp) {
-    char value[64];
     if (!is_pp && !c->lazy_error) {
         return loom_fail_field(source, "compression.dp.lazy_error",
                                "expected true (the default; lazy error propagation is "
                                "compression.pp's), got false");
     }
-    word_of(c->policy, sizeof c->policy, value);
-    if (!is_pp && strcmp(value, "all") != 0) {
+    if (!is_pp && c->policy != LOOM_PP_POLICY_ALL) {
         return loom_fail_field(source, "compression.dp.policy",
                                "expected \"all\" (the default; the policy is "
                                "compression.pp's), got \"%s\"",
-                               value);
+                               loom_pp_policy_name(c->policy));
     }
-    word_of(c->forward, sizeof c->forward, value);
-    if (!is_pp && strcmp(value, "none") != 0) {
+    if (!is_pp && c->forward != LOOM_COMPRESS_NONE) {
         return loom_fail_field(source, "compression.dp.forward",
                                "expected \"none\" (the default; forward compression is "
                                "compression.pp's), got \"%s\"",
-                               value);
+                               loom_compress_method_name(c->forward));
     }
     if (is_pp && !c->error_feedback) {
         return loom_fail_field(source, "compression.pp.error_feedback",
@@ -422,9 +479,8 @@ static loom_status check_other_place(const loom_plan_compressor *c, const char *
 
 static loom_status check_dp_compressor(const loom_plan *p, const char *source) {
     const loom_plan_compressor *c = &p->dp_compression;
-    loom_compress_method m;
-    loom_status st = check_method(source, "compression.dp.method", c->method, sizeof c->method,
-                                  LOOM_COMPRESS_FOR_DP, &m);
+    loom_compress_method m = c->method;
+    loom_status st = check_method(source, "compression.dp.method", m, LOOM_COMPRESS_FOR_DP);
     if (st == LOOM_OK) st = check_rank_and_fraction(c, m, source, "compression.dp");
     if (st != LOOM_OK) return st;
     if (c->warmup_steps < 0) {
@@ -445,9 +501,8 @@ static loom_status check_dp_compressor(const loom_plan *p, const char *source) {
 
 static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
     const loom_plan_compressor *c = &p->pp_compression;
-    loom_compress_method m, forward;
-    loom_status st = check_method(source, "compression.pp.method", c->method, sizeof c->method,
-                                  LOOM_COMPRESS_FOR_PP_GRAD, &m);
+    loom_compress_method m = c->method, forward = c->forward;
+    loom_status st = check_method(source, "compression.pp.method", m, LOOM_COMPRESS_FOR_PP_GRAD);
     if (st != LOOM_OK) return st;
     int stages = p->pp * p->virtual_stages; /* links join neighbouring virtual stages */
     if (stages == 1 && m != LOOM_COMPRESS_NONE) {
@@ -457,12 +512,10 @@ static loom_status check_pp_compressor(const loom_plan *p, const char *source) {
     }
     st = check_rank_and_fraction(c, m, source, "compression.pp");
     if (st == LOOM_OK) {
-        st = check_word(source, "compression.pp.policy", c->policy, sizeof c->policy,
-                        &loom_plan_policies);
+        st = check_enum(source, "compression.pp.policy", (int)c->policy, &loom_plan_policies);
     }
     if (st == LOOM_OK) {
-        st = check_method(source, "compression.pp.forward", c->forward, sizeof c->forward,
-                          LOOM_COMPRESS_FOR_PP_FORWARD, &forward);
+        st = check_method(source, "compression.pp.forward", forward, LOOM_COMPRESS_FOR_PP_FORWARD);
     }
     if (st != LOOM_OK) return st;
     if (stages == 1 && forward != LOOM_COMPRESS_NONE) {
@@ -487,15 +540,15 @@ static loom_status check_compression(const loom_plan *p, const char *source) {
     loom_status st = check_dp_compressor(p, source);
     if (st == LOOM_OK) st = check_pp_compressor(p, source);
     if (st == LOOM_OK) {
-        st = check_word(source, "compression.embedding_sync", p->embedding_sync,
-                        sizeof p->embedding_sync, &loom_plan_embedding_syncs);
-        loom_precision precision;
-        if (st == LOOM_OK && memchr(p->precision, '\0', sizeof p->precision) == NULL) {
-            st = loom_fail_field(source, "precision", "expected \"fp32\", \"bf16\" or \"fp16\"");
-        }
-        if (st == LOOM_OK) st = loom_precision_parse(p->precision, source, "precision", &precision);
+        st = check_enum(source, "compression.embedding_sync", (int)p->embedding_sync,
+                        &loom_plan_embedding_syncs);
     }
-    if (st == LOOM_OK && p->pp == 1 && strcmp(p->embedding_sync, "fused") == 0) {
+    if (st == LOOM_OK && ((int)p->precision < 0 || p->precision >= LOOM_PRECISIONS)) {
+        st = loom_fail_field(source, "precision",
+                             "expected \"fp32\", \"bf16\" or \"fp16\", got the value %d",
+                             (int)p->precision);
+    }
+    if (st == LOOM_OK && p->pp == 1 && p->embedding_sync == LOOM_EMBEDDING_SYNC_FUSED) {
         return loom_fail_field(source, "compression.embedding_sync",
                                "\"fused\" needs pipeline parallelism (pp > 1), got mesh.pp = "
                                "1");
@@ -504,6 +557,11 @@ static loom_status check_compression(const loom_plan *p, const char *source) {
 }
 
 static loom_status check_predicted(const loom_plan *p, const char *source) {
+    if (p->predicted_seq_len < 0) {
+        return loom_fail_field(source, "predicted.seq_len",
+                               "expected a sequence length > 0 (or none), got %d",
+                               p->predicted_seq_len);
+    }
     if (!isfinite(p->predicted_step_s) || p->predicted_step_s < 0) {
         return loom_fail_field(source, "predicted.step_s", "expected a finite number >= 0, got %g",
                                p->predicted_step_s);
@@ -634,29 +692,21 @@ static loom_status build_stages(loom_plan *plan, const char *stage_layers) {
 
 /* v when none is asked for: the schedule's, LOOM_PLAN_DEFAULT_VIRTUAL_STAGES for interleaved,
  * and 1 for an unknown schedule (which the checks then name). */
-static int default_virtual_stages(const char *schedule) {
+static int default_virtual_stages(loom_schedule_kind schedule) {
     int fixed = loom_plan_schedule_chunks(schedule);
     return fixed > 0 ? fixed : fixed == 0 ? LOOM_PLAN_DEFAULT_VIRTUAL_STAGES : 1;
 }
 
 loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int dp, int tp, int pp,
-                              int micro_batch, int global_batch, const char *schedule,
+                              int micro_batch, int global_batch, loom_schedule_kind schedule,
                               int virtual_stages, const char *stage_layers) {
     loom_plan_init(plan);
     plan->model = *model;
     plan->model.padded_vocab_size = loom_gpt_pad_vocab(model->vocab_size);
     plan->dp = dp, plan->tp = tp, plan->pp = pp;
     plan->micro_batch = micro_batch, plan->global_batch = global_batch;
-    if (!schedule) schedule = "1f1b";
+    plan->schedule = schedule;
     loom_status st = LOOM_OK;
-    if (strlen(schedule) >= sizeof plan->schedule) {
-        char list[128];
-        loom_word_list(&loom_plan_schedules, list, sizeof list);
-        st =
-            loom_fail_field("plan", "batch.schedule", "expected %s, got \"%.64s\"", list, schedule);
-    } else {
-        snprintf(plan->schedule, sizeof plan->schedule, "%s", schedule);
-    }
     plan->virtual_stages = virtual_stages ? virtual_stages : default_virtual_stages(schedule);
     if (st == LOOM_OK) st = check_shape(plan, "plan", 0);
     if (st == LOOM_OK) st = build_stages(plan, stage_layers);
@@ -669,14 +719,11 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
 static loom_status request_compression(loom_plan *plan, const loom_plan_request *r) {
     const char *sync = r->embedding_sync;
     if (sync && sync[0]) {
-        if (strlen(sync) >= sizeof plan->embedding_sync ||
-            !loom_word_ok(&loom_plan_embedding_syncs, sync)) {
-            char list[128];
-            loom_word_list(&loom_plan_embedding_syncs, list, sizeof list);
-            return loom_fail(LOOM_ERR_INPUT, "--embedding-sync: expected %s, got \"%.64s\"", list,
-                             sync);
-        }
-        snprintf(plan->embedding_sync, sizeof plan->embedding_sync, "%s", sync);
+        int index = 0;
+        loom_status st = loom_word_parse(&loom_plan_embedding_syncs, sync, "--embedding-sync",
+                                         "compression.embedding_sync", &index);
+        if (st != LOOM_OK) return st;
+        plan->embedding_sync = (loom_embedding_sync)index;
     }
     loom_status st = LOOM_OK;
     if (r->dp_compression) {
@@ -692,16 +739,13 @@ static loom_status request_compression(loom_plan *plan, const loom_plan_request 
 
 /* The request's schedule with its virtual stages and recompute, refused by flag before the plan
  * is built (the plan's own rules would name batch.virtual_stages and stages[0].recompute). */
-static loom_status request_schedule(const loom_plan_request *r, int pp, int layers) {
+static loom_status request_schedule(const loom_plan_request *r, int pp, int layers,
+                                    loom_schedule_kind *kind) {
     int given = r->schedule && r->schedule[0];
     const char *name = given ? r->schedule : "1f1b";
-    int fixed = loom_plan_schedule_chunks(name), v = r->virtual_stages;
-    if (fixed < 0) {
-        char list[128];
-        loom_word_list(&loom_plan_schedules, list, sizeof list);
-        return loom_fail(LOOM_ERR_INPUT, "--schedule: batch.schedule: expected %s, got \"%.64s\"",
-                         list, name);
-    }
+    loom_status st = loom_schedule_kind_parse(name, "--schedule", "batch.schedule", kind);
+    if (st != LOOM_OK) return st;
+    int fixed = loom_plan_schedule_chunks(*kind), v = r->virtual_stages;
     if (fixed > 0 && v != 0 && v != fixed) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--virtual-stages: expected %d with --schedule %s%s (%s), "
@@ -728,9 +772,9 @@ static loom_status request_schedule(const loom_plan_request *r, int pp, int laye
 
 /* Megatron's interleaved rule, micro-batches per step a multiple of pp, named by the flag that
  * set the batch. */
-static loom_status request_interleaved_batch(const loom_plan_request *r, int pp, int micro, int dp,
-                                             int64_t global) {
-    if (!r->schedule || strcmp(r->schedule, "interleaved") != 0) return LOOM_OK;
+static loom_status request_interleaved_batch(const loom_plan_request *r, loom_schedule_kind kind,
+                                             int pp, int micro, int dp, int64_t global) {
+    if (kind != LOOM_SCHEDULE_INTERLEAVED) return LOOM_OK;
     int64_t per_replica = (int64_t)micro * dp, micro_batches = global / per_replica;
     if (micro_batches % pp == 0) return LOOM_OK;
     if (r->micro_batches > 0) {
@@ -767,7 +811,8 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
                              counts[i].flag, counts[i].value);
         }
     }
-    loom_status st = request_schedule(r, pp, model->num_layers);
+    loom_schedule_kind schedule = LOOM_SCHEDULE_1F1B;
+    loom_status st = request_schedule(r, pp, model->num_layers, &schedule);
     if (st != LOOM_OK) return st;
     int micro = r->micro_batch ? r->micro_batch : LOOM_PLAN_DEFAULT_MICRO_BATCH;
     int64_t model_parallel = (int64_t)tp * pp;
@@ -806,14 +851,19 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
         return loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected at most %d, got %lld",
                          INT_MAX, (long long)global);
     }
-    st = request_interleaved_batch(r, pp, micro, dp, global);
+    st = request_interleaved_batch(r, schedule, pp, micro, dp, global);
     if (st != LOOM_OK) return st;
-    st = loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global,
-                           r->schedule && r->schedule[0] ? r->schedule : NULL, r->virtual_stages,
+    if (r->zero_given && (r->zero < 0 || r->zero > 3)) {
+        return loom_fail(LOOM_ERR_INPUT, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got %d",
+                         r->zero);
+    }
+    st = loom_plan_uniform(plan, model, dp, tp, pp, micro, (int)global, schedule, r->virtual_stages,
                            r->stage_layers);
     if (st == LOOM_OK) st = request_compression(plan, r);
     if (st == LOOM_OK) {
         for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute;
+        plan->zero = r->zero_given ? r->zero : loom_plan_default_zero(plan);
+        plan->overlap_grad_reduce = !r->no_overlap_grad_reduce;
         st = loom_plan_check(plan, "plan", world_size);
     }
     if (st != LOOM_OK) loom_plan_free(plan);
@@ -834,23 +884,32 @@ int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords) {
     return coords.tp_rank + plan->tp * (coords.dp_rank + plan->dp * coords.pp_rank);
 }
 
-void loom_plan_place(const char *schedule, int pp, int virtual_stages, int stage, int *rank,
+void loom_plan_place(loom_schedule_kind schedule, int pp, int virtual_stages, int stage, int *rank,
                      int *chunk) {
     (void)virtual_stages; /* the rules need only pp */
-    if (schedule && strcmp(schedule, "zb-v") == 0 && stage >= pp) {
+    if (schedule == LOOM_SCHEDULE_ZB_V && stage >= pp) {
         *rank = 2 * pp - 1 - stage, *chunk = 1;
     } else {
         *rank = stage % pp, *chunk = stage / pp;
     }
 }
 
-int loom_plan_schedule_chunks(const char *schedule) {
-    if (!schedule) return -1;
-    if (strcmp(schedule, "interleaved") == 0) return 0;
-    if (strcmp(schedule, "zb-v") == 0) return 2;
-    for (size_t i = 0; i < sizeof schedule_words / sizeof *schedule_words; i++)
-        if (strcmp(schedule, schedule_words[i]) == 0) return 1;
+int loom_plan_schedule_chunks(loom_schedule_kind schedule) {
+    switch (schedule) {
+    case LOOM_SCHEDULE_GPIPE:
+    case LOOM_SCHEDULE_1F1B:
+    case LOOM_SCHEDULE_ZB_H1:
+        return 1;
+    case LOOM_SCHEDULE_INTERLEAVED:
+        return 0;
+    case LOOM_SCHEDULE_ZB_V:
+        return 2;
+    }
     return -1;
+}
+
+int loom_plan_default_zero(const loom_plan *plan) {
+    return plan->dp > 1 && plan->dp_compression.method == LOOM_COMPRESS_NONE ? 1 : 0;
 }
 
 int loom_plan_num_micro_batches(const loom_plan *plan) {
@@ -859,12 +918,12 @@ int loom_plan_num_micro_batches(const loom_plan *plan) {
 }
 
 int loom_plan_compresses(const loom_plan *plan) {
-    return strcmp(plan->dp_compression.method, "none") != 0 ||
-           strcmp(plan->pp_compression.method, "none") != 0;
+    return plan->dp_compression.method != LOOM_COMPRESS_NONE ||
+           plan->pp_compression.method != LOOM_COMPRESS_NONE;
 }
 
 int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage) {
-    if (strcmp(compressor->method, "none") == 0) return 0;
+    if (compressor->method == LOOM_COMPRESS_NONE) return 0;
     if (compressor->num_stages == 0) return 1;
     for (int i = 0; i < compressor->num_stages; i++)
         if (compressor->stages[i] == stage) return 1;
@@ -876,18 +935,22 @@ int loom_plan_compresses_stage(const loom_plan_compressor *compressor, int stage
 /* "powersgd r4 ef stages 0", "lowrank r8 lazy all links 0,2 forward bf16", "topk 1% ef". */
 static void print_compressor(FILE *out, const char *name, const loom_plan_compressor *c,
                              int is_pp) {
-    fprintf(out, "%s %s", name, c->method);
-    if (strcmp(c->method, "none") != 0) {
+    fprintf(out, "%s %s", name, loom_compress_method_name(c->method));
+    if (c->method != LOOM_COMPRESS_NONE) {
         if (c->rank > 0) fprintf(out, " r%d", c->rank);
-        if (strcmp(c->method, "topk") == 0) fprintf(out, " %g%%", 100 * c->fraction);
+        if (c->method == LOOM_COMPRESS_TOPK) fprintf(out, " %g%%", 100 * c->fraction);
         if (!is_pp) fprintf(out, " %s", c->error_feedback ? "ef" : "no-ef");
         if (!is_pp && c->warmup_steps > 0) fprintf(out, " warmup %d", c->warmup_steps);
-        if (is_pp) fprintf(out, " %s %s", c->lazy_error ? "lazy" : "no-lazy", c->policy);
+        if (is_pp) {
+            fprintf(out, " %s %s", c->lazy_error ? "lazy" : "no-lazy",
+                    loom_pp_policy_name(c->policy));
+        }
         for (int i = 0; i < c->num_stages; i++) {
             fprintf(out, "%s%d", i > 0 ? "," : is_pp ? " links " : " stages ", c->stages[i]);
         }
     }
-    if (is_pp && strcmp(c->forward, "none") != 0) fprintf(out, " forward %s", c->forward);
+    if (is_pp && c->forward != LOOM_COMPRESS_NONE)
+        fprintf(out, " forward %s", loom_compress_method_name(c->forward));
 }
 
 void loom_plan_print(const loom_plan *plan, FILE *out) {
@@ -897,19 +960,19 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
             m->padded_vocab_size);
     fprintf(out, "batch    global %d, micro %d, %d micro-batches per step, schedule %s",
             plan->global_batch, plan->micro_batch, loom_plan_num_micro_batches(plan),
-            plan->schedule);
+            loom_schedule_kind_name(plan->schedule));
     if (plan->virtual_stages > 1) {
         fprintf(out, " with %d virtual stages per rank", plan->virtual_stages);
     }
     fprintf(out, "\n");
     int ranks = plan->dp * plan->tp * plan->pp;
-    fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks%s\n", plan->dp, plan->tp, plan->pp,
-            ranks,
+    fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks%s%s\n", plan->dp, plan->tp, plan->pp,
+            ranks, plan->dp > 1 ? (plan->zero ? ", ZeRO-1" : ", no ZeRO") : "",
             plan->overlap_grad_reduce || plan->dp < 2 ? "" : "; gradient sync after the backward");
     fprintf(out, "compress ");
     print_compressor(out, "dp", &plan->dp_compression, 0);
     print_compressor(out, ", pp", &plan->pp_compression, 1);
-    fprintf(out, ", embedding sync %s\n", plan->embedding_sync);
+    fprintf(out, ", embedding sync %s\n", loom_embedding_sync_name(plan->embedding_sync));
     if (plan->predicted_step_s > 0 || plan->predicted_tokens_per_s > 0) {
         fprintf(out, "predicted %.4g s/step, %.4g tokens/s\n", plan->predicted_step_s,
                 plan->predicted_tokens_per_s);

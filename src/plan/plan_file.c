@@ -30,10 +30,9 @@ static loom_status read_bool(const char *file, const json_t *object, const char 
     return LOOM_OK;
 }
 
-/* A word from `words` into out[cap]. */
+/* A word from `words` as its index (the enum's value) into *out; absent keeps *out. */
 static loom_status read_word(const char *file, const json_t *object, const char *parent,
-                             const char *key, int required, const loom_words *words, char *out,
-                             size_t cap) {
+                             const char *key, int required, const loom_words *words, int *out) {
     char list[128];
     loom_word_list(words, list, sizeof list);
     json_t *value;
@@ -42,10 +41,9 @@ static loom_status read_word(const char *file, const json_t *object, const char 
     char path[256];
     loom_json_join_path(path, sizeof path, parent, key);
     const char *text = json_string_value(value);
-    if (!text || strlen(text) >= cap || !loom_word_ok(words, text)) {
-        return loom_json_fail_type(file, path, list, value);
-    }
-    snprintf(out, cap, "%s", text);
+    int index = loom_word_index(words, text);
+    if (index < 0) return loom_json_fail_type(file, path, list, value);
+    *out = index;
     return LOOM_OK;
 }
 
@@ -74,10 +72,10 @@ static loom_status read_batch(const char *file, const json_t *root, loom_plan *p
         st = loom_json_read_int(file, batch, "batch", "global", 1, &plan->global_batch);
     if (st == LOOM_OK)
         st = loom_json_read_int(file, batch, "batch", "micro", 1, &plan->micro_batch);
-    if (st == LOOM_OK) {
-        st = read_word(file, batch, "batch", "schedule", 0, &loom_plan_schedules, plan->schedule,
-                       sizeof plan->schedule);
-    }
+    int schedule = (int)plan->schedule;
+    if (st == LOOM_OK)
+        st = read_word(file, batch, "batch", "schedule", 0, &loom_plan_schedules, &schedule);
+    plan->schedule = (loom_schedule_kind)schedule;
     /* left out: one chunk per rank, or the two of zb-v's V (interleaved's v is always written) */
     int fixed = loom_plan_schedule_chunks(plan->schedule);
     plan->virtual_stages = fixed > 0 ? fixed : 1;
@@ -88,18 +86,22 @@ static loom_status read_batch(const char *file, const json_t *root, loom_plan *p
 }
 
 static loom_status read_mesh(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"dp", "tp", "pp"};
+    static const char *const keys[] = {"dp", "tp", "pp", "zero", "sequence_parallel"};
     json_t *mesh;
     loom_status st = loom_json_member(file, root, "", "mesh", 1, "an object", &mesh);
     if (st == LOOM_OK) st = loom_json_as_object(file, "mesh", mesh);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, mesh, "mesh", keys, 3);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, mesh, "mesh", keys, 5);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "dp", 1, &plan->dp);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "tp", 1, &plan->tp);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "pp", 1, &plan->pp);
+    if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "zero", 0, &plan->zero);
+    if (st == LOOM_OK)
+        st = read_bool(file, mesh, "mesh", "sequence_parallel", &plan->sequence_parallel);
     return st;
 }
 
-/* "recompute": false, true (as needed) or "always" (LOOM_RECOMPUTE_*); absent keeps *out. */
+/* "recompute": "none", "needed" or "always" (LOOM_RECOMPUTE_*), or older files' false and true
+ * ("none", "needed"); absent keeps *out. */
 static loom_status read_recompute(const char *file, const json_t *object, const char *parent,
                                   int *out) {
     const json_t *v = json_object_get(object, "recompute");
@@ -108,13 +110,14 @@ static loom_status read_recompute(const char *file, const json_t *object, const 
         *out = json_is_true(v) ? LOOM_RECOMPUTE_AS_NEEDED : LOOM_RECOMPUTE_NONE;
         return LOOM_OK;
     }
-    if (json_is_string(v) && strcmp(json_string_value(v), "always") == 0) {
-        *out = LOOM_RECOMPUTE_ALWAYS;
+    int index = loom_word_index(&loom_plan_recomputes, json_string_value(v));
+    if (index >= 0) {
+        *out = index;
         return LOOM_OK;
     }
     char path[96];
     snprintf(path, sizeof path, "%s.recompute", parent);
-    return loom_json_fail_type(file, path, "true, false or \"always\"", v);
+    return loom_json_fail_type(file, path, "\"none\", \"needed\" or \"always\"", v);
 }
 
 static loom_status read_stage(const char *file, const json_t *value, int index, int last,
@@ -205,7 +208,7 @@ static loom_status read_indices(const char *file, const json_t *object, const ch
 /* A method allowed in `place` (compress/methods.c's list) into out[cap] and *method (unless
  * NULL). Read here rather than left to loom_plan_check because a left-out rank depends on it. */
 static loom_status read_method(const char *file, const json_t *object, const char *parent,
-                               const char *key, int required, int place, char *out, size_t cap,
+                               const char *key, int required, int place,
                                loom_compress_method *method) {
     json_t *value;
     loom_status st = loom_json_member(file, object, parent, key, required, "a method name", &value);
@@ -214,12 +217,7 @@ static loom_status read_method(const char *file, const json_t *object, const cha
     loom_json_join_path(path, sizeof path, parent, key);
     const char *text = json_string_value(value);
     if (!text) return loom_json_fail_type(file, path, "a method name (a string)", value);
-    loom_compress_method m;
-    st = loom_compress_method_parse(text, place, file, path, &m);
-    if (st != LOOM_OK) return st;
-    snprintf(out, cap, "%s", loom_compress_method_name(m));
-    if (method) *method = m;
-    return LOOM_OK;
+    return loom_compress_method_parse(text, place, file, path, method);
 }
 
 /* compression.dp: method, rank, fraction, error_feedback, warmup_steps, stages. */
@@ -234,9 +232,9 @@ static loom_status read_dp_compressor(const char *file, const json_t *compressio
     loom_status st = loom_json_as_object(file, path, object);
     if (st == LOOM_OK) st = loom_json_check_keys(file, object, path, keys, 6);
     if (st == LOOM_OK) {
-        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_DP, c->method,
-                         sizeof c->method, &m);
+        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_DP, &m);
     }
+    c->method = m;
     c->rank = loom_plan_default_rank(m);
     if (st == LOOM_OK) st = loom_json_read_int(file, object, path, "rank", 0, &c->rank);
     if (st == LOOM_OK) st = loom_json_read_number(file, object, path, "fraction", 0, &c->fraction);
@@ -259,20 +257,20 @@ static loom_status read_pp_compressor(const char *file, const json_t *compressio
     loom_status st = loom_json_as_object(file, path, object);
     if (st == LOOM_OK) st = loom_json_check_keys(file, object, path, keys, 7);
     if (st == LOOM_OK) {
-        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_PP_GRAD, c->method,
-                         sizeof c->method, &m);
+        st = read_method(file, object, path, "method", 1, LOOM_COMPRESS_FOR_PP_GRAD, &m);
     }
+    c->method = m;
     c->rank = loom_plan_default_rank(m);
     if (st == LOOM_OK) st = loom_json_read_int(file, object, path, "rank", 0, &c->rank);
     if (st == LOOM_OK) st = loom_json_read_number(file, object, path, "fraction", 0, &c->fraction);
     if (st == LOOM_OK) st = read_bool(file, object, path, "lazy_error", &c->lazy_error);
+    int policy = (int)c->policy;
+    if (st == LOOM_OK)
+        st = read_word(file, object, path, "policy", 0, &loom_plan_policies, &policy);
+    c->policy = (loom_pp_policy)policy;
     if (st == LOOM_OK) {
-        st = read_word(file, object, path, "policy", 0, &loom_plan_policies, c->policy,
-                       sizeof c->policy);
-    }
-    if (st == LOOM_OK) {
-        st = read_method(file, object, path, "forward", 0, LOOM_COMPRESS_FOR_PP_FORWARD, c->forward,
-                         sizeof c->forward, NULL);
+        st = read_method(file, object, path, "forward", 0, LOOM_COMPRESS_FOR_PP_FORWARD,
+                         &c->forward);
     }
     if (st == LOOM_OK) st = read_indices(file, object, path, "links", "link", c);
     return st;
@@ -286,20 +284,24 @@ static loom_status read_compression(const char *file, const json_t *root, loom_p
     if (st == LOOM_OK) st = loom_json_check_keys(file, compression, "compression", keys, 3);
     if (st == LOOM_OK) st = read_dp_compressor(file, compression, &plan->dp_compression);
     if (st == LOOM_OK) st = read_pp_compressor(file, compression, &plan->pp_compression);
+    int sync = (int)plan->embedding_sync;
     if (st == LOOM_OK) {
         st = read_word(file, compression, "compression", "embedding_sync", 0,
-                       &loom_plan_embedding_syncs, plan->embedding_sync,
-                       sizeof plan->embedding_sync);
+                       &loom_plan_embedding_syncs, &sync);
     }
+    plan->embedding_sync = (loom_embedding_sync)sync;
     return st;
 }
 
 static loom_status read_predicted(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"step_s", "tokens_per_s", "peak_bytes_per_rank"};
+    static const char *const keys[] = {"seq_len", "step_s", "tokens_per_s", "peak_bytes_per_rank"};
     json_t *predicted = json_object_get(root, "predicted");
     if (!predicted) return LOOM_OK;
     loom_status st = loom_json_as_object(file, "predicted", predicted);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, predicted, "predicted", keys, 3);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, predicted, "predicted", keys, 4);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, predicted, "predicted", "seq_len", 0,
+                                &plan->predicted_seq_len);
     if (st == LOOM_OK)
         st = loom_json_read_number(file, predicted, "predicted", "step_s", 0,
                                    &plan->predicted_step_s);
@@ -330,13 +332,37 @@ static loom_status read_predicted(const char *file, const json_t *root, loom_pla
     return LOOM_OK;
 }
 
+/* The ZeRO stage: mesh.zero, or an older file's top-level "zero1" (true/false), not both; else
+ * the default (loom_plan_default_zero), so that the plan read says it. */
+static loom_status read_zero(const char *file, const json_t *root, loom_plan *plan) {
+    const json_t *zero1 = json_object_get(root, "zero1");
+    if (!zero1) {
+        if (plan->zero < 0) plan->zero = loom_plan_default_zero(plan);
+        return LOOM_OK;
+    }
+    if (plan->zero >= 0) {
+        return loom_fail_field(file, "zero1",
+                               "expected either mesh.zero or (in older files) zero1, got both");
+    }
+    if (!json_is_boolean(zero1)) return loom_json_fail_type(file, "zero1", "true or false", zero1);
+    plan->zero = json_is_true(zero1) ? 1 : 0;
+    return LOOM_OK;
+}
+
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"model",     "batch",       "mesh",
                                        "stages",    "compression", "predicted",
-                                       "precision", "zero1",       "overlap_grad_reduce"};
+                                       "precision", "zero1",       "overlap_grad_reduce",
+                                       "islands"};
     if (!json_is_object(root))
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
-    loom_status st = loom_json_check_keys(file, root, "", keys, 9);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 10);
+    if (st == LOOM_OK && json_object_get(root, "islands")) {
+        st = loom_fail_field(file, "islands",
+                             "islands (DiLoCo-style training over slow links) are not built yet; "
+                             "leave the key out");
+    }
+    plan->zero = -1; /* not said yet */
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
     if (st == LOOM_OK) st = read_mesh(file, root, plan);
@@ -345,24 +371,12 @@ static loom_status read_document(const char *file, const json_t *root, loom_plan
     if (st == LOOM_OK) st = read_predicted(file, root, plan);
     const json_t *precision = json_object_get(root, "precision");
     if (st == LOOM_OK && precision) {
-        if (!json_is_string(precision) ||
-            strlen(json_string_value(precision)) >= sizeof plan->precision) {
-            st =
-                loom_json_fail_type(file, "precision", "\"fp32\", \"bf16\" or \"fp16\"", precision);
-        } else {
-            snprintf(plan->precision, sizeof plan->precision, "%s", json_string_value(precision));
-        }
+        st =
+            loom_precision_parse(json_string_value(precision), file, "precision", &plan->precision);
     }
     if (st == LOOM_OK)
         st = read_bool(file, root, "", "overlap_grad_reduce", &plan->overlap_grad_reduce);
-    const json_t *zero1 = json_object_get(root, "zero1");
-    if (st == LOOM_OK && zero1) {
-        if (json_is_boolean(zero1)) {
-            plan->zero1 = json_is_true(zero1);
-        } else {
-            st = loom_json_fail_type(file, "zero1", "true or false", zero1);
-        }
-    }
+    if (st == LOOM_OK) st = read_zero(file, root, plan);
     return st;
 }
 
@@ -389,7 +403,7 @@ static void write_indices(FILE *out, const char *key, const loom_plan_compressor
 
 static void write_rank_and_fraction(FILE *out, const loom_plan_compressor *c) {
     if (c->rank != 0) fprintf(out, ", \"rank\": %d", c->rank);
-    if (strcmp(c->method, "topk") == 0) {
+    if (c->method == LOOM_COMPRESS_TOPK) {
         char fraction[32];
         loom_json_format_double(c->fraction, fraction, sizeof fraction);
         fprintf(out, ", \"fraction\": %s", fraction);
@@ -400,8 +414,8 @@ static void write_rank_and_fraction(FILE *out, const loom_plan_compressor *c) {
  * differ from their defaults, so that the plan reads back equal (loom_plan_check has made sure
  * that the fields without a key hold their defaults). */
 static void write_dp_compressor(FILE *out, const loom_plan_compressor *c) {
-    int on = strcmp(c->method, "none") != 0;
-    fprintf(out, "    \"dp\": {\"method\": \"%s\"", c->method);
+    int on = c->method != LOOM_COMPRESS_NONE;
+    fprintf(out, "    \"dp\": {\"method\": \"%s\"", loom_compress_method_name(c->method));
     write_rank_and_fraction(out, c);
     if (on || !c->error_feedback)
         fprintf(out, ", \"error_feedback\": %s", c->error_feedback ? "true" : "false");
@@ -411,13 +425,15 @@ static void write_dp_compressor(FILE *out, const loom_plan_compressor *c) {
 }
 
 static void write_pp_compressor(FILE *out, const loom_plan_compressor *c) {
-    int on = strcmp(c->method, "none") != 0;
-    fprintf(out, "    \"pp\": {\"method\": \"%s\"", c->method);
+    int on = c->method != LOOM_COMPRESS_NONE;
+    fprintf(out, "    \"pp\": {\"method\": \"%s\"", loom_compress_method_name(c->method));
     write_rank_and_fraction(out, c);
     if (on || !c->lazy_error)
         fprintf(out, ", \"lazy_error\": %s", c->lazy_error ? "true" : "false");
-    if (on || strcmp(c->policy, "all") != 0) fprintf(out, ", \"policy\": \"%s\"", c->policy);
-    if (on || strcmp(c->forward, "none") != 0) fprintf(out, ", \"forward\": \"%s\"", c->forward);
+    if (on || c->policy != LOOM_PP_POLICY_ALL)
+        fprintf(out, ", \"policy\": \"%s\"", loom_pp_policy_name(c->policy));
+    if (on || c->forward != LOOM_COMPRESS_NONE)
+        fprintf(out, ", \"forward\": \"%s\"", loom_compress_method_name(c->forward));
     write_indices(out, "links", c);
     fprintf(out, "},\n");
 }
@@ -429,19 +445,18 @@ static void write_document(FILE *out, const loom_plan *plan) {
             "  \"model\": {\"layers\": %d, \"heads\": %d, \"d_model\": %d, \"context\": %d, "
             "\"vocab\": %d},\n",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
-    if (strcmp(plan->precision, "fp32") != 0)
-        fprintf(out, "  \"precision\": \"%s\",\n", plan->precision);
-    if (plan->zero1 >= 0) fprintf(out, "  \"zero1\": %s,\n", plan->zero1 ? "true" : "false");
+    if (plan->precision != LOOM_PRECISION_FP32)
+        fprintf(out, "  \"precision\": \"%s\",\n", loom_precision_name(plan->precision));
     if (!plan->overlap_grad_reduce) fprintf(out, "  \"overlap_grad_reduce\": false,\n");
     /* virtual stages are written only when there are some, so that a v = 1 plan reads as a plan
      * written before they existed */
     int placed = plan->virtual_stages > 1;
     fprintf(out, "  \"batch\": {\"global\": %d, \"micro\": %d, \"schedule\": \"%s\"",
-            plan->global_batch, plan->micro_batch, plan->schedule);
+            plan->global_batch, plan->micro_batch, loom_schedule_kind_name(plan->schedule));
     if (placed) fprintf(out, ", \"virtual_stages\": %d", plan->virtual_stages);
     fprintf(out, "},\n");
-    fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d},\n", plan->dp, plan->tp,
-            plan->pp);
+    fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d},\n", plan->dp,
+            plan->tp, plan->pp, plan->zero);
     fprintf(out, "  \"stages\": [\n");
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];
@@ -449,10 +464,7 @@ static void write_document(FILE *out, const loom_plan *plan) {
         if (placed) fprintf(out, ", \"rank\": %d", s->rank);
         if (s->embedding) fprintf(out, ", \"embedding\": true");
         if (s->head) fprintf(out, ", \"head\": true");
-        fprintf(out, ", \"recompute\": %s}%s\n",
-                s->recompute == LOOM_RECOMPUTE_ALWAYS ? "\"always\""
-                : s->recompute                        ? "true"
-                                                      : "false",
+        fprintf(out, ", \"recompute\": \"%s\"}%s\n", loom_recompute_name(s->recompute),
                 i + 1 < plan->num_stages ? "," : "");
     }
     fprintf(out, "  ],\n");
@@ -461,13 +473,16 @@ static void write_document(FILE *out, const loom_plan *plan) {
     fprintf(out, "  \"compression\": {\n");
     write_dp_compressor(out, &plan->dp_compression);
     write_pp_compressor(out, &plan->pp_compression);
-    fprintf(out, "    \"embedding_sync\": \"%s\"\n", plan->embedding_sync);
+    fprintf(out, "    \"embedding_sync\": \"%s\"\n",
+            loom_embedding_sync_name(plan->embedding_sync));
     fprintf(out, "  }%s\n", predicted ? "," : "");
     if (predicted) {
         char step[32], tokens[32];
         loom_json_format_double(plan->predicted_step_s, step, sizeof step);
         loom_json_format_double(plan->predicted_tokens_per_s, tokens, sizeof tokens);
-        fprintf(out, "  \"predicted\": {\"step_s\": %s, \"tokens_per_s\": %s", step, tokens);
+        fprintf(out, "  \"predicted\": {");
+        if (plan->predicted_seq_len > 0) fprintf(out, "\"seq_len\": %d, ", plan->predicted_seq_len);
+        fprintf(out, "\"step_s\": %s, \"tokens_per_s\": %s", step, tokens);
         fprintf(out, ", \"peak_bytes_per_rank\": [");
         for (int i = 0; i < plan->num_predicted_peak; i++) {
             fprintf(out, "%s%" PRId64, i ? ", " : "", plan->predicted_peak_bytes[i]);

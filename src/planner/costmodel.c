@@ -18,21 +18,6 @@
 
 /* ---- compression ---------------------------------------------------------------------- */
 
-static loom_compress_method method_of(const char *name) {
-    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) {
-        if (!strcmp(name, loom_compress_method_name((loom_compress_method)m)))
-            return (loom_compress_method)m;
-    }
-    return LOOM_COMPRESS_NONE;
-}
-
-static int listed(const loom_plan_compressor *c, int index) {
-    if (c->num_stages == 0) return 1;
-    for (int i = 0; i < c->num_stages; i++)
-        if (c->stages[i] == index) return 1;
-    return 0;
-}
-
 /* Seconds the codec takes for `raw` fp32 bytes (encode and decode), from the cluster's measured
  * throughput, else three passes at the memory bandwidth. */
 static double codec_s(const loom_cluster *cl, loom_compress_method method, double raw) {
@@ -322,7 +307,7 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
     double message = (double)rows * plan->model.channels * k->bytes_per_value;
     const loom_plan_compressor *pc = &plan->pp_compression;
-    loom_compress_method method = method_of(pc->method);
+    loom_compress_method method = pc->method;
     int compressing = 0, pairs = 0, pair[2 * LOOM_PREDICT_MAX_STAGES][3]; /* (a, b, class) */
     for (int s = 0; s + 1 < V; s++) {
         /* the boundary's class: the pair of pipeline ranks it joins (few, each costed once) */
@@ -339,7 +324,7 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
         links->act_s[s] =
             loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
         links->grad_s[s] = packed[s] = links->act_s[s], packed_bytes[s] = message;
-        if (method == LOOM_COMPRESS_NONE || !listed(pc, s)) continue;
+        if (method == LOOM_COMPRESS_NONE || !loom_plan_compresses_stage(pc, s)) continue;
         double state,
             wire = loom_plan_compressor_wire(pc, method, rows, plan->model.channels, &state);
         wire *= k->bytes_per_value / 4.0;
@@ -351,12 +336,12 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
         compressing = 1;
     }
     loom_status st = LOOM_OK;
-    if (compressing && !strcmp(pc->policy, "slack")) {
+    if (compressing && pc->policy == LOOM_PP_POLICY_SLACK) {
         double *t = f; /* the four stage-time arrays, V each */
         pipeline_links plain = {links->act_s, links->grad_s, NULL, NULL};
         loom_pipe_sim_times times = sim_times_of(out, V, t, t + V, t + 2 * V, t + 3 * V, &plain);
         st = loom_pipe_slack_choose(shape, lists, &times, saving, which);
-    } else if (compressing && !strcmp(pc->policy, "epilogue")) {
+    } else if (compressing && pc->policy == LOOM_PP_POLICY_EPILOGUE) {
         unsigned char *cool = which + vm;
         for (int r = 0; r < shape->ranks; r++) {
             memset(cool, 0, (size_t)shape->chunks * (size_t)m);
@@ -397,9 +382,10 @@ static loom_status check_costable(const loom_plan *plan, const loom_cluster *clu
 }
 
 static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
-                           loom_precision precision, int seq_len, int zero1, loom_trace **traces,
+                           loom_precision precision, int seq_len, loom_trace **traces,
                            loom_prediction *out) {
     memset(out, 0, sizeof *out);
+    int zero1 = plan->zero >= 1;
     int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
     int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
     if (ranks > devices) {
@@ -442,15 +428,14 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     double after = 0;
     for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
         loom_rank_memory mem;
-        st = loom_plan_rank_memory_at(plan, r, seq_len, zero1, loom_pipe_peak_in_flight(&lists[r]),
-                                      &mem);
+        st = loom_plan_rank_memory_at(plan, r, seq_len, loom_pipe_peak_in_flight(&lists[r]), &mem);
         if (st != LOOM_OK) break;
         if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
         double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
         double sync = 0, codec = 0;
         /* the pipeline ranks the plan does not list sync as they are */
-        loom_compress_method dp_method = listed(&plan->dp_compression, r)
-                                             ? method_of(plan->dp_compression.method)
+        loom_compress_method dp_method = loom_plan_compresses_stage(&plan->dp_compression, r)
+                                             ? plan->dp_compression.method
                                              : LOOM_COMPRESS_NONE;
         if (plan->dp > 1 && dp_method != LOOM_COMPRESS_NONE) {
             /* PowerSGD sums its factors (two allreduces); the others are all-gathered, and every
@@ -545,7 +530,7 @@ void loom_stage_problem_free(loom_stage_problem *p) {
 /* A stage of class c with n layers under option o (1: recompute): time and memory, costed on a
  * copy of the plan whose stage `s` (of that class) holds n layers; INFINITY time when no stage
  * of that class can hold n. */
-static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, int n, int zero1,
+static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, int n,
                               loom_stage_problem *out) {
     int S = copy->num_stages, L = copy->model.num_layers;
     size_t i = ((size_t)o * LOOM_STAGE_CLASSES + (size_t)c) * (size_t)(L + 1) + (size_t)n;
@@ -563,8 +548,8 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, i
     loom_stage_times t;
     loom_rank_memory none, one;
     loom_status st = stage_times(k, s, k->seq_len, &t);
-    if (st == LOOM_OK) st = loom_plan_rank_memory_at(copy, s, k->seq_len, zero1, 0, &none);
-    if (st == LOOM_OK) st = loom_plan_rank_memory_at(copy, s, k->seq_len, zero1, 1, &one);
+    if (st == LOOM_OK) st = loom_plan_rank_memory_at(copy, s, k->seq_len, 0, &none);
+    if (st == LOOM_OK) st = loom_plan_rank_memory_at(copy, s, k->seq_len, 1, &one);
     copy->stages[s] = keep;
     if (st != LOOM_OK) return st;
     out->time[i] = t.forward_s + t.backward_s;
@@ -574,8 +559,8 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, i
 }
 
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    int per_stage_recompute, loom_stage_problem *out) {
+                                    loom_precision precision, int seq_len, int per_stage_recompute,
+                                    loom_stage_problem *out) {
     memset(out, 0, sizeof *out);
     int S = plan->num_stages, L = plan->model.num_layers, chunked = plan->virtual_stages > 1;
     out->options = per_stage_recompute && !chunked ? 2 : 1;
@@ -607,8 +592,7 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
     costing k = costing_of(&copy, cluster, precision, seq_len);
     for (int o = 0; o < out->options && st == LOOM_OK; o++) {
         for (int c = 0; c < LOOM_STAGE_CLASSES && st == LOOM_OK; c++) {
-            for (int n = 1; n <= L && st == LOOM_OK; n++)
-                st = cost_class(&k, &copy, o, c, n, zero1, out);
+            for (int n = 1; n <= L && st == LOOM_OK; n++) st = cost_class(&k, &copy, o, c, n, out);
         }
     }
     for (int s = 0; lists && s < S; s++) loom_pipe_schedule_free(&lists[s]);
@@ -642,20 +626,19 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
 }
 
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
-                              loom_precision precision, int seq_len, int zero1,
-                              loom_prediction *out) {
-    return predict(plan, cluster, precision, seq_len, zero1, NULL, out);
+                              loom_precision precision, int seq_len, loom_prediction *out) {
+    return predict(plan, cluster, precision, seq_len, NULL, out);
 }
 
 loom_status loom_plan_predict_trace(const loom_plan *plan, const loom_cluster *cluster,
-                                    loom_precision precision, int seq_len, int zero1,
-                                    const char *path, loom_prediction *out) {
+                                    loom_precision precision, int seq_len, const char *path,
+                                    loom_prediction *out) {
     loom_trace **traces = calloc((size_t)plan->pp, sizeof(loom_trace *));
     loom_status st = traces ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
         st = loom_trace_create(&traces[r], r, (size_t)1 << 20);
     }
-    if (st == LOOM_OK) st = predict(plan, cluster, precision, seq_len, zero1, traces, out);
+    if (st == LOOM_OK) st = predict(plan, cluster, precision, seq_len, traces, out);
     if (st == LOOM_OK) st = loom_trace_write_all(traces, plan->pp, path);
     for (int r = 0; traces && r < plan->pp; r++) loom_trace_free(traces[r]);
     free(traces);

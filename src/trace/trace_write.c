@@ -16,9 +16,12 @@
 #include "trace/trace_internal.h"
 
 #include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #define TRACE_CHUNK_BYTES ((int64_t)1 << 20)
 
@@ -53,111 +56,65 @@ static void text_put(text_buf *buf, const char *s, size_t n) {
     buf->data[buf->len] = '\0';
 }
 
-static void text_str(text_buf *buf, const char *s) {
-    text_put(buf, s, strlen(s));
+/* ---- one rank's events as JSON -------------------------------------------------------------
+ * Every item is a jansson value dumped compactly; only the frame around the events array (and
+ * the three totals at its end) is literal text, because the ranks' arrays are streamed into one
+ * file rather than gathered into one value. Reals keep 15 significant digits: timestamps, rounded
+ * to nanoseconds first, print as "1234.567"; counters as they were given. */
+
+#define TRACE_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(15))
+
+/* s as a JSON string. jansson refuses bytes that are not UTF-8, and a trace must load in strict
+ * parsers, so each byte that does not start a valid sequence (utf8proc decides: no overlong
+ * forms, no surrogates, nothing past U+10FFFF) becomes U+FFFD. NULL only for memory. */
+static json_t *json_text(const char *s) {
+    size_t len = strlen(s);
+    char *fixed = malloc(3 * len + 1); /* U+FFFD is 3 bytes */
+    if (!fixed) return NULL;
+    size_t out = 0;
+    for (size_t at = 0; at < len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t n =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + at, (utf8proc_ssize_t)(len - at), &cp);
+        if (n > 0) {
+            memcpy(fixed + out, s + at, (size_t)n);
+            out += (size_t)n, at += (size_t)n;
+        } else {
+            memcpy(fixed + out, "\xef\xbf\xbd", 3);
+            out += 3, at++;
+        }
+    }
+    json_t *text = json_stringn(fixed, out);
+    free(fixed);
+    return text;
 }
 
-/* Numbers go through snprintf into a local buffer (no varargs helper: clang-tidy 14's va_list
- * checker misfires on those when it analyses several files in one run). %.3f of the largest
- * double is 313 characters. */
-static void text_i64(text_buf *buf, int64_t value) {
-    char num[32];
-    int n = snprintf(num, sizeof num, "%" PRId64, value);
-    text_put(buf, num, (size_t)n);
+/* Microseconds rounded to nanoseconds. */
+static json_t *json_us(double us) {
+    return json_real(round(us * 1e3) / 1e3);
 }
 
-/* Microseconds with 3 decimals (nanoseconds). */
-static void text_us(text_buf *buf, double us) {
-    char num[352];
-    int n = snprintf(num, sizeof num, "%.3f", us);
-    if (n < 0 || (size_t)n >= sizeof num) n = snprintf(num, sizeof num, "0.000");
-    text_put(buf, num, (size_t)n);
-}
-
-/* A finite double, round-trip-ish (15 significant digits). */
-static void text_number(text_buf *buf, double value) {
-    char num[40];
-    int n = snprintf(num, sizeof num, "%.15g", value);
-    text_put(buf, num, (size_t)n);
-}
-
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one (RFC 3629: no
- * overlong forms, no surrogates, nothing past U+10FFFF) — the JSON must load in strict
- * parsers. */
-static size_t utf8_sequence_length(const unsigned char *s) {
-    unsigned char c = s[0];
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
+/* Appends `item` (taking it; NULL is a failed allocation) to the buffer: dumped straight into the
+ * free space, and again after growing it when it did not fit. */
+static void text_json(text_buf *buf, json_t *item) {
+    size_t need = 0;
+    if (item && text_reserve(buf, 256)) {
+        size_t room = buf->cap - buf->len - 1;
+        need = json_dumpb(item, buf->data + buf->len, room, TRACE_JSON_FLAGS);
+        if (need > room) {
+            need = text_reserve(buf, need)
+                       ? json_dumpb(item, buf->data + buf->len, need, TRACE_JSON_FLAGS)
+                       : 0;
+        }
+    }
+    if (need == 0) {
+        buf->failed = 1;
     } else {
-        return 0;
+        buf->len += need;
+        buf->data[buf->len] = '\0';
     }
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    }
-    return n;
+    json_decref(item);
 }
-
-/* s as a JSON string, quotes included. Control characters are escaped; bytes that are not
- * valid UTF-8 become U+FFFD. */
-static void text_json_string(text_buf *buf, const char *s) {
-    text_put(buf, "\"", 1);
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        const unsigned char *run = p; /* a run of bytes that need no escaping */
-        while (*p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
-        text_put(buf, (const char *)run, (size_t)(p - run));
-        if (!*p) break;
-        if (*p >= 0x80) {
-            size_t n = utf8_sequence_length(p);
-            if (n) {
-                text_put(buf, (const char *)p, n);
-                p += n;
-            } else {
-                text_put(buf, "\\ufffd", 6);
-                p++;
-            }
-            continue;
-        }
-        switch (*p) {
-        case '"':
-            text_put(buf, "\\\"", 2);
-            break;
-        case '\\':
-            text_put(buf, "\\\\", 2);
-            break;
-        case '\n':
-            text_put(buf, "\\n", 2);
-            break;
-        case '\r':
-            text_put(buf, "\\r", 2);
-            break;
-        case '\t':
-            text_put(buf, "\\t", 2);
-            break;
-        default: {
-            static const char hex[] = "0123456789abcdef";
-            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
-            text_put(buf, esc, sizeof esc);
-            break;
-        }
-        }
-        p++;
-    }
-    text_put(buf, "\"", 1);
-}
-
-/* ---- one rank's events as JSON ------------------------------------------------------------- */
 
 /* Every item after the first, and the first too when `leading`, is preceded by ",\n", so the
  * ranks' texts concatenate into one array. */
@@ -166,92 +123,59 @@ static void text_separator(text_buf *buf, int *first) {
     *first = 0;
 }
 
-/* Opens a metadata event: {"name":NAME,"ph":"M","pid":PID[,"tid":TID],"args":{ — the caller
- * writes the args and closes with "}}". tid < 0: a process-wide one. */
-static void metadata_open(text_buf *buf, int *first, const char *name, int64_t pid, int tid) {
+/* A metadata event {"name":NAME,"ph":"M","pid":PID[,"tid":TID],"args":ARGS} (taking args);
+ * tid < 0: a process-wide one. */
+static void text_metadata(text_buf *buf, int *first, const char *name, int64_t pid, int tid,
+                          json_t *args) {
     text_separator(buf, first);
-    text_str(buf, "{\"name\":\"");
-    text_str(buf, name);
-    text_str(buf, "\",\"ph\":\"M\",\"pid\":");
-    text_i64(buf, pid);
-    if (tid >= 0) {
-        text_str(buf, ",\"tid\":");
-        text_i64(buf, tid);
+    json_t *ev = json_pack("{s:s, s:s, s:I}", "name", name, "ph", "M", "pid", (json_int_t)pid);
+    if (ev && tid >= 0) json_object_set_new(ev, "tid", json_integer(tid));
+    if (ev && json_object_set_new(ev, "args", args) != 0) {
+        json_decref(ev);
+        ev = NULL;
     }
-    text_str(buf, ",\"args\":{");
+    if (!ev) json_decref(args);
+    text_json(buf, ev);
 }
 
 static void serialize_metadata(const loom_trace *trace, text_buf *buf, int *first) {
     int64_t pid = LOOM_TRACE_PID(trace->rank);
-    metadata_open(buf, first, "process_name", pid, -1);
-    text_str(buf, "\"name\":\"rank ");
-    text_i64(buf, trace->rank);
-    text_str(buf, "\"}}");
-    metadata_open(buf, first, "process_sort_index", pid, -1);
-    text_str(buf, "\"sort_index\":");
-    text_i64(buf, trace->rank);
-    text_str(buf, "}}");
+    char label[96];
+    snprintf(label, sizeof label, "rank %d", trace->rank);
+    text_metadata(buf, first, "process_name", pid, -1, json_pack("{s:s}", "name", label));
+    text_metadata(buf, first, "process_sort_index", pid, -1,
+                  json_pack("{s:i}", "sort_index", trace->rank));
     if (trace->dropped > 0) {
-        metadata_open(buf, first, "process_labels", pid, -1);
-        text_str(buf, "\"labels\":\"dropped ");
-        text_i64(buf, trace->dropped);
-        text_str(buf, " events (bound ");
-        text_i64(buf, (int64_t)trace->max_events);
-        text_str(buf, ")\"}}");
+        snprintf(label, sizeof label, "dropped %" PRId64 " events (bound %zu)", trace->dropped,
+                 trace->max_events);
+        text_metadata(buf, first, "process_labels", pid, -1, json_pack("{s:s}", "labels", label));
     }
     for (int s = 0; s < LOOM_TRACE_STREAMS; s++) {
         if (!(trace->used_streams & (1u << s))) continue;
-        metadata_open(buf, first, "thread_name", pid, LOOM_TRACE_TID(s));
-        text_str(buf, "\"name\":");
-        text_json_string(buf, loom_trace_stream_name((loom_trace_stream)s));
-        text_str(buf, "}}");
-        metadata_open(buf, first, "thread_sort_index", pid, LOOM_TRACE_TID(s));
-        text_str(buf, "\"sort_index\":");
-        text_i64(buf, s);
-        text_str(buf, "}}");
+        const char *stream_name = loom_trace_stream_name((loom_trace_stream)s);
+        text_metadata(buf, first, "thread_name", pid, LOOM_TRACE_TID(s),
+                      json_pack("{s:o}", "name", json_text(stream_name)));
+        text_metadata(buf, first, "thread_sort_index", pid, LOOM_TRACE_TID(s),
+                      json_pack("{s:i}", "sort_index", s));
     }
 }
 
-static void serialize_event(const loom_trace *trace, const trace_event *ev, text_buf *buf) {
-    text_str(buf, "{\"name\":");
-    text_json_string(buf, ev->name);
-    if (ev->phase == TRACE_PHASE_COMPLETE) {
-        text_str(buf, ",\"cat\":");
-        text_json_string(buf, ev->category);
-        text_str(buf, ",\"ph\":\"X\"");
-    } else {
-        text_str(buf, ",\"ph\":\"C\"");
-    }
-    text_str(buf, ",\"ts\":");
-    text_us(buf, ev->ts_us - trace->origin_us);
-    if (ev->phase == TRACE_PHASE_COMPLETE) {
-        text_str(buf, ",\"dur\":");
-        text_us(buf, ev->dur_us);
-    }
-    text_str(buf, ",\"pid\":");
-    text_i64(buf, LOOM_TRACE_PID(trace->rank));
+static json_t *event_json(const loom_trace *trace, const trace_event *ev) {
+    json_int_t pid = LOOM_TRACE_PID(trace->rank);
+    json_t *ts = json_us(ev->ts_us - trace->origin_us);
     if (ev->phase == TRACE_PHASE_COUNTER) { /* counters belong to the process */
-        text_str(buf, ",\"args\":{\"value\":");
-        text_number(buf, ev->dur_us);
-        text_str(buf, "}}");
-        return;
+        return json_pack("{s:o, s:s, s:o, s:I, s:{s:f}}", "name", json_text(ev->name), "ph", "C",
+                         "ts", ts, "pid", pid, "args", "value", ev->dur_us);
     }
-    text_str(buf, ",\"tid\":");
-    text_i64(buf, LOOM_TRACE_TID(ev->stream));
-    text_str(buf, ",\"args\":{");
-    if (ev->step >= 0) {
-        text_str(buf, "\"step\":");
-        text_i64(buf, ev->step);
+    json_t *args = json_object();
+    if (args && ev->step >= 0) json_object_set_new(args, "step", json_integer(ev->step));
+    if (args && ev->micro_batch >= 0) {
+        json_object_set_new(args, "micro_batch", json_integer(ev->micro_batch));
     }
-    if (ev->micro_batch >= 0) {
-        text_str(buf, ev->step >= 0 ? ",\"micro_batch\":" : "\"micro_batch\":");
-        text_i64(buf, ev->micro_batch);
-    }
-    if (ev->stage >= 0) {
-        text_str(buf, ev->step >= 0 || ev->micro_batch >= 0 ? ",\"stage\":" : "\"stage\":");
-        text_i64(buf, ev->stage);
-    }
-    text_str(buf, "}}");
+    if (args && ev->stage >= 0) json_object_set_new(args, "stage", json_integer(ev->stage));
+    return json_pack("{s:o, s:o, s:s, s:o, s:o, s:I, s:I, s:o}", "name", json_text(ev->name), "cat",
+                     json_text(ev->category), "ph", "X", "ts", ts, "dur", json_us(ev->dur_us),
+                     "pid", pid, "tid", (json_int_t)LOOM_TRACE_TID(ev->stream), "args", args);
 }
 
 /* This rank's metadata and events, each item preceded by ",\n" except the very first when
@@ -262,7 +186,7 @@ static loom_status serialize_rank(const loom_trace *trace, int leading, text_buf
     serialize_metadata(trace, buf, &first);
     for (size_t i = 0; i < trace->count && !buf->failed; i++) {
         text_separator(buf, &first);
-        serialize_event(trace, &trace->events[i], buf);
+        text_json(buf, event_json(trace, &trace->events[i]));
     }
     if (buf->failed) {
         return loom_fail(LOOM_ERR_NOMEM, "trace: out of memory serializing %zu events of rank %d",

@@ -127,7 +127,7 @@ loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_conf
     if (file[0]) st = loom_model_tokenizer_of(file, name, sizeof name, source, sizeof source);
     if (st != LOOM_OK) return st;
     if (!cfg->tokenizer[0]) {
-        snprintf(state->tokenizer, sizeof state->tokenizer, "%s", name);
+        snprintf(state->tokenizer, sizeof state->tokenizer, "%s", name); /* same sizes */
         snprintf(state->tokenizer_source, sizeof state->tokenizer_source, "%s", source);
         return LOOM_OK;
     }
@@ -144,10 +144,10 @@ loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_conf
         snprintf(state->tokenizer, sizeof state->tokenizer, "%s", loom_tokenizer_name(tok));
         int is_bytes = !strcmp(cfg->tokenizer, "bytes");
         char *absolute = is_bytes ? NULL : realpath(cfg->tokenizer, NULL);
-        snprintf(state->tokenizer_source, sizeof state->tokenizer_source, "%s",
-                 is_bytes   ? ""
-                 : absolute ? absolute
-                            : cfg->tokenizer);
+        st = loom_path_join(state->tokenizer_source, sizeof state->tokenizer_source, NULL,
+                            is_bytes   ? ""
+                            : absolute ? absolute
+                                       : cfg->tokenizer);
         free(absolute);
     }
     loom_tokenizer_free(tok);
@@ -275,7 +275,9 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
  * ends. */
 loom_status loom_run_lock_folder(const char *out, int *fd) {
     char path[LOOM_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/.lock", out);
+    *fd = -1;
+    loom_status st = loom_path_join(path, sizeof path, out, ".lock");
+    if (st != LOOM_OK) return st;
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*fd < 0) return loom_fail(LOOM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
@@ -302,16 +304,18 @@ static int64_t step_of(const char *name) {
     return step;
 }
 
-/* The step "latest" names, or -1. */
-static int64_t latest_step(const char *checkpoints) {
+/* *step: the step "latest" names, or -1. */
+static loom_status latest_step(const char *checkpoints, int64_t *step) {
     char path[LOOM_PATH_MAX + 64], *text = NULL;
     size_t size;
-    snprintf(path, sizeof path, "%s/latest", checkpoints);
-    if (access(path, F_OK) != 0 || loom_read_file(path, &text, &size) != LOOM_OK) return -1;
+    *step = -1;
+    loom_status st = loom_path_join(path, sizeof path, checkpoints, "latest");
+    if (st != LOOM_OK) return st;
+    if (access(path, F_OK) != 0 || loom_read_file(path, &text, &size) != LOOM_OK) return LOOM_OK;
     text[strcspn(text, "\n")] = '\0';
-    int64_t step = step_of(text);
+    *step = step_of(text);
     free(text);
-    return step;
+    return LOOM_OK;
 }
 
 /* Removes a step folder and the files in it (a checkpoint has no subfolders). */
@@ -323,8 +327,8 @@ static loom_status remove_step(const char *dir) {
     while ((e = readdir(d)) != NULL && st == LOOM_OK) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char path[LOOM_PATH_MAX + 600];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0)
+        st = loom_path_join(path, sizeof path, dir, e->d_name);
+        if (st == LOOM_OK && unlink(path) != 0)
             st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     }
     closedir(d);
@@ -340,11 +344,11 @@ typedef loom_status (*step_visit)(const char *checkpoints, const char *name, int
 /* Calls visit for every step folder of OUT/checkpoints (none when it does not exist). */
 static loom_status each_step(const char *out, step_visit visit, void *ctx) {
     char checkpoints[LOOM_PATH_MAX + 32];
-    snprintf(checkpoints, sizeof checkpoints, "%s/checkpoints", out);
+    loom_status st = loom_path_join(checkpoints, sizeof checkpoints, out, "checkpoints");
+    if (st != LOOM_OK) return st;
     DIR *d = opendir(checkpoints);
     if (!d) return LOOM_OK;
     struct dirent *e;
-    loom_status st = LOOM_OK;
     while ((e = readdir(d)) != NULL && st == LOOM_OK) {
         int64_t step = step_of(e->d_name);
         if (step >= 0) st = visit(checkpoints, e->d_name, step, ctx);
@@ -379,17 +383,19 @@ static int compare_desc(const void *a, const void *b) {
 loom_status loom_run_prune_checkpoints(const char *out, int keep) {
     if (keep <= 0) return LOOM_OK;
     step_list list = {0};
-    loom_status st = each_step(out, collect, &list);
     char checkpoints[LOOM_PATH_MAX + 32];
-    snprintf(checkpoints, sizeof checkpoints, "%s/checkpoints", out);
-    int64_t latest = latest_step(checkpoints);
+    int64_t latest = -1;
+    loom_status st = loom_path_join(checkpoints, sizeof checkpoints, out, "checkpoints");
+    if (st == LOOM_OK) st = latest_step(checkpoints, &latest);
+    if (st == LOOM_OK) st = each_step(out, collect, &list);
     if (st == LOOM_OK && list.count > 0)
         qsort(list.steps, list.count, sizeof *list.steps, compare_desc);
     for (size_t i = (size_t)keep; st == LOOM_OK && i < list.count; i++) {
         if (list.steps[i] == latest) continue; /* never the checkpoint a resume would read */
-        char dir[LOOM_PATH_MAX + 64];
-        snprintf(dir, sizeof dir, "%s/step_%08" PRId64, checkpoints, list.steps[i]);
-        st = remove_step(dir);
+        char dir[LOOM_PATH_MAX + 64], name[32];
+        snprintf(name, sizeof name, "step_%08" PRId64, list.steps[i]);
+        st = loom_path_join(dir, sizeof dir, checkpoints, name);
+        if (st == LOOM_OK) st = remove_step(dir);
     }
     free(list.steps);
     return st;
@@ -399,16 +405,17 @@ loom_status loom_run_prune_checkpoints(const char *out, int keep) {
 static loom_status clean_step(const char *checkpoints, const char *name, int64_t step, void *ctx) {
     (void)step, (void)ctx;
     char dir[LOOM_PATH_MAX + 600];
-    snprintf(dir, sizeof dir, "%s/%s", checkpoints, name);
+    loom_status st = loom_path_join(dir, sizeof dir, checkpoints, name);
+    if (st != LOOM_OK) return st;
     DIR *d = opendir(dir);
     if (!d) return LOOM_OK;
     struct dirent *e;
     int files = 0, model = 0, state = 0;
-    loom_status st = LOOM_OK;
     while ((e = readdir(d)) != NULL && st == LOOM_OK) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char path[LOOM_PATH_MAX + 1200];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        st = loom_path_join(path, sizeof path, dir, e->d_name);
+        if (st != LOOM_OK) break;
         if (strstr(e->d_name, ".tmp.")) {
             loom_warn("removing %s, left by an interrupted save", path);
             if (unlink(path) != 0)

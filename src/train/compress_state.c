@@ -2,8 +2,11 @@
  * compress_state.c — the compressors' state (error-feedback and lazy-error residuals,
  * warm-start factors) beside a checkpoint: every rank that holds some writes
  * STEP/compress_rankNNNNN.safetensors before the lead moves "latest", and the checkpoint's state
- * file names them and the layout they belong to (metadata "loom.compress"). A resume in the
- * same layout and compression reads them back, so it continues bit-exactly; any other resume
+ * file names them and the layout they belong to (metadata "loom.compress"). Each file also
+ * records the layout, the step and the rank that wrote it (world rank and mesh coordinates), so
+ * that a file copied from another step or another rank is refused by name, not resumed from (it
+ * would resume without a word, a little off, or fail much later on a replica check). A resume in
+ * the same layout and compression reads them back, so it continues bit-exactly; any other resume
  * drops them with one warning and the compressors start fresh.
  *
  * Not here: the compressors (compress/), where they sit (parallel/), the model checkpoint (io/).
@@ -15,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define COMPRESS_FORMAT "loom.compress.v1" /* metadata "format" of every compressor file */
+/* metadata "format" of every compressor file; v1 files (without step and rank) are refused */
+#define COMPRESS_FORMAT "loom.compress.v2"
 
 /* What must match for saved state to fit this run: the layout, the micro-batch shape (the
  * pipeline compressors' matrices) and every compression setting. */
@@ -30,10 +34,11 @@ static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap)
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
     for (int i = 0; i < 2 && used < cap; i++) {
-        used += (size_t)snprintf(out + used, cap - used,
-                                 " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
-                                 c[i]->method, c[i]->rank, c[i]->fraction, c[i]->error_feedback,
-                                 c[i]->warmup_steps, c[i]->lazy_error, c[i]->policy, c[i]->forward);
+        used += (size_t)snprintf(
+            out + used, cap - used, " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
+            loom_compress_method_name(c[i]->method), c[i]->rank, c[i]->fraction,
+            c[i]->error_feedback, c[i]->warmup_steps, c[i]->lazy_error,
+            loom_pp_policy_name(c[i]->policy), loom_compress_method_name(c[i]->forward));
         for (int s = 0; s < c[i]->num_stages && used < cap; s++) {
             used += (size_t)snprintf(out + used, cap - used, "%s%d", s ? "," : "", c[i]->stages[s]);
         }
@@ -122,9 +127,35 @@ static const char *unknown_tensor(const loom_safetensors *file, const state_list
     return NULL;
 }
 
-static void file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
-    snprintf(path, cap, "%s/compress_rank%05d.safetensors", dir,
-             mesh->world ? loom_comm_rank(mesh->world) : 0);
+static int world_rank(const loom_mesh *mesh) {
+    return mesh->world ? loom_comm_rank(mesh->world) : 0;
+}
+
+static loom_status file_of(const char *dir, const loom_mesh *mesh, char *path, size_t cap) {
+    char name[64];
+    snprintf(name, sizeof name, "compress_rank%05d.safetensors", world_rank(mesh));
+    return loom_path_join(path, cap, dir, name);
+}
+
+/* Who wrote a file: its step, its world rank and its place in the mesh, as metadata text. */
+typedef struct {
+    char step[24], rank[16], coords[64];
+} file_owner;
+
+static void owner_of(const loom_mesh *mesh, int64_t step, file_owner *o) {
+    snprintf(o->step, sizeof o->step, "%" PRId64, step);
+    snprintf(o->rank, sizeof o->rank, "%d", world_rank(mesh));
+    snprintf(o->coords, sizeof o->coords, "pp=%d dp=%d tp=%d", mesh->pp_rank, mesh->dp_rank,
+             mesh->tp_rank);
+}
+
+/* Metadata `key` of `file` must be `want`; `whose` says whose value that is. */
+static loom_status check_meta(const char *path, loom_safetensors *file, const char *key,
+                              const char *want, const char *whose) {
+    const char *got = loom_safetensors_metadata(file, key);
+    if (got && strcmp(got, want) == 0) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT, "%s: metadata '%s': expected \"%s\" (%s), got %s%s%s", path,
+                     key, want, whose, got ? "\"" : "", got ? got : "none", got ? "\"" : "");
 }
 
 loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
@@ -136,14 +167,18 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
     signature(plan, seq_len, state->compress, sizeof state->compress);
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08" PRId64, out, state->step);
+    char dir[4096], step_name[64], path[4200];
+    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
+    if (st == LOOM_OK && l.count > 0) st = loom_path_join(dir, sizeof dir, out, step_name);
     if (st == LOOM_OK && l.count > 0) st = loom_mkdir_p(dir);
+    if (st == LOOM_OK && l.count > 0) st = file_of(dir, mesh, path, sizeof path);
     if (st == LOOM_OK && l.count > 0) {
-        char path[4200];
-        file_of(dir, mesh, path, sizeof path);
-        const char *meta[] = {"format", COMPRESS_FORMAT, "loom.compress", state->compress};
-        st = loom_safetensors_write(path, l.tensors, l.count, meta, 2);
+        file_owner owner;
+        owner_of(mesh, state->step, &owner);
+        const char *meta[] = {"format", COMPRESS_FORMAT, "loom.compress", state->compress,
+                              "step",   owner.step,      "rank",          owner.rank,
+                              "coords", owner.coords};
+        st = loom_safetensors_write(path, l.tensors, l.count, meta, 5);
     }
     state_list_free(&l);
     /* every rank's file is on disk before the lead moves "latest", and a rank that could not
@@ -178,21 +213,19 @@ loom_status loom_run_compress_load(const char *dir, const loom_mesh *mesh, int s
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
     char path[4200];
-    file_of(dir, mesh, path, sizeof path);
+    if (st == LOOM_OK) st = file_of(dir, mesh, path, sizeof path);
     loom_safetensors *file = NULL;
     if (st == LOOM_OK && l.count > 0) st = loom_safetensors_open(&file, path);
-    const char *format = file ? loom_safetensors_metadata(file, "format") : NULL;
-    if (st == LOOM_OK && l.count > 0 && (!format || strcmp(format, COMPRESS_FORMAT) != 0)) {
-        st = loom_fail(LOOM_ERR_INPUT, "%s: metadata 'format': expected \"%s\", got %s%s%s", path,
-                       COMPRESS_FORMAT, format ? "\"" : "", format ? format : "none",
-                       format ? "\"" : "");
-    }
-    const char *saved = file ? loom_safetensors_metadata(file, "loom.compress") : NULL;
-    if (st == LOOM_OK && l.count > 0 && (!saved || strcmp(saved, want) != 0)) {
-        st = loom_fail(LOOM_ERR_INPUT,
-                       "%s: metadata 'loom.compress': expected the checkpoint's (\"%s\"), got "
-                       "%s%s%s",
-                       path, want, saved ? "\"" : "", saved ? saved : "none", saved ? "\"" : "");
+    /* the file is this run's kind, of this layout, of the checkpoint's step and of this rank */
+    file_owner owner;
+    owner_of(mesh, state->step, &owner);
+    static const char *const keys[] = {"format", "loom.compress", "step", "rank", "coords"};
+    const char *wants[] = {COMPRESS_FORMAT, want, owner.step, owner.rank, owner.coords};
+    static const char *const whose[] = {
+        "this build's compressor files", "the checkpoint's layout and compression",
+        "the checkpoint's step", "this rank's world rank", "this rank's place in the mesh"};
+    for (int i = 0; st == LOOM_OK && l.count > 0 && i < 5; i++) {
+        st = check_meta(path, file, keys[i], wants[i], whose[i]);
     }
     for (int k = 0; st == LOOM_OK && k < l.count; k++) {
         st =
@@ -228,7 +261,8 @@ void loom_run_compress_report(const loom_mesh *mesh, loom_grad_sync *sync, loom_
     loom_info("compression: dp %s, pp %s; compressor state on rank 0: %.1f MiB (data-parallel "
               "%.1f MiB, pipeline %.1f MiB; error feedback keeps a gradient-sized residual, "
               "twice: committed and working)",
-              plan->dp_compression.method, plan->pp_compression.method,
+              loom_compress_method_name(plan->dp_compression.method),
+              loom_compress_method_name(plan->pp_compression.method),
               (double)(dp + pp_bytes) / 1048576.0, (double)dp / 1048576.0,
               (double)pp_bytes / 1048576.0);
 }

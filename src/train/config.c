@@ -4,9 +4,15 @@
  */
 #include "loom/io.h"
 #include "loom/train.h"
+#include "base/json_fields.h"
 
 #include <math.h>
 #include <string.h>
+
+/* --lr-schedule's words, in the order of the LR_* values. */
+enum { LR_CONSTANT, LR_COSINE };
+static const char *const lr_schedule_words[] = {"constant", "cosine"};
+static const loom_words lr_schedules = {lr_schedule_words, 2};
 
 void loom_train_config_defaults(loom_train_config *c) {
     memset(c, 0, sizeof *c);
@@ -34,8 +40,8 @@ void loom_train_config_defaults(loom_train_config *c) {
     /* the layout's fields stay 0 / "": the plan's defaults (loom_plan_request) */
     loom_plan_compression_flags_defaults(&c->compression);
     c->bucket_mb = 25.0;
-    c->zero1 = 1; /* measured at least as fast as plain DP in every layout (bench/parallel.sh) */
     c->comm_timeout = 60.0;
+    c->zero = -1;
 }
 
 int loom_train_config_sets_model(const loom_train_config *c) {
@@ -73,10 +79,30 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
     return LOOM_OK;
 }
 
+loom_status loom_train_config_zero(const loom_train_config *c, int *zero) {
+    *zero = c->zero;
+    if (c->zero1 && c->no_zero1)
+        return loom_fail(LOOM_ERR_INPUT, "--zero1 and --no-zero1 contradict each other: give one");
+    int alias = c->zero1 ? 1 : c->no_zero1 ? 0 : -1;
+    if (alias >= 0 && c->zero >= 0 && alias != c->zero) {
+        return loom_fail(LOOM_ERR_INPUT, "%s and --zero %d contradict each other: give one",
+                         c->zero1 ? "--zero1" : "--no-zero1", c->zero);
+    }
+    if (alias >= 0) *zero = alias;
+    if (*zero < -1 || *zero > 3) {
+        return loom_fail(LOOM_ERR_INPUT, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got %d",
+                         *zero);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_plan *plan) {
     loom_plan_init(plan);
     loom_gpt_config model;
     loom_status st = loom_train_model_config(c, &model);
+    if (st != LOOM_OK) return st;
+    int zero;
+    st = loom_train_config_zero(c, &zero);
     if (st != LOOM_OK) return st;
     loom_plan_request request = {.dp = c->data_parallel,
                                  .tp = c->tensor_parallel,
@@ -89,7 +115,10 @@ loom_status loom_train_plan(const loom_train_config *c, int world_size, loom_pla
                                  .stage_layers = c->stage_layers,
                                  .recompute = c->recompute_always ? LOOM_RECOMPUTE_ALWAYS
                                               : c->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                  : LOOM_RECOMPUTE_NONE};
+                                                                  : LOOM_RECOMPUTE_NONE,
+                                 .zero_given = zero >= 0,
+                                 .zero = zero,
+                                 .no_overlap_grad_reduce = c->no_overlap_grad_reduce};
     return loom_plan_from_flags(plan, &model, request, &c->compression,
                                 world_size > 1 ? world_size : 1);
 }
@@ -109,7 +138,7 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->lr >= 0 && c->lr <= 10, "lr", "expected a number in [0, 10], got %g", c->lr);
     REQUIRE(c->min_lr_ratio >= 0 && c->min_lr_ratio <= 1, "min_lr_ratio",
             "expected a number in [0, 1], got %g", c->min_lr_ratio);
-    REQUIRE(!strcmp(c->lr_schedule, "constant") || !strcmp(c->lr_schedule, "cosine"), "lr_schedule",
+    REQUIRE(loom_word_ok(&lr_schedules, c->lr_schedule), "lr_schedule",
             "expected \"constant\" or \"cosine\", got \"%s\"", c->lr_schedule);
     REQUIRE(c->warmup_steps >= 0, "warmup_steps", "expected >= 0, got %lld",
             (long long)c->warmup_steps);
@@ -152,7 +181,7 @@ double loom_lr_at(const loom_train_config *c, int64_t step) {
     if (c->warmup_steps > 0 && step < c->warmup_steps) {
         return c->lr * (double)(step + 1) / (double)c->warmup_steps;
     }
-    if (strcmp(c->lr_schedule, "cosine") != 0) return c->lr;
+    if (loom_word_index(&lr_schedules, c->lr_schedule) != LR_COSINE) return c->lr;
     int64_t decay_steps = c->steps - c->warmup_steps;
     if (decay_steps <= 1) return c->lr;
     double progress = (double)(step - c->warmup_steps) / (double)(decay_steps - 1);

@@ -1,14 +1,36 @@
 /*
  * hooks.c — failures and numeric trouble on demand, for the tests, read from the environment
- * once at start-up (never in the step loop).
+ * once at start-up (never in the step loop):
+ *   LOOM_DEBUG_NAN_STEPS="3,4,5"       poison these (1-based) steps' gradients with NaN;
+ *   LOOM_DEBUG_FAIL="RANK:STEP:MODE"   world rank RANK exits (MODE exit) or hangs (hang) at the
+ *                                      start of STEP;
+ *   LOOM_DEBUG_DIVERGE=1               replica 1 changes a parameter before the replica check.
+ * They exist only in a build with LOOM_TEST_HOOKS (CMake option, on by default because the
+ * test suite needs them); a build without them ignores the variables and says so. Either way
+ * a set variable is never acted on or dropped silently: one warning names it.
  */
 #include "train/train_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
+static const char *const hook_variables[] = {"LOOM_DEBUG_NAN_STEPS", "LOOM_DEBUG_FAIL",
+                                             "LOOM_DEBUG_DIVERGE"};
+
 loom_test_hooks loom_test_hooks_read(void) {
     loom_test_hooks h = {.fail_rank = -1, .fail_step = -1};
+    for (size_t i = 0; i < sizeof hook_variables / sizeof hook_variables[0]; i++) {
+        const char *value = getenv(hook_variables[i]);
+        if (!value) continue;
+#ifdef LOOM_TEST_HOOKS
+        loom_warn("%s=%s: a test hook is set (injected failures or NaNs)", hook_variables[i],
+                  value);
+#else
+        loom_warn("%s is ignored: this build has no test hooks (cmake -DLOOM_TEST_HOOKS=ON)",
+                  hook_variables[i]);
+#endif
+    }
+#ifdef LOOM_TEST_HOOKS
     const char *env = getenv("LOOM_DEBUG_NAN_STEPS");
     for (const char *p = env ? env : ""; *p && h.num_nan_steps < 16;) {
         char *end;
@@ -22,5 +44,6 @@ loom_test_hooks loom_test_hooks_read(void) {
     if (env && sscanf(env, "%d:%lld:%15s", &h.fail_rank, &at, h.fail_mode) == 3) h.fail_step = at;
     env = getenv("LOOM_DEBUG_DIVERGE");
     h.diverge = env && atoi(env) == 1;
+#endif
     return h;
 }

@@ -13,12 +13,11 @@
 
 /* What this rank will hold (parameters, gradients, AdamW's moments, activations of the micro-
  * batches in flight, backward scratch), from the model's cost facts, against the machine's
- * memory shared by the ranks on it: refused before anything is allocated. */
+ * memory shared by the `sharers` ranks on it: refused before anything is allocated. */
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
-                                  const loom_mesh *mesh) {
-    int zero1 = cfg->zero1 && !cfg->no_zero1 && mesh->dp_size > 1;
+                                  const loom_mesh *mesh, int sharers) {
     loom_rank_memory mem;
-    loom_status st = loom_plan_rank_memory(plan, mesh->pp_rank, cfg->seq_len, zero1, &mem);
+    loom_status st = loom_plan_rank_memory(plan, mesh->pp_rank, cfg->seq_len, &mem);
     if (st != LOOM_OK) return st;
     /* the rank's layer ranges, for the message */
     char ranges[128] = "";
@@ -28,8 +27,6 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
         used += (size_t)snprintf(ranges + used, sizeof ranges - used, "%s[%d, %d)", used ? " " : "",
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* ranks on this machine */
-    int sharers = local ? atoi(local) : 1;
     const loom_gpt_config *m = &plan->model;
     double state_gib = (double)(mem.weights + mem.grads + mem.optimizer) / 1073741824.0;
     double act_gib = (double)(mem.activations + mem.scratch) / 1073741824.0;

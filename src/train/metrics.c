@@ -158,8 +158,8 @@ loom_status loom_metrics_open(loom_metrics **out, const char *dir, int64_t resum
     *out = NULL;
     loom_metrics *m = loom_calloc(1, sizeof *m, "metrics");
     if (!m) return LOOM_ERR_NOMEM;
-    snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", dir);
-    loom_status st = resume_step >= 0 ? keep_until(m, resume_step) : LOOM_OK;
+    loom_status st = loom_path_join(m->path, sizeof m->path, dir, "metrics.jsonl");
+    if (st == LOOM_OK && resume_step >= 0) st = keep_until(m, resume_step);
     if (st == LOOM_OK) {
         m->file = fopen(m->path, resume_step >= 0 ? "a" : "w");
         if (!m->file) st = loom_fail(LOOM_ERR_IO, "%s: cannot open for writing", m->path);
@@ -250,11 +250,11 @@ static void compression_note(loom_step_record *r, const double *sums) {
     const loom_plan *plan = r->mesh->plan;
     size_t used = 0, cap = sizeof r->compression;
     r->compression[0] = '\0';
-    if (strcmp(plan->dp_compression.method, "none") != 0 && sums[SUM_DP_BYTES] > 0) {
+    if (plan->dp_compression.method != LOOM_COMPRESS_NONE && sums[SUM_DP_BYTES] > 0) {
         used += (size_t)snprintf(r->compression + used, cap - used, " | dp bytes /%.1f",
                                  (sums[SUM_DP_BYTES] + sums[SUM_DP_SAVED]) / sums[SUM_DP_BYTES]);
     }
-    if (strcmp(plan->pp_compression.method, "none") != 0 && sums[SUM_PP_GRAD] > 0 && used < cap) {
+    if (plan->pp_compression.method != LOOM_COMPRESS_NONE && sums[SUM_PP_GRAD] > 0 && used < cap) {
         snprintf(r->compression + used, cap - used, " | pp grads /%.1f, %.0f of %.0f sends",
                  sums[SUM_PP_GRAD_RAW] / sums[SUM_PP_GRAD], sums[SUM_SENDS_COMPRESSED],
                  sums[SUM_SENDS]);
@@ -322,9 +322,10 @@ loom_status loom_metrics_validation(loom_metrics *m, int64_t step, double val_lo
 
 loom_status loom_metrics_plot(loom_metrics *m, const char *out) {
     char path[LOOM_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/loss.svg", out);
-    loom_status st = loom_plot_loss_svg(path, "loom: training loss", m->steps, m->loss, m->n,
-                                        m->val_steps, m->val_loss, m->n_val);
+    loom_status st = loom_path_join(path, sizeof path, out, "loss.svg");
+    if (st != LOOM_OK) return st;
+    st = loom_plot_loss_svg(path, "loom: training loss", m->steps, m->loss, m->n, m->val_steps,
+                            m->val_loss, m->n_val);
     if (st == LOOM_OK) loom_info("loss plot: %s", path);
     return st;
 }

@@ -43,9 +43,10 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
 /* Takes the run folder's lock (OUT/.lock, flock): refused by name while another run holds it.
  * *fd keeps it until closed. */
 loom_status loom_run_lock_folder(const char *out, int *fd);
-/* Refuses a run whose rank part does not fit this machine's memory (memory.c). */
+/* Refuses a run whose rank part does not fit this machine's memory, shared by `sharers` ranks
+ * (loom_comm_local_size) (memory.c). */
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
-                                  const loom_mesh *mesh);
+                                  const loom_mesh *mesh, int sharers);
 /* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),
  * deleting the others; the lead calls it after a save. */
 loom_status loom_run_prune_checkpoints(const char *out, int keep);
@@ -118,6 +119,7 @@ typedef struct {
     double deadline; /* loom_now() past which the run stops; 0: no budget */
     int installed;
     const char *reason; /* why the ranks agreed to stop */
+    int signalled;      /* ... and that was a signal (to some rank) */
 } loom_stop;
 
 /* Catches SIGTERM and SIGINT (once) and starts the clock of a budget of `minutes` (0: none). */
@@ -128,7 +130,8 @@ loom_status loom_stop_agree(loom_stop *stop, const loom_mesh *mesh, int *stop_no
 
 /* ---- test hooks (trainer.c) ---- */
 
-/* Failures and numeric trouble on demand, for the tests; read from the environment once. */
+/* Failures and numeric trouble on demand, for the tests; read from the environment once
+ * (hooks.c), and all empty in a build without LOOM_TEST_HOOKS. */
 typedef struct {
     int64_t nan_steps[16]; /* LOOM_DEBUG_NAN_STEPS="3,4,5": poison these (1-based) steps */
     int num_nan_steps;

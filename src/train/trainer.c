@@ -155,9 +155,9 @@ static void print_setup(const trainer *t) {
               ranks, mesh->dp_size,
               loom_grad_sync_range(t->sync).shard < t->model->num_params ? " with ZeRO-1" : "",
               mesh->tp_size, mesh->pp_size, mesh->pp_size > 1 ? ", schedule " : "",
-              mesh->pp_size > 1 ? t->plan->schedule : "", t->plan->global_batch,
-              t->plan->micro_batch, loom_plan_num_micro_batches(t->plan), mesh->dp_size,
-              loom_ops_get_threads(), t->peak_gflops);
+              mesh->pp_size > 1 ? loom_schedule_kind_name(t->plan->schedule) : "",
+              t->plan->global_batch, t->plan->micro_batch, loom_plan_num_micro_batches(t->plan),
+              mesh->dp_size, loom_ops_get_threads(), t->peak_gflops);
 }
 
 static loom_status trainer_setup(trainer *t, loom_comm *world) {
@@ -176,12 +176,13 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if (st != LOOM_OK) return st;
     t->have_mesh = 1;
     if (world) loom_comm_set_timeout(cfg->comm_timeout);
-    if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh)) != LOOM_OK) return st;
+    int sharers; /* ranks on this machine */
+    if ((st = loom_comm_local_size(world, &sharers)) != LOOM_OK) return st;
+    if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh, sharers)) != LOOM_OK) return st;
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
-    loom_grad_sync_opts opts = {cfg->zero1 && !cfg->no_zero1, cfg->bucket_mb * 1024 * 1024,
-                                cfg->seed};
+    loom_grad_sync_opts opts = {t->plan->zero >= 1, cfg->bucket_mb * 1024 * 1024, cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
@@ -448,9 +449,12 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
         if (st == LOOM_OK && stop_now && done < cfg->steps) {
             stopped = 1;
             clear_progress_line(&t);
-            loom_info("stopping after step %" PRId64 " of %" PRId64 ": %s; saving a checkpoint "
-                      "(continue with --resume %s)",
-                      done, cfg->steps, stop.reason, cfg->out);
+            if (t.mesh.lead) { /* a signal's on stderr: see stop.c on launchers */
+                loom_log(stop.signalled ? LOOM_LOG_WARN : LOOM_LOG_INFO,
+                         "stopping after step %" PRId64 " of %" PRId64 ": %s; saving a "
+                         "checkpoint (continue with --resume %s)",
+                         done, cfg->steps, stop.reason, cfg->out);
+            }
             break;
         }
         if (st == LOOM_OK && cfg->save_every > 0 && done % cfg->save_every == 0 &&
@@ -462,9 +466,9 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
                                   loom_now() - t.run_start);
         }
     }
-    loom_stop_remove(&stop);
     loom_train_result r = {0};
     if (st == LOOM_OK && t.state.step > t.first_step) st = finish_run(&t, &r, stopped);
+    loom_stop_remove(&stop); /* after the stop checkpoint: see stop.c on launchers */
     if (st == LOOM_OK && t.trace) {
         st = loom_trace_write(t.trace, world, cfg->trace);
         if (st == LOOM_OK && t.mesh.lead) loom_info("trace: %s (open in Perfetto)", cfg->trace);
