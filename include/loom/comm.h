@@ -158,8 +158,10 @@ loom_status loom_comm_test(loom_comm_request *request, int *done);
  * loom_comm_ring_test at polling points, then loom_comm_ring_wait. Open MPI moves the messages
  * only inside MPI calls, and each step's end (the sum, the next step's messages) happens only
  * inside a test or the wait: a ring left alone does not progress. Several rings may be in flight
- * on one communicator. Their messages go over a private duplicate of it, so they never match
- * the user's sends and receives. */
+ * on one communicator, started in any order; but a wait moves only its own ring, and a ring
+ * moves on a peer only when that peer tests or waits it, so every rank waits for its rings in
+ * the same order. Their messages go over a private duplicate of the communicator, so they never
+ * match the user's sends and receives. */
 typedef struct loom_comm_ring loom_comm_ring;
 /* bounds (size + 1 offsets in elements, non-decreasing, from 0 up): block r of a buffer is
  * buf[bounds[r] .. bounds[r+1]). Every rank gives a ring the same bounds and tag; rings in

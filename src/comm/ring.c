@@ -120,9 +120,8 @@ loom_status loom_comm_ring_start(loom_comm_ring *ring, float *buf) {
     }
     if (!buf && ring->bounds[size] > 0) {
         return loom_fail(LOOM_ERR_RUNTIME,
-                         "reduce-scatter on group '%s': no buffer for %lld "
-                         "elements",
-                         comm->name, (long long)ring->bounds[size]);
+                         "reduce-scatter on group '%s': no buffer for %lld elements", comm->name,
+                         (long long)ring->bounds[size]);
     }
     comm->stats.calls++;
     if (size == 1) return LOOM_OK; /* this rank's block is the sum already */
