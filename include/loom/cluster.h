@@ -176,7 +176,8 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
  *                that interleave them with the square sgemm
  *   links        ping-pong latency and bandwidth between two ranks of one host and of two
  *                hosts, and alpha-beta fits of send-receive, allreduce, all-gather and
- *                reduce-scatter over the world and over each host's ranks
+ *                reduce-scatter over the world and over each host's ranks, each called as
+ *                training calls it (the reduce-scatter: comm's ring, as a ZeRO-1 bucket runs)
  *   compressors  bytes of fp32 input per second through encode + decode, per method
  *
  * Figures measured on several ranks are the median over the ranks (the memory the smallest
