@@ -5,7 +5,7 @@
  * editing a valid description's JSON text, each expected to fail with LOOM_ERR_INPUT, a message
  * naming the file and the field's JSON path, and a zeroed result; the rules the file cannot
  * break (non-finite numbers) broken in memory; GEMM efficiency interpolation, GEMM seconds and
- * collective seconds against hand-computed values; precision names.
+ * collective seconds and the ring's bytes per rank against hand-computed values; precision names.
  */
 #include "check.h"
 #include "loom/cluster.h"
@@ -637,6 +637,24 @@ static void test_collectives(void) {
     CHECK(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_SENDRECV, intra, 0, 1e9) == 0, "0 ranks");
 }
 
+/* The ring's traffic per rank, by hand: an allreduce of 12 bytes over 3 ranks sends 2 x 2/3 x 12
+ * = 16 per rank, an all-gather or a reduce-scatter 8; a send-receive the whole buffer; one rank
+ * sends nothing. */
+static void test_ring_bytes(void) {
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 3, 12) == 16, "allreduce, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, 3, 12) == 8, "all-gather, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_REDUCE_SCATTER, 3, 12) == 8, "reduce-scatter, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_SENDRECV, 2, 12) == 12, "send-receive");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 2, 12) == 12, "allreduce, 2");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 8, 1e9) == 1.75e9, "allreduce, 8");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 1, 12) == 0 &&
+              loom_cluster_ring_bytes(LOOM_COLLECTIVE_SENDRECV, 0, 12) == 0,
+          "one rank or none");
+    /* a whole buffer a non-power-of-two ring divides gives whole bytes (3 x 7 x 2 / 3) */
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, 3, 3.0 * 7e12) == 2 * 7e12,
+          "all-gather of a large divisible buffer: exact");
+}
+
 static void test_precisions(void) {
     static const char *const names[] = {"fp32", "bf16", "fp16"};
     for (int p = 0; p < LOOM_PRECISIONS; p++) {
@@ -677,6 +695,7 @@ int main(void) {
     test_rules_in_memory();
     test_gemm();
     test_collectives();
+    test_ring_bytes();
     test_precisions();
     return check_finish();
 }

@@ -153,11 +153,17 @@ double loom_cluster_gemm_efficiency(const loom_cluster *cluster, double flops);
  * peak). */
 double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision, double m,
                            double n, double k);
+/* Bytes each of `ranks` devices sends in a ring collective of a `bytes` buffer: an allreduce
+ * 2(n-1)/n of it (a reduce-scatter, then an all-gather), an all-gather or a reduce-scatter
+ * (n-1)/n, a send-receive all of it; 0 for ranks <= 1. Computed as bytes x 2(n-1) / n (or
+ * (n-1) / n), so a whole buffer that n divides gives whole bytes. The one place the ring's
+ * traffic is stated: the collective's time below and the planner's byte counts use it. */
+double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes);
 /* Seconds for a collective of `bytes` (the buffer) over `ranks` devices on link class `link`:
  * the measured fit for (op, link, ranks) when there is one, else the ring model from the link
- * figures (allreduce 2(n-1)/n bytes per device, all-gather and reduce-scatter (n-1)/n, a
- * send-receive the bytes, plus a latency per ring step: 2(n-1) for an allreduce (reduce-scatter,
- * then all-gather), n-1 for the others, 1 for a send). 0 for ranks <= 1. */
+ * figures (what loom_cluster_ring_bytes says each device sends, at the link's bandwidth, plus a
+ * latency per ring step: 2(n-1) for an allreduce (reduce-scatter, then all-gather), n-1 for an
+ * all-gather or a reduce-scatter, 1 for a send). 0 for ranks <= 1. */
 double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
                                  int ranks, double bytes);
 

@@ -665,19 +665,29 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
             return f->alpha_s + f->beta_s_per_byte * bytes;
         }
     }
-    /* the ring from the link figures: each device sends (n - 1)/n of the buffer for an
-     * all-gather or a reduce-scatter, twice that for an allreduce (the two back to back), and
-     * pays n - 1 latencies (loom/cluster.h's model, for all three) */
+    /* the ring from the link figures, n - 1 latencies per ring pass (loom/cluster.h's model).
+     * The share of the buffer first, then times the buffer: the order every prediction has
+     * been rounded in */
     const loom_link *l = &cluster->links[link];
+    double n = ranks;
+    double steps = op == LOOM_COLLECTIVE_ALLREDUCE  ? 2 * (n - 1)
+                   : op == LOOM_COLLECTIVE_SENDRECV ? 1
+                                                    : n - 1;
+    double share = loom_cluster_ring_bytes(op, ranks, 1.0);
+    return share * bytes / l->bandwidth + steps * l->latency_s;
+}
+
+double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes) {
+    if (ranks <= 1) return 0;
     double n = ranks;
     switch (op) {
     case LOOM_COLLECTIVE_ALLREDUCE:
-        return 2 * (n - 1) / n * bytes / l->bandwidth + 2 * (n - 1) * l->latency_s;
+        return bytes * (2 * (n - 1)) / n;
     case LOOM_COLLECTIVE_ALLGATHER:
     case LOOM_COLLECTIVE_REDUCE_SCATTER:
-        return (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;
+        return bytes * (n - 1) / n;
     case LOOM_COLLECTIVE_SENDRECV:
         break;
     }
-    return bytes / l->bandwidth + l->latency_s;
+    return bytes;
 }
