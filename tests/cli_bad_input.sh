@@ -282,7 +282,7 @@ bad "config: given twice" '--config: expected one file' \
     -- "$LOOM" train --config valid.json --config=valid.json
 good "config: a flag overrides the file" '^steps +1$' '^seed +7$' '^model +tiny$' \
     -- "$LOOM" train --config valid.json --steps 1
-if [ "$(grep -c '"loss"' run_config/metrics.jsonl 2>/dev/null)" = 1 ]; then
+if [ "$(jq -s 'map(select(has("loss"))) | length' run_config/metrics.jsonl 2>/dev/null)" = 1 ]; then
     record "config: the override ran 1 step" ""
 else
     record "config: the override ran 1 step" "run_config/metrics.jsonl lacks exactly 1 step"

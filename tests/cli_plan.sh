@@ -454,10 +454,45 @@ good "plan: the compressed plan predicts" 'prediction on p3-v100' \
 bad "plan: --allow-compression unknown" '--allow-compression: expected none, dp, pp or all, got "some"' \
     -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 16 --global-batch-size 64 --allow-compression some --out x.json
 
-# the plan's precision: written for a bf16 search, checked, read by --predict, refused by train
+# the plan's precision: written for a bf16 search, checked, refused by train
 file_has "plan: the search writes its precision" best.json '"precision": "bf16",'
-good "plan: --predict takes the plan's precision" 'prediction on dgx-a100 .*bf16' \
-    -- "$LOOM" plan --predict best.json --cluster "$CLUSTERS/dgx-a100.json"
+
+# without --precision, loom plan plans in the cluster description's training precision and says
+# so: bf16 on the DGX A100 description, fp16 on the V100 one (no bf16), fp32 when the description
+# leaves the field out; --precision overrides it and no such line is printed
+good "plan: search in the cluster's training precision (A100: bf16)" \
+    '^precision bf16 \(the cluster description.s training precision\)$' \
+    'searched [0-9]+ layouts of 8 devices on dgx-a100 \(bf16, ' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 16 --seq-len 1024 --out default_a100.json
+file_has "plan: the default precision is written" default_a100.json '"precision": "bf16",'
+good "plan: search in the cluster's training precision (V100: fp16)" \
+    '^precision fp16 \(the cluster description.s training precision\)$' \
+    'searched [0-9]+ layouts of 8 devices on p3-v100 \(fp16, ' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/p3-v100.json" --devices 8 --global-batch-size 16 --seq-len 1024 --out default_v100.json
+file_has "plan: the V100 default is written" default_v100.json '"precision": "fp16",'
+good "plan: --precision overrides the cluster's" 'searched [0-9]+ layouts of 8 devices on dgx-a100 \(fp32, ' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --devices 8 --global-batch-size 16 --seq-len 1024 --precision fp32 --out given_fp32.json
+check "plan: --precision given, no default said" \
+    "$(grep -q 'training precision' out.txt && echo "stdout says the default: $(grep 'training precision' out.txt)")"
+# --predict too, whatever the plan was made for: the bf16 plan on the V100 description in fp16,
+# and the plan written with --out says the precision its prediction is for
+good "plan: --predict in the cluster's training precision" \
+    '^precision fp16 \(the cluster description.s training precision\)$' 'prediction on p3-v100 .*, fp16, ' \
+    -- "$LOOM" plan --predict best.json --cluster "$CLUSTERS/p3-v100.json" --out best_v100.json
+file_has "plan: --predict --out writes the precision used" best_v100.json '"precision": "fp16",'
+good "plan: --predict --precision overrides" 'prediction on dgx-a100 .*, fp32, ' \
+    -- "$LOOM" plan --predict best.json --cluster "$CLUSTERS/dgx-a100.json" --precision fp32
+grep -v '"training_precision": "bf16",' "$CLUSTERS/dgx-a100.json" >no_training.json
+good "plan: a description without training_precision plans fp32" \
+    '^precision fp32 \(the cluster description.s training precision\)$' 'prediction on dgx-a100 .*, fp32, ' \
+    -- "$LOOM" plan --predict best.json --cluster no_training.json
+sed 's/"training_precision": "fp16",/"training_precision": "bf16",/' "$CLUSTERS/p3-v100.json" >v100_bf16.json
+bad "plan: --check-cluster a training precision without a peak" \
+    'v100_bf16\.json: node\.device\.training_precision: expected a precision node\.device\.peak_flops offers \(fp32, fp16\), got "bf16" \(peak_flops\.bf16 is 0: not offered\)' \
+    -- "$LOOM" plan --check-cluster v100_bf16.json
+good "plan: --intraop in the cluster's training precision" \
+    '^precision bf16 \(the cluster description.s training precision\)$' 'mesh \(dp 2, tp 2\), .*, bf16, ' \
+    -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 2 --tp 2
 "$LOOM" plan --model tiny --out tiny1.json >/dev/null
 sed 's/^{$/{\n  "precision": "fp8",/' tiny1.json >fp8.json
 bad "plan: --check an unknown precision" 'fp8\.json: precision: expected one of "fp32", "bf16" or "fp16", got "fp8"' \

@@ -28,19 +28,10 @@ run() {
     [ -z "$why" ]
 }
 
-# field LINE KEY: the raw text of KEY's value in one JSON line (as loom wrote it)
-field() {
-    sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" <<<"$1"
-}
-
-NUMBER='^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$'
-
-# step_records FILE: "STEP LOSS GRAD_NORM" for each training record, in file order
+# step_records FILE: "STEP LOSS GRAD_NORM" for each training record, in file order (read with jq;
+# a file that is not JSON lines gives nothing, so every check on it fails)
 step_records() {
-    local line
-    grep '"loss"' "$1" | while IFS= read -r line; do
-        echo "$(field "$line" step) $(field "$line" loss) $(field "$line" grad_norm)"
-    done
+    jq -r 'select(has("loss")) | "\(.step) \(.loss) \(.grad_norm)"' "$1" 2>/dev/null
 }
 
 # ---- a deterministic text: words picked by a linear congruential generator ----------------
@@ -84,22 +75,16 @@ else
 fi
 check "metrics.jsonl has one record per step 1..6" "$why"
 
-why=""
-while IFS= read -r line; do
-    for key in step loss lr grad_norm ms tokens_per_s mfu; do
-        value=$(field "$line" $key)
-        if ! [[ $value =~ $NUMBER ]]; then
-            why="key '$key' is '$value' (not a finite number) in: $line"
-            break 2
-        fi
-    done
-done < <(grep '"loss"' "$metrics" 2>/dev/null)
+# loom writes a non-finite value as null: every one of these keys must hold a JSON number
+why=$(jq -r 'select(has("loss")) | . as $r | ("step", "loss", "lr", "grad_norm", "ms",
+        "tokens_per_s", "mfu") | select(($r[.] | type) != "number") |
+        "key \u0027\(.)\u0027 is \($r[.] | tojson) (not a finite number) in: \($r | tojson)"' \
+    "$metrics" 2>&1 | head -n1)
 check "step records carry step, loss, lr, grad_norm, ms, tokens_per_s, mfu" "$why"
 
 why=""
-vals=$(grep '"val_loss"' "$metrics" 2>/dev/null | while IFS= read -r line; do
-    echo "$(field "$line" step)=$(field "$line" val_loss)"
-done | tr '\n' ' ')
+vals=$(jq -r 'select(has("val_loss")) | "\(.step)=\(.val_loss | numbers)"' "$metrics" 2>/dev/null |
+    tr '\n' ' ')
 if ! [[ $vals =~ ^3=[-0-9.eE+]+\ 6=[-0-9.eE+]+\ $ ]]; then
     why="val_loss records '$vals', expected finite values at steps 3 and 6"
 fi
@@ -160,8 +145,7 @@ steps_b=$(cut -d' ' -f1 <<<"$records_b" | tr '\n' ' ')
 check "resumed metrics: one record per step 1..6" \
     "$([ "$steps_b" = "1 2 3 4 5 6 " ] || echo "steps '$steps_b'")"
 check "resumed metrics: one val_loss record each at steps 3 and 6" \
-    "$(v=$(grep '"val_loss"' run_b/metrics.jsonl | while IFS= read -r l; do field "$l" step; done |
-        tr '\n' ' ')
+    "$(v=$(jq -r 'select(has("val_loss")) | .step' run_b/metrics.jsonl | tr '\n' ' ')
         [ "$v" = "3 6 " ] || echo "val_loss steps '$v'")"
 why=""
 for s in 4 5 6; do

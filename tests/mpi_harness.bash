@@ -1,12 +1,18 @@
 # mpi_harness.bash — sourced by the tests/mpi_*.sh scripts that compare runs under mpirun: the
 # MPI environment (root, oversubscription, idle ranks off the cores), pass/fail counters, the
-# shared corpus (prepare_corpus, with $LOOM set), and the series comparisons of a run's
-# metrics.jsonl against another run's. The caller prints the totals with `finish`.
+# shared corpus (prepare_corpus, with $LOOM set), a run's metrics.jsonl read with jq (series,
+# vseries, metric) and the series comparisons against another run's. The caller prints the
+# totals with `finish`.
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-# LOOM_SANITIZED=1: a representative subset (the sanitizers make every run ~10x slower)
+# How much of a script runs. LOOM_SANITIZED=1 (quick): a representative subset, as the sanitizers
+# make every run ~10x slower. LOOM_TEST_QUICK=1 (core_only; scripts/test.sh's default sanitizer
+# phase, under a time budget): less again, the core of each capability (every layout kind, resume,
+# refusal), and implies quick. `scripts/test.sh --full` leaves LOOM_TEST_QUICK unset.
+core_only=${LOOM_TEST_QUICK:-0}
 quick=${LOOM_SANITIZED:-0}
+[ "$core_only" = 1 ] && quick=1
 passed=0
 failed=0
 ok() { passed=$((passed + 1)); }
@@ -28,9 +34,14 @@ prepare_corpus() {
     "$LOOM" prepare --text corpus.txt --out data --seq-len 16 >/dev/null || fail "prepare"
 }
 
-# step loss grad_norm (one line per step) and step val_loss, from a metrics.jsonl
-series() { sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1"; }
-vseries() { sed -n 's/^{"step": \([0-9]*\), "val_loss": \([^}]*\)}/\1 \2/p' "$1"; }
+# step loss grad_norm (one line per training record) and step val_loss, from a metrics.jsonl
+series() { jq -r 'select(has("loss")) | "\(.step) \(.loss) \(.grad_norm)"' "$1"; }
+vseries() { jq -r 'select(has("val_loss")) | "\(.step) \(.val_loss)"' "$1"; }
+# metric RUN STEP KEY: KEY's value in the record of STEP in RUN/metrics.jsonl (as jq prints it)
+metric() {
+    jq -r --argjson step "$2" --arg key "$3" 'select(.step == $step and has($key)) | .[$key]' \
+        "$1/metrics.jsonl"
+}
 
 # a b: same number of lines, and every column after the first equal within its relative
 # tolerance: 1e-5 for losses (column 2), 1e-6 for grad norms (column 3)

@@ -4,8 +4,9 @@
  * text, fits and compressors); every rule (and every shape error of the reader) broken once by
  * editing a valid description's JSON text, each expected to fail with LOOM_ERR_INPUT, a message
  * naming the file and the field's JSON path, and a zeroed result; the rules the file cannot
- * break (non-finite numbers) broken in memory; GEMM efficiency interpolation, GEMM seconds and
- * collective seconds against hand-computed values; precision names.
+ * break (non-finite numbers) broken in memory; the training precision's default, round trip and
+ * refusal; GEMM efficiency interpolation, GEMM seconds and
+ * collective seconds and the ring's bytes per rank against hand-computed values; precision names.
  */
 #include "check.h"
 #include "loom/cluster.h"
@@ -66,9 +67,9 @@ static void check_sources(const char *path) {
     CHECK(top && strlen(top) > 20, "%s: a \"source\" describing the cluster", path);
     json_t *node = json_object_get(root, "node");
     json_t *sources = json_object_get(json_object_get(node, "device"), "sources");
-    static const char *const figures[] = {"memory_bytes", "peak_flops", "memory_bandwidth",
-                                          "gemm_efficiency"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const figures[] = {"memory_bytes", "peak_flops", "training_precision",
+                                          "memory_bandwidth", "gemm_efficiency"};
+    for (int i = 0; i < 5; i++) {
         const char *text = json_string_value(json_object_get(sources, figures[i]));
         CHECK(text && strlen(text) > 20, "%s: node.device.sources.%s", path, figures[i]);
     }
@@ -98,9 +99,12 @@ static void test_shipped(void) {
         const char *file, *name;
         int devices, max_nodes;
         double fp32, bf16, fp16, intra, inter;
+        loom_precision training; /* A100s train in bf16; V100s (no bf16) in fp16 */
     } shipped[] = {
-        {"dgx-a100.json", "dgx-a100", 8, 384, 19.5e12, 312e12, 312e12, 2.325e11, 2.4e10},
-        {"p3-v100.json", "p3-v100", 8, 8, 15.7e12, 0, 125e12, 1.5e11, 3.90625e8},
+        {"dgx-a100.json", "dgx-a100", 8, 384, 19.5e12, 312e12, 312e12, 2.325e11, 2.4e10,
+         LOOM_PRECISION_BF16},
+        {"p3-v100.json", "p3-v100", 8, 8, 15.7e12, 0, 125e12, 1.5e11, 3.90625e8,
+         LOOM_PRECISION_FP16},
     };
     for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
         char path[1100];
@@ -117,6 +121,8 @@ static void test_shipped(void) {
                   c.peak_flops[LOOM_PRECISION_BF16] == shipped[i].bf16 &&
                   c.peak_flops[LOOM_PRECISION_FP16] == shipped[i].fp16,
               "%s: peaks", path);
+        CHECK(c.training_precision == shipped[i].training, "%s: training precision %s", path,
+              loom_precision_name(c.training_precision));
         CHECK(c.links[LOOM_LINK_INTRA_NODE].bandwidth == shipped[i].intra &&
                   c.links[LOOM_LINK_INTER_NODE].bandwidth == shipped[i].inter,
               "%s: link bandwidths", path);
@@ -224,8 +230,8 @@ static const broken_case broken_cases[] = {
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1.5e6", "node.device.memory_bytes",
      "expected an integer byte count"},
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"tdp_w\": 400", "node.device.tdp_w",
-     "unknown key (expected one of: name, memory_bytes, peak_flops, memory_bandwidth, "
-     "optimizer_params_per_s, gemm_efficiency, sources)"},
+     "unknown key (expected one of: name, memory_bytes, peak_flops, training_precision, "
+     "memory_bandwidth, optimizer_params_per_s, gemm_efficiency, sources)"},
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"optimizer_params_per_s\": -5",
      "node.device.optimizer_params_per_s",
      "expected a finite number >= 0 (parameters/s; 0: not measured), got -5"},
@@ -239,6 +245,21 @@ static const broken_case broken_cases[] = {
      "expected a peak > 0 for at least one of fp32, bf16 and fp16, got none"},
     {"{\"fp32\": 1e12, \"bf16\": 4e12}", "[1e12]", "node.device.peak_flops",
      "expected an object, got [1000000000000.0]"},
+    /* the training precision: a word, and one the device offers a peak for */
+    {"\"memory_bandwidth\": 1e11", "\"training_precision\": \"fp16\", \"memory_bandwidth\": 1e11",
+     "node.device.training_precision",
+     "expected a precision node.device.peak_flops offers (fp32, bf16), got \"fp16\" "
+     "(peak_flops.fp16 is 0: not offered)"},
+    {"\"memory_bandwidth\": 1e11", "\"training_precision\": \"fp8\", \"memory_bandwidth\": 1e11",
+     "node.device.training_precision",
+     "expected one of \"fp32\", \"bf16\" or \"fp16\", got \"fp8\""},
+    {"\"memory_bandwidth\": 1e11", "\"training_precision\": 16, \"memory_bandwidth\": 1e11",
+     "node.device.training_precision",
+     "expected a precision: \"fp32\", \"bf16\" or \"fp16\", got 16"},
+    /* left out: fp32, which this device does not offer */
+    {"{\"fp32\": 1e12, \"bf16\": 4e12}", "{\"bf16\": 4e12}", "node.device.training_precision",
+     "got \"fp32\" (peak_flops.fp32 is 0: not offered); fp32 is the default when the field is left "
+     "out"},
     {"\"memory_bandwidth\": 1e11", "\"memory_bandwidth\": 0", "node.device.memory_bandwidth",
      "expected a finite number > 0 (bytes/s), got 0"},
     {"\"memory_bandwidth\": 1e11,", "", "node.device.memory_bandwidth",
@@ -637,6 +658,70 @@ static void test_collectives(void) {
     CHECK(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_SENDRECV, intra, 0, 1e9) == 0, "0 ranks");
 }
 
+/* The training precision: fp32 when the file leaves it out (the valid description does), the
+ * word when it names one, written always and read back equal; one without a peak is not
+ * written. */
+static void test_training_precision(void) {
+    loom_cluster c;
+    read_valid(&c);
+    CHECK(c.training_precision == LOOM_PRECISION_FP32, "left out: fp32, got %s",
+          loom_precision_name(c.training_precision));
+    char path[1100], text[4096];
+    snprintf(path, sizeof path, "%s/bf16.json", tmpdir);
+    CHECK(check_edit_text(valid_text, "\"memory_bandwidth\": 1e11",
+                          "\"training_precision\": \"bf16\", \"memory_bandwidth\": 1e11", text,
+                          sizeof text),
+          "training precision: the edit applies");
+    check_write_text(path, text);
+    CHECK(loom_cluster_read(path, &c) == LOOM_OK && c.training_precision == LOOM_PRECISION_BF16,
+          "named bf16: %s", loom_last_error());
+    round_trip(&c, NULL, "training precision bf16");
+    read_valid(&c);
+    round_trip(&c, NULL, "training precision left out (fp32)");
+    /* written always: the file names it */
+    snprintf(path, sizeof path, "%s/written.json", tmpdir);
+    CHECK(loom_cluster_write(path, &c, NULL) == LOOM_OK, "write: %s", loom_last_error());
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    const char *word = json_string_value(json_object_get(
+        json_object_get(json_object_get(root, "node"), "device"), "training_precision"));
+    CHECK(word && strcmp(word, "fp32") == 0, "written: training_precision %s",
+          word ? word : "(none)");
+    json_decref(root);
+    /* in memory: a precision without a peak is refused by name, nothing written */
+    c.training_precision = LOOM_PRECISION_FP16;
+    snprintf(path, sizeof path, "%s/fp16_never.json", tmpdir);
+    loom_status st = loom_cluster_write(path, &c, NULL);
+    CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "node.device.training_precision: "
+                                                            "expected a precision"),
+          "fp16 without a peak: %s", loom_last_error());
+    FILE *f = fopen(path, "r");
+    CHECK(f == NULL, "fp16 without a peak: nothing written");
+    if (f) fclose(f);
+    c.training_precision = (loom_precision)LOOM_PRECISIONS;
+    CHECK(loom_cluster_check(&c, "mem") == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "mem: node.device.training_precision: expected"),
+          "out of range: %s", loom_last_error());
+}
+
+/* The ring's traffic per rank, by hand: an allreduce of 12 bytes over 3 ranks sends 2 x 2/3 x 12
+ * = 16 per rank, an all-gather or a reduce-scatter 8; a send-receive the whole buffer; one rank
+ * sends nothing. */
+static void test_ring_bytes(void) {
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 3, 12) == 16, "allreduce, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, 3, 12) == 8, "all-gather, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_REDUCE_SCATTER, 3, 12) == 8, "reduce-scatter, 3");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_SENDRECV, 2, 12) == 12, "send-receive");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 2, 12) == 12, "allreduce, 2");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 8, 1e9) == 1.75e9, "allreduce, 8");
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 1, 12) == 0 &&
+              loom_cluster_ring_bytes(LOOM_COLLECTIVE_SENDRECV, 0, 12) == 0,
+          "one rank or none");
+    /* a whole buffer a non-power-of-two ring divides gives whole bytes (3 x 7 x 2 / 3) */
+    CHECK(loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, 3, 3.0 * 7e12) == 2 * 7e12,
+          "all-gather of a large divisible buffer: exact");
+}
+
 static void test_precisions(void) {
     static const char *const names[] = {"fp32", "bf16", "fp16"};
     for (int p = 0; p < LOOM_PRECISIONS; p++) {
@@ -677,6 +762,8 @@ int main(void) {
     test_rules_in_memory();
     test_gemm();
     test_collectives();
+    test_training_precision();
+    test_ring_bytes();
     test_precisions();
     return check_finish();
 }

@@ -1,9 +1,11 @@
 /*
  * test_comm.c — the comm module on 1, 2 or 4 ranks (run under mpirun; also alone): allreduce
- * sum and max (f32, f64) against closed forms, reduce-scatter (loom's ring) and allgather (also
- * in place) against hand-computed blocks, broadcast, a send/recv ring, non-blocking allreduces
- * overlapping each other, split groups, the chunked paths (the chunk lowered to 7 elements),
- * the byte counters, and misuse caught before anything is sent.
+ * sum and max (f32, f64) against closed forms, allgather (also in place) against hand-computed
+ * blocks, broadcast, a send/recv ring, non-blocking allreduces overlapping each other, the ring
+ * reduce-scatter (equal, uneven and empty blocks; many buckets in flight, started in different
+ * orders on different ranks, polled, reused) against the plain sum of every rank's inputs
+ * gathered, split groups, the chunked paths (the chunk lowered to 7 elements), the byte
+ * counters, and misuse caught before anything is sent.
  *
  * Every rank checks its own results; rank 0 prints the totals of all ranks, and every rank
  * exits non-zero when it saw a failure (so mpirun does too).
@@ -107,20 +109,133 @@ static void test_allreduce(loom_comm *world, int64_t count) {
     free(m);
 }
 
-static void test_reduce_scatter(loom_comm *world, int64_t count) {
-    float *send = malloc((size_t)(size * count) * sizeof *send);
-    float *recv = malloc((size_t)count * sizeof *recv);
-    /* rank r sends (r + 1) * 1000 + j at position j of the full buffer */
-    for (int64_t j = 0; j < size * count; j++) send[j] = (float)((rank + 1) * 1000 + j);
-    CHECK_OK(loom_comm_reduce_scatter_f32(world, send, recv, count));
-    int bad = 0;
-    for (int64_t i = 0; i < count; i++) {
-        double expect = 1000.0 * size * (size + 1) / 2 + (double)size * (rank * count + i);
-        bad += recv[i] != (float)expect;
+/* ---- the ring reduce-scatter ------------------------------------------------------------ */
+
+/* Integers, different on every rank and position, small enough that every sum of them is exact
+ * in f32 in any order: the ring's sums must equal the reference exactly. `round` varies them
+ * between runs of one ring. */
+static float ring_value(int r, int64_t i, int round) {
+    return (float)((r * 37 + i * 11 + round * 5) % 101 - 50);
+}
+
+/* The reference: sum[i] = the sum over ranks of their buffers' element i, computed here from
+ * every rank's buffer gathered (by MPI's allgather, not by the ring). */
+static float *reference_sums(loom_comm *world, const float *mine, int64_t n) {
+    float *all = malloc((size_t)(size * n + 1) * sizeof *all);
+    float *sum = calloc((size_t)n + 1, sizeof *sum);
+    CHECK_OK(loom_comm_allgather_f32(world, mine, all, n));
+    for (int r = 0; r < size; r++) {
+        for (int64_t i = 0; i < n; i++) sum[i] += all[r * n + i];
     }
-    CHECK(bad == 0, "rank %d: reduce-scatter (count %lld): %d wrong", rank, (long long)count, bad);
-    free(send);
-    free(recv);
+    free(all);
+    return sum;
+}
+
+/* One ring over a buffer of `first` untouched elements, then blocks of block_sizes[r % k]
+ * elements, then 3 untouched: after the run this rank's block holds the reference sum and
+ * nothing outside the blocks has changed. Run twice on one ring (made once, as training
+ * does), tested while "computing" the first time and only waited the second. */
+static void test_ring_blocks(loom_comm *world, int64_t first, const int64_t *block_sizes, int k,
+                             const char *what) {
+    int64_t bounds[65];
+    bounds[0] = first;
+    for (int r = 0; r < size; r++) bounds[r + 1] = bounds[r] + block_sizes[r % k];
+    int64_t n = bounds[size] + 3;
+    float *buf = malloc((size_t)n * sizeof *buf);
+    loom_comm_ring *ring = NULL;
+    CHECK_OK(loom_comm_ring_create(world, bounds, 3, &ring));
+    for (int round = 0; round < 2 && ring; round++) {
+        for (int64_t i = 0; i < n; i++) buf[i] = ring_value(rank, i, round);
+        float *sum = reference_sums(world, buf, n);
+        CHECK_OK(loom_comm_ring_start(ring, buf));
+        int done = 0, polls = 0;
+        for (; round == 0 && !done && polls < 100000; polls++) {
+            CHECK_OK(loom_comm_ring_test(ring, &done));
+        }
+        CHECK_OK(loom_comm_ring_wait(ring));
+        int bad_block = 0, bad_outside = 0;
+        for (int64_t i = bounds[rank]; i < bounds[rank + 1]; i++) bad_block += buf[i] != sum[i];
+        for (int64_t i = 0; i < n; i++) {
+            int outside = i < bounds[0] || i >= bounds[size];
+            bad_outside += outside && buf[i] != ring_value(rank, i, round);
+        }
+        CHECK(bad_block == 0, "rank %d: ring %s, run %d: %d of %lld sums wrong", rank, what, round,
+              bad_block, (long long)(bounds[rank + 1] - bounds[rank]));
+        CHECK(bad_outside == 0, "rank %d: ring %s, run %d: %d elements outside the blocks changed",
+              rank, what, round, bad_outside);
+        free(sum);
+    }
+    loom_comm_ring_free(ring);
+    free(buf);
+}
+
+static void test_ring_reduce_scatter(loom_comm *world) {
+    const int64_t equal[] = {257}, uneven[] = {5, 0, 13, 1}, one[] = {1}, empty[] = {0};
+    test_ring_blocks(world, 0, equal, 1, "equal blocks");
+    test_ring_blocks(world, 7, uneven, 4, "uneven blocks");
+    test_ring_blocks(world, 0, one, 1, "one element each");
+    test_ring_blocks(world, 2, empty, 1, "empty blocks");
+    /* every element in the last rank's block: a ZeRO-1 bucket inside one rank's range */
+    int64_t last[64] = {0};
+    last[size - 1] = 300;
+    test_ring_blocks(world, 0, last, size, "one rank's block");
+}
+
+/* ZeRO-1's way: a buffer of n elements, the ranks' ranges of shard = ceil(n / size) elements,
+ * cut into buckets of uneven sizes, one ring per bucket (tag = its index) whose blocks are the
+ * ranges cut to the bucket. Every ring is started before any ends, odd ranks starting them in
+ * the opposite order; they are polled round-robin while "computing", then waited in order
+ * (a wait moves only its own ring, so waits come in one order on every rank). Two rounds on
+ * the same rings. This rank's range must hold the reference sums. */
+static void test_ring_buckets(loom_comm *world, int64_t n) {
+    enum { MAX_BUCKETS = 64 };
+    int64_t shard = (n + size - 1) / size, cuts[MAX_BUCKETS + 1];
+    int buckets = 0;
+    cuts[0] = 0;
+    while (cuts[buckets] < n && buckets < MAX_BUCKETS - 1) {
+        int64_t width = 1 + (buckets * 13) % 29; /* 1 .. 29 */
+        cuts[buckets + 1] = cuts[buckets] + width < n ? cuts[buckets] + width : n;
+        buckets++;
+    }
+    cuts[buckets] = n;
+    loom_comm_ring *rings[MAX_BUCKETS] = {0};
+    int made = 1;
+    for (int b = 0; b < buckets; b++) {
+        int64_t bounds[65];
+        for (int r = 0; r <= size; r++) {
+            int64_t at = r * shard;
+            bounds[r] = at < cuts[b] ? cuts[b] : at > cuts[b + 1] ? cuts[b + 1] : at;
+        }
+        loom_status st = loom_comm_ring_create(world, bounds, b, &rings[b]);
+        CHECK_OK(st);
+        made &= st == LOOM_OK;
+    }
+    float *buf = malloc((size_t)n * sizeof *buf);
+    for (int round = 0; round < 2 && made; round++) {
+        for (int64_t i = 0; i < n; i++) buf[i] = ring_value(rank, i, round + 2);
+        float *sum = reference_sums(world, buf, n);
+        for (int k = 0; k < buckets; k++) {
+            int b = rank % 2 ? buckets - 1 - k : k;
+            CHECK_OK(loom_comm_ring_start(rings[b], buf));
+        }
+        double busy = 0;
+        for (int poll = 0; poll < 20; poll++) {
+            for (int j = 0; j < 1000; j++) busy += j * 1e-9;
+            for (int b = 0; b < buckets; b++) {
+                int done = 0;
+                CHECK_OK(loom_comm_ring_test(rings[(b + poll) % buckets], &done));
+            }
+        }
+        for (int b = 0; b < buckets; b++) CHECK_OK(loom_comm_ring_wait(rings[b]));
+        int64_t lo = rank * shard < n ? rank * shard : n, hi = lo + shard < n ? lo + shard : n;
+        int bad = 0;
+        for (int64_t i = lo; i < hi; i++) bad += buf[i] != sum[i];
+        CHECK(bad == 0 && busy >= 0, "rank %d: %d buckets in flight, round %d: %d of %lld wrong",
+              rank, buckets, round, bad, (long long)(hi - lo));
+        free(sum);
+    }
+    for (int b = 0; b < buckets; b++) loom_comm_ring_free(rings[b]);
+    free(buf);
 }
 
 static void test_allgather(loom_comm *world, int64_t count) {
@@ -280,8 +395,8 @@ static void test_chunked(loom_comm *world) {
     int64_t previous = loom_comm_set_max_chunk(7);
     CHECK(previous > 7, "default max chunk %lld", (long long)previous);
     test_allreduce(world, 100);
-    test_reduce_scatter(world, 11);
-    test_reduce_scatter(world, 1);
+    test_ring_reduce_scatter(world);
+    test_ring_buckets(world, 200);
     test_allgather(world, 9);
     test_broadcast(world, 50);
     test_ring(world, 23);
@@ -307,12 +422,35 @@ static void test_stats(loom_comm *world) {
     CHECK_OK(loom_comm_allreduce_f64(world, d, 10, LOOM_REDUCE_MAX));
     float *full = calloc((size_t)(n * 10), sizeof *full);
     float part[10] = {0};
-    CHECK_OK(loom_comm_reduce_scatter_f32(world, full, part, 10));
+    int64_t tens[65];
+    for (int r = 0; r <= size; r++) tens[r] = 10 * r;
+    loom_comm_ring *ring = NULL;
+    CHECK_OK(loom_comm_ring_create(world, tens, 0, &ring));
+    if (ring) {
+        CHECK_OK(loom_comm_ring_start(ring, full));
+        CHECK_OK(loom_comm_ring_wait(ring));
+    }
     CHECK_OK(loom_comm_allgather_f32(world, part, full, 10));
     s = loom_comm_get_stats(world);
     int64_t expect = 80 * 2 * (n - 1) / n + 2 * (n - 1) * 40;
     CHECK(s.bytes == expect && s.calls == 3, "rank %d: collective stats %lld, expected %lld", rank,
           (long long)s.bytes, (long long)expect);
+    loom_comm_ring_free(ring);
+
+    /* uneven blocks: the ring sends every block but this rank's */
+    int64_t uneven[65] = {0};
+    for (int r = 0; r < size; r++) uneven[r + 1] = uneven[r] + r + 1;
+    CHECK_OK(loom_comm_ring_create(world, uneven, 0, &ring));
+    loom_comm_reset_stats(world);
+    if (ring) {
+        CHECK_OK(loom_comm_ring_start(ring, full));
+        CHECK_OK(loom_comm_ring_wait(ring));
+    }
+    s = loom_comm_get_stats(world);
+    expect = size > 1 ? 4 * (uneven[size] - (rank + 1)) : 0;
+    CHECK(s.bytes == expect && s.calls == 1, "rank %d: ring stats %lld (calls %lld), expected %lld",
+          rank, (long long)s.bytes, (long long)s.calls, (long long)expect);
+    loom_comm_ring_free(ring);
 
     loom_comm_reset_stats(world);
     char bytes[100] = {0};
@@ -364,10 +502,31 @@ static void test_misuse(loom_comm *world) {
               strstr(loom_last_error(), "tag"),
           "bad tag: %s", loom_last_error());
     CHECK(loom_comm_wait(NULL) == LOOM_ERR_RUNTIME, "wait on NULL");
-    float full[8] = {0};
-    CHECK(loom_comm_reduce_scatter_f32(world, full, full, 1) == LOOM_ERR_RUNTIME &&
-              strstr(loom_last_error(), "overlap"),
-          "reduce-scatter overlap: %s", loom_last_error());
+    int64_t bounds[65];
+    for (int b = 0; b <= size; b++) bounds[b] = 2 * b;
+    loom_comm_ring *ring = NULL;
+    CHECK(loom_comm_ring_create(world, bounds, LOOM_COMM_MAX_TAG + 1, &ring) == LOOM_ERR_RUNTIME &&
+              ring == NULL && strstr(loom_last_error(), "tag"),
+          "ring tag: %s", loom_last_error());
+    bounds[size] = bounds[size - 1] - 1;
+    CHECK(loom_comm_ring_create(world, bounds, 0, &ring) == LOOM_ERR_RUNTIME && ring == NULL &&
+              strstr(loom_last_error(), "bounds"),
+          "ring bounds: %s", loom_last_error());
+    bounds[size] = 2 * size;
+    CHECK_OK(loom_comm_ring_create(world, bounds, 0, &ring));
+    float full[130] = {0};
+    if (ring) {
+        CHECK(loom_comm_ring_start(ring, NULL) == LOOM_ERR_RUNTIME, "ring without a buffer");
+        CHECK_OK(loom_comm_ring_start(ring, full));
+        if (size > 1) {
+            CHECK(loom_comm_ring_start(ring, full) == LOOM_ERR_RUNTIME &&
+                      strstr(loom_last_error(), "running"),
+                  "ring started twice: %s", loom_last_error());
+        }
+        CHECK_OK(loom_comm_ring_wait(ring));
+        CHECK_OK(loom_comm_ring_wait(ring)); /* not running: nothing to do */
+    }
+    loom_comm_ring_free(ring);
     /* still usable */
     x[0] = 1;
     CHECK_OK(loom_comm_allreduce_f32(world, x, 1, LOOM_REDUCE_SUM));
@@ -400,7 +559,8 @@ int main(int argc, char **argv) {
     test_allreduce(world, 1000);
     test_allreduce(world, 1);
     test_allreduce(world, 0);
-    test_reduce_scatter(world, 257);
+    test_ring_reduce_scatter(world);
+    test_ring_buckets(world, 1000);
     test_allgather(world, 129);
     test_broadcast(world, 1000);
     test_ring(world, 1000);

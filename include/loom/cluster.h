@@ -16,6 +16,7 @@
  *         "name": "NVIDIA A100-SXM4-80GB",
  *         "memory_bytes": 85899345920,
  *         "peak_flops": {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12},
+ *         "training_precision": "bf16",
  *         "memory_bandwidth": 2.039e12,
  *         "gemm_efficiency": [{"flops": 1e6, "efficiency": 0.05}, ...,
  *                             {"flops": 1e12, "efficiency": 0.8}],
@@ -38,6 +39,11 @@
  * measured alpha-beta fits per collective, link class and group size, which the cost model
  * prefers to the link figures where one matches. "compressors" (optional) are bytes of fp32
  * input per second through encode + decode, per method (loom/compress.h's names).
+ * "node.device.training_precision" (optional) is the precision the cluster trains in, which
+ * `loom plan` plans for when --precision is not given: one the device offers a peak for (else
+ * refused by name). Left out, it is "fp32": what loom's runtime trains in, what `loom profile`
+ * measures (and writes), and what `loom plan` planned for before the field existed, so an older
+ * description plans as it did (guessing bf16 or fp16 from the peaks would change its plans).
  * "node.device.optimizer_params_per_s" (optional, measured by `loom profile`) is how many
  * parameters one device's AdamW update takes per second; without it the cost model assumes the
  * update streams 28 bytes per parameter at the memory bandwidth.
@@ -122,6 +128,9 @@ typedef struct {
     char device_name[64];
     int64_t memory_bytes;               /* > 0 */
     double peak_flops[LOOM_PRECISIONS]; /* FLOP/s; 0: the precision is not offered */
+    loom_precision training_precision;  /* what the cluster trains in (one with a peak): the
+                                           planner's default ("training_precision", optional:
+                                           fp32) */
     double memory_bandwidth;            /* bytes/s, > 0 (memory-bound kernels) */
     double optimizer_params_per_s;      /* AdamW parameters updated per second; 0: not measured
                                            ("optimizer_params_per_s", optional) */
@@ -153,11 +162,17 @@ double loom_cluster_gemm_efficiency(const loom_cluster *cluster, double flops);
  * peak). */
 double loom_cluster_gemm_s(const loom_cluster *cluster, loom_precision precision, double m,
                            double n, double k);
+/* Bytes each of `ranks` devices sends in a ring collective of a `bytes` buffer: an allreduce
+ * 2(n-1)/n of it (a reduce-scatter, then an all-gather), an all-gather or a reduce-scatter
+ * (n-1)/n, a send-receive all of it; 0 for ranks <= 1. Computed as bytes x 2(n-1) / n (or
+ * (n-1) / n), so a whole buffer that n divides gives whole bytes. The one place the ring's
+ * traffic is stated: the collective's time below and the planner's byte counts use it. */
+double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes);
 /* Seconds for a collective of `bytes` (the buffer) over `ranks` devices on link class `link`:
  * the measured fit for (op, link, ranks) when there is one, else the ring model from the link
- * figures (allreduce 2(n-1)/n bytes per device, all-gather and reduce-scatter (n-1)/n, a
- * send-receive the bytes, plus a latency per ring step: 2(n-1) for an allreduce (reduce-scatter,
- * then all-gather), n-1 for the others, 1 for a send). 0 for ranks <= 1. */
+ * figures (what loom_cluster_ring_bytes says each device sends, at the link's bandwidth, plus a
+ * latency per ring step: 2(n-1) for an allreduce (reduce-scatter, then all-gather), n-1 for an
+ * all-gather or a reduce-scatter, 1 for a send). 0 for ranks <= 1. */
 double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
                                  int ranks, double bytes);
 
@@ -169,14 +184,15 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
  *   hosts        which ranks share a host (by host name): nodes, devices (ranks) per node, the
  *                device's name (the CPU model and the threads each rank uses)
  *   device       the fp32 peak (the faster of a large square sgemm and the fastest of a GPT-2
- *                block's GEMMs below; bf16 and fp16 are left at 0, not offered: the runtime
- *                trains fp32), the memory each rank can have (available memory / ranks on its
- *                host), a STREAM triad's bandwidth, and the share of the peak that a GPT-2
- *                block's GEMMs (forward, input and weight gradients) reach, measured in passes
- *                that interleave them with the square sgemm
+ *                block's GEMMs below; bf16 and fp16 are left at 0, not offered, and the
+ *                training precision is fp32: the runtime trains fp32), the memory each rank can
+ *                have (available memory / ranks on its host), a STREAM triad's bandwidth, and
+ *                the share of the peak that a GPT-2 block's GEMMs (forward, input and weight
+ *                gradients) reach, measured in passes that interleave them with the square sgemm
  *   links        ping-pong latency and bandwidth between two ranks of one host and of two
  *                hosts, and alpha-beta fits of send-receive, allreduce, all-gather and
- *                reduce-scatter over the world and over each host's ranks
+ *                reduce-scatter over the world and over each host's ranks, each called as
+ *                training calls it (the reduce-scatter: comm's ring, as a ZeRO-1 bucket runs)
  *   compressors  bytes of fp32 input per second through encode + decode, per method
  *
  * Figures measured on several ranks are the median over the ranks (the memory the smallest

@@ -34,9 +34,14 @@
  * loom/compress.h's formulas (PowerSGD's factors allreduced; top-k, sign, int8 and bf16
  * all-gathered, every replica's part decoded), the codec runs at the cluster's measured
  * throughput (else three passes at the memory bandwidth) and is never hidden (it computes);
- * a compressed pipeline link's backward message is the low-rank wire plus its codec; the
- * compressors' state (both copies) counts in memory. The epilogue and slack policies are costed
- * as "all" (every backward send compressed), a bound on what they save.
+ * a compressed pipeline link's backward message is the compressor's wire plus its codec (on a
+ * link whose wire is not smaller than the message, sent as it is, as the executor does); the
+ * compressors' state (both copies) counts in memory. Which backward sends compress is decided
+ * per message, as the executor decides it under the plan's policy: every send of a listed link
+ * ("all"), each rank's cool-down sends (loom_pipe_cooldown_sends: "epilogue"), or the sends
+ * whose slack in the step simulated without compression is below what compressing saves on
+ * their link (loom_pipe_slack_choose: "slack"); the simulator then takes each send's own
+ * transfer time. Bytes sent by a collective are loom_cluster_ring_bytes of its buffer.
  *
  * Not modelled (yet): overlap of TP collectives with compute, contention between groups on one
  * link, what compression does to the loss (the search uses it only when allowed).
@@ -188,8 +193,8 @@ enum { LOOM_ALLOW_DP_COMPRESSION = 1, LOOM_ALLOW_PP_COMPRESSION = 2 };
  * sequences (larger requests are refused by name); the micro-batch sizes tried are the powers of
  * two that divide a replica's batch, and one with more than LOOM_SEARCH_MAX_MICRO_BATCHES
  * micro-batches per step is not simulated (the simulator's work grows with them). */
-#define LOOM_SEARCH_MAX_DEVICES (1 << 20)
-#define LOOM_SEARCH_MAX_GLOBAL_BATCH (1 << 20)
+#define LOOM_SEARCH_MAX_DEVICES       (1 << 20)
+#define LOOM_SEARCH_MAX_GLOBAL_BATCH  (1 << 20)
 #define LOOM_SEARCH_MAX_MICRO_BATCHES 16384
 
 /* Fills best[0 .. *found) (at most request->keep, fastest first); *tried and *fitting count the

@@ -90,6 +90,7 @@ typedef struct {
     int64_t skipped_steps;
     double median_step_s, median_tokens_per_s; /* over the steps after the first */
     int64_t peak_rss_bytes;                    /* this rank's */
+    int64_t optimizer_state_bytes;             /* this rank's AdamW moments (ZeRO shards them) */
 } loom_train_result;
 
 /* Runs the training the plan lays out (checked against the world, refused by field name where

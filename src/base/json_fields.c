@@ -34,6 +34,10 @@ int loom_word_index(const loom_words *words, const char *value) {
     return -1;
 }
 
+const char *loom_word_name(const loom_words *words, int index) {
+    return index >= 0 && index < words->count ? words->words[index] : "?";
+}
+
 int loom_word_ok(const loom_words *words, const char *value) {
     return loom_word_index(words, value) >= 0;
 }
@@ -72,8 +76,7 @@ loom_status loom_precision_parse(const char *name, const char *source, const cha
 }
 
 const char *loom_precision_name(loom_precision precision) {
-    if ((int)precision < 0 || precision >= LOOM_PRECISIONS) return "?";
-    return precision_names[precision];
+    return loom_word_name(&precision_words, (int)precision);
 }
 
 /* ---- JSON values -------------------------------------------------------------------------- */

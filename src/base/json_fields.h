@@ -24,6 +24,8 @@ typedef struct {
 
 /* The index of `value` among the words, -1 when it is none of them (or NULL). */
 int loom_word_index(const loom_words *words, const char *value);
+/* The word of `index`, "?" out of range (an enum's name). */
+const char *loom_word_name(const loom_words *words, int index);
 /* Whether `value` is one of the words. */
 int loom_word_ok(const loom_words *words, const char *value);
 /* `"a" or "b"` / `one of "a", "b" or "c"`, for messages. */

@@ -77,7 +77,8 @@ static const cli_opt plan_opts[] = {
          "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
          "back with \"predicted\" filled in; default: none)"),
     POPT("--precision", OPT_STRING, precision,
-         "search, --predict, --intraop: fp32, bf16 or fp16 (default fp32; --predict: the plan's)"),
+         "search, --predict, --intraop: fp32, bf16 or fp16 (default: the cluster description's "
+         "training precision)"),
     POPT("--seq-len", OPT_INT, seq_len,
          "search, --predict, --intraop: tokens per sequence (default: the model's context)"),
     POPT("--intraop", OPT_FLAG, intraop,
@@ -325,6 +326,16 @@ static loom_status report_full_space(const plan_args *args, const loom_gpt_confi
     return LOOM_OK;
 }
 
+/* Without --precision, `loom plan` plans in the cluster description's training precision, and
+ * says so. */
+static void default_precision(const plan_args *args, const loom_cluster *cluster,
+                              loom_precision *precision) {
+    if (args->precision[0]) return;
+    *precision = cluster->training_precision;
+    printf("precision %s (the cluster description's training precision)\n",
+           loom_precision_name(*precision));
+}
+
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
 static int run_search(const plan_args *args) {
@@ -354,6 +365,7 @@ static int run_search(const plan_args *args) {
         st = loom_fail(LOOM_ERR_INPUT, "--out: expected a plan file to write the best layout to");
     }
     if (st != LOOM_OK) return cli_fail(st);
+    default_precision(args, &cluster, &req.precision);
     loom_plan_candidate *best = loom_calloc((size_t)req.keep, sizeof *best, "plan search");
     if (!best) return cli_fail(LOOM_ERR_NOMEM);
     int found = 0, tried = 0, fitting = 0, pruned = 0;
@@ -441,7 +453,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
         st = loom_fail(LOOM_ERR_INPUT, "--predict: expected --cluster FILE (clusters/*.json, or "
                                        "loom profile's)");
     }
-    loom_precision precision = LOOM_PRECISION_FP32; /* or the plan's, below */
+    loom_precision precision = LOOM_PRECISION_FP32; /* or the cluster's, below */
     if (st == LOOM_OK && args->precision[0]) {
         st = loom_precision_parse(args->precision, "loom plan", "--precision", &precision);
     }
@@ -454,7 +466,6 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     loom_cluster cluster;
     st = loom_plan_read(args->predict, &plan);
     if (st != LOOM_OK) return cli_fail(st);
-    if (!args->precision[0]) precision = plan.precision;
     /* the ZeRO stage: --zero or its aliases (as loom train's), else the plan's mesh.zero */
     int zero;
     st = loom_layout_flags_zero(&args->layout, &zero);
@@ -464,6 +475,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     }
     int zero1 = plan.zero >= 1;
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
+    if (st == LOOM_OK) default_precision(args, &cluster, &precision);
     int seq_len = args->seq_len ? args->seq_len : plan.model.max_seq_len;
     if (st == LOOM_OK && seq_len > plan.model.max_seq_len) {
         st = loom_fail(LOOM_ERR_INPUT, "--seq-len: expected at most the model's context %d, got %d",
@@ -485,6 +497,7 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
     }
     if (st == LOOM_OK) print_prediction(&plan, &cluster, pr, mem, precision, seq_len, zero1);
     if (st == LOOM_OK && args->out[0]) {
+        plan.precision = precision; /* what its predictions are for */
         st = cli_plan_fill_predicted(&plan, pr, seq_len);
         if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
         if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
@@ -567,6 +580,7 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
     loom_cluster cluster;
     memset(&cluster, 0, sizeof cluster);
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
+    if (st == LOOM_OK) default_precision(args, &cluster, &req.precision);
     int64_t devices = (int64_t)cluster.max_nodes * cluster.devices_per_node;
     if (st == LOOM_OK && (int64_t)req.dp * req.tp > devices) {
         st = loom_fail(LOOM_ERR_INPUT,

@@ -114,6 +114,20 @@ static loom_status read_peaks(const char *file, const json_t *device, loom_clust
     return LOOM_OK;
 }
 
+/* "training_precision" (optional: fp32 when left out) into c->training_precision. */
+static loom_status read_training_precision(const char *file, const json_t *device,
+                                           loom_cluster *c) {
+    const char *path = "node.device.training_precision";
+    c->training_precision = LOOM_PRECISION_FP32;
+    json_t *value = json_object_get(device, "training_precision");
+    if (!value) return LOOM_OK;
+    if (!json_is_string(value)) {
+        return loom_json_fail_type(file, path, "a precision: \"fp32\", \"bf16\" or \"fp16\"",
+                                   value);
+    }
+    return loom_precision_parse(json_string_value(value), file, path, &c->training_precision);
+}
+
 static loom_status read_gemm_table(const char *file, const json_t *device, loom_cluster *c) {
     static const char *const keys[] = {"flops", "efficiency"};
     const char *path = "node.device.gemm_efficiency";
@@ -149,6 +163,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     static const char *const keys[] = {"name",
                                        "memory_bytes",
                                        "peak_flops",
+                                       "training_precision",
                                        "memory_bandwidth",
                                        "optimizer_params_per_s",
                                        "gemm_efficiency",
@@ -157,7 +172,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     json_t *device;
     loom_status st = loom_json_member(file, node, "node", "device", 1, "an object", &device);
     if (st == LOOM_OK) st = loom_json_as_object(file, path, device);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 7);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 8);
     if (st == LOOM_OK)
         st = read_text(file, device, path, "name", c->device_name, sizeof c->device_name);
     json_t *memory = NULL;
@@ -170,6 +185,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     }
     if (st == LOOM_OK) c->memory_bytes = (int64_t)json_integer_value(memory);
     if (st == LOOM_OK) st = read_peaks(file, device, c);
+    if (st == LOOM_OK) st = read_training_precision(file, device, c);
     if (st == LOOM_OK) {
         st = loom_json_read_number(file, device, path, "memory_bandwidth", 1, &c->memory_bandwidth);
     }
@@ -341,6 +357,33 @@ static loom_status check_name(const char *source, const char *path, const char *
     return LOOM_OK;
 }
 
+/* The training precision must be one the device offers a peak for (fp32, the default when the
+ * file leaves it out, included). */
+static loom_status check_training_precision(const loom_cluster *c, const char *source) {
+    const char *path = "node.device.training_precision";
+    loom_precision p = c->training_precision;
+    if ((int)p < 0 || p >= LOOM_PRECISIONS) {
+        return loom_fail_field(source, path, "expected \"fp32\", \"bf16\" or \"fp16\", got %d",
+                               (int)p);
+    }
+    if (c->peak_flops[p] > 0) return LOOM_OK;
+    char offered[64] = "";
+    size_t used = 0;
+    for (int q = 0; q < LOOM_PRECISIONS; q++) {
+        if (!(c->peak_flops[q] > 0)) continue;
+        used += (size_t)snprintf(offered + used, sizeof offered - used, "%s%s", used ? ", " : "",
+                                 loom_precision_name((loom_precision)q));
+    }
+    return loom_fail_field(source, path,
+                           "expected a precision node.device.peak_flops offers (%s), got \"%s\" "
+                           "(peak_flops.%s is 0: not offered)%s",
+                           offered, loom_precision_name(p), loom_precision_name(p),
+                           p == LOOM_PRECISION_FP32 ? "; fp32 is the default when the field is "
+                                                      "left out: name the precision the cluster "
+                                                      "trains in"
+                                                    : "");
+}
+
 static loom_status check_device(const loom_cluster *c, const char *source) {
     loom_status st = check_name(source, "node.device.name", c->device_name, sizeof c->device_name);
     if (st == LOOM_OK && c->memory_bytes <= 0) {
@@ -365,6 +408,7 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
                              "expected a peak > 0 for at least one of fp32, bf16 and fp16, "
                              "got none");
     }
+    if (st == LOOM_OK) st = check_training_precision(c, source);
     if (st == LOOM_OK) {
         st = check_number(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
                           " (bytes/s)");
@@ -558,6 +602,8 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
         write_number(out, "", c->peak_flops[p], "");
     }
     fprintf(out, "},\n");
+    fprintf(out, "      \"training_precision\": \"%s\",\n",
+            loom_precision_name(c->training_precision));
     write_number(out, "      \"memory_bandwidth\": ", c->memory_bandwidth, ",\n");
     if (c->optimizer_params_per_s > 0) {
         write_number(out, "      \"optimizer_params_per_s\": ", c->optimizer_params_per_s, ",\n");
@@ -665,19 +711,29 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
             return f->alpha_s + f->beta_s_per_byte * bytes;
         }
     }
-    /* the ring from the link figures: each device sends (n - 1)/n of the buffer for an
-     * all-gather or a reduce-scatter, twice that for an allreduce (the two back to back), and
-     * pays n - 1 latencies (loom/cluster.h's model, for all three) */
+    /* the ring from the link figures, n - 1 latencies per ring pass (loom/cluster.h's model).
+     * The share of the buffer first, then times the buffer: the order every prediction has
+     * been rounded in */
     const loom_link *l = &cluster->links[link];
+    double n = ranks;
+    double steps = op == LOOM_COLLECTIVE_ALLREDUCE  ? 2 * (n - 1)
+                   : op == LOOM_COLLECTIVE_SENDRECV ? 1
+                                                    : n - 1;
+    double share = loom_cluster_ring_bytes(op, ranks, 1.0);
+    return share * bytes / l->bandwidth + steps * l->latency_s;
+}
+
+double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes) {
+    if (ranks <= 1) return 0;
     double n = ranks;
     switch (op) {
     case LOOM_COLLECTIVE_ALLREDUCE:
-        return 2 * (n - 1) / n * bytes / l->bandwidth + 2 * (n - 1) * l->latency_s;
+        return bytes * (2 * (n - 1)) / n;
     case LOOM_COLLECTIVE_ALLGATHER:
     case LOOM_COLLECTIVE_REDUCE_SCATTER:
-        return (n - 1) / n * bytes / l->bandwidth + (n - 1) * l->latency_s;
+        return bytes * (n - 1) / n;
     case LOOM_COLLECTIVE_SENDRECV:
         break;
     }
-    return bytes / l->bandwidth + l->latency_s;
+    return bytes;
 }

@@ -363,6 +363,7 @@ static loom_status gemm_table(const profile_ctx *ctx, const gemm_plan *plan, dou
     if (st == LOOM_OK) {
         peak = fmax(peak, best);
         out->peak_flops[LOOM_PRECISION_FP32] = peak;
+        out->training_precision = LOOM_PRECISION_FP32; /* the only one measured: what loom trains */
         for (int p = 0; p < npoints; p++) points[p].efficiency /= peak;
         profile_say(ctx,
                     "sgemm peak: %.1f GFLOP/s per rank (the square GEMM %.1f, the fastest block "

@@ -6,7 +6,9 @@
  * bytes. Then allreduce, all-gather and reduce-scatter at several sizes over the world (its
  * link class: inter_node when there are several hosts) and over each host's ranks, each fitted
  * the same way. A collective's time is the slowest rank's: it is over when the last rank is
- * done.
+ * done. Each collective is called as training calls it (run_collective), so that the fits
+ * describe what training runs: the reduce-scatter is comm's ring, which ZeRO-1's gradient
+ * buckets run.
  *
  * Not here: the fit itself (profile_fit.c), the device (profile.c).
  */
@@ -149,26 +151,48 @@ static int64_t op_count(loom_collective_op op, int64_t bytes, int ranks) {
     return op == LOOM_COLLECTIVE_ALLREDUCE ? floats : floats / ranks;
 }
 
+/* One call of op on buf, the way training makes it (parallel/grad_sync.c): an allreduce in
+ * place (a data-parallel bucket's, whose non-blocking start and wait are the same operation);
+ * an all-gather in place (ZeRO-1's parameters); a reduce-scatter by `ring`, over equal blocks
+ * of count elements, started and run to its end (a ZeRO-1 gradient bucket's, whose ring is
+ * the same function). */
+static loom_status run_collective(loom_comm *group, loom_collective_op op, int64_t count,
+                                  float *buf, loom_comm_ring *ring) {
+    if (op == LOOM_COLLECTIVE_ALLREDUCE)
+        return loom_comm_allreduce_f32(group, buf, count, LOOM_REDUCE_SUM);
+    if (op == LOOM_COLLECTIVE_ALLGATHER) {
+        return loom_comm_allgather_f32(group, buf + loom_comm_rank(group) * count, buf, count);
+    }
+    loom_status st = loom_comm_ring_start(ring, buf);
+    return st == LOOM_OK ? loom_comm_ring_wait(ring) : st;
+}
+
 /* Seconds of one call on this rank: the median of the trials, each `calls` calls back to back
- * after a barrier (at most COLLECTIVE_TRIALS). Buffers are zero, so sums stay zero. */
-static loom_status time_collective(loom_comm *group, loom_collective_op op, int64_t count, float *a,
-                                   float *b, int calls, int trials, double *seconds) {
+ * after a barrier (at most COLLECTIVE_TRIALS). The buffer is zero, so sums stay zero. A
+ * reduce-scatter's ring is made before the timing, as training makes its buckets' rings
+ * once. */
+static loom_status time_collective(loom_comm *group, loom_collective_op op, int64_t count,
+                                   float *buf, int calls, int trials, double *seconds) {
     double times[COLLECTIVE_TRIALS];
+    loom_comm_ring *ring = NULL;
     loom_status st = LOOM_OK;
+    if (op == LOOM_COLLECTIVE_REDUCE_SCATTER) {
+        int ranks = loom_comm_size(group);
+        int64_t *bounds = loom_malloc(((size_t)ranks + 1) * sizeof *bounds, "ring bounds");
+        if (!bounds) return LOOM_ERR_NOMEM;
+        for (int r = 0; r <= ranks; r++) bounds[r] = r * count;
+        st = loom_comm_ring_create(group, bounds, 0, &ring);
+        free(bounds);
+    }
     for (int t = -1; t < trials && st == LOOM_OK; t++) { /* t = -1 warms up */
         st = loom_comm_barrier(group);
         double t0 = loom_now();
         for (int c = 0; c < (t < 0 ? 1 : calls) && st == LOOM_OK; c++) {
-            if (op == LOOM_COLLECTIVE_ALLREDUCE) {
-                st = loom_comm_allreduce_f32(group, a, count, LOOM_REDUCE_SUM);
-            } else if (op == LOOM_COLLECTIVE_ALLGATHER) {
-                st = loom_comm_allgather_f32(group, a, b, count);
-            } else {
-                st = loom_comm_reduce_scatter_f32(group, a, b, count);
-            }
+            st = run_collective(group, op, count, buf, ring);
         }
         if (t >= 0) times[t] = (loom_now() - t0) / calls;
     }
+    loom_comm_ring_free(ring);
     *seconds = profile_median(times, trials);
     return st;
 }
@@ -206,17 +230,16 @@ static loom_status measure_collectives(const profile_ctx *ctx, loom_comm *group,
     const collective_plan *plan = ctx->opts.quick ? &collective_quick : &collective_full;
     const int k = TIMED_OPS * plan->sizes;
     int64_t largest = plan->bytes[plan->sizes - 1];
-    float *a = loom_alloc_aligned((size_t)largest, "collective buffer");
-    float *b = loom_alloc_aligned((size_t)largest, "collective buffer");
+    float *buf = loom_alloc_aligned((size_t)largest, "collective buffer");
     double *all = loom_calloc((size_t)ctx->size * (size_t)k, sizeof *all, "collective times");
     loom_status st =
-        profile_agree(ctx, a && b && all ? LOOM_OK : LOOM_ERR_NOMEM, "the collective buffers");
+        profile_agree(ctx, buf && all ? LOOM_OK : LOOM_ERR_NOMEM, "the collective buffers");
     double mine[TIMED_OPS * COLLECTIVE_SIZES];
     int group_size = group ? loom_comm_size(group) : 0;
     for (int o = 0; o < TIMED_OPS && st == LOOM_OK; o++) {
         for (int s = 0; s < plan->sizes && st == LOOM_OK; s++) {
             int64_t count = op_count(timed_ops[o], plan->bytes[s], group_size);
-            st = time_collective(group, timed_ops[o], count, a, b, plan->calls[s], plan->trials,
+            st = time_collective(group, timed_ops[o], count, buf, plan->calls[s], plan->trials,
                                  &mine[o * plan->sizes + s]);
         }
     }
@@ -237,7 +260,7 @@ static loom_status measure_collectives(const profile_ctx *ctx, loom_comm *group,
         }
         st = add_fit(ctx, out, timed_ops[o], link, ranks, bytes, seconds, plan->sizes);
     }
-    loom_free_aligned(a), loom_free_aligned(b);
+    loom_free_aligned(buf);
     free(all);
     return st;
 }

@@ -267,7 +267,6 @@ void loom_comm_free(loom_comm *comm) {
         if (comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
     }
     free(comm->world_ranks);
-    free(comm->scratch);
     free(comm);
 }
 

@@ -18,9 +18,6 @@ struct loom_comm {
     int rank, size;   /* this process's rank in the group, and the group's size */
     int *world_ranks; /* (size) world rank of every member, for messages */
     loom_comm_stats stats;
-    float *scratch; /* (scratch_count) kept between ring reduce-scatters: fresh memory for
-                       every call would pay its page faults every time */
-    int64_t scratch_count;
 };
 
 /* MPI requests held inline by a loom request; more (chunked transfers) go to the heap. */
@@ -48,10 +45,13 @@ static inline MPI_Request *comm_request_slots(struct loom_comm_request *request)
 /* Elements per MPI call for elements of `elem_size` bytes (see loom_comm_set_max_chunk). */
 int64_t comm_chunk_elements(size_t elem_size);
 
-/* recv (count) = sum over ranks of send[rank*count ..), by a ring of point-to-point exchanges
- * (ring.c). Blocking; size > 1. */
-loom_status comm_ring_reduce_scatter_f32(loom_comm *comm, const float *send, float *recv,
-                                         int64_t count);
+/* Starts a send (sending = 1) or receive of `bytes` to or from member `peer` of comm on
+ * `channel` (comm->mpi, or comm->ring for loom's own algorithms), in chunks, into `request`
+ * (no MPI request at all for 0 bytes). Arguments are the caller's to check; not counted in
+ * the stats. */
+loom_status comm_start_transfer(loom_comm *comm, MPI_Comm channel, int sending, void *buf,
+                                int64_t bytes, int peer, int tag,
+                                struct loom_comm_request *request);
 
 /* A barrier with a deadline that does not count in the communicator's stats; `op` names it
  * in the timeout message ("split", "finalize"). */

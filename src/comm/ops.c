@@ -1,15 +1,15 @@
 /*
- * ops.c — the operations: allreduce, reduce-scatter, allgather, broadcast, barrier, and
+ * ops.c — the operations: allreduce, allgather, broadcast, barrier, and
  * point-to-point sends and receives, blocking and non-blocking, with their byte counts.
  *
  * Every operation is started non-blocking; a blocking call is the start plus the timed wait
  * (wait.c), so that no call can block without a deadline. Transfers larger than one MPI call
  * should carry (16 MiB, see comm.c; fewer elements when lowered for tests) are split into
  * chunks: one MPI request per chunk, all in flight together. This is also what makes counts
- * above INT_MAX work. Reduce-scatter is loom's own ring (ring.c). In a world of one, every
- * collective is a local copy or nothing.
+ * above INT_MAX work. In a world of one, every collective is a local copy or nothing.
  *
- * Not here: communicators (comm.c), the wait and its deadline (wait.c).
+ * Not here: communicators (comm.c), the wait and its deadline (wait.c), the reduce-scatter
+ * (ring.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "comm/comm_mpi.h"
@@ -171,8 +171,9 @@ static loom_status start_broadcast(loom_comm *comm, void *buf, int64_t bytes, in
     return LOOM_OK;
 }
 
-static loom_status start_point_to_point(loom_comm *comm, int sending, void *buf, int64_t bytes,
-                                        int peer, int tag, struct loom_comm_request *request) {
+loom_status comm_start_transfer(loom_comm *comm, MPI_Comm channel, int sending, void *buf,
+                                int64_t bytes, int peer, int tag,
+                                struct loom_comm_request *request) {
     int64_t chunk = comm_chunk_elements(1);
     loom_status status = request_begin(request, comm, sending ? "send" : "recv",
                                        comm->world_ranks[peer], chunk_count(bytes, chunk));
@@ -180,9 +181,9 @@ static loom_status start_point_to_point(loom_comm *comm, int sending, void *buf,
     /* MPI keeps messages between two ranks with one tag in order, so chunks arrive in order. */
     for (int64_t offset = 0; offset < bytes; offset += chunk) {
         int n = (int)(bytes - offset < chunk ? bytes - offset : chunk);
-        int rc = sending ? MPI_Isend((char *)buf + offset, n, MPI_BYTE, peer, tag, comm->mpi,
+        int rc = sending ? MPI_Isend((char *)buf + offset, n, MPI_BYTE, peer, tag, channel,
                                      next_slot(request))
-                         : MPI_Irecv((char *)buf + offset, n, MPI_BYTE, peer, tag, comm->mpi,
+                         : MPI_Irecv((char *)buf + offset, n, MPI_BYTE, peer, tag, channel,
                                      next_slot(request));
         if (rc != MPI_SUCCESS) return start_failed(request, rc);
         request->count++;
@@ -259,28 +260,6 @@ loom_status loom_comm_allreduce_f32(loom_comm *comm, float *buf, int64_t count, 
 loom_status loom_comm_allreduce_f64(loom_comm *comm, double *buf, int64_t count,
                                     loom_reduce_op op) {
     return allreduce(comm, buf, count, MPI_DOUBLE, sizeof(double), op);
-}
-
-loom_status loom_comm_reduce_scatter_f32(loom_comm *comm, const float *send, float *recv,
-                                         int64_t count) {
-    comm_note_activity();
-    const char *op = "reduce-scatter";
-    loom_status status = check_buffer(comm, op, send, count);
-    if (status == LOOM_OK) status = check_buffer(comm, op, recv, count);
-    if (status != LOOM_OK) return status;
-    size_t bytes = (size_t)count * sizeof(float);
-    if (overlaps(send, bytes * (size_t)comm->size, recv, bytes)) {
-        return loom_fail(LOOM_ERR_RUNTIME, "%s on group '%s': recv overlaps send", op, comm->name);
-    }
-    double t0 = loom_now();
-    count_call(comm, (comm->size - 1) * count * (int64_t)sizeof(float));
-    if (comm->size == 1) {
-        if (count) memcpy(recv, send, bytes);
-    } else {
-        status = comm_ring_reduce_scatter_f32(comm, send, recv, count);
-    }
-    comm->stats.seconds += loom_now() - t0;
-    return status;
 }
 
 /* An allgather's buffers: valid, and send either this rank's block of recv (in place) or
@@ -360,7 +339,7 @@ loom_status loom_comm_send(loom_comm *comm, const void *buf, int64_t bytes, int 
     double t0 = loom_now();
     struct loom_comm_request request;
     /* MPI_Isend does not write the buffer; its C binding just predates const. */
-    status = start_point_to_point(comm, 1, (void *)buf, bytes, peer, tag, &request);
+    status = comm_start_transfer(comm, comm->mpi, 1, (void *)buf, bytes, peer, tag, &request);
     if (status == LOOM_OK) count_call(comm, bytes);
     return finish_blocking(comm, &request, status, t0);
 }
@@ -371,7 +350,7 @@ loom_status loom_comm_recv(loom_comm *comm, void *buf, int64_t bytes, int peer, 
     if (status != LOOM_OK) return status;
     double t0 = loom_now();
     struct loom_comm_request request;
-    status = start_point_to_point(comm, 0, buf, bytes, peer, tag, &request);
+    status = comm_start_transfer(comm, comm->mpi, 0, buf, bytes, peer, tag, &request);
     if (status == LOOM_OK) count_call(comm, 0);
     return finish_blocking(comm, &request, status, t0);
 }
@@ -410,7 +389,7 @@ loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int
     if (status != LOOM_OK) return status;
     loom_comm_request *request = new_request();
     if (!request) return LOOM_ERR_NOMEM;
-    status = start_point_to_point(comm, 1, (void *)buf, bytes, peer, tag, request);
+    status = comm_start_transfer(comm, comm->mpi, 1, (void *)buf, bytes, peer, tag, request);
     if (status == LOOM_OK) count_call(comm, bytes);
     return hand_out(request, status, out);
 }
@@ -423,7 +402,7 @@ loom_status loom_comm_irecv(loom_comm *comm, void *buf, int64_t bytes, int peer,
     if (status != LOOM_OK) return status;
     loom_comm_request *request = new_request();
     if (!request) return LOOM_ERR_NOMEM;
-    status = start_point_to_point(comm, 0, buf, bytes, peer, tag, request);
+    status = comm_start_transfer(comm, comm->mpi, 0, buf, bytes, peer, tag, request);
     if (status == LOOM_OK) count_call(comm, 0);
     return hand_out(request, status, out);
 }

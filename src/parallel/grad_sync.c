@@ -87,11 +87,10 @@ void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
 /* A bucket's round: IDLE until backward has finished it, then its phases, each started when
  * the previous one completes, advanced by polling (between blocks of backward) and at the end.
  *   plain DP:  REDUCING (one non-blocking allreduce of the bucket, in place) -> DONE
- *   ZeRO-1:    RING step 0 .. dp-2 -> DONE: a reduce-scatter of the bucket as a ring of
- *              point-to-point exchanges (Open MPI's own reduce-scatter is 30-50x slower here,
- *              see comm/ring.c), in place: step s sends block rank-s-1 of the bucket to the next
- *              rank and adds block rank-s-2 from the previous one; after the last step this
- *              rank's block (the bucket's part of its ZeRO range) holds the sum.
+ *   ZeRO-1:    RING -> DONE: comm's ring reduce-scatter of the bucket (loom_comm_ring_*, the
+ *              one `loom profile` times), in place, its blocks the ranks' ZeRO ranges cut to
+ *              the bucket: when it completes, this rank's block (the bucket's part of its
+ *              range) holds the sum.
  *   compressed (the plan's compression.dp on this stage, after its warm-up steps):
  *              COMPRESSED round 1 (encode, a first collective) -> round 2 (PowerSGD: decode,
  *              a second collective) -> DONE; dp_compress.c says what each round does. Under
@@ -108,13 +107,9 @@ typedef enum {
 
 typedef struct {
     bucket_phase phase;
-    loom_comm_request *request; /* REDUCING: the allreduce; RING: the step's receive */
-    loom_comm_request *send;    /* RING: the step's send */
-    int step;                   /* RING: 0 .. dp-2 */
-    float *incoming;            /* RING: (largest block) the step's received block */
+    loom_comm_request *request; /* REDUCING: the allreduce; COMPRESSED: the round's */
+    loom_comm_ring *ring;       /* ZeRO-1: the bucket's reduce-scatter, tagged with its index */
 } bucket_state;
-
-enum { TAG_RING = 200 }; /* + bucket index: each bucket's ring messages pair among themselves */
 
 struct loom_grad_sync {
     const loom_mesh *mesh;
@@ -137,18 +132,18 @@ struct loom_grad_sync {
     int in_step;                /* before_backward began this step's sync; finish ends it */
 };
 
-/* Block r of bucket b: the part of rank r's ZeRO range inside the bucket (maybe empty). */
-static void ring_block(const loom_grad_sync *s, int b, int r, size_t *begin, size_t *count) {
+/* The ring of bucket b over the gradient buffer: block r is the part of rank r's ZeRO range
+ * inside the bucket (maybe empty), bounds (dp + 1) its scratch. */
+static loom_status make_ring(loom_grad_sync *s, int b, int64_t *bounds) {
     const loom_grad_bucket *bucket = &s->buckets[b];
-    size_t lo = (size_t)r * s->range.shard, hi = lo + s->range.shard;
-    if (lo < bucket->begin) lo = bucket->begin;
-    if (hi > bucket->end) hi = bucket->end;
-    *begin = lo;
-    *count = hi > lo ? hi - lo : 0;
-}
-
-static int modulo(int a, int n) {
-    return ((a % n) + n) % n;
+    int dp = s->mesh->dp_size;
+    for (int r = 0; r <= dp; r++) {
+        size_t at = (size_t)r * s->range.shard;
+        bounds[r] = (int64_t)(at < bucket->begin ? bucket->begin
+                              : at > bucket->end ? bucket->end
+                                                 : at);
+    }
+    return loom_comm_ring_create(s->mesh->dp, bounds, b, &s->state[b].ring);
 }
 
 loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, loom_gpt *model,
@@ -174,9 +169,9 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
     if (st == LOOM_OK && dp > 1) {
         s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");
         if (!s->state) st = LOOM_ERR_NOMEM;
-        if (st == LOOM_OK && s->num_buckets + TAG_RING > LOOM_COMM_MAX_TAG) {
+        if (st == LOOM_OK && s->zero1 && s->num_buckets > LOOM_COMM_MAX_TAG + 1) {
             st = loom_fail(LOOM_ERR_INPUT, "--bucket-mb: %d buckets; expected at most %d",
-                           s->num_buckets, LOOM_COMM_MAX_TAG - TAG_RING);
+                           s->num_buckets, LOOM_COMM_MAX_TAG + 1);
         }
     }
     const loom_plan_compressor *pc = &mesh->plan->dp_compression;
@@ -193,14 +188,11 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
         }
         s->warmup_steps = pc->warmup_steps;
     }
-    for (int b = 0; st == LOOM_OK && s->zero1 && b < s->num_buckets; b++) {
-        size_t largest = 0, begin, count;
-        for (int r = 0; r < dp; r++) {
-            ring_block(s, b, r, &begin, &count);
-            if (count > largest) largest = count;
-        }
-        s->state[b].incoming = loom_alloc_aligned((largest ? largest : 1) * sizeof(float), "ring");
-        if (!s->state[b].incoming) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK && s->zero1) {
+        int64_t *bounds = loom_malloc(((size_t)dp + 1) * sizeof *bounds, "ring bounds");
+        if (!bounds) st = LOOM_ERR_NOMEM;
+        for (int b = 0; st == LOOM_OK && b < s->num_buckets; b++) st = make_ring(s, b, bounds);
+        free(bounds);
     }
     if (st != LOOM_OK) {
         loom_grad_sync_free(s);
@@ -212,7 +204,7 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
 
 void loom_grad_sync_free(loom_grad_sync *s) {
     if (!s) return;
-    for (int b = 0; s->state && b < s->num_buckets; b++) loom_free_aligned(s->state[b].incoming);
+    for (int b = 0; s->state && b < s->num_buckets; b++) loom_comm_ring_free(s->state[b].ring);
     loom_dp_compress_free(s->compress);
     loom_grad_buckets_free(s->buckets, s->num_buckets);
     free(s->state);
@@ -221,25 +213,6 @@ void loom_grad_sync_free(loom_grad_sync *s) {
 
 static void keep_error(loom_grad_sync *s, loom_status st) {
     if (st != LOOM_OK && s->error == LOOM_OK) s->error = st;
-}
-
-/* Posts ring step `step` of bucket b. */
-static loom_status ring_post(loom_grad_sync *s, int b) {
-    bucket_state *bs = &s->state[b];
-    const loom_mesh *mesh = s->mesh;
-    int dp = mesh->dp_size, rank = mesh->dp_rank;
-    size_t out_begin, out_count, in_begin, in_count;
-    ring_block(s, b, modulo(rank - bs->step - 1, dp), &out_begin, &out_count);
-    ring_block(s, b, modulo(rank - bs->step - 2, dp), &in_begin, &in_count);
-    int tag = TAG_RING + b;
-    loom_status st = loom_comm_irecv(mesh->dp, bs->incoming, (int64_t)(in_count * sizeof(float)),
-                                     modulo(rank - 1, dp), tag, &bs->request);
-    if (st == LOOM_OK) {
-        st = loom_comm_isend(mesh->dp, s->model->grads_memory + out_begin,
-                             (int64_t)(out_count * sizeof(float)), modulo(rank + 1, dp), tag,
-                             &bs->send);
-    }
-    return st;
 }
 
 /* Completes (wait) or checks (test) one request; 1 when it is done. */
@@ -275,8 +248,7 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         bs->phase = st == LOOM_OK ? BUCKET_REDUCING : BUCKET_DONE;
     } else if (bs->phase == BUCKET_IDLE) {
         double t0 = loom_trace_now_us();
-        bs->step = 0;
-        loom_status st = ring_post(s, b);
+        loom_status st = loom_comm_ring_start(bs->ring, s->model->grads_memory);
         loom_trace_event(s->trace, LOOM_TRACE_DP, "bucket start", "dp", t0,
                          loom_trace_now_us() - t0, s->step + 1, b);
         keep_error(s, st);
@@ -306,24 +278,12 @@ static void bucket_advance(loom_grad_sync *s, int b, int wait) {
         keep_error(s, st);
         bs->phase = st == LOOM_OK && bs->request ? BUCKET_COMPRESSED : BUCKET_DONE;
     }
-    while (bs->phase == BUCKET_RING) {
-        int received = settle(s, &bs->request, wait), sent = settle(s, &bs->send, wait);
-        if (!received || !sent) return;
-        if (s->error != LOOM_OK) {
-            bs->phase = BUCKET_DONE;
-            return;
-        }
-        size_t begin, count;
-        ring_block(s, b, modulo(s->mesh->dp_rank - bs->step - 2, s->mesh->dp_size), &begin, &count);
-        float *sum = s->model->grads_memory + begin;
-        for (size_t i = 0; i < count; i++) sum[i] += bs->incoming[i];
-        if (++bs->step == s->mesh->dp_size - 1) {
-            bs->phase = BUCKET_DONE;
-        } else {
-            loom_status st = ring_post(s, b);
-            keep_error(s, st);
-            if (st != LOOM_OK) bs->phase = BUCKET_DONE;
-        }
+    if (bs->phase == BUCKET_RING) {
+        int done = 1;
+        loom_status st =
+            wait ? loom_comm_ring_wait(bs->ring) : loom_comm_ring_test(bs->ring, &done);
+        keep_error(s, st);
+        if (done) bs->phase = BUCKET_DONE;
     }
 }
 

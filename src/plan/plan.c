@@ -32,10 +32,6 @@ const loom_words loom_plan_policies = {policy_words, LOOM_PP_POLICY_COUNT};
 const loom_words loom_plan_embedding_syncs = {embedding_sync_words, LOOM_EMBEDDING_SYNC_COUNT};
 const loom_words loom_plan_recomputes = {recompute_words, 3};
 
-static const char *word_name(const loom_words *words, int index) {
-    return index >= 0 && index < words->count ? words->words[index] : "?";
-}
-
 loom_status loom_schedule_kind_parse(const char *name, const char *source, const char *field,
                                      loom_schedule_kind *kind) {
     int index = 0;
@@ -45,16 +41,16 @@ loom_status loom_schedule_kind_parse(const char *name, const char *source, const
 }
 
 const char *loom_schedule_kind_name(loom_schedule_kind kind) {
-    return word_name(&loom_plan_schedules, (int)kind);
+    return loom_word_name(&loom_plan_schedules, (int)kind);
 }
 const char *loom_pp_policy_name(loom_pp_policy policy) {
-    return word_name(&loom_plan_policies, (int)policy);
+    return loom_word_name(&loom_plan_policies, (int)policy);
 }
 const char *loom_embedding_sync_name(loom_embedding_sync sync) {
-    return word_name(&loom_plan_embedding_syncs, (int)sync);
+    return loom_word_name(&loom_plan_embedding_syncs, (int)sync);
 }
 const char *loom_recompute_name(int recompute) {
-    return word_name(&loom_plan_recomputes, recompute);
+    return loom_word_name(&loom_plan_recomputes, recompute);
 }
 
 int loom_plan_method_has_rank(loom_compress_method method) {

@@ -1,7 +1,11 @@
 /*
- * costmodel.c — what a plan costs on a cluster (loom/costmodel.h): memory per rank as the
+ * costmodel.c — what a plan costs on a cluster (loom/planner.h): memory per rank as the
  * runtime allocates it, and the step's time from the model's cost facts, the cluster's figures
- * and the schedule simulator. The rules are stated in the header.
+ * and the schedule simulator. The rules are stated in the header. A prediction is a sum of
+ * terms, one function each: the stages' times (stage_times), the pipeline (pipeline_term: links
+ * and the simulated step), then on each pipeline rank its DP sync (dp_sync_of, dp_exposed_s),
+ * the tied embedding's sum (tied_embedding_s) and AdamW (optimizer_s); the traffic figures are
+ * counted along (pipeline_bytes, dp_sync_of, tp_bytes_of).
  *
  * Not here: choosing a plan (the search), measuring a cluster (profile.c), reading one
  * (cluster.c).
@@ -36,14 +40,18 @@ int loom_plan_group_link(const loom_cluster *cl, const int *ranks, int n) {
     return LOOM_LINK_INTRA_NODE;
 }
 
-/* The slowest class any group of that kind uses: 0 TP, 1 DP, 2 PP neighbours. */
-static int kind_link(const loom_plan *plan, const loom_cluster *cl, int kind) {
+/* The groups a rank belongs to: its tensor-parallel group, its data-parallel group, and its
+ * pipeline neighbours. */
+typedef enum { GROUP_TP, GROUP_DP, GROUP_PP } group_kind;
+
+/* The slowest link class any group of that kind uses. */
+static int kind_link(const loom_plan *plan, const loom_cluster *cl, group_kind kind) {
     int worst = LOOM_LINK_INTRA_NODE, members[2];
     for (int r = 0; r < plan->dp * plan->tp * plan->pp; r++) {
         loom_plan_coords c = loom_plan_rank_coords(plan, r), d = c;
-        if (kind == 0 && plan->tp > 1) d.tp_rank = (c.tp_rank + 1) % plan->tp;
-        if (kind == 1 && plan->dp > 1) d.dp_rank = (c.dp_rank + 1) % plan->dp;
-        if (kind == 2 && plan->pp > 1) d.pp_rank = (c.pp_rank + 1) % plan->pp;
+        if (kind == GROUP_TP && plan->tp > 1) d.tp_rank = (c.tp_rank + 1) % plan->tp;
+        if (kind == GROUP_DP && plan->dp > 1) d.dp_rank = (c.dp_rank + 1) % plan->dp;
+        if (kind == GROUP_PP && plan->pp > 1) d.pp_rank = (c.pp_rank + 1) % plan->pp;
         members[0] = r, members[1] = loom_plan_world_rank(plan, d);
         if (loom_plan_group_link(cl, members, 2) == LOOM_LINK_INTER_NODE)
             worst = LOOM_LINK_INTER_NODE;
@@ -64,7 +72,7 @@ typedef struct {
 
 static costing costing_of(const loom_plan *plan, const loom_cluster *cluster,
                           loom_precision precision, int seq_len) {
-    costing k = {plan, cluster, precision, kind_link(plan, cluster, 0), 4.0, seq_len};
+    costing k = {plan, cluster, precision, kind_link(plan, cluster, GROUP_TP), 4.0, seq_len};
     if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
     return k;
 }
@@ -197,70 +205,123 @@ typedef struct {
     double *grad_mb_s, *grad_bytes; /* (V x m) */
 } pipeline_links;
 
-/* The stage times of out as the simulator's arrays (f, b, bi, bw: V each, allocated by the
- * caller) and links. */
-static loom_pipe_sim_times sim_times_of(const loom_prediction *out, int V, double *f, double *b,
-                                        double *bi, double *bw, const pipeline_links *links) {
-    for (int s = 0; s < V; s++) {
-        f[s] = out->stage[s].forward_s, b[s] = out->stage[s].backward_s;
-        bi[s] = out->stage[s].backward_input_s, bw[s] = out->stage[s].backward_weight_s;
+/* Per boundary, what a compressed gradient send costs: its transfer plus encoding and decoding,
+ * its bytes, and the time it saves (0 where the boundary does not compress). */
+typedef struct {
+    double *packed_s, *packed_bytes, *saving_s; /* (V) */
+} compressed_boundaries;
+
+/* The simulator's per-stage inputs, copied out of a prediction's stage times. */
+typedef struct {
+    double *forward_s, *backward_s, *backward_input_s, *backward_weight_s; /* (V) */
+} stage_time_arrays;
+
+static double *zeroed_doubles(size_t n) {
+    return calloc(n > 0 ? n : 1, sizeof(double));
+}
+
+static void pipeline_links_free(pipeline_links *l) {
+    free(l->act_s), free(l->grad_s), free(l->grad_mb_s), free(l->grad_bytes);
+    memset(l, 0, sizeof *l);
+}
+
+static void compressed_boundaries_free(compressed_boundaries *c) {
+    free(c->packed_s), free(c->packed_bytes), free(c->saving_s);
+}
+
+static void stage_time_arrays_free(stage_time_arrays *a) {
+    free(a->forward_s), free(a->backward_s), free(a->backward_input_s), free(a->backward_weight_s);
+}
+
+static loom_status stage_time_arrays_of(const loom_prediction *out, int V, stage_time_arrays *a) {
+    a->forward_s = zeroed_doubles((size_t)V), a->backward_s = zeroed_doubles((size_t)V);
+    a->backward_input_s = zeroed_doubles((size_t)V);
+    a->backward_weight_s = zeroed_doubles((size_t)V);
+    if (!a->forward_s || !a->backward_s || !a->backward_input_s || !a->backward_weight_s) {
+        stage_time_arrays_free(a);
+        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     }
-    loom_pipe_sim_times times = {V,  V - 1,           f, b, links->act_s, links->grad_s, bi,
-                                 bw, links->grad_mb_s};
+    for (int s = 0; s < V; s++) {
+        a->forward_s[s] = out->stage[s].forward_s, a->backward_s[s] = out->stage[s].backward_s;
+        a->backward_input_s[s] = out->stage[s].backward_input_s;
+        a->backward_weight_s[s] = out->stage[s].backward_weight_s;
+    }
+    return LOOM_OK;
+}
+
+static loom_pipe_sim_times sim_times_of(const stage_time_arrays *a, int V,
+                                        const pipeline_links *links) {
+    loom_pipe_sim_times times = {V,
+                                 V - 1,
+                                 a->forward_s,
+                                 a->backward_s,
+                                 links->act_s,
+                                 links->grad_s,
+                                 a->backward_input_s,
+                                 a->backward_weight_s,
+                                 links->grad_mb_s};
     return times;
 }
 
-/* The pipeline part: every rank's list in the simulator, each message its link time; the
- * bubble is the mean idle share of the ranks. */
+/* The mean share of the simulated step the pipeline ranks spend idle. */
+static double pipeline_bubble(const loom_pipe_shape *shape, const loom_pipe_stage_schedule *lists,
+                              const loom_pipe_sim_result *result) {
+    double idle = 0;
+    for (int r = 0; r < shape->ranks; r++) {
+        double busy = 0;
+        for (int i = 0; i < lists[r].count; i++) {
+            loom_pipe_op op = lists[r].actions[i].op;
+            if (op == LOOM_PIPE_FORWARD || op == LOOM_PIPE_BACKWARD ||
+                op == LOOM_PIPE_BACKWARD_INPUT || op == LOOM_PIPE_BACKWARD_WEIGHT)
+                busy += result->stage[r][i].end_s - result->stage[r][i].start_s;
+        }
+        idle += result->makespan_s > 0 ? 1 - busy / result->makespan_s : 0;
+    }
+    return idle / shape->ranks;
+}
+
+/* The pipeline's bytes over the step, every rank: each message crosses once, activations
+ * forward, gradients backward (compressed where the plan says). */
+static int64_t pipeline_bytes(const costing *k, const loom_pipe_shape *shape,
+                              const loom_pipe_stage_schedule *lists, const pipeline_links *links) {
+    const loom_plan *plan = k->plan;
+    int m = shape->micro_batches;
+    int64_t message = (int64_t)plan->micro_batch * k->seq_len * plan->model.channels *
+                      (int64_t)k->bytes_per_value;
+    int64_t bytes = 0;
+    for (int r = 0; r < shape->ranks; r++) {
+        for (int i = 0; i < lists[r].count; i++) {
+            const loom_pipe_action *a = &lists[r].actions[i];
+            if (a->op == LOOM_PIPE_SEND_ACT) bytes += message;
+            if (a->op == LOOM_PIPE_SEND_GRAD) {
+                int v = loom_pipe_stage(shape, r, a->chunk); /* into v - 1 */
+                size_t i_mb = (size_t)v * (size_t)m + (size_t)a->micro_batch;
+                bytes += v > 0 && a->micro_batch < m ? (int64_t)links->grad_bytes[i_mb] : message;
+            }
+        }
+    }
+    return bytes * plan->dp * plan->tp;
+}
+
+/* The pipeline part: every rank's list in the simulator, each message its link time. */
 static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *shape,
                                      const loom_pipe_stage_schedule *lists,
                                      const pipeline_links *links, loom_trace **traces,
                                      loom_prediction *out) {
-    const loom_plan *plan = k->plan;
-    int V = plan->num_stages, p = plan->pp, m = shape->micro_batches;
-    loom_status st = LOOM_OK;
-    double *f = calloc((size_t)V * 4 + 1, sizeof(double));
-    if (!f) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    loom_pipe_sim_times times = sim_times_of(out, V, f, f + V, f + 2 * V, f + 3 * V, links);
+    stage_time_arrays arrays;
+    loom_status st = stage_time_arrays_of(out, k->plan->num_stages, &arrays);
+    if (st != LOOM_OK) return st;
+    loom_pipe_sim_times times = sim_times_of(&arrays, k->plan->num_stages, links);
     loom_pipe_sim_result result;
-    if (st == LOOM_OK) st = loom_pipe_simulate(shape, lists, &times, &result);
-    if (st == LOOM_OK && traces) record_pipeline(shape, lists, &result, traces);
+    st = loom_pipe_simulate(shape, lists, &times, &result);
     if (st == LOOM_OK) {
+        if (traces) record_pipeline(shape, lists, &result, traces);
         out->pipeline_s = result.makespan_s;
-        double idle = 0;
-        for (int r = 0; r < p; r++) {
-            double busy = 0;
-            for (int i = 0; i < lists[r].count; i++) {
-                loom_pipe_op op = lists[r].actions[i].op;
-                if (op == LOOM_PIPE_FORWARD || op == LOOM_PIPE_BACKWARD ||
-                    op == LOOM_PIPE_BACKWARD_INPUT || op == LOOM_PIPE_BACKWARD_WEIGHT)
-                    busy += result.stage[r][i].end_s - result.stage[r][i].start_s;
-            }
-            idle += result.makespan_s > 0 ? 1 - busy / result.makespan_s : 0;
-        }
-        out->bubble = idle / p;
-        /* every message crosses once: activations forward, gradients backward (compressed
-         * where the plan says) */
-        int64_t message = (int64_t)plan->micro_batch * k->seq_len * plan->model.channels *
-                          (int64_t)k->bytes_per_value;
-        for (int r = 0; r < p; r++) {
-            for (int i = 0; i < lists[r].count; i++) {
-                const loom_pipe_action *a = &lists[r].actions[i];
-                if (a->op == LOOM_PIPE_SEND_ACT) out->pp_bytes += message;
-                if (a->op == LOOM_PIPE_SEND_GRAD) {
-                    int v = loom_pipe_stage(shape, r, a->chunk); /* into v - 1 */
-                    out->pp_bytes +=
-                        v > 0 && a->micro_batch < m
-                            ? (int64_t)
-                                  links->grad_bytes[(size_t)v * (size_t)m + (size_t)a->micro_batch]
-                            : message;
-                }
-            }
-        }
-        out->pp_bytes *= (int64_t)plan->dp * plan->tp;
+        out->bubble = pipeline_bubble(shape, lists, &result);
+        out->pp_bytes += pipeline_bytes(k, shape, lists, links);
         loom_pipe_sim_result_free(&result);
     }
-    free(f);
+    stage_time_arrays_free(&arrays);
     return st;
 }
 
@@ -280,36 +341,18 @@ static int pair_link(const loom_plan *plan, const loom_cluster *cl, int a, int b
     return LOOM_LINK_INTRA_NODE;
 }
 
-/* One message (B, T, C) between neighbouring virtual stages each way, over its boundary's link
- * class; a backward send the plan compresses takes the compressor's wire plus encoding and
- * decoding. Which sends compress is the pipeline compressor's policy, as the executor decides
- * it: every send of a listed boundary ("all"), the sender's cool-down sends ("epilogue"), or
- * the sends whose simulated slack is below what compressing saves on their boundary ("slack",
- * from these same predicted times). */
-static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
-                            const loom_pipe_stage_schedule *lists, const loom_prediction *out,
-                            pipeline_links *links) {
+/* Fills links->act_s and grad_s (every boundary's uncompressed transfer over its link class)
+ * and, per boundary the plan compresses with a wire smaller than the message, the compressed
+ * send's cost in *packed (elsewhere the uncompressed one). Returns whether any boundary
+ * compresses. */
+static int boundary_transfers(const costing *k, double message, pipeline_links *links,
+                              compressed_boundaries *packed) {
     const loom_plan *plan = k->plan;
     const loom_cluster *cluster = k->cluster;
-    int V = plan->num_stages, m = shape->micro_batches;
-    size_t vm = (size_t)V * (size_t)m;
-    links->act_s = calloc((size_t)V * 9 + 2 * vm + 1, sizeof(double));
-    unsigned char *which = calloc(vm + (size_t)shape->chunks * (size_t)m + 1, 1);
-    if (!links->act_s || !which) {
-        free(which);
-        return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    }
-    links->grad_s = links->act_s + V;
-    double *packed = links->grad_s + V, *packed_bytes = packed + V, *saving = packed_bytes + V;
-    double *f = saving + V;
-    links->grad_mb_s = f + 4 * V; /* after the four stage-time arrays */
-    links->grad_bytes = links->grad_mb_s + vm;
     int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
-    double message = (double)rows * plan->model.channels * k->bytes_per_value;
     const loom_plan_compressor *pc = &plan->pp_compression;
-    loom_compress_method method = pc->method;
     int compressing = 0, pairs = 0, pair[2 * LOOM_PREDICT_MAX_STAGES][3]; /* (a, b, class) */
-    for (int s = 0; s + 1 < V; s++) {
+    for (int s = 0; s + 1 < plan->num_stages; s++) {
         /* the boundary's class: the pair of pipeline ranks it joins (few, each costed once) */
         int a = plan->stages[s].rank, b = plan->stages[s + 1].rank, link = -1;
         for (int i = 0; i < pairs && link < 0; i++)
@@ -323,46 +366,100 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
         }
         links->act_s[s] =
             loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
-        links->grad_s[s] = packed[s] = links->act_s[s], packed_bytes[s] = message;
-        if (method == LOOM_COMPRESS_NONE || !loom_plan_compresses_stage(pc, s)) continue;
+        links->grad_s[s] = packed->packed_s[s] = links->act_s[s];
+        packed->packed_bytes[s] = message;
+        if (pc->method == LOOM_COMPRESS_NONE || !loom_plan_compresses_stage(pc, s)) continue;
         double state,
-            wire = loom_plan_compressor_wire(pc, method, rows, plan->model.channels, &state);
+            wire = loom_plan_compressor_wire(pc, pc->method, rows, plan->model.channels, &state);
         wire *= k->bytes_per_value / 4.0;
         if (wire >= message) continue; /* the executor sends it as it is */
-        packed_bytes[s] = wire;
-        packed[s] = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, wire) +
-                    codec_s(cluster, method, message);
-        saving[s] = links->grad_s[s] - packed[s];
+        packed->packed_bytes[s] = wire;
+        packed->packed_s[s] =
+            loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, wire) +
+            codec_s(cluster, pc->method, message);
+        packed->saving_s[s] = links->grad_s[s] - packed->packed_s[s];
         compressing = 1;
     }
-    loom_status st = LOOM_OK;
-    if (compressing && pc->policy == LOOM_PP_POLICY_SLACK) {
-        double *t = f; /* the four stage-time arrays, V each */
-        pipeline_links plain = {links->act_s, links->grad_s, NULL, NULL};
-        loom_pipe_sim_times times = sim_times_of(out, V, t, t + V, t + 2 * V, t + 3 * V, &plain);
-        st = loom_pipe_slack_choose(shape, lists, &times, saving, which);
-    } else if (compressing && pc->policy == LOOM_PP_POLICY_EPILOGUE) {
-        unsigned char *cool = which + vm;
+    return compressing;
+}
+
+/* Which gradient sends compress (V x m: [v * m + mb] for virtual stage v's send of mb), as the
+ * executor decides it under the plan's policy. */
+static loom_status compressed_sends(const costing *k, const loom_pipe_shape *shape,
+                                    const loom_pipe_stage_schedule *lists,
+                                    const loom_prediction *out, const pipeline_links *links,
+                                    const compressed_boundaries *packed, unsigned char *which) {
+    int V = k->plan->num_stages, m = shape->micro_batches;
+    switch (k->plan->pp_compression.policy) {
+    case LOOM_PP_POLICY_ALL:
+        memset(which, 1, (size_t)V * (size_t)m);
+        return LOOM_OK;
+    case LOOM_PP_POLICY_EPILOGUE: { /* each rank's cool-down sends, per chunk */
+        unsigned char *cooldown = calloc((size_t)shape->chunks * (size_t)m + 1, 1);
+        if (!cooldown) return loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
         for (int r = 0; r < shape->ranks; r++) {
-            memset(cool, 0, (size_t)shape->chunks * (size_t)m);
-            loom_pipe_cooldown_sends(&lists[r], shape->chunks, m, cool);
+            memset(cooldown, 0, (size_t)shape->chunks * (size_t)m);
+            loom_pipe_cooldown_sends(&lists[r], shape->chunks, m, cooldown);
             for (int c = 0; c < shape->chunks; c++) {
                 int v = loom_pipe_stage(shape, r, c);
-                memcpy(which + (size_t)v * (size_t)m, cool + (size_t)c * (size_t)m, (size_t)m);
+                memcpy(which + (size_t)v * (size_t)m, cooldown + (size_t)c * (size_t)m, (size_t)m);
             }
         }
-    } else if (compressing) {
-        memset(which, 1, vm);
+        free(cooldown);
+        return LOOM_OK;
     }
-    for (int v = 1; v < V; v++) {
+    case LOOM_PP_POLICY_SLACK: { /* slack from the step simulated with every send uncompressed */
+        stage_time_arrays arrays;
+        loom_status st = stage_time_arrays_of(out, V, &arrays);
+        if (st != LOOM_OK) return st;
+        pipeline_links plain = {links->act_s, links->grad_s, NULL, NULL};
+        loom_pipe_sim_times times = sim_times_of(&arrays, V, &plain);
+        st = loom_pipe_slack_choose(shape, lists, &times, packed->saving_s, which);
+        stage_time_arrays_free(&arrays);
+        return st;
+    }
+    }
+    return LOOM_OK;
+}
+
+/* One message (B, T, C) between neighbouring virtual stages each way, over its boundary's link
+ * class; a backward send the plan compresses takes the compressor's wire plus encoding and
+ * decoding. Which sends compress is the pipeline compressor's policy, decided per message as
+ * the executor decides it: every send of a listed boundary ("all"), the sender's cool-down sends
+ * ("epilogue"), or the sends whose simulated slack is below what compressing saves on their
+ * boundary ("slack", from these same predicted times). On success *links is the caller's to
+ * free (pipeline_links_free). */
+static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
+                            const loom_pipe_stage_schedule *lists, const loom_prediction *out,
+                            pipeline_links *links) {
+    const loom_plan *plan = k->plan;
+    int V = plan->num_stages, m = shape->micro_batches;
+    size_t vm = (size_t)V * (size_t)m;
+    int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
+    double message = (double)rows * plan->model.channels * k->bytes_per_value;
+    links->act_s = zeroed_doubles((size_t)V), links->grad_s = zeroed_doubles((size_t)V);
+    links->grad_mb_s = zeroed_doubles(vm), links->grad_bytes = zeroed_doubles(vm);
+    compressed_boundaries packed = {zeroed_doubles((size_t)V), zeroed_doubles((size_t)V),
+                                    zeroed_doubles((size_t)V)};
+    unsigned char *which = calloc(vm + 1, 1); /* (V x m) the sends that compress */
+    loom_status st = LOOM_OK;
+    if (!links->act_s || !links->grad_s || !links->grad_mb_s || !links->grad_bytes ||
+        !packed.packed_s || !packed.packed_bytes || !packed.saving_s || !which) {
+        st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    }
+    if (st == LOOM_OK && boundary_transfers(k, message, links, &packed))
+        st = compressed_sends(k, shape, lists, out, links, &packed, which);
+    for (int v = 1; v < V && st == LOOM_OK; v++) {
         for (int mb = 0; mb < m; mb++) {
             size_t i = (size_t)v * (size_t)m + (size_t)mb;
-            int packs = which[i] && packed_bytes[v - 1] < message;
-            links->grad_mb_s[i] = packs ? packed[v - 1] : links->grad_s[v - 1];
-            links->grad_bytes[i] = packs ? packed_bytes[v - 1] : message;
+            int packs = which[i] && packed.packed_bytes[v - 1] < message;
+            links->grad_mb_s[i] = packs ? packed.packed_s[v - 1] : links->grad_s[v - 1];
+            links->grad_bytes[i] = packs ? packed.packed_bytes[v - 1] : message;
         }
     }
+    compressed_boundaries_free(&packed);
     free(which);
+    if (st != LOOM_OK) pipeline_links_free(links);
     return st;
 }
 
@@ -381,109 +478,135 @@ static loom_status check_costable(const loom_plan *plan, const loom_cluster *clu
     return LOOM_OK;
 }
 
-static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
-                           loom_precision precision, int seq_len, loom_trace **traces,
-                           loom_prediction *out) {
-    memset(out, 0, sizeof *out);
-    int zero1 = plan->zero >= 1;
-    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
-    int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
-    if (ranks > devices) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "cost model: the plan needs dp x tp x pp = %lld devices, the cluster "
-                         "\"%s\" has %d nodes x %d = %lld",
-                         (long long)ranks, cluster->name, cluster->max_nodes,
-                         cluster->devices_per_node, (long long)devices);
-    }
-    loom_status checked = check_costable(plan, cluster, precision);
-    if (checked != LOOM_OK) return checked;
-    costing k = costing_of(plan, cluster, precision, seq_len);
-    out->stages = plan->num_stages;
-    loom_status st = LOOM_OK;
-    for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
-        st = stage_times(&k, s, seq_len, &out->stage[s]);
-    }
-    /* every rank's list once: the simulator's input and each rank's peak of activation sets */
-    loom_pipe_shape shape;
-    loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
-    if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
-    if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
-    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
-    if (st == LOOM_OK) recompute_as_scheduled(plan, &shape, lists, out);
+/* The pipeline term: each virtual stage's recomputation as the schedule needs it, the messages'
+ * links, and the simulated step (out's pipeline_s, bubble and pp_bytes). */
+static loom_status pipeline_term(const costing *k, const loom_pipe_shape *shape,
+                                 const loom_pipe_stage_schedule *lists, loom_trace **traces,
+                                 loom_prediction *out) {
+    recompute_as_scheduled(k->plan, shape, lists, out);
     pipeline_links links = {NULL, NULL, NULL, NULL};
-    if (st == LOOM_OK) st = links_of(&k, &shape, lists, out, &links);
-    if (st == LOOM_OK) st = simulate_pipeline(&k, &shape, lists, &links, traces, out);
-    free(links.act_s);
-    /* after the pipeline: each rank's DP sync (what its last backward did not hide), the tied
-     * embedding's sum between the ranks of the first and the last virtual stage (none when one
-     * rank holds both), and AdamW */
-    int dp_link = kind_link(plan, cluster, 1);
-    int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
-    double wte = (double)(plan->model.padded_vocab_size / plan->tp) * plan->model.channels * 4;
-    double tied = first_rank != last_rank
-                      ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE,
-                                                  kind_link(plan, cluster, 2), 2, wte)
-                      : 0.0;
-    if (tied > 0) out->pp_bytes += (int64_t)wte * 2 * plan->dp * plan->tp;
-    double after = 0;
-    for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
-        loom_rank_memory mem;
-        st = loom_plan_rank_memory_at(plan, r, seq_len, loom_pipe_peak_in_flight(&lists[r]), &mem);
-        if (st != LOOM_OK) break;
-        if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
-        double grads = (double)mem.grads; /* fp32 gradients: loom's; the sync moves them */
-        double sync = 0, codec = 0;
-        /* the pipeline ranks the plan does not list sync as they are */
-        loom_compress_method dp_method = loom_plan_compresses_stage(&plan->dp_compression, r)
-                                             ? plan->dp_compression.method
-                                             : LOOM_COMPRESS_NONE;
-        if (plan->dp > 1 && dp_method != LOOM_COMPRESS_NONE) {
-            /* PowerSGD sums its factors (two allreduces); the others are all-gathered, and every
-             * replica's part decoded */
-            loom_dp_traffic traffic = loom_plan_dp_traffic(plan, r);
-            codec = codec_s(cluster, dp_method, traffic.raw);
-            if (dp_method == LOOM_COMPRESS_POWERSGD) {
-                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE, dp_link,
-                                                 plan->dp, traffic.wire);
-                out->dp_bytes +=
-                    (int64_t)(2.0 * traffic.wire * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
-            } else {
-                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
-                                                 plan->dp, traffic.wire * plan->dp);
-                codec *= (1.0 + (plan->dp - 1) / 2.0); /* decoding dp - 1 more */
-                out->dp_bytes += (int64_t)(traffic.wire * (plan->dp - 1)) * plan->dp * plan->tp;
-            }
-            if (zero1) { /* the parameters' all-gather is not compressed */
-                sync += loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
-                                                  plan->dp, grads);
-                out->dp_bytes += (int64_t)(grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
-            }
-        } else if (plan->dp > 1) {
-            if (zero1) {
-                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link,
-                                                 plan->dp, grads) +
-                       loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link,
-                                                 plan->dp, grads);
-                out->dp_bytes +=
-                    (int64_t)(2.0 * grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
-            } else {
-                sync = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLREDUCE, dp_link,
-                                                 plan->dp, grads);
-                out->dp_bytes +=
-                    (int64_t)(2.0 * grads * (plan->dp - 1) / plan->dp) * plan->dp * plan->tp;
-            }
+    loom_status st = links_of(k, shape, lists, out, &links);
+    if (st == LOOM_OK) st = simulate_pipeline(k, shape, lists, &links, traces, out);
+    pipeline_links_free(&links);
+    return st;
+}
+
+/* ---- after the pipeline: the data-parallel sync, the tied embedding, AdamW --------------- */
+
+/* One pipeline rank's gradient sync over its DP group: the collectives' time, the codec's
+ * (encoding and decoding: compute, never hidden), and the bytes each rank of the group sends. */
+typedef struct {
+    double sync_s, codec_s;
+    int64_t bytes_per_rank;
+} dp_sync;
+
+/* A collective of the DP group on its link class: its time, and the (whole) bytes each rank
+ * sends added to *bytes. */
+static double dp_collective_s(const costing *k, loom_collective_op op, int dp_link, double buffer,
+                              int64_t *bytes) {
+    *bytes += (int64_t)loom_cluster_ring_bytes(op, k->plan->dp, buffer);
+    return loom_cluster_collective_s(k->cluster, op, dp_link, k->plan->dp, buffer);
+}
+
+/* Pipeline rank r's sync of its fp32 gradients (`grads` bytes: loom's; the sync moves them):
+ * an allreduce, or under ZeRO-1 a reduce-scatter and the updated parameters' all-gather. A rank
+ * the plan's dp compressor lists sends the compressed wire instead (PowerSGD sums its factors
+ * with allreduces; the other methods all-gather every replica's wire and decode each part), and
+ * ZeRO-1's all-gather of the parameters stays uncompressed; the ranks it does not list sync as
+ * they are. */
+static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
+    const loom_plan *plan = k->plan;
+    dp_sync out = {0, 0, 0};
+    int zero1 = plan->zero >= 1, n = plan->dp;
+    if (n <= 1) return out;
+    loom_compress_method method = loom_plan_compresses_stage(&plan->dp_compression, r)
+                                      ? plan->dp_compression.method
+                                      : LOOM_COMPRESS_NONE;
+    if (method == LOOM_COMPRESS_NONE && !zero1) {
+        out.sync_s =
+            dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank);
+    } else if (method == LOOM_COMPRESS_NONE) {
+        out.sync_s =
+            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link, n,
+                                      grads) +
+            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link, n, grads);
+        /* the two send what one allreduce sends: one figure, rounded to whole bytes once */
+        out.bytes_per_rank = (int64_t)loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, n, grads);
+    } else {
+        loom_dp_traffic traffic = loom_plan_dp_traffic(plan, r);
+        out.codec_s = codec_s(k->cluster, method, traffic.raw);
+        if (method == LOOM_COMPRESS_POWERSGD) {
+            out.sync_s = dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, traffic.wire,
+                                         &out.bytes_per_rank);
+        } else {
+            out.sync_s = dp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, dp_link, traffic.wire * n,
+                                         &out.bytes_per_rank);
+            out.codec_s *= (1.0 + (n - 1) / 2.0); /* decoding dp - 1 more */
         }
-        /* the rank's last backward (its chunk 0's: virtual stage r) hides that much sync, unless
-         * the plan starts the buckets only after it */
-        double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
-        double exposed = (sync > hidden ? sync - hidden : 0) + codec; /* the codec computes */
-        if (r == first_rank || r == last_rank) exposed += tied;
-        /* AdamW: measured parameters per second, or 28 bytes per parameter streamed (it reads
-         * parameter, gradient and both moments and writes three of them back) */
-        double params = (double)mem.weights / 4.0 / (zero1 && plan->dp > 1 ? plan->dp : 1);
-        double optimizer = cluster->optimizer_params_per_s > 0
-                               ? params / cluster->optimizer_params_per_s
-                               : params * 28.0 / cluster->memory_bandwidth;
+        if (zero1) {
+            out.sync_s +=
+                dp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, dp_link, grads, &out.bytes_per_rank);
+        }
+    }
+    return out;
+}
+
+/* The tied embedding's gradient sum between the ranks of the first and the last virtual stage
+ * (an allreduce of two over the pipeline's link class; none when one rank holds both): its
+ * time, and every pair's bytes added to out->pp_bytes. */
+static double tied_embedding_s(const costing *k, loom_prediction *out) {
+    const loom_plan *plan = k->plan;
+    if (plan->stages[0].rank == plan->stages[plan->num_stages - 1].rank) return 0;
+    double wte = (double)(plan->model.padded_vocab_size / plan->tp) * plan->model.channels * 4;
+    int64_t pairs = (int64_t)plan->dp * plan->tp;
+    out->pp_bytes +=
+        (int64_t)loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, 2, wte) * 2 * pairs;
+    return loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLREDUCE,
+                                     kind_link(plan, k->cluster, GROUP_PP), 2, wte);
+}
+
+/* Pipeline rank r's sync not hidden: its last backward (its chunk 0's: virtual stage r) hides
+ * that much of the collectives unless the plan starts the buckets only after it; the codec and
+ * the tied embedding's sum (on the ranks that hold it) are not hidden. */
+static double dp_exposed_s(const costing *k, int r, const dp_sync *sync, double tied_s,
+                           const loom_prediction *out) {
+    const loom_plan *plan = k->plan;
+    double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
+    double exposed = (sync->sync_s > hidden ? sync->sync_s - hidden : 0) + sync->codec_s;
+    int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
+    if (r == first_rank || r == last_rank) exposed += tied_s;
+    return exposed;
+}
+
+/* AdamW on a rank holding `weight_bytes` of fp32 parameters (ZeRO-1: updating a dp-th of them):
+ * the cluster's measured parameters per second, or 28 bytes per parameter streamed (it reads
+ * parameter, gradient and both moments and writes three of them back). */
+static double optimizer_s(const costing *k, int64_t weight_bytes) {
+    const loom_plan *plan = k->plan;
+    double params = (double)weight_bytes / 4.0 / (plan->zero >= 1 && plan->dp > 1 ? plan->dp : 1);
+    return k->cluster->optimizer_params_per_s > 0 ? params / k->cluster->optimizer_params_per_s
+                                                  : params * 28.0 / k->cluster->memory_bandwidth;
+}
+
+/* The part of the step after the pipeline, on the slowest pipeline rank: its sync not hidden,
+ * then AdamW (out's dp_exposed_s and optimizer_s, *after_s their sum); every rank's memory peak
+ * and sync bytes go into out too. */
+static loom_status after_pipeline(const costing *k, const loom_pipe_stage_schedule *lists,
+                                  loom_trace **traces, loom_prediction *out, double *after_s) {
+    const loom_plan *plan = k->plan;
+    int dp_link = kind_link(plan, k->cluster, GROUP_DP);
+    double tied_s = tied_embedding_s(k, out);
+    *after_s = 0;
+    for (int r = 0; r < plan->pp; r++) {
+        loom_rank_memory mem;
+        loom_status st = loom_plan_rank_memory_at(plan, r, k->seq_len,
+                                                  loom_pipe_peak_in_flight(&lists[r]), &mem);
+        if (st != LOOM_OK) return st;
+        if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
+        dp_sync sync = dp_sync_of(k, r, (double)mem.grads, dp_link);
+        out->dp_bytes += sync.bytes_per_rank * plan->dp * plan->tp;
+        double exposed = dp_exposed_s(k, r, &sync, tied_s, out);
+        double optimizer = optimizer_s(k, mem.weights);
         if (traces) { /* after the pipeline: the sync not hidden, then AdamW */
             double at = loom_trace_origin_us(traces[r]) + out->pipeline_s * 1e6;
             if (exposed > 0) {
@@ -493,29 +616,78 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
             loom_trace_event(traces[r], LOOM_TRACE_COMPUTE, "optimizer", "compute",
                              at + exposed * 1e6, optimizer * 1e6, 0, -1);
         }
-        if (exposed + optimizer > after) {
-            after = exposed + optimizer;
+        if (exposed + optimizer > *after_s) {
+            *after_s = exposed + optimizer;
             out->dp_exposed_s = exposed, out->optimizer_s = optimizer;
         }
     }
-    for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
+    return LOOM_OK;
+}
+
+/* The tensor-parallel allreduces' bytes over the step, summed over every rank: each virtual
+ * stage's forward, backward and rerun-forward buffers, every micro-batch, in the activations'
+ * precision. */
+static loom_status tp_bytes_of(const costing *k, int64_t *tp_bytes) {
+    const loom_plan *plan = k->plan;
+    if (plan->tp <= 1) return LOOM_OK;
+    /* the share of its buffers each rank sends, then times the buffers: the order every
+     * prediction has been rounded in */
+    double share = loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, plan->tp, 1.0);
+    for (int s = 0; s < plan->num_stages; s++) {
         loom_gpt_stage_cost c;
-        st = loom_plan_stage_cost(plan, s, seq_len, &c);
-        if (st == LOOM_OK && plan->tp > 1) {
-            double per_rank = 2.0 * (plan->tp - 1) / plan->tp *
-                              (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
-            out->tp_bytes +=
-                (int64_t)(per_rank * k.bytes_per_value / 4.0 * loom_plan_num_micro_batches(plan)) *
-                plan->tp * plan->dp;
-        }
+        loom_status st = loom_plan_stage_cost(plan, s, k->seq_len, &c);
+        if (st != LOOM_OK) return st;
+        double per_rank = share * (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
+        *tp_bytes +=
+            (int64_t)(per_rank * k->bytes_per_value / 4.0 * loom_plan_num_micro_batches(plan)) *
+            plan->tp * plan->dp;
     }
+    return LOOM_OK;
+}
+
+/* The plan must fit the cluster's devices. */
+static loom_status check_devices(const loom_plan *plan, const loom_cluster *cluster) {
+    int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
+    int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
+    if (ranks <= devices) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT,
+                     "cost model: the plan needs dp x tp x pp = %lld devices, the cluster "
+                     "\"%s\" has %d nodes x %d = %lld",
+                     (long long)ranks, cluster->name, cluster->max_nodes, cluster->devices_per_node,
+                     (long long)devices);
+}
+
+/* Step = the pipeline term + what follows it on the slowest rank (the sync not hidden, the tied
+ * embedding's sum, AdamW); the traffic figures are counted along. */
+static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
+                           loom_precision precision, int seq_len, loom_trace **traces,
+                           loom_prediction *out) {
+    memset(out, 0, sizeof *out);
+    loom_status st = check_devices(plan, cluster);
+    if (st == LOOM_OK) st = check_costable(plan, cluster, precision);
+    if (st != LOOM_OK) return st;
+    costing k = costing_of(plan, cluster, precision, seq_len);
+    out->stages = plan->num_stages;
+    for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
+        st = stage_times(&k, s, seq_len, &out->stage[s]);
+    }
+    /* every rank's list once: the simulator's input and each rank's peak of activation sets */
+    loom_pipe_shape shape;
+    loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
+    if (st == LOOM_OK && !lists) st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
+    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    if (st == LOOM_OK) st = pipeline_term(&k, &shape, lists, traces, out);
+    double after_s = 0;
+    if (st == LOOM_OK) st = after_pipeline(&k, lists, traces, out, &after_s);
+    if (st == LOOM_OK) st = tp_bytes_of(&k, &out->tp_bytes);
     for (int r = 0; lists && r < plan->pp; r++) loom_pipe_schedule_free(&lists[r]);
     free(lists);
     if (st != LOOM_OK) {
         memset(out, 0, sizeof *out);
         return st;
     }
-    out->step_s = out->pipeline_s + after;
+    out->step_s = out->pipeline_s + after_s;
     out->tokens_per_s = out->step_s > 0 ? (double)plan->global_batch * seq_len / out->step_s : 0;
     return LOOM_OK;
 }

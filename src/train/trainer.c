@@ -499,6 +499,7 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
         result->final_loss = t.last_loss;
         result->final_val_loss = t.last_val_loss;
         result->skipped_steps = t.state.skipped_total;
+        result->optimizer_state_bytes = (int64_t)(2 * sizeof(float) * t.opt.range.shard);
     }
     trainer_free(&t);
     return st;
