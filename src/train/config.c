@@ -159,3 +159,17 @@ double loom_lr_at(const loom_train_config *c, int64_t step) {
     double min_lr = c->lr * c->min_lr_ratio;
     return min_lr + 0.5 * (c->lr - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));
 }
+
+/* A library caller's shortcut: the plan of the layout flags, then loom_train. */
+loom_status loom_train_run_ex(const loom_train_config *cfg, const loom_layout_flags *layout,
+                              loom_comm *world, loom_train_result *result) {
+    loom_plan plan;
+    loom_status st = loom_train_plan(cfg, layout, world ? loom_comm_size(world) : 1, &plan);
+    if (st == LOOM_OK) st = loom_train(cfg, &plan, world, result);
+    loom_plan_free(&plan);
+    return st;
+}
+
+loom_status loom_train_run(const loom_train_config *cfg, const loom_layout_flags *layout) {
+    return loom_train_run_ex(cfg, layout, NULL, NULL);
+}

@@ -9,10 +9,13 @@
  * test suite needs them); a build without them ignores the variables and says so. Either way
  * a set variable is never acted on or dropped silently: one warning names it.
  */
+#define _POSIX_C_SOURCE 200809L /* pause */
 #include "train/train_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static const char *const hook_variables[] = {"LOOM_DEBUG_NAN_STEPS", "LOOM_DEBUG_FAIL",
                                              "LOOM_DEBUG_DIVERGE"};
@@ -46,4 +49,18 @@ loom_test_hooks loom_test_hooks_read(void) {
     h.diverge = env && atoi(env) == 1;
 #endif
     return h;
+}
+
+void loom_test_hooks_fail(const loom_test_hooks *h, loom_comm *world, int64_t step) {
+    if (!world || h->fail_step != step || h->fail_rank != loom_comm_rank(world)) return;
+    if (!strcmp(h->fail_mode, "exit")) _exit(3);
+    if (!strcmp(h->fail_mode, "hang")) {
+        for (;;) pause();
+    }
+}
+
+int loom_test_hooks_nan(const loom_test_hooks *h, int64_t step) {
+    for (int i = 0; i < h->num_nan_steps; i++)
+        if (h->nan_steps[i] == step) return 1;
+    return 0;
 }

@@ -142,6 +142,10 @@ typedef struct {
 } loom_test_hooks;
 
 loom_test_hooks loom_test_hooks_read(void);
+/* At the start of 1-based `step`: this rank exits or hangs when LOOM_DEBUG_FAIL names it. */
+void loom_test_hooks_fail(const loom_test_hooks *hooks, loom_comm *world, int64_t step);
+/* Whether 1-based `step`'s gradients are to be poisoned (LOOM_DEBUG_NAN_STEPS). */
+int loom_test_hooks_nan(const loom_test_hooks *hooks, int64_t step);
 
 /* ---- measuring a run (metrics.c) ---- */
 

@@ -249,22 +249,6 @@ static void clear_progress_line(const trainer *t) {
     if (t->progress_bar) printf("\r\033[K");
 }
 
-static void injected_failure(const trainer *t, int64_t step) {
-    const loom_test_hooks *h = &t->hooks;
-    if (!t->mesh.world || h->fail_step != step) return;
-    if (h->fail_rank != loom_comm_rank(t->mesh.world)) return;
-    if (!strcmp(h->fail_mode, "exit")) _exit(3);
-    if (!strcmp(h->fail_mode, "hang")) {
-        for (;;) pause();
-    }
-}
-
-static int nan_injected(const trainer *t, int64_t step) {
-    for (int i = 0; i < t->hooks.num_nan_steps; i++)
-        if (t->hooks.nan_steps[i] == step) return 1;
-    return 0;
-}
-
 /* Forward and backward of this replica's share of the global batch through the pipeline, then
  * the gradient synchronisation. */
 static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
@@ -322,12 +306,12 @@ static loom_status train_step(trainer *t, int64_t step) {
     char note[64];
     snprintf(note, sizeof note, "step %" PRId64, step + 1);
     loom_comm_progress(note);
-    injected_failure(t, step + 1);
+    loom_test_hooks_fail(&t->hooks, t->mesh.world, step + 1);
 
     double loss_sum, loss, grad_norm;
     loom_status st = accumulate_gradients(t, &loss_sum);
     if (st != LOOM_OK) return st;
-    if (nan_injected(t, step + 1)) loom_grad_sync_poison(t->sync);
+    if (loom_test_hooks_nan(&t->hooks, step + 1)) loom_grad_sync_poison(t->sync);
     st = loom_grad_sync_loss_and_norm(t->sync, loss_sum, loom_pipeline_micro_batches(t->pipe),
                                       &loss, &grad_norm);
     if (st != LOOM_OK) return st;
@@ -503,17 +487,4 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
     }
     trainer_free(&t);
     return st;
-}
-
-loom_status loom_train_run_ex(const loom_train_config *cfg, const loom_layout_flags *layout,
-                              loom_comm *world, loom_train_result *result) {
-    loom_plan plan;
-    loom_status st = loom_train_plan(cfg, layout, world ? loom_comm_size(world) : 1, &plan);
-    if (st == LOOM_OK) st = loom_train(cfg, &plan, world, result);
-    loom_plan_free(&plan);
-    return st;
-}
-
-loom_status loom_train_run(const loom_train_config *cfg, const loom_layout_flags *layout) {
-    return loom_train_run_ex(cfg, layout, NULL, NULL);
 }
