@@ -343,6 +343,15 @@ static loom_status check_plausible(const char *source, const char *path, double 
                            zero_ok ? "0 or " : "", lo, hi, unit, got);
 }
 
+/* check_number, then check_plausible within [lo, hi] (where a 0 that zero_ok allows below lo
+ * means "not offered" or "not measured"). */
+static loom_status check_bounded(const char *source, const char *path, double value, int zero_ok,
+                                 const char *what, double lo, double hi, const char *unit) {
+    loom_status st = check_number(source, path, value, zero_ok, what);
+    if (st == LOOM_OK) st = check_plausible(source, path, value, zero_ok && lo > 0, lo, hi, unit);
+    return st;
+}
+
 /* A NUL-terminated name of 1 to cap - 1 bytes of UTF-8 (so that it is written as it reads). */
 static loom_status check_name(const char *source, const char *path, const char *name, size_t cap) {
     const char *end = memchr(name, '\0', cap);
@@ -395,12 +404,9 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
         char path[64];
         snprintf(path, sizeof path, "node.device.peak_flops.%s",
                  loom_precision_name((loom_precision)p));
-        st = check_number(source, path, c->peak_flops[p], 1,
-                          " (FLOP/s; 0: the precision is not offered)");
-        if (st == LOOM_OK) {
-            st = check_plausible(source, path, c->peak_flops[p], 1, LOOM_CLUSTER_MIN_FLOPS,
-                                 LOOM_CLUSTER_MAX_FLOPS, "FLOP/s");
-        }
+        st = check_bounded(source, path, c->peak_flops[p], 1,
+                           " (FLOP/s; 0: the precision is not offered)", LOOM_CLUSTER_MIN_FLOPS,
+                           LOOM_CLUSTER_MAX_FLOPS, "FLOP/s");
         offered |= c->peak_flops[p] > 0;
     }
     if (st == LOOM_OK && !offered) {
@@ -410,21 +416,13 @@ static loom_status check_device(const loom_cluster *c, const char *source) {
     }
     if (st == LOOM_OK) st = check_training_precision(c, source);
     if (st == LOOM_OK) {
-        st = check_number(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
-                          " (bytes/s)");
+        st = check_bounded(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
+                           " (bytes/s)", LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
     }
     if (st == LOOM_OK) {
-        st = check_plausible(source, "node.device.memory_bandwidth", c->memory_bandwidth, 0,
-                             LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
-    }
-    if (st == LOOM_OK) {
-        st = check_number(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
-                          1, " (parameters/s; 0: not measured)");
-    }
-    if (st == LOOM_OK) {
-        st =
-            check_plausible(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
-                            1, LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "parameters/s");
+        st = check_bounded(source, "node.device.optimizer_params_per_s", c->optimizer_params_per_s,
+                           1, " (parameters/s; 0: not measured)", LOOM_CLUSTER_MIN_RATE,
+                           LOOM_CLUSTER_MAX_RATE, "parameters/s");
     }
     return st;
 }
@@ -466,17 +464,13 @@ static loom_status check_links(const loom_cluster *c, const char *source) {
     for (int l = 0; l < LOOM_LINK_CLASSES && st == LOOM_OK; l++) {
         char path[64];
         snprintf(path, sizeof path, "node.links.%s.bandwidth", link_names[l]);
-        st = check_number(source, path, c->links[l].bandwidth, 0,
-                          " (bytes/s per device, one direction)");
-        if (st == LOOM_OK) {
-            st = check_plausible(source, path, c->links[l].bandwidth, 0, LOOM_CLUSTER_MIN_RATE,
-                                 LOOM_CLUSTER_MAX_RATE, "bytes/s");
-        }
+        st = check_bounded(source, path, c->links[l].bandwidth, 0,
+                           " (bytes/s per device, one direction)", LOOM_CLUSTER_MIN_RATE,
+                           LOOM_CLUSTER_MAX_RATE, "bytes/s");
         snprintf(path, sizeof path, "node.links.%s.latency_s", link_names[l]);
-        if (st == LOOM_OK) st = check_number(source, path, c->links[l].latency_s, 1, " (seconds)");
         if (st == LOOM_OK) {
-            st = check_plausible(source, path, c->links[l].latency_s, 0, 0,
-                                 LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+            st = check_bounded(source, path, c->links[l].latency_s, 1, " (seconds)", 0,
+                               LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
         }
     }
     return st;
@@ -506,15 +500,12 @@ static loom_status check_collective(const loom_cluster *c, int i, const char *so
                                      LOOM_CLUSTER_MAX_DEVICES, f->ranks);
     }
     snprintf(path, sizeof path, "collectives[%d].alpha_s", i);
-    loom_status st = check_number(source, path, f->alpha_s, 1, " (seconds)");
-    if (st == LOOM_OK) {
-        st = check_plausible(source, path, f->alpha_s, 0, 0, LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
-    }
+    loom_status st = check_bounded(source, path, f->alpha_s, 1, " (seconds)", 0,
+                                   LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
     snprintf(path, sizeof path, "collectives[%d].beta_s_per_byte", i);
-    if (st == LOOM_OK) st = check_number(source, path, f->beta_s_per_byte, 0, " (seconds/byte)");
     if (st == LOOM_OK) {
-        st = check_plausible(source, path, f->beta_s_per_byte, 0, 1 / LOOM_CLUSTER_MAX_RATE,
-                             1 / LOOM_CLUSTER_MIN_RATE, "seconds/byte");
+        st = check_bounded(source, path, f->beta_s_per_byte, 0, " (seconds/byte)",
+                           1 / LOOM_CLUSTER_MAX_RATE, 1 / LOOM_CLUSTER_MIN_RATE, "seconds/byte");
     }
     for (int j = 0; j < i && st == LOOM_OK; j++) {
         const loom_collective_fit *g = &c->collectives[j];
@@ -563,12 +554,9 @@ loom_status loom_cluster_check(const loom_cluster *c, const char *source) {
         char path[64];
         snprintf(path, sizeof path, "compressors.%s",
                  loom_compress_method_name((loom_compress_method)m));
-        st = check_number(source, path, c->compressor_bytes_per_s[m], 1,
-                          " (bytes/s; 0: not measured)");
-        if (st == LOOM_OK) {
-            st = check_plausible(source, path, c->compressor_bytes_per_s[m], 1,
-                                 LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
-        }
+        st = check_bounded(source, path, c->compressor_bytes_per_s[m], 1,
+                           " (bytes/s; 0: not measured)", LOOM_CLUSTER_MIN_RATE,
+                           LOOM_CLUSTER_MAX_RATE, "bytes/s");
     }
     return st;
 }
