@@ -702,9 +702,8 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
     plan->dp = dp, plan->tp = tp, plan->pp = pp;
     plan->micro_batch = micro_batch, plan->global_batch = global_batch;
     plan->schedule = schedule;
-    loom_status st = LOOM_OK;
     plan->virtual_stages = virtual_stages ? virtual_stages : default_virtual_stages(schedule);
-    if (st == LOOM_OK) st = check_shape(plan, "plan", 0);
+    loom_status st = check_shape(plan, "plan", 0);
     if (st == LOOM_OK) st = build_stages(plan, stage_layers);
     if (st == LOOM_OK) st = loom_plan_check(plan, "plan", 0);
     if (st != LOOM_OK) loom_plan_free(plan);
