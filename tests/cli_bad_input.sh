@@ -378,10 +378,17 @@ bad "resume: truncated state.safetensors" \
 
 bad "boolean flag with a bad value" "--no-save: expected true, false, 1 or 0, got 'maybe'" \
     -- "${TRAIN[@]}" --no-save=maybe
-echo '{"recompute": "sometimes"}' >bool_bad.json
+echo '{"no_save": "sometimes"}' >bool_bad.json
 bad "boolean config key with a bad value" \
-    'bool_bad\.json: key "recompute": expected true, false, 1 or 0, got .sometimes.' \
+    'bool_bad\.json: key "no_save": expected true, false, 1 or 0, got .sometimes.' \
     -- "${TRAIN[@]}" --config bool_bad.json
+echo '{"recompute": "sometimes"}' >recompute_bad.json
+bad "recompute config key with a bad word" \
+    'recompute_bad\.json: key "recompute": expected none, needed, always or selective, got .sometimes.' \
+    -- "${TRAIN[@]}" --config recompute_bad.json
+bad "a runtime refusal names what is not built yet" \
+    'mesh\.zero: ZeRO stage 3 is not built into the runtime yet' \
+    -- "${TRAIN[@]}" --zero 3
 echo '{"lr": true}' >bool_lr.json
 bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a boolean' \
     -- "${TRAIN[@]}" --config bool_lr.json

@@ -122,7 +122,7 @@ cat >design.json <<'EOF'
 EOF
 good "plan: --check DESIGN.md's example" \
     '^compress dp powersgd r4 ef stages 0, pp lowrank r8 lazy all, embedding sync fused$' \
-    '^ +1 +\[5, 12\) .*yes$' 'design\.json: ok \(8 ranks\)' -- "$LOOM" plan --check design.json
+    '^ +1 +\[5, 12\) .*needed$' 'design\.json: ok \(8 ranks\)' -- "$LOOM" plan --check design.json
 
 # ---- compression flags -------------------------------------------------------------------
 
@@ -294,7 +294,7 @@ good "plan: --no-overlap-grad-reduce written and shown" 'gradient sync after the
     -- bash -c "\"$LOOM\" plan --model gpt2 --dp 2 --no-overlap-grad-reduce --out no_overlap.json >/dev/null && grep -q '\"overlap_grad_reduce\": false' no_overlap.json && \"$LOOM\" plan --check no_overlap.json"
 sed 's/"recompute": true}/"recompute": "sometimes"}/' design.json >recompute_word.json
 bad "plan: --check recompute neither a boolean nor always" \
-    'recompute_word\.json: stages\[1\]\.recompute: expected "none", "needed" or "always"' \
+    'recompute_word\.json: stages\[1\]\.recompute: expected "none", "needed", "always" or "selective"' \
     -- "$LOOM" plan --check recompute_word.json
 good "plan: --recompute-always written as \"always\"" '"recompute": "always"' \
     -- bash -c "\"$LOOM\" plan --model gpt2 --pp 2 --recompute-always --out always.json >/dev/null && cat always.json"

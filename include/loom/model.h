@@ -487,6 +487,9 @@ typedef struct {
                                  * 1F1B: stages after this one, plus one) */
     int recompute;              /* keep only each micro-batch's input, rerun forward before
                                  * its backward */
+    int selective;              /* keep everything but the attention's softmax (B, NH/tp, T, T),
+                                 * recomputed in backward (LOOM_RECOMPUTE_SELECTIVE) */
+    int sequence_parallel;      /* Megatron's sequence parallelism over the tp ranks */
 } loom_gpt_stage_spec;
 
 typedef struct {

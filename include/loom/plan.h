@@ -25,10 +25,13 @@
  * A top-level "precision" ("fp32", "bf16" or "fp16"; left out: "fp32", and written only when it
  * is not) says what the planner planned for; this build trains fp32 and refuses the others.
  * "mesh.zero" (an integer 0-3) is the ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's
- * state sharded (this build runs 0 and 1; 2 and 3 are refused by name until built). Left out, it
- * is loom_plan_default_zero's; a file of older builds saying "zero1": true/false at the top level
- * reads as 1/0. "mesh.sequence_parallel" (false) and a top-level "islands" are reserved: refused
- * by name until built.
+ * state sharded, 2 the gradients too, 3 the parameters too (fully sharded). Left out, it is
+ * loom_plan_default_zero's; a file of older builds saying "zero1": true/false at the top level
+ * reads as 1/0. With zero 3, "mesh.zero3_prefetch" (1) is how many units' gathers run ahead of
+ * the one computing, and "mesh.zero3_gather" ("micro_batch") whether a unit is gathered for every
+ * micro-batch or once per step ("step"); both are written only with zero 3.
+ * "mesh.sequence_parallel" (false; requires tp > 1) is Megatron's sequence parallelism. A
+ * top-level "islands" is reserved: refused by name until built.
  * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
  * says whether the data-parallel gradient buckets start during the last backward (loom's way)
  * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
@@ -108,27 +111,52 @@ typedef enum {
 #define LOOM_PP_POLICY_COUNT 3
 const char *loom_pp_policy_name(loom_pp_policy policy); /* "all", "epilogue", "slack" */
 
+/* mesh.zero3_gather: when ZeRO-3 gathers a unit's parameters. "micro_batch": before its forward
+ * and again before its backward, for every micro-batch (freed in between: parameter memory /dp,
+ * about 1.5 m x ZeRO-1's traffic for m micro-batches); "step": once per step, kept until the
+ * step's last backward (ZeRO-1's parameter memory, ZeRO-2's traffic plus one all-gather). */
+typedef enum { LOOM_ZERO3_GATHER_MICRO_BATCH, LOOM_ZERO3_GATHER_STEP } loom_zero3_gather;
+#define LOOM_ZERO3_GATHER_COUNT 2
+const char *loom_zero3_gather_name(loom_zero3_gather gather); /* "micro_batch", "step" */
+#define LOOM_ZERO3_MAX_PREFETCH 8
+
 /* compression.embedding_sync: how the tied embedding's two gradients meet. */
 typedef enum { LOOM_EMBEDDING_SYNC_SEPARATE, LOOM_EMBEDDING_SYNC_FUSED } loom_embedding_sync;
 #define LOOM_EMBEDDING_SYNC_COUNT 2
 const char *loom_embedding_sync_name(loom_embedding_sync sync); /* "separate", "fused" */
 
-/* The plan file's "recompute" word of a stage and its names: "none", "needed", "always". */
+/* The plan file's "recompute" word of a stage and its names: "none", "needed", "always",
+ * "selective". */
 const char *loom_recompute_name(int recompute);
+/* LOOM_RECOMPUTE_* of a word ("none", "needed", "always", "selective"); -1 for anything else. */
+int loom_recompute_parse(const char *word);
 
 /* One (virtual) pipeline stage: the transformer blocks [first_layer, end_layer), plus the token
  * and position embedding on the first stage and the final LayerNorm, LM head and loss on the
  * last one. With v virtual stages per rank the plan lists all p v of them in model order, and
  * each says which pipeline rank runs it and as which of that rank's chunks (the schedule's
  * placement, loom_plan_place). */
-/* A stage's recomputation (the plan file's "recompute": "none", "needed" or "always"):
+/* A stage's recomputation (the plan file's "recompute": "none", "needed", "always", "selective"):
  *   LOOM_RECOMPUTE_NONE       every micro-batch in flight keeps its activation set
  *   LOOM_RECOMPUTE_AS_NEEDED  one activation set; a backward reruns its micro-batch's forward
  *                             unless that forward was the rank's last compute (the set is there)
  *   LOOM_RECOMPUTE_ALWAYS     one activation set; every backward reruns the forward first, as
  *                             Megatron-LM's full activation recomputation does (slower, the
- *                             same numbers; for comparing with runs that recompute so) */
-enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_AS_NEEDED = 1, LOOM_RECOMPUTE_ALWAYS = 2 };
+ *                             same numbers; for comparing with runs that recompute so)
+ *   LOOM_RECOMPUTE_SELECTIVE  every micro-batch in flight keeps its activation set but the
+ *                             attention's softmax (the B x heads x T x T tensor), which backward
+ *                             recomputes from the kept QKV (Korthikanti et al. 2022) */
+enum {
+    LOOM_RECOMPUTE_NONE = 0,
+    LOOM_RECOMPUTE_AS_NEEDED = 1,
+    LOOM_RECOMPUTE_ALWAYS = 2,
+    LOOM_RECOMPUTE_SELECTIVE = 3
+};
+#define LOOM_RECOMPUTE_COUNT 4
+/* Whether a stage reruns whole forwards (needed, always): one activation set per stage. */
+static inline int loom_recompute_full(int recompute) {
+    return recompute == LOOM_RECOMPUTE_AS_NEEDED || recompute == LOOM_RECOMPUTE_ALWAYS;
+}
 
 typedef struct {
     int first_layer, end_layer;
@@ -183,11 +211,13 @@ typedef struct {
     loom_embedding_sync embedding_sync;  /* the tied embedding's gradient */
     loom_precision precision; /* fp32 (what loom trains), bf16 or fp16 (planned for GPU clusters;
                                  the runtime refuses them by name) */
-    int zero;                 /* ZeRO stage over dp: 0 none, 1 AdamW's state sharded; 2 and 3
-                                 (gradients, parameters) are reserved and refused until built */
-    int sequence_parallel;    /* reserved: 0 (1 refused until built) */
-    int overlap_grad_reduce;  /* 1 (default): DP buckets start during backward; 0: after it */
-    int predicted_seq_len;    /* the sequence length the prediction was made for (0: none) */
+    int zero;                 /* ZeRO stage over dp: 0 none, 1 AdamW's state sharded, 2 and the
+                                 gradients, 3 and the parameters */
+    int zero3_prefetch;       /* zero 3: units gathered ahead of the one computing (1; 0 none) */
+    loom_zero3_gather zero3_gather; /* zero 3: per micro-batch (default) or once per step */
+    int sequence_parallel;          /* Megatron's sequence parallelism over the tp group */
+    int overlap_grad_reduce;        /* 1 (default): DP buckets start during backward; 0: after it */
+    int predicted_seq_len;          /* the sequence length the prediction was made for (0: none) */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
     int num_predicted_peak;
@@ -266,7 +296,9 @@ loom_status loom_plan_uniform(loom_plan *plan, const loom_gpt_config *model, int
  *                  virtual stage
  *   recompute      LOOM_RECOMPUTE_*: every stage recomputes its activations in backward (not
  *                  with zb-h1, zb-v); 0 none
- *   zero_given     0: the ZeRO stage is loom_plan_default_zero's; 1: it is `zero` (0 none, 1)
+ *   zero_given     0: the ZeRO stage is loom_plan_default_zero's; 1: it is `zero` (0-3)
+ *   zero3_prefetch -1: the default (1); zero3_gather LOOM_ZERO3_GATHER_*
+ *   sequence_parallel  Megatron's sequence parallelism (tp > 1)
  *   no_overlap_grad_reduce  1: the DP buckets start after the backward (plan key
  *                  overlap_grad_reduce false) */
 #define LOOM_PLAN_DEFAULT_MICRO_BATCH 8
@@ -278,6 +310,9 @@ typedef struct {
     int virtual_stages;
     int recompute;
     int zero_given, zero;
+    int zero3_prefetch;
+    loom_zero3_gather zero3_gather;
+    int sequence_parallel;
     int no_overlap_grad_reduce;
     /* compression (deep-copied into the plan and checked there); NULL: "none" */
     const loom_plan_compressor *dp_compression, *pp_compression;
@@ -330,8 +365,11 @@ typedef struct {
     char schedule[16];
     int virtual_stages;
     char stage_layers[256];
-    int recompute;        /* LOOM_RECOMPUTE_AS_NEEDED */
-    int recompute_always; /* LOOM_RECOMPUTE_ALWAYS (implies recompute) */
+    int recompute;        /* --recompute [WORD]: LOOM_RECOMPUTE_* (alone: AS_NEEDED) */
+    int recompute_always; /* LOOM_RECOMPUTE_ALWAYS (the older spelling of --recompute always) */
+    int sequence_parallel;
+    int zero3_prefetch;    /* -1: not given (1) */
+    char zero3_gather[16]; /* "" : micro_batch */
     loom_plan_compression_flags compression;
     int no_overlap_grad_reduce;
     int zero;            /* the ZeRO stage; -1: not given (loom_plan_default_zero) */

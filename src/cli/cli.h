@@ -34,7 +34,9 @@ typedef enum {
     OPT_DOUBLE,
     OPT_STRING,
     OPT_FLAG,
-    OPT_GROUP /* not an option: the heading of the rows after it in --help (CLI_GROUP) */
+    OPT_GROUP, /* not an option: the heading of the rows after it in --help (CLI_GROUP) */
+    OPT_RECOMPUTE /* an int LOOM_RECOMPUTE_*: --recompute alone is "needed", or the word after it
+                   * (none, needed, always, selective); a config file's true/false or word */
 } cli_opt_type;
 
 /* One option: its --kebab-case flag (the JSON key is the same in snake_case), where it lives
@@ -100,19 +102,31 @@ typedef struct {
         ROW("--stage-layers", OPT_STRING, stage_layers,                                            \
             "layers per (virtual) pipeline stage in model order, e.g. 3,5 (default: as even as "   \
             "possible, earlier stages one more)"),                                                 \
-        ROW("--recompute", OPT_FLAG, recompute,                                                    \
-            "every stage keeps one set of activations and reruns a micro-batch's forward in its "  \
-            "backward where that set no longer holds it"),                                         \
+        ROW("--recompute", OPT_RECOMPUTE, recompute,                                               \
+            "activation recomputation: needed (the word left out: one set of activations per "     \
+            "stage, a micro-batch's forward rerun in its backward where that set no longer holds " \
+            "it), always (rerun before every backward, Megatron-LM's full recomputation), "        \
+            "selective (keep all but the attention's softmax, recomputed in backward) or none "    \
+            "(default)"),                                                                          \
         ROW("--recompute-always", OPT_FLAG, recompute_always,                                      \
-            "as --recompute (implied), rerunning the forward before every backward "               \
-            "(Megatron-LM's full recomputation: slower, the same numbers)"),                       \
+            "the same as --recompute always (an older spelling)"),                                 \
+        ROW("--sequence-parallel", OPT_FLAG, sequence_parallel,                                    \
+            "Megatron's sequence parallelism: LayerNorms, residuals and dropout-free regions run " \
+            "on each tensor-parallel rank's share of the sequence (requires "                      \
+            "--tensor-parallel > 1)"),                                                             \
         ROW("--no-overlap-grad-reduce", OPT_FLAG, no_overlap_grad_reduce,                          \
             "start the data-parallel gradient sync after the backward, not during it "             \
             "(Megatron-LM's local DDP of 2021: slower, the same numbers)"),                        \
         ROW("--zero", OPT_INT, zero,                                                               \
-            "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded; 2 and 3 "   \
-            "are not built yet (default 1 when dp > 1 without data-parallel compression, else 0; " \
-            "given, it wins over a plan file's mesh.zero)"),                                       \
+            "ZeRO stage over the data-parallel ranks: 0 none, 1 AdamW's state sharded, 2 and the " \
+            "gradients, 3 and the parameters (default 1 when dp > 1 without data-parallel "        \
+            "compression, else 0; given, it wins over a plan file's mesh.zero)"),                  \
+        ROW("--zero3-prefetch", OPT_INT, zero3_prefetch,                                           \
+            "ZeRO-3: units (blocks) whose parameter gather runs ahead of the one computing "       \
+            "(default 1; 0 gathers each just in time)"),                                           \
+        ROW("--zero3-gather", OPT_STRING, zero3_gather,                                            \
+            "ZeRO-3: gather a unit's parameters for every micro-batch (micro_batch, default) or "  \
+            "once per step, kept until its last backward (step)"),                                 \
         ROW("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),               \
         ROW("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)")
 

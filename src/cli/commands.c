@@ -140,7 +140,10 @@ static const char *const plan_owned[] = {"--model",
                                          "--virtual-stages",
                                          "--stage-layers",
                                          "--recompute",
-                                         "--recompute-always"};
+                                         "--recompute-always",
+                                         "--sequence-parallel",
+                                         "--zero3-prefetch",
+                                         "--zero3-gather"};
 
 static int plan_owns(const cli_opt *opt) {
     size_t first = offsetof(cli_train_args, layout.compression);

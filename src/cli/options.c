@@ -123,12 +123,25 @@ loom_status cli_set_value(void *target, const cli_opt *opt, const char *text, co
         }
         return loom_fail(LOOM_ERR_INPUT, "%s: expected true, false, 1 or 0, got '%s'", source,
                          text);
+    case OPT_RECOMPUTE: {
+        int index = loom_recompute_parse(text);
+        if (!strcmp(text, "true") || !strcmp(text, "1")) index = LOOM_RECOMPUTE_AS_NEEDED;
+        if (!strcmp(text, "false") || !strcmp(text, "0")) index = LOOM_RECOMPUTE_NONE;
+        if (index < 0) break;
+        *(int *)field = index;
+        return LOOM_OK;
+    }
     case OPT_GROUP:
         break;
     }
-    static const char *kinds[] = {
-        "an integer", "an integer",    "a non-negative integer", "a number",
-        "a string",   "true or false", "no value (a heading)"};
+    static const char *kinds[] = {"an integer",
+                                  "an integer",
+                                  "a non-negative integer",
+                                  "a number",
+                                  "a string",
+                                  "true or false",
+                                  "no value (a heading)",
+                                  "none, needed, always or selective"};
     return loom_fail(LOOM_ERR_INPUT, "%s: expected %s, got '%s'", source, kinds[opt->type], text);
 }
 
@@ -170,6 +183,12 @@ loom_status cli_parse_flags(void *target, const cli_opt *opts, int nopts, int ar
         }
         if (opt->type == OPT_FLAG && !value) {
             *(int *)((char *)target + opt->offset) = 1; /* --flag alone: true */
+            continue;
+        }
+        if (opt->type == OPT_RECOMPUTE && !value) { /* --recompute [WORD] */
+            int word = i + 1 < argc ? loom_recompute_parse(argv[i + 1]) : -1;
+            *(int *)((char *)target + opt->offset) = word >= 0 ? word : LOOM_RECOMPUTE_AS_NEEDED;
+            if (word >= 0) i++;
             continue;
         }
         if (!value) {
@@ -235,7 +254,8 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
             snprintf(text, sizeof text, "%" JSON_INTEGER_FORMAT, json_integer_value(value));
         } else if (json_is_real(value)) {
             snprintf(text, sizeof text, "%.17g", json_real_value(value));
-        } else if (json_is_boolean(value) && opt->type == OPT_FLAG) {
+        } else if (json_is_boolean(value) &&
+                   (opt->type == OPT_FLAG || opt->type == OPT_RECOMPUTE)) {
             *(int *)((char *)target + opt->offset) = json_is_true(value);
             continue;
         } else if (json_is_boolean(value)) {
@@ -250,7 +270,8 @@ loom_status cli_parse_json(void *target, const cli_opt *opts, int nopts, const c
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a string", source);
             break;
         }
-        if (opt->type != OPT_STRING && opt->type != OPT_FLAG && json_is_string(value)) {
+        if (opt->type != OPT_STRING && opt->type != OPT_FLAG && opt->type != OPT_RECOMPUTE &&
+            json_is_string(value)) {
             st = loom_fail(LOOM_ERR_INPUT, "%s: expected a number, got a string", source);
             break;
         }
@@ -269,6 +290,9 @@ static void format_value(const void *target, const cli_opt *opt, char *buf, size
         break;
     case OPT_FLAG:
         snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false");
+        break;
+    case OPT_RECOMPUTE:
+        snprintf(buf, cap, "%s", loom_recompute_name(*(const int *)field));
         break;
     case OPT_I64:
         snprintf(buf, cap, "%" PRId64, *(const int64_t *)field);
@@ -302,14 +326,14 @@ void cli_print_table(const void *target, const cli_opt *opts, int nopts) {
 /* A default worth showing: not 0, "" or false (those the help text says in words). */
 static int shows_default(const void *defaults, const cli_opt *opt, char *value, size_t cap) {
     if (!defaults || opt->offset == CLI_OPT_SKIP || opt->type == OPT_FLAG ||
-        strstr(opt->help, "default"))
+        opt->type == OPT_RECOMPUTE || strstr(opt->help, "default"))
         return 0;
     format_value(defaults, opt, value, cap);
     return strcmp(value, "0") != 0 && strcmp(value, "-") != 0;
 }
 
 void cli_print_help(const char *usage, const cli_opt *opts, int nopts, const void *defaults) {
-    static const char *const placeholders[] = {"N", "N", "N", "X", "VALUE", "", ""};
+    static const char *const placeholders[] = {"N", "N", "N", "X", "VALUE", "", "", "[WORD]"};
     printf("%s\n", usage);
     if (nopts > 0 && opts[0].type != OPT_GROUP) printf("\noptions:\n");
     for (int i = 0; i < nopts; i++) {

@@ -251,7 +251,8 @@ void cli_print_candidates(const loom_plan_candidate *best, int found) {
         const loom_prediction *pr = &best[i].prediction;
         char split[64], compress[100], recompute[32];
         int recomputing = 0;
-        for (int s = 0; s < p->num_stages; s++) recomputing += p->stages[s].recompute != 0;
+        for (int s = 0; s < p->num_stages; s++)
+            recomputing += loom_recompute_full(p->stages[s].recompute);
         snprintf(recompute, sizeof recompute, "%s", recomputing == 0 ? "no" : "yes");
         if (recomputing > 0 && recomputing < p->num_stages)
             snprintf(recompute, sizeof recompute, "%d of %d", recomputing, p->num_stages);

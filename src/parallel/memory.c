@@ -90,9 +90,17 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
 loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
                                  loom_gpt_stage_cost *c) {
     const loom_plan_stage *st = &plan->stages[s];
-    loom_gpt_stage_spec spec = {plan->tp,     st->first_layer,   st->end_layer, st->embedding,
-                                st->head,     plan->micro_batch, seq_len,       1,
-                                st->recompute};
+    loom_gpt_stage_spec spec = {plan->tp,
+                                st->first_layer,
+                                st->end_layer,
+                                st->embedding,
+                                st->head,
+                                plan->micro_batch,
+                                seq_len,
+                                1,
+                                loom_recompute_full(st->recompute),
+                                st->recompute == LOOM_RECOMPUTE_SELECTIVE,
+                                plan->sequence_parallel};
     return loom_gpt_cost_stage(&plan->model, &spec, c);
 }
 
@@ -108,7 +116,7 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
         loom_gpt_stage_cost c;
         loom_status st = loom_plan_stage_cost(plan, s, seq_len, &c);
         if (st != LOOM_OK) return st;
-        recompute = plan->stages[s].recompute;
+        recompute = loom_recompute_full(plan->stages[s].recompute);
         out->weights += c.param_bytes, out->grads += c.grad_bytes;
         out->optimizer += c.optimizer_bytes;
         int64_t chunk_slot = c.act_slot_bytes + (split ? c.act_slot_split_bytes : 0);

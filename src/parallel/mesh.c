@@ -17,6 +17,28 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          "fp32; a plan for %s is for predicting a GPU cluster)",
                          source, name, name);
     }
+    /* what the plan may say and the runtime does not run yet, each by name */
+    if (plan->zero > 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: mesh.zero: ZeRO stage %d is not built into the runtime yet (the "
+                         "planner prices it); expected 0 or 1",
+                         source, plan->zero);
+    }
+    if (plan->sequence_parallel) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: mesh.sequence_parallel: not built into the runtime yet (the "
+                         "planner prices it); expected false",
+                         source);
+    }
+    for (int s = 0; s < plan->num_stages; s++) {
+        if (plan->stages[s].recompute == LOOM_RECOMPUTE_SELECTIVE) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: stages[%d].recompute: \"selective\" is not built into the "
+                             "runtime yet (the planner prices it); expected none, needed or "
+                             "always",
+                             source, s);
+        }
+    }
     return LOOM_OK;
 }
 

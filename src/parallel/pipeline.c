@@ -472,7 +472,9 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (st == LOOM_OK) {
         /* the rank's chunks agree on recomputation (loom_parallel_check_plan) */
         int first = loom_pipe_stage(&p->shape, mesh->pp_rank, 0);
-        p->recompute = plan->stages[first].recompute;
+        p->recompute = loom_recompute_full(plan->stages[first].recompute)
+                           ? plan->stages[first].recompute
+                           : LOOM_RECOMPUTE_NONE;
         chunks_init(p);
         st = pools_create(p);
     }

@@ -172,6 +172,7 @@ void loom_layout_flags_defaults(loom_layout_flags *f) {
     memset(f, 0, sizeof *f);
     loom_plan_compression_flags_defaults(&f->compression);
     f->zero = -1;
+    f->zero3_prefetch = -1;
 }
 
 loom_status loom_layout_flags_zero(const loom_layout_flags *f, int *zero) {
@@ -197,6 +198,35 @@ loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
     int zero;
     loom_status st = loom_layout_flags_zero(f, &zero);
     if (st != LOOM_OK) return st;
+    int recompute = f->recompute;
+    if (recompute < 0 || recompute >= LOOM_RECOMPUTE_COUNT) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--recompute: expected none, needed, always or selective, got %d",
+                         recompute);
+    }
+    if (f->recompute_always && recompute != LOOM_RECOMPUTE_NONE &&
+        recompute != LOOM_RECOMPUTE_AS_NEEDED && recompute != LOOM_RECOMPUTE_ALWAYS) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--recompute-always and --recompute %s contradict each other: give one",
+                         loom_recompute_name(recompute));
+    }
+    if (f->recompute_always) recompute = LOOM_RECOMPUTE_ALWAYS;
+    int gather = 0;
+    if (f->zero3_gather[0]) {
+        st = loom_word_parse(&loom_plan_zero3_gathers, f->zero3_gather, "--zero3-gather",
+                             "mesh.zero3_gather", &gather);
+        if (st != LOOM_OK) return st;
+    }
+    if (zero != 3 && (f->zero3_gather[0] || f->zero3_prefetch >= 0)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: expected only with --zero 3 (it says how ZeRO-3 "
+                         "gathers parameters), got ZeRO stage %s",
+                         f->zero3_gather[0] ? "--zero3-gather" : "--zero3-prefetch",
+                         zero < 0    ? "the default"
+                         : zero == 0 ? "0"
+                         : zero == 1 ? "1"
+                                     : "2");
+    }
     loom_plan_compressor dp, pp;
     st = loom_plan_compression_from_flags(&f->compression, &dp, &pp);
     if (st != LOOM_OK) return st;
@@ -209,11 +239,12 @@ loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
                                  .schedule = f->schedule,
                                  .virtual_stages = f->virtual_stages,
                                  .stage_layers = f->stage_layers,
-                                 .recompute = f->recompute_always ? LOOM_RECOMPUTE_ALWAYS
-                                              : f->recompute      ? LOOM_RECOMPUTE_AS_NEEDED
-                                                                  : LOOM_RECOMPUTE_NONE,
+                                 .recompute = recompute,
                                  .zero_given = zero >= 0,
                                  .zero = zero,
+                                 .zero3_prefetch = f->zero3_prefetch,
+                                 .zero3_gather = (loom_zero3_gather)gather,
+                                 .sequence_parallel = f->sequence_parallel,
                                  .no_overlap_grad_reduce = f->no_overlap_grad_reduce,
                                  .dp_compression = &dp,
                                  .pp_compression = &pp,

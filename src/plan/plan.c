@@ -25,12 +25,14 @@ static const char *const schedule_words[] = {"gpipe", "1f1b", "interleaved", "zb
 static const char *const policy_words[] = {"all", "epilogue", "slack"};
 static const char *const embedding_sync_words[] = {"separate", "fused"};
 
-static const char *const recompute_words[] = {"none", "needed", "always"};
+static const char *const recompute_words[] = {"none", "needed", "always", "selective"};
+static const char *const zero3_gather_words[] = {"micro_batch", "step"};
 
 const loom_words loom_plan_schedules = {schedule_words, LOOM_SCHEDULE_NUM_KINDS};
 const loom_words loom_plan_policies = {policy_words, LOOM_PP_POLICY_COUNT};
 const loom_words loom_plan_embedding_syncs = {embedding_sync_words, LOOM_EMBEDDING_SYNC_COUNT};
-const loom_words loom_plan_recomputes = {recompute_words, 3};
+const loom_words loom_plan_recomputes = {recompute_words, LOOM_RECOMPUTE_COUNT};
+const loom_words loom_plan_zero3_gathers = {zero3_gather_words, LOOM_ZERO3_GATHER_COUNT};
 
 loom_status loom_schedule_kind_parse(const char *name, const char *source, const char *field,
                                      loom_schedule_kind *kind) {
@@ -51,6 +53,12 @@ const char *loom_embedding_sync_name(loom_embedding_sync sync) {
 }
 const char *loom_recompute_name(int recompute) {
     return loom_word_name(&loom_plan_recomputes, recompute);
+}
+int loom_recompute_parse(const char *word) {
+    return word ? loom_word_index(&loom_plan_recomputes, word) : -1;
+}
+const char *loom_zero3_gather_name(loom_zero3_gather gather) {
+    return loom_word_name(&loom_plan_zero3_gathers, (int)gather);
 }
 
 int loom_plan_method_has_rank(loom_compress_method method) {
@@ -87,6 +95,8 @@ void loom_plan_init(loom_plan *plan) {
     plan->embedding_sync = LOOM_EMBEDDING_SYNC_SEPARATE;
     plan->precision = LOOM_PRECISION_FP32;
     plan->overlap_grad_reduce = 1;
+    plan->zero3_prefetch = 1;
+    plan->zero3_gather = LOOM_ZERO3_GATHER_MICRO_BATCH;
 }
 
 void loom_plan_free(loom_plan *plan) {
@@ -201,15 +211,26 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
         return loom_fail_field(source, "mesh.zero", "expected a ZeRO stage 0, 1, 2 or 3, got %d",
                                p->zero);
     }
-    if (p->zero > 1) {
-        return loom_fail_field(source, "mesh.zero",
-                               "ZeRO stage %d (%s sharded over the data-parallel ranks) is not "
-                               "built yet; expected 0 or 1",
-                               p->zero, p->zero == 2 ? "gradients" : "parameters and gradients");
+    if (p->zero3_prefetch < 0 || p->zero3_prefetch > LOOM_ZERO3_MAX_PREFETCH) {
+        return loom_fail_field(source, "mesh.zero3_prefetch",
+                               "expected 0 to %d units gathered ahead, got %d",
+                               LOOM_ZERO3_MAX_PREFETCH, p->zero3_prefetch);
     }
-    if (p->sequence_parallel) {
+    loom_status checked =
+        check_enum(source, "mesh.zero3_gather", (int)p->zero3_gather, &loom_plan_zero3_gathers);
+    if (checked != LOOM_OK) return checked;
+    if (p->zero > 1 && p->dp_compression.method != LOOM_COMPRESS_NONE) {
+        return loom_fail_field(source, "compression.dp.method",
+                               "expected \"none\" with mesh.zero %d (a sharded gradient is "
+                               "reduce-scattered uncompressed; compressed data-parallel "
+                               "gradients need mesh.zero 0 or 1), got \"%s\"",
+                               p->zero, loom_compress_method_name(p->dp_compression.method));
+    }
+    if (p->sequence_parallel && p->tp < 2) {
         return loom_fail_field(source, "mesh.sequence_parallel",
-                               "sequence parallelism is not built yet; expected false");
+                               "expected false with mesh.tp %d (sequence parallelism shards the "
+                               "sequence over the tensor-parallel ranks: it needs tp > 1)",
+                               p->tp);
     }
     int64_t ranks = (int64_t)p->dp * p->tp * p->pp;
     if (world_size > 0 && ranks != world_size) {
@@ -858,6 +879,9 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
     if (st == LOOM_OK) {
         for (int i = 0; i < plan->num_stages; i++) plan->stages[i].recompute = r->recompute;
         plan->zero = r->zero_given ? r->zero : loom_plan_default_zero(plan);
+        plan->zero3_prefetch = r->zero3_prefetch >= 0 ? r->zero3_prefetch : 1;
+        plan->zero3_gather = r->zero3_gather;
+        plan->sequence_parallel = r->sequence_parallel;
         plan->overlap_grad_reduce = !r->no_overlap_grad_reduce;
         st = loom_plan_check(plan, "plan", world_size);
     }
@@ -949,6 +973,7 @@ static void print_compressor(FILE *out, const char *name, const loom_plan_compre
 }
 
 void loom_plan_print(const loom_plan *plan, FILE *out) {
+    static const char *const zero_words[] = {", no ZeRO", ", ZeRO-1", ", ZeRO-2", ", ZeRO-3"};
     const loom_gpt_config *m = &plan->model;
     fprintf(out, "model    %d layers, %d heads, d_model %d, context %d, vocab %d (padded %d)\n",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size,
@@ -962,8 +987,14 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
     fprintf(out, "\n");
     int ranks = plan->dp * plan->tp * plan->pp;
     fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks%s%s\n", plan->dp, plan->tp, plan->pp,
-            ranks, plan->dp > 1 ? (plan->zero ? ", ZeRO-1" : ", no ZeRO") : "",
+            ranks, plan->dp > 1 ? zero_words[plan->zero & 3] : "",
             plan->overlap_grad_reduce || plan->dp < 2 ? "" : "; gradient sync after the backward");
+    if (plan->sequence_parallel) fprintf(out, "         sequence parallel over tp\n");
+    if (plan->zero == 3) {
+        fprintf(out, "         ZeRO-3 gathers per %s, prefetching %d unit%s\n",
+                plan->zero3_gather == LOOM_ZERO3_GATHER_STEP ? "step" : "micro-batch",
+                plan->zero3_prefetch, plan->zero3_prefetch == 1 ? "" : "s");
+    }
     fprintf(out, "compress ");
     print_compressor(out, "dp", &plan->dp_compression, 0);
     print_compressor(out, ", pp", &plan->pp_compression, 1);
@@ -984,9 +1015,7 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
         if (placed) fprintf(out, "%4d  %5d  ", s->rank, s->chunk);
         fprintf(out, "%-12s  %6d  %-9s  %-4s  %s\n", range, s->end_layer - s->first_layer,
                 s->embedding ? "yes" : "no", s->head ? "yes" : "no",
-                s->recompute == LOOM_RECOMPUTE_ALWAYS ? "always"
-                : s->recompute                        ? "yes"
-                                                      : "no");
+                s->recompute == LOOM_RECOMPUTE_NONE ? "no" : loom_recompute_name(s->recompute));
     }
     enum { MAX_ROWS = 64 };
     fprintf(out, "\nrank -> (pp, dp, tp)\n");

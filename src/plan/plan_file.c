@@ -86,17 +86,30 @@ static loom_status read_batch(const char *file, const json_t *root, loom_plan *p
 }
 
 static loom_status read_mesh(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"dp", "tp", "pp", "zero", "sequence_parallel"};
+    static const char *const keys[] = {
+        "dp", "tp", "pp", "zero", "sequence_parallel", "zero3_prefetch", "zero3_gather"};
     json_t *mesh;
     loom_status st = loom_json_member(file, root, "", "mesh", 1, "an object", &mesh);
     if (st == LOOM_OK) st = loom_json_as_object(file, "mesh", mesh);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, mesh, "mesh", keys, 5);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, mesh, "mesh", keys, 7);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "dp", 1, &plan->dp);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "tp", 1, &plan->tp);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "pp", 1, &plan->pp);
     if (st == LOOM_OK) st = loom_json_read_int(file, mesh, "mesh", "zero", 0, &plan->zero);
     if (st == LOOM_OK)
         st = read_bool(file, mesh, "mesh", "sequence_parallel", &plan->sequence_parallel);
+    if (st == LOOM_OK) {
+        st = loom_json_read_int(file, mesh, "mesh", "zero3_prefetch", 0, &plan->zero3_prefetch);
+    }
+    const json_t *gather = mesh ? json_object_get(mesh, "zero3_gather") : NULL;
+    if (st == LOOM_OK && gather) {
+        int index = loom_word_index(&loom_plan_zero3_gathers, json_string_value(gather));
+        if (index < 0) {
+            st = loom_json_fail_type(file, "mesh.zero3_gather", "\"micro_batch\" or \"step\"",
+                                     gather);
+        }
+        plan->zero3_gather = (loom_zero3_gather)index;
+    }
     return st;
 }
 
@@ -117,7 +130,7 @@ static loom_status read_recompute(const char *file, const json_t *object, const 
     }
     char path[96];
     snprintf(path, sizeof path, "%s.recompute", parent);
-    return loom_json_fail_type(file, path, "\"none\", \"needed\" or \"always\"", v);
+    return loom_json_fail_type(file, path, "\"none\", \"needed\", \"always\" or \"selective\"", v);
 }
 
 static loom_status read_stage(const char *file, const json_t *value, int index, int last,
@@ -455,8 +468,14 @@ static void write_document(FILE *out, const loom_plan *plan) {
             plan->global_batch, plan->micro_batch, loom_schedule_kind_name(plan->schedule));
     if (placed) fprintf(out, ", \"virtual_stages\": %d", plan->virtual_stages);
     fprintf(out, "},\n");
-    fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d},\n", plan->dp,
+    fprintf(out, "  \"mesh\": {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d", plan->dp,
             plan->tp, plan->pp, plan->zero);
+    if (plan->sequence_parallel) fprintf(out, ", \"sequence_parallel\": true");
+    if (plan->zero == 3) {
+        fprintf(out, ", \"zero3_prefetch\": %d, \"zero3_gather\": \"%s\"", plan->zero3_prefetch,
+                loom_zero3_gather_name(plan->zero3_gather));
+    }
+    fprintf(out, "},\n");
     fprintf(out, "  \"stages\": [\n");
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];

@@ -18,6 +18,7 @@ extern const loom_words loom_plan_schedules;       /* batch.schedule */
 extern const loom_words loom_plan_policies;        /* compression.pp.policy */
 extern const loom_words loom_plan_embedding_syncs; /* compression.embedding_sync */
 extern const loom_words loom_plan_recomputes;      /* stages[i].recompute */
+extern const loom_words loom_plan_zero3_gathers;   /* mesh.zero3_gather */
 /* (The compression methods are compress/methods.c's: loom_compress_method_parse.) */
 
 /* Whether the method needs a rank > 0 (powersgd, lowrank). */

@@ -188,7 +188,7 @@ static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape 
     }
     int m = shape->micro_batches;
     for (int s = 0; s < plan->num_stages && m > 0; s++) {
-        if (!plan->stages[s].recompute) continue;
+        if (!loom_recompute_full(plan->stages[s].recompute)) continue;
         loom_stage_times *t = &out->stage[s];
         double f = t->forward_s, spare_b = f * (1.0 - (double)needs_b[s] / m);
         double spare_w = f * (1.0 - (double)needs_w[s] / m);
@@ -787,7 +787,7 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
         loom_status st = stage_times(&k, s, seq_len, &t);
         if (st != LOOM_OK) return st;
         /* stage_times charges a rerun forward to the backward of a recomputing stage */
-        double rerun = plan->stages[s].recompute ? t.forward_s : 0;
+        double rerun = loom_recompute_full(plan->stages[s].recompute) ? t.forward_s : 0;
         busy[plan->stages[s].rank] += t.forward_s + t.backward_s - rerun;
     }
     double most = 0, total = 0;
