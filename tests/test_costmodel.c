@@ -56,6 +56,8 @@ static void test_memory(void) {
                                     2,
                                     64,
                                     2 - r /* 1F1B: p - i in flight */,
+                                    0,
+                                    0,
                                     0};
         loom_gpt_stage_cost c;
         CHECK(loom_gpt_cost_stage(&plan.model, &spec, &c) == LOOM_OK, "cost facts");
@@ -89,6 +91,8 @@ static void test_memory(void) {
                                     2,
                                     64,
                                     1,
+                                    0,
+                                    0,
                                     0};
         loom_gpt_stage_cost c;
         loom_gpt_cost_stage(&zbv.model, &spec, &c);
@@ -107,7 +111,7 @@ static void test_single_process(void) {
     loom_prediction pr;
     CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
           loom_last_error());
-    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
     loom_gpt_stage_cost c;
     loom_gpt_cost_stage(&plan.model, &spec, &c);
     double f = (double)c.flops_fwd / 1e12, expect = 4 * 3 * f;
@@ -132,7 +136,7 @@ static void test_single_process(void) {
 static void test_recompute(void) {
     loom_cluster cl = ideal_cluster(8, 1);
     loom_plan plan = plan_of(1, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
-    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
     loom_gpt_stage_cost c;
     loom_gpt_cost_stage(&plan.model, &spec, &c);
     double f = (double)c.flops_fwd / 1e12;
@@ -182,7 +186,7 @@ static void test_gradient_accumulation(void) {
     for (int s = 0; s < 2; s++) {
         const loom_plan_stage *st = &plan.stages[s];
         loom_gpt_stage_spec spec = {
-            1, st->first_layer, st->end_layer, st->embedding, st->head, 2, 64, 1, 0};
+            1, st->first_layer, st->end_layer, st->embedding, st->head, 2, 64, 1, 0, 0, 0};
         loom_gpt_stage_cost c;
         CHECK(loom_gpt_cost_stage(&plan.model, &spec, &c) == LOOM_OK, "cost: %s",
               loom_last_error());
@@ -199,7 +203,7 @@ static void test_gradient_accumulation(void) {
  * last backward (2F) hides that much of it. */
 static void test_dp_sync(void) {
     loom_plan plan = plan_of(2, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
-    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0};
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
     loom_gpt_stage_cost c;
     loom_gpt_cost_stage(&plan.model, &spec, &c);
     double f = (double)c.flops_fwd / 1e12, grads = (double)c.grad_bytes;

@@ -131,7 +131,7 @@ static loom_status load_llmc(const char *path, loom_gpt *model) {
 
 /* A file whose config describes more than this machine holds is refused before allocating. */
 static loom_status check_fits(const char *path, const loom_gpt_config *config) {
-    loom_gpt_stage_spec spec = {1, 0, config->num_layers, 1, 1, 1, 1, 1, 0};
+    loom_gpt_stage_spec spec = {1, 0, config->num_layers, 1, 1, 1, 1, 1, 0, 0, 0};
     loom_gpt_stage_cost cost;
     loom_status st = loom_gpt_cost_stage(config, &spec, &cost);
     if (st != LOOM_OK) return st;

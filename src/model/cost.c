@@ -130,7 +130,7 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
 /* Floats of one activation slot, as allocated. */
 static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_embedding, int has_head,
                            int split) {
-    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split, s->B, s->T};
+    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split, s->B, s->T, 0, 0};
     int64_t f[LOOM_GPT_NUM_ACTS], total = 0;
     loom_gpt_act_floats(&s->config, &slot, f);
     for (int i = 0; i < LOOM_GPT_NUM_ACTS; i++) total += loom_gpt_act_round(f[i]);

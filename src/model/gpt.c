@@ -553,7 +553,7 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
 static size_t acts_layout(const loom_gpt *m, int B, int T, int split, size_t sizes[NUM_ACTS]) {
     /* one chunk's activations: the largest chunk's blocks */
     loom_gpt_slot_shape slot = {
-        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T};
+        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T, 0, 0};
     int64_t floats[LOOM_GPT_NUM_ACTS];
     loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;

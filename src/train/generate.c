@@ -141,7 +141,8 @@ loom_status loom_eval_loss(loom_gpt *model, const char *data, int seq_len, int b
     loom_status st = loom_dataset_open(&ds, data, model->config.vocab_size);
     if (st == LOOM_OK) st = loom_loader_create(&ld, ds, seq_len, 0, 0);
     if (st == LOOM_OK && seq_len >= 1 && seq_len <= model->config.max_seq_len && batch >= 1) {
-        loom_gpt_stage_spec spec = {1, 0, model->config.num_layers, 1, 1, batch, seq_len, 1, 0};
+        loom_gpt_stage_spec spec = {1, 0, model->config.num_layers, 1, 1, batch, seq_len, 1, 0,
+                                    0, 0};
         loom_gpt_stage_cost cost;
         st = loom_gpt_cost_stage(&model->config, &spec, &cost);
         char what[128];
