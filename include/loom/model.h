@@ -267,6 +267,15 @@ typedef struct {
     loom_gpt_tensors params;
     float *grads_memory; /* (num_params) */
     loom_gpt_tensors grads;
+    /* Units: the pieces ZeRO-2/3 synchronise and gather one at a time, in flat-buffer order:
+     * unit 0 the part before the first block (wte and wpe where this rank holds them; maybe
+     * empty), units 1 .. num_local_layers the blocks, the last one the final LayerNorm (maybe
+     * empty). The passes reach every tensor through unit_params and unit_grads: each unit's
+     * first float, in params_memory and grads_memory unless data parallelism points it at a
+     * buffer of its own (a gathered block, a gradient bucket). */
+    int num_units;                     /* num_local_layers + 2 */
+    size_t *unit_begin;                /* (num_units + 1) flat offsets; [u, u + 1) is unit u */
+    float **unit_params, **unit_grads; /* (num_units) */
 
     int B, T; /* activation buffers are sized for these (or fewer) */
     float *acts_memory;
@@ -284,6 +293,14 @@ typedef struct {
     void (*grads_ready)(void *ctx, size_t ready_offset);
     void *grads_ready_ctx;
 } loom_gpt;
+
+/* Points every unit back at params_memory and grads_memory (where creation puts them). */
+void loom_gpt_units_reset(loom_gpt *model);
+/* The unit holding local layer `layer`'s block (1 + layer); 0 and num_units - 1 are the
+ * embeddings' and the final LayerNorm's. */
+static inline int loom_gpt_block_unit(int layer) {
+    return 1 + layer;
+}
 
 /* Allocates parameters and gradients (zeroed) for `config` (checked). */
 loom_status loom_gpt_create(loom_gpt **model, const loom_gpt_config *config,

@@ -447,13 +447,36 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     }
     point_tensors(&m->params, m->params_memory, m->info);
     point_tensors(&m->grads, m->grads_memory, m->info);
+    m->num_units = L + 2;
+    m->unit_begin = loom_calloc((size_t)m->num_units + 1, sizeof *m->unit_begin, "units");
+    m->unit_params = loom_calloc((size_t)m->num_units, sizeof *m->unit_params, "units");
+    m->unit_grads = loom_calloc((size_t)m->num_units, sizeof *m->unit_grads, "units");
+    if (!m->unit_begin || !m->unit_params || !m->unit_grads) {
+        loom_gpt_free(m);
+        return LOOM_ERR_NOMEM;
+    }
+    /* the blocks start where block 0's first tensor does; the final LayerNorm after the last */
+    size_t blocks = m->info[LOOM_LN1W].offset;
+    for (int u = 1; u <= L + 1; u++) m->unit_begin[u] = blocks + (size_t)(u - 1) * m->layer_stride;
+    m->unit_begin[L + 2] = m->num_params;
+    loom_gpt_units_reset(m);
     *out = m;
     return LOOM_OK;
+}
+
+void loom_gpt_units_reset(loom_gpt *m) {
+    for (int u = 0; u < m->num_units; u++) {
+        m->unit_params[u] = m->params_memory + m->unit_begin[u];
+        m->unit_grads[u] = m->grads_memory + m->unit_begin[u];
+    }
 }
 
 void loom_gpt_free(loom_gpt *m) {
     if (!m) return;
     free(m->segments);
+    free(m->unit_begin);
+    free(m->unit_params);
+    free(m->unit_grads);
     loom_free_aligned(m->params_memory);
     loom_free_aligned(m->grads_memory);
     loom_free_aligned(m->acts_memory);
@@ -643,6 +666,32 @@ loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, 
     return LOOM_OK;
 }
 
+/* Tensor k's slice of local layer l (l unused for a tensor not per layer) in `units`, the
+ * parameters' or the gradients' unit pointers. */
+static float *unit_tensor_at(const loom_gpt *m, float *const *units, int k, int l) {
+    const loom_gpt_tensor_info *ti = &m->info[k];
+    int u = ti->per_layer                      ? loom_gpt_block_unit(l)
+            : k == LOOM_LNFW || k == LOOM_LNFB ? m->num_units - 1
+                                               : 0;
+    size_t at = ti->offset + (ti->per_layer ? (size_t)l * ti->layer_stride : 0);
+    return units[u] + (at - m->unit_begin[u]);
+}
+
+/* A tensor that is not per layer (wte, wpe, lnfw, lnfb). */
+static float *unit_tensor(const loom_gpt *m, float *const *units, int k) {
+    return unit_tensor_at(m, units, k, 0);
+}
+
+/* Local layer l's slice of every per-layer tensor (the others NULL). */
+static loom_gpt_tensors block_tensors(const loom_gpt *m, float *const *units, int l) {
+    loom_gpt_tensors t = {0};
+    float **slots[] = {&t.ln1w, &t.ln1b, &t.qkvw, &t.qkvb, &t.attprojw, &t.attprojb,
+                       &t.ln2w, &t.ln2b, &t.fcw,  &t.fcb,  &t.fcprojw,  &t.fcprojb};
+    for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++)
+        *slots[k - LOOM_LN1W] = unit_tensor_at(m, units, k, l);
+    return t;
+}
+
 /* A block's four GEMMs, in backward order. */
 enum { GEMM_FCPROJ, GEMM_FC, GEMM_ATTPROJ, GEMM_QKV, BLOCK_GEMMS };
 
@@ -730,25 +779,22 @@ static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B
 static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
                           int T) {
     const loom_backend *be = m->backend;
-    const loom_gpt_tensors *p = &m->params;
     int C = m->config.channels, tp = m->tp_size;
     int Cl = C / tp, NHl = m->config.num_heads / tp;
     int64_t N = (int64_t)B * T;
     layer_acts a = layer_view(m, i, B, T);
     /* this block's slice of every per-layer tensor */
-    size_t lc = (size_t)(ch->first + i) * m->layer_stride;
-    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p->ln1w + lc, p->ln1b + lc, N,
-                          C);
+    loom_gpt_tensors p = block_tensors(m, m->unit_params, ch->first + i);
+    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
     /* column-parallel QKV: this rank's heads */
-    be->matmul_forward(a.qkv, a.ln1, p->qkvw + lc, p->qkvb + lc, N, C, 3 * Cl);
+    be->matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * Cl);
     be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
-    row_parallel_forward(m, a.attproj, a.atty, p->attprojw + lc, p->attprojb + lc, N, Cl, C);
+    row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, N, Cl, C);
     be->residual_forward(a.residual2, residual, a.attproj, N * C);
-    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + lc, p->ln2b + lc, N,
-                          C);
-    be->matmul_forward(a.fch, a.ln2, p->fcw + lc, p->fcb + lc, N, C, 4 * Cl);
+    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N, C);
+    be->matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * Cl);
     be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
-    row_parallel_forward(m, a.fcproj, a.fch_gelu, p->fcprojw + lc, p->fcprojb + lc, N, 4 * Cl, C);
+    row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
 }
 
@@ -757,14 +803,16 @@ static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
     if (m->tp_size == 1) {
-        be->encoder_forward(m->acts.encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+        be->encoder_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE),
+                            unit_tensor(m, m->unit_params, LOOM_WPE), B, T, C);
         return;
     }
     int64_t N = (int64_t)B * T;
     int rows = m->config.padded_vocab_size / m->tp_size;
-    be->encoder_shard_forward(m->acts.encoded, inputs, m->params.wte, N, C, m->vocab_start, rows);
+    be->encoder_shard_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
+                              C, m->vocab_start, rows);
     tp_allreduce(m, m->acts.encoded, N * C, LOOM_REDUCE_SUM);
-    be->position_forward(m->acts.encoded, m->params.wpe, B, T, C);
+    be->position_forward(m->acts.encoded, unit_tensor(m, m->unit_params, LOOM_WPE), B, T, C);
 }
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
@@ -811,10 +859,12 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
         residual = layer_view(m, i, B, T).residual3;
     }
     if (!ch->has_head) return 0.0f;
-    be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual, m->params.lnfw,
-                          m->params.lnfb, N, C);
+    be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
+                          unit_tensor(m, m->unit_params, LOOM_LNFW),
+                          unit_tensor(m, m->unit_params, LOOM_LNFB), N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
-    be->matmul_forward(m->acts.probs, m->acts.lnf, m->params.wte, NULL, N, C, Vpl);
+    be->matmul_forward(m->acts.probs, m->acts.lnf, unit_tensor(m, m->unit_params, LOOM_WTE), NULL,
+                       N, C, Vpl);
     if (!targets) {
         m->mean_loss = 0.0f;
         return 0.0f;
@@ -874,22 +924,20 @@ const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
 static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which, const float *dout,
                               int64_t N) {
     const loom_backend *be = m->backend;
-    const loom_gpt_tensors *g = &m->grads;
+    loom_gpt_tensors g = block_tensors(m, m->unit_grads, l);
     int C = m->config.channels, Cl = C / m->tp_size;
-    size_t lc = (size_t)l * m->layer_stride;
     switch (which) {
     case GEMM_FCPROJ: /* row-parallel: (N, 4C/tp) -> (N, C) */
-        be->matmul_backward_weight(g->fcprojw + lc, g->fcprojb + lc, dout, a->fch_gelu, N, 4 * Cl,
-                                   C);
+        be->matmul_backward_weight(g.fcprojw, g.fcprojb, dout, a->fch_gelu, N, 4 * Cl, C);
         break;
     case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp) */
-        be->matmul_backward_weight(g->fcw + lc, g->fcb + lc, dout, a->ln2, N, C, 4 * Cl);
+        be->matmul_backward_weight(g.fcw, g.fcb, dout, a->ln2, N, C, 4 * Cl);
         break;
     case GEMM_ATTPROJ: /* row-parallel: (N, C/tp) -> (N, C) */
-        be->matmul_backward_weight(g->attprojw + lc, g->attprojb + lc, dout, a->atty, N, Cl, C);
+        be->matmul_backward_weight(g.attprojw, g.attprojb, dout, a->atty, N, Cl, C);
         break;
     default: /* GEMM_QKV, column-parallel: (N, C) -> (N, 3C/tp) */
-        be->matmul_backward_weight(g->qkvw + lc, g->qkvb + lc, dout, a->ln1, N, C, 3 * Cl);
+        be->matmul_backward_weight(g.qkvw, g.qkvb, dout, a->ln1, N, C, 3 * Cl);
         break;
     }
 }
@@ -912,8 +960,6 @@ static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int whi
 static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
                            int T, int split) {
     const loom_backend *be = m->backend;
-    const loom_gpt_tensors *p = &m->params;
-    const loom_gpt_tensors *g = &m->grads;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
     int C = m->config.channels, tp = m->tp_size;
     int Cl = C / tp, NHl = m->config.num_heads / tp;
@@ -921,7 +967,8 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
     size_t btc = (size_t)N * (size_t)C, btcl = (size_t)N * (size_t)Cl;
     layer_acts a = layer_view(m, i, B, T);
     int l = ch->first + i; /* the local layer: its parameters */
-    size_t lc = (size_t)l * m->layer_stride;
+    loom_gpt_tensors p = block_tensors(m, m->unit_params, l);
+    loom_gpt_tensors g = block_tensors(m, m->unit_grads, l);
     float *dres = ga->dresidual; /* holds d(residual3) on entry, d(residual) on exit */
     /* a split backward computes these two straight into the slot */
     float *dfch = split ? a.dout[GEMM_FC] : ga->dfch;
@@ -929,29 +976,29 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
     memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
-    be->matmul_backward_input(ga->dfch2, dres, p->fcprojw + lc, N, 4 * Cl, C);
+    be->matmul_backward_input(ga->dfch2, dres, p.fcprojw, N, 4 * Cl, C);
     weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, dres, N, C, split);
     memset(dfch, 0, btcl * 4 * sizeof(float));
     be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dfch, p->fcw + lc, N, C, 4 * Cl);
+    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, 4 * Cl);
     weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM); /* column-parallel input gradient */
-    be->layernorm_backward(dres, g->ln2w + lc, g->ln2b + lc, ga->dbtc, a.residual2, p->ln2w + lc,
-                           a.ln2_mean, a.ln2_rstd, N, C);
+    be->layernorm_backward(dres, g.ln2w, g.ln2b, ga->dbtc, a.residual2, p.ln2w, a.ln2_mean,
+                           a.ln2_rstd, N, C);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     memset(ga->dbtc2, 0, btcl * sizeof(float));
-    be->matmul_backward_input(ga->dbtc2, dres, p->attprojw + lc, N, Cl, C);
+    be->matmul_backward_input(ga->dbtc2, dres, p.attprojw, N, Cl, C);
     weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, dres, N, C, split);
     memset(dqkv, 0, btcl * 3 * sizeof(float));
     be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dqkv, p->qkvw + lc, N, C, 3 * Cl);
+    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, 3 * Cl);
     weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-    be->layernorm_backward(dres, g->ln1w + lc, g->ln1b + lc, ga->dbtc, residual, p->ln1w + lc,
-                           a.ln1_mean, a.ln1_rstd, N, C);
+    be->layernorm_backward(dres, g.ln1w, g.ln1b, ga->dbtc, residual, p.ln1w, a.ln1_mean, a.ln1_rstd,
+                           N, C);
 }
 
 /* W of a chunk's block i: its four GEMMs' weight gradients from the output gradients B kept. */
@@ -967,20 +1014,21 @@ static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
     if (m->tp_size == 1) {
-        be->encoder_backward(m->grads.wte, m->grads.wpe, dout, m->inputs, B, T, C);
+        be->encoder_backward(unit_tensor(m, m->unit_grads, LOOM_WTE),
+                             unit_tensor(m, m->unit_grads, LOOM_WPE), dout, m->inputs, B, T, C);
         return;
     }
     int rows = m->config.padded_vocab_size / m->tp_size;
-    be->position_backward(m->grads.wpe, dout, B, T, C);
-    be->encoder_shard_backward(m->grads.wte, dout, m->inputs, (int64_t)B * T, C, m->vocab_start,
-                               rows);
+    be->position_backward(unit_tensor(m, m->unit_grads, LOOM_WPE), dout, B, T, C);
+    be->encoder_shard_backward(unit_tensor(m, m->unit_grads, LOOM_WTE), dout, m->inputs,
+                               (int64_t)B * T, C, m->vocab_start, rows);
 }
 
 /* The tied LM head's weight gradient: dwte += dlogits^T lnf (dlogits in probs). */
 static void head_backward_weight(loom_gpt *m) {
     const loom_gpt_config *c = &m->config;
-    m->backend->matmul_backward_weight(m->grads.wte, NULL, m->acts.probs, m->acts.lnf,
-                                       (int64_t)m->cur_B * m->cur_T, c->channels,
+    m->backend->matmul_backward_weight(unit_tensor(m, m->unit_grads, LOOM_WTE), NULL, m->acts.probs,
+                                       m->acts.lnf, (int64_t)m->cur_B * m->cur_T, c->channels,
                                        c->padded_vocab_size / m->tp_size);
 }
 
@@ -1002,13 +1050,16 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
                                         m->vocab_local, Vpl, m->vocab_start);
     }
     memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, m->acts.probs, m->params.wte, N, C, Vpl);
+    be->matmul_backward_input(ga->dbtc, m->acts.probs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
+                              C, Vpl);
     if (!split) head_backward_weight(m);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
     memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
     const float *last = chunk_last_residual(m, ch, B, T);
-    be->layernorm_backward(ga->dresidual, m->grads.lnfw, m->grads.lnfb, ga->dbtc, last,
-                           m->params.lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, N, C);
+    be->layernorm_backward(ga->dresidual, unit_tensor(m, m->unit_grads, LOOM_LNFW),
+                           unit_tensor(m, m->unit_grads, LOOM_LNFB), ga->dbtc, last,
+                           unit_tensor(m, m->unit_params, LOOM_LNFW), m->acts.lnf_mean,
+                           m->acts.lnf_rstd, N, C);
 }
 
 static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {

@@ -14,14 +14,14 @@
 
 /* What one activation slot holds. */
 typedef struct {
-    int64_t tp;            /* tensor-parallel degree: buffers have this rank's widths */
-    int64_t layers;        /* blocks */
-    int has_embedding;     /* the embedding's W buffer (dencoded), when split */
-    int has_head;          /* the head's buffers */
-    int split;             /* B keeps what W needs */
+    int64_t tp;        /* tensor-parallel degree: buffers have this rank's widths */
+    int64_t layers;    /* blocks */
+    int has_embedding; /* the embedding's W buffer (dencoded), when split */
+    int has_head;      /* the head's buffers */
+    int split;         /* B keeps what W needs */
+    int64_t B, T;
     int selective;         /* the attention's softmax is not kept per layer (recomputed) */
     int sequence_parallel; /* the regions outside the GEMMs hold this rank's 1/tp of the rows */
-    int64_t B, T;
 } loom_gpt_slot_shape;
 
 /* Floats of each activation buffer of one slot, before rounding, in loom_gpt_acts order (the
