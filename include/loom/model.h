@@ -544,6 +544,15 @@ typedef struct {
     int64_t tp_allreduces_fwd, tp_bytes_fwd;             /* count; payload bytes */
     int64_t tp_allreduces_bwd, tp_bytes_bwd;             /* count; payload bytes */
     int64_t tp_allreduces_recompute, tp_bytes_recompute; /* the rerun forward's; 0 without */
+    /* sequence parallelism (spec.sequence_parallel) replaces most allreduces above by
+     * all-gathers and reduce-scatters over the tp group: count, and bytes of the whole (gathered
+     * or reduced, B x T rows) buffer of each; an all-gather or a reduce-scatter of n bytes moves
+     * half what an allreduce of n bytes does */
+    int64_t tp_shards_fwd, tp_shard_bytes_fwd;
+    int64_t tp_shards_bwd, tp_shard_bytes_bwd;
+    int64_t tp_shards_recompute, tp_shard_bytes_recompute;
+    int64_t flops_selective; /* FLOPs: the attention core (QK^T, softmax, x V) rerun in backward
+                              * by selective recomputation (spec.selective), else 0 */
     /* pipeline point-to-point, per micro-batch */
     int64_t pp_act_bytes;  /* bytes: output (B,T,C) fp32 sent to the next stage; 0 on the last */
     int64_t pp_grad_bytes; /* bytes: input gradient (B,T,C) fp32 sent back; 0 on the first */
