@@ -81,6 +81,31 @@ else
     fail "resume runs: $(tail -3 resumed_dp.log resumed_single.log)"
 fi
 
+# ZeRO-2 (gradients sharded: a block's reduce-scatter per micro-batch as its backward ends, no
+# full-size gradient buffer) with gradient accumulation; its checkpoint resumed under ZeRO-1 and
+# under one process continues as the single run does
+run zero2_accum 2 --zero 2 --micro-batch-size 1 --save-every 4
+compare_run zero2_accum
+if grep -q "data parallel 2 with ZeRO-2" zero2_accum.log; then ok; else fail "ZeRO-2 not reported: $(grep -m1 'ranks:' zero2_accum.log)"; fi
+for r in zero2_resumed_zero1 zero2_resumed_single; do
+    np=2 flags=(--zero 1)
+    [ "$r" = zero2_resumed_single ] && np=1 flags=()
+    if timeout 300 mpirun -np $np "$LOOM" train "${common[@]}" --out $r --resume zero2_accum/checkpoints/step_00000004 "${flags[@]}" >$r.log 2>&1; then
+        series single/metrics.jsonl | awk '$1 > 4' >single.tail
+        series "$r/metrics.jsonl" >"$r.series"
+        if out=$(close_series single.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
+    else
+        fail "$r: $(tail -3 $r.log)"
+    fi
+done
+# and a ZeRO-1 checkpoint resumed under ZeRO-2
+if timeout 300 mpirun -np 2 "$LOOM" train "${common[@]}" --out zero1_resumed_zero2 --resume zero_half/checkpoints/step_00000004 --zero 2 >zero1_resumed_zero2.log 2>&1; then
+    series zero1_resumed_zero2/metrics.jsonl >zero1_resumed_zero2.series
+    if out=$(close_series single.tail zero1_resumed_zero2.series); then ok; else fail "zero1_resumed_zero2 after resume: $out"; fi
+else
+    fail "zero1_resumed_zero2: $(tail -3 zero1_resumed_zero2.log)"
+fi
+
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?
@@ -133,6 +158,12 @@ run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
 compare_run dp4_zero1_accum
 # ZeRO-1's reduce-scatter runs bucket by bucket as a ring during backward: with tiny buckets
 # most of a bucket's blocks are empty on most ranks, and many rings are in flight at once
+run dp4_zero2_accum 4 --zero 2 --micro-batches 2 --micro-batch-size 1
+compare_run dp4_zero2_accum
+run tp2_dp2_zero2 4 --tensor-parallel 2 --data-parallel 2 --zero 2 --micro-batch-size 1
+compare_run tp2_dp2_zero2
+run pp2_dp2_zero2_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 2 --recompute
+compare_run pp2_dp2_zero2_recompute
 run dp4_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005
 compare_run dp4_zero1_tiny_buckets
 run pp2_dp2_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005 --pipeline-parallel 2

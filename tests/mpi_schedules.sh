@@ -91,6 +91,12 @@ if [ "$quick" != 1 ]; then
     check zbh1_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-h1 --micro-batch-size 1
     check zbh1_p4_m4 4 single --pipeline-parallel 4 --schedule zb-h1
     check zbh1_p2_tp2_dp2 8 single_h4 --heads 4 --pipeline-parallel 2 --schedule zb-h1 --tensor-parallel 2 --data-parallel 2 --zero1
+    # ZeRO-2 under every schedule: a split backward's B writes a block's LayerNorm gradients,
+    # its W the rest, and the block's buffer is reduce-scattered after W
+    for sched in gpipe 1f1b zb-h1 zb-v; do
+        check "${sched}_p2_dp2_zero2" 4 single --pipeline-parallel 2 --schedule $sched --data-parallel 2 --zero 2
+    done
+    check il_p2v2_dp2_zero2 4 single "${il[@]}" --data-parallel 2 --zero 2
     check zbv_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-v --micro-batch-size 1
     check zbv_p2_uneven 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule zb-v --stage-layers 2,1,2,1
     check zbv_p2_dp2_fused 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --embedding-sync fused

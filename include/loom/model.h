@@ -292,7 +292,21 @@ typedef struct {
      * uses it to start bucket allreduces while backward goes on. NULL: not called. */
     void (*grads_ready)(void *ctx, size_t ready_offset);
     void *grads_ready_ctx;
+    /* Called around a block unit's gradient writes (ZeRO-2/3 hand in and collect gradient
+     * buffers here; loom_gpt_set_unit_events): LOOM_GPT_UNIT_GRADS before the pass writes unit
+     * u's gradients (a fused backward's block, a split backward's B, which writes the LayerNorm
+     * gradients, and its W), LOOM_GPT_UNIT_GRADS_DONE after the last write of that backward (the
+     * fused block, or W). NULL: not called. */
+    void (*unit_event)(void *ctx, int unit, int event);
+    void *unit_event_ctx;
 } loom_gpt;
+enum { LOOM_GPT_UNIT_GRADS, LOOM_GPT_UNIT_GRADS_DONE };
+/* Installs (NULL: removes) the unit event hook. */
+void loom_gpt_set_unit_events(loom_gpt *model, void (*unit_event)(void *ctx, int unit, int event),
+                              void *ctx);
+/* Frees the flat gradient buffer (grads_memory NULL, grads' pointers NULL): for a caller that
+ * points every unit's gradients at buffers of its own (ZeRO-2/3) before the next backward. */
+void loom_gpt_drop_grads(loom_gpt *model);
 
 /* Points every unit back at params_memory and grads_memory (where creation puts them). */
 void loom_gpt_units_reset(loom_gpt *model);

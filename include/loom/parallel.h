@@ -153,6 +153,12 @@ loom_status loom_grad_sync_finish(loom_grad_sync *sync);
  * or under ZeRO-1 its shard (grads indexed from range.begin). */
 loom_zero_shard loom_grad_sync_range(const loom_grad_sync *sync);
 float *loom_grad_sync_grads(loom_grad_sync *sync);
+/* Zeroes the gradients before a step's first backward (the model's flat buffer, or ZeRO-2's
+ * shard and units). */
+void loom_grad_sync_zero_grads(loom_grad_sync *sync);
+/* Bytes of gradient memory this rank holds: the model's flat buffer, or under ZeRO-2 the shard,
+ * the whole units and the block buffers at their high-water mark. */
+size_t loom_grad_sync_grad_bytes(const loom_grad_sync *sync);
 /* Mean loss over the global batch and the global gradient norm, identical on every rank:
  * loss_sum is this rank's sum of micro-batch mean losses (counted on the last stage only);
  * every parameter's gradient counts once (TP-sharded tensors summed over TP, replicated ones

@@ -1062,6 +1062,10 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
                            m->acts.lnf_rstd, N, C);
 }
 
+static void fire_unit_event(loom_gpt *m, int layer, int event) {
+    if (m->unit_event) m->unit_event(m->unit_event_ctx, loom_gpt_block_unit(layer), event);
+}
+
 static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, ready_offset);
 }
@@ -1085,7 +1089,9 @@ static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float
     }
     for (int i = ch->layers - 1; i >= 0; i--) {
         const float *residual = i > 0 ? layer_view(m, i - 1, B, T).residual3 : m->acts.encoded;
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS);
         block_backward(m, ch, i, residual, B, T, split);
+        if (!split) fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS_DONE);
         if (!split) notify_grads_ready(m, block_grads_offset(m, ch->first + i));
     }
     /* the embedding chunk ends in the embeddings; others leave d(input) in dresidual */
@@ -1105,7 +1111,9 @@ static void backward_weight(loom_gpt *m, const chunk_view *ch) {
     /* the fused backward's order, so that its gradients come out the same bits */
     if (ch->has_head) head_backward_weight(m);
     for (int i = ch->layers - 1; i >= 0; i--) {
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS);
         block_backward_weight(m, ch, i, B, T);
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS_DONE);
         notify_grads_ready(m, block_grads_offset(m, ch->first + i));
     }
     if (ch->has_embedding) embed_backward(m, m->acts.dencoded, B, T);
@@ -1210,7 +1218,19 @@ void loom_gpt_backward_weight(loom_gpt *m) {
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-    memset(m->grads_memory, 0, m->num_params * sizeof(float));
+    if (m->grads_memory) memset(m->grads_memory, 0, m->num_params * sizeof(float));
+}
+
+void loom_gpt_set_unit_events(loom_gpt *m, void (*event)(void *ctx, int unit, int event),
+                              void *ctx) {
+    m->unit_event = event;
+    m->unit_event_ctx = ctx;
+}
+
+void loom_gpt_drop_grads(loom_gpt *m) {
+    loom_free_aligned(m->grads_memory);
+    m->grads_memory = NULL;
+    memset(&m->grads, 0, sizeof m->grads);
 }
 
 void loom_gpt_set_grads_ready(loom_gpt *m, void (*grads_ready)(void *ctx, size_t ready_offset),

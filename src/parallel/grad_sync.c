@@ -130,6 +130,7 @@ struct loom_grad_sync {
     loom_trace *trace;          /* NULL: not tracing */
     int64_t step;               /* for the trace */
     int in_step;                /* before_backward began this step's sync; finish ends it */
+    loom_unit_sync *units;      /* ZeRO-2 and up: the gradients per unit (zero.c); no buckets */
 };
 
 /* The ring of bucket b over the gradient buffer: block r is the part of rank r's ZeRO range
@@ -158,8 +159,16 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
     s->range = loom_zero_shard_of(n, s->zero1 ? dp : 1, s->zero1 ? mesh->dp_rank : 0);
     loom_status st = LOOM_OK;
     if (s->zero1 && s->range.padded_count > n + LOOM_GPT_PAD_FLOATS) {
-        st = loom_fail(LOOM_ERR_INPUT, "--zero1: at most %d data-parallel ranks",
+        st = loom_fail(LOOM_ERR_INPUT, "--zero: at most %d data-parallel ranks",
                        LOOM_GPT_PAD_FLOATS);
+    }
+    if (st == LOOM_OK && mesh->plan->zero >= 2) {
+        st = loom_unit_sync_create(&s->units, mesh, model, s->range);
+        if (st == LOOM_OK) {
+            loom_unit_sync_attach(s->units);
+            *out = s;
+            return LOOM_OK;
+        }
     }
     s->fused = mesh->embedding_all != NULL;
     if (st == LOOM_OK && dp > 1) {
@@ -204,6 +213,7 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
 
 void loom_grad_sync_free(loom_grad_sync *s) {
     if (!s) return;
+    loom_unit_sync_free(s->units);
     for (int b = 0; s->state && b < s->num_buckets; b++) loom_comm_ring_free(s->state[b].ring);
     loom_dp_compress_free(s->compress);
     loom_grad_buckets_free(s->buckets, s->num_buckets);
@@ -339,8 +349,14 @@ static loom_status sync_embedding(loom_grad_sync *s) {
                                    LOOM_REDUCE_SUM);
 }
 
+void loom_grad_sync_zero_grads(loom_grad_sync *s) {
+    loom_gpt_zero_grad(s->model);
+    if (s->units) loom_unit_sync_zero(s->units);
+}
+
 loom_status loom_grad_sync_finish(loom_grad_sync *s) {
     s->in_step = 0;
+    if (s->units) return loom_unit_sync_finish(s->units, s->mesh->embedding);
     if (!s->buckets) return sync_embedding(s);
     /* the held bucket (the tied embedding's) may start once both copies are summed */
     loom_status st = s->held >= 0 ? sync_embedding(s) : LOOM_OK;
@@ -383,7 +399,13 @@ loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {
 }
 
 float *loom_grad_sync_grads(loom_grad_sync *s) {
+    if (s->units) return loom_unit_sync_grads(s->units);
     return s->model->grads_memory + s->range.begin;
+}
+
+size_t loom_grad_sync_grad_bytes(const loom_grad_sync *s) {
+    if (s->units) return loom_unit_sync_buffer_bytes(s->units);
+    return s->model->num_params * sizeof(float);
 }
 
 void loom_grad_sync_poison(loom_grad_sync *s) {
@@ -393,9 +415,9 @@ void loom_grad_sync_poison(loom_grad_sync *s) {
 /* Sums of squares over this rank's range, split into TP-sharded tensors (out[0]) and the rest
  * (out[1]); each parameter once: the embeddings where they are used first, the final LayerNorm
  * on the head stage (other stages' copies are idle or mirror them). */
-static void sum_squares(const loom_grad_sync *s, double out[2]) {
+static void sum_squares(loom_grad_sync *s, double out[2]) {
     const loom_gpt *model = s->model;
-    const float *grads = model->grads_memory;
+    const float *grads = loom_grad_sync_grads(s); /* from range.begin */
     size_t lo = s->range.begin, hi = s->range.end;
     out[0] = out[1] = 0.0;
     for (int i = 0; i < model->num_segments; i++) {
@@ -406,7 +428,7 @@ static void sum_squares(const loom_grad_sync *s, double out[2]) {
         int k = seg->tensor;
         if ((k == LOOM_WTE || k == LOOM_WPE) && !model->has_embedding) continue;
         if ((k == LOOM_LNFW || k == LOOM_LNFB) && !model->has_head) continue;
-        double sq = model->backend->sum_squares(grads + a, (int64_t)(b - a));
+        double sq = model->backend->sum_squares(grads + (a - lo), (int64_t)(b - a));
         out[s->mesh->tp_size > 1 && loom_gpt_tensor_is_sharded(k) ? 0 : 1] += sq;
     }
 }

@@ -18,10 +18,10 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          source, name, name);
     }
     /* what the plan may say and the runtime does not run yet, each by name */
-    if (plan->zero > 1) {
+    if (plan->zero > 2) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: mesh.zero: ZeRO stage %d is not built into the runtime yet (the "
-                         "planner prices it); expected 0 or 1",
+                         "planner prices it); expected 0, 1 or 2",
                          source, plan->zero);
     }
     if (plan->sequence_parallel) {

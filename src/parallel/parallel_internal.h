@@ -47,6 +47,27 @@ int loom_dp_compress_count(const loom_dp_compress *dc);
 loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
 size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
 
+/* ZeRO-2's gradients (zero.c): per block a buffer the passes write into, reduce-scattered over
+ * dp as soon as that block's backward is done, this rank's block of the sum accumulated into its
+ * shard of the gradient; the embeddings' and the final LayerNorm's units stay whole for the step
+ * and are reduce-scattered at its end. Creating it frees the model's full gradient buffer. */
+typedef struct loom_unit_sync loom_unit_sync;
+loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, loom_gpt *model,
+                                  loom_zero_shard range);
+void loom_unit_sync_free(loom_unit_sync *u);
+/* Installs the model's unit hook (for every backward of the run). */
+void loom_unit_sync_attach(loom_unit_sync *u);
+/* Start of a step: the shard and the held units zeroed. */
+void loom_unit_sync_zero(loom_unit_sync *u);
+/* End of a step's backward: every ring completed, the tied embedding summed over `embedding`
+ * (NULL: none), the held units reduce-scattered; the shard then holds the step's gradients. */
+loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding);
+/* The shard's gradients, indexed from range.begin. */
+float *loom_unit_sync_grads(loom_unit_sync *u);
+/* Bytes of gradient memory it holds: the shard, the held units and the pool's buffers at their
+ * high-water mark. */
+size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u);
+
 /* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): the
  * lists of ranks first .. first + count - 1 (out[0 .. count)) for a checked shape, from one
  * run. */

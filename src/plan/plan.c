@@ -226,6 +226,13 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
                                "gradients need mesh.zero 0 or 1), got \"%s\"",
                                p->zero, loom_compress_method_name(p->dp_compression.method));
     }
+    if (p->zero > 1 && p->embedding_sync == LOOM_EMBEDDING_SYNC_FUSED) {
+        return loom_fail_field(source, "compression.embedding_sync",
+                               "expected \"separate\" with mesh.zero %d (ZeRO-2/3 sum the tied "
+                               "embedding's two copies before reducing its shards; the fused sum "
+                               "over every replica is for mesh.zero 0 or 1), got \"fused\"",
+                               p->zero);
+    }
     if (p->sequence_parallel && p->tp < 2) {
         return loom_fail_field(source, "mesh.sequence_parallel",
                                "expected false with mesh.tp %d (sequence parallelism shards the "

@@ -153,6 +153,7 @@ static loom_status make_model(trainer *t) {
 }
 
 static void print_setup(const trainer *t) {
+    static const char *const zero_words[] = {"", " with ZeRO-1", " with ZeRO-2", " with ZeRO-3"};
     const loom_gpt_config *mc = &t->plan->model;
     const loom_mesh *mesh = &t->mesh;
     loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d): %.2fM "
@@ -166,8 +167,7 @@ static void print_setup(const trainer *t) {
     loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
               "global batch %d = micro %d x %d micro-batches x %d; threads per rank: %d; sgemm "
               "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
-              ranks, mesh->dp_size,
-              loom_grad_sync_range(t->sync).shard < t->model->num_params ? " with ZeRO-1" : "",
+              ranks, mesh->dp_size, zero_words[mesh->dp_size > 1 ? t->plan->zero : 0],
               mesh->tp_size, mesh->pp_size, mesh->pp_size > 1 ? ", schedule " : "",
               mesh->pp_size > 1 ? loom_schedule_kind_name(t->plan->schedule) : "",
               t->plan->global_batch, t->plan->micro_batch, loom_plan_num_micro_batches(t->plan),
@@ -258,7 +258,7 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     size_t bt = (size_t)B * (size_t)T;
     /* the mean over the global batch: every token of every replica weighs 1/(G*T) */
     float dloss = 1.0f / ((float)B * (float)T * (float)m * (float)mesh->dp_size);
-    loom_gpt_zero_grad(t->model);
+    loom_grad_sync_zero_grads(t->sync);
     /* every stage reads the same windows: the first needs the tokens, the last the targets */
     loom_loader_skip(t->train_loader, (uint64_t)mesh->dp_rank * per_replica);
     loom_status st = LOOM_OK;
