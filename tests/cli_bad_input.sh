@@ -386,9 +386,12 @@ echo '{"recompute": "sometimes"}' >recompute_bad.json
 bad "recompute config key with a bad word" \
     'recompute_bad\.json: key "recompute": expected none, needed, always or selective, got .sometimes.' \
     -- "${TRAIN[@]}" --config recompute_bad.json
-bad "a runtime refusal names what is not built yet" \
-    'mesh\.zero: ZeRO stage 3 is not built into the runtime yet' \
-    -- "${TRAIN[@]}" --zero 3
+bad "ZeRO-2/3 refuse the fused embedding sync by name" \
+    'compression\.embedding_sync: expected "separate" with mesh\.zero 3' \
+    -- "${TRAIN[@]}" --zero 3 --embedding-sync fused
+bad "ZeRO-3's knobs only with --zero 3" \
+    '--zero3-prefetch: expected only with --zero 3' \
+    -- "${TRAIN[@]}" --zero 2 --zero3-prefetch 2
 echo '{"lr": true}' >bool_lr.json
 bad "a boolean for a number" 'bool_lr\.json: key "lr": expected a number, got a boolean' \
     -- "${TRAIN[@]}" --config bool_lr.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every parallel layout trains the same model as one process: data-parallel (2 and 4 ranks,
-# ZeRO-1, gradient accumulation, tiny buckets), tensor-parallel (2 and 4 ways) and both
+# ZeRO-1/2/3, gradient accumulation, tiny buckets), tensor-parallel (2 and 4 ways) and both
 # combined must give the single-process losses, validation losses and grad norms within 1e-5
 # relative at every step, the same final parameters within 1e-5, and bit-identical DP
 # replicas; checkpoints move between layouts; a mismatched layout is a clear error.
@@ -106,6 +106,23 @@ else
     fail "zero1_resumed_zero2: $(tail -3 zero1_resumed_zero2.log)"
 fi
 
+# ZeRO-3 (parameters sharded too: each block gathered before its forward and its backward, the
+# next one prefetched): the same model, its checkpoint (gathered from the shards) the same final
+# parameters, validation through the gathered blocks; a ZeRO-2 checkpoint resumed under ZeRO-3
+# and a ZeRO-3 one under one process
+run zero3_accum 2 --zero 3 --micro-batch-size 1 --save-every 4
+compare_run zero3_accum
+for r in zero2_resumed_zero3 zero3_resumed_single; do
+    np=2 flags=(--zero 3) from=zero2_accum
+    [ "$r" = zero3_resumed_single ] && np=1 flags=() from=zero3_accum
+    if timeout 300 mpirun -np $np "$LOOM" train "${common[@]}" --out $r --resume $from/checkpoints/step_00000004 "${flags[@]}" >$r.log 2>&1; then
+        series "$r/metrics.jsonl" >"$r.series"
+        if out=$(close_series single.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
+    else
+        fail "$r: $(tail -3 $r.log)"
+    fi
+done
+
 # a layout that does not fit the launched ranks: exit 2 and the reason on every rank
 timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
 code=$?
@@ -164,6 +181,17 @@ run tp2_dp2_zero2 4 --tensor-parallel 2 --data-parallel 2 --zero 2 --micro-batch
 compare_run tp2_dp2_zero2
 run pp2_dp2_zero2_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 2 --recompute
 compare_run pp2_dp2_zero2_recompute
+run dp4_zero3_accum 4 --zero 3 --micro-batches 2 --micro-batch-size 1
+compare_run dp4_zero3_accum
+run tp2_dp2_zero3 4 --tensor-parallel 2 --data-parallel 2 --zero 3 --micro-batch-size 1
+compare_run tp2_dp2_zero3
+run pp2_dp2_zero3_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 3 --recompute
+compare_run pp2_dp2_zero3_recompute
+# prefetch off, deeper, and gathering once per step
+run dp2_zero3_no_prefetch 2 --zero 3 --zero3-prefetch 0 --micro-batch-size 1
+compare_run dp2_zero3_no_prefetch
+run dp2_zero3_step 2 --zero 3 --zero3-prefetch 3 --zero3-gather step --micro-batch-size 1
+compare_run dp2_zero3_step
 run dp4_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005
 compare_run dp4_zero1_tiny_buckets
 run pp2_dp2_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005 --pipeline-parallel 2

@@ -97,6 +97,12 @@ if [ "$quick" != 1 ]; then
         check "${sched}_p2_dp2_zero2" 4 single --pipeline-parallel 2 --schedule $sched --data-parallel 2 --zero 2
     done
     check il_p2v2_dp2_zero2 4 single "${il[@]}" --data-parallel 2 --zero 2
+    # ZeRO-3 under every schedule: B gathers a block's parameters, W needs none
+    for sched in gpipe 1f1b zb-h1 zb-v; do
+        check "${sched}_p2_dp2_zero3" 4 single --pipeline-parallel 2 --schedule $sched --data-parallel 2 --zero 3
+    done
+    check il_p2v2_dp2_zero3 4 single "${il[@]}" --data-parallel 2 --zero 3
+    check zbv_recompute_dp2_zero3 4 single --pipeline-parallel 2 --schedule zb-v --recompute --data-parallel 2 --zero 3
     check zbv_p2_m8 2 single_m1 --pipeline-parallel 2 --schedule zb-v --micro-batch-size 1
     check zbv_p2_uneven 2 single_l6 --layers 6 --pipeline-parallel 2 --schedule zb-v --stage-layers 2,1,2,1
     check zbv_p2_dp2_fused 4 single --pipeline-parallel 2 --schedule zb-v --data-parallel 2 --no-zero1 --embedding-sync fused

@@ -131,6 +131,11 @@ loom_status loom_comm_iallreduce_f32(loom_comm *comm, float *buf, int64_t count,
 /* Non-blocking allgather: as loom_comm_allgather_f32 (in place allowed likewise). */
 loom_status loom_comm_iallgather_f32(loom_comm *comm, const float *send, float *recv, int64_t count,
                                      loom_comm_request **request);
+/* All-gather of uneven blocks, in place: block r of buf is buf[bounds[r] .. bounds[r+1]) (size
+ * + 1 non-decreasing offsets, blocks and offsets below 2^31 elements), this rank's already in
+ * place; every rank ends with every block. Counts this rank's block times (size - 1) bytes sent. */
+loom_status loom_comm_iallgatherv_f32(loom_comm *comm, float *buf, const int64_t *bounds,
+                                      loom_comm_request **request);
 loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag,
                             loom_comm_request **request);
 loom_status loom_comm_irecv(loom_comm *comm, void *buf, int64_t bytes, int peer, int tag,

@@ -190,6 +190,11 @@ loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model);
  * OUT/checkpoints/latest at it; the pointer moves only after both files are on disk. */
 loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
                                  const float *v, const loom_ckpt_state *state);
+/* The same with the parameters from `params` (in the model's flat layout) rather than the
+ * model's own buffer: a caller that keeps them elsewhere (ZeRO-3's gathered shards). */
+loom_status loom_checkpoint_save_params(const char *out_dir, const loom_gpt *model,
+                                        const float *params, const float *m, const float *v,
+                                        const loom_ckpt_state *state);
 /* The same, for a model no process holds whole: `layout` describes the unsharded model
  * (loom_gpt_describe), and fill(ctx, buffer, tensor, layer) returns one slice at a time —
  * buffer 0 the parameters, 1 exp_avg, 2 exp_avg_sq; tensor LOOM_WTE...; layer -1 for the

@@ -263,7 +263,9 @@ typedef struct {
                                  * tensor of numel 0) */
     int num_segments;
 
-    float *params_memory; /* (num_params) */
+    float *params_memory; /* the flat offsets [params_begin, params_end): (num_params) but under
+                           * ZeRO-3, where it is this rank's shard */
+    size_t params_begin, params_end;
     loom_gpt_tensors params;
     float *grads_memory; /* (num_params) */
     loom_gpt_tensors grads;
@@ -292,15 +294,23 @@ typedef struct {
      * uses it to start bucket allreduces while backward goes on. NULL: not called. */
     void (*grads_ready)(void *ctx, size_t ready_offset);
     void *grads_ready_ctx;
-    /* Called around a block unit's gradient writes (ZeRO-2/3 hand in and collect gradient
-     * buffers here; loom_gpt_set_unit_events): LOOM_GPT_UNIT_GRADS before the pass writes unit
-     * u's gradients (a fused backward's block, a split backward's B, which writes the LayerNorm
-     * gradients, and its W), LOOM_GPT_UNIT_GRADS_DONE after the last write of that backward (the
-     * fused block, or W). NULL: not called. */
+    /* Called around a block unit's use (ZeRO-2/3 hand in and collect buffers here;
+     * loom_gpt_set_unit_events): LOOM_GPT_UNIT_GRADS before the pass writes unit u's gradients
+     * (a fused backward's block, a split backward's B, which writes the LayerNorm gradients, and
+     * its W), LOOM_GPT_UNIT_GRADS_DONE after the last write of that backward (the fused block,
+     * or W); LOOM_GPT_UNIT_PARAMS_FORWARD / _BACKWARD before a forward or a backward (fused or
+     * B; W reads no parameters) reads the block's parameters, LOOM_GPT_UNIT_PARAMS_DONE after.
+     * The embeddings' and the final LayerNorm's units get no events. NULL: not called. */
     void (*unit_event)(void *ctx, int unit, int event);
     void *unit_event_ctx;
 } loom_gpt;
-enum { LOOM_GPT_UNIT_GRADS, LOOM_GPT_UNIT_GRADS_DONE };
+enum {
+    LOOM_GPT_UNIT_GRADS,
+    LOOM_GPT_UNIT_GRADS_DONE,
+    LOOM_GPT_UNIT_PARAMS_FORWARD,  /* before a forward reads block unit u's parameters */
+    LOOM_GPT_UNIT_PARAMS_BACKWARD, /* before a backward (fused or B) reads them */
+    LOOM_GPT_UNIT_PARAMS_DONE      /* after that pass is done with them */
+};
 /* Installs (NULL: removes) the unit event hook. */
 void loom_gpt_set_unit_events(loom_gpt *model, void (*unit_event)(void *ctx, int unit, int event),
                               void *ctx);
@@ -335,6 +345,13 @@ typedef struct {
      * at most one has the embedding (starting at 0), at most one the head (ending at L). */
     int num_chunks;
     loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
+    /* ZeRO: `windowed` keeps only the parameters at flat offsets [params_begin, params_end)
+     * (params_memory then holds that window, and the units' parameters are the caller's to
+     * point at: ZeRO-3); no_grads allocates no flat gradient buffer (ZeRO-2/3: the caller points
+     * the units' gradients at buffers of its own). */
+    int windowed;
+    size_t params_begin, params_end;
+    int no_grads;
 } loom_gpt_shard;
 loom_status loom_gpt_create_shard(loom_gpt **model, const loom_gpt_config *config,
                                   const loom_backend *backend, const loom_gpt_shard *shard);
@@ -425,7 +442,8 @@ void loom_gpt_free(loom_gpt *model);
 
 /* GPT-2 initialisation from a seed: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
  * LayerNorm weights 1, biases 0, padded vocabulary rows 0. Element (tensor k, index i) is
- * drawn from the counter-based RNG at (seed, k, i), so shards can be made independently. */
+ * drawn from the counter-based RNG at (seed, k, i), so shards can be made independently: it
+ * fills the rank's window of params_memory (ZeRO-3: its shard). */
 void loom_gpt_init_weights(loom_gpt *model, uint64_t seed);
 
 /* Sizes the activation buffers for micro-batch B and sequence T (T <= max_seq_len). */

@@ -159,6 +159,9 @@ void loom_grad_sync_zero_grads(loom_grad_sync *sync);
 /* Bytes of gradient memory this rank holds: the model's flat buffer, or under ZeRO-2 the shard,
  * the whole units and the block buffers at their high-water mark. */
 size_t loom_grad_sync_grad_bytes(const loom_grad_sync *sync);
+/* Bytes of parameter memory this rank holds: the whole flat buffer, or under ZeRO-3 its shard,
+ * the gathered embeddings and final LayerNorm, and the block buffers at their high-water mark. */
+size_t loom_grad_sync_param_bytes(const loom_grad_sync *sync);
 /* Mean loss over the global batch and the global gradient norm, identical on every rank:
  * loss_sum is this rank's sum of micro-batch mean losses (counted on the last stage only);
  * every parameter's gradient counts once (TP-sharded tensors summed over TP, replicated ones

@@ -33,6 +33,7 @@ struct loom_comm_request {
     int count;              /* MPI requests posted */
     int done;               /* leading requests seen complete */
     MPI_Request *heap_reqs; /* (count) when more than fit inline; NULL otherwise */
+    int *scratch;           /* what MPI reads until completion (allgatherv's counts); or NULL */
     MPI_Request inline_reqs[COMM_INLINE_REQUESTS];
 };
 

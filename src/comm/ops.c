@@ -381,6 +381,63 @@ loom_status loom_comm_iallgather_f32(loom_comm *comm, const float *send, float *
     return hand_out(request, status, out);
 }
 
+loom_status loom_comm_iallgatherv_f32(loom_comm *comm, float *buf, const int64_t *bounds,
+                                      loom_comm_request **out) {
+    *out = NULL;
+    comm_note_activity();
+    const char *op = "allgatherv";
+    const int size = comm->size, rank = comm->rank;
+    int64_t total = bounds[size];
+    loom_status status = check_buffer(comm, op, buf, total);
+    for (int r = 0; status == LOOM_OK && r < size; r++) {
+        if (bounds[r] < 0 || bounds[r + 1] < bounds[r] || bounds[r + 1] - bounds[r] > INT_MAX ||
+            bounds[r] > INT_MAX) {
+            status = loom_fail(LOOM_ERR_RUNTIME,
+                               "%s on group '%s': block %d [%lld, %lld) is not a block of at most "
+                               "%d elements from offset at most %d",
+                               op, comm->name, r, (long long)bounds[r], (long long)bounds[r + 1],
+                               INT_MAX, INT_MAX);
+        }
+    }
+    if (status != LOOM_OK) return status;
+    loom_comm_request *request = new_request();
+    if (!request) return LOOM_ERR_NOMEM;
+    int *counts = loom_malloc(2 * (size_t)size * sizeof *counts, "allgatherv counts");
+    if (!counts) {
+        free(request);
+        return LOOM_ERR_NOMEM;
+    }
+    int *displs = counts + size;
+    for (int r = 0; r < size; r++) {
+        counts[r] = (int)(bounds[r + 1] - bounds[r]);
+        displs[r] = (int)bounds[r];
+    }
+    if (size == 1) {
+        status = request_begin(request, comm, op, -1, 0);
+    } else {
+        status = request_begin(request, comm, op, -1, 1);
+        if (status == LOOM_OK) {
+            /* a non-blocking collective may read its counts and displacements until it
+             * completes (MPI-3.1, 5.12): they live in the request until then */
+            request->scratch = counts;
+            counts = NULL;
+            int rc =
+                MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, request->scratch,
+                                request->scratch + size, MPI_FLOAT, comm->mpi, next_slot(request));
+            if (rc != MPI_SUCCESS) {
+                status = start_failed(request, rc);
+            } else {
+                request->count++;
+            }
+        }
+    }
+    free(counts);
+    if (status == LOOM_OK) {
+        count_call(comm, (size - 1) * (bounds[rank + 1] - bounds[rank]) * (int64_t)sizeof(float));
+    }
+    return hand_out(request, status, out);
+}
+
 loom_status loom_comm_isend(loom_comm *comm, const void *buf, int64_t bytes, int peer, int tag,
                             loom_comm_request **out) {
     *out = NULL;

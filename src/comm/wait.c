@@ -234,6 +234,8 @@ static void check_liveness(struct loom_comm_request *request, double waited, dou
 void comm_request_release(struct loom_comm_request *request) {
     free(request->heap_reqs);
     request->heap_reqs = NULL;
+    free(request->scratch);
+    request->scratch = NULL;
     request->count = request->done = 0;
 }
 

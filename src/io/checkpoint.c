@@ -404,7 +404,13 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
 
 loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
                                  const float *v, const loom_ckpt_state *state) {
-    const float *bufs[3] = {model->params_memory, m, v};
+    return loom_checkpoint_save_params(out_dir, model, model->params_memory, m, v, state);
+}
+
+loom_status loom_checkpoint_save_params(const char *out_dir, const loom_gpt *model,
+                                        const float *params, const float *m, const float *v,
+                                        const loom_ckpt_state *state) {
+    const float *bufs[3] = {params, m, v};
     return checkpoint_save(out_dir, model, bufs, NULL, NULL, state);
 }
 

@@ -439,14 +439,26 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     qsort(m->segments, (size_t)m->num_segments, sizeof *m->segments, compare_segments);
     /* spare zeros after the parameters let ZeRO-1 pad the buffer to a multiple of dp */
     size_t capacity = m->num_params + LOOM_GPT_PAD_FLOATS;
-    m->params_memory = loom_alloc_aligned(capacity * sizeof(float), "parameters");
-    m->grads_memory = loom_alloc_aligned(capacity * sizeof(float), "gradients");
-    if (!m->params_memory || !m->grads_memory) {
+    int windowed = shard->windowed;
+    m->params_begin = windowed ? shard->params_begin : 0;
+    m->params_end = windowed ? shard->params_end : m->num_params;
+    if (m->params_begin > m->params_end || m->params_end > m->num_params) {
+        size_t n = m->num_params;
+        loom_gpt_free(m);
+        return loom_fail(LOOM_ERR_INPUT, "model: parameter window [%zu, %zu) outside [0, %zu)",
+                         shard->params_begin, shard->params_end, n);
+    }
+    /* a window keeps the spare zeros too: ZeRO's shards are padded to equal sizes */
+    size_t window = windowed ? m->params_end - m->params_begin + LOOM_GPT_PAD_FLOATS : capacity;
+    m->params_memory = loom_alloc_aligned(window * sizeof(float), "parameters");
+    if (!shard->no_grads)
+        m->grads_memory = loom_alloc_aligned(capacity * sizeof(float), "gradients");
+    if (!m->params_memory || (!shard->no_grads && !m->grads_memory)) {
         loom_gpt_free(m);
         return LOOM_ERR_NOMEM;
     }
-    point_tensors(&m->params, m->params_memory, m->info);
-    point_tensors(&m->grads, m->grads_memory, m->info);
+    if (!windowed) point_tensors(&m->params, m->params_memory, m->info);
+    if (m->grads_memory) point_tensors(&m->grads, m->grads_memory, m->info);
     m->num_units = L + 2;
     m->unit_begin = loom_calloc((size_t)m->num_units + 1, sizeof *m->unit_begin, "units");
     m->unit_params = loom_calloc((size_t)m->num_units, sizeof *m->unit_params, "units");
@@ -465,9 +477,10 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
 }
 
 void loom_gpt_units_reset(loom_gpt *m) {
+    int whole = m->params_begin == 0 && m->params_end == m->num_params;
     for (int u = 0; u < m->num_units; u++) {
-        m->unit_params[u] = m->params_memory + m->unit_begin[u];
-        m->unit_grads[u] = m->grads_memory + m->unit_begin[u];
+        m->unit_params[u] = whole ? m->params_memory + m->unit_begin[u] : NULL;
+        m->unit_grads[u] = m->grads_memory ? m->grads_memory + m->unit_begin[u] : NULL;
     }
 }
 
@@ -555,14 +568,17 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
         float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
         int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : INT64_MAX;
         int random = ti->decay;
+        size_t lo = m->params_begin, hi = m->params_end; /* the window this rank keeps */
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
+            size_t at = loom_gpt_element_offset(ti, i);
+            if (at < lo || at >= hi) continue;
             float v = value;
             if (random) {
                 int64_t g = loom_gpt_global_index(m, k, i);
                 v = g < real ? s * (float)loom_rng_normal(seed, (uint64_t)k, (uint64_t)g) : 0.0f;
             }
-            m->params_memory[loom_gpt_element_offset(ti, i)] = v;
+            m->params_memory[at - lo] = v;
         }
     }
 }
@@ -776,6 +792,11 @@ static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B
     return ch->layers > 0 ? layer_view(m, ch->layers - 1, B, T).residual3 : m->acts.encoded;
 }
 
+/* Tells the unit hook (if any) about local layer `layer`'s block unit. */
+static void fire_unit_event(loom_gpt *m, int layer, int event) {
+    if (m->unit_event) m->unit_event(m->unit_event_ctx, loom_gpt_block_unit(layer), event);
+}
+
 static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
                           int T) {
     const loom_backend *be = m->backend;
@@ -855,7 +876,9 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
     }
     const float *residual = m->acts.encoded;
     for (int i = 0; i < ch->layers; i++) {
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_PARAMS_FORWARD);
         block_forward(m, ch, i, residual, B, T);
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_PARAMS_DONE);
         residual = layer_view(m, i, B, T).residual3;
     }
     if (!ch->has_head) return 0.0f;
@@ -1062,10 +1085,6 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
                            m->acts.lnf_rstd, N, C);
 }
 
-static void fire_unit_event(loom_gpt *m, int layer, int event) {
-    if (m->unit_event) m->unit_event(m->unit_event_ctx, loom_gpt_block_unit(layer), event);
-}
-
 static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, ready_offset);
 }
@@ -1089,8 +1108,10 @@ static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float
     }
     for (int i = ch->layers - 1; i >= 0; i--) {
         const float *residual = i > 0 ? layer_view(m, i - 1, B, T).residual3 : m->acts.encoded;
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_PARAMS_BACKWARD);
         fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS);
         block_backward(m, ch, i, residual, B, T, split);
+        fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_PARAMS_DONE);
         if (!split) fire_unit_event(m, ch->first + i, LOOM_GPT_UNIT_GRADS_DONE);
         if (!split) notify_grads_ready(m, block_grads_offset(m, ch->first + i));
     }

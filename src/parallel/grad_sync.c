@@ -403,6 +403,14 @@ float *loom_grad_sync_grads(loom_grad_sync *s) {
     return s->model->grads_memory + s->range.begin;
 }
 
+size_t loom_grad_sync_param_bytes(const loom_grad_sync *s) {
+    if (s->mesh->plan->zero == 3) {
+        return (s->range.end - s->range.begin) * sizeof(float) +
+               loom_unit_sync_param_bytes(s->units);
+    }
+    return s->model->num_params * sizeof(float);
+}
+
 size_t loom_grad_sync_grad_bytes(const loom_grad_sync *s) {
     if (s->units) return loom_unit_sync_buffer_bytes(s->units);
     return s->model->num_params * sizeof(float);
@@ -466,6 +474,7 @@ loom_status loom_grad_sync_loss_and_norm(loom_grad_sync *s, double loss_sum, int
 }
 
 loom_status loom_grad_sync_share_params(loom_grad_sync *s) {
+    if (s->mesh->plan->zero == 3) return loom_unit_sync_refresh(s->units);
     if (!s->zero1) return LOOM_OK;
     /* in place: this rank's range already sits at rank x shard in the buffer */
     float *params = s->model->params_memory;
@@ -488,7 +497,7 @@ static loom_status check_tied_embedding(loom_grad_sync *s) {
     if (!mesh->embedding) return LOOM_OK;
     const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
     uint64_t h =
-        checksum(s->model->params_memory + wte->offset, (size_t)wte->numel * sizeof(float));
+        checksum(s->model->unit_params[0] + wte->offset, (size_t)wte->numel * sizeof(float));
     double both[4] = {0, 0, 0, 0};
     int end = mesh->pp_rank == 0 ? 0 : 1;
     both[2 * end] = (double)(h >> 32), both[2 * end + 1] = (double)(h & 0xffffffffu);
@@ -508,7 +517,18 @@ loom_status loom_grad_sync_check_replicas(loom_grad_sync *s) {
     const loom_mesh *mesh = s->mesh;
     loom_status tied = check_tied_embedding(s);
     if (tied != LOOM_OK || mesh->dp_size < 2) return tied;
-    uint64_t h = checksum(s->model->params_memory, s->model->num_params * sizeof(float));
+    /* ZeRO-3's replicas share only what they hold gathered: the embeddings and the final
+     * LayerNorm (each rank's shard is its own) */
+    uint64_t h = 0;
+    if (s->mesh->plan->zero == 3) {
+        for (int k = 0; k < 2; k++) {
+            size_t floats;
+            const float *p = loom_unit_sync_held_params(s->units, k, &floats);
+            h = h * 31 + checksum(p, floats * sizeof(float));
+        }
+    } else {
+        h = checksum(s->model->params_memory, s->model->num_params * sizeof(float));
+    }
     /* every replica's checksum, in two exactly representable halves */
     int dp = mesh->dp_size;
     double *all = loom_calloc(2 * (size_t)dp, sizeof *all, "replica checksums");

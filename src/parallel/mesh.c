@@ -18,12 +18,6 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          source, name, name);
     }
     /* what the plan may say and the runtime does not run yet, each by name */
-    if (plan->zero > 2) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: mesh.zero: ZeRO stage %d is not built into the runtime yet (the "
-                         "planner prices it); expected 0, 1 or 2",
-                         source, plan->zero);
-    }
     if (plan->sequence_parallel) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: mesh.sequence_parallel: not built into the runtime yet (the "
@@ -144,5 +138,20 @@ loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_r
 }
 
 loom_gpt_shard loom_mesh_model_shard(const loom_mesh *mesh) {
-    return loom_mesh_rank_shard(mesh, mesh->pp_rank, mesh->tp_rank);
+    loom_gpt_shard shard = loom_mesh_rank_shard(mesh, mesh->pp_rank, mesh->tp_rank);
+    const loom_plan *plan = mesh->plan;
+    /* ZeRO-2/3: no full-size gradient buffer; ZeRO-3: only this rank's range of the parameters
+     * (the range loom_grad_sync shards the optimizer by) */
+    shard.no_grads = plan->zero >= 2;
+    if (plan->zero == 3) {
+        loom_gpt layout;
+        if (loom_gpt_describe(&layout, &plan->model, &shard) == LOOM_OK) {
+            loom_zero_shard range =
+                loom_zero_shard_of(layout.num_params, mesh->dp_size, mesh->dp_rank);
+            shard.windowed = 1;
+            shard.params_begin = range.begin;
+            shard.params_end = range.end;
+        }
+    }
+    return shard;
 }

@@ -47,10 +47,11 @@ int loom_dp_compress_count(const loom_dp_compress *dc);
 loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
 size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
 
-/* ZeRO-2's gradients (zero.c): per block a buffer the passes write into, reduce-scattered over
+/* ZeRO-2/3 (zero.c): per block a gradient buffer the passes write into, reduce-scattered over
  * dp as soon as that block's backward is done, this rank's block of the sum accumulated into its
  * shard of the gradient; the embeddings' and the final LayerNorm's units stay whole for the step
- * and are reduce-scattered at its end. Creating it frees the model's full gradient buffer. */
+ * and are reduce-scattered at its end. ZeRO-3: each block's parameters gathered before a pass
+ * reads them (prefetched), dropped after. Creating it frees the model's full gradient buffer. */
 typedef struct loom_unit_sync loom_unit_sync;
 loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, loom_gpt *model,
                                   loom_zero_shard range);
@@ -67,6 +68,14 @@ float *loom_unit_sync_grads(loom_unit_sync *u);
 /* Bytes of gradient memory it holds: the shard, the held units and the pool's buffers at their
  * high-water mark. */
 size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u);
+/* ZeRO-3: the held units' parameters gathered again from the shards (after an update; block
+ * units kept for the step are dropped), blocking; nothing under ZeRO-2. */
+loom_status loom_unit_sync_refresh(loom_unit_sync *u);
+/* ZeRO-3: bytes of gathered parameters it holds (held units, the pool at its high-water mark). */
+size_t loom_unit_sync_param_bytes(const loom_unit_sync *u);
+/* ZeRO-3: held unit k's gathered parameters (0 the embeddings, 1 the final LayerNorm) and their
+ * count. */
+const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *floats);
 
 /* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): the
  * lists of ranks first .. first + count - 1 (out[0 .. count)) for a checked shape, from one

@@ -91,30 +91,51 @@ static void keep_range(loom_adamw *opt, const float *m, const float *v) {
     memcpy(opt->v, v + opt->range.begin, count * sizeof(float));
 }
 
+/* Whether the model keeps only a window of its parameters (ZeRO-3). */
+static int windowed(const loom_gpt *model) {
+    return model->params_begin != 0 || model->params_end != model->num_params;
+}
+
+/* The whole parameters read into `full` are cut to the model's window (ZeRO-3). */
+static void keep_window(loom_gpt *model, const float *full) {
+    memcpy(model->params_memory, full + model->params_begin,
+           (model->params_end - model->params_begin) * sizeof(float));
+}
+
 loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
                                      loom_adamw *opt, loom_ckpt_state *state) {
     size_t n = model->num_params;
     float *m = loom_alloc_aligned(n * sizeof(float), "moments");
     float *v = loom_alloc_aligned(n * sizeof(float), "moments");
-    loom_status st = m && v ? LOOM_OK : LOOM_ERR_NOMEM;
-    if (st == LOOM_OK && mesh->tp_size == 1 && mesh->pp_size == 1) {
+    /* ZeRO-3 keeps a window: the whole comes in here first (a resume's passing peak) */
+    float *p = windowed(model) ? loom_alloc_aligned(n * sizeof(float), "parameters") : NULL;
+    loom_status st = m && v && (p || !windowed(model)) ? LOOM_OK : LOOM_ERR_NOMEM;
+    if (st == LOOM_OK && mesh->tp_size == 1 && mesh->pp_size == 1 && !p) {
         st = loom_checkpoint_load(dir, model, m, v, state);
     } else if (st == LOOM_OK) {
         loom_gpt layout;
-        slice_take c = {model, {model->params_memory, m, v}};
+        slice_take c = {model, {p ? p : model->params_memory, m, v}};
         st = unsharded_layout(model, &layout);
         if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
     }
     if (st == LOOM_OK) keep_range(opt, m, v);
-    loom_free_aligned(m), loom_free_aligned(v);
+    if (st == LOOM_OK && p) keep_window(model, p);
+    loom_free_aligned(m), loom_free_aligned(v), loom_free_aligned(p);
     return st;
 }
 
 loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_gpt layout;
     loom_status st = unsharded_layout(model, &layout);
-    slice_take c = {model, {model->params_memory, NULL, NULL}};
+    float *p = NULL;
+    if (st == LOOM_OK && windowed(model)) {
+        p = loom_alloc_aligned(model->num_params * sizeof(float), "parameters");
+        if (!p) st = LOOM_ERR_NOMEM;
+    }
+    slice_take c = {model, {p ? p : model->params_memory, NULL, NULL}};
     if (st == LOOM_OK) st = loom_model_load_take(path, &layout, take_slice, &c);
+    if (st == LOOM_OK && p) keep_window(model, p);
+    loom_free_aligned(p);
     return st;
 }
 
@@ -237,10 +258,20 @@ static loom_status save_streamed(const char *out, const loom_mesh *mesh, const l
 
 loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
                                      const loom_adamw *opt, const loom_ckpt_state *state) {
-    const float *m = opt->m, *v = opt->v;
-    float *dp_m = NULL, *dp_v = NULL;
+    const float *m = opt->m, *v = opt->v, *params = model->params_memory;
+    float *dp_m = NULL, *dp_v = NULL, *dp_p = NULL;
     loom_status st = LOOM_OK;
     loom_comm_progress("saving a checkpoint");
+    if (windowed(model)) {
+        /* ZeRO-3: every replica's range of the parameters, gathered as the moments are below */
+        dp_p = loom_alloc_aligned(opt->range.padded_count * sizeof(float), "parameters");
+        if (!dp_p) st = LOOM_ERR_NOMEM;
+        if (st == LOOM_OK) {
+            st = loom_comm_allgather_f32(mesh->dp, model->params_memory, dp_p,
+                                         (int64_t)opt->range.shard);
+        }
+        params = dp_p;
+    }
     if (opt->range.shard != opt->range.padded_count) {
         /* ZeRO-1: every replica's range of the moments, gathered (every DP rank joins) */
         size_t padded = opt->range.padded_count;
@@ -254,16 +285,16 @@ loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loo
     }
     if (st == LOOM_OK && (mesh->tp_size > 1 || mesh->pp_size > 1)) {
         if (mesh->dp_rank == 0) {
-            const float *mine[3] = {model->params_memory, m, v};
+            const float *mine[3] = {params, m, v};
             st = save_streamed(out, mesh, model, mine, state);
         }
     } else if (st == LOOM_OK && mesh->lead) {
-        st = loom_checkpoint_save(out, model, m, v, state);
+        st = loom_checkpoint_save_params(out, model, params, m, v, state);
     }
     if (st == LOOM_OK && mesh->lead) {
         loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, out, state->step);
     }
-    loom_free_aligned(dp_m), loom_free_aligned(dp_v);
+    loom_free_aligned(dp_m), loom_free_aligned(dp_v), loom_free_aligned(dp_p);
     return st;
 }
 

@@ -31,8 +31,8 @@ void loom_adamw_step(loom_adamw *opt, loom_gpt *model, const float *grads,
         size_t b = seg->offset + (size_t)seg->numel < hi ? seg->offset + (size_t)seg->numel : hi;
         if (a >= b) continue;
         model->backend->adamw_update(
-            model->params_memory + a, grads + (a - lo), opt->m + (a - lo), opt->v + (a - lo),
-            (int64_t)(b - a), (float)lr, (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
-            seg->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
+            model->params_memory + (a - model->params_begin), grads + (a - lo), opt->m + (a - lo),
+            opt->v + (a - lo), (int64_t)(b - a), (float)lr, (float)cfg->beta1, (float)cfg->beta2,
+            (float)cfg->eps, seg->decay ? (float)cfg->weight_decay : 0.0f, update, grad_scale);
     }
 }
