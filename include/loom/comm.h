@@ -174,6 +174,10 @@ typedef struct loom_comm_ring loom_comm_ring;
  * communication. */
 loom_status loom_comm_ring_create(loom_comm *comm, const int64_t *bounds, int tag,
                                   loom_comm_ring **ring);
+/* The same without scratch of its own: each run borrows the caller's (loom_comm_ring_start_in),
+ * so that many rings made at once hold no memory while idle (ZeRO-2/3's one ring per unit). */
+loom_status loom_comm_ring_create_borrowing(loom_comm *comm, const int64_t *bounds, int tag,
+                                            loom_comm_ring **ring);
 /* Frees a ring that is not running (NULL: nothing). */
 void loom_comm_ring_free(loom_comm_ring *ring);
 /* Starts the reduce-scatter of buf (at least bounds[size] elements), which must stay untouched
@@ -181,6 +185,9 @@ void loom_comm_ring_free(loom_comm_ring *ring);
  * its own). In a group of one, complete at once. Fails (without starting) on a ring that is
  * still running. */
 loom_status loom_comm_ring_start(loom_comm_ring *ring, float *buf);
+/* The same with scratch of at least the largest block's floats, untouched until the ring
+ * completes (the only way to start a borrowing ring). */
+loom_status loom_comm_ring_start_in(loom_comm_ring *ring, float *buf, float *scratch);
 /* Moves the running reduce-scatter on as far as it can go without waiting: *done = 1 when it
  * is complete (then, or on a ring not running, the first error of the run is returned). Past
  * the timeout since a step's messages were posted, aborts like a wait. */

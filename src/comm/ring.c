@@ -30,6 +30,7 @@ struct loom_comm_ring {
     int tag;
     int64_t *bounds;   /* (size + 1) block r of a buffer is [bounds[r], bounds[r + 1]) */
     float *incoming;   /* (the largest block) the step's partial sums from the previous rank */
+    int borrows;       /* incoming is the caller's, handed in per run (loom_comm_ring_start_in) */
     float *buf;        /* the running reduce-scatter's buffer; NULL when none runs */
     int step;          /* the step in flight, 0 .. size - 2 */
     int receiving;     /* the step's receive is pending */
@@ -46,8 +47,8 @@ static int64_t block_count(const loom_comm_ring *ring, int block) {
     return ring->bounds[block + 1] - ring->bounds[block];
 }
 
-loom_status loom_comm_ring_create(loom_comm *comm, const int64_t *bounds, int tag,
-                                  loom_comm_ring **out) {
+static loom_status ring_create(loom_comm *comm, const int64_t *bounds, int tag, int borrows,
+                               loom_comm_ring **out) {
     *out = NULL;
     const int size = comm->size;
     if (tag < 0 || tag > LOOM_COMM_MAX_TAG) {
@@ -69,9 +70,12 @@ loom_status loom_comm_ring_create(loom_comm *comm, const int64_t *bounds, int ta
     ring->comm = comm;
     ring->tag = tag;
     ring->bounds = loom_malloc(((size_t)size + 1) * sizeof *ring->bounds, "ring bounds");
-    ring->incoming = loom_alloc_aligned((size_t)(largest ? largest : 1) * sizeof(float),
-                                        "reduce-scatter scratch");
-    if (!ring->bounds || !ring->incoming) {
+    ring->borrows = borrows;
+    if (!borrows) {
+        ring->incoming = loom_alloc_aligned((size_t)(largest ? largest : 1) * sizeof(float),
+                                            "reduce-scatter scratch");
+    }
+    if (!ring->bounds || (!borrows && !ring->incoming)) {
         loom_comm_ring_free(ring);
         return LOOM_ERR_NOMEM;
     }
@@ -80,9 +84,19 @@ loom_status loom_comm_ring_create(loom_comm *comm, const int64_t *bounds, int ta
     return LOOM_OK;
 }
 
+loom_status loom_comm_ring_create(loom_comm *comm, const int64_t *bounds, int tag,
+                                  loom_comm_ring **out) {
+    return ring_create(comm, bounds, tag, 0, out);
+}
+
+loom_status loom_comm_ring_create_borrowing(loom_comm *comm, const int64_t *bounds, int tag,
+                                            loom_comm_ring **out) {
+    return ring_create(comm, bounds, tag, 1, out);
+}
+
 void loom_comm_ring_free(loom_comm_ring *ring) {
     if (!ring) return;
-    loom_free_aligned(ring->incoming);
+    if (!ring->borrows) loom_free_aligned(ring->incoming);
     free(ring->bounds);
     free(ring);
 }
@@ -110,9 +124,23 @@ static loom_status post_step(loom_comm_ring *ring) {
 }
 
 loom_status loom_comm_ring_start(loom_comm_ring *ring, float *buf) {
+    if (ring->borrows) {
+        return loom_fail(LOOM_ERR_RUNTIME,
+                         "reduce-scatter on group '%s' (tag %d): this ring borrows its scratch; "
+                         "start it with loom_comm_ring_start_in",
+                         ring->comm->name, ring->tag);
+    }
+    return loom_comm_ring_start_in(ring, buf, ring->incoming);
+}
+
+loom_status loom_comm_ring_start_in(loom_comm_ring *ring, float *buf, float *scratch) {
     comm_note_activity();
     loom_comm *comm = ring->comm;
     const int size = comm->size;
+    if (!scratch && size > 1) {
+        return loom_fail(LOOM_ERR_RUNTIME, "reduce-scatter on group '%s' (tag %d): no scratch",
+                         comm->name, ring->tag);
+    }
     if (ring->buf) {
         return loom_fail(LOOM_ERR_RUNTIME,
                          "reduce-scatter on group '%s' (tag %d): started again while running",
@@ -128,6 +156,7 @@ loom_status loom_comm_ring_start(loom_comm_ring *ring, float *buf) {
     comm->stats.bytes += (ring->bounds[size] - ring->bounds[0] - block_count(ring, comm->rank)) *
                          (int64_t)sizeof(float);
     ring->buf = buf;
+    ring->incoming = scratch;
     ring->step = 0;
     ring->error = LOOM_OK;
     loom_status status = post_step(ring);

@@ -48,6 +48,7 @@ typedef struct {
     loom_comm_ring *ring;       /* the unit's reduce-scatter over dp, tagged with its index */
     float *writing;             /* the buffer the passes write into (NULL: none since the last) */
     float *sending;             /* the buffer the ring reduces (NULL: no ring running) */
+    float *scratch;             /* a block's ring's receive buffer while it runs (pooled) */
     int held;                   /* the embeddings' or the final LayerNorm's: whole for the step */
     int first_layer, end_layer; /* a block's: the local layers of its chunk (prefetch stays in) */
     float *params;              /* ZeRO-3: gathered or being gathered parameters; NULL: none */
@@ -79,7 +80,9 @@ static void keep_error(loom_unit_sync *u, loom_status st) {
     if (st != LOOM_OK && u->error == LOOM_OK) u->error = st;
 }
 
-/* Unit i's blocks (rank r's: its ZeRO range cut to the unit) and its ring. */
+/* Unit i's blocks (rank r's: its ZeRO range cut to the unit) and its ring: a block's borrows
+ * its receive buffer from the pool while it runs (one ring per block must not hold a block's
+ * worth of scratch each, a whole gradient in all), a held unit's has its own. */
 static loom_status make_ring(loom_unit_sync *u, int i) {
     unit_state *us = &u->units[i];
     int dp = u->mesh->dp_size;
@@ -92,7 +95,8 @@ static loom_status make_ring(loom_unit_sync *u, int i) {
     us->bounds = bounds;
     us->own_lo = (size_t)bounds[u->mesh->dp_rank];
     us->own_hi = (size_t)bounds[u->mesh->dp_rank + 1];
-    return loom_comm_ring_create(u->mesh->dp, bounds, i, &us->ring);
+    if (us->held) return loom_comm_ring_create(u->mesh->dp, bounds, i, &us->ring);
+    return loom_comm_ring_create_borrowing(u->mesh->dp, bounds, i, &us->ring);
 }
 
 /* Unit i's buffers when it is held (whole for the step), and, for a block, its chunk's layers. */
@@ -133,7 +137,7 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
     size_t n = (size_t)u->num_units;
     u->units = loom_calloc(n, sizeof *u->units, "ZeRO units");
     u->fifo = loom_calloc(n, sizeof *u->fifo, "ZeRO units");
-    u->pool = loom_calloc(n, sizeof *u->pool, "ZeRO buffers");
+    u->pool = loom_calloc(2 * n, sizeof *u->pool, "ZeRO buffers");
     u->param_pool = loom_calloc(n, sizeof *u->param_pool, "ZeRO-3 buffers");
     u->bounds = loom_calloc(n * ((size_t)mesh->dp_size + 1), sizeof *u->bounds, "ZeRO bounds");
     u->shard = loom_alloc_aligned((range.shard > 0 ? range.shard : 1) * sizeof(float),
@@ -174,6 +178,7 @@ void loom_unit_sync_free(loom_unit_sync *u) {
         if (us->gather) loom_comm_wait(us->gather);
         loom_free_aligned(us->writing);
         if (us->sending != us->writing) loom_free_aligned(us->sending);
+        loom_free_aligned(us->scratch);
         loom_free_aligned(us->params);
     }
     for (int i = 0; u->pool && i < u->num_free; i++) loom_free_aligned(u->pool[i]);
@@ -196,8 +201,11 @@ static void collect(loom_unit_sync *u, int i) {
     float *dst = u->shard + (us->begin + us->own_lo - u->range.begin);
     const float *src = us->sending + us->own_lo;
     for (size_t k = 0; k < us->own_hi - us->own_lo; k++) dst[k] += src[k];
-    if (!us->held) u->pool[u->num_free++] = us->sending;
-    us->sending = NULL;
+    if (!us->held) {
+        u->pool[u->num_free++] = us->sending;
+        u->pool[u->num_free++] = us->scratch;
+    }
+    us->sending = us->scratch = NULL;
 }
 
 /* Waits for the oldest running ring and collects it. */
@@ -258,9 +266,10 @@ static void grads_done(loom_unit_sync *u, int i) {
     if (!us->writing) return;
     /* the unit's previous round must end before its ring runs again */
     while (us->sending) complete_oldest(u);
+    us->scratch = take_buffer(u);
     us->sending = us->writing;
     us->writing = NULL;
-    keep_error(u, loom_comm_ring_start(us->ring, us->sending));
+    keep_error(u, loom_comm_ring_start_in(us->ring, us->sending, us->scratch));
     u->fifo[(u->fifo_head + u->fifo_len) % u->num_units] = i;
     u->fifo_len++;
 }
