@@ -365,6 +365,8 @@ loom_status loom_gpt_describe(loom_gpt *model, const loom_gpt_config *config,
  * enough (a split one included). */
 loom_status loom_gpt_reserve_slots(loom_gpt *model, int B, int T, int slots);
 void loom_gpt_use_slot(loom_gpt *model, int slot);
+/* Bytes of the activation sets and backward scratch reserved now. */
+size_t loom_gpt_activation_bytes(const loom_gpt *model);
 /* This stage's forward: from tokens on the embedding stage, else from input (B,T,C); the
  * head stage returns the mean loss (targets required there), others 0. */
 float loom_gpt_forward_stage(loom_gpt *model, const int32_t *inputs, const float *input,

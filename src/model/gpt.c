@@ -629,6 +629,13 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
     m->slot = slot;
 }
 
+size_t loom_gpt_activation_bytes(const loom_gpt *m) {
+    if (!m->acts_memory) return 0;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->config.channels;
+    size_t tokens = 2 * BT * (size_t)m->slots * sizeof(int32_t); /* inputs and targets */
+    return (m->slot_floats * (size_t)m->slots + 14 * BT * C) * sizeof(float) + tokens;
+}
+
 loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
     return loom_gpt_reserve_slots_split(m, B, T, nslots, 0);
 }

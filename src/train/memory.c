@@ -8,6 +8,8 @@
 #include "train/train_internal.h"
 #include "loom/parallel.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,4 +42,88 @@ loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan 
     return loom_memory_check(mem.total, sharers, what,
                              "choose a smaller model or micro-batch, or split the model over more "
                              "ranks (--pipeline-parallel, --tensor-parallel)");
+}
+
+/* ---- the report: predicted at start-up, allocated and measured at the end ------------------ */
+
+static double mib(double bytes) {
+    return bytes / 1048576.0;
+}
+
+void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *plan,
+                               const loom_mesh *mesh) {
+    if (!mesh->lead) return;
+    loom_info("memory per rank, predicted (MiB; ZeRO-%d over %d replicas): pipeline rank  "
+              "parameters  gradients  optimizer  activations  scratch  compressor  total",
+              plan->zero, plan->dp);
+    for (int p = 0; p < plan->pp; p++) {
+        loom_rank_memory m;
+        if (loom_plan_rank_memory(plan, p, cfg->seq_len, &m) != LOOM_OK) return;
+        loom_info("  %13d  %10.1f  %9.1f  %9.1f  %11.1f  %7.1f  %10.1f  %5.1f", p, mib(m.weights),
+                  mib(m.grads), mib(m.optimizer), mib(m.activations), mib(m.scratch),
+                  mib(m.compressor), mib(m.total));
+    }
+}
+
+/* One rank's row: what the runtime allocated by category, and the peak resident set. */
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_COMPRESSOR, MEM_RSS, MEM_FIELDS };
+
+loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_plan *plan,
+                                     const loom_mesh *mesh, loom_grad_sync *sync,
+                                     const loom_gpt *model, const loom_adamw *opt,
+                                     int64_t peak_rss) {
+    int ranks = mesh->world ? loom_comm_size(mesh->world) : 1;
+    int me = mesh->world ? loom_comm_rank(mesh->world) : 0;
+    double *rows = loom_calloc((size_t)ranks * MEM_FIELDS, sizeof *rows, "memory report");
+    if (!rows) return LOOM_ERR_NOMEM;
+    double *row = rows + (size_t)me * MEM_FIELDS;
+    row[MEM_PARAMS] = (double)loom_grad_sync_param_bytes(sync);
+    row[MEM_GRADS] = (double)loom_grad_sync_grad_bytes(sync);
+    row[MEM_OPTIMIZER] = 2.0 * (double)opt->range.shard * sizeof(float);
+    row[MEM_ACTIVATIONS] = (double)loom_gpt_activation_bytes(model);
+    row[MEM_COMPRESSOR] = (double)loom_grad_sync_state_bytes(sync);
+    row[MEM_RSS] = (double)peak_rss;
+    loom_status st = LOOM_OK;
+    if (mesh->world) {
+        st = loom_comm_allreduce_f64(mesh->world, rows, ranks * MEM_FIELDS, LOOM_REDUCE_SUM);
+    }
+    if (st != LOOM_OK || !mesh->lead) {
+        free(rows);
+        return st;
+    }
+    char path[LOOM_PATH_MAX + 16];
+    st = loom_path_join(path, sizeof path, cfg->out, "memory.json");
+    FILE *f = st == LOOM_OK ? fopen(path, "w") : NULL;
+    if (st == LOOM_OK && !f) st = loom_fail(LOOM_ERR_IO, "%s: cannot write", path);
+    loom_info("memory per rank, at the end (MiB; allocated by the runtime, and the peak resident "
+              "set measured by the kernel): rank  parameters  gradients  optimizer  activations  "
+              "compressor  peak resident");
+    if (f) fprintf(f, "{\"zero\": %d, \"ranks\": [\n", plan->zero);
+    for (int r = 0; r < ranks; r++) {
+        const double *x = rows + (size_t)r * MEM_FIELDS;
+        loom_plan_coords c = loom_plan_rank_coords(plan, r);
+        loom_rank_memory pred;
+        if (loom_plan_rank_memory(plan, c.pp_rank, cfg->seq_len, &pred) != LOOM_OK)
+            memset(&pred, 0, sizeof pred);
+        loom_info("  %4d  %10.1f  %9.1f  %9.1f  %11.1f  %10.1f  %13.1f", r, mib(x[MEM_PARAMS]),
+                  mib(x[MEM_GRADS]), mib(x[MEM_OPTIMIZER]), mib(x[MEM_ACTIVATIONS]),
+                  mib(x[MEM_COMPRESSOR]), mib(x[MEM_RSS]));
+        if (!f) continue;
+        fprintf(f,
+                "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
+                "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
+                "\"compressor\": %.0f, \"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
+                ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"scratch\": %" PRId64
+                ", \"compressor\": %" PRId64 ", \"total\": %" PRId64 "}}%s\n",
+                r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
+                x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], pred.weights, pred.grads,
+                pred.optimizer, pred.activations, pred.scratch, pred.compressor, pred.total,
+                r + 1 < ranks ? "," : "");
+    }
+    if (f) {
+        fprintf(f, "]}\n");
+        if (fclose(f) != 0) st = loom_fail(LOOM_ERR_IO, "%s: cannot write", path);
+    }
+    free(rows);
+    return st;
 }

@@ -45,6 +45,18 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
 loom_status loom_run_lock_folder(const char *out, int *fd);
 /* Refuses a run whose rank part does not fit this machine's memory, shared by `sharers` ranks
  * (loom_comm_local_size) (memory.c). */
+/* The memory report: at start-up what each pipeline rank is predicted to hold, by category
+ * (loom_plan_rank_memory); at the end what every rank's runtime allocated by category and its
+ * peak resident set (measured by the kernel, getrusage), printed by the lead and written to
+ * OUT/memory.json ({"zero": Z, "ranks": [{"rank", "pp", "dp", "tp", "peak_rss", "params",
+ * "grads", "optimizer", "activations", "compressor", "predicted": {...}}]}, bytes). Every rank
+ * joins the second. */
+void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *plan,
+                               const loom_mesh *mesh);
+loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_plan *plan,
+                                     const loom_mesh *mesh, loom_grad_sync *sync,
+                                     const loom_gpt *model, const loom_adamw *opt,
+                                     int64_t peak_rss);
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
                                   const loom_mesh *mesh, int sharers);
 /* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),

@@ -193,6 +193,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     int sharers; /* ranks on this machine */
     if ((st = loom_comm_local_size(world, &sharers)) != LOOM_OK) return st;
     if ((st = loom_run_check_memory(cfg, t->plan, &t->mesh, sharers)) != LOOM_OK) return st;
+    loom_run_memory_predicted(cfg, t->plan, &t->mesh);
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
@@ -399,6 +400,9 @@ static loom_status finish_run(trainer *t, loom_train_result *r, int stopped) {
     if (st == LOOM_OK && t->metrics) st = loom_metrics_plot(t->metrics, cfg->out);
     loom_run_measure(t->step_seconds, t->timed, (double)t->plan->global_batch * cfg->seq_len, r);
     if (st == LOOM_OK) st = loom_run_report_prediction(t->plan, &t->mesh, r);
+    if (st == LOOM_OK)
+        st = loom_run_memory_measured(cfg, t->plan, &t->mesh, t->sync, t->model, &t->opt,
+                                      r->peak_rss_bytes);
     return st;
 }
 
