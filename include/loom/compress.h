@@ -1,8 +1,10 @@
 /*
  * loom/compress.h — communication compressors behind one interface: PowerSGD and low-rank
  * (Optimus-CC's compressed backpropagation), top-k, sign (1-bit with a scale), block-wise int8
- * and bf16, each with its error-feedback residual and warm-start factor, and the list of method
- * names the plan checker asks.
+ * and bf16, each with its error-feedback residual and warm-start factor, the list of method
+ * names the plan checker asks, and the quantised reduce-scatter and all-gather (int8 or bf16 on
+ * the wire, summed in fp32) that ZeRO-2/3 and island training run their compressed gradient sums
+ * and parameter gathers through.
  *
  * A compressor never calls MPI (docs/design.md, "How compression and planning fit"). It sees one
  * matrix (rows, cols), row-major fp32; a 1-D tensor is one row. parallel/ asks it to encode the
@@ -29,12 +31,17 @@
  * (a skipped step, a NaN/Inf gradient: the working copy is dropped), so a bad step never
  * pollutes the state. Neither copies memory.
  *
+ * The quantised reduce-scatter is the one place in this module that communicates: it moves its
+ * wires with loom_comm's point-to-point calls (never MPI itself), since quantising, exchanging
+ * and summing are one algorithm whose order fixes the bits every replica ends with.
+ *
  * Not here: where compression applies (the plan, parallel/), moving the bytes (comm/).
  */
 #ifndef LOOM_COMPRESS_H
 #define LOOM_COMPRESS_H
 
 #include "loom/base.h"
+#include "loom/comm.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -165,6 +172,66 @@ size_t loom_compressor_state_floats(const loom_compressor *c, int i);
 float *loom_compressor_state_data(loom_compressor *c, int i);
 /* Bytes of state this compressor holds (both copies). */
 size_t loom_compressor_state_bytes(const loom_compressor *c);
+
+/* ---- quantised reduce-scatter and all-gather (qreduce.c) ---------------------------------
+ * A buffer of fp32 is cut into one block per rank of a communicator (bounds as
+ * loom_comm_ring_create's: size + 1 offsets, non-decreasing from 0; uneven and empty blocks
+ * allowed); block r belongs to rank r.
+ *
+ *   reduce-scatter  every rank quantises each block but its own (int8 with one scale per `block`
+ *                   entries, or bf16: the compressors' one-shot formats) and sends block r to
+ *                   rank r directly; rank r decodes the n - 1 wires and sums all n
+ *                   contributions in fp32 in rank order 0 .. n-1, its own unquantised, into its
+ *                   block of the buffer. The other blocks of the buffer are left as they were.
+ *                   With a residual (error feedback), what quantisation dropped from each block a
+ *                   rank sent is kept there and added to that block next time.
+ *   all-gather      every owner quantises its block once and sends the same wire to every
+ *                   rank; every rank, the owner too, overwrites each block with its decoded
+ *                   wire, so all ranks end with the same bits.
+ *
+ * Run reduce-scatter then all-gather on one plan for a quantised allreduce (the owner's sum
+ * requantised once). Non-blocking like loom_comm_ring: a call's messages are all posted by its
+ * start; loom_qreduce_test (at polling points) and loom_qreduce_wait finish it, decoding and
+ * summing what has arrived. Since everything is posted at start, plans in flight together may be
+ * tested and waited in any order. One call at a time per plan; every rank starts the plans'
+ * calls in the same order. The messages use `tag` on the communicator: give plans in flight
+ * together different tags, and keep other point-to-point traffic on that communicator off it. */
+typedef struct loom_qreduce loom_qreduce;
+
+typedef enum { LOOM_QREDUCE_REDUCE_SCATTER, LOOM_QREDUCE_ALLGATHER } loom_qreduce_op;
+
+/* A plan for buffers of this layout (copied), method LOOM_COMPRESS_INT8 (block: entries per
+ * scale, 0 for 256) or LOOM_COMPRESS_BF16 (block unused); anything else is refused by name. A
+ * block of the buffer holds at most 2^31 - 1 entries. Local: no communication. Wire buffers are
+ * allocated here (loom_qreduce_scratch_bytes). */
+loom_status loom_qreduce_create(loom_comm *comm, const int64_t *bounds, loom_compress_method method,
+                                int block, int tag, loom_qreduce **plan);
+/* Frees a plan that is not running (NULL: nothing). */
+void loom_qreduce_free(loom_qreduce *plan);
+/* Starts the reduce-scatter of buf (bounds[size] entries, untouched until the call completes).
+ * residual: NULL, or the caller's error-feedback state for the same layout (bounds[size]
+ * entries, zero at first): the blocks this rank sends are quantised as buf + residual, and the
+ * residual becomes (buf + residual) - decoded, as soon as this returns; this rank's own block
+ * of it is neither read nor written. A skipped step rolls back by restoring a copy. Every
+ * start, in a group of one too, is finished by loom_qreduce_test or loom_qreduce_wait. */
+loom_status loom_qreduce_reduce_scatter_start(loom_qreduce *plan, float *buf, float *residual);
+/* Starts the all-gather of buf (bounds[size] entries): this rank's block is sent, every block
+ * is overwritten with its decoded wire (this rank's own at once). */
+loom_status loom_qreduce_allgather_start(loom_qreduce *plan, float *buf);
+/* Moves the running call on without waiting: *done = 1 when it is complete (then, or on a plan
+ * not running, the first error of the call is returned). Past the communicator's timeout,
+ * aborts like loom_comm_test. */
+loom_status loom_qreduce_test(loom_qreduce *plan, int *done);
+/* Runs the call to its end; returns its first error. Nothing to do on a plan not running. */
+loom_status loom_qreduce_wait(loom_qreduce *plan);
+/* Payload bytes `rank` sends in one call of `op`, counted on the communicator as loom_comm_isend
+ * counts them. Writing wire(c) for one block of c entries (int8: c + 4 ceil(c / block), bf16:
+ * 2 c): reduce-scatter sum over blocks r != rank of wire(count r); all-gather (size - 1)
+ * wire(count rank). Over all ranks both are (size - 1) x the whole buffer's wire: about 1/4
+ * (int8) or 1/2 (bf16) of the fp32 ring's. */
+int64_t loom_qreduce_bytes_sent(const loom_qreduce *plan, loom_qreduce_op op, int rank);
+/* Bytes of wire buffers and scratch the plan holds (memory reports: compressor state). */
+size_t loom_qreduce_scratch_bytes(const loom_qreduce *plan);
 
 /* ---- throughput ------------------------------------------------------------------------ */
 
