@@ -569,10 +569,12 @@ typedef struct {
                                    * (loom_gpt_reserve_slots_split): what W needs, kept from B */
     int64_t act_bytes_keep;       /* bytes: in_flight slots (no recomputation) */
     int64_t act_bytes_recompute;  /* bytes: one slot + in_flight stage inputs
-                                   * (in_flight, B, T, C) fp32 */
+                                   * (in_flight, rows, C) fp32 (rows: B*T, or B*T/tp under
+                                   * sequence parallelism) */
     int64_t act_bytes;            /* bytes: the one of the two that spec.recompute picks */
     int64_t grad_scratch_bytes;   /* bytes: backward scratch, one per stage: (14, B, T, C)
-                                   * fp32 (full C even under TP: gpt.c allocates it so) */
+                                   * fp32 (full C even under TP: gpt.c allocates it so), + (4, C)
+                                   * under sequence parallelism */
     int64_t total_bytes;          /* bytes: param + grad + optimizer + act + grad_scratch (not the
                                    * trainer's pipeline buffers, DP buckets or LOOM_GPT_PAD_FLOATS) */
     /* tensor-parallel allreduces, per micro-batch */
@@ -588,7 +590,8 @@ typedef struct {
     int64_t tp_shards_recompute, tp_shard_bytes_recompute;
     int64_t flops_selective; /* FLOPs: the attention core (QK^T, softmax, x V) rerun in backward
                               * by selective recomputation (spec.selective), else 0 */
-    /* pipeline point-to-point, per micro-batch */
+    /* pipeline point-to-point, per micro-batch (under sequence parallelism each TP rank sends
+     * its own B*T/tp rows) */
     int64_t pp_act_bytes;  /* bytes: output (B,T,C) fp32 sent to the next stage; 0 on the last */
     int64_t pp_grad_bytes; /* bytes: input gradient (B,T,C) fp32 sent back; 0 on the first */
 } loom_gpt_stage_cost;
