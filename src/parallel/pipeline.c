@@ -78,7 +78,10 @@ struct loom_pipeline {
     int micro_batches, chunks, stages; /* m, v, V */
     loom_pipe_stage_schedule schedule; /* this rank's actions for one step */
     int split;                         /* the list splits backward into B and W */
-    int recompute;                     /* activations rebuilt in backward from the kept input */
+    int recompute;                     /* activations rebuilt in backward from the kept input
+                                        * (full recomputation; LOOM_RECOMPUTE_* or NONE) */
+    int selective;                     /* slots keep all but the attention's softmax, which the
+                                        * model recomputes in backward (LOOM_RECOMPUTE_SELECTIVE) */
     int last_forward;                  /* the key whose activations the model holds (recompute) */
     chunk_state *chunk;                /* (v) */
     pool slots, inputs, grads;         /* model activation sets; act_in and grad_in buffers */
@@ -102,8 +105,15 @@ struct loom_pipeline {
     unsigned char *choice;               /* (V, m) which gradient sends compress */
 };
 
+/* Rows of a micro-batch's activation on this rank (B*T, or B*T/tp under sequence parallelism:
+ * each TP rank sends and receives its own rows). */
+static int64_t rows_of(const loom_pipeline *p) {
+    return loom_gpt_rows(p->model, p->B, p->T);
+}
+
+/* Floats of a micro-batch's activation (or its gradient) on this rank. */
 static size_t btc_of(const loom_pipeline *p) {
-    return (size_t)p->B * (size_t)p->T * (size_t)p->model->config.channels;
+    return (size_t)rows_of(p) * (size_t)p->model->config.channels;
 }
 
 static int key_of(const loom_pipeline *p, int chunk, int mb) {
@@ -472,13 +482,16 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (st == LOOM_OK) {
         /* the rank's chunks agree on recomputation (loom_parallel_check_plan) */
         int first = loom_pipe_stage(&p->shape, mesh->pp_rank, 0);
-        p->recompute = loom_recompute_full(plan->stages[first].recompute)
-                           ? plan->stages[first].recompute
-                           : LOOM_RECOMPUTE_NONE;
+        int recompute = plan->stages[first].recompute;
+        p->recompute = loom_recompute_full(recompute) ? recompute : LOOM_RECOMPUTE_NONE;
+        p->selective = recompute == LOOM_RECOMPUTE_SELECTIVE;
         chunks_init(p);
         st = pools_create(p);
     }
-    if (st == LOOM_OK) st = loom_gpt_reserve_slots_split(model, B, T, p->slots.size, p->split);
+    if (st == LOOM_OK) {
+        loom_gpt_slots_spec slots = {B, T, p->slots.size, p->split, p->selective};
+        st = loom_gpt_reserve_slots_spec(model, &slots);
+    }
     if (st == LOOM_OK && p->kept.size > 0) {
         for (int c = 0; c < p->chunks; c++) {
             size_t n = loom_gpt_weight_state_floats(model, c, B, T);
@@ -489,7 +502,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         if (!p->kept_buf) st = LOOM_ERR_NOMEM;
     }
     if (st == LOOM_OK && p->stages > 1) {
-        st = compression_create(p, (int64_t)B * T, model->config.channels);
+        st = compression_create(p, rows_of(p), model->config.channels);
         const loom_plan_compressor *pc = &plan->pp_compression;
         if (st == LOOM_OK && pc->method != LOOM_COMPRESS_NONE &&
             pc->policy == LOOM_PP_POLICY_SLACK) {
@@ -670,7 +683,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
     int c = a.chunk, mb = a.micro_batch, key = key_of(p, c, mb);
     chunk_state *ch = &p->chunk[c];
     size_t bt = (size_t)p->B * (size_t)p->T;
-    int64_t rows = (int64_t)bt, cols = model->config.channels;
+    int64_t rows = rows_of(p), cols = model->config.channels;
     const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
     pool_events events = events_of(p, a);
     pools_take(p, &events);
@@ -785,7 +798,11 @@ loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const
                                   int b, double *loss) {
     loom_gpt *model = p->model;
     int T = p->T;
-    int64_t rows = (int64_t)b * T, cols = model->config.channels;
+    int64_t rows = loom_gpt_rows(model, b, T), cols = model->config.channels;
+    if (model->sequence_parallel) {
+        loom_status st = loom_gpt_check_sequence_rows(b, T, model->tp_size, "validation batch");
+        if (st != LOOM_OK) return st;
+    }
     size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
     loom_status st = LOOM_OK;
     *loss = 0.0;
