@@ -212,6 +212,97 @@ static void test_activations(void) {
           "total");
 }
 
+/* ---- selective recomputation ------------------------------------------------------------ */
+
+/* A selective slot keeps one layer's softmax (backward's scratch) instead of every layer's: the
+ * real allocation (plain and split) equals the cost facts, and is smaller than a keeping slot by
+ * exactly (layers - 1) x (B, NH/tp, T, T) (T*T a multiple of 16: nothing rounded); the FLOPs
+ * rerun are the attention core's, counted here from its two batched GEMMs per head. */
+static void check_selective(const loom_gpt_config *c, int tp, int first, int end, int B, int T,
+                            int slots) {
+    loom_gpt *m = NULL;
+    loom_gpt_shard shard = {.first_layer = first,
+                            .end_layer = end,
+                            .tp_size = tp,
+                            .tp_rank = 0,
+                            .tp_comm = tp > 1 ? (loom_comm *)(void *)&unused_comm : NULL};
+    loom_gpt_stage_spec spec = stage_spec(c, tp, first, end, B, T, slots, 0);
+    loom_gpt_stage_cost keep, sel;
+    CHECK(loom_gpt_cost_stage(c, &spec, &keep) == LOOM_OK, "keep cost");
+    spec.selective = 1;
+    CHECK(loom_gpt_cost_stage(c, &spec, &sel) == LOOM_OK, "selective cost");
+    for (int split = 0; split <= 1; split++) {
+        loom_gpt_slots_spec want = {B, T, slots, split, 1};
+        if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
+            loom_gpt_reserve_slots_spec(m, &want) != LOOM_OK) {
+            CHECK(0, "create and reserve selective: %s", loom_last_error());
+            loom_gpt_free(m);
+            return;
+        }
+        int64_t want_bytes =
+            sel.act_slot_bytes - sel.act_slot_token_bytes + (split ? sel.act_slot_split_bytes : 0);
+        CHECK(want_bytes == 4 * (int64_t)m->slot_floats && m->selective,
+              "selective tp %d [%d,%d) B %d T %d split %d: cost %lld bytes, allocated %lld", tp,
+              first, end, B, T, split, (long long)want_bytes, (long long)(4 * m->slot_floats));
+        loom_gpt_free(m);
+        m = NULL;
+    }
+    int64_t layers = end - first, NHl = c->num_heads / tp;
+    int64_t att = (int64_t)B * NHl * T * T * 4;
+    CHECK(keep.act_slot_bytes - sel.act_slot_bytes == (layers - 1) * att,
+          "selective tp %d [%d,%d): %lld bytes less per slot, expected (L-1) x att = %lld", tp,
+          first, end, (long long)(keep.act_slot_bytes - sel.act_slot_bytes),
+          (long long)((layers - 1) * att));
+    CHECK(sel.act_bytes == slots * sel.act_slot_bytes && sel.act_bytes_keep == sel.act_bytes,
+          "selective keeps every in-flight slot");
+    CHECK(sel.act_slot_split_bytes == keep.act_slot_split_bytes, "W keeps as much");
+    /* per layer, NH/tp heads of hs = C/NH: QK^T (T x hs x T) and AV (T x T x hs), 2mnk each */
+    int64_t hs = c->channels / c->num_heads;
+    int64_t core = layers * B * NHl * (2 * T * hs * T + 2 * T * T * hs);
+    CHECK(sel.flops_selective == core && keep.flops_selective == 0,
+          "selective FLOPs tp %d [%d,%d): %lld, expected %lld", tp, first, end,
+          (long long)sel.flops_selective, (long long)core);
+    CHECK(sel.flops_fwd == keep.flops_fwd && sel.flops_bwd == keep.flops_bwd &&
+              sel.flops_recompute == 0 && sel.tp_bytes_recompute == 0,
+          "selective changes nothing else");
+    /* full recomputation wins over selective: one whole slot rerun, no softmax rerun */
+    spec.recompute = 1;
+    loom_gpt_stage_cost full;
+    CHECK(loom_gpt_cost_stage(c, &spec, &full) == LOOM_OK && full.flops_selective == 0 &&
+              full.act_slot_bytes == keep.act_slot_bytes,
+          "recompute and selective: full recomputation");
+}
+
+static void test_selective(void) {
+    loom_gpt_config c = small_config();
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        check_selective(&c, tp, 0, 3, 2, 16, 1);
+        check_selective(&c, tp, 0, 1, 2, 16, 3);
+        check_selective(&c, tp, 1, 3, 1, 8, 2);
+        check_selective(&c, tp, 2, 3, 3, 4, 2);
+    }
+    /* a selective caller is served by a keeping reservation; a keeping caller is not by a
+     * selective one */
+    loom_gpt *m = NULL;
+    loom_gpt_shard shard = {.first_layer = 0, .end_layer = 3, .tp_size = 1};
+    loom_gpt_slots_spec keep = {2, 16, 1, 0, 0}, sel = {2, 16, 1, 0, 1};
+    if (loom_gpt_create_shard(&m, &c, loom_backend_cpu(), &shard) == LOOM_OK) {
+        CHECK(loom_gpt_reserve_slots_spec(m, &keep) == LOOM_OK && !m->selective, "keep");
+        CHECK(loom_gpt_reserve_slots_spec(m, &sel) == LOOM_OK && !m->selective,
+              "a keeping reservation serves a selective caller");
+        loom_gpt_free(m);
+    }
+    if (loom_gpt_create_shard(&m, &c, loom_backend_cpu(), &shard) == LOOM_OK) {
+        size_t small;
+        CHECK(loom_gpt_reserve_slots_spec(m, &sel) == LOOM_OK && m->selective, "selective");
+        small = m->slot_floats;
+        CHECK(loom_gpt_reserve_slots_spec(m, &keep) == LOOM_OK && !m->selective &&
+                  m->slot_floats > small,
+              "a keeping caller gets every layer's softmax back");
+        loom_gpt_free(m);
+    }
+}
+
 /* ---- a middle pipeline stage holds only its blocks --------------------------------------- */
 
 /* GPT-2 124M in four stages of three blocks, B 4, T 64: the middle stages' parameters and
@@ -545,6 +636,7 @@ int main(void) {
     test_trillion();
     test_params();
     test_activations();
+    test_selective();
     test_middle_stage();
     test_flops();
     test_tp_traffic();

@@ -53,12 +53,14 @@ static void micro_batch_free(micro_batch *mb) {
 
 /* A stage [first, end) with the same weights whatever the split, gradients pre-filled with the
  * same non-zero values, and `slots` activation slots (split or not). */
-static loom_gpt *make_stage(const loom_gpt_config *c, int first, int end, int slots, int split) {
+static loom_gpt *make_stage_as(const loom_gpt_config *c, int first, int end, int slots, int split,
+                               int selective) {
     loom_gpt *m = NULL;
     loom_gpt_shard shard = {
         .first_layer = first, .end_layer = end, .tp_size = 1, .tp_rank = 0, .tp_comm = NULL};
+    loom_gpt_slots_spec want = {B, T, slots, split, selective};
     if (loom_gpt_create_shard(&m, c, loom_backend_cpu(), &shard) != LOOM_OK ||
-        loom_gpt_reserve_slots_split(m, B, T, slots, split) != LOOM_OK) {
+        loom_gpt_reserve_slots_spec(m, &want) != LOOM_OK) {
         fprintf(stderr, "create stage [%d, %d): %s\n", first, end, loom_last_error());
         exit(1);
     }
@@ -69,6 +71,10 @@ static loom_gpt *make_stage(const loom_gpt_config *c, int first, int end, int sl
         m->grads_memory[i] = 1e-3f * (float)loom_rng_normal(7, 0, i);
     }
     return m;
+}
+
+static loom_gpt *make_stage(const loom_gpt_config *c, int first, int end, int slots, int split) {
+    return make_stage_as(c, first, end, slots, split, 0);
 }
 
 static float forward(loom_gpt *m, const micro_batch *mb) {
@@ -232,6 +238,67 @@ static void test_interleaved(void) {
     check_interleaved(&c, 1, 2);
 }
 
+/* ---- selective recomputation ------------------------------------------------------------ */
+
+/* Two micro-batches, each forward then backward (fused, or B then W), on the model's slots
+ * 0 and 1 in turn. */
+static void run_two(loom_gpt *m, const micro_batch mb[2], int split) {
+    for (int i = 0; i < 2; i++) {
+        loom_gpt_use_slot(m, i % m->slots);
+        forward(m, &mb[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        loom_gpt_use_slot(m, i % m->slots);
+        if (split) {
+            loom_gpt_backward_input(m, dloss, output_grad(m, &mb[i]));
+            loom_gpt_backward_weight(m);
+        } else {
+            loom_gpt_backward_stage(m, dloss, output_grad(m, &mb[i]));
+        }
+    }
+}
+
+/* A selective slot keeps one layer's softmax and backward recomputes every layer's from its
+ * qkv: the gradients and the stage input gradient must be the keeping model's bit for bit, fused
+ * and split, with two micro-batches in flight (each slot's scratch is its own: the second
+ * forward must not disturb the first micro-batch's backward). The keeping model's backward reads
+ * the softmax it stored, so a recomputation that differs in any bit fails here. */
+static void check_selective(const loom_gpt_config *c, int first, int end) {
+    micro_batch mb[2];
+    micro_batch_make(&mb[0], c, 41);
+    micro_batch_make(&mb[1], c, 42);
+    size_t BTC = (size_t)B * T * (size_t)c->channels;
+    for (int split = 0; split <= 1; split++) {
+        loom_gpt *keep = make_stage_as(c, first, end, 2, split, 0);
+        loom_gpt *sel = make_stage_as(c, first, end, 2, split, 1);
+        CHECK(sel->selective && !keep->selective &&
+                  (end - first > 1 ? sel->slot_floats < keep->slot_floats
+                                   : sel->slot_floats == keep->slot_floats),
+              "[%d,%d) split %d: the selective slot is smaller (with more than one layer)", first,
+              end, split);
+        run_two(keep, mb, split);
+        run_two(sel, mb, split);
+        CHECK(same_floats(keep->grads_memory, sel->grads_memory, keep->num_params),
+              "[%d,%d) split %d: selective gradients equal the keeping model's bit for bit "
+              "(first difference: %s)",
+              first, end, split, first_differing_tensor(keep, sel));
+        CHECK(same_floats(loom_gpt_stage_input_grad(keep), loom_gpt_stage_input_grad(sel), BTC),
+              "[%d,%d) split %d: the same stage input gradient", first, end, split);
+        loom_gpt_free(keep);
+        loom_gpt_free(sel);
+    }
+    micro_batch_free(&mb[0]);
+    micro_batch_free(&mb[1]);
+}
+
+static void test_selective(void) {
+    loom_gpt_config c = test_config();
+    int stages[][2] = {{0, 3}, {0, 1}, {1, 2}, {2, 3}};
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        check_selective(&c, stages[i][0], stages[i][1]);
+    }
+}
+
 /* ---- grads_ready ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -316,6 +383,7 @@ int main(void) {
     test_bit_identical();
     test_interleaved();
     test_grads_ready();
+    test_selective();
     test_reservation();
     return check_finish();
 }

@@ -255,6 +255,9 @@ typedef struct {
     int has_embedding, has_head;                /* some chunk has */
     int slots, slot;      /* activation sets reserved (micro-batches in flight), the current */
     int split_backward;   /* the sets also keep what a split backward's W needs */
+    int selective;        /* selective recomputation: a set holds one layer's attention softmax
+                           * (acts.att) as scratch; backward recomputes each layer's from its
+                           * kept qkv right before attention's backward */
     size_t slot_floats;   /* floats per activation set */
     int32_t *inputs_all;  /* (slots, B, T) */
     int32_t *targets_all; /* (slots, B, T) */
@@ -353,6 +356,19 @@ const float *loom_gpt_stage_input_grad(const loom_gpt *model);
  * loom_gpt_backward_stage. Slots must be reserved split: each slot then also keeps, from B until
  * its W, the output gradients of every block's GEMMs (loom_gpt_acts.dfcproj ... dencoded). */
 loom_status loom_gpt_reserve_slots_split(loom_gpt *model, int B, int T, int slots, int split);
+/* What a reservation asks for, all of it: the micro-batch, the sets in flight, whether B and W run
+ * apart, and selective recomputation (Korthikanti et al. 2022): keep every activation but the
+ * attention's softmax probabilities (B, NH/tp, T, T) per layer, which backward (fused, or B)
+ * recomputes from the kept qkv with the forward's kernel, so the gradients are the same bits. An
+ * earlier reservation that keeps at least as much (a non-selective one for a selective caller
+ * included) is kept. */
+typedef struct {
+    int B, T;
+    int slots;
+    int split;
+    int selective;
+} loom_gpt_slots_spec;
+loom_status loom_gpt_reserve_slots_spec(loom_gpt *model, const loom_gpt_slots_spec *spec);
 /* B for the current slot's micro-batch: the head's softmax and the LM head's input gradient,
  * every block's input-gradient GEMMs, attention and GELU backward, all LayerNorm backward (their
  * weight and bias gradients too: they come out of the same kernel), and the tensor-parallel

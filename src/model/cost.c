@@ -52,6 +52,7 @@ static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B,
 
 /* Activation floats of one block, per buffer, in acts_layout's order (ln1 ... residual3). */
 #define BLOCK_ACTS 15
+#define BLOCK_ATT  5 /* att's place among them */
 static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
     int64_t N = s->N, C = s->C, Cl = s->Cl;
     int64_t v[BLOCK_ACTS] = {
@@ -121,7 +122,11 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
     block_w_act_floats(&s, block_w);
     int64_t *o = out;
     *o++ = s.N * s.C; /* encoded: the stage's input (or the embedding's output) */
-    for (int i = 0; i < BLOCK_ACTS; i++) *o++ = slot->layers * block[i];
+    for (int i = 0; i < BLOCK_ACTS; i++) {
+        /* selective recomputation keeps no layer's softmax: one layer's is backward's scratch */
+        int64_t layers = i == BLOCK_ATT && slot->selective && slot->layers > 0 ? 1 : slot->layers;
+        *o++ = layers * block[i];
+    }
     for (int i = 0; i < HEAD_ACTS; i++) *o++ = slot->has_head ? head[i] : 0;
     for (int i = 0; i < BLOCK_W_ACTS; i++) *o++ = slot->split ? slot->layers * block_w[i] : 0;
     *o++ = slot->split && slot->has_embedding ? s.N * s.C : 0; /* dencoded */
@@ -129,8 +134,9 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
 
 /* Floats of one activation slot, as allocated. */
 static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_embedding, int has_head,
-                           int split) {
-    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split, s->B, s->T, 0, 0};
+                           int split, int selective) {
+    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split,
+                                s->B,  s->T,   selective,     0};
     int64_t f[LOOM_GPT_NUM_ACTS], total = 0;
     loom_gpt_act_floats(&s->config, &slot, f);
     for (int i = 0; i < LOOM_GPT_NUM_ACTS; i++) total += loom_gpt_act_round(f[i]);
@@ -304,8 +310,14 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     cost->flops_bwd_weight =
         layers * block.flops_bwd_weight + (spec->has_head ? head.flops_bwd_weight : 0);
     cost->flops_bwd = cost->flops_bwd_input + cost->flops_bwd_weight;
+    /* full recomputation keeps the one slot it reruns whole; selective is a mode of keeping */
+    int selective = spec->selective && !spec->recompute;
     /* the trainer reruns loom_gpt_forward_stage whole, head and loss included */
     cost->flops_recompute = spec->recompute ? cost->flops_fwd : 0;
+    /* selective: every block's attention core (QK^T and AV) once more, before its backward;
+     * a block's forward is its weight GEMMs (= its weight gradients) plus that core */
+    int64_t attention = block.flops_fwd - block.flops_bwd_weight;
+    cost->flops_selective = selective ? layers * attention : 0;
 
     /* the stage's own layout: wte, wpe and lnf only where it uses them */
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
@@ -316,10 +328,10 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     cost->optimizer_bytes = 2 * cost->param_bytes;
 
     cost->act_slot_token_bytes = 2 * s.N * INT32;
-    int64_t slot = slot_floats(&s, layers, spec->has_embedding, spec->has_head, 0);
+    int64_t slot = slot_floats(&s, layers, spec->has_embedding, spec->has_head, 0, selective);
     cost->act_slot_bytes = slot * FP32 + cost->act_slot_token_bytes;
     cost->act_slot_split_bytes =
-        (slot_floats(&s, layers, spec->has_embedding, spec->has_head, 1) - slot) * FP32;
+        (slot_floats(&s, layers, spec->has_embedding, spec->has_head, 1, selective) - slot) * FP32;
     cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
     cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.N * s.C * FP32;
     cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;

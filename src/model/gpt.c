@@ -9,6 +9,8 @@
  * gradients) reads them later; both use the fused backward's kernels in its order, so that the
  * two give the same bits. A rank may run several chunks of layers: parameters are indexed by
  * the rank's local layer, a slot's activations by the layer within the chunk it holds.
+ * Selective recomputation keeps every activation but the attention's softmax: a slot then holds
+ * one layer's, and backward recomputes each layer's from its kept qkv with the forward's kernel.
  *
  * Not here: optimizer, clipping, data or files.
  */
@@ -573,10 +575,11 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
  * stage has `encoded` (the embedding stage's output, the others' input); only the head stage
  * has the head's buffers (lnf ... row_stats), only a split reservation those W needs; the
  * others are there at size 0. */
-static size_t acts_layout(const loom_gpt *m, int B, int T, int split, size_t sizes[NUM_ACTS]) {
+static size_t acts_layout(const loom_gpt *m, int B, int T, int split, int selective,
+                          size_t sizes[NUM_ACTS]) {
     /* one chunk's activations: the largest chunk's blocks */
     loom_gpt_slot_shape slot = {
-        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T, 0, 0};
+        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T, selective, 0};
     int64_t floats[LOOM_GPT_NUM_ACTS];
     loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;
@@ -601,7 +604,7 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
         &m->acts.losses,    &m->acts.row_max,  &m->acts.row_stats, &m->acts.dfcproj,
         &m->acts.dfch,      &m->acts.dattproj, &m->acts.dqkv,      &m->acts.dencoded};
     size_t sizes[NUM_ACTS];
-    acts_layout(m, m->B, m->T, m->split_backward, sizes);
+    acts_layout(m, m->B, m->T, m->split_backward, m->selective, sizes);
     float *p = m->acts_memory + (size_t)slot * m->slot_floats;
     for (int i = 0; i < NUM_ACTS; i++) {
         *slots[i] = sizes[i] > 0 ? p : NULL; /* not on this stage, or not reserved */
@@ -618,16 +621,23 @@ loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
 }
 
 loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, int split) {
+    loom_gpt_slots_spec spec = {B, T, nslots, split, 0};
+    return loom_gpt_reserve_slots_spec(m, &spec);
+}
+
+loom_status loom_gpt_reserve_slots_spec(loom_gpt *m, const loom_gpt_slots_spec *spec) {
+    int B = spec->B, T = spec->T, nslots = spec->slots;
+    int split = spec->split != 0, selective = spec->selective != 0;
     if (B <= 0 || T <= 0 || T > m->config.max_seq_len) {
         return loom_fail(LOOM_ERR_INPUT,
                          "seq_len: expected 1..%d (the model's context), got %d (batch %d)",
                          m->config.max_seq_len, T, B);
     }
     if (nslots < 1) return loom_fail(LOOM_ERR_INPUT, "model: expected at least one slot");
-    split = split != 0;
-    /* a split reservation serves callers that do not split too */
+    /* a split reservation serves callers that do not split too, one that keeps every layer's
+     * softmax selective callers too */
     if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T &&
-        nslots <= m->slots && split <= m->split_backward) {
+        nslots <= m->slots && split <= m->split_backward && m->selective <= selective) {
         return LOOM_OK;
     }
     loom_free_aligned(m->acts_memory);
@@ -638,7 +648,7 @@ loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, 
     m->inputs_all = m->targets_all = m->inputs = m->targets = NULL;
 
     size_t sizes[NUM_ACTS];
-    m->slot_floats = acts_layout(m, B, T, split, sizes);
+    m->slot_floats = acts_layout(m, B, T, split, selective, sizes);
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
@@ -662,6 +672,7 @@ loom_status loom_gpt_reserve_slots_split(loom_gpt *m, int B, int T, int nslots, 
     m->T = T;
     m->slots = nslots;
     m->split_backward = split;
+    m->selective = selective;
     loom_gpt_use_slot(m, 0);
     return LOOM_OK;
 }
@@ -709,10 +720,11 @@ static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
     size_t C = (size_t)m->config.channels, NHl = (size_t)m->config.num_heads / tp, Cl = C / tp;
     size_t BT = (size_t)B * (size_t)T;
     size_t lbt = (size_t)l * BT;
+    size_t att_layer = m->selective ? 0 : (size_t)l; /* selective: one layer's, scratch */
     layer_acts v = {
         a->ln1 + lbt * C,           a->ln1_mean + lbt,
         a->ln1_rstd + lbt,          a->qkv + lbt * 3 * Cl,
-        a->atty + lbt * Cl,         a->att + (size_t)l * (size_t)B * NHl * (size_t)T * (size_t)T,
+        a->atty + lbt * Cl,         a->att + att_layer * (size_t)B * NHl * (size_t)T * (size_t)T,
         a->attproj + lbt * C,       a->residual2 + lbt * C,
         a->ln2 + lbt * C,           a->ln2_mean + lbt,
         a->ln2_rstd + lbt,          a->fch + lbt * 4 * Cl,
@@ -991,6 +1003,11 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
     memset(ga->dbtc2, 0, btcl * sizeof(float));
     be->matmul_backward_input(ga->dbtc2, dres, p.attprojw, N, Cl, C);
     weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, dres, N, C, split);
+    if (m->selective) {
+        /* the softmax again, by the forward's kernel from the kept qkv: the same bits; its
+         * attention output is thrown away (dbtc is free until the QKV input gradient) */
+        be->attention_forward(ga->dbtc, a.att, a.qkv, B, T, Cl, NHl);
+    }
     memset(dqkv, 0, btcl * 3 * sizeof(float));
     be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
     memset(ga->dbtc, 0, btc * sizeof(float));

@@ -30,15 +30,6 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          "planner prices it); expected false",
                          source);
     }
-    for (int s = 0; s < plan->num_stages; s++) {
-        if (plan->stages[s].recompute == LOOM_RECOMPUTE_SELECTIVE) {
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: stages[%d].recompute: \"selective\" is not built into the "
-                             "runtime yet (the planner prices it); expected none, needed or "
-                             "always",
-                             source, s);
-        }
-    }
     return LOOM_OK;
 }
 

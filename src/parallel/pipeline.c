@@ -78,7 +78,10 @@ struct loom_pipeline {
     int micro_batches, chunks, stages; /* m, v, V */
     loom_pipe_stage_schedule schedule; /* this rank's actions for one step */
     int split;                         /* the list splits backward into B and W */
-    int recompute;                     /* activations rebuilt in backward from the kept input */
+    int recompute;                     /* activations rebuilt in backward from the kept input
+                                        * (full recomputation; LOOM_RECOMPUTE_* or NONE) */
+    int selective;                     /* slots keep all but the attention's softmax, which the
+                                        * model recomputes in backward (LOOM_RECOMPUTE_SELECTIVE) */
     int last_forward;                  /* the key whose activations the model holds (recompute) */
     chunk_state *chunk;                /* (v) */
     pool slots, inputs, grads;         /* model activation sets; act_in and grad_in buffers */
@@ -472,13 +475,16 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
     if (st == LOOM_OK) {
         /* the rank's chunks agree on recomputation (loom_parallel_check_plan) */
         int first = loom_pipe_stage(&p->shape, mesh->pp_rank, 0);
-        p->recompute = loom_recompute_full(plan->stages[first].recompute)
-                           ? plan->stages[first].recompute
-                           : LOOM_RECOMPUTE_NONE;
+        int recompute = plan->stages[first].recompute;
+        p->recompute = loom_recompute_full(recompute) ? recompute : LOOM_RECOMPUTE_NONE;
+        p->selective = recompute == LOOM_RECOMPUTE_SELECTIVE;
         chunks_init(p);
         st = pools_create(p);
     }
-    if (st == LOOM_OK) st = loom_gpt_reserve_slots_split(model, B, T, p->slots.size, p->split);
+    if (st == LOOM_OK) {
+        loom_gpt_slots_spec slots = {B, T, p->slots.size, p->split, p->selective};
+        st = loom_gpt_reserve_slots_spec(model, &slots);
+    }
     if (st == LOOM_OK && p->kept.size > 0) {
         for (int c = 0; c < p->chunks; c++) {
             size_t n = loom_gpt_weight_state_floats(model, c, B, T);
