@@ -144,8 +144,37 @@ static void test_zero_without_dp(void) {
     loom_plan_free(&plan);
 }
 
+/* Selective recomputation keeps every activation but the attention's softmax (B, NH/tp, T, T)
+ * per layer: the 5as/h term of Korthikanti et al.'s sbh(34 + 5as/h), here in fp32 and without
+ * dropout; one layer's softmax stays as the recomputation's scratch. */
+static void test_selective(void) {
+    for (int tp = 1; tp <= 2; tp++) {
+        loom_plan plan = plan_of(1, tp, 2);
+        const loom_gpt_config *c = &plan.model;
+        const int T = 64;
+        for (int r = 0; r < 2; r++) {
+            loom_rank_memory none = memory_of(&plan, 0, r);
+            plan.stages[r].recompute = LOOM_RECOMPUTE_SELECTIVE;
+            loom_rank_memory selective = memory_of(&plan, 0, r);
+            plan.stages[r].recompute = LOOM_RECOMPUTE_NONE;
+            int64_t layers = plan.stages[r].end_layer - plan.stages[r].first_layer;
+            int64_t softmax = (int64_t)plan.micro_batch * (c->num_heads / tp) * T * T * 4;
+            int64_t expected = none.in_flight * (layers - 1) * softmax;
+            CHECK(none.activations - selective.activations == expected,
+                  "tp %d rank %d: selective saves %lld bytes, expected %d in flight x %lld "
+                  "layers' softmax %lld = %lld",
+                  tp, r, (long long)(none.activations - selective.activations), none.in_flight,
+                  (long long)(layers - 1), (long long)softmax, (long long)expected);
+            CHECK(none.weights == selective.weights && none.scratch == selective.scratch,
+                  "selective changes only activations");
+        }
+        loom_plan_free(&plan);
+    }
+}
+
 int main(void) {
     test_zero_stages_one_stage();
+    test_selective();
     test_zero_stages_tp_pp();
     test_zero_without_dp();
     return check_finish();
