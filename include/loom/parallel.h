@@ -486,9 +486,12 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
  * wte) of pipeline rank pp_rank's chunks together: fp32, the TP shard of each, before DP
  * sharding. */
 int64_t loom_plan_zero_unit_bytes(const loom_plan *plan, int pp_rank, int k);
-/* Virtual stage s's cost facts for one micro-batch (one activation set). */
+/* Virtual stage s's cost facts for one micro-batch (one activation set); _as under another
+ * recomputation mode than the stage's (LOOM_RECOMPUTE_*). */
 loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
                                  loom_gpt_stage_cost *out);
+loom_status loom_plan_stage_cost_as(const loom_plan *plan, int s, int seq_len, int recompute,
+                                    loom_gpt_stage_cost *out);
 /* Wire bytes of one (rows x cols) matrix under `method` with the compressor's rank, fraction
  * and error feedback, by loom/compress.h's formulas; *state gets the bytes of state it keeps
  * (committed and working copies: the error-feedback residual, the warm-start factor). */

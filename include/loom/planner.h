@@ -69,6 +69,9 @@ int loom_plan_group_link(const loom_cluster *cluster, const int *ranks, int n);
 typedef struct {
     double forward_s, backward_input_s, backward_weight_s, backward_s;
     double tp_forward_s, tp_backward_s; /* included above */
+    double rerun_s;       /* full recomputation's rerun forward, included in each backward part
+                             above (the schedule decides which micro-batches need it) */
+    double zero_gather_s; /* ZeRO-3's gathers not hidden by prefetch, included above */
 } loom_stage_times;
 
 #define LOOM_PREDICT_MAX_STAGES 256

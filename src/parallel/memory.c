@@ -86,9 +86,10 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
     return t;
 }
 
-/* The stage's cost facts for one micro-batch (in_flight 1). */
-loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
-                                 loom_gpt_stage_cost *c) {
+/* The stage's cost facts for one micro-batch (in_flight 1), under recomputation mode
+ * `recompute` (LOOM_RECOMPUTE_*). */
+loom_status loom_plan_stage_cost_as(const loom_plan *plan, int s, int seq_len, int recompute,
+                                    loom_gpt_stage_cost *c) {
     const loom_plan_stage *st = &plan->stages[s];
     loom_gpt_stage_spec spec = {plan->tp,
                                 st->first_layer,
@@ -98,10 +99,15 @@ loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
                                 plan->micro_batch,
                                 seq_len,
                                 1,
-                                loom_recompute_full(st->recompute),
-                                st->recompute == LOOM_RECOMPUTE_SELECTIVE,
+                                loom_recompute_full(recompute),
+                                recompute == LOOM_RECOMPUTE_SELECTIVE,
                                 plan->sequence_parallel};
     return loom_gpt_cost_stage(&plan->model, &spec, c);
+}
+
+loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
+                                 loom_gpt_stage_cost *c) {
+    return loom_plan_stage_cost_as(plan, s, seq_len, plan->stages[s].recompute, c);
 }
 
 /* ---- ZeRO-2 and ZeRO-3 -------------------------------------------------------------------
