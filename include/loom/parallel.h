@@ -99,6 +99,9 @@ typedef struct {
     int count;
 } loom_grad_bucket;
 
+/* `loom train`'s default bucket size (--bucket-mb 25), which the planner's cost model assumes:
+ * each bucket is a collective call of its own, each call pays the collective's fixed cost. */
+#define LOOM_GRAD_BUCKET_DEFAULT_MB 25.0
 /* Splits a model's gradient buffer into tensor-aligned buckets of at least bucket_bytes (the
  * last one may be smaller; a tensor slice larger than that is a bucket of its own), from the
  * top down: buckets[0] ends at num_params. Free with loom_grad_buckets_free. */

@@ -109,16 +109,32 @@ static double tp_s(const costing *k, int64_t allreduces, int64_t allreduce_bytes
            tp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, shards, shard_bytes);
 }
 
-/* ZeRO-3's gathers of a virtual stage's parameters over the DP group, one pass's worth (every
- * unit once), fp32 as loom holds them (as ZeRO-1's all-gather). */
-static double zero3_gather_s(const costing *k, const loom_gpt_stage_cost *c) {
-    return loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLGATHER, k->dp_link, k->plan->dp,
-                                     (double)c->param_bytes);
+/* A DP-group collective of `bytes` made as `calls` calls (buckets, units): the bytes' time plus
+ * the fixed cost (the fit's alpha, the ring's latencies) of every call after the first. A
+ * measured fit is of one call on one buffer (loom profile times the calls training makes), so
+ * a gradient sent in buckets pays its alpha per bucket. */
+static double dp_calls_s(const costing *k, loom_collective_op op, double bytes, double calls) {
+    double once = loom_cluster_collective_s(k->cluster, op, k->dp_link, k->plan->dp, bytes);
+    double fixed = loom_cluster_collective_s(k->cluster, op, k->dp_link, k->plan->dp, 0.0);
+    return once + (calls > 1 ? calls - 1 : 0) * fixed;
+}
+
+/* The buckets of `bytes` of gradients at loom train's default bucket size. */
+static double buckets_of(double bytes) {
+    double bucket = LOOM_GRAD_BUCKET_DEFAULT_MB * 1024 * 1024;
+    return bytes > bucket ? ceil(bytes / bucket) : 1;
 }
 
 /* The units of a virtual stage ZeRO-3 gathers one at a time (blocks, embedding, head). */
 static int stage_units(const loom_plan_stage *st) {
     return st->end_layer - st->first_layer + (st->embedding ? 1 : 0) + (st->head ? 1 : 0);
+}
+
+/* ZeRO-3's gathers of a virtual stage's parameters over the DP group, one pass's worth (every
+ * unit once, a call each), fp32 as loom holds them (as ZeRO-1's all-gather). */
+static double zero3_gather_s(const costing *k, int s, const loom_gpt_stage_cost *c) {
+    return dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, (double)c->param_bytes,
+                      stage_units(&k->plan->stages[s]));
 }
 
 /* A pass of `compute_s` that needs its units gathered first (`gather_s` for all of them): with
@@ -190,7 +206,7 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
      * recomputation runs on the backward's gather */
     if (k->plan->zero >= 3 && k->plan->dp > 1 &&
         k->plan->zero3_gather == LOOM_ZERO3_GATHER_MICRO_BATCH) {
-        double gather = zero3_gather_s(k, &c), forward = t->forward_s;
+        double gather = zero3_gather_s(k, s, &c), forward = t->forward_s;
         int units = stage_units(stage);
         t->forward_s = gathered_pass_s(k, forward, gather, units);
         double b = t->backward_input_s + t->rerun_s;
@@ -379,31 +395,34 @@ static loom_status zero_stream(const costing *k, const loom_pipe_shape *shape,
                                const loom_pipe_stage_schedule *lists,
                                const loom_pipe_sim_result *result) {
     const loom_plan *plan = k->plan;
-    int n = plan->dp, V = plan->num_stages;
+    int V = plan->num_stages;
     double rs[LOOM_PREDICT_MAX_STAGES], params[LOOM_PREDICT_MAX_STAGES];
     for (int v = 0; v < V; v++) {
         loom_gpt_stage_cost cost;
         loom_status st = loom_plan_stage_cost(plan, v, k->seq_len, &cost);
         if (st != LOOM_OK) return st;
-        rs[v] = loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, k->dp_link, n,
-                                          (double)cost.grad_bytes);
+        rs[v] = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, (double)cost.grad_bytes,
+                           stage_units(&plan->stages[v]));
         params[v] = (double)cost.param_bytes;
     }
     for (int r = 0; r < shape->ranks; r++) {
-        double rank_params = 0, free_s = 0;
-        for (int c = 0; c < shape->chunks; c++) rank_params += params[loom_pipe_stage(shape, r, c)];
-        double gather = loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLGATHER, k->dp_link,
-                                                  n, rank_params);
+        double rank_params = 0, units = 0, free_s = 0;
+        for (int c = 0; c < shape->chunks; c++) {
+            int v = loom_pipe_stage(shape, r, c);
+            rank_params += params[v], units += stage_units(&plan->stages[v]);
+        }
+        double gather = dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, rank_params,
+                                   plan->zero == 2 ? buckets_of(rank_params) : units);
         if (plan->zero >= 3 && plan->zero3_gather == LOOM_ZERO3_GATHER_STEP) free_s = gather;
         for (int i = 0; i < lists[r].count; i++) {
             const loom_pipe_action *a = &lists[r].actions[i];
             if (a->op != LOOM_PIPE_BACKWARD && a->op != LOOM_PIPE_BACKWARD_WEIGHT) continue;
             int v = loom_pipe_stage(shape, r, a->chunk);
-            double units = stage_units(&plan->stages[v]);
+            double u = stage_units(&plan->stages[v]);
             const loom_pipe_sim_action *t = &result->stage[r][i];
-            double first = t->start_s + (t->end_s - t->start_s) / units;
+            double first = t->start_s + (t->end_s - t->start_s) / u;
             double start = free_s > first ? free_s : first;
-            double end = start + rs[v], last = t->end_s + rs[v] / units;
+            double end = start + rs[v], last = t->end_s + rs[v] / u;
             free_s = end > last ? end : last;
         }
         if (plan->zero == 2) free_s += gather;
@@ -642,14 +661,16 @@ static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
     loom_compress_method method = loom_plan_compresses_stage(&plan->dp_compression, r)
                                       ? plan->dp_compression.method
                                       : LOOM_COMPRESS_NONE;
+    /* a call per bucket: every bucket after the first adds the collective's fixed cost */
+    double buckets = buckets_of(grads);
     if (method == LOOM_COMPRESS_NONE && !zero1) {
         out.sync_s =
-            dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank);
+            dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank) +
+            dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, buckets) -
+            dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, 1);
     } else if (method == LOOM_COMPRESS_NONE) {
-        out.sync_s =
-            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link, n,
-                                      grads) +
-            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link, n, grads);
+        out.sync_s = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, grads, buckets) +
+                     dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, grads, buckets);
         /* the two send what one allreduce sends: one figure, rounded to whole bytes once */
         out.bytes_per_rank = (int64_t)loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, n, grads);
     } else {
