@@ -482,6 +482,10 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
  * simulator knows it without building the rank's list again). */
 loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len,
                                      int peak_in_flight, loom_rank_memory *out);
+/* Why a rank's memory does not fit a device of device_bytes: by how much, its two largest
+ * categories (and whether the largest alone exceeds the device), as one phrase in text;
+ * returns 0 (text "") when it fits. */
+int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap);
 /* ZeRO-2/3's unit gradient buckets in flight: the one the backward fills and the one being
  * reduce-scattered. */
 #define LOOM_ZERO_GRAD_UNITS_IN_FLIGHT 2

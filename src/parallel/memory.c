@@ -10,6 +10,7 @@
 #include "parallel/parallel_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static int splits_backward(const loom_plan *plan) {
@@ -230,4 +231,34 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
                                   loom_rank_memory *out) {
     return loom_plan_rank_memory_at(plan, pp_rank, seq_len,
                                     loom_pipeline_peak_in_flight(plan, pp_rank), out);
+}
+
+int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap) {
+    text[0] = '\0';
+    if (device_bytes <= 0 || m->total <= device_bytes) return 0;
+    const char *names[] = {"weights",     "gradients", "optimizer", "gathered",
+                           "activations", "scratch",   "compressor"};
+    const int64_t sizes[] = {m->weights,     m->grads,   m->optimizer, m->gathered,
+                             m->activations, m->scratch, m->compressor};
+    int first = 0, second = -1;
+    for (int i = 1; i < 7; i++) {
+        if (sizes[i] > sizes[first]) {
+            second = first, first = i;
+        } else if (second < 0 || sizes[i] > sizes[second]) {
+            second = i;
+        }
+    }
+    const double gib = 1073741824.0;
+    size_t used =
+        (size_t)snprintf(text, cap, "%.2f GiB over the device's %.2f GiB; most: %s %.2f GiB",
+                         (double)(m->total - device_bytes) / gib, (double)device_bytes / gib,
+                         names[first], (double)sizes[first] / gib);
+    if (first == 4 && used < cap)
+        used += (size_t)snprintf(text + used, cap - used, " (%d sets in flight)", m->in_flight);
+    if (used < cap)
+        used += (size_t)snprintf(text + used, cap - used, ", then %s %.2f GiB", names[second],
+                                 (double)sizes[second] / gib);
+    if (sizes[first] > device_bytes && used < cap)
+        snprintf(text + used, cap - used, " (%s alone exceed the device)", names[first]);
+    return 1;
 }

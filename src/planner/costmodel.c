@@ -865,7 +865,7 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, i
     loom_plan_stage keep = copy->stages[s];
     copy->stages[s].first_layer = c == LOOM_STAGE_LAST ? L - n : c == LOOM_STAGE_MIDDLE ? 1 : 0;
     copy->stages[s].end_layer = copy->stages[s].first_layer + n;
-    if (out->options > 1) copy->stages[s].recompute = o;
+    if (out->options > 1) copy->stages[s].recompute = loom_stage_option_recompute(o);
     loom_stage_times t;
     loom_rank_memory none, one;
     loom_status st = stage_times(k, s, k->seq_len, &t);
@@ -884,7 +884,7 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
                                     loom_stage_problem *out) {
     memset(out, 0, sizeof *out);
     int S = plan->num_stages, L = plan->model.num_layers, chunked = plan->virtual_stages > 1;
-    out->options = per_stage_recompute && !chunked ? 2 : 1;
+    out->options = per_stage_recompute && !chunked ? 3 : 1;
     size_t cells = (size_t)out->options * LOOM_STAGE_CLASSES * (size_t)(L + 1);
     out->stages = S, out->layers = L;
     out->micro_batches = loom_plan_num_micro_batches(plan);
@@ -943,6 +943,25 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
     *bound_s = most * loom_plan_num_micro_batches(plan);
     if (mean_s) *mean_s = total / plan->pp * loom_plan_num_micro_batches(plan);
     return LOOM_OK;
+}
+
+loom_status loom_plan_peak_memory(const loom_plan *plan, int seq_len, int *rank,
+                                  loom_rank_memory *out) {
+    memset(out, 0, sizeof *out);
+    *rank = 0;
+    loom_pipe_shape shape;
+    loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
+    loom_status st = lists ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
+    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
+        loom_rank_memory mem;
+        st = loom_plan_rank_memory_at(plan, r, seq_len, loom_pipe_peak_in_flight(&lists[r]), &mem);
+        if (st == LOOM_OK && (r == 0 || mem.total > out->total)) *out = mem, *rank = r;
+    }
+    for (int r = 0; lists && r < plan->pp; r++) loom_pipe_schedule_free(&lists[r]);
+    free(lists);
+    return st;
 }
 
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
