@@ -90,4 +90,31 @@ if [ "$quick" != 1 ]; then
     check sel_zbv_tp2 4 single --pipeline-parallel 2 --schedule zb-v --tensor-parallel 2 --recompute selective
 fi
 
+# ---- sequence parallelism ----
+check sp_tp2 2 single --tensor-parallel 2 --sequence-parallel
+run tp2 2 --tensor-parallel 2 && compare_run tp2
+check sp_tp2_pp2 4 single --tensor-parallel 2 --pipeline-parallel 2 --sequence-parallel
+check sp_tp2_dp2 4 single --tensor-parallel 2 --data-parallel 2 --sequence-parallel
+if [ "$quick" != 1 ]; then
+    check sp_tp2_zbv 4 single --tensor-parallel 2 --pipeline-parallel 2 --schedule zb-v --sequence-parallel
+    check sp_tp2_il_recompute 4 single --tensor-parallel 2 "${il[@]}" --sequence-parallel --recompute
+    check sp_tp2_zbh1_selective 4 single --tensor-parallel 2 --pipeline-parallel 2 --schedule zb-h1 --sequence-parallel --recompute selective
+    check sp_tp2_dp2_nozero 4 single --tensor-parallel 2 --data-parallel 2 --no-zero1 --sequence-parallel
+fi
+
+# refused by name
+refused() { # what expected-text ranks flags...
+    local what=$1 text=$2 np=$3
+    shift 3
+    if timeout 120 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "bad_$what" "$@" >"bad_$what.log" 2>&1; then
+        fail "$what: accepted"
+    elif grep -q -- "$text" "bad_$what.log"; then
+        ok
+    else
+        fail "$what: message does not say \"$text\": $(grep -m2 -i 'error\|expected' "bad_$what.log")"
+    fi
+}
+refused sp_tp1 "sequence_parallel: expected false with mesh.tp 1" 1 --sequence-parallel
+refused sp_rows "(--micro-batch-size x --seq-len), must divide by the tensor-parallel degree 2" 2 --tensor-parallel 2 --sequence-parallel --seq-len 15 --micro-batch-size 1
+
 finish

@@ -110,6 +110,10 @@ loom_status loom_comm_allreduce_f64(loom_comm *comm, double *buf, int64_t count,
 /* recv (size*count) = concatenation of every rank's send (count), in rank order. In place
  * when send is this rank's block of recv (recv + rank*count); otherwise no overlap. */
 loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *recv, int64_t count);
+/* Sums block r = buf[r*count, (r+1)*count) of every rank's buf (size*count) into this rank's
+ * block, in place (the other blocks are left holding partial sums): a blocking run of loom's
+ * ring reduce-scatter below over equal blocks ((n-1)/n of the buffer sent, one call counted). */
+loom_status loom_comm_reduce_scatter_f32(loom_comm *comm, float *buf, int64_t count);
 /* buf (bytes) on every rank = buf on `root`. */
 loom_status loom_comm_broadcast(loom_comm *comm, void *buf, int64_t bytes, int root);
 loom_status loom_comm_barrier(loom_comm *comm);

@@ -65,6 +65,10 @@ loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
  * read "SOURCE: FIELD: expected a divisor of PREFIXheads ..." (prefix "model." for plans). */
 loom_status loom_gpt_check_tp(const loom_gpt_config *config, int tp, const char *source,
                               const char *field, const char *prefix);
+/* Sequence parallelism over tp ranks fits a micro-batch of B x T when tp divides its B*T rows
+ * (each rank holds an equal, contiguous share): the one place the rule lives. The message names
+ * the values and the flags they come from, after "SOURCE: ". */
+loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *source);
 /* Whether two configurations describe the same model (padding aside). */
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
 #define LOOM_GPT_DEFAULT_PRESET "small"
@@ -224,6 +228,9 @@ typedef struct {
     float *dqkv;      /* (B, T, 3C) */
     float *dfch;      /* (B, T, 4C) */
     float *dfch2;     /* (B, T, 4C) */
+    float *dnorm;     /* (4, C) sequence parallelism: one micro-batch's LayerNorm weight and bias
+                       * gradients of this rank's rows, summed over TP before they are added;
+                       * NULL without */
 } loom_gpt_grad_acts;
 
 /* params_memory and grads_memory hold this many zero floats past num_params, so that a flat
@@ -241,6 +248,12 @@ typedef struct {
     loom_comm *tp_comm; /* borrowed; NULL when tp_size == 1 */
     int vocab_start;    /* first vocabulary row this rank holds */
     int vocab_local;    /* real (unpadded) rows among this rank's Vp/tp */
+    /* Megatron's sequence parallelism (tp > 1): the residual stream, the LayerNorms, the
+     * residual adds, the position embedding and the row-parallel biases hold and compute this
+     * rank's contiguous 1/tp of the B*T rows (rows are (b, t) pairs); the column-parallel GEMMs'
+     * inputs are all-gathered, the row-parallel GEMMs' outputs reduce-scattered. A stage's input
+     * and output, and their gradients, are this rank's rows (loom_gpt_rows). */
+    int sequence_parallel;
     /* pipeline parallelism: this rank runs one or more chunks (virtual stages) of the model's
      * blocks; all their blocks, in ascending order, are its local layers 0 .. num_local_layers-1.
      * The embedding chunk turns tokens into the residual stream, the head chunk ends it with the
@@ -317,7 +330,8 @@ loom_status loom_gpt_create_tp(loom_gpt **model, const loom_gpt_config *config,
 typedef struct {
     int first_layer, end_layer; /* [first, end): the one chunk when num_chunks is 0 */
     int tp_size, tp_rank;
-    loom_comm *tp_comm; /* NULL when tp_size == 1 */
+    loom_comm *tp_comm;    /* NULL when tp_size == 1 */
+    int sequence_parallel; /* over the tp ranks (tp > 1); see loom_gpt.sequence_parallel */
     /* 0: one chunk, the pipeline stage [first_layer, end_layer) (non-empty) with the embedding
      * when it starts at layer 0 and the head when it ends at the last; else chunks[0 ..
      * num_chunks) and first_layer, end_layer unused. Chunks are ascending and do not overlap;
@@ -331,6 +345,11 @@ loom_status loom_gpt_create_shard(loom_gpt **model, const loom_gpt_config *confi
  * enough to map another rank's shard (loom_gpt_global_index). */
 loom_status loom_gpt_describe(loom_gpt *model, const loom_gpt_config *config,
                               const loom_gpt_shard *shard);
+
+/* Rows of the residual stream this rank holds for a micro-batch of B x T: B*T, or B*T/tp under
+ * sequence parallelism (then B*T must divide by tp: loom_gpt_reserve_slots refuses it else).
+ * A stage's input, output and their gradients are (rows, C). */
+int64_t loom_gpt_rows(const loom_gpt *model, int B, int T);
 
 /* Pipeline stages. Activations for `slots` micro-batches in flight at once; loom_gpt_use_slot
  * picks the set the next forward/backward works on. Keeps an earlier reservation that is large

@@ -1,6 +1,7 @@
 /*
- * ops.c — the operations: allreduce, allgather, broadcast, barrier, and
- * point-to-point sends and receives, blocking and non-blocking, with their byte counts.
+ * ops.c — the operations: allreduce, allgather, a blocking reduce-scatter (ring.c's ring run
+ * to its end), broadcast, barrier, and point-to-point sends and receives, blocking and
+ * non-blocking, with their byte counts.
  *
  * Every operation is started non-blocking; a blocking call is the start plus the timed wait
  * (wait.c), so that no call can block without a deadline. Transfers larger than one MPI call
@@ -291,6 +292,23 @@ loom_status loom_comm_allgather_f32(loom_comm *comm, const float *send, float *r
     status = start_allgather(comm, send, recv, count, &request);
     if (status == LOOM_OK) count_call(comm, (comm->size - 1) * count * (int64_t)sizeof(float));
     return finish_blocking(comm, &request, status, t0);
+}
+
+loom_status loom_comm_reduce_scatter_f32(loom_comm *comm, float *buf, int64_t count) {
+    loom_status status = check_buffer(comm, "reduce-scatter", buf, count);
+    if (status != LOOM_OK || comm->size == 1) return status;
+    int64_t *bounds = loom_malloc(((size_t)comm->size + 1) * sizeof *bounds, "ring bounds");
+    if (!bounds) return LOOM_ERR_NOMEM;
+    for (int r = 0; r <= comm->size; r++) bounds[r] = (int64_t)r * count;
+    /* a ring of its own, on the top tag (the gradient buckets' rings count up from 0): made and
+     * freed per call, which costs a small allocation against the transfer */
+    loom_comm_ring *ring = NULL;
+    status = loom_comm_ring_create(comm, bounds, LOOM_COMM_MAX_TAG, &ring);
+    free(bounds);
+    if (status == LOOM_OK) status = loom_comm_ring_start(ring, buf);
+    if (status == LOOM_OK) status = loom_comm_ring_wait(ring);
+    loom_comm_ring_free(ring);
+    return status;
 }
 
 loom_status loom_comm_broadcast(loom_comm *comm, void *buf, int64_t bytes, int root) {

@@ -23,6 +23,7 @@
 typedef struct {
     loom_gpt_config config;
     int64_t tp, B, T, N, C, Cl, NHl, Vpl; /* N = B*T; local widths under TP */
+    int64_t rows; /* of the residual stream on this rank: N, or N/tp under sequence parallelism */
 } cost_shape;
 
 static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B, int T,
@@ -47,30 +48,33 @@ static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B,
     s->Cl = s->C / tp;
     s->NHl = c->num_heads / tp;
     s->Vpl = c->padded_vocab_size / tp;
+    s->rows = s->N;
     return LOOM_OK;
 }
 
 /* Activation floats of one block, per buffer, in acts_layout's order (ln1 ... residual3). */
 #define BLOCK_ACTS 15
 #define BLOCK_ATT  5 /* att's place among them */
+/* Under sequence parallelism the residual stream's buffers (`R` rows: LayerNorms, residuals,
+ * the row-parallel outputs) hold this rank's rows only; the GEMMs' (qkv, atty, fch) every row. */
 static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
-    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    int64_t N = s->N, R = s->rows, C = s->C, Cl = s->Cl;
     int64_t v[BLOCK_ACTS] = {
-        N * C,                       /* ln1 */
-        N,                           /* ln1_mean */
-        N,                           /* ln1_rstd */
+        R * C,                       /* ln1 */
+        R,                           /* ln1_mean */
+        R,                           /* ln1_rstd */
         N * 3 * Cl,                  /* qkv */
         N * Cl,                      /* atty */
         s->B * s->NHl * s->T * s->T, /* att: softmax probabilities, full T x T */
-        N * C,                       /* attproj */
-        N * C,                       /* residual2 */
-        N * C,                       /* ln2 */
-        N,                           /* ln2_mean */
-        N,                           /* ln2_rstd */
+        R * C,                       /* attproj */
+        R * C,                       /* residual2 */
+        R * C,                       /* ln2 */
+        R,                           /* ln2_mean */
+        R,                           /* ln2_rstd */
         N * 4 * Cl,                  /* fch */
         N * 4 * Cl,                  /* fch_gelu */
-        N * C,                       /* fcproj */
-        N * C,                       /* residual3 */
+        R * C,                       /* fcproj */
+        R * C,                       /* residual3 */
     };
     memcpy(f, v, sizeof v);
 }
@@ -78,11 +82,11 @@ static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
 /* The head's buffers, in acts_layout's order (lnf ... row_stats). */
 #define HEAD_ACTS 7
 static void head_act_floats(const cost_shape *s, int64_t f[HEAD_ACTS]) {
-    int64_t N = s->N;
+    int64_t N = s->N, R = s->rows;
     int64_t v[HEAD_ACTS] = {
-        N * s->C,   /* lnf */
-        N,          /* lnf_mean */
-        N,          /* lnf_rstd */
+        N * s->C,   /* lnf: every row (gathered under SP, for the LM head) */
+        R,          /* lnf_mean */
+        R,          /* lnf_rstd */
         N * s->Vpl, /* probs: logits of this rank's vocabulary rows */
         N,          /* losses */
         N,          /* row_max */
@@ -116,12 +120,13 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
     cost_shape s = {.config = *c, .tp = slot->tp, .B = slot->B, .T = slot->T};
     s.N = s.B * s.T, s.C = c->channels, s.Cl = s.C / s.tp, s.NHl = c->num_heads / s.tp;
     s.Vpl = c->padded_vocab_size / s.tp;
+    s.rows = slot->sequence_parallel ? s.N / s.tp : s.N;
     int64_t block[BLOCK_ACTS], head[HEAD_ACTS], block_w[BLOCK_W_ACTS];
     block_act_floats(&s, block);
     head_act_floats(&s, head);
     block_w_act_floats(&s, block_w);
     int64_t *o = out;
-    *o++ = s.N * s.C; /* encoded: the stage's input (or the embedding's output) */
+    *o++ = s.rows * s.C; /* encoded: the stage's input (or the embedding's output) */
     for (int i = 0; i < BLOCK_ACTS; i++) {
         /* selective recomputation keeps no layer's softmax: one layer's is backward's scratch */
         int64_t layers = i == BLOCK_ATT && slot->selective && slot->layers > 0 ? 1 : slot->layers;
@@ -129,14 +134,14 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
     }
     for (int i = 0; i < HEAD_ACTS; i++) *o++ = slot->has_head ? head[i] : 0;
     for (int i = 0; i < BLOCK_W_ACTS; i++) *o++ = slot->split ? slot->layers * block_w[i] : 0;
-    *o++ = slot->split && slot->has_embedding ? s.N * s.C : 0; /* dencoded */
+    *o++ = slot->split && slot->has_embedding ? s.rows * s.C : 0; /* dencoded */
 }
 
 /* Floats of one activation slot, as allocated. */
 static int64_t slot_floats(const cost_shape *s, int64_t layers, int has_embedding, int has_head,
                            int split, int selective) {
-    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head, split,
-                                s->B,  s->T,   selective,     0};
+    loom_gpt_slot_shape slot = {s->tp, layers, has_embedding, has_head,       split,
+                                s->B,  s->T,   selective,     s->rows != s->N};
     int64_t f[LOOM_GPT_NUM_ACTS], total = 0;
     loom_gpt_act_floats(&s->config, &slot, f);
     for (int i = 0; i < LOOM_GPT_NUM_ACTS; i++) total += loom_gpt_act_round(f[i]);
@@ -278,7 +283,41 @@ static loom_status check_stage_spec(const loom_gpt_config *c, const loom_gpt_sta
         return loom_fail(LOOM_ERR_INPUT, "model cost: stage in_flight: expected >= 1, got %d",
                          spec->in_flight);
     }
+    if (spec->sequence_parallel && spec->tp < 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model cost: stage sequence_parallel: expected tp > 1 (it shards over "
+                         "the tensor-parallel ranks), got tp %d",
+                         spec->tp);
+    }
+    if (spec->sequence_parallel)
+        return loom_gpt_check_sequence_rows(spec->B, spec->T, spec->tp, "model cost");
     return LOOM_OK;
+}
+
+/* Sequence parallelism's TP traffic, read off gpt.c (block_forward_sp, block_backward_sp,
+ * embed_forward, embed_backward, the head's passes). Every all-gather and reduce-scatter is of
+ * an (N, C) buffer. A block's forward gathers ln1 and ln2 and reduce-scatters attention-out's
+ * and MLP-down's sums (4, where TP alone allreduces 2); its backward gathers the output
+ * gradients of MLP-down and attention-out, reduce-scatters the input gradients of MLP-up and QKV
+ * and gathers ln2 and ln1 again for their weight gradients (6, where TP allreduces 2; with
+ * forward's, 10 half-allreduces against 4 allreduces: 5/4 of TP's bytes on the wire), and
+ * allreduces its four LayerNorm gradients (4C) once. The embedding
+ * reduce-scatters its lookup in forward and gathers its output gradient in backward. The head
+ * gathers lnf in forward (its loss allreduces stay as they are, on every row) and
+ * reduce-scatters d(lnf) in backward, then allreduces lnf's two gradients (2C). The re-gathers
+ * and the embedding's gather run in W when B and W run apart. */
+static void sp_traffic(const cost_shape *s, int64_t layers, int has_embedding, int has_head,
+                       loom_gpt_stage_cost *cost) {
+    int64_t btc = s->N * s->C * FP32, C = s->C;
+    int64_t emb = has_embedding, head = has_head;
+    cost->tp_shards_fwd = 4 * layers + emb + head;
+    cost->tp_shards_bwd = 6 * layers + emb + head;
+    cost->tp_shard_bytes_fwd = cost->tp_shards_fwd * btc;
+    cost->tp_shard_bytes_bwd = cost->tp_shards_bwd * btc;
+    cost->tp_allreduces_fwd = 2 * head; /* row max (N); sum exp and target logit (2, N) */
+    cost->tp_bytes_fwd = 3 * s->N * FP32 * head;
+    cost->tp_allreduces_bwd = layers + head;
+    cost->tp_bytes_bwd = (4 * C * layers + 2 * C * head) * FP32;
 }
 
 static void add_tp(loom_gpt_stage_cost *cost, const loom_gpt_part_cost *part, int64_t times) {
@@ -297,6 +336,7 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     if ((st = check_stage_spec(&s.config, spec)) != LOOM_OK) return st;
     int64_t layers = spec->end_layer - spec->first_layer;
     if ((st = check_range(&s, layers, spec->in_flight)) != LOOM_OK) return st;
+    if (spec->sequence_parallel) s.rows = s.N / s.tp;
 
     loom_gpt_part_cost block, embedding, head;
     block_cost(&s, &block);
@@ -333,22 +373,29 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     cost->act_slot_split_bytes =
         (slot_floats(&s, layers, spec->has_embedding, spec->has_head, 1, selective) - slot) * FP32;
     cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
-    cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.N * s.C * FP32;
+    cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.rows * s.C * FP32;
     cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;
-    /* dresidual, dbtc, dbtc2 (B,T,C); dqkv (B,T,3C); dfch, dfch2 (B,T,4C) */
-    cost->grad_scratch_bytes = 14 * s.N * s.C * FP32;
+    /* dresidual, dbtc, dbtc2 (B,T,C); dqkv (B,T,3C); dfch, dfch2 (B,T,4C); under SP dnorm (4C) */
+    cost->grad_scratch_bytes = (14 * s.N * s.C + (spec->sequence_parallel ? 4 * s.C : 0)) * FP32;
     cost->total_bytes = cost->param_bytes + cost->grad_bytes + cost->optimizer_bytes +
                         cost->act_bytes + cost->grad_scratch_bytes;
 
-    add_tp(cost, &block, layers);
-    if (spec->has_embedding) add_tp(cost, &embedding, 1);
-    if (spec->has_head) add_tp(cost, &head, 1);
+    if (spec->sequence_parallel) {
+        sp_traffic(&s, layers, spec->has_embedding, spec->has_head, cost);
+    } else {
+        add_tp(cost, &block, layers);
+        if (spec->has_embedding) add_tp(cost, &embedding, 1);
+        if (spec->has_head) add_tp(cost, &head, 1);
+    }
     if (spec->recompute) {
         cost->tp_allreduces_recompute = cost->tp_allreduces_fwd;
         cost->tp_bytes_recompute = cost->tp_bytes_fwd;
+        cost->tp_shards_recompute = cost->tp_shards_fwd;
+        cost->tp_shard_bytes_recompute = cost->tp_shard_bytes_fwd;
     }
 
-    cost->pp_act_bytes = spec->has_head ? 0 : s.N * s.C * FP32;
-    cost->pp_grad_bytes = spec->has_embedding ? 0 : s.N * s.C * FP32;
+    /* each TP rank sends its own rows under SP */
+    cost->pp_act_bytes = spec->has_head ? 0 : s.rows * s.C * FP32;
+    cost->pp_grad_bytes = spec->has_embedding ? 0 : s.rows * s.C * FP32;
     return LOOM_OK;
 }

@@ -106,6 +106,15 @@ loom_status loom_gpt_check_tp(const loom_gpt_config *c, int tp, const char *sour
     return LOOM_OK;
 }
 
+loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *source) {
+    if (tp < 1 || (int64_t)B * T % tp == 0) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: sequence parallelism: the rows of a micro-batch, %d x %d = %lld "
+                     "(--micro-batch-size x --seq-len), must divide by the tensor-parallel "
+                     "degree %d (--tensor-parallel)",
+                     source, B, T, (long long)B * T, tp);
+}
+
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b) {
     return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
            a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
@@ -364,6 +373,12 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     }
     st = loom_gpt_check_tp(&checked, tp_size, "model", "tensor parallel", "");
     if (st != LOOM_OK) return st;
+    if (shard->sequence_parallel && tp_size < 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "model: sequence parallelism shards over the tensor-parallel ranks: "
+                         "expected tp > 1, got %d",
+                         tp_size);
+    }
     if (shard->num_chunks == 0) {
         if (shard->first_layer < 0 || shard->end_layer > checked.num_layers ||
             shard->first_layer >= shard->end_layer) {
@@ -384,6 +399,7 @@ loom_status loom_gpt_describe(loom_gpt *m, const loom_gpt_config *config,
     m->tp_size = tp_size;
     m->tp_rank = tp_rank;
     m->tp_comm = tp_size > 1 ? shard->tp_comm : NULL;
+    m->sequence_parallel = shard->sequence_parallel != 0;
     m->first_layer = m->chunks[0].first_layer;
     for (int i = 0; i < m->num_chunks; i++) {
         const loom_gpt_chunk *chunk = &m->chunks[i];
@@ -579,7 +595,8 @@ static size_t acts_layout(const loom_gpt *m, int B, int T, int split, int select
                           size_t sizes[NUM_ACTS]) {
     /* one chunk's activations: the largest chunk's blocks */
     loom_gpt_slot_shape slot = {
-        m->tp_size, m->max_chunk_layers, m->has_embedding, m->has_head, split, B, T, selective, 0};
+        m->tp_size, m->max_chunk_layers, m->has_embedding,    m->has_head, split, B,
+        T,          selective,           m->sequence_parallel};
     int64_t floats[LOOM_GPT_NUM_ACTS];
     loom_gpt_act_floats(&m->config, &slot, floats);
     size_t total = 0;
@@ -634,6 +651,10 @@ loom_status loom_gpt_reserve_slots_spec(loom_gpt *m, const loom_gpt_slots_spec *
                          m->config.max_seq_len, T, B);
     }
     if (nslots < 1) return loom_fail(LOOM_ERR_INPUT, "model: expected at least one slot");
+    if (m->sequence_parallel) {
+        loom_status st = loom_gpt_check_sequence_rows(B, T, m->tp_size, "model");
+        if (st != LOOM_OK) return st;
+    }
     /* a split reservation serves callers that do not split too, one that keeps every layer's
      * softmax selective callers too */
     if (m->acts_memory && B <= m->B && T <= m->T && (int64_t)B * T <= (int64_t)m->B * m->T &&
@@ -652,20 +673,27 @@ loom_status loom_gpt_reserve_slots_spec(loom_gpt *m, const loom_gpt_slots_spec *
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
     size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
-    const size_t grad_sizes[6] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C};
+    const size_t grad_sizes[7] = {BT * C,
+                                  BT * C,
+                                  BT * C,
+                                  BT * 3 * C,
+                                  BT * 4 * C,
+                                  BT * 4 * C,
+                                  m->sequence_parallel ? 4 * C : 0};
     size_t grad_total = 0;
-    for (int i = 0; i < 6; i++) grad_total += grad_sizes[i];
+    for (int i = 0; i < 7; i++) grad_total += grad_sizes[i];
     m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
     m->inputs_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "inputs");
     m->targets_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "targets");
     if (!m->acts_memory || !m->grad_acts_memory || !m->inputs_all || !m->targets_all) {
         return LOOM_ERR_NOMEM;
     }
-    float **gslots[6] = {&m->grad_acts.dresidual, &m->grad_acts.dbtc, &m->grad_acts.dbtc2,
-                         &m->grad_acts.dqkv,      &m->grad_acts.dfch, &m->grad_acts.dfch2};
+    float **gslots[7] = {&m->grad_acts.dresidual, &m->grad_acts.dbtc, &m->grad_acts.dbtc2,
+                         &m->grad_acts.dqkv,      &m->grad_acts.dfch, &m->grad_acts.dfch2,
+                         &m->grad_acts.dnorm};
     float *p = m->grad_acts_memory;
-    for (int i = 0; i < 6; i++) {
-        *gslots[i] = p;
+    for (int i = 0; i < 7; i++) {
+        *gslots[i] = grad_sizes[i] ? p : NULL;
         p += grad_sizes[i];
     }
     m->B = B;
@@ -720,16 +748,18 @@ static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
     size_t C = (size_t)m->config.channels, NHl = (size_t)m->config.num_heads / tp, Cl = C / tp;
     size_t BT = (size_t)B * (size_t)T;
     size_t lbt = (size_t)l * BT;
+    /* the residual stream's buffers hold this rank's rows (all of them without SP) */
+    size_t lrows = (size_t)l * (size_t)loom_gpt_rows(m, B, T);
     size_t att_layer = m->selective ? 0 : (size_t)l; /* selective: one layer's, scratch */
     layer_acts v = {
-        a->ln1 + lbt * C,           a->ln1_mean + lbt,
-        a->ln1_rstd + lbt,          a->qkv + lbt * 3 * Cl,
+        a->ln1 + lrows * C,         a->ln1_mean + lrows,
+        a->ln1_rstd + lrows,        a->qkv + lbt * 3 * Cl,
         a->atty + lbt * Cl,         a->att + att_layer * (size_t)B * NHl * (size_t)T * (size_t)T,
-        a->attproj + lbt * C,       a->residual2 + lbt * C,
-        a->ln2 + lbt * C,           a->ln2_mean + lbt,
-        a->ln2_rstd + lbt,          a->fch + lbt * 4 * Cl,
-        a->fch_gelu + lbt * 4 * Cl, a->fcproj + lbt * C,
-        a->residual3 + lbt * C,     {NULL},
+        a->attproj + lrows * C,     a->residual2 + lrows * C,
+        a->ln2 + lrows * C,         a->ln2_mean + lrows,
+        a->ln2_rstd + lrows,        a->fch + lbt * 4 * Cl,
+        a->fch_gelu + lbt * 4 * Cl, a->fcproj + lrows * C,
+        a->residual3 + lrows * C,   {NULL},
     };
     if (a->dqkv) {
         v.dout[GEMM_FCPROJ] = a->dfcproj + lbt * C;
@@ -747,6 +777,70 @@ static void tp_allreduce(loom_gpt *m, float *buf, int64_t n, loom_reduce_op op) 
     if (m->tp_size == 1) return;
     if (loom_comm_allreduce_f32(m->tp_comm, buf, n, op) != LOOM_OK) {
         loom_comm_abort(1, loom_last_error());
+    }
+}
+
+int64_t loom_gpt_rows(const loom_gpt *m, int B, int T) {
+    int64_t N = (int64_t)B * T;
+    return m->sequence_parallel ? N / m->tp_size : N;
+}
+
+/* ---- sequence parallelism's collectives: rows in, rows out (failures end the job, as
+ * tp_allreduce's) */
+
+/* full (N, C) = every rank's rows (N/tp, C) of a (N, C) tensor, in rank order. */
+static void sp_gather(loom_gpt *m, float *full, const float *rows, int64_t N, int C) {
+    if (loom_comm_allgather_f32(m->tp_comm, rows, full, N / m->tp_size * C) != LOOM_OK) {
+        loom_comm_abort(1, loom_last_error());
+    }
+}
+
+/* rows (N/tp, C) = this rank's rows of the sum over ranks of partial (N, C), which the ring
+ * leaves holding partial sums. */
+static void sp_scatter(loom_gpt *m, float *rows, float *partial, int64_t N, int C) {
+    int64_t count = N / m->tp_size * C;
+    if (loom_comm_reduce_scatter_f32(m->tp_comm, partial, count) != LOOM_OK) {
+        loom_comm_abort(1, loom_last_error());
+    }
+    const float *own = partial + m->tp_rank * count;
+    if (rows != own) memcpy(rows, own, (size_t)count * sizeof(float));
+}
+
+/* out (N/tp, OC) = this rank's rows of inp (N,K) @ w^T summed over TP ranks, + bias: Megatron's
+ * row-parallel layer under sequence parallelism, the sum reduce-scattered into `scratch`
+ * (N, OC). */
+static void row_parallel_forward_sp(loom_gpt *m, float *out, float *scratch, const float *inp,
+                                    const float *w, const float *bias, int64_t N, int K, int OC) {
+    const loom_backend *be = m->backend;
+    be->matmul_forward(scratch, inp, w, NULL, N, K, OC);
+    sp_scatter(m, out, scratch, N, OC);
+    be->bias_forward(out, bias, N / m->tp_size, OC);
+}
+
+/* out (rows, C) += wpe[t] for this rank's rows of a (B, T) micro-batch, rows (b, t) from
+ * `first` on: the position kernel run on each piece of one sequence. */
+static void position_forward_rows(loom_gpt *m, float *out, const float *wpe, int64_t first,
+                                  int64_t rows, int T, int C) {
+    for (int64_t r = 0; r < rows;) {
+        int t = (int)((first + r) % T);
+        int n = (int)(T - t < rows - r ? T - t : rows - r);
+        m->backend->position_forward(out + r * C, wpe + (int64_t)t * C, 1, n, C);
+        r += n;
+    }
+}
+
+/* The replicated LayerNorm parameters' gradients of one micro-batch computed on this rank's rows
+ * (dnorm, `n` floats) summed over the TP group, then added into their gradients (ws[i] gets
+ * dnorm[i*C, (i+1)*C)). Summing each micro-batch's contribution before it is accumulated keeps
+ * the gradient buffer exactly what it is without SP (the sum over every row of every
+ * micro-batch so far), so gradient accumulation, pipeline schedules and DP (whichever ZeRO
+ * stage) see what they always do. */
+static void sp_norm_grads_add(loom_gpt *m, float *const *ws, int count) {
+    int C = m->config.channels;
+    tp_allreduce(m, m->grad_acts.dnorm, (int64_t)count * C, LOOM_REDUCE_SUM);
+    for (int i = 0; i < count; i++) {
+        const float *d = m->grad_acts.dnorm + (size_t)i * C;
+        for (int c = 0; c < C; c++) ws[i][c] += d[c];
     }
 }
 
@@ -788,8 +882,40 @@ static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B
     return ch->layers > 0 ? layer_view(m, ch->layers - 1, B, T).residual3 : m->acts.encoded;
 }
 
+/* block_forward under sequence parallelism: the LayerNorms and residual adds on this rank's rows,
+ * their outputs all-gathered into grad scratch for the column-parallel GEMMs (not kept: backward
+ * gathers them again), the row-parallel GEMMs' sums reduce-scattered back to rows. Forward never
+ * runs inside a backward, so the backward scratch is free, but for dresidual (the last
+ * backward's input gradient, which a pipeline may not have sent yet). */
+static void block_forward_sp(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
+                             int T) {
+    const loom_backend *be = m->backend;
+    int C = m->config.channels, tp = m->tp_size;
+    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    int64_t N = (int64_t)B * T, rows = N / tp;
+    float *gathered = m->grad_acts.dbtc, *partial = m->grad_acts.dbtc2; /* (N, C) each */
+    layer_acts a = layer_view(m, i, B, T);
+    loom_gpt_tensors p = block_tensors(m, m->unit_params, ch->first + i);
+    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, rows, C);
+    sp_gather(m, gathered, a.ln1, N, C);
+    be->matmul_forward(a.qkv, gathered, p.qkvw, p.qkvb, N, C, 3 * Cl);
+    be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    row_parallel_forward_sp(m, a.attproj, partial, a.atty, p.attprojw, p.attprojb, N, Cl, C);
+    be->residual_forward(a.residual2, residual, a.attproj, rows * C);
+    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, rows, C);
+    sp_gather(m, gathered, a.ln2, N, C);
+    be->matmul_forward(a.fch, gathered, p.fcw, p.fcb, N, C, 4 * Cl);
+    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
+    row_parallel_forward_sp(m, a.fcproj, partial, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
+    be->residual_forward(a.residual3, a.residual2, a.fcproj, rows * C);
+}
+
 static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
                           int T) {
+    if (m->sequence_parallel) {
+        block_forward_sp(m, ch, i, residual, B, T);
+        return;
+    }
     const loom_backend *be = m->backend;
     int C = m->config.channels, tp = m->tp_size;
     int Cl = C / tp, NHl = m->config.num_heads / tp;
@@ -821,10 +947,21 @@ static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
     }
     int64_t N = (int64_t)B * T;
     int rows = m->config.padded_vocab_size / m->tp_size;
+    const float *wpe = unit_tensor(m, m->unit_params, LOOM_WPE);
+    if (m->sequence_parallel) {
+        /* every row's partial lookup, reduce-scattered: this rank's rows, then their positions */
+        float *partial = m->grad_acts.dbtc;
+        be->encoder_shard_forward(partial, inputs, unit_tensor(m, m->unit_params, LOOM_WTE), N, C,
+                                  m->vocab_start, rows);
+        sp_scatter(m, m->acts.encoded, partial, N, C);
+        int64_t own = N / m->tp_size;
+        position_forward_rows(m, m->acts.encoded, wpe, m->tp_rank * own, own, T, C);
+        return;
+    }
     be->encoder_shard_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
                               C, m->vocab_start, rows);
     tp_allreduce(m, m->acts.encoded, N * C, LOOM_REDUCE_SUM);
-    be->position_forward(m->acts.encoded, unit_tensor(m, m->unit_params, LOOM_WPE), B, T, C);
+    be->position_forward(m->acts.encoded, wpe, B, T, C);
 }
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
@@ -858,12 +995,18 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
     m->cur_B = B;
     m->cur_T = T;
 
+    if (m->sequence_parallel && N % m->tp_size != 0) {
+        loom_fatal("loom_gpt_forward_stage: sequence parallelism: B %d x T %d rows do not divide "
+                   "by tp %d",
+                   B, T, m->tp_size);
+    }
+    int64_t rows = loom_gpt_rows(m, B, T); /* of the residual stream on this rank */
     if (ch->has_embedding) {
         memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
         embed_forward(m, inputs, B, T);
     } else {
         if (!input) loom_fatal("forward of a chunk without the embedding: no input given");
-        memcpy(m->acts.encoded, input, (size_t)N * C * sizeof(float));
+        memcpy(m->acts.encoded, input, (size_t)(rows * C) * sizeof(float));
     }
     const float *residual = m->acts.encoded;
     for (int i = 0; i < ch->layers; i++) {
@@ -871,9 +1014,13 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
         residual = layer_view(m, i, B, T).residual3;
     }
     if (!ch->has_head) return 0.0f;
-    be->layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
+    /* the final LayerNorm on this rank's rows; under SP its output is gathered whole (the
+     * vocabulary-parallel loss needs every row) and kept so, for the LM head's weight gradient */
+    float *lnf_rows = m->sequence_parallel ? m->grad_acts.dbtc : m->acts.lnf;
+    be->layernorm_forward(lnf_rows, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
                           unit_tensor(m, m->unit_params, LOOM_LNFW),
-                          unit_tensor(m, m->unit_params, LOOM_LNFB), N, C);
+                          unit_tensor(m, m->unit_params, LOOM_LNFB), rows, C);
+    if (m->sequence_parallel) sp_gather(m, m->acts.lnf, lnf_rows, N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
     be->matmul_forward(m->acts.probs, m->acts.lnf, unit_tensor(m, m->unit_params, LOOM_WTE), NULL,
                        N, C, Vpl);
@@ -932,7 +1079,21 @@ const float *loom_gpt_stage_input_grad(const loom_gpt *m) {
     return loom_gpt_chunk_input_grad(m);
 }
 
-/* The weight half of block l's GEMM `which`: dW += dout^T inp, db += the column sums of dout. */
+/* A column-parallel GEMM's input for its weight gradient: the LayerNorm output it kept, which
+ * under sequence parallelism is this rank's rows, gathered again (as Megatron does, trading an
+ * all-gather for (N, C) of memory per LayerNorm) into dfch2, free wherever a weight gradient is
+ * computed (after GELU's backward in the MLP, after attention-out's in attention, and in W). */
+static const float *gathered_input(loom_gpt *m, const float *kept, int64_t N) {
+    if (!m->sequence_parallel) return kept;
+    sp_gather(m, m->grad_acts.dfch2, kept, N, m->config.channels);
+    return m->grad_acts.dfch2;
+}
+
+/* The row-parallel GEMMs' bias gradients (attprojb, fcprojb) come out of their weight gradient
+ * from the whole (N, C) output gradient, which under sequence parallelism is gathered before the
+ * GEMM's backward: every rank then sums every row, so they need no TP sum (Megatron sums each
+ * rank's rows over the group instead; the same numbers).
+ * The weight half of block l's GEMM `which`: dW += dout^T inp, db += the column sums of dout. */
 static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which, const float *dout,
                               int64_t N) {
     const loom_backend *be = m->backend;
@@ -943,13 +1104,14 @@ static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which
         be->matmul_backward_weight(g.fcprojw, g.fcprojb, dout, a->fch_gelu, N, 4 * Cl, C);
         break;
     case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp) */
-        be->matmul_backward_weight(g.fcw, g.fcb, dout, a->ln2, N, C, 4 * Cl);
+        be->matmul_backward_weight(g.fcw, g.fcb, dout, gathered_input(m, a->ln2, N), N, C, 4 * Cl);
         break;
     case GEMM_ATTPROJ: /* row-parallel: (N, C/tp) -> (N, C) */
         be->matmul_backward_weight(g.attprojw, g.attprojb, dout, a->atty, N, Cl, C);
         break;
     default: /* GEMM_QKV, column-parallel: (N, C) -> (N, 3C/tp) */
-        be->matmul_backward_weight(g.qkvw, g.qkvb, dout, a->ln1, N, C, 3 * Cl);
+        be->matmul_backward_weight(g.qkvw, g.qkvb, dout, gathered_input(m, a->ln1, N), N, C,
+                                   3 * Cl);
         break;
     }
 }
@@ -966,11 +1128,18 @@ static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int whi
     }
 }
 
+static void block_backward_sp(loom_gpt *m, const chunk_view *ch, int i, const float *residual,
+                              int B, int T, int split);
+
 /* Block i of a chunk, backward from d(residual3) in dresidual to d(residual) there: the input
  * gradients, LayerNorm's gradients, and (fused) the GEMMs' weight gradients as each GEMM is done,
  * or (split) their output gradients kept in the slot for block_backward_weight. */
 static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float *residual, int B,
                            int T, int split) {
+    if (m->sequence_parallel) {
+        block_backward_sp(m, ch, i, residual, B, T, split);
+        return;
+    }
     const loom_backend *be = m->backend;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
     int C = m->config.channels, tp = m->tp_size;
@@ -1018,6 +1187,62 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
                            N, C);
 }
 
+/* block_backward under sequence parallelism: dresidual holds this rank's rows. The row-parallel
+ * GEMMs' output gradients are gathered whole before their backward, the column-parallel GEMMs'
+ * input gradients reduce-scattered to rows before the LayerNorms' backward, whose replicated
+ * weight and bias gradients (of this rank's rows) are summed over TP once per block. Scratch:
+ * dbtc2 and dfch2 take the gathered gradients in turn, dbtc the partial sums (and selective
+ * recomputation's throw-away attention output), dfch2 the re-gathered LayerNorm outputs. */
+static void block_backward_sp(loom_gpt *m, const chunk_view *ch, int i, const float *residual,
+                              int B, int T, int split) {
+    const loom_backend *be = m->backend;
+    const loom_gpt_grad_acts *ga = &m->grad_acts;
+    int C = m->config.channels, tp = m->tp_size;
+    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    int64_t N = (int64_t)B * T, rows = N / tp;
+    size_t btcl = (size_t)N * (size_t)Cl;
+    layer_acts a = layer_view(m, i, B, T);
+    int l = ch->first + i;
+    loom_gpt_tensors p = block_tensors(m, m->unit_params, l);
+    loom_gpt_tensors g = block_tensors(m, m->unit_grads, l);
+    float *dres = ga->dresidual; /* this rank's rows: d(residual3) on entry, d(residual) on exit */
+    float *dfch = split ? a.dout[GEMM_FC] : ga->dfch;
+    float *dqkv = split ? a.dout[GEMM_QKV] : ga->dqkv;
+    float *own = ga->dbtc + m->tp_rank * rows * C; /* this rank's block after a reduce-scatter */
+    memset(ga->dnorm, 0, 4 * (size_t)C * sizeof(float)); /* ln1w, ln1b, ln2w, ln2b */
+
+    /* MLP */
+    sp_gather(m, ga->dbtc2, dres, N, C);
+    memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
+    be->matmul_backward_input(ga->dfch2, ga->dbtc2, p.fcprojw, N, 4 * Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, ga->dbtc2, N, C, split);
+    memset(dfch, 0, btcl * 4 * sizeof(float));
+    be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
+    memset(ga->dbtc, 0, (size_t)(N * C) * sizeof(float));
+    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, 4 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
+    sp_scatter(m, own, ga->dbtc, N, C);
+    be->layernorm_backward(dres, ga->dnorm + 2 * C, ga->dnorm + 3 * C, own, a.residual2, p.ln2w,
+                           a.ln2_mean, a.ln2_rstd, rows, C);
+
+    /* attention */
+    sp_gather(m, ga->dfch2, dres, N, C);
+    memset(ga->dbtc2, 0, btcl * sizeof(float));
+    be->matmul_backward_input(ga->dbtc2, ga->dfch2, p.attprojw, N, Cl, C);
+    weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, ga->dfch2, N, C, split);
+    if (m->selective) be->attention_forward(ga->dbtc, a.att, a.qkv, B, T, Cl, NHl);
+    memset(dqkv, 0, btcl * 3 * sizeof(float));
+    be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
+    memset(ga->dbtc, 0, (size_t)(N * C) * sizeof(float));
+    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, 3 * Cl);
+    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
+    sp_scatter(m, own, ga->dbtc, N, C);
+    be->layernorm_backward(dres, ga->dnorm, ga->dnorm + C, own, residual, p.ln1w, a.ln1_mean,
+                           a.ln1_rstd, rows, C);
+    float *norms[4] = {g.ln1w, g.ln1b, g.ln2w, g.ln2b};
+    sp_norm_grads_add(m, norms, 4);
+}
+
 /* W of a chunk's block i: its four GEMMs' weight gradients from the output gradients B kept. */
 static void block_backward_weight(loom_gpt *m, const chunk_view *ch, int i, int B, int T) {
     layer_acts a = layer_view(m, i, B, T);
@@ -1036,6 +1261,12 @@ static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
         return;
     }
     int rows = m->config.padded_vocab_size / m->tp_size;
+    if (m->sequence_parallel) {
+        /* every row's gradient, gathered: the lookup's rows of wte are anyone's tokens, and wpe's
+         * gradient then sums every row on every rank (no TP sum needed) */
+        sp_gather(m, m->grad_acts.dbtc, dout, (int64_t)B * T, C);
+        dout = m->grad_acts.dbtc;
+    }
     be->position_backward(unit_tensor(m, m->unit_grads, LOOM_WPE), dout, B, T, C);
     be->encoder_shard_backward(unit_tensor(m, m->unit_grads, LOOM_WTE), dout, m->inputs,
                                (int64_t)B * T, C, m->vocab_start, rows);
@@ -1070,13 +1301,29 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
     be->matmul_backward_input(ga->dbtc, m->acts.probs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
                               C, Vpl);
     if (!split) head_backward_weight(m);
-    tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-    memset(ga->dresidual, 0, (size_t)N * C * sizeof(float));
+    int64_t rows = loom_gpt_rows(m, B, T);
+    float *dlnf = ga->dbtc;
+    float *dlnfw = unit_tensor(m, m->unit_grads, LOOM_LNFW);
+    float *dlnfb = unit_tensor(m, m->unit_grads, LOOM_LNFB);
+    if (m->sequence_parallel) {
+        /* this rank's rows of d(lnf); the final LayerNorm's gradients of them, summed over TP */
+        dlnf = ga->dbtc + m->tp_rank * rows * C;
+        sp_scatter(m, dlnf, ga->dbtc, N, C);
+        memset(ga->dnorm, 0, 2 * (size_t)C * sizeof(float));
+        dlnfw = ga->dnorm, dlnfb = ga->dnorm + C;
+    } else {
+        tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
+    }
+    memset(ga->dresidual, 0, (size_t)(rows * C) * sizeof(float));
     const float *last = chunk_last_residual(m, ch, B, T);
-    be->layernorm_backward(ga->dresidual, unit_tensor(m, m->unit_grads, LOOM_LNFW),
-                           unit_tensor(m, m->unit_grads, LOOM_LNFB), ga->dbtc, last,
+    be->layernorm_backward(ga->dresidual, dlnfw, dlnfb, dlnf, last,
                            unit_tensor(m, m->unit_params, LOOM_LNFW), m->acts.lnf_mean,
-                           m->acts.lnf_rstd, N, C);
+                           m->acts.lnf_rstd, rows, C);
+    if (m->sequence_parallel) {
+        float *norms[2] = {unit_tensor(m, m->unit_grads, LOOM_LNFW),
+                           unit_tensor(m, m->unit_grads, LOOM_LNFB)};
+        sp_norm_grads_add(m, norms, 2);
+    }
 }
 
 static void notify_grads_ready(loom_gpt *m, size_t ready_offset) {
@@ -1093,7 +1340,7 @@ static size_t block_grads_offset(const loom_gpt *m, int l) {
 static void backward(loom_gpt *m, const chunk_view *ch, float dloss, const float *output_grad,
                      int split) {
     int B = m->cur_B, T = m->cur_T, C = m->config.channels;
-    size_t btc = (size_t)B * (size_t)T * (size_t)C;
+    size_t btc = (size_t)loom_gpt_rows(m, B, T) * (size_t)C; /* this rank's rows */
     if (ch->has_head) {
         head_backward(m, ch, dloss, split);
     } else {
@@ -1160,12 +1407,13 @@ void loom_gpt_backward_chunk_weight(loom_gpt *m, int chunk) {
 static int weight_state_pieces(loom_gpt *m, const chunk_view *ch, float *ptr[6], size_t n[6]) {
     size_t N = (size_t)m->cur_B * (size_t)m->cur_T, C = (size_t)m->config.channels;
     size_t Cl = C / (size_t)m->tp_size, L = (size_t)ch->layers;
+    size_t rows = (size_t)loom_gpt_rows(m, m->cur_B, m->cur_T);
     int k = 0;
     ptr[k] = m->acts.dfcproj, n[k++] = L * N * C;
     ptr[k] = m->acts.dfch, n[k++] = L * N * 4 * Cl;
     ptr[k] = m->acts.dattproj, n[k++] = L * N * C;
     ptr[k] = m->acts.dqkv, n[k++] = L * N * 3 * Cl;
-    if (ch->has_embedding) ptr[k] = m->acts.dencoded, n[k++] = N * C;
+    if (ch->has_embedding) ptr[k] = m->acts.dencoded, n[k++] = rows * C;
     if (ch->has_head) {
         ptr[k] = m->acts.probs;
         n[k++] = N * (size_t)(m->config.padded_vocab_size / m->tp_size);

@@ -24,12 +24,6 @@ loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) 
                          "planner prices it); expected 0 or 1",
                          source, plan->zero);
     }
-    if (plan->sequence_parallel) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: mesh.sequence_parallel: not built into the runtime yet (the "
-                         "planner prices it); expected false",
-                         source);
-    }
     return LOOM_OK;
 }
 
@@ -123,7 +117,8 @@ loom_gpt_shard loom_mesh_rank_shard(const loom_mesh *mesh, int pp_rank, int tp_r
     loom_gpt_shard shard = {.tp_size = mesh->tp_size,
                             .tp_rank = tp_rank,
                             .tp_comm =
-                                mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp : NULL};
+                                mesh->tp_size > 1 && tp_rank == mesh->tp_rank ? mesh->tp : NULL,
+                            .sequence_parallel = plan->sequence_parallel && mesh->tp_size > 1};
     /* the rank's virtual stages in model order are its chunks in ascending order */
     for (int s = 0; s < plan->num_stages && shard.num_chunks < LOOM_GPT_MAX_CHUNKS; s++) {
         const loom_plan_stage *st = &plan->stages[s];

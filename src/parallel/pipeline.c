@@ -105,8 +105,15 @@ struct loom_pipeline {
     unsigned char *choice;               /* (V, m) which gradient sends compress */
 };
 
+/* Rows of a micro-batch's activation on this rank (B*T, or B*T/tp under sequence parallelism:
+ * each TP rank sends and receives its own rows). */
+static int64_t rows_of(const loom_pipeline *p) {
+    return loom_gpt_rows(p->model, p->B, p->T);
+}
+
+/* Floats of a micro-batch's activation (or its gradient) on this rank. */
 static size_t btc_of(const loom_pipeline *p) {
-    return (size_t)p->B * (size_t)p->T * (size_t)p->model->config.channels;
+    return (size_t)rows_of(p) * (size_t)p->model->config.channels;
 }
 
 static int key_of(const loom_pipeline *p, int chunk, int mb) {
@@ -495,7 +502,7 @@ loom_status loom_pipeline_create(loom_pipeline **out, const loom_mesh *mesh, loo
         if (!p->kept_buf) st = LOOM_ERR_NOMEM;
     }
     if (st == LOOM_OK && p->stages > 1) {
-        st = compression_create(p, (int64_t)B * T, model->config.channels);
+        st = compression_create(p, rows_of(p), model->config.channels);
         const loom_plan_compressor *pc = &plan->pp_compression;
         if (st == LOOM_OK && pc->method != LOOM_COMPRESS_NONE &&
             pc->policy == LOOM_PP_POLICY_SLACK) {
@@ -676,7 +683,7 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
     int c = a.chunk, mb = a.micro_batch, key = key_of(p, c, mb);
     chunk_state *ch = &p->chunk[c];
     size_t bt = (size_t)p->B * (size_t)p->T;
-    int64_t rows = (int64_t)bt, cols = model->config.channels;
+    int64_t rows = rows_of(p), cols = model->config.channels;
     const int32_t *tokens = inputs + (size_t)mb * bt, *mb_targets = targets + (size_t)mb * bt;
     pool_events events = events_of(p, a);
     pools_take(p, &events);
@@ -791,7 +798,11 @@ loom_status loom_pipeline_forward(loom_pipeline *p, const int32_t *inputs, const
                                   int b, double *loss) {
     loom_gpt *model = p->model;
     int T = p->T;
-    int64_t rows = (int64_t)b * T, cols = model->config.channels;
+    int64_t rows = loom_gpt_rows(model, b, T), cols = model->config.channels;
+    if (model->sequence_parallel) {
+        loom_status st = loom_gpt_check_sequence_rows(b, T, model->tp_size, "validation batch");
+        if (st != LOOM_OK) return st;
+    }
     size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
     loom_status st = LOOM_OK;
     *loss = 0.0;
