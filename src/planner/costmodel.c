@@ -360,14 +360,25 @@ static double pipeline_bubble(const loom_pipe_shape *shape, const loom_pipe_stag
     return idle / shape->ranks;
 }
 
+/* One pipeline message (an activation or its gradient) in the activations' precision, as the
+ * cost facts say it (the first stage's output: (B, T, C), a TP rank's 1/tp of the rows under
+ * sequence parallelism). */
+static double pp_message_bytes(const costing *k) {
+    const loom_plan *plan = k->plan;
+    loom_gpt_stage_cost c;
+    double whole = (double)plan->micro_batch * k->seq_len * plan->model.channels * 4.0;
+    if (plan->num_stages > 1 && loom_plan_stage_cost(plan, 0, k->seq_len, &c) == LOOM_OK)
+        whole = (double)c.pp_act_bytes;
+    return whole * k->bytes_per_value / 4.0;
+}
+
 /* The pipeline's bytes over the step, every rank: each message crosses once, activations
  * forward, gradients backward (compressed where the plan says). */
 static int64_t pipeline_bytes(const costing *k, const loom_pipe_shape *shape,
                               const loom_pipe_stage_schedule *lists, const pipeline_links *links) {
     const loom_plan *plan = k->plan;
     int m = shape->micro_batches;
-    int64_t message = (int64_t)plan->micro_batch * k->seq_len * plan->model.channels *
-                      (int64_t)k->bytes_per_value;
+    int64_t message = (int64_t)pp_message_bytes(k);
     int64_t bytes = 0;
     for (int r = 0; r < shape->ranks; r++) {
         for (int i = 0; i < lists[r].count; i++) {
@@ -564,8 +575,7 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     const loom_plan *plan = k->plan;
     int V = plan->num_stages, m = shape->micro_batches;
     size_t vm = (size_t)V * (size_t)m;
-    int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
-    double message = (double)rows * plan->model.channels * k->bytes_per_value;
+    double message = pp_message_bytes(k);
     links->act_s = zeroed_doubles((size_t)V), links->grad_s = zeroed_doubles((size_t)V);
     links->grad_mb_s = zeroed_doubles(vm), links->grad_bytes = zeroed_doubles(vm);
     compressed_boundaries packed = {zeroed_doubles((size_t)V), zeroed_doubles((size_t)V),
@@ -784,7 +794,10 @@ static loom_status tp_bytes_of(const costing *k, int64_t *tp_bytes) {
         loom_gpt_stage_cost c;
         loom_status st = loom_plan_stage_cost(plan, s, k->seq_len, &c);
         if (st != LOOM_OK) return st;
-        double per_rank = share * (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
+        double shard_share = loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, plan->tp, 1.0);
+        double per_rank = share * (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute) +
+                          shard_share * (double)(c.tp_shard_bytes_fwd + c.tp_shard_bytes_bwd +
+                                                 c.tp_shard_bytes_recompute);
         *tp_bytes +=
             (int64_t)(per_rank * k->bytes_per_value / 4.0 * loom_plan_num_micro_batches(plan)) *
             plan->tp * plan->dp;
