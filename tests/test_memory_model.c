@@ -172,8 +172,32 @@ static void test_selective(void) {
     }
 }
 
+/* Sequence parallelism keeps the regions outside the GEMMs on each TP rank's 1/t of the rows:
+ * per layer the six (N, C) buffers there (ln1, attproj, residual2, ln2, fcproj, residual3) and
+ * the four (N) LayerNorm statistics, and the stage's input (N, C); the GEMMs' own buffers
+ * (12 C / t per token) and the softmax stay. A middle stage of pp 3, tp 2: the saving per
+ * activation set is (1 - 1/t) (layers (6 N C + 4 N) + N C), floats in fp32 (each buffer rounded
+ * to 16 floats: a tolerance of 16 floats per buffer). */
+static void test_sequence_parallel(void) {
+    const int tp = 2;
+    loom_plan plan = plan_of(1, tp, 3);
+    const loom_gpt_config *c = &plan.model;
+    int64_t N = 64, C = c->channels; /* micro-batch 1 of 64 tokens */
+    loom_rank_memory whole = memory_of(&plan, 0, 1);
+    plan.sequence_parallel = 1;
+    loom_rank_memory sp = memory_of(&plan, 0, 1);
+    int64_t layers = plan.stages[1].end_layer - plan.stages[1].first_layer;
+    double saved = (double)(whole.activations - sp.activations) / whole.in_flight / 4;
+    double expected = (1.0 - 1.0 / tp) * (double)(layers * (6 * N * C + 4 * N) + N * C);
+    CHECK_CLOSE(saved, expected, 0, 16.0 * (double)(10 * layers + 1),
+                "sequence parallel: floats saved per activation set");
+    CHECK(whole.weights == sp.weights, "sequence parallelism keeps the weights");
+    loom_plan_free(&plan);
+}
+
 int main(void) {
     test_zero_stages_one_stage();
+    test_sequence_parallel();
     test_selective();
     test_zero_stages_tp_pp();
     test_zero_without_dp();
