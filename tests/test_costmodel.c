@@ -590,8 +590,73 @@ static void test_search(void) {
           "nothing fits: %s", loom_last_error());
 }
 
+/* Selective recomputation on one process (ideal cluster): every backward reruns the attention
+ * core, QK^T and x V over the whole T x T (2 x 2 B T T C FLOPs per layer): m (F + 2F + S). */
+static void test_selective_time(void) {
+    loom_cluster cl = ideal_cluster(8, 1);
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12;
+    double B = 2, T = 64, C = plan.model.channels, L = plan.model.num_layers;
+    double attention = L * 2 * (2 * B * T * T * C) / 1e12;
+    plan.stages[0].recompute = LOOM_RECOMPUTE_SELECTIVE;
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, 4 * (3 * f + attention), 1e-9, 1e-12,
+                "one process, selective: m (F + 2F + attention core)");
+    loom_plan_free(&plan);
+}
+
+/* ZeRO-2 and ZeRO-3 on dp 2 across two nodes, compute free (peak 1e30): the step is the DP
+ * traffic. G bytes of gradients (= parameters, fp32, from the shapes), a reduce-scatter or an
+ * all-gather of them over the link of bandwidth b takes g = G / 2b. ZeRO-2 with m = 2: a
+ * reduce-scatter per micro-batch, then ZeRO-1's all-gather: 3g. ZeRO-3 per micro-batch gathers
+ * before the forward and before the backward, each pass then takes g + g/u with prefetch (u
+ * units: 12 blocks, embedding, head) and g without; traffic 1.5 m times ZeRO-1's. */
+static void test_zero_time(void) {
+    loom_plan plan = plan_of(2, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
+    const loom_gpt_config *m = &plan.model;
+    double C = m->channels, Vp = m->padded_vocab_size, T = m->max_seq_len, L = m->num_layers;
+    double G = 4 * (Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C), b = 1e9;
+    double g = G / 2 / b, u = L + 2;
+    loom_cluster cl = ideal_cluster(1, 2);
+    cl.peak_flops[LOOM_PRECISION_FP32] = 1e30;
+    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){b, 0.0};
+    loom_prediction pr, z1;
+    plan.zero = 1;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &z1) == LOOM_OK, "ZeRO-1: %s",
+          loom_last_error());
+    CHECK_CLOSE(z1.dp_bytes, 2 * G, 1e-9, 2, "ZeRO-1 bytes: 2 ranks x G");
+    plan.zero = 2;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "ZeRO-2: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, 3 * g, 1e-6, 0, "ZeRO-2, m 2: two reduce-scatters and an all-gather");
+    CHECK_CLOSE(pr.dp_bytes, 2 * 3 * G / 2, 1e-9, 4, "ZeRO-2 bytes");
+    plan.zero = 3, plan.zero3_prefetch = 1;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "ZeRO-3: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.pipeline_s, 4 * (g + g / u), 1e-6, 0, "ZeRO-3 prefetch 1: 2 m (g + g/u)");
+    CHECK_CLOSE(pr.dp_bytes, 1.5 * 2 * z1.dp_bytes, 1e-9, 8, "ZeRO-3 traffic: 1.5 m x ZeRO-1's");
+    CHECK(pr.step_s >= pr.pipeline_s, "ZeRO-3: step %g s, pipeline %g s", pr.step_s, pr.pipeline_s);
+    plan.zero3_prefetch = 0;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "ZeRO-3: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.pipeline_s, 4 * g, 1e-6, 0, "ZeRO-3 without prefetch: 2 m g");
+    plan.zero3_gather = LOOM_ZERO3_GATHER_STEP;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "ZeRO-3: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, 3 * g, 1e-6, 0, "ZeRO-3 gathered per step: a gather, 2 reduce-scatters");
+    CHECK_CLOSE(pr.dp_bytes, 2 * 3 * G / 2, 1e-9, 4, "ZeRO-3 per step bytes");
+    loom_plan_free(&plan);
+}
+
 int main(void) {
     test_search();
+    test_selective_time();
+    test_zero_time();
     test_memory();
     test_single_process();
     test_recompute();

@@ -222,18 +222,28 @@ static void test_tables(void) {
     int even[4] = {2, 2, 2, 2};
     CHECK(latency < loom_stage_latency(&p, even, NULL), "the DP's split beats the even one");
     loom_stage_problem_free(&p);
-    /* two options per stage: recomputation costs time and saves memory per activation set */
+    /* three options per stage: full recomputation costs time and saves memory per activation
+     * set; selective costs less time than full and saves less memory, more than none */
     CHECK(loom_plan_stage_problem(&plan, &cl, LOOM_PRECISION_FP32, 64, 1, &p) == LOOM_OK &&
-              p.options == 2,
+              p.options == 3,
           "per-stage problem: %s", loom_last_error());
-    size_t off = (size_t)LOOM_STAGE_CLASSES * row;
+    size_t off = (size_t)LOOM_STAGE_CLASSES * row, sel = 2 * off;
     for (int n = 1; n <= 5; n++) {
         size_t i = LOOM_STAGE_MIDDLE * row + (size_t)n;
         CHECK(p.time[off + i] > p.time[i] && p.per_flight[off + i] < p.per_flight[i],
               "recompute at %d layers: %g s vs %g s, %lld vs %lld bytes per set", n,
               p.time[off + i], p.time[i], (long long)p.per_flight[off + i],
               (long long)p.per_flight[i]);
+        CHECK(p.time[sel + i] > p.time[i] && p.time[sel + i] < p.time[off + i] &&
+                  p.per_flight[sel + i] <= p.per_flight[i] &&
+                  p.per_flight[sel + i] > p.per_flight[off + i],
+              "selective at %d layers: %g s, %lld bytes per set", n, p.time[sel + i],
+              (long long)p.per_flight[sel + i]);
     }
+    CHECK(loom_stage_option_recompute(0) == LOOM_RECOMPUTE_NONE &&
+              loom_stage_option_recompute(1) == LOOM_RECOMPUTE_AS_NEEDED &&
+              loom_stage_option_recompute(2) == LOOM_RECOMPUTE_SELECTIVE,
+          "options' recomputation modes");
     loom_stage_problem_free(&p);
     loom_plan_free(&plan);
     /* interleaved (pp 2, two chunks per rank): the problem is over the 4 virtual stages, one

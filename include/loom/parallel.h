@@ -99,6 +99,9 @@ typedef struct {
     int count;
 } loom_grad_bucket;
 
+/* `loom train`'s default bucket size (--bucket-mb 25), which the planner's cost model assumes:
+ * each bucket is a collective call of its own, each call pays the collective's fixed cost. */
+#define LOOM_GRAD_BUCKET_DEFAULT_MB 25.0
 /* Splits a model's gradient buffer into tensor-aligned buckets of at least bucket_bytes (the
  * last one may be smaller; a tensor slice larger than that is a bucket of its own), from the
  * top down: buckets[0] ends at num_params. Free with loom_grad_buckets_free. */
@@ -462,11 +465,17 @@ loom_status loom_pipe_slack_choose(const loom_pipe_shape *shape,
  * What one rank holds, in bytes, as the runtime allocates it: `loom train` checks it before
  * allocating (train/memory.c) and the planner's cost model charges it. */
 typedef struct {
-    int64_t weights, grads, optimizer; /* optimizer: AdamW m and v, ZeRO-1 sharded when asked */
+    int64_t weights, grads, optimizer; /* this rank's shard under the plan's ZeRO stage: AdamW's
+                                          m and v from stage 1, gradients from 2, parameters
+                                          from 3 (divided by dp) */
+    int64_t gathered;                  /* ZeRO-3: units' parameters gathered whole for use
+                                          (zero3_prefetch + 1 units, or every unit when gathered
+                                          once per step) */
     int64_t activations;               /* the schedule's peak of activation sets (and kept
                                           inputs and W state with recomputation) */
     int64_t scratch;                   /* backward scratch; with ZeRO-1 the reduce-scatter
-                                          ring's receive buffers (one gradient's worth) */
+                                          ring's receive buffers (one gradient's worth); from
+                                          ZeRO-2 the unit-sized gradient buckets in flight */
     int64_t compressor;                /* compressors' state (error feedback, lazy error,
                                           warm-start factors), both copies */
     int64_t total;
@@ -482,9 +491,23 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
  * simulator knows it without building the rank's list again). */
 loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len,
                                      int peak_in_flight, loom_rank_memory *out);
-/* Virtual stage s's cost facts for one micro-batch (one activation set). */
+/* Why a rank's memory does not fit a device of device_bytes: by how much, its two largest
+ * categories (and whether the largest alone exceeds the device), as one phrase in text;
+ * returns 0 (text "") when it fits. */
+int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap);
+/* ZeRO-2/3's unit gradient buckets in flight: the one the backward fills and the one being
+ * reduce-scattered. */
+#define LOOM_ZERO_GRAD_UNITS_IN_FLIGHT 2
+/* Bytes of the k largest ZeRO units (each block, the embedding: wte and wpe, the head: lnf and
+ * wte) of pipeline rank pp_rank's chunks together: fp32, the TP shard of each, before DP
+ * sharding. */
+int64_t loom_plan_zero_unit_bytes(const loom_plan *plan, int pp_rank, int k);
+/* Virtual stage s's cost facts for one micro-batch (one activation set); _as under another
+ * recomputation mode than the stage's (LOOM_RECOMPUTE_*). */
 loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
                                  loom_gpt_stage_cost *out);
+loom_status loom_plan_stage_cost_as(const loom_plan *plan, int s, int seq_len, int recompute,
+                                    loom_gpt_stage_cost *out);
 /* Wire bytes of one (rows x cols) matrix under `method` with the compressor's rank, fraction
  * and error feedback, by loom/compress.h's formulas; *state gets the bytes of state it keeps
  * (committed and working copies: the error-feedback residual, the warm-start factor). */

@@ -69,6 +69,9 @@ int loom_plan_group_link(const loom_cluster *cluster, const int *ranks, int n);
 typedef struct {
     double forward_s, backward_input_s, backward_weight_s, backward_s;
     double tp_forward_s, tp_backward_s; /* included above */
+    double rerun_s;       /* full recomputation's rerun forward, included in each backward part
+                             above (the schedule decides which micro-batches need it) */
+    double zero_gather_s; /* ZeRO-3's gathers not hidden by prefetch, included above */
 } loom_stage_times;
 
 #define LOOM_PREDICT_MAX_STAGES 256
@@ -88,6 +91,12 @@ typedef struct {
  * in `precision` (a precision the cluster has no peak for is LOOM_ERR_INPUT). */
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,
                               loom_precision precision, int seq_len, loom_prediction *out);
+
+/* The pipeline rank with the most memory (*rank, its categories in *out) under the plan's
+ * schedule: loom_plan_predict's peak_bytes without simulating, so that a plan that cannot fit
+ * is known before its step is. Errors are the cost facts'. */
+loom_status loom_plan_peak_memory(const loom_plan *plan, int seq_len, int *rank,
+                                  loom_rank_memory *out);
 
 /* A lower bound on loom_plan_predict's step for the plan, without simulating: the busiest
  * pipeline rank's compute, every micro-batch's forward and backward on each of its virtual
@@ -126,7 +135,8 @@ typedef enum {
 
 typedef struct {
     int stages, layers, micro_batches;
-    int options; /* 1; or 2: each stage may also recompute (option 1), chosen per stage */
+    int options; /* 1; or 3: each stage may also recompute fully (option 1) or selectively
+                    (option 2), chosen per stage (loom_stage_option_recompute) */
     /* indexed [(option * LOOM_STAGE_CLASSES + class) * (layers + 1) + n], n = 1 .. layers
      * layers; a class/count that cannot exist (a middle stage of all layers) has time INFINITY */
     double *time;         /* seconds: forward + backward of one micro-batch */
@@ -136,6 +146,8 @@ typedef struct {
     int64_t memory_bytes; /* per rank; <= 0: no limit */
 } loom_stage_problem;
 
+/* The plan's LOOM_RECOMPUTE_* of a stage DP option: 0 none, 1 as needed, 2 selective. */
+int loom_stage_option_recompute(int option);
 /* The class of stage i of S. */
 loom_stage_class loom_stage_class_of(int stage, int stages);
 /* T for `counts` (S positive layer counts summing to the layers) with each stage's option
@@ -152,11 +164,11 @@ loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompu
                           int *candidates);
 
 /* The problem for a checked plan (its stages' own split and recomputation are not used), costed
- * as loom_plan_predict costs stages; per_stage_recompute: two options per stage (no, yes), else
- * the plan's own (stage 0's) for all. With several chunks per rank (interleaved, zb-v) the
- * stages are the virtual stages and the DP is a heuristic: Alpa's closed form does not describe
- * chunked ranks, a rank's chunks must agree on recomputation (one option only) and share its
- * memory (no memory limit here: loom_plan_predict checks the result). Free with
+ * as loom_plan_predict costs stages; per_stage_recompute: three options per stage (none, full,
+ * selective), else the plan's own (stage 0's) for all. With several chunks per rank (interleaved,
+ * zb-v) the stages are the virtual stages and the DP is a heuristic: Alpa's closed form does not
+ * describe chunked ranks, a rank's chunks must agree on recomputation (one option only) and share
+ * its memory (no memory limit here: loom_plan_predict checks the result). Free with
  * loom_stage_problem_free. */
 loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *cluster,
                                     loom_precision precision, int seq_len, int per_stage_recompute,

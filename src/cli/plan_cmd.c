@@ -244,29 +244,37 @@ loom_status cli_allow_compression(const char *word, int *bits) {
 }
 
 void cli_print_candidates(const loom_plan_candidate *best, int found) {
-    printf("  #  dp  tp  pp  micro  m     schedule     recompute  zero1  step s     tokens/s  "
+    printf("  #  dp  tp  pp  sp   micro  m     schedule     recompute  zero  step s     tokens/s  "
            "bubble  peak GiB  compression                           layers per stage\n");
     for (int i = 0; i < found; i++) {
         const loom_plan *p = &best[i].plan;
         const loom_prediction *pr = &best[i].prediction;
-        char split[64], compress[100], recompute[32];
-        int recomputing = 0;
-        for (int s = 0; s < p->num_stages; s++)
+        char split[64], compress[100], recompute[48];
+        int recomputing = 0, selective = 0;
+        for (int s = 0; s < p->num_stages; s++) {
             recomputing += loom_recompute_full(p->stages[s].recompute);
+            selective += p->stages[s].recompute == LOOM_RECOMPUTE_SELECTIVE;
+        }
         snprintf(recompute, sizeof recompute, "%s", recomputing == 0 ? "no" : "yes");
         if (recomputing > 0 && recomputing < p->num_stages)
             snprintf(recompute, sizeof recompute, "%d of %d", recomputing, p->num_stages);
+        if (selective == p->num_stages) snprintf(recompute, sizeof recompute, "selective");
+        if (selective > 0 && selective < p->num_stages)
+            snprintf(recompute, sizeof recompute, "%d+%ds of %d", recomputing, selective,
+                     p->num_stages);
         char dp_text[48], pp_text[48];
         compressor_text("dp", &p->dp_compression, "stages ", dp_text, sizeof dp_text);
         compressor_text("pp", &p->pp_compression, "links ", pp_text, sizeof pp_text);
         snprintf(compress, sizeof compress, "%s%s%s", dp_text, dp_text[0] && pp_text[0] ? ", " : "",
                  pp_text);
-        printf("  %d  %2d  %2d  %2d  %5d  %-5d %-12s %-10s %-5s  %9.4f  %9.0f  %5.1f%%  %8.2f  "
-               "%-37s %s\n",
-               i + 1, p->dp, p->tp, p->pp, p->micro_batch, loom_plan_num_micro_batches(p),
-               loom_schedule_kind_name(p->schedule), recompute, p->zero ? "yes" : "no", pr->step_s,
-               pr->tokens_per_s, 100 * pr->bubble, (double)pr->peak_bytes / 1073741824.0,
-               compress[0] ? compress : "-", split_text(p, split, sizeof split));
+        printf(
+            "  %d  %2d  %2d  %2d  %-3s  %5d  %-5d %-12s %-10s %-4d  %9.4f  %9.0f  %5.1f%%  %8.2f  "
+            "%-37s %s\n",
+            i + 1, p->dp, p->tp, p->pp, p->sequence_parallel ? "yes" : "no", p->micro_batch,
+            loom_plan_num_micro_batches(p), loom_schedule_kind_name(p->schedule), recompute,
+            p->zero, pr->step_s, pr->tokens_per_s, 100 * pr->bubble,
+            (double)pr->peak_bytes / 1073741824.0, compress[0] ? compress : "-",
+            split_text(p, split, sizeof split));
     }
 }
 
@@ -399,14 +407,42 @@ static int run_search(const plan_args *args) {
     return st == LOOM_OK ? 0 : cli_fail(st);
 }
 
+/* Each pipeline rank's predicted peak by category (GiB), and for a rank over the device's
+ * memory, why: by how much, and the categories that exceed it alone or dominate. */
+static void print_memory(const loom_plan *plan, const loom_cluster *cluster,
+                         const loom_rank_memory *mem) {
+    const double gib = 1073741824.0;
+    printf("  rank  peak GiB = weights + grads + optimizer + gathered + activations (sets) + "
+           "scratch + compressor\n");
+    for (int r = 0; r < plan->pp; r++) {
+        const loom_rank_memory *m = &mem[r];
+        printf("  %4d  %8.2f = %.2f + %.2f + %.2f + %.2f + %.2f (%d) + %.2f + %.2f\n", r,
+               (double)m->total / gib, (double)m->weights / gib, (double)m->grads / gib,
+               (double)m->optimizer / gib, (double)m->gathered / gib, (double)m->activations / gib,
+               m->in_flight, (double)m->scratch / gib, (double)m->compressor / gib);
+    }
+    for (int r = 0; r < plan->pp && cluster->memory_bytes > 0; r++) {
+        char why[160];
+        if (loom_rank_memory_why(&mem[r], cluster->memory_bytes, why, sizeof why))
+            printf("  rank %d does not fit: %s\n", r, why);
+    }
+}
+
 /* The prediction as a table: each virtual stage's times per micro-batch, each pipeline rank's
  * memory, the step and its parts, the traffic. */
 static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
                              const loom_prediction *pr, const loom_rank_memory *mem,
                              loom_precision precision, int seq_len, int zero1) {
-    printf("prediction on %s (%d x %d devices available), %s, sequence %d%s:\n", cluster->name,
+    char zero_text[64];
+    snprintf(zero_text, sizeof zero_text, ", ZeRO-%d%s", zero1 ? plan->zero : 0,
+             plan->zero >= 3
+                 ? (plan->zero3_gather == LOOM_ZERO3_GATHER_STEP ? " (gathered per step)"
+                                                                 : " (gathered per "
+                                                                   "micro-batch)")
+                 : "");
+    printf("prediction on %s (%d x %d devices available), %s, sequence %d%s%s:\n", cluster->name,
            cluster->max_nodes, cluster->devices_per_node, loom_precision_name(precision), seq_len,
-           plan->dp > 1 ? (zero1 ? ", ZeRO-1" : ", no ZeRO-1") : "");
+           plan->dp > 1 ? zero_text : "", plan->sequence_parallel ? ", sequence parallel" : "");
     printf("  stage  rank  layers      forward ms  B ms      W ms      (per micro-batch)\n");
     for (int s = 0; s < pr->stages; s++) {
         const loom_stage_times *t = &pr->stage[s];
@@ -416,15 +452,7 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
         printf("  %5d  %4d  %-10s  %10.3f  %8.3f  %8.3f\n", s, plan->stages[s].rank, range,
                t->forward_s * 1e3, t->backward_input_s * 1e3, t->backward_weight_s * 1e3);
     }
-    printf("  rank  memory GiB  (weights + gradients + optimizer, activations x %s)\n",
-           "in flight");
-    for (int r = 0; r < plan->pp; r++) {
-        const loom_rank_memory *m = &mem[r];
-        printf("  %4d  %10.2f  (%.2f + %.2f + %.2f, %.2f x %d)\n", r,
-               (double)m->total / 1073741824.0, (double)m->weights / 1073741824.0,
-               (double)m->grads / 1073741824.0, (double)m->optimizer / 1073741824.0,
-               (double)m->activations / 1073741824.0, m->in_flight);
-    }
+    print_memory(plan, cluster, mem);
     printf(
         "  step %.4f s = pipeline %.4f s (bubble %.1f %%) + data-parallel sync not hidden %.4f s "
         "+ AdamW %.4f s\n",

@@ -10,6 +10,7 @@
 #include "parallel/parallel_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static int splits_backward(const loom_plan *plan) {
@@ -86,9 +87,10 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
     return t;
 }
 
-/* The stage's cost facts for one micro-batch (in_flight 1). */
-loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
-                                 loom_gpt_stage_cost *c) {
+/* The stage's cost facts for one micro-batch (in_flight 1), under recomputation mode
+ * `recompute` (LOOM_RECOMPUTE_*). */
+loom_status loom_plan_stage_cost_as(const loom_plan *plan, int s, int seq_len, int recompute,
+                                    loom_gpt_stage_cost *c) {
     const loom_plan_stage *st = &plan->stages[s];
     loom_gpt_stage_spec spec = {plan->tp,
                                 st->first_layer,
@@ -98,10 +100,81 @@ loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
                                 plan->micro_batch,
                                 seq_len,
                                 1,
-                                loom_recompute_full(st->recompute),
-                                st->recompute == LOOM_RECOMPUTE_SELECTIVE,
+                                loom_recompute_full(recompute),
+                                recompute == LOOM_RECOMPUTE_SELECTIVE,
                                 plan->sequence_parallel};
     return loom_gpt_cost_stage(&plan->model, &spec, c);
+}
+
+loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
+                                 loom_gpt_stage_cost *c) {
+    return loom_plan_stage_cost_as(plan, s, seq_len, plan->stages[s].recompute, c);
+}
+
+/* ---- ZeRO-2 and ZeRO-3 -------------------------------------------------------------------
+ * The units ZeRO-3 gathers and ZeRO-2/3 reduce-scatter one at a time: each transformer block,
+ * the embedding (wte and wpe) and the head (the final LayerNorm and the tied wte it multiplies
+ * by: gathered for the head even on a rank whose embedding also holds it). */
+
+/* Bytes of the `k` largest units of pipeline rank pp_rank's chunks together (fp32, this TP
+ * rank's shard of each unit before the DP sharding): what k units in flight hold at most. */
+int64_t loom_plan_zero_unit_bytes(const loom_plan *plan, int pp_rank, int k) {
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_tp(&plan->model, plan->tp, info);
+    int64_t block = (int64_t)info[LOOM_LN1W].layer_stride * 4;
+    int64_t embedding = (info[LOOM_WTE].numel + info[LOOM_WPE].numel) * 4;
+    int64_t head = (info[LOOM_WTE].numel + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * 4;
+    int64_t blocks = 0, ends[2] = {0, 0}; /* the embedding's and the head's units */
+    for (int s = 0; s < plan->num_stages; s++) {
+        const loom_plan_stage *st = &plan->stages[s];
+        if (st->rank != pp_rank) continue;
+        blocks += st->end_layer - st->first_layer;
+        if (st->embedding) ends[0] = embedding;
+        if (st->head) ends[1] = head;
+    }
+    if (ends[0] < ends[1]) { /* the larger end unit first */
+        int64_t larger = ends[1];
+        ends[1] = ends[0], ends[0] = larger;
+    }
+    /* the largest units first: an end unit while it is larger than a block, then blocks */
+    int64_t total = 0;
+    for (int e = 0; k > 0; k--) {
+        if (e < 2 && ends[e] > 0 && (blocks == 0 || ends[e] > block)) {
+            total += ends[e++];
+        } else if (blocks > 0) {
+            total += block, blocks--;
+        } else {
+            break;
+        }
+    }
+    return total;
+}
+
+/* What ZeRO shards over the data-parallel group (optimizer from stage 1, gradients from 2,
+ * parameters from 3) and the buffers it adds: stage 1's reduce-scatter ring receives into
+ * buffers of one gradient's worth (scratch); from stage 2 the backward writes each unit's
+ * gradient whole into a unit-sized bucket that is reduce-scattered and freed, one being
+ * filled while the previous one is reduced (two in flight: scratch); stage 3 gathers a unit's
+ * parameters into a buffer before use, zero3_prefetch units ahead of the one computing
+ * (prefetch + 1 in flight: gathered), or, gathering once per step, keeps every unit gathered
+ * (the whole stage's parameters). */
+static void zero_shard(const loom_plan *plan, int pp_rank, loom_rank_memory *out) {
+    int64_t dp = plan->dp;
+    if (plan->zero < 1 || dp <= 1) return;
+    int64_t full_grads = out->grads;
+    out->optimizer /= dp;
+    if (plan->zero == 1) {
+        out->scratch += full_grads;
+        return;
+    }
+    out->grads = full_grads / dp;
+    out->scratch += loom_plan_zero_unit_bytes(plan, pp_rank, LOOM_ZERO_GRAD_UNITS_IN_FLIGHT);
+    if (plan->zero < 3) return;
+    int64_t full_weights = out->weights;
+    out->weights = full_weights / dp;
+    out->gathered = plan->zero3_gather == LOOM_ZERO3_GATHER_STEP
+                        ? full_weights
+                        : loom_plan_zero_unit_bytes(plan, pp_rank, plan->zero3_prefetch + 1);
 }
 
 loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int peak,
@@ -134,12 +207,7 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
         int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
         out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
     }
-    if (plan->zero >= 1 && plan->dp > 1) {
-        out->optimizer /= plan->dp;
-        /* the reduce-scatter ring's receive buffers: per DP bucket its largest block, the whole
-         * bucket when it lies inside one rank's range — about one gradient's worth */
-        out->scratch += out->grads;
-    }
+    zero_shard(plan, pp_rank, out);
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
     if (plan->dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE)
         out->compressor += (int64_t)loom_plan_dp_traffic(plan, pp_rank).state;
@@ -154,8 +222,8 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
     /* recomputation keeps one set, each micro-batch's input, and under split backward what B
      * leaves for W (the head's logit gradient aside) */
     out->activations = recompute ? slot + (input + kept) * out->in_flight : slot * out->in_flight;
-    out->total = out->weights + out->grads + out->optimizer + out->activations + out->scratch +
-                 out->compressor;
+    out->total = out->weights + out->grads + out->optimizer + out->gathered + out->activations +
+                 out->scratch + out->compressor;
     return LOOM_OK;
 }
 
@@ -163,4 +231,34 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
                                   loom_rank_memory *out) {
     return loom_plan_rank_memory_at(plan, pp_rank, seq_len,
                                     loom_pipeline_peak_in_flight(plan, pp_rank), out);
+}
+
+int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap) {
+    text[0] = '\0';
+    if (device_bytes <= 0 || m->total <= device_bytes) return 0;
+    const char *names[] = {"weights",     "gradients", "optimizer", "gathered",
+                           "activations", "scratch",   "compressor"};
+    const int64_t sizes[] = {m->weights,     m->grads,   m->optimizer, m->gathered,
+                             m->activations, m->scratch, m->compressor};
+    int first = 0, second = -1;
+    for (int i = 1; i < 7; i++) {
+        if (sizes[i] > sizes[first]) {
+            second = first, first = i;
+        } else if (second < 0 || sizes[i] > sizes[second]) {
+            second = i;
+        }
+    }
+    const double gib = 1073741824.0;
+    size_t used =
+        (size_t)snprintf(text, cap, "%.2f GiB over the device's %.2f GiB; most: %s %.2f GiB",
+                         (double)(m->total - device_bytes) / gib, (double)device_bytes / gib,
+                         names[first], (double)sizes[first] / gib);
+    if (first == 4 && used < cap)
+        used += (size_t)snprintf(text + used, cap - used, " (%d sets in flight)", m->in_flight);
+    if (used < cap)
+        used += (size_t)snprintf(text + used, cap - used, ", then %s %.2f GiB", names[second],
+                                 (double)sizes[second] / gib);
+    if (sizes[first] > device_bytes && used < cap)
+        snprintf(text + used, cap - used, " (%s alone exceed the device)", names[first]);
+    return 1;
 }

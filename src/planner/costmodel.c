@@ -65,14 +65,23 @@ typedef struct {
     const loom_plan *plan;
     const loom_cluster *cluster;
     loom_precision precision;
-    int tp_link;
+    int tp_link, dp_link;
     double bytes_per_value; /* activations and gradients on the wire and in memory */
     int seq_len;
+    double *dp_stream_end_s; /* (pp) ZeRO-2/3: when each pipeline rank's DP stream is done with
+                                the step's reduce-scatters and gathers (NULL: not wanted) */
 } costing;
 
 static costing costing_of(const loom_plan *plan, const loom_cluster *cluster,
                           loom_precision precision, int seq_len) {
-    costing k = {plan, cluster, precision, kind_link(plan, cluster, GROUP_TP), 4.0, seq_len};
+    costing k = {plan,
+                 cluster,
+                 precision,
+                 kind_link(plan, cluster, GROUP_TP),
+                 plan->dp > 1 ? kind_link(plan, cluster, GROUP_DP) : LOOM_LINK_INTRA_NODE,
+                 4.0,
+                 seq_len,
+                 NULL};
     if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
     return k;
 }
@@ -83,11 +92,57 @@ static double gemm_s(const costing *k, double flops, double typical) {
     return flops / (peak * loom_cluster_gemm_efficiency(k->cluster, typical));
 }
 
-static double tp_s(const costing *k, int64_t calls, int64_t bytes) {
+static double tp_collective_s(const costing *k, loom_collective_op op, int64_t calls,
+                              int64_t bytes) {
     if (calls <= 0 || k->plan->tp <= 1) return 0;
     double per_call = (double)bytes / (double)calls * k->bytes_per_value / 4.0;
-    return (double)calls * loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLREDUCE,
-                                                     k->tp_link, k->plan->tp, per_call);
+    return (double)calls *
+           loom_cluster_collective_s(k->cluster, op, k->tp_link, k->plan->tp, per_call);
+}
+
+/* A pass's tensor-parallel traffic: its allreduces, and under sequence parallelism its
+ * all-gathers and reduce-scatters (`shards`, with the bytes of the whole buffer: each costs
+ * what an all-gather of it costs, half an allreduce's bandwidth term on the same ring). */
+static double tp_s(const costing *k, int64_t allreduces, int64_t allreduce_bytes, int64_t shards,
+                   int64_t shard_bytes) {
+    return tp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, allreduces, allreduce_bytes) +
+           tp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, shards, shard_bytes);
+}
+
+/* A DP-group collective of `bytes` made as `calls` calls (buckets, units): the bytes' time plus
+ * the fixed cost (the fit's alpha, the ring's latencies) of every call after the first. A
+ * measured fit is of one call on one buffer (loom profile times the calls training makes), so
+ * a gradient sent in buckets pays its alpha per bucket. */
+static double dp_calls_s(const costing *k, loom_collective_op op, double bytes, double calls) {
+    double once = loom_cluster_collective_s(k->cluster, op, k->dp_link, k->plan->dp, bytes);
+    double fixed = loom_cluster_collective_s(k->cluster, op, k->dp_link, k->plan->dp, 0.0);
+    return once + (calls > 1 ? calls - 1 : 0) * fixed;
+}
+
+/* The buckets of `bytes` of gradients at loom train's default bucket size. */
+static double buckets_of(double bytes) {
+    double bucket = LOOM_GRAD_BUCKET_DEFAULT_MB * 1024 * 1024;
+    return bytes > bucket ? ceil(bytes / bucket) : 1;
+}
+
+/* The units of a virtual stage ZeRO-3 gathers one at a time (blocks, embedding, head). */
+static int stage_units(const loom_plan_stage *st) {
+    return st->end_layer - st->first_layer + (st->embedding ? 1 : 0) + (st->head ? 1 : 0);
+}
+
+/* ZeRO-3's gathers of a virtual stage's parameters over the DP group, one pass's worth (every
+ * unit once, a call each), fp32 as loom holds them (as ZeRO-1's all-gather). */
+static double zero3_gather_s(const costing *k, int s, const loom_gpt_stage_cost *c) {
+    return dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, (double)c->param_bytes,
+                      stage_units(&k->plan->stages[s]));
+}
+
+/* A pass of `compute_s` that needs its units gathered first (`gather_s` for all of them): with
+ * prefetch, each unit's gather overlaps the previous unit's compute, so the pass takes the
+ * longer of the two plus the first unit's gather; without, it waits for every gather. */
+static double gathered_pass_s(const costing *k, double compute_s, double gather_s, int units) {
+    if (k->plan->zero3_prefetch < 1) return compute_s + gather_s;
+    return (compute_s > gather_s ? compute_s : gather_s) + gather_s / (units > 0 ? units : 1);
 }
 
 /* Bytes of the stage's gradients a weight-gradient GEMM writes: its parameters but the token
@@ -103,38 +158,63 @@ static int64_t gemm_gradient_bytes(const loom_plan *plan, int s, const loom_gpt_
 }
 
 static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_times *t) {
-    loom_gpt_stage_cost c;
-    loom_status st = loom_plan_stage_cost(k->plan, s, seq_len, &c);
-    if (st != LOOM_OK) return st;
+    memset(t, 0, sizeof *t);
+    loom_gpt_stage_cost c, kept;
     const loom_plan_stage *stage = &k->plan->stages[s];
+    loom_status st = loom_plan_stage_cost(k->plan, s, seq_len, &c);
+    /* the memory-bound work writes every activation whether the slot keeps it or not:
+     * selective recomputation's slot lacks the softmaxes the forward still writes */
+    kept = c;
+    if (st == LOOM_OK && stage->recompute == LOOM_RECOMPUTE_SELECTIVE)
+        st = loom_plan_stage_cost_as(k->plan, s, seq_len, LOOM_RECOMPUTE_NONE, &kept);
+    if (st != LOOM_OK) return st;
     int gemms = 4 * (stage->end_layer - stage->first_layer) + (stage->head ? 1 : 0);
     double typical = gemms > 0 ? (double)c.flops_fwd / gemms : (double)c.flops_fwd;
+    double bandwidth = k->cluster->memory_bandwidth;
     /* memory-bound work: the activations the part writes, read and written once more */
-    double memory =
-        (double)c.act_slot_bytes * k->bytes_per_value / 4.0 * 2.0 / k->cluster->memory_bandwidth;
-    t->tp_forward_s = tp_s(k, c.tp_allreduces_fwd, c.tp_bytes_fwd);
-    t->tp_backward_s = tp_s(k, c.tp_allreduces_bwd, c.tp_bytes_bwd);
+    double memory = (double)kept.act_slot_bytes * k->bytes_per_value / 4.0 * 2.0 / bandwidth;
+    t->tp_forward_s =
+        tp_s(k, c.tp_allreduces_fwd, c.tp_bytes_fwd, c.tp_shards_fwd, c.tp_shard_bytes_fwd);
+    t->tp_backward_s =
+        tp_s(k, c.tp_allreduces_bwd, c.tp_bytes_bwd, c.tp_shards_bwd, c.tp_shard_bytes_bwd);
     /* and every GEMM call streams its weight operand from memory once (BLAS packs it; on a
      * GPU it is read from HBM): the forward and the input gradient, once per micro-batch */
-    double weights =
-        (double)c.param_bytes * k->bytes_per_value / 4.0 / k->cluster->memory_bandwidth;
+    double weights = (double)c.param_bytes * k->bytes_per_value / 4.0 / bandwidth;
     t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + weights + t->tp_forward_s;
     t->backward_input_s =
         gemm_s(k, (double)c.flops_bwd_input, typical) + memory + weights + t->tp_backward_s;
+    /* selective recomputation reruns the attention core before the input gradient: its GEMMs
+     * and the softmaxes written again */
+    if (c.flops_selective > 0) {
+        double softmax = (double)(kept.act_slot_bytes - c.act_slot_bytes);
+        t->backward_input_s += gemm_s(k, (double)c.flops_selective, typical) +
+                               softmax * k->bytes_per_value / 4.0 * 2.0 / bandwidth;
+    }
     /* and the weight-gradient GEMMs accumulate into the fp32 gradients (beta 1): every
      * micro-batch reads and writes the gradients of the weights they produce once — not the
      * embedding's (its backward adds into the rows of the batch's tokens), but wte's again when
      * the stage's LM head multiplies by it */
-    double accumulate =
-        2.0 * (double)gemm_gradient_bytes(k->plan, s, &c) / k->cluster->memory_bandwidth;
+    double accumulate = 2.0 * (double)gemm_gradient_bytes(k->plan, s, &c) / bandwidth;
     t->backward_weight_s = gemm_s(k, (double)c.flops_bwd_weight, typical) + memory / 2 + accumulate;
-    t->backward_s = t->backward_input_s + t->backward_weight_s;
     if (c.flops_recompute > 0) { /* the rerun forward: before a whole backward, or before B and
                                   * again before W (the executor reruns it when another micro-
                                   * batch used the one activation set in between) */
-        t->backward_s += t->forward_s;
-        t->backward_input_s += t->forward_s, t->backward_weight_s += t->forward_s;
+        t->rerun_s = t->forward_s;
     }
+    /* ZeRO-3 gathering per micro-batch: every unit before its forward and again before its
+     * input gradient (the weight gradient needs no weights); the rerun forward of full
+     * recomputation runs on the backward's gather */
+    if (k->plan->zero >= 3 && k->plan->dp > 1 &&
+        k->plan->zero3_gather == LOOM_ZERO3_GATHER_MICRO_BATCH) {
+        double gather = zero3_gather_s(k, s, &c), forward = t->forward_s;
+        int units = stage_units(stage);
+        t->forward_s = gathered_pass_s(k, forward, gather, units);
+        double b = t->backward_input_s + t->rerun_s;
+        t->zero_gather_s = t->forward_s - forward + gathered_pass_s(k, b, gather, units) - b;
+        t->backward_input_s = gathered_pass_s(k, b, gather, units) - t->rerun_s;
+    }
+    t->backward_s = t->backward_input_s + t->backward_weight_s + t->rerun_s;
+    t->backward_input_s += t->rerun_s, t->backward_weight_s += t->rerun_s;
     return LOOM_OK;
 }
 
@@ -190,7 +270,7 @@ static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape 
     for (int s = 0; s < plan->num_stages && m > 0; s++) {
         if (!loom_recompute_full(plan->stages[s].recompute)) continue;
         loom_stage_times *t = &out->stage[s];
-        double f = t->forward_s, spare_b = f * (1.0 - (double)needs_b[s] / m);
+        double f = t->rerun_s, spare_b = f * (1.0 - (double)needs_b[s] / m);
         double spare_w = f * (1.0 - (double)needs_w[s] / m);
         t->backward_input_s -= spare_b, t->backward_weight_s -= spare_w;
         t->backward_s -= spare_b; /* a whole backward: one rerun at most, as B's */
@@ -280,14 +360,25 @@ static double pipeline_bubble(const loom_pipe_shape *shape, const loom_pipe_stag
     return idle / shape->ranks;
 }
 
+/* One pipeline message (an activation or its gradient) in the activations' precision, as the
+ * cost facts say it (the first stage's output: (B, T, C), a TP rank's 1/tp of the rows under
+ * sequence parallelism). */
+static double pp_message_bytes(const costing *k) {
+    const loom_plan *plan = k->plan;
+    loom_gpt_stage_cost c;
+    double whole = (double)plan->micro_batch * k->seq_len * plan->model.channels * 4.0;
+    if (plan->num_stages > 1 && loom_plan_stage_cost(plan, 0, k->seq_len, &c) == LOOM_OK)
+        whole = (double)c.pp_act_bytes;
+    return whole * k->bytes_per_value / 4.0;
+}
+
 /* The pipeline's bytes over the step, every rank: each message crosses once, activations
  * forward, gradients backward (compressed where the plan says). */
 static int64_t pipeline_bytes(const costing *k, const loom_pipe_shape *shape,
                               const loom_pipe_stage_schedule *lists, const pipeline_links *links) {
     const loom_plan *plan = k->plan;
     int m = shape->micro_batches;
-    int64_t message = (int64_t)plan->micro_batch * k->seq_len * plan->model.channels *
-                      (int64_t)k->bytes_per_value;
+    int64_t message = (int64_t)pp_message_bytes(k);
     int64_t bytes = 0;
     for (int r = 0; r < shape->ranks; r++) {
         for (int i = 0; i < lists[r].count; i++) {
@@ -301,6 +392,54 @@ static int64_t pipeline_bytes(const costing *k, const loom_pipe_shape *shape,
         }
     }
     return bytes * plan->dp * plan->tp;
+}
+
+/* ZeRO-2/3's DP stream on each pipeline rank (k->dp_stream_end_s): every backward (or W) of a
+ * virtual stage leaves its gradient to reduce-scatter over the DP group, unit by unit as the
+ * units' backwards end, on a stream of its own. A micro-batch's reduce-scatter of the stage's
+ * gradient starts once the stream is free and the backward's first unit is done, and ends no
+ * sooner than the last unit's share after the backward. Gathering once per step (ZeRO-3
+ * "step"), the stream first gathers every parameter; ZeRO-2 ends with ZeRO-1's all-gather of
+ * the updated parameters. Contention between this stream and ZeRO-3's gathers inside the
+ * passes (in their stage times) is not modelled. */
+static loom_status zero_stream(const costing *k, const loom_pipe_shape *shape,
+                               const loom_pipe_stage_schedule *lists,
+                               const loom_pipe_sim_result *result) {
+    const loom_plan *plan = k->plan;
+    int V = plan->num_stages;
+    double rs[LOOM_PREDICT_MAX_STAGES], params[LOOM_PREDICT_MAX_STAGES];
+    for (int v = 0; v < V; v++) {
+        loom_gpt_stage_cost cost;
+        loom_status st = loom_plan_stage_cost(plan, v, k->seq_len, &cost);
+        if (st != LOOM_OK) return st;
+        rs[v] = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, (double)cost.grad_bytes,
+                           stage_units(&plan->stages[v]));
+        params[v] = (double)cost.param_bytes;
+    }
+    for (int r = 0; r < shape->ranks; r++) {
+        double rank_params = 0, units = 0, free_s = 0;
+        for (int c = 0; c < shape->chunks; c++) {
+            int v = loom_pipe_stage(shape, r, c);
+            rank_params += params[v], units += stage_units(&plan->stages[v]);
+        }
+        double gather = dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, rank_params,
+                                   plan->zero == 2 ? buckets_of(rank_params) : units);
+        if (plan->zero >= 3 && plan->zero3_gather == LOOM_ZERO3_GATHER_STEP) free_s = gather;
+        for (int i = 0; i < lists[r].count; i++) {
+            const loom_pipe_action *a = &lists[r].actions[i];
+            if (a->op != LOOM_PIPE_BACKWARD && a->op != LOOM_PIPE_BACKWARD_WEIGHT) continue;
+            int v = loom_pipe_stage(shape, r, a->chunk);
+            double u = stage_units(&plan->stages[v]);
+            const loom_pipe_sim_action *t = &result->stage[r][i];
+            double first = t->start_s + (t->end_s - t->start_s) / u;
+            double start = free_s > first ? free_s : first;
+            double end = start + rs[v], last = t->end_s + rs[v] / u;
+            free_s = end > last ? end : last;
+        }
+        if (plan->zero == 2) free_s += gather;
+        k->dp_stream_end_s[r] = free_s;
+    }
+    return LOOM_OK;
 }
 
 /* The pipeline part: every rank's list in the simulator, each message its link time. */
@@ -319,6 +458,7 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
         out->pipeline_s = result.makespan_s;
         out->bubble = pipeline_bubble(shape, lists, &result);
         out->pp_bytes += pipeline_bytes(k, shape, lists, links);
+        if (k->dp_stream_end_s) st = zero_stream(k, shape, lists, &result);
         loom_pipe_sim_result_free(&result);
     }
     stage_time_arrays_free(&arrays);
@@ -435,8 +575,7 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     const loom_plan *plan = k->plan;
     int V = plan->num_stages, m = shape->micro_batches;
     size_t vm = (size_t)V * (size_t)m;
-    int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
-    double message = (double)rows * plan->model.channels * k->bytes_per_value;
+    double message = pp_message_bytes(k);
     links->act_s = zeroed_doubles((size_t)V), links->grad_s = zeroed_doubles((size_t)V);
     links->grad_mb_s = zeroed_doubles(vm), links->grad_bytes = zeroed_doubles(vm);
     compressed_boundaries packed = {zeroed_doubles((size_t)V), zeroed_doubles((size_t)V),
@@ -519,17 +658,29 @@ static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
     dp_sync out = {0, 0, 0};
     int zero1 = plan->zero >= 1, n = plan->dp;
     if (n <= 1) return out;
+    if (plan->zero >= 2) { /* the stream's work (zero_stream): bytes only */
+        double m = loom_plan_num_micro_batches(plan), weights = grads;
+        double scatter = loom_cluster_ring_bytes(LOOM_COLLECTIVE_REDUCE_SCATTER, n, grads);
+        double gather = loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, n, weights);
+        double gathers = plan->zero == 2 || plan->zero3_gather == LOOM_ZERO3_GATHER_STEP
+                             ? 1
+                             : 2 * m; /* before every forward and every backward */
+        out.bytes_per_rank = (int64_t)(m * scatter + gathers * gather);
+        return out;
+    }
     loom_compress_method method = loom_plan_compresses_stage(&plan->dp_compression, r)
                                       ? plan->dp_compression.method
                                       : LOOM_COMPRESS_NONE;
+    /* a call per bucket: every bucket after the first adds the collective's fixed cost */
+    double buckets = buckets_of(grads);
     if (method == LOOM_COMPRESS_NONE && !zero1) {
         out.sync_s =
-            dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank);
+            dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank) +
+            dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, buckets) -
+            dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, 1);
     } else if (method == LOOM_COMPRESS_NONE) {
-        out.sync_s =
-            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_REDUCE_SCATTER, dp_link, n,
-                                      grads) +
-            loom_cluster_collective_s(k->cluster, LOOM_COLLECTIVE_ALLGATHER, dp_link, n, grads);
+        out.sync_s = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, grads, buckets) +
+                     dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, grads, buckets);
         /* the two send what one allreduce sends: one figure, rounded to whole bytes once */
         out.bytes_per_rank = (int64_t)loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, n, grads);
     } else {
@@ -573,6 +724,10 @@ static double dp_exposed_s(const costing *k, int r, const dp_sync *sync, double 
     const loom_plan *plan = k->plan;
     double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
     double exposed = (sync->sync_s > hidden ? sync->sync_s - hidden : 0) + sync->codec_s;
+    if (k->dp_stream_end_s) { /* ZeRO-2/3: what the DP stream has left after the pipeline */
+        double left = k->dp_stream_end_s[r] - out->pipeline_s;
+        exposed = (left > 0 ? left : 0) + sync->codec_s;
+    }
     int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
     if (r == first_rank || r == last_rank) exposed += tied_s;
     return exposed;
@@ -594,19 +749,21 @@ static double optimizer_s(const costing *k, int64_t weight_bytes) {
 static loom_status after_pipeline(const costing *k, const loom_pipe_stage_schedule *lists,
                                   loom_trace **traces, loom_prediction *out, double *after_s) {
     const loom_plan *plan = k->plan;
-    int dp_link = kind_link(plan, k->cluster, GROUP_DP);
+    loom_plan unsharded = *plan; /* the whole gradients and parameters the sync moves */
+    unsharded.zero = 0;
     double tied_s = tied_embedding_s(k, out);
     *after_s = 0;
     for (int r = 0; r < plan->pp; r++) {
-        loom_rank_memory mem;
-        loom_status st = loom_plan_rank_memory_at(plan, r, k->seq_len,
-                                                  loom_pipe_peak_in_flight(&lists[r]), &mem);
+        loom_rank_memory mem, whole;
+        int peak = loom_pipe_peak_in_flight(&lists[r]);
+        loom_status st = loom_plan_rank_memory_at(plan, r, k->seq_len, peak, &mem);
+        if (st == LOOM_OK) st = loom_plan_rank_memory_at(&unsharded, r, k->seq_len, peak, &whole);
         if (st != LOOM_OK) return st;
         if (mem.total > out->peak_bytes) out->peak_bytes = mem.total;
-        dp_sync sync = dp_sync_of(k, r, (double)mem.grads, dp_link);
+        dp_sync sync = dp_sync_of(k, r, (double)whole.grads, k->dp_link);
         out->dp_bytes += sync.bytes_per_rank * plan->dp * plan->tp;
         double exposed = dp_exposed_s(k, r, &sync, tied_s, out);
-        double optimizer = optimizer_s(k, mem.weights);
+        double optimizer = optimizer_s(k, whole.weights);
         if (traces) { /* after the pipeline: the sync not hidden, then AdamW */
             double at = loom_trace_origin_us(traces[r]) + out->pipeline_s * 1e6;
             if (exposed > 0) {
@@ -637,7 +794,10 @@ static loom_status tp_bytes_of(const costing *k, int64_t *tp_bytes) {
         loom_gpt_stage_cost c;
         loom_status st = loom_plan_stage_cost(plan, s, k->seq_len, &c);
         if (st != LOOM_OK) return st;
-        double per_rank = share * (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
+        double shard_share = loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, plan->tp, 1.0);
+        double per_rank = share * (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute) +
+                          shard_share * (double)(c.tp_shard_bytes_fwd + c.tp_shard_bytes_bwd +
+                                                 c.tp_shard_bytes_recompute);
         *tp_bytes +=
             (int64_t)(per_rank * k->bytes_per_value / 4.0 * loom_plan_num_micro_batches(plan)) *
             plan->tp * plan->dp;
@@ -667,6 +827,8 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     if (st == LOOM_OK) st = check_costable(plan, cluster, precision);
     if (st != LOOM_OK) return st;
     costing k = costing_of(plan, cluster, precision, seq_len);
+    double stream_end[LOOM_PREDICT_MAX_STAGES];
+    if (plan->zero >= 2 && plan->dp > 1) k.dp_stream_end_s = stream_end;
     out->stages = plan->num_stages;
     for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
         st = stage_times(&k, s, seq_len, &out->stage[s]);
@@ -716,7 +878,7 @@ static loom_status cost_class(const costing *k, loom_plan *copy, int o, int c, i
     loom_plan_stage keep = copy->stages[s];
     copy->stages[s].first_layer = c == LOOM_STAGE_LAST ? L - n : c == LOOM_STAGE_MIDDLE ? 1 : 0;
     copy->stages[s].end_layer = copy->stages[s].first_layer + n;
-    if (out->options > 1) copy->stages[s].recompute = o;
+    if (out->options > 1) copy->stages[s].recompute = loom_stage_option_recompute(o);
     loom_stage_times t;
     loom_rank_memory none, one;
     loom_status st = stage_times(k, s, k->seq_len, &t);
@@ -735,7 +897,7 @@ loom_status loom_plan_stage_problem(const loom_plan *plan, const loom_cluster *c
                                     loom_stage_problem *out) {
     memset(out, 0, sizeof *out);
     int S = plan->num_stages, L = plan->model.num_layers, chunked = plan->virtual_stages > 1;
-    out->options = per_stage_recompute && !chunked ? 2 : 1;
+    out->options = per_stage_recompute && !chunked ? 3 : 1;
     size_t cells = (size_t)out->options * LOOM_STAGE_CLASSES * (size_t)(L + 1);
     out->stages = S, out->layers = L;
     out->micro_batches = loom_plan_num_micro_batches(plan);
@@ -787,14 +949,32 @@ loom_status loom_plan_step_bound(const loom_plan *plan, const loom_cluster *clus
         loom_status st = stage_times(&k, s, seq_len, &t);
         if (st != LOOM_OK) return st;
         /* stage_times charges a rerun forward to the backward of a recomputing stage */
-        double rerun = loom_recompute_full(plan->stages[s].recompute) ? t.forward_s : 0;
-        busy[plan->stages[s].rank] += t.forward_s + t.backward_s - rerun;
+        busy[plan->stages[s].rank] += t.forward_s + t.backward_s - t.rerun_s;
     }
     double most = 0, total = 0;
     for (int r = 0; r < plan->pp; r++) most = busy[r] > most ? busy[r] : most, total += busy[r];
     *bound_s = most * loom_plan_num_micro_batches(plan);
     if (mean_s) *mean_s = total / plan->pp * loom_plan_num_micro_batches(plan);
     return LOOM_OK;
+}
+
+loom_status loom_plan_peak_memory(const loom_plan *plan, int seq_len, int *rank,
+                                  loom_rank_memory *out) {
+    memset(out, 0, sizeof *out);
+    *rank = 0;
+    loom_pipe_shape shape;
+    loom_pipe_stage_schedule *lists = calloc((size_t)plan->pp, sizeof *lists);
+    loom_status st = lists ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
+    if (st == LOOM_OK) st = loom_pipe_shape_of(plan, &shape);
+    if (st == LOOM_OK) st = loom_pipe_schedule_build_all(&shape, lists);
+    for (int r = 0; r < plan->pp && st == LOOM_OK; r++) {
+        loom_rank_memory mem;
+        st = loom_plan_rank_memory_at(plan, r, seq_len, loom_pipe_peak_in_flight(&lists[r]), &mem);
+        if (st == LOOM_OK && (r == 0 || mem.total > out->total)) *out = mem, *rank = r;
+    }
+    for (int r = 0; lists && r < plan->pp; r++) loom_pipe_schedule_free(&lists[r]);
+    free(lists);
+    return st;
 }
 
 loom_status loom_plan_predict(const loom_plan *plan, const loom_cluster *cluster,

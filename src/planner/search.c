@@ -19,7 +19,8 @@ typedef struct {
     const loom_search_request *request;
     loom_plan_candidate *best;
     int found, tried, fitting, pruned;
-    int64_t least_short; /* the smallest shortfall of a layout that does not fit (bytes) */
+    int64_t least_short;      /* the smallest shortfall of a layout that does not fit (bytes) */
+    loom_rank_memory closest; /* that layout's fullest rank */
     /* why nothing may be found: splits of the devices the model and the batch allow, micro-batch
      * sizes left out for too many micro-batches, plans the cost model refused (and its last
      * word), plans that are no valid layout (and the last reason) */
@@ -81,6 +82,17 @@ static double step_if_fits(search *s, const loom_plan *plan) {
                              NULL) == LOOM_OK &&
         bound >= entry_bar(s)) {
         s->pruned++;
+        return -1;
+    }
+    /* memory first: most layouts that do not fit are known before simulating them */
+    loom_rank_memory peak;
+    int peak_rank;
+    if (loom_plan_peak_memory(plan, s->request->seq_len, &peak_rank, &peak) == LOOM_OK &&
+        peak.total > s->cluster->memory_bytes) {
+        int64_t shortfall = peak.total - s->cluster->memory_bytes;
+        if (s->least_short < 0 || shortfall < s->least_short)
+            s->least_short = shortfall, s->closest = peak;
+        s->tried++;
         return -1;
     }
     s->tried++;
@@ -228,23 +240,27 @@ static void try_compression(search *s, const loom_plan *plain, double plain_step
     predict(s, &plan);
 }
 
-/* Builds and predicts one plan of the layout (stage split: "" even; recompute: each stage's,
- * NULL: the request's), and its compressed variants where allowed. */
-static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request *r,
-                     const char *split, const int *recompute) {
+/* Builds and predicts one plan of the layout (stage split: "" even; recompute: each stage's
+ * stage-DP option, NULL: the request's), and its compressed variants where allowed. Returns
+ * whether it fits (or was pruned by its compute alone, which says nothing of its memory: a
+ * pruned layout counts as fitting, so that no more memory-saving variant of it is tried). */
+static int try_plan(search *s, const loom_gpt_config *model, loom_plan_request *r,
+                    const char *split, const int *recompute) {
     loom_plan plan;
     r->stage_layers = split[0] ? split : NULL;
     if (loom_plan_from_request(&plan, model, r, 0) != LOOM_OK) { /* not a valid layout */
         s->invalid++;
         snprintf(s->invalidity, sizeof s->invalidity, "%s", loom_last_error());
-        return;
+        return 0;
     }
-    for (int i = 0; recompute && i < plan.num_stages; i++) plan.stages[i].recompute = recompute[i];
+    for (int i = 0; recompute && i < plan.num_stages; i++)
+        plan.stages[i].recompute = loom_stage_option_recompute(recompute[i]);
     plan.precision = s->request->precision;
+    int pruned = s->pruned;
     double step = step_if_fits(s, &plan);
     if (step < 0) {
         loom_plan_free(&plan);
-        return;
+        return s->pruned > pruned;
     }
     if (s->request->allow_compression) {
         loom_prediction mine = s->scratch; /* try_compression predicts others into it */
@@ -252,10 +268,15 @@ static void try_plan(search *s, const loom_gpt_config *model, loom_plan_request 
         s->scratch = mine;
     }
     consider(s, &plan);
+    return 1;
 }
 
-static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
-                       const char *schedule, int recompute, int zero1) {
+/* One layout with one recomputation mode, ZeRO stage and sequence parallelism: the even split
+ * and, for a pipeline without a recomputation mode of its own, the stage DP's (which chooses
+ * each stage's recomputation too where a rank runs one chunk: a rank's chunks must agree).
+ * Returns whether one of them fits. */
+static int try_layout(search *s, const loom_gpt_config *model, int dp, int tp, int pp, int micro,
+                      const char *schedule, int recompute, int zero, int sequence_parallel) {
     loom_plan_request r = {.dp = dp,
                            .tp = tp,
                            .pp = pp,
@@ -264,9 +285,11 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
                            .schedule = schedule,
                            .recompute = recompute,
                            .zero_given = 1,
-                           .zero = zero1};
-    /* the DP splits every pipeline once, from the layout without recomputation, and chooses
-     * each stage's recomputation too where a rank runs one chunk (a rank's chunks must agree) */
+                           .zero = zero,
+                           .zero3_prefetch = 1,
+                           .zero3_gather = LOOM_ZERO3_GATHER_MICRO_BATCH,
+                           .sequence_parallel = sequence_parallel};
+    /* the DP splits every pipeline once, from the layout without recomputation */
     char split[4096] = "";
     int *stage_recompute = NULL;
     loom_plan even;
@@ -283,10 +306,40 @@ static void try_layout(search *s, const loom_gpt_config *model, int dp, int tp, 
         if (stage_recompute) dp_split(s, &even, split, sizeof split, stage_recompute);
         loom_plan_free(&even);
     }
-    try_plan(s, model, &r, "", NULL);
+    int fits = try_plan(s, model, &r, "", NULL);
     /* the DP's split beside the even one: the simulator ranks both */
-    if (split[0]) try_plan(s, model, &r, split, stage_recompute);
+    if (split[0]) fits |= try_plan(s, model, &r, split, stage_recompute);
     free(stage_recompute);
+    return fits;
+}
+
+/* The memory-saving choices of a layout, each tried only where the cheaper ones do not fit
+ * (each costs time in the cost model: more recomputation, more data-parallel traffic): for the
+ * recomputation modes none, selective, full in turn, the ZeRO stages 0 and 1 (dp > 1), then 2
+ * and then 3 while none fits; a more recomputing mode only where the last one needed ZeRO-2 or
+ * more, and then only below the ZeRO stage that fitted. ZeRO-3 gathers per micro-batch with one
+ * unit prefetched: gathering once per step holds more than ZeRO-2 and is no faster, so the
+ * search leaves it out. With one stage full recomputation holds as much as none (1F1B keeps one
+ * activation set either way) and is left out. Sequence parallelism (tp > 1) is tried both ways:
+ * it saves memory and may save or cost time. */
+static void try_memory_choices(search *s, const loom_gpt_config *model, int dp, int tp, int pp,
+                               int micro, const char *schedule) {
+    static const int modes[] = {LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_SELECTIVE,
+                                LOOM_RECOMPUTE_AS_NEEDED};
+    for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++) {
+        int fitted = 4; /* the lowest ZeRO stage that fitted; 4: none did */
+        for (int i = 0; i < 3 && fitted > 1; i++) {
+            if (modes[i] == LOOM_RECOMPUTE_AS_NEEDED && pp == 1) continue;
+            int lowest = fitted;
+            for (int zero = 0; zero < (dp > 1 ? fitted : 1); zero++) {
+                if (zero >= 2 && lowest < zero) break; /* a lower stage fitted */
+                if (try_layout(s, model, dp, tp, pp, micro, schedule, modes[i], zero, sp) &&
+                    zero < lowest)
+                    lowest = zero;
+            }
+            fitted = lowest;
+        }
+    }
 }
 
 /* The request's sizes, each within what the search counts (loom/planner.h's bounds), and a
@@ -366,11 +419,13 @@ static loom_status explain_none(const search *s, const loom_gpt_config *model, i
                          "last: %s",
                          s->tried, n, s->refusal);
     }
+    char why[256];
+    loom_rank_memory_why(&s->closest, s->cluster->memory_bytes, why, sizeof why);
     return loom_fail(LOOM_ERR_INPUT,
                      "plan search: none of the %d layouts of %d devices fits the device's "
-                     "%.2f GiB; the closest is %.2f GiB short per rank",
+                     "%.2f GiB; the closest is %.2f GiB short per rank (%s)",
                      s->tried, n, (double)s->cluster->memory_bytes / 1073741824.0,
-                     (double)s->least_short / 1073741824.0);
+                     (double)s->least_short / 1073741824.0, why);
 }
 
 loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *cluster,
@@ -404,16 +459,8 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
                     s.too_many_micro++;
                     continue;
                 }
-                for (int k = 0; k < (pp > 1 ? 4 : 1); k++) {
-                    /* with one stage 1F1B holds one activation set whether or not it recomputes:
-                     * recomputation there only costs time */
-                    for (int recompute = 0; recompute < (pp > 1 ? 2 : 1); recompute++) {
-                        for (int zero1 = 0; zero1 < (dp > 1 ? 2 : 1); zero1++) {
-                            try_layout(&s, model, dp, tp, pp, (int)micro, schedules[k], recompute,
-                                       zero1);
-                        }
-                    }
-                }
+                for (int k = 0; k < (pp > 1 ? 4 : 1); k++)
+                    try_memory_choices(&s, model, dp, tp, pp, (int)micro, schedules[k]);
             }
         }
     }

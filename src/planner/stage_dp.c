@@ -22,6 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+int loom_stage_option_recompute(int option) {
+    static const int modes[3] = {LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_AS_NEEDED,
+                                 LOOM_RECOMPUTE_SELECTIVE};
+    return option >= 0 && option < 3 ? modes[option] : LOOM_RECOMPUTE_NONE;
+}
+
 loom_stage_class loom_stage_class_of(int stage, int stages) {
     if (stages == 1) return LOOM_STAGE_ONLY;
     if (stage == 0) return LOOM_STAGE_FIRST;
@@ -107,7 +113,7 @@ loom_status loom_stage_dp(const loom_stage_problem *p, int *counts, int *recompu
     int S = p->stages, L = p->layers;
     if (candidates) *candidates = 0;
     *latency = INFINITY;
-    if (S < 1 || L < S || p->micro_batches < 1 || p->options < 1 || p->options > 2 ||
+    if (S < 1 || L < S || p->micro_batches < 1 || p->options < 1 || p->options > 3 ||
         (p->options > 1 && !recompute)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "stage DP: %d stages of %d layers, %d micro-batches, %d options", S, L,

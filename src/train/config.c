@@ -3,6 +3,7 @@
  * learning-rate schedule.
  */
 #include "loom/io.h"
+#include "loom/parallel.h"
 #include "loom/train.h"
 #include "base/json_fields.h"
 
@@ -37,7 +38,7 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->log_every = 10;
     snprintf(c->progress, sizeof c->progress, "auto");
     c->eval_batches = 16;
-    c->bucket_mb = 25.0;
+    c->bucket_mb = LOOM_GRAD_BUCKET_DEFAULT_MB;
     c->comm_timeout = 60.0;
 }
 
