@@ -5,10 +5,11 @@
  * One mapping connects a checkpoint slice (one layer of one tensor, or a global tensor, in the
  * unsharded layout) with a rank's shard: slice_part says where the shard's part of a slice lies
  * in the rank's buffer and slice_pos where each of its elements lies in the slice. Saving
- * streams: the first replica's ranks send their parts to the lead, which assembles one slice at
- * a time; resuming and --init-from from a checkpoint take each slice as it is read and keep
- * this rank's part; so does --init-from from any model file. No rank holds more than its shard
- * plus one slice.
+ * streams: the ranks holding a part (the first replica's, or under ZeRO every replica holding a
+ * piece of a sharded buffer) send it to the lead, which assembles one slice at a time; resuming
+ * and --init-from take each slice as it is read and keep this rank's part of it (ZeRO: of its
+ * range); so does --init-from from any model file. No rank holds more than its shard plus one
+ * slice.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* realpath */
@@ -63,15 +64,18 @@ static int64_t slice_pos(const loom_gpt *shard, int k, const slice_part *sp, int
 
 typedef struct {
     const loom_gpt *shard;
-    float *dst[3]; /* parameters, exp_avg, exp_avg_sq in the local layout; NULL: not wanted */
+    float *dst[3];       /* parameters, exp_avg, exp_avg_sq in the local layout; NULL: not wanted */
+    size_t lo[3], hi[3]; /* the flat offsets each keeps: its window (ZeRO: the rank's range) */
 } slice_take;
 
 static loom_status take_slice(void *ctx, int b, int k, int layer, const float *slice) {
     slice_take *c = ctx;
     if (!c->dst[b] || !holds_layer(c->shard, layer)) return LOOM_OK;
     slice_part sp = part_of(c->shard, k, layer);
-    float *dst = c->dst[b] + sp.local;
-    for (int64_t j = 0; j < sp.count; j++) dst[j] = slice[slice_pos(c->shard, k, &sp, j)];
+    size_t lo = c->lo[b] > sp.local ? c->lo[b] : sp.local;
+    size_t hi = c->hi[b] < sp.local + (size_t)sp.count ? c->hi[b] : sp.local + (size_t)sp.count;
+    for (size_t at = lo; at < hi; at++)
+        c->dst[b][at - c->lo[b]] = slice[slice_pos(c->shard, k, &sp, (int64_t)(at - sp.local))];
     return LOOM_OK;
 }
 
@@ -84,58 +88,40 @@ static loom_status unsharded_layout(const loom_gpt *model, loom_gpt *layout) {
     return loom_gpt_describe(layout, &model->config, &whole);
 }
 
-/* Moments come back whole (local layout) and are cut to this rank's ZeRO range. */
-static void keep_range(loom_adamw *opt, const float *m, const float *v) {
-    size_t count = opt->range.end - opt->range.begin;
-    memcpy(opt->m, m + opt->range.begin, count * sizeof(float));
-    memcpy(opt->v, v + opt->range.begin, count * sizeof(float));
-}
-
 /* Whether the model keeps only a window of its parameters (ZeRO-3). */
 static int windowed(const loom_gpt *model) {
     return model->params_begin != 0 || model->params_end != model->num_params;
 }
 
-/* The whole parameters read into `full` are cut to the model's window (ZeRO-3). */
-static void keep_window(loom_gpt *model, const float *full) {
-    memcpy(model->params_memory, full + model->params_begin,
-           (model->params_end - model->params_begin) * sizeof(float));
+/* What a rank keeps of each checkpoint buffer: its window of the parameters (all of them, or
+ * under ZeRO-3 its range) and its range of the moments (ZeRO-1 and up: its shard). */
+static slice_take take_of(loom_gpt *model, const loom_adamw *opt, int moments) {
+    slice_take c = {model,
+                    {model->params_memory, moments ? opt->m : NULL, moments ? opt->v : NULL},
+                    {model->params_begin, opt ? opt->range.begin : 0, opt ? opt->range.begin : 0},
+                    {model->params_end, opt ? opt->range.end : 0, opt ? opt->range.end : 0}};
+    return c;
 }
 
 loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
                                      loom_adamw *opt, loom_ckpt_state *state) {
-    size_t n = model->num_params;
-    float *m = loom_alloc_aligned(n * sizeof(float), "moments");
-    float *v = loom_alloc_aligned(n * sizeof(float), "moments");
-    /* ZeRO-3 keeps a window: the whole comes in here first (a resume's passing peak) */
-    float *p = windowed(model) ? loom_alloc_aligned(n * sizeof(float), "parameters") : NULL;
-    loom_status st = m && v && (p || !windowed(model)) ? LOOM_OK : LOOM_ERR_NOMEM;
-    if (st == LOOM_OK && mesh->tp_size == 1 && mesh->pp_size == 1 && !p) {
-        st = loom_checkpoint_load(dir, model, m, v, state);
-    } else if (st == LOOM_OK) {
-        loom_gpt layout;
-        slice_take c = {model, {p ? p : model->params_memory, m, v}};
-        st = unsharded_layout(model, &layout);
-        if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
-    }
-    if (st == LOOM_OK) keep_range(opt, m, v);
-    if (st == LOOM_OK && p) keep_window(model, p);
-    loom_free_aligned(m), loom_free_aligned(v), loom_free_aligned(p);
+    /* one process holding everything reads the file whole; any other layout keeps its part of
+     * each slice as it is read, so no rank holds more than its shard plus a slice */
+    int whole = mesh->tp_size == 1 && mesh->pp_size == 1 && !windowed(model) &&
+                opt->range.begin == 0 && opt->range.end == model->num_params;
+    if (whole) return loom_checkpoint_load(dir, model, opt->m, opt->v, state);
+    loom_gpt layout;
+    slice_take c = take_of(model, opt, 1);
+    loom_status st = unsharded_layout(model, &layout);
+    if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
     return st;
 }
 
 loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_gpt layout;
     loom_status st = unsharded_layout(model, &layout);
-    float *p = NULL;
-    if (st == LOOM_OK && windowed(model)) {
-        p = loom_alloc_aligned(model->num_params * sizeof(float), "parameters");
-        if (!p) st = LOOM_ERR_NOMEM;
-    }
-    slice_take c = {model, {p ? p : model->params_memory, NULL, NULL}};
+    slice_take c = take_of(model, NULL, 0);
     if (st == LOOM_OK) st = loom_model_load_take(path, &layout, take_slice, &c);
-    if (st == LOOM_OK && p) keep_window(model, p);
-    loom_free_aligned(p);
     return st;
 }
 
@@ -175,20 +161,46 @@ loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_conf
     return st;
 }
 
-/* ---- writing: the lead assembles each slice from the first replica's parts ------------------ */
+/* ---- writing: the lead assembles each slice from its owners' parts ---------------------------
+ * A slice's part on pipeline rank s and tensor rank r lives on the first replica (dp rank 0),
+ * or, for a buffer sharded over the replicas (the moments under ZeRO-1 and up, the parameters
+ * under ZeRO-3), in pieces on the replicas whose ranges it crosses: each owner sends its piece,
+ * so nothing is gathered whole anywhere. */
 
 typedef struct {
     const loom_mesh *mesh;
+    const float *mine[3]; /* this rank's parameters, exp_avg, exp_avg_sq: its local layout, or
+                           * from its range's start when sharded */
+    int sharded[3];       /* the buffer is cut into the replicas' ZeRO ranges */
+} stream_bufs;
+
+typedef struct {
+    stream_bufs bufs;
     const loom_gpt *model;
-    const float *mine[3]; /* this rank's parameters, exp_avg, exp_avg_sq (local layout) */
-    loom_gpt full;        /* the unsharded layout (no memory) */
-    float *slice;         /* one unsharded slice, assembled */
-    float *recv;          /* one rank's part of it */
+    loom_gpt full; /* the unsharded layout (no memory) */
+    float *slice;  /* one unsharded slice, assembled */
+    float *recv;   /* one piece of it */
 } slice_stream;
+
+/* Replica d's piece [*lo, *hi) of a part [at, at + count) of a (pipeline, tensor) rank's buffer
+ * of n floats, b sharded or not; 0 when it has none. */
+static int piece_of(const stream_bufs *bufs, int b, size_t n, int d, size_t at, int64_t count,
+                    size_t *lo, size_t *hi) {
+    size_t begin = 0, end = n;
+    if (bufs->sharded[b]) {
+        loom_zero_shard z = loom_zero_shard_of(n, bufs->mesh->dp_size, d);
+        begin = z.begin, end = z.end;
+    } else if (d != 0) {
+        return 0;
+    }
+    *lo = at > begin ? at : begin;
+    *hi = at + (size_t)count < end ? at + (size_t)count : end;
+    return *lo < *hi;
+}
 
 static const float *stream_fill(void *ctx, int b, int k, int layer) {
     slice_stream *c = ctx;
-    const loom_mesh *mesh = c->mesh;
+    const loom_mesh *mesh = c->bufs.mesh;
     int s = loom_mesh_owner_rank(mesh, k, layer);
     int parts = loom_gpt_tensor_is_sharded(k) ? mesh->tp_size : 1; /* replicated: TP rank 0 */
     for (int r = 0; r < parts; r++) {
@@ -196,49 +208,64 @@ static const float *stream_fill(void *ctx, int b, int k, int layer) {
         loom_gpt_shard shard = loom_mesh_rank_shard(mesh, s, r);
         if (loom_gpt_describe(&desc, &c->model->config, &shard) != LOOM_OK) return NULL;
         slice_part sp = part_of(&desc, k, layer);
-        int sender = loom_mesh_world_rank(mesh, 0, r, s);
-        const float *src = c->mine[b] + sp.local;
-        if (sender != 0) {
-            if (loom_comm_recv(mesh->world, c->recv, sp.count * (int64_t)sizeof(float), sender,
-                               TAG_SHARD + b) != LOOM_OK) {
-                return NULL;
+        for (int d = 0; d < mesh->dp_size; d++) {
+            size_t lo, hi;
+            if (!piece_of(&c->bufs, b, desc.num_params, d, sp.local, sp.count, &lo, &hi)) continue;
+            int sender = loom_mesh_world_rank(mesh, d, r, s);
+            const float *src = NULL;
+            if (sender == 0) { /* the lead's own piece */
+                size_t base = c->bufs.sharded[b]
+                                  ? loom_zero_shard_of(desc.num_params, mesh->dp_size, 0).begin
+                                  : 0;
+                src = c->bufs.mine[b] + (lo - base);
+            } else {
+                if (loom_comm_recv(mesh->world, c->recv,
+                                   (int64_t)(hi - lo) * (int64_t)sizeof(float), sender,
+                                   TAG_SHARD + b) != LOOM_OK) {
+                    return NULL;
+                }
+                src = c->recv;
             }
-            src = c->recv;
+            for (size_t at = lo; at < hi; at++)
+                c->slice[slice_pos(&desc, k, &sp, (int64_t)(at - sp.local))] = src[at - lo];
         }
-        for (int64_t j = 0; j < sp.count; j++) c->slice[slice_pos(&desc, k, &sp, j)] = src[j];
     }
     return c->slice;
 }
 
-/* The senders' side: the same slices, in the same order, for the parts this rank provides. */
-static loom_status stream_send(const loom_mesh *mesh, const loom_gpt *model,
-                               const float *const mine[3]) {
+/* The senders' side: the same slices, in the same order, for the pieces this rank owns. */
+static loom_status stream_send(const stream_bufs *bufs, const loom_gpt *model) {
+    const loom_mesh *mesh = bufs->mesh;
     size_t most = 4 + 12 * (size_t)model->config.num_layers;
     int *tensors = loom_calloc(most, sizeof(int), "slices");
     int *layers = loom_calloc(most, sizeof(int), "slices");
     int count = tensors && layers ? loom_checkpoint_slices(&model->config, tensors, layers) : -1;
     loom_status st = count < 0 ? LOOM_ERR_NOMEM : LOOM_OK;
+    size_t base = loom_zero_shard_of(model->num_params, mesh->dp_size, mesh->dp_rank).begin;
     for (int b = 0; b < 3 && st == LOOM_OK; b++) {
         for (int i = 0; i < count && st == LOOM_OK; i++) {
             int k = tensors[i], layer = layers[i];
             if (loom_mesh_owner_rank(mesh, k, layer) != mesh->pp_rank) continue;
             if (!loom_gpt_tensor_is_sharded(k) && mesh->tp_rank != 0) continue;
             slice_part sp = part_of(model, k, layer);
-            st = loom_comm_send(mesh->world, mine[b] + sp.local, sp.count * (int64_t)sizeof(float),
-                                0, TAG_SHARD + b);
+            size_t lo, hi;
+            if (!piece_of(bufs, b, model->num_params, mesh->dp_rank, sp.local, sp.count, &lo, &hi))
+                continue;
+            const float *src = bufs->mine[b] + (lo - (bufs->sharded[b] ? base : 0));
+            st = loom_comm_send(mesh->world, src, (int64_t)(hi - lo) * (int64_t)sizeof(float), 0,
+                                TAG_SHARD + b);
         }
     }
     free(tensors), free(layers);
     return st;
 }
 
-static loom_status save_streamed(const char *out, const loom_mesh *mesh, const loom_gpt *model,
-                                 const float *const mine[3], const loom_ckpt_state *state) {
-    if (!mesh->lead) return stream_send(mesh, model, mine);
+static loom_status save_streamed(const char *out, const stream_bufs *bufs, const loom_gpt *model,
+                                 const loom_ckpt_state *state) {
+    if (!bufs->mesh->lead) return stream_send(bufs, model);
     slice_stream c;
     memset(&c, 0, sizeof c);
-    c.mesh = mesh, c.model = model;
-    for (int b = 0; b < 3; b++) c.mine[b] = mine[b];
+    c.bufs = *bufs, c.model = model;
     loom_status st = unsharded_layout(model, &c.full);
     if (st != LOOM_OK) return st;
     size_t largest = 0;
@@ -258,43 +285,21 @@ static loom_status save_streamed(const char *out, const loom_mesh *mesh, const l
 
 loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
                                      const loom_adamw *opt, const loom_ckpt_state *state) {
-    const float *m = opt->m, *v = opt->v, *params = model->params_memory;
-    float *dp_m = NULL, *dp_v = NULL, *dp_p = NULL;
-    loom_status st = LOOM_OK;
     loom_comm_progress("saving a checkpoint");
-    if (windowed(model)) {
-        /* ZeRO-3: every replica's range of the parameters, gathered as the moments are below */
-        dp_p = loom_alloc_aligned(opt->range.padded_count * sizeof(float), "parameters");
-        if (!dp_p) st = LOOM_ERR_NOMEM;
-        if (st == LOOM_OK) {
-            st = loom_comm_allgather_f32(mesh->dp, model->params_memory, dp_p,
-                                         (int64_t)opt->range.shard);
-        }
-        params = dp_p;
-    }
-    if (opt->range.shard != opt->range.padded_count) {
-        /* ZeRO-1: every replica's range of the moments, gathered (every DP rank joins) */
-        size_t padded = opt->range.padded_count;
-        dp_m = loom_alloc_aligned(padded * sizeof(float), "moments");
-        dp_v = loom_alloc_aligned(padded * sizeof(float), "moments");
-        if (!dp_m || !dp_v) st = LOOM_ERR_NOMEM;
-        int64_t shard = (int64_t)opt->range.shard;
-        if (st == LOOM_OK) st = loom_comm_allgather_f32(mesh->dp, opt->m, dp_m, shard);
-        if (st == LOOM_OK) st = loom_comm_allgather_f32(mesh->dp, opt->v, dp_v, shard);
-        m = dp_m, v = dp_v;
-    }
-    if (st == LOOM_OK && (mesh->tp_size > 1 || mesh->pp_size > 1)) {
-        if (mesh->dp_rank == 0) {
-            const float *mine[3] = {params, m, v};
-            st = save_streamed(out, mesh, model, mine, state);
-        }
-    } else if (st == LOOM_OK && mesh->lead) {
-        st = loom_checkpoint_save_params(out, model, params, m, v, state);
+    stream_bufs bufs = {mesh, {model->params_memory, opt->m, opt->v}, {0, 0, 0}};
+    /* ZeRO-1 and up shard the moments, ZeRO-3 the parameters too, over the replicas */
+    bufs.sharded[0] = windowed(model);
+    bufs.sharded[1] = bufs.sharded[2] = opt->range.shard != opt->range.padded_count;
+    int replicas_hold_parts = bufs.sharded[0] || bufs.sharded[1];
+    loom_status st = LOOM_OK;
+    if (mesh->tp_size > 1 || mesh->pp_size > 1 || replicas_hold_parts) {
+        if (mesh->dp_rank == 0 || replicas_hold_parts) st = save_streamed(out, &bufs, model, state);
+    } else if (mesh->lead) {
+        st = loom_checkpoint_save(out, model, opt->m, opt->v, state);
     }
     if (st == LOOM_OK && mesh->lead) {
         loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, out, state->step);
     }
-    loom_free_aligned(dp_m), loom_free_aligned(dp_v), loom_free_aligned(dp_p);
     return st;
 }
 
