@@ -192,6 +192,19 @@ run dp2_zero3_no_prefetch 2 --zero 3 --zero3-prefetch 0 --micro-batch-size 1
 compare_run dp2_zero3_no_prefetch
 run dp2_zero3_step 2 --zero 3 --zero3-prefetch 3 --zero3-gather step --micro-batch-size 1
 compare_run dp2_zero3_step
+# a ZeRO-3 checkpoint resumed in another layout under ZeRO-3 (pipeline and tensor parallel)
+for r in "zero3_resumed_pp2:--pipeline-parallel 2" "zero3_resumed_tp2:--tensor-parallel 2"; do
+    name=${r%%:*}
+    read -r -a flags <<<"${r#*:}"
+    if timeout 300 mpirun -np 4 "$LOOM" train "${common[@]}" --out $name --data-parallel 2 --zero 3 \
+        --resume zero3_accum/checkpoints/step_00000004 "${flags[@]}" >$name.log 2>&1; then
+        series single/metrics.jsonl | awk '$1 > 4' >single.tail
+        series "$name/metrics.jsonl" >"$name.series"
+        if out=$(close_series single.tail "$name.series"); then ok; else fail "$name after resume: $out"; fi
+    else
+        fail "$name: $(tail -3 $name.log)"
+    fi
+done
 run dp4_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005
 compare_run dp4_zero1_tiny_buckets
 run pp2_dp2_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005 --pipeline-parallel 2

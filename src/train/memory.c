@@ -54,14 +54,15 @@ void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *pl
                                const loom_mesh *mesh) {
     if (!mesh->lead) return;
     loom_info("memory per rank, predicted (MiB; ZeRO-%d over %d replicas): pipeline rank  "
-              "parameters  gradients  optimizer  activations  scratch  compressor  total",
+              "parameters  gradients  optimizer  gathered  activations  scratch  compressor  "
+              "total",
               plan->zero, plan->dp);
     for (int p = 0; p < plan->pp; p++) {
         loom_rank_memory m;
         if (loom_plan_rank_memory(plan, p, cfg->seq_len, &m) != LOOM_OK) return;
-        loom_info("  %13d  %10.1f  %9.1f  %9.1f  %11.1f  %7.1f  %10.1f  %5.1f", p, mib(m.weights),
-                  mib(m.grads), mib(m.optimizer), mib(m.activations), mib(m.scratch),
-                  mib(m.compressor), mib(m.total));
+        loom_info("  %13d  %10.1f  %9.1f  %9.1f  %8.1f  %11.1f  %7.1f  %10.1f  %5.1f", p,
+                  mib(m.weights), mib(m.grads), mib(m.optimizer), mib(m.gathered),
+                  mib(m.activations), mib(m.scratch), mib(m.compressor), mib(m.total));
     }
 }
 
@@ -113,12 +114,13 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
                 "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
                 "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
                 "\"compressor\": %.0f, \"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
-                ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"scratch\": %" PRId64
-                ", \"compressor\": %" PRId64 ", \"total\": %" PRId64 "}}%s\n",
+                ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
+                ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"total\": %" PRId64
+                "}}%s\n",
                 r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
                 x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], pred.weights, pred.grads,
-                pred.optimizer, pred.activations, pred.scratch, pred.compressor, pred.total,
-                r + 1 < ranks ? "," : "");
+                pred.optimizer, pred.gathered, pred.activations, pred.scratch, pred.compressor,
+                pred.total, r + 1 < ranks ? "," : "");
     }
     if (f) {
         fprintf(f, "]}\n");
