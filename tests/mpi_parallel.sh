@@ -49,6 +49,21 @@ compare_run() {
     fi
 }
 
+# resumed NAME RANKS CHECKPOINT_RUN flags...: resume CHECKPOINT_RUN's step-4 checkpoint on RANKS
+# ranks with the flags; the losses after step 4 must be the single run's
+resumed() {
+    local name=$1 np=$2 from=$3
+    shift 3
+    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" \
+        --resume "$from/checkpoints/step_00000004" "$@" >"$name.log" 2>&1; then
+        series single/metrics.jsonl | awk '$1 > 4' >single.tail
+        series "$name/metrics.jsonl" >"$name.series"
+        if out=$(close_series single.tail "$name.series"); then ok; else fail "$name after resume: $out"; fi
+    else
+        fail "$name: $(tail -3 "$name.log")"
+    fi
+}
+
 # ---- the core: every kind of layout (DP with ZeRO-1, TP, PP, TP x DP, PP x DP), a resume
 # across layouts, a layout refused. Under LOOM_TEST_QUICK=1 (scripts/test.sh's sanitizer phase)
 # the script stops after it.
@@ -87,24 +102,10 @@ fi
 run zero2_accum 2 --zero 2 --micro-batch-size 1 --save-every 4
 compare_run zero2_accum
 if grep -q "data parallel 2 with ZeRO-2" zero2_accum.log; then ok; else fail "ZeRO-2 not reported: $(grep -m1 'ranks:' zero2_accum.log)"; fi
-for r in zero2_resumed_zero1 zero2_resumed_single; do
-    np=2 flags=(--zero 1)
-    [ "$r" = zero2_resumed_single ] && np=1 flags=()
-    if timeout 300 mpirun -np $np "$LOOM" train "${common[@]}" --out $r --resume zero2_accum/checkpoints/step_00000004 "${flags[@]}" >$r.log 2>&1; then
-        series single/metrics.jsonl | awk '$1 > 4' >single.tail
-        series "$r/metrics.jsonl" >"$r.series"
-        if out=$(close_series single.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
-    else
-        fail "$r: $(tail -3 $r.log)"
-    fi
-done
+resumed zero2_resumed_zero1 2 zero2_accum --zero 1
+resumed zero2_resumed_single 1 zero2_accum
 # and a ZeRO-1 checkpoint resumed under ZeRO-2
-if timeout 300 mpirun -np 2 "$LOOM" train "${common[@]}" --out zero1_resumed_zero2 --resume zero_half/checkpoints/step_00000004 --zero 2 >zero1_resumed_zero2.log 2>&1; then
-    series zero1_resumed_zero2/metrics.jsonl >zero1_resumed_zero2.series
-    if out=$(close_series single.tail zero1_resumed_zero2.series); then ok; else fail "zero1_resumed_zero2 after resume: $out"; fi
-else
-    fail "zero1_resumed_zero2: $(tail -3 zero1_resumed_zero2.log)"
-fi
+resumed zero1_resumed_zero2 2 zero_half --zero 2
 
 # ZeRO-3 (parameters sharded too: each block gathered before its forward and its backward, the
 # next one prefetched): the same model, its checkpoint (gathered from the shards) the same final
@@ -112,99 +113,17 @@ fi
 # and a ZeRO-3 one under one process
 run zero3_accum 2 --zero 3 --micro-batch-size 1 --save-every 4
 compare_run zero3_accum
-for r in zero2_resumed_zero3 zero3_resumed_single; do
-    np=2 flags=(--zero 3) from=zero2_accum
-    [ "$r" = zero3_resumed_single ] && np=1 flags=() from=zero3_accum
-    if timeout 300 mpirun -np $np "$LOOM" train "${common[@]}" --out $r --resume $from/checkpoints/step_00000004 "${flags[@]}" >$r.log 2>&1; then
-        series "$r/metrics.jsonl" >"$r.series"
-        if out=$(close_series single.tail "$r.series"); then ok; else fail "$r after resume: $out"; fi
-    else
-        fail "$r: $(tail -3 $r.log)"
-    fi
-done
+resumed zero2_resumed_zero3 2 zero2_accum --zero 3
+resumed zero3_resumed_single 1 zero3_accum
 
-# a layout that does not fit the launched ranks: exit 2 and the reason on every rank
-timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
-code=$?
-if [ "$code" -eq 2 ] && [ "$(grep -c 'error: plan: mesh: expected dp\*tp\*pp to equal the 2 ranks launched' bad.log)" -eq 2 ]; then ok; else fail "mismatched layout: exit $code: $(tail -4 bad.log)"; fi
-if [ "$core_only" = 1 ]; then
-    finish
-    exit
-fi
-
-# ---- the rest of the matrix ----
-
-# plain data parallelism (--no-zero1): bucketed allreduces during backward
-run dp2 2 --no-zero1 --trace overlap.trace.json
-compare_run dp2
-# the sync after the backward instead of during it (Megatron-LM's local DDP): the same numbers,
-# and every gradient bucket starts after the step's last backward ends (with overlap, some
-# start before it)
-run dp2_no_overlap 2 --no-zero1 --no-overlap-grad-reduce --trace no_overlap.trace.json
-compare_run dp2_no_overlap
-python3 - overlap.trace.json no_overlap.trace.json <<'PY' && ok || fail "bucket starts against the last backward: see above"
-import json, sys
-def early_starts(path):
-    events = json.load(open(path))
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    steps = {}
-    for e in events:
-        if e.get("ph") != "X" or (e.get("args") or {}).get("step") is None:
-            continue
-        d = steps.setdefault((e.get("pid"), e["args"]["step"]), {"end": 0.0, "starts": []})
-        if e["name"] == "backward":
-            d["end"] = max(d["end"], e["ts"] + e["dur"])
-        if e["name"] == "bucket start":
-            d["starts"].append(e["ts"])
-    starts = sum(len(d["starts"]) for d in steps.values())
-    early = sum(1 for d in steps.values() for t in d["starts"] if t < d["end"])
-    return starts, early
-s0, e0 = early_starts(sys.argv[1])
-s1, e1 = early_starts(sys.argv[2])
-print(f"overlap: {e0} of {s0} bucket starts before the last backward ended; "
-      f"no overlap: {e1} of {s1}")
-sys.exit(0 if s0 > 0 and e0 > 0 and s1 > 0 and e1 == 0 else 1)
-PY
-run dp4 4 --no-zero1
-compare_run dp4
-run dp2_zero1 2 --zero1
-compare_run dp2_zero1
-run dp2_accum 2 --no-zero1 --micro-batch-size 1 --bucket-mb 0.001
-compare_run dp2_accum
-run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
-compare_run dp4_zero1_accum
-# ZeRO-1's reduce-scatter runs bucket by bucket as a ring during backward: with tiny buckets
-# most of a bucket's blocks are empty on most ranks, and many rings are in flight at once
-run dp4_zero2_accum 4 --zero 2 --micro-batches 2 --micro-batch-size 1
-compare_run dp4_zero2_accum
-run tp2_dp2_zero2 4 --tensor-parallel 2 --data-parallel 2 --zero 2 --micro-batch-size 1
-compare_run tp2_dp2_zero2
-run pp2_dp2_zero2_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 2 --recompute
-compare_run pp2_dp2_zero2_recompute
-run dp4_zero3_accum 4 --zero 3 --micro-batches 2 --micro-batch-size 1
-compare_run dp4_zero3_accum
-run tp2_dp2_zero3 4 --tensor-parallel 2 --data-parallel 2 --zero 3 --micro-batch-size 1
-compare_run tp2_dp2_zero3
-run pp2_dp2_zero3_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 3 --recompute
-compare_run pp2_dp2_zero3_recompute
 # prefetch off, deeper, and gathering once per step
 run dp2_zero3_no_prefetch 2 --zero 3 --zero3-prefetch 0 --micro-batch-size 1
 compare_run dp2_zero3_no_prefetch
 run dp2_zero3_step 2 --zero 3 --zero3-prefetch 3 --zero3-gather step --micro-batch-size 1
 compare_run dp2_zero3_step
 # a ZeRO-3 checkpoint resumed in another layout under ZeRO-3 (pipeline and tensor parallel)
-for r in "zero3_resumed_pp2:--pipeline-parallel 2" "zero3_resumed_tp2:--tensor-parallel 2"; do
-    name=${r%%:*}
-    read -r -a flags <<<"${r#*:}"
-    if timeout 300 mpirun -np 4 "$LOOM" train "${common[@]}" --out $name --data-parallel 2 --zero 3 \
-        --resume zero3_accum/checkpoints/step_00000004 "${flags[@]}" >$name.log 2>&1; then
-        series single/metrics.jsonl | awk '$1 > 4' >single.tail
-        series "$name/metrics.jsonl" >"$name.series"
-        if out=$(close_series single.tail "$name.series"); then ok; else fail "$name after resume: $out"; fi
-    else
-        fail "$name: $(tail -3 $name.log)"
-    fi
-done
+resumed zero3_resumed_pp2 4 zero3_accum --data-parallel 2 --zero 3 --pipeline-parallel 2
+resumed zero3_resumed_tp2 4 zero3_accum --data-parallel 2 --zero 3 --tensor-parallel 2
 run dp4_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005
 compare_run dp4_zero1_tiny_buckets
 run pp2_dp2_zero1_tiny_buckets 4 --zero1 --bucket-mb 0.0005 --pipeline-parallel 2
