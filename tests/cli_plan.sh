@@ -536,13 +536,24 @@ good "plan: --intraop, runtime space on (2, 4)" 'intra-op ILP on dgx-a100: mesh 
     -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 2 --tp 4 \
     --precision bf16
 good "plan: --intraop, full space, the gain" 'full space' '^ +attention +12 +heads over tp' \
-    'runtime space: step [0-9.]+ ms; the full space gains [0-9.]+ %' \
+    'runtime space: step [0-9.]+ ms, state [0-9.]+ GiB per device, ZeRO-[0-3] with(out)? sequence parallelism; the full space gains [0-9.]+ %' \
     -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --dp 2 --tp 4 \
     --micro-batch-size 2 --seq-len 512 --precision bf16 --search-space full
 good "plan: --intraop, full space where the runtime cannot run" \
     'runtime space: none \(intra-op: tp: expected a divisor of heads 12' \
     -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --tp 8 \
     --search-space full
+good "plan: --intraop, a GPT-3 175B stage on (2, 4): the runtime space shards over dp and fits" \
+    '^ +c_fc +12 +column \(n over tp\), tokens over dp, ZeRO-[1-3] ' \
+    'the runtime space: loom executes this layout, ZeRO-[1-3] with' \
+    -- "$LOOM" plan --intraop --model gpt3-175b --layers 12 --cluster "$CLUSTERS/dgx-a100.json" \
+    --dp 2 --tp 4 --seq-len 2048 --precision bf16
+good "plan: --intraop, the 175B stage in the full space: where the runtime cannot follow" \
+    'runtime space: step [0-9.]+ ms, state [0-9.]+ GiB per device, ZeRO-[1-3] ' \
+    'where the runtime cannot follow the full space.s answer:' \
+    '^    .*c_fc.*: its weight split over both axes at once' \
+    -- "$LOOM" plan --intraop --model gpt3-175b --layers 12 --cluster "$CLUSTERS/dgx-a100.json" \
+    --dp 2 --tp 4 --seq-len 2048 --precision bf16 --search-space full
 bad "plan: --intraop, runtime space, tp not dividing the heads" 'tp: expected a divisor of heads' \
     -- "$LOOM" plan --intraop --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --tp 8
 bad "plan: --intraop without --cluster" '--intraop: expected --cluster FILE' \

@@ -240,8 +240,11 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
  * the contraction (k: partial sums, reduced by an allreduce or a reduce-scatter onto the tokens or
  * the columns) or the output columns (n); attention splits sequences or heads; the embedding
  * tokens, vocabulary rows (partial sums, allreduced) or channels; light operators (LayerNorm,
- * add, gelu, cross-entropy) the tokens or the hidden (vocabulary) columns. Both axes may split
- * one dimension. Tokens split by whole sequences only; a split must divide its dimension.
+ * add, gelu, cross-entropy) the tokens or the hidden (vocabulary) columns; a k split's
+ * reduce-scatter onto the tokens also ends the embedding's vocabulary split. Both axes may split
+ * one dimension. A split must divide its dimension: attention's, the matmuls' and the
+ * embedding's split of the tokens by whole sequences; the light operators and the activations
+ * between operators by tokens (a sequence's rows over tp: Megatron's sequence parallelism).
  * Per strategy:
  *   compute   a matmul's forward, input-gradient and weight-gradient GEMMs on the device's
  *             shard (loom_cluster_gemm_s: peak x the GEMM efficiency of the shard's FLOPs);
@@ -251,35 +254,62 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
  *             of the output (or reduce-scatter, and the all-gather of its gradient in backward),
  *             an n split's allreduce of the input gradient, a LayerNorm over split columns its
  *             statistics, a vocabulary-parallel cross-entropy its max and sums;
- *   sync      the weight-gradient allreduce over every axis that splits the tokens (the weight
- *             is replicated there), fp32 gradients of the device's shard, once per step;
+ *   sync      the weight's traffic: its fp32 gradient allreduced once per step over every axis
+ *             that splits the tokens (the weight is replicated there) — or, over dp, ZeRO's
+ *             (below);
  *   state     bytes per device of parameters, gradients and AdamW's two moments (16 per fp32
- *             parameter, as loom holds them); the tied wte counts with the embedding only.
- * Resharding on an edge (producer's output layout to the consumer's input layout), per mesh axis
- * on its own: equal, nothing; a split to replicated or back, one all-gather (forward, or of the
- * gradient in backward: the other direction is a free slice); rows to columns or back, an
- * all-to-all each way (costed as an all-gather of 1/n of the bytes: the same traffic).
- * Collective times are loom_cluster_collective_s (allreduce a + b 2(n-1)/n B, all-gather and
- * reduce-scatter a + b (n-1)/n B per ring). Activations move in the precision's bytes (4 for
- * fp32, else 2).
+ *             parameter, as loom holds them; ZeRO divides some by dp); the tied wte counts with
+ *             the embedding only.
+ * ZeRO (Rajbhandari et al.). An operator with weights whose tokens are split over dp offers four
+ * variants, the stage z of sharding its state over dp (p parameters of the device's shard, n =
+ * dp, m micro-batches; RS reduce-scatter, AG all-gather, of 4p bytes over dp):
+ *   z 0  state 16p,          sync an allreduce once per step;
+ *   z 1  state (8 + 8/n)p,   sync RS + AG once per step (AdamW's moments sharded);
+ *   z 2  state (4 + 12/n)p,  sync m RS + AG (the gradient too: each micro-batch's
+ * reduce-scattered); z 3  state 16p/n,        sync m (RS + 2 AG): the weight gathered whole before
+ * every micro-batch's forward and backward (the runtime's "micro_batch" gathering; gathering once
+ * per step is z 2's state and traffic here). Gathered buffers and gradient buckets are scratch, not
+ * state (as activations, not modelled). Resharding on an edge (producer's output layout to the
+ * consumer's input layout), per mesh axis on its own: equal, nothing; a split to replicated or
+ * back, one all-gather (forward, or of the gradient in backward: the other direction is a free
+ * slice); rows to columns or back, an all-to-all each way (costed as an all-gather of 1/n of the
+ * bytes: the same traffic). Collective times are loom_cluster_collective_s (allreduce a + b
+ * 2(n-1)/n B, all-gather and reduce-scatter a + b (n-1)/n B per ring). Activations move in the
+ * precision's bytes (4 for fp32, else 2).
  *
- * Search spaces. LOOM_INTRAOP_RUNTIME offers only what loom's runtime executes for (dp, tp):
- * tokens over dp with replicated weights, and Megatron's tensor parallelism over tp (c_attn and
- * c_fc column-parallel, both c_proj row-parallel with an allreduce, attention by heads, the
- * embedding and the LM head vocabulary-parallel, cross-entropy vocabulary-parallel, LayerNorms,
- * adds and the residual stream replicated over tp, gelu following c_fc's columns) — one strategy
- * per operator, so the answer always runs. LOOM_INTRAOP_FULL offers every strategy; what it gains
- * over the runtime space is simulation only.
+ * Search spaces. LOOM_INTRAOP_RUNTIME offers only what loom's runtime executes for (dp, tp), in
+ * each of its configurations: a ZeRO stage 0-3 and sequence parallelism on or off, each for the
+ * whole model (plan keys "zero" and "sequence_parallel"). Over dp the tokens are split, and the
+ * weights' state sharded as the ZeRO stage says — the blocks' at that stage; the embedding's and
+ * ln_f's at most at stage 1 (under ZeRO-2/3 the runtime holds those units whole for the step:
+ * ZeRO-1's state and traffic). Over tp Megatron's tensor parallelism: c_attn and c_fc
+ * column-parallel, both c_proj row-parallel, attention by heads, the embedding, the LM head and
+ * cross-entropy vocabulary-parallel, gelu following c_fc's columns; without sequence
+ * parallelism the row-parallel layers and the embedding allreduce and the residual stream, its
+ * LayerNorms and adds are replicated over tp; with it they reduce-scatter onto the tokens, the
+ * residual stream, LayerNorms and adds are split by tokens over tp, and the column-parallel
+ * layers and the LM head all-gather their input (the edge's resharding). The ILP picks one
+ * configuration for the whole graph (below), so the answer always runs. LOOM_INTRAOP_FULL offers
+ * every strategy, the runtime's among them, and lets each operator pick its own; what it gains
+ * over the runtime space is simulation only, and loom_intraop_unfollowed says where.
  *
  * The ILP (REFERENCE.md, Alpa): a binary s_v,i per operator v and strategy i, sum_i s_v,i = 1;
  * per edge (u, v) variables e_uv,ij in [0, 1] with sum_j e_uv,ij = s_u,i and
  * sum_i e_uv,ij = s_v,j (with s integral these force e = s_u s_v^T, so e need not be declared
  * integral: the solver branches on s only); minimise sum count_v (compute + comm + sync) s +
- * sum count_uv reshard e; optionally sum count_v state s <= the memory budget.
+ * sum count_uv reshard e; optionally sum count_v state s <= the memory budget. An edge's
+ * variables pair classes of strategies rather than strategies: those of an operator whose
+ * resharding costs on the edge are alike (an activation edge's: one output or input layout) share
+ * one class indicator, the sum of their s, which keeps the program small however many variants
+ * (ZeRO stages) an operator offers. The runtime space adds a binary y_c per runtime
+ * configuration c, sum_c y_c = 1, and s_v,i <= sum of y_c over the configurations that run
+ * strategy i.
  *
- * Not modelled: activation memory (the budget covers parameters, gradients and AdamW state),
- * the order of two axes splitting one dimension, overlap of communication with compute, a tied
- * wte held in two layouts (the head uses the embedding's copy at no cost).
+ * Not modelled: activation memory (the budget covers parameters, gradients and AdamW state; so
+ * sequence parallelism's saving does not show), the order of two axes splitting one dimension,
+ * overlap of communication with compute (ZeRO-3's prefetch), a collective per operator where the
+ * runtime gathers and reduce-scatters a block's weights in one, a tied wte held in two layouts
+ * (the head uses the embedding's copy at no cost).
  */
 
 typedef enum { LOOM_INTRAOP_RUNTIME, LOOM_INTRAOP_FULL } loom_intraop_space;
@@ -323,18 +353,29 @@ typedef struct {
     loom_intraop_reduce reduce[2]; /* for LOOM_INTRAOP_K */
     loom_intraop_layout in, out;   /* of the activation operand(s), of the output */
     double compute_s, comm_s;      /* per step: every micro-batch's forward and backward */
-    double sync_s;                 /* per step: the weight-gradient allreduce */
+    double sync_s;                 /* per step: the weight's gradient sync (ZeRO: and gathers) */
     int64_t state_bytes;           /* per device: parameters, gradients, AdamW moments */
-    int runtime;                   /* loom's runtime executes it */
+    int zero;                      /* ZeRO stage of its weight's state over dp (0-3); 0 without
+                                      weights or without tokens split over dp */
+    unsigned runtime;              /* the runtime configurations that execute it: bit
+                                      LOOM_INTRAOP_CONFIG(zero, sp); 0: simulation only */
 } loom_intraop_strategy;
+
+/* The runtime's configurations: a ZeRO stage (0-3) and sequence parallelism (0 or 1). */
+#define LOOM_INTRAOP_CONFIGS          8
+#define LOOM_INTRAOP_CONFIG(zero, sp) ((zero) + 4 * (sp))
+#define LOOM_INTRAOP_CONFIG_ZERO(c)   ((c) % 4)
+#define LOOM_INTRAOP_CONFIG_SP(c)     ((c) / 4)
 
 #define LOOM_INTRAOP_MAX_OPS        16
 #define LOOM_INTRAOP_MAX_EDGES      24
-#define LOOM_INTRAOP_MAX_STRATEGIES 64
+#define LOOM_INTRAOP_MAX_STRATEGIES 96
 
 typedef struct {
     char name[16];  /* "c_attn" */
     int count;      /* how often it runs per step (a block's operators: the layers) */
+    int weights;    /* it holds weights (the tied LM head does not: the embedding does) */
+    int held;       /* the runtime keeps its weights whole under ZeRO-2/3 (embedding, ln_f) */
     int strategies; /* >= 1 */
     loom_intraop_strategy strategy[LOOM_INTRAOP_MAX_STRATEGIES];
 } loom_intraop_op;
@@ -366,7 +407,10 @@ typedef struct {
     int ops, edges;
     loom_intraop_op op[LOOM_INTRAOP_MAX_OPS];
     loom_intraop_edge edge[LOOM_INTRAOP_MAX_EDGES];
-    int link[2]; /* each axis's link class (LOOM_LINK_INTRA_NODE or LOOM_LINK_INTER_NODE) */
+    int link[2];      /* each axis's link class (LOOM_LINK_INTRA_NODE or LOOM_LINK_INTER_NODE) */
+    unsigned configs; /* the runtime configurations the mesh allows (ZeRO 1-3 with dp > 1,
+                         sequence parallelism with tp > 1 dividing a replica's tokens) and every
+                         operator offers a strategy in */
 } loom_intraop_graph;
 
 /* Builds the graph of `request->part` for `model` on `cluster` (which must have dp x tp
@@ -382,7 +426,9 @@ typedef struct {
     int choice[LOOM_INTRAOP_MAX_OPS];
     double objective_s; /* = compute + comm + reshard + sync (the tied wte counts as sync) */
     double compute_s, comm_s, reshard_s, sync_s;
-    int64_t state_bytes;                       /* per device */
+    int64_t state_bytes; /* per device */
+    int config;          /* the runtime configuration that executes the whole choice (the least ZeRO
+                            stage, then without SP, where several do); -1: none (simulation only) */
     double op_reshard_s[LOOM_INTRAOP_MAX_OPS]; /* the edges into each operator, times count */
     double op_tied_s[LOOM_INTRAOP_MAX_OPS];    /* the tied wte's, on the LM head (in sync_s) */
     /* the solve (loom_intraop_solve only) */
@@ -393,9 +439,22 @@ typedef struct {
 /* Prices choice[] (every operator's strategy index) on the graph: the ILP's objective. */
 void loom_intraop_evaluate(const loom_intraop_graph *graph, const int *choice,
                            loom_intraop_result *out);
-/* The runtime's strategy of every operator; 0 when some operator has none (a mesh the runtime
- * cannot run, in the full space: its choice[] is -1), else 1. */
-int loom_intraop_runtime_choice(const loom_intraop_graph *graph, int *choice);
+/* The runtime's strategy of every operator in configuration `config`; 0 when some operator has
+ * none (a mesh or configuration the runtime cannot run: its choice[] is -1), else 1. */
+int loom_intraop_runtime_choice(const loom_intraop_graph *graph, int config, int *choice);
+
+/* Where the runtime cannot follow choice[]. It follows when one runtime configuration runs every
+ * operator's strategy, or one with the same splits and time (ZeRO-1 for ZeRO-0: an allreduce is
+ * a reduce-scatter and an all-gather), within the graph's budget: returns 0 and that
+ * configuration in *config (the least ZeRO stage, then without SP). Else *config is -1, and
+ * why[v] says what operator v's strategy does that no runtime configuration does (a weight split
+ * over dp, or over both axes at once; a split over tp loom has no kernel for; ZeRO-2/3 for a
+ * unit the runtime holds whole), or that it needs another configuration than most of the choice
+ * (ZeRO stage or sequence parallelism per operator, where the runtime has one for the model);
+ * "" where the runtime follows. Returns how many operators it cannot follow. */
+#define LOOM_INTRAOP_WHY_CHARS 200
+int loom_intraop_unfollowed(const loom_intraop_graph *graph, const int *choice, int *config,
+                            char why[][LOOM_INTRAOP_WHY_CHARS]);
 
 /* Solves the ILP with glp_intopt (GLPK silent). A memory budget no choice meets is
  * LOOM_ERR_INPUT naming the budget and the least state any choice needs. */

@@ -540,13 +540,13 @@ static int run_predict(const plan_args *args, int argc, char **argv) {
 /* The intra-op ILP's answer as a table: each operator's strategy and costs (x its count), the
  * totals, the ILP's size and solve time. */
 static void print_intraop(const loom_intraop_graph *g, const loom_intraop_result *r) {
-    printf("  %-13s %3s  %-52s %10s %9s %10s %9s %10s\n", "operator", "x", "strategy", "compute ms",
+    printf("  %-13s %3s  %-64s %10s %9s %10s %9s %10s\n", "operator", "x", "strategy", "compute ms",
            "comm ms", "reshard ms", "sync ms", "state MiB");
     for (int v = 0; v < g->ops; v++) {
         const loom_intraop_op *o = &g->op[v];
         const loom_intraop_strategy *s = &o->strategy[r->choice[v]];
         double n = o->count;
-        printf("  %-13s %3d  %-52s %10.3f %9.3f %10.3f %9.3f %10.1f\n", o->name, o->count, s->name,
+        printf("  %-13s %3d  %-64s %10.3f %9.3f %10.3f %9.3f %10.1f\n", o->name, o->count, s->name,
                n * s->compute_s * 1e3, n * s->comm_s * 1e3, r->op_reshard_s[v] * 1e3,
                (n * s->sync_s + r->op_tied_s[v]) * 1e3, n * (double)s->state_bytes / 1048576.0);
     }
@@ -556,6 +556,42 @@ static void print_intraop(const loom_intraop_graph *g, const loom_intraop_result
            r->sync_s * 1e3, (double)r->state_bytes / 1073741824.0);
     printf("  ILP: %d variables, %d constraints, %d nonzeros; solved in %.3f s\n", r->variables,
            r->constraints, r->nonzeros, r->solve_s);
+}
+
+/* "ZeRO-3 with sequence parallelism": a runtime configuration in the plan's words. */
+static void config_words(int config, char *out, size_t cap) {
+    snprintf(out, cap, "ZeRO-%d %s sequence parallelism", LOOM_INTRAOP_CONFIG_ZERO(config),
+             LOOM_INTRAOP_CONFIG_SP(config) ? "with" : "without");
+}
+
+/* The full space's answer against the runtime space's: the gain, and where the runtime cannot
+ * follow the full answer (each operator it cannot, and why). */
+static void print_full_against_runtime(const loom_intraop_graph *g, const loom_intraop_result *full,
+                                       const loom_intraop_result *runtime) {
+    char words[64];
+    config_words(runtime->config, words, sizeof words);
+    printf("  runtime space: step %.3f ms, state %.3f GiB per device, %s; the full space gains "
+           "%.1f %% (simulation only: loom's runtime executes the runtime space)\n",
+           runtime->objective_s * 1e3, (double)runtime->state_bytes / 1073741824.0, words,
+           100.0 * (runtime->objective_s - full->objective_s) / runtime->objective_s);
+    char why[LOOM_INTRAOP_MAX_OPS][LOOM_INTRAOP_WHY_CHARS];
+    int config, n = loom_intraop_unfollowed(g, full->choice, &config, why);
+    if (n == 0) {
+        config_words(config, words, sizeof words);
+        printf("  the runtime follows the full space's answer (%s)\n", words);
+        return;
+    }
+    printf("  where the runtime cannot follow the full space's answer:\n");
+    for (int v = 0; v < g->ops; v++) { /* the operators with one reason on one line */
+        if (!why[v][0]) continue;
+        printf("    %s", g->op[v].name);
+        for (int u = v + 1; u < g->ops; u++) {
+            if (strcmp(why[u], why[v])) continue;
+            printf(", %s", g->op[u].name);
+            why[u][0] = '\0';
+        }
+        printf(": %s\n", why[v]);
+    }
 }
 
 /* `loom plan --intraop`: the ILP over the model's operator graph on a (dp, tp) mesh; with
@@ -640,15 +676,15 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
         if (rst == LOOM_OK) rst = loom_intraop_solve(runtime_graph, &runtime);
         if (rst == LOOM_ERR_NOMEM) st = rst;
         if (rst == LOOM_OK) {
-            printf("  runtime space: step %.3f ms; the full space gains %.1f %% (simulation only: "
-                   "loom's runtime executes the runtime space)\n",
-                   runtime.objective_s * 1e3,
-                   100.0 * (runtime.objective_s - result.objective_s) / runtime.objective_s);
+            print_full_against_runtime(graph, &result, &runtime);
         } else if (st == LOOM_OK) { /* the runtime cannot run this mesh: say why, not fail */
             printf("  runtime space: none (%s)\n", loom_last_error());
+            loom_clear_error();
         }
     } else if (st == LOOM_OK) {
-        printf("  (the runtime space: loom executes this layout)\n");
+        char words[64];
+        config_words(result.config, words, sizeof words);
+        printf("  (the runtime space: loom executes this layout, %s)\n", words);
     }
     loom_intraop_graph_free(graph);
     loom_intraop_graph_free(runtime_graph);

@@ -48,6 +48,7 @@ typedef struct {
     int64_t k, n;     /* matmul; n is the width of a light operator's tensor */
     int weight;       /* the matmul holds its weight (the tied LM head does not) */
     int row_parallel; /* the runtime splits k over tp (else n) */
+    int held;         /* the runtime keeps its unit whole under ZeRO-2/3 (embeddings, ln_f) */
 } op_spec;
 
 typedef struct {
@@ -58,6 +59,7 @@ typedef struct {
     int64_t seqs, T, tokens; /* the mesh's batch: dp x micro_batch sequences */
     double value_bytes;      /* activations: 4 in fp32, else 2 */
     double micro_batches;
+    unsigned allowed; /* the runtime configurations the mesh allows (allowed_configs) */
 } costing;
 
 static const char *axis_name[2] = {"dp", "tp"};
@@ -113,11 +115,54 @@ static loom_intraop_layout matmul_input_layout(const loom_intraop_strategy *s) {
     return l;
 }
 
-/* The weight-gradient allreduce of `params` fp32 values over every axis that splits tokens. */
-static double sync_s(const costing *k, const loom_intraop_strategy *s, double params) {
+/* ZeRO stage `zero`'s traffic over dp for a weight of `bytes` (fp32) per step: the gradient's
+ * reduce-scatter (every micro-batch's from stage 2 on: no full-size buffer), the weight's
+ * all-gather after the update (stages 1 and 2), or before every micro-batch's forward and
+ * backward (stage 3). */
+static double zero_traffic_s(const costing *k, int zero, double bytes) {
+    double rs = collective_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, 0, bytes);
+    double ag = collective_s(k, LOOM_COLLECTIVE_ALLGATHER, 0, bytes), m = k->micro_batches;
+    switch (zero) {
+    case 0:
+        return collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0, bytes);
+    case 1:
+        return rs + ag;
+    case 2:
+        return m * rs + ag;
+    default:
+        return m * (rs + 2.0 * ag);
+    }
+}
+
+/* The weight's traffic per step for `params` fp32 values of the device's shard: its gradient
+ * allreduced over every axis that splits tokens, or over dp as its ZeRO stage says. */
+static double weight_sync_s(const costing *k, const loom_intraop_strategy *s, double params) {
     double t = 0;
     for (int a = 0; a < 2; a++) {
-        if (s->split[a] == LOOM_INTRAOP_TOKENS && params > 0)
+        if (s->split[a] != LOOM_INTRAOP_TOKENS || params <= 0) continue;
+        t += a == 0 ? zero_traffic_s(k, s->zero, params * 4.0)
+                    : collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, params * 4.0);
+    }
+    return t;
+}
+
+/* Bytes per device of `params` fp32 values with their gradients and AdamW's two moments, the
+ * ZeRO stage's share of them over dp. */
+static int64_t state_of(const costing *k, int zero, double params) {
+    double n = k->n[0];
+    double per = zero == 0   ? 16.0
+                 : zero == 1 ? 8.0 + 8.0 / n
+                 : zero == 2 ? 4.0 + 12.0 / n
+                             : 16.0 / n;
+    return (int64_t)(params * per);
+}
+
+/* The gradient of a weight replicated over axis a but applied to rows the axis splits after a
+ * reduce-scatter (a row-parallel bias, wpe under sequence parallelism): summed over the axis. */
+static double scattered_sum_s(const costing *k, const loom_intraop_strategy *s, double params) {
+    double t = 0;
+    for (int a = 0; a < 2; a++) {
+        if (s->split[a] == LOOM_INTRAOP_K && s->reduce[a] == LOOM_INTRAOP_SCATTER_TOKENS)
             t += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, params * 4.0);
     }
     return t;
@@ -148,8 +193,8 @@ static int price_matmul(const costing *k, const op_spec *op, loom_intraop_strate
     }
     s->comm_s = comm * k->micro_batches;
     double params = op->weight ? kl * nl + nl : 0; /* the bias splits with n only */
-    s->sync_s = sync_s(k, s, params);
-    s->state_bytes = (int64_t)(params * 16.0);
+    s->sync_s = weight_sync_s(k, s, params) + (op->weight ? scattered_sum_s(k, s, nl) : 0);
+    s->state_bytes = state_of(k, s->zero, params);
     s->in = matmul_input_layout(s);
     s->out = layout_of(s);
     return 1;
@@ -178,13 +223,20 @@ static int price_embedding(const costing *k, loom_intraop_strategy *s) {
     s->compute_s = stream_s(k, m * cl, 3.0) * k->micro_batches; /* gather, add wpe, scatter */
     double comm = 0;
     for (int a = 0; a < 2; a++) { /* a vocabulary split sums every rank's rows of the lookup */
-        if (s->split[a] == LOOM_INTRAOP_K)
-            comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, m * cl * k->value_bytes);
+        if (s->split[a] != LOOM_INTRAOP_K) continue;
+        double y = m * cl * k->value_bytes;
+        if (s->reduce[a] == LOOM_INTRAOP_ALLREDUCE) {
+            comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, y);
+        } else { /* onto the tokens: reduce-scatter, and the gradient's all-gather */
+            comm += collective_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, a, y) +
+                    collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, y);
+        }
     }
     s->comm_s = comm * k->micro_batches;
     double wpe = (double)k->model->max_seq_len * cl;
-    s->sync_s = sync_s(k, s, wpe); /* wte's: on the tie (tie_s) */
-    s->state_bytes = (int64_t)(((double)(Vp / fv) * cl + wpe) * 16.0);
+    /* wte's sync: on the tie (tie_s); wpe's, and its sum where it is added to scattered rows */
+    s->sync_s = weight_sync_s(k, s, wpe) + scattered_sum_s(k, s, wpe);
+    s->state_bytes = state_of(k, s->zero, (double)(Vp / fv) * cl + wpe);
     s->in = s->out = layout_of(s);
     return 1;
 }
@@ -221,16 +273,16 @@ static int price_light(const costing *k, const op_spec *op, loom_intraop_strateg
     }
     s->compute_s = stream_s(k, elements, passes) * k->micro_batches;
     s->comm_s = comm * k->micro_batches;
-    s->sync_s = sync_s(k, s, params);
-    s->state_bytes = (int64_t)(params * 16.0);
+    s->sync_s = weight_sync_s(k, s, params);
+    s->state_bytes = state_of(k, s->zero, params);
     s->in = s->out = layout_of(s);
     return 1;
 }
 
-/* What loom's runtime does on axis a (Megatron: tokens over dp, the tensor-parallel split over
- * tp; a size-1 axis replicates). */
-static void runtime_split(const costing *k, const op_spec *op, int a, loom_intraop_split *split,
-                          loom_intraop_reduce *reduce) {
+/* What loom's runtime does on axis a, with sequence parallelism or without (Megatron: tokens
+ * over dp, the tensor-parallel split over tp; a size-1 axis replicates). */
+static void runtime_split(const costing *k, const op_spec *op, int a, int sp,
+                          loom_intraop_split *split, loom_intraop_reduce *reduce) {
     *reduce = LOOM_INTRAOP_ALLREDUCE;
     *split = LOOM_INTRAOP_REPLICATE;
     if (k->n[a] == 1) return;
@@ -241,18 +293,61 @@ static void runtime_split(const costing *k, const op_spec *op, int a, loom_intra
     switch (op->kind) {
     case OP_MATMUL:
         *split = op->row_parallel ? LOOM_INTRAOP_K : LOOM_INTRAOP_N;
+        if (op->row_parallel && sp) *reduce = LOOM_INTRAOP_SCATTER_TOKENS;
         break;
-    case OP_EMBEDDING:
+    case OP_EMBEDDING: /* under SP the lookup's sum is reduce-scattered onto the rows */
         *split = LOOM_INTRAOP_K;
+        if (sp) *reduce = LOOM_INTRAOP_SCATTER_TOKENS;
         break;
     case OP_ATTENTION:
     case OP_GELU:
     case OP_XENT:
         *split = LOOM_INTRAOP_N;
         break;
-    default:
-        break; /* the residual stream and its LayerNorms stay whole over tp */
+    default: /* the residual stream and its LayerNorms: whole over tp, or its rows under SP */
+        if (sp) *split = LOOM_INTRAOP_TOKENS;
+        break;
     }
+}
+
+static int has_weights(const op_spec *op) {
+    return op->kind == OP_LAYERNORM || op->kind == OP_EMBEDDING ||
+           (op->kind == OP_MATMUL && op->weight);
+}
+
+/* The runtime configurations that execute strategy s of `op` (among `allowed`). */
+static unsigned runtime_configs(const costing *k, const op_spec *op, const loom_intraop_strategy *s,
+                                unsigned allowed) {
+    unsigned mask = 0;
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+        if (!(allowed >> c & 1)) continue;
+        int zero = LOOM_INTRAOP_CONFIG_ZERO(c), runs = 1;
+        for (int a = 0; a < 2; a++) {
+            loom_intraop_split split;
+            loom_intraop_reduce reduce;
+            runtime_split(k, op, a, LOOM_INTRAOP_CONFIG_SP(c), &split, &reduce);
+            runs &= s->split[a] == split && (split != LOOM_INTRAOP_K || s->reduce[a] == reduce);
+        }
+        /* the ZeRO stage of the blocks' weights; the held units' at most 1 */
+        int want = has_weights(op) && s->split[0] == LOOM_INTRAOP_TOKENS && k->n[0] > 1
+                       ? (op->held && zero > 1 ? 1 : zero)
+                       : 0;
+        if (runs && s->zero == want) mask |= 1u << c;
+    }
+    return mask;
+}
+
+/* The configurations the mesh allows: ZeRO 1-3 where dp > 1 shards, sequence parallelism where
+ * tp > 1 divides a replica's tokens (the runtime's rule). */
+static unsigned allowed_configs(const costing *k) {
+    unsigned mask = 0;
+    int replica_tokens_divide = (k->tokens / k->n[0]) % k->n[1] == 0;
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+        if (LOOM_INTRAOP_CONFIG_ZERO(c) > 0 && k->n[0] == 1) continue;
+        if (LOOM_INTRAOP_CONFIG_SP(c) && (k->n[1] == 1 || !replica_tokens_divide)) continue;
+        mask |= 1u << c;
+    }
+    return mask;
 }
 
 static void append(char *dst, size_t cap, const char *text) {
@@ -296,6 +391,10 @@ static void name_strategy(const op_spec *op, loom_intraop_strategy *s) {
     }
     if (tokens[0]) append(s->name, sizeof s->name, tokens);
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "replicated");
+    if (s->zero > 0) {
+        snprintf(part, sizeof part, "ZeRO-%d", s->zero);
+        append(s->name, sizeof s->name, part);
+    }
 }
 
 /* The choices an axis offers an operator. */
@@ -310,27 +409,43 @@ static int axis_choices(const costing *k, const op_spec *op, int a, axis_choice 
     if (k->n[a] == 1) return n;
     out[n++] = (axis_choice){LOOM_INTRAOP_TOKENS, LOOM_INTRAOP_ALLREDUCE};
     out[n++] = (axis_choice){LOOM_INTRAOP_N, 0};
-    if (op->kind == OP_MATMUL || op->kind == OP_EMBEDDING)
+    if (op->kind == OP_MATMUL || op->kind == OP_EMBEDDING) {
         out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_ALLREDUCE};
-    if (op->kind == OP_MATMUL) {
         out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_SCATTER_TOKENS};
-        out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_SCATTER_N};
     }
+    if (op->kind == OP_MATMUL) out[n++] = (axis_choice){LOOM_INTRAOP_K, LOOM_INTRAOP_SCATTER_N};
     return n;
 }
 
-/* Whether the layouts' splits divide the tensors they split: whole sequences, and columns. */
+/* Whether the splits divide the tensors they split: attention's, the matmuls' and the
+ * embedding's tokens by whole sequences, a light operator's and the activations' rows by tokens
+ * (a sequence's rows over tp: sequence parallelism), and columns. */
 static int layouts_divide(const costing *k, const op_spec *op, const loom_intraop_strategy *s) {
     int64_t in_cols = op->kind == OP_MATMUL      ? op->k
                       : op->kind == OP_ATTENTION ? 3 * k->model->channels
                                                  : op->n;
     int64_t out_cols =
         op->kind == OP_ATTENTION || op->kind == OP_EMBEDDING ? k->model->channels : op->n;
-    return k->seqs % layout_factor(k, s->in, LOOM_INTRAOP_ROWS) == 0 &&
-           k->seqs % layout_factor(k, s->out, LOOM_INTRAOP_ROWS) == 0 &&
-           k->seqs % split_factor(k, s, LOOM_INTRAOP_TOKENS) == 0 &&
+    int whole = op->kind == OP_ATTENTION || op->kind == OP_MATMUL || op->kind == OP_EMBEDDING;
+    int64_t rows = op->kind == OP_ATTENTION ? k->seqs : k->tokens;
+    return rows % layout_factor(k, s->in, LOOM_INTRAOP_ROWS) == 0 &&
+           rows % layout_factor(k, s->out, LOOM_INTRAOP_ROWS) == 0 &&
+           (whole ? k->seqs : k->tokens) % split_factor(k, s, LOOM_INTRAOP_TOKENS) == 0 &&
            in_cols % layout_factor(k, s->in, LOOM_INTRAOP_COLS) == 0 &&
            out_cols % layout_factor(k, s->out, LOOM_INTRAOP_COLS) == 0;
+}
+
+static int price(const costing *k, const op_spec *op, loom_intraop_strategy *s) {
+    switch (op->kind) {
+    case OP_MATMUL:
+        return price_matmul(k, op, s);
+    case OP_ATTENTION:
+        return price_attention(k, s);
+    case OP_EMBEDDING:
+        return price_embedding(k, s);
+    default:
+        return price_light(k, op, s);
+    }
 }
 
 static loom_status add_op(loom_intraop_graph *g, const costing *k, const op_spec *op,
@@ -339,41 +454,29 @@ static loom_status add_op(loom_intraop_graph *g, const costing *k, const op_spec
     memset(o, 0, sizeof *o);
     snprintf(o->name, sizeof o->name, "%s", op->name);
     o->count = op->count;
+    o->weights = has_weights(op), o->held = op->held;
     axis_choice c0[8], c1[8];
     int n0 = axis_choices(k, op, 0, c0), n1 = axis_choices(k, op, 1, c1);
-    loom_intraop_split run_split[2];
-    loom_intraop_reduce run_reduce[2];
-    for (int a = 0; a < 2; a++) runtime_split(k, op, a, &run_split[a], &run_reduce[a]);
     for (int i = 0; i < n0; i++) {
+        /* the ZeRO stages: where the weights are replicated over a dp that splits the tokens */
+        int zeros = has_weights(op) && c0[i].split == LOOM_INTRAOP_TOKENS && k->n[0] > 1 ? 4 : 1;
         for (int j = 0; j < n1; j++) {
-            loom_intraop_strategy s;
-            memset(&s, 0, sizeof s);
-            s.split[0] = c0[i].split, s.reduce[0] = c0[i].reduce;
-            s.split[1] = c1[j].split, s.reduce[1] = c1[j].reduce;
-            s.runtime = 1;
-            for (int a = 0; a < 2; a++) {
-                s.runtime &= s.split[a] == run_split[a] &&
-                             (s.split[a] != LOOM_INTRAOP_K || s.reduce[a] == run_reduce[a]);
+            for (int z = 0; z < zeros; z++) {
+                loom_intraop_strategy s;
+                memset(&s, 0, sizeof s);
+                s.split[0] = c0[i].split, s.reduce[0] = c0[i].reduce;
+                s.split[1] = c1[j].split, s.reduce[1] = c1[j].reduce;
+                s.zero = z;
+                s.runtime = runtime_configs(k, op, &s, k->allowed);
+                if (space == LOOM_INTRAOP_RUNTIME && !s.runtime) continue;
+                if (!price(k, op, &s) || !layouts_divide(k, op, &s)) continue;
+                if (o->strategies == LOOM_INTRAOP_MAX_STRATEGIES) {
+                    return loom_fail(LOOM_ERR_RUNTIME, "intra-op: %s: more than %d strategies",
+                                     op->name, LOOM_INTRAOP_MAX_STRATEGIES);
+                }
+                name_strategy(op, &s);
+                o->strategy[o->strategies++] = s;
             }
-            if (space == LOOM_INTRAOP_RUNTIME && !s.runtime) continue;
-            int ok = 0;
-            switch (op->kind) {
-            case OP_MATMUL:
-                ok = price_matmul(k, op, &s);
-                break;
-            case OP_ATTENTION:
-                ok = price_attention(k, &s);
-                break;
-            case OP_EMBEDDING:
-                ok = price_embedding(k, &s);
-                break;
-            default:
-                ok = price_light(k, op, &s);
-                break;
-            }
-            if (!ok || !layouts_divide(k, op, &s)) continue;
-            name_strategy(op, &s);
-            o->strategy[o->strategies++] = s;
         }
     }
     if (o->strategies == 0) { /* only the runtime's, and it does not divide */
@@ -439,7 +542,8 @@ static int wte_split(const loom_intraop_strategy *s, int a, int head) {
 /* The tied wte between the embedding (which holds it) and the LM head, per step: where the two
  * split it differently over an axis, the head gathers it (fp32) and reduce-scatters its
  * gradient back; where either splits the tokens, the summed gradient of the head's shard is
- * allreduced over the axis (the one sync of wte). */
+ * allreduced over the axis (the one sync of wte) — over dp, as the embedding's ZeRO stage says
+ * (stage 3: wte gathered before every micro-batch's forward and backward, for the head). */
 static double tie_s(const costing *k, const loom_intraop_strategy *emb,
                     const loom_intraop_strategy *head) {
     double wte = (double)k->model->padded_vocab_size * (double)k->model->channels * 4.0;
@@ -455,8 +559,10 @@ static double tie_s(const costing *k, const loom_intraop_strategy *emb,
                 wte_split(emb, o, 0) != WTE_NONE && wte_split(head, o, 1) != WTE_NONE ? k->n[o] : 1;
             t += 2 * collective_s(k, LOOM_COLLECTIVE_ALLGATHER, a, wte / other);
         }
-        if (emb->split[a] == LOOM_INTRAOP_TOKENS || head->split[a] == LOOM_INTRAOP_TOKENS)
-            t += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, wte / shard);
+        if (emb->split[a] == LOOM_INTRAOP_TOKENS || head->split[a] == LOOM_INTRAOP_TOKENS) {
+            t += a == 0 ? zero_traffic_s(k, emb->zero, wte / shard)
+                        : collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, wte / shard);
+        }
     }
     return t;
 }
@@ -497,17 +603,17 @@ static loom_status build_block(loom_intraop_graph *g, const costing *k, int coun
                                loom_intraop_space space) {
     int64_t C = k->model->channels;
     op_spec ops[] = {
-        {"input", OP_INPUT, count, 0, C, 0, 0},
-        {"ln_1", OP_LAYERNORM, count, 0, C, 0, 0},
-        {"c_attn", OP_MATMUL, count, C, 3 * C, 1, 0},
-        {"attention", OP_ATTENTION, count, 0, C, 0, 0},
-        {"attn_c_proj", OP_MATMUL, count, C, C, 1, 1},
-        {"add_1", OP_ADD, count, 0, C, 0, 0},
-        {"ln_2", OP_LAYERNORM, count, 0, C, 0, 0},
-        {"c_fc", OP_MATMUL, count, C, 4 * C, 1, 0},
-        {"gelu", OP_GELU, count, 0, 4 * C, 0, 0},
-        {"mlp_c_proj", OP_MATMUL, count, 4 * C, C, 1, 1},
-        {"add_2", OP_ADD, count, 0, C, 0, 0},
+        {"input", OP_INPUT, count, 0, C, 0, 0, 0},
+        {"ln_1", OP_LAYERNORM, count, 0, C, 0, 0, 0},
+        {"c_attn", OP_MATMUL, count, C, 3 * C, 1, 0, 0},
+        {"attention", OP_ATTENTION, count, 0, C, 0, 0, 0},
+        {"attn_c_proj", OP_MATMUL, count, C, C, 1, 1, 0},
+        {"add_1", OP_ADD, count, 0, C, 0, 0, 0},
+        {"ln_2", OP_LAYERNORM, count, 0, C, 0, 0, 0},
+        {"c_fc", OP_MATMUL, count, C, 4 * C, 1, 0, 0},
+        {"gelu", OP_GELU, count, 0, 4 * C, 0, 0, 0},
+        {"mlp_c_proj", OP_MATMUL, count, 4 * C, C, 1, 1, 0},
+        {"add_2", OP_ADD, count, 0, C, 0, 0, 0},
     };
     int base = g->ops;
     loom_status st = LOOM_OK;
@@ -529,10 +635,10 @@ static loom_status build_ends(loom_intraop_graph *g, const costing *k, loom_intr
                               int *embedding, int *ln_f) {
     int64_t C = k->model->channels, Vp = k->model->padded_vocab_size;
     op_spec ops[] = {
-        {"embedding", OP_EMBEDDING, 1, 0, C, 1, 0},
-        {"ln_f", OP_LAYERNORM, 1, 0, C, 0, 0},
-        {"lm_head", OP_MATMUL, 1, C, Vp, 0 /* wte, counted with the embedding */, 0},
-        {"cross_entropy", OP_XENT, 1, 0, Vp, 0, 0},
+        {"embedding", OP_EMBEDDING, 1, 0, C, 1, 0, 1},
+        {"ln_f", OP_LAYERNORM, 1, 0, C, 0, 0, 1},
+        {"lm_head", OP_MATMUL, 1, C, Vp, 0 /* wte, counted with the embedding */, 0, 0},
+        {"cross_entropy", OP_XENT, 1, 0, Vp, 0, 0, 0},
     };
     int base = g->ops;
     loom_status st = LOOM_OK;
@@ -625,6 +731,7 @@ loom_status loom_intraop_graph_create(loom_intraop_graph **graph, const loom_gpt
     k.tokens = k.seqs * k.T;
     k.value_bytes = request->precision == LOOM_PRECISION_FP32 ? 4.0 : 2.0;
     k.micro_batches = g->request.micro_batches;
+    k.allowed = allowed_configs(&k);
     int L = m.num_layers, embedding = -1, ln_f = -1;
     switch (request->part) {
     case LOOM_INTRAOP_BLOCK:
@@ -643,6 +750,22 @@ loom_status loom_intraop_graph_create(loom_intraop_graph **graph, const loom_gpt
         if (st == LOOM_OK) st = add_edge(g, &k, embedding, B_INPUT, 1, m.channels);
         if (st == LOOM_OK) st = add_edge(g, &k, B_ADD2, ln_f, 1, m.channels);
         break;
+    }
+    /* a configuration runs where every operator offers a strategy in it */
+    g->configs = k.allowed;
+    for (int v = 0; v < g->ops; v++) {
+        unsigned any = 0;
+        for (int i = 0; i < g->op[v].strategies; i++) any |= g->op[v].strategy[i].runtime;
+        g->configs &= any;
+    }
+    for (int v = 0; v < g->ops; v++) {
+        for (int i = 0; i < g->op[v].strategies; i++) g->op[v].strategy[i].runtime &= g->configs;
+    }
+    if (st == LOOM_OK && request->space == LOOM_INTRAOP_RUNTIME && !g->configs) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "intra-op: the runtime's layouts do not divide the tensors on the mesh "
+                       "(dp %d, tp %d) in any configuration",
+                       request->dp, request->tp);
     }
     if (st != LOOM_OK) {
         loom_intraop_graph_free(g);
@@ -671,6 +794,14 @@ void loom_intraop_evaluate(const loom_intraop_graph *g, const int *choice,
         out->sync_s += n * s->sync_s;
         out->state_bytes += (int64_t)g->op[v].count * s->state_bytes;
     }
+    unsigned runs = g->configs;
+    for (int v = 0; v < g->ops; v++) runs &= g->op[v].strategy[choice[v]].runtime;
+    out->config = -1; /* the least ZeRO stage, then without SP */
+    for (int z = 0; z < 4 && out->config < 0; z++) {
+        for (int sp = 0; sp < 2 && out->config < 0; sp++) {
+            if (runs >> LOOM_INTRAOP_CONFIG(z, sp) & 1) out->config = LOOM_INTRAOP_CONFIG(z, sp);
+        }
+    }
     for (int i = 0; i < g->edges; i++) {
         const loom_intraop_edge *e = &g->edge[i];
         double r =
@@ -684,16 +815,167 @@ void loom_intraop_evaluate(const loom_intraop_graph *g, const int *choice,
     out->objective_s = out->compute_s + out->comm_s + out->reshard_s + out->sync_s;
 }
 
-int loom_intraop_runtime_choice(const loom_intraop_graph *g, int *choice) {
+int loom_intraop_runtime_choice(const loom_intraop_graph *g, int config, int *choice) {
     int all = 1;
     for (int v = 0; v < g->ops; v++) {
         choice[v] = -1;
-        for (int i = 0; i < g->op[v].strategies; i++) {
-            if (g->op[v].strategy[i].runtime) choice[v] = i;
+        for (int i = 0; i < g->op[v].strategies && choice[v] < 0; i++) {
+            if (config >= 0 && config < LOOM_INTRAOP_CONFIGS &&
+                g->op[v].strategy[i].runtime >> config & 1)
+                choice[v] = i;
         }
         all &= choice[v] >= 0;
     }
     return all;
+}
+
+/* ---- where the runtime cannot follow ----------------------------------------------------- */
+
+/* Axis a's split in words: "tokens over tp", "k over tp [reduce-scatter to tokens]". */
+static void axis_words(const loom_intraop_strategy *s, int a, char *out, size_t cap) {
+    static const char *reduce[] = {"allreduce", "reduce-scatter to tokens",
+                                   "reduce-scatter to columns"};
+    switch (s->split[a]) {
+    case LOOM_INTRAOP_TOKENS:
+        snprintf(out, cap, "tokens over %s", axis_name[a]);
+        break;
+    case LOOM_INTRAOP_N:
+        snprintf(out, cap, "columns over %s", axis_name[a]);
+        break;
+    case LOOM_INTRAOP_K:
+        snprintf(out, cap, "k over %s [%s]", axis_name[a], reduce[s->reduce[a]]);
+        break;
+    default:
+        snprintf(out, cap, "replicated over %s", axis_name[a]);
+        break;
+    }
+}
+
+/* Why no runtime configuration runs strategy s of operator o. */
+static void why_never(const loom_intraop_graph *g, const loom_intraop_op *o,
+                      const loom_intraop_strategy *s, char *why, size_t cap) {
+    int dp = g->request.dp, tp = g->request.tp, weight_dp = 0, weight_tp = 0, tp_known = 0;
+    char ours[64], theirs[160] = "", part[64];
+    weight_dp = s->split[0] == LOOM_INTRAOP_K || s->split[0] == LOOM_INTRAOP_N;
+    weight_tp = s->split[1] == LOOM_INTRAOP_K || s->split[1] == LOOM_INTRAOP_N;
+    for (int i = 0; i < o->strategies; i++) { /* the runtime's splits over tp, in words */
+        const loom_intraop_strategy *r = &o->strategy[i];
+        if (!r->runtime) continue;
+        tp_known |= r->split[1] == s->split[1] &&
+                    (s->split[1] != LOOM_INTRAOP_K || r->reduce[1] == s->reduce[1]);
+        axis_words(r, 1, part, sizeof part);
+        if (!strstr(theirs, part)) append(theirs, sizeof theirs, part);
+    }
+    if (!theirs[0]) {
+        snprintf(why, cap, "the runtime has no layout for it on this mesh");
+    } else if (dp > 1 && weight_dp && o->weights) {
+        snprintf(why, cap,
+                 "its weight split over %s (the runtime splits only the tokens over dp; ZeRO "
+                 "shards a weight's storage and gathers it whole for compute)",
+                 weight_tp ? "both axes at once" : "dp");
+    } else if (dp > 1 && s->split[0] != LOOM_INTRAOP_TOKENS) {
+        axis_words(s, 0, ours, sizeof ours);
+        snprintf(why, cap, "%s (the runtime splits every operator's tokens over dp)", ours);
+    } else if (tp > 1 && !tp_known) {
+        axis_words(s, 1, ours, sizeof ours);
+        snprintf(why, cap, "%s: loom's tensor parallelism has no kernel for that here (it runs %s)",
+                 ours, theirs);
+    } else if (o->held && s->zero > 1) {
+        snprintf(why, cap,
+                 "ZeRO-%d, where the runtime holds this unit whole under ZeRO-2/3 (ZeRO-1's "
+                 "state)",
+                 s->zero);
+    } else {
+        snprintf(why, cap, "a combination no runtime configuration runs");
+    }
+}
+
+/* The strategy of operator v that configuration c runs in place of strategy i at no cost: i
+ * itself, or one with the same splits (so the same layouts on every edge) and the same time
+ * (ZeRO-0 and ZeRO-1 cost alike where an allreduce is a reduce-scatter and an all-gather), the
+ * least state of those; -1: none. */
+static int same_in(const loom_intraop_graph *g, int v, int i, int c) {
+    const loom_intraop_op *o = &g->op[v];
+    const loom_intraop_strategy *s = &o->strategy[i];
+    if (s->runtime >> c & 1) return i;
+    double t = s->compute_s + s->comm_s + s->sync_s;
+    int best = -1;
+    for (int j = 0; j < o->strategies; j++) {
+        const loom_intraop_strategy *r = &o->strategy[j];
+        if (!(r->runtime >> c & 1) || memcmp(r->split, s->split, sizeof s->split)) continue;
+        int same_reduce = 1;
+        for (int a = 0; a < 2; a++)
+            same_reduce &= s->split[a] != LOOM_INTRAOP_K || r->reduce[a] == s->reduce[a];
+        double u = r->compute_s + r->comm_s + r->sync_s;
+        if (!same_reduce || fabs(u - t) > 1e-12 * t) continue;
+        if (best < 0 || r->state_bytes < o->strategy[best].state_bytes) best = j;
+    }
+    return best;
+}
+
+/* Whether configuration c runs choice[] at its cost within the budget (each operator's
+ * strategy, or the same at no cost: same_in). */
+static int runs_at_cost(const loom_intraop_graph *g, const int *choice, int c) {
+    int64_t state = 0;
+    for (int v = 0; v < g->ops; v++) {
+        int j = same_in(g, v, choice[v], c);
+        if (j < 0) return 0;
+        state += (int64_t)g->op[v].count * g->op[v].strategy[j].state_bytes;
+    }
+    return g->request.memory_budget <= 0 || state <= g->request.memory_budget;
+}
+
+int loom_intraop_unfollowed(const loom_intraop_graph *g, const int *choice, int *config,
+                            char why[][LOOM_INTRAOP_WHY_CHARS]) {
+    *config = -1; /* the least ZeRO stage, then without SP */
+    for (int z = 0; z < 4 && *config < 0; z++) {
+        for (int sp = 0; sp < 2 && *config < 0; sp++) {
+            int c = LOOM_INTRAOP_CONFIG(z, sp);
+            if (g->configs >> c & 1 && runs_at_cost(g, choice, c)) *config = c;
+        }
+    }
+    for (int v = 0; v < g->ops; v++) why[v][0] = '\0';
+    if (*config >= 0) return 0;
+    /* the configuration the most operators run in: the others are said to mix */
+    int best = -1, best_ops = -1, unfollowed = 0;
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+        if (!(g->configs >> c & 1)) continue;
+        int ops = 0;
+        for (int v = 0; v < g->ops; v++) ops += same_in(g, v, choice[v], c) >= 0;
+        if (ops > best_ops) best = c, best_ops = ops;
+    }
+    for (int v = 0; v < g->ops; v++) {
+        const loom_intraop_op *o = &g->op[v];
+        const loom_intraop_strategy *s = &o->strategy[choice[v]];
+        if (best >= 0 && same_in(g, v, choice[v], best) >= 0) continue;
+        unfollowed++;
+        if (!s->runtime || best < 0) {
+            why_never(g, o, s, why[v], LOOM_INTRAOP_WHY_CHARS);
+            continue;
+        }
+        int zero = LOOM_INTRAOP_CONFIG_ZERO(best), sp = LOOM_INTRAOP_CONFIG_SP(best);
+        int zero_runs = 0, sp_runs = 0;
+        for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+            if (!(s->runtime >> c & 1)) continue;
+            zero_runs |= LOOM_INTRAOP_CONFIG_ZERO(c) == zero;
+            sp_runs |= LOOM_INTRAOP_CONFIG_SP(c) == sp;
+        }
+        if (!zero_runs) {
+            snprintf(why[v], LOOM_INTRAOP_WHY_CHARS,
+                     "ZeRO-%d where the rest runs ZeRO-%d (the runtime has one ZeRO stage for the "
+                     "model)",
+                     s->zero, zero);
+        } else if (!sp_runs) {
+            snprintf(why[v], LOOM_INTRAOP_WHY_CHARS,
+                     "%s sequence parallelism where the rest runs %s (the runtime has it in every "
+                     "block or none)",
+                     sp ? "without" : "with", sp ? "with it" : "without");
+        } else {
+            snprintf(why[v], LOOM_INTRAOP_WHY_CHARS,
+                     "ZeRO and sequence parallelism combined as no runtime configuration does");
+        }
+    }
+    return unfollowed;
 }
 
 /* ---- the ILP ---------------------------------------------------------------------------- */
@@ -745,24 +1027,82 @@ static int add_strategy_columns(const loom_intraop_graph *g, glp_prob *lp, tripl
     return ok;
 }
 
-/* e of one edge: e_ij in [0, 1], costed; row i sums to s_u,i and column j to s_v,j. */
+/* The classes of one end of an edge (by_row: the producer's strategies, the rows of its
+ * (nu, nv) costs; else the consumer's, the columns): strategies whose costs on the edge are
+ * alike share one. cls[i] is strategy i's class, first[c] a member of class c; returns the
+ * number of classes. */
+static int cost_classes(const double *cost, int nu, int nv, int by_row, int *cls, int *first) {
+    int n = by_row ? nu : nv, len = by_row ? nv : nu, classes = 0;
+    for (int i = 0; i < n; i++) {
+        cls[i] = -1;
+        for (int c = 0; c < classes && cls[i] < 0; c++) {
+            int same = 1;
+            for (int x = 0; x < len && same; x++) {
+                same = by_row ? cost[i * nv + x] == cost[first[c] * nv + x]
+                              : cost[x * nv + i] == cost[x * nv + first[c]];
+            }
+            if (same) cls[i] = c;
+        }
+        if (cls[i] < 0) first[classes] = i, cls[i] = classes++;
+    }
+    return classes;
+}
+
+/* e of one edge over its ends' classes: e_pq in [0, 1], costed; row p sums to the s of class
+ * p's strategies of the producer, column q to those of class q of the consumer. */
 static int add_edge_columns(const loom_intraop_graph *g, const loom_intraop_edge *e, glp_prob *lp,
                             triplets *t, const int *s_col) {
     int nu = g->op[e->from].strategies, nv = g->op[e->to].strategies, ok = 1;
-    int col = glp_add_cols(lp, nu * nv);
-    for (int i = 0; i < nu * nv; i++) {
-        glp_set_col_bnds(lp, col + i, GLP_DB, 0.0, 1.0);
-        glp_set_obj_coef(lp, col + i, e->count * e->reshard_s[i] * ILP_UNITS_PER_S);
+    int ucls[LOOM_INTRAOP_MAX_STRATEGIES], ufirst[LOOM_INTRAOP_MAX_STRATEGIES];
+    int vcls[LOOM_INTRAOP_MAX_STRATEGIES], vfirst[LOOM_INTRAOP_MAX_STRATEGIES];
+    int cu = cost_classes(e->reshard_s, nu, nv, 1, ucls, ufirst);
+    int cv = cost_classes(e->reshard_s, nu, nv, 0, vcls, vfirst);
+    int col = glp_add_cols(lp, cu * cv);
+    for (int p = 0; p < cu; p++) {
+        for (int q = 0; q < cv; q++) {
+            glp_set_col_bnds(lp, col + p * cv + q, GLP_DB, 0.0, 1.0);
+            glp_set_obj_coef(lp, col + p * cv + q,
+                             e->count * e->reshard_s[ufirst[p] * nv + vfirst[q]] * ILP_UNITS_PER_S);
+        }
     }
-    int rows = glp_add_rows(lp, nu + nv);
-    for (int r = 0; r < nu + nv; r++) glp_set_row_bnds(lp, rows + r, GLP_FX, 0.0, 0.0);
-    for (int i = 0; i < nu; i++) {
-        ok &= triplet_add(t, rows + i, s_col[e->from] + i, -1.0);
-        for (int j = 0; j < nv; j++) ok &= triplet_add(t, rows + i, col + i * nv + j, 1.0);
+    int rows = glp_add_rows(lp, cu + cv);
+    for (int r = 0; r < cu + cv; r++) glp_set_row_bnds(lp, rows + r, GLP_FX, 0.0, 0.0);
+    for (int i = 0; i < nu; i++) ok &= triplet_add(t, rows + ucls[i], s_col[e->from] + i, -1.0);
+    for (int j = 0; j < nv; j++) ok &= triplet_add(t, rows + cu + vcls[j], s_col[e->to] + j, -1.0);
+    for (int p = 0; p < cu; p++) {
+        for (int q = 0; q < cv; q++) {
+            ok &= triplet_add(t, rows + p, col + p * cv + q, 1.0);
+            ok &= triplet_add(t, rows + cu + q, col + p * cv + q, 1.0);
+        }
     }
-    for (int j = 0; j < nv; j++) {
-        ok &= triplet_add(t, rows + nu + j, s_col[e->to] + j, -1.0);
-        for (int i = 0; i < nu; i++) ok &= triplet_add(t, rows + nu + j, col + i * nv + j, 1.0);
+    return ok;
+}
+
+/* The runtime space: one configuration y_c for the whole graph, and each strategy only where a
+ * configuration that runs it is chosen. */
+static int add_config_rows(const loom_intraop_graph *g, glp_prob *lp, triplets *t,
+                           const int *s_col) {
+    int y[LOOM_INTRAOP_CONFIGS], n = 0, ok = 1;
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) y[c] = g->configs >> c & 1 ? n++ : -1;
+    if (n < 2) return 1; /* one configuration: every strategy left runs in it */
+    int col = glp_add_cols(lp, n), one = glp_add_rows(lp, 1);
+    glp_set_row_bnds(lp, one, GLP_FX, 1.0, 1.0);
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+        if (y[c] < 0) continue;
+        glp_set_col_kind(lp, col + y[c], GLP_BV);
+        ok &= triplet_add(t, one, col + y[c], 1.0);
+    }
+    for (int v = 0; v < g->ops; v++) {
+        for (int i = 0; i < g->op[v].strategies; i++) {
+            unsigned runs = g->op[v].strategy[i].runtime & g->configs;
+            if (runs == g->configs) continue; /* in every configuration: no constraint */
+            int row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0.0, 0.0);
+            ok &= triplet_add(t, row, s_col[v] + i, 1.0);
+            for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+                if (runs >> c & 1) ok &= triplet_add(t, row, col + y[c], -1.0);
+            }
+        }
     }
     return ok;
 }
@@ -793,6 +1133,7 @@ static loom_status solve_ilp(const loom_intraop_graph *g, loom_intraop_result *o
         if (g->edge[k].count > 0) ok &= add_edge_columns(g, &g->edge[k], lp, &t, s_col);
     }
     if (g->request.memory_budget > 0) ok &= add_budget_row(g, lp, &t, s_col);
+    if (g->request.space == LOOM_INTRAOP_RUNTIME) ok &= add_config_rows(g, lp, &t, s_col);
     loom_status st = ok ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "intra-op ILP: out of memory");
     int variables = glp_get_num_cols(lp), constraints = glp_get_num_rows(lp), nonzeros = t.nz;
     if (st == LOOM_OK) {
@@ -822,18 +1163,38 @@ static loom_status solve_ilp(const loom_intraop_graph *g, loom_intraop_result *o
     return st;
 }
 
-loom_status loom_intraop_solve(const loom_intraop_graph *g, loom_intraop_result *out) {
-    memset(out, 0, sizeof *out);
-    /* the budget is a sum over operators: it can be met iff the least state of each meets it */
+/* The least state per operator over the strategies that `runs` (a set of configurations; all
+ * ones: any strategy) allows, summed. */
+static int64_t least_state_in(const loom_intraop_graph *g, unsigned runs) {
     int64_t least = 0;
     for (int v = 0; v < g->ops; v++) {
         int64_t smallest = INT64_MAX;
         for (int i = 0; i < g->op[v].strategies; i++) {
-            if (g->op[v].strategy[i].state_bytes < smallest)
-                smallest = g->op[v].strategy[i].state_bytes;
+            const loom_intraop_strategy *s = &g->op[v].strategy[i];
+            if ((runs == ~0u || (s->runtime & runs)) && s->state_bytes < smallest)
+                smallest = s->state_bytes;
         }
         least += (int64_t)g->op[v].count * smallest;
     }
+    return least;
+}
+
+/* The budget is a sum over operators: it can be met iff the least state of each meets it — in
+ * the runtime space, within one configuration. */
+static int64_t least_state(const loom_intraop_graph *g) {
+    if (g->request.space != LOOM_INTRAOP_RUNTIME) return least_state_in(g, ~0u);
+    int64_t least = INT64_MAX;
+    for (int c = 0; c < LOOM_INTRAOP_CONFIGS; c++) {
+        if (!(g->configs >> c & 1)) continue;
+        int64_t in_c = least_state_in(g, 1u << c);
+        if (in_c < least) least = in_c;
+    }
+    return least;
+}
+
+loom_status loom_intraop_solve(const loom_intraop_graph *g, loom_intraop_result *out) {
+    memset(out, 0, sizeof *out);
+    int64_t least = least_state(g);
     int64_t budget = g->request.memory_budget;
     if (budget > 0 && least > budget) {
         return loom_fail(LOOM_ERR_INPUT,
