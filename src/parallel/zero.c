@@ -325,7 +325,7 @@ static void start_quantised(loom_unit_sync *u, int i) {
             loom_qreduce_bytes_sent(us->qreduce, LOOM_QREDUCE_REDUCE_SCATTER, u->mesh->dp_rank);
         if (residual) u->stats.residual_sq += sent_sq(us, residual);
     } else {
-        loom_qreduce_free(us->qreduce); /* not running: collect adds nothing that counts */
+        loom_qreduce_free(us->qreduce); /* not running: the step fails with st */
         us->qreduce = NULL;
         keep_error(u, st);
     }
