@@ -20,6 +20,8 @@
 #   - PowerSGD, top-k and sign with ZeRO-2/3 are refused by name; compositions with pp 2 (the
 #     tied embedding on two stages) and tp 2 keep replicas and tied copies identical.
 # usage: bash tests/mpi_zero_compression.sh LOOM_BINARY TMPDIR
+# LOOM_SANITIZED=1 runs one composition of each kind; LOOM_TEST_QUICK=1 the core only: ZeRO-2
+# int8 against uncompressed, its bytes, exact resume, the skipped step, one refusal.
 set -u
 LOOM=$1
 TMP=$2
@@ -57,9 +59,11 @@ identical() { # name: the run's replica check passed
 # gradient (measured by disabling the exchange) moves the loss by up to 1.3 % and the grad norm
 # by about 50 %.
 long=(--steps 60 --global-batch-size 8 --no-save)
-for z in 2 3; do
+zeros=(2 3) methods=(int8 bf16)
+[ "$core_only" = 1 ] && zeros=(2) methods=(int8)
+for z in "${zeros[@]}"; do
     run "z${z}_none" 2 "${long[@]}" --zero "$z" || continue
-    for m in int8 bf16; do
+    for m in "${methods[@]}"; do
         run "z${z}_$m" 2 "${long[@]}" --zero "$z" --dp-compression "$m" || continue
         identical "z${z}_$m"
         python3 - "z${z}_none" "z${z}_$m" "$m" <<'PY' && ok || fail "z${z}_$m: drifts from uncompressed ZeRO-$z"
@@ -91,34 +95,41 @@ done
 for z in 2 3; do
     for m in none int8 bf16; do
         [ "$z" = 3 ] && [ "$m" = bf16 ] && continue
+        [ "$core_only" = 1 ] && { [ "$z" = 3 ] || [ "$m" = bf16 ]; } && continue
         flags=(--zero "$z" --steps 2 --no-save)
         [ "$m" != none ] && flags+=(--dp-compression "$m")
         run "b${z}_${m}_1" 2 "${flags[@]}" --global-batch-size 4
         run "b${z}_${m}_3" 2 "${flags[@]}" --global-batch-size 12
     done
 done
-python3 - <<'PY' && ok || fail "bytes"
+python3 - "$core_only" <<'PY' && ok || fail "bytes"
 import json, sys
 def step2(d): return [r for r in map(json.loads, open(d + "/metrics.jsonl")) if r.get("step") == 2][0]["dp_bytes"]
 def per_mb(z, m): return (step2(f"b{z}_{m}_3") - step2(f"b{z}_{m}_1")) / 2
-none, int8, bf16 = per_mb(2, "none"), per_mb(2, "int8"), per_mb(2, "bf16")
-gather_none = per_mb(3, "none") - none       # ZeRO-3's gathers per micro-batch
-gather_int8 = per_mb(3, "int8") - int8
-print(f"ZeRO-2 block reduce-scatter per micro-batch: fp32 {none:.0f} B, int8 {int8:.0f} B "
-      f"(/{none / int8:.2f}), bf16 {bf16:.0f} B (/{none / bf16:.2f}); ZeRO-3 gathers "
-      f"{gather_none:.0f} B uncompressed, {gather_int8:.0f} B with int8")
+none, int8 = per_mb(2, "none"), per_mb(2, "int8")
 # int8: one byte per entry and a 4-byte scale per 256 (or fewer, at a block's end): 3.5x-4x
-ok = 3.5 <= none / int8 <= 4.0 and none == 2 * bf16 and gather_none == gather_int8 > 0
+ok = 3.5 <= none / int8 <= 4.0
+print(f"ZeRO-2 block reduce-scatter per micro-batch: fp32 {none:.0f} B, int8 {int8:.0f} B "
+      f"(/{none / int8:.2f})")
+if sys.argv[1] != "1":
+    bf16 = per_mb(2, "bf16")
+    gather_none = per_mb(3, "none") - none       # ZeRO-3's gathers per micro-batch
+    gather_int8 = per_mb(3, "int8") - int8
+    print(f"  bf16 {bf16:.0f} B (/{none / bf16:.2f}); ZeRO-3 gathers {gather_none:.0f} B "
+          f"uncompressed, {gather_int8:.0f} B with int8")
+    ok = ok and none == 2 * bf16 and gather_none == gather_int8 > 0
 sys.exit(0 if ok else 1)
 PY
 
 # ---- error feedback on and off ----
 ef=(--zero 2 --dp-compression int8 --steps 8 --global-batch-size 8)
 run ef_on 2 "${ef[@]}" --save-every 4
-run ef_off 2 "${ef[@]}" --save-every 4 --no-error-feedback
-[ "$(metric ef_on 8 loss)" != "$(metric ef_off 8 loss)" ] && ok || fail "error feedback on and off train alike"
-ls ef_off/checkpoints/step_00000004/compress_rank*.safetensors >/dev/null 2>&1 &&
-    fail "ef_off: compressor state saved without error feedback" || ok
+if [ "$core_only" != 1 ]; then
+    run ef_off 2 "${ef[@]}" --save-every 4 --no-error-feedback
+    [ "$(metric ef_on 8 loss)" != "$(metric ef_off 8 loss)" ] && ok || fail "error feedback on and off train alike"
+    ls ef_off/checkpoints/step_00000004/compress_rank*.safetensors >/dev/null 2>&1 &&
+        fail "ef_off: compressor state saved without error feedback" || ok
+fi
 # st_tensors FILE: name and sum of squares of every tensor (metadata aside)
 cat >tensors.py <<'PY'
 import json, struct, sys
@@ -154,14 +165,15 @@ if run ef_resumed 2 "${ef[@]}" --resume ef_on/checkpoints/step_00000004; then
     cmp -s ef_on/checkpoints/step_00000008/model.safetensors ef_resumed/checkpoints/step_00000008/model.safetensors &&
         ok || fail "resumed final weights differ from the uninterrupted run's"
 fi
-# ZeRO-3 has ZeRO-2's units and ranges: it resumes ZeRO-2's residuals and trains the same
-if run ef_resumed_z3 2 "${ef[@]}" --zero 3 --resume ef_on/checkpoints/step_00000004; then
-    grep -q "compressors start fresh" ef_resumed_z3.log && fail "ZeRO-3 dropped ZeRO-2's residuals" || ok
-    [ "$(metric ef_on 8 loss)" = "$(metric ef_resumed_z3 8 loss)" ] && ok || fail "ZeRO-3 resumed from ZeRO-2: step 8 loss differs"
-fi
-# the same checkpoint with every residual zeroed: the continuation changes
-rm -rf zeroed && mkdir zeroed && cp -r ef_on/checkpoints/step_00000004 zeroed/ &&
-    python3 - zeroed/step_00000004 <<'PY' || fail "could not zero the residuals"
+if [ "$core_only" != 1 ]; then
+    # ZeRO-3 has ZeRO-2's units and ranges: it resumes ZeRO-2's residuals and trains the same
+    if run ef_resumed_z3 2 "${ef[@]}" --zero 3 --resume ef_on/checkpoints/step_00000004; then
+        grep -q "compressors start fresh" ef_resumed_z3.log && fail "ZeRO-3 dropped ZeRO-2's residuals" || ok
+        [ "$(metric ef_on 8 loss)" = "$(metric ef_resumed_z3 8 loss)" ] && ok || fail "ZeRO-3 resumed from ZeRO-2: step 8 loss differs"
+    fi
+    # the same checkpoint with every residual zeroed: the continuation changes
+    rm -rf zeroed && mkdir zeroed && cp -r ef_on/checkpoints/step_00000004 zeroed/ &&
+        python3 - zeroed/step_00000004 <<'PY' || fail "could not zero the residuals"
 import glob, json, struct, sys
 for path in glob.glob(sys.argv[1] + "/compress_rank*.safetensors"):
     blob = bytearray(open(path, "rb").read())
@@ -169,9 +181,10 @@ for path in glob.glob(sys.argv[1] + "/compress_rank*.safetensors"):
     blob[8 + n:] = bytes(len(blob) - 8 - n)
     open(path, "wb").write(blob)
 PY
-if run ef_zeroed 2 "${ef[@]}" --resume zeroed/step_00000004; then
-    cmp -s ef_on/checkpoints/step_00000008/model.safetensors ef_zeroed/checkpoints/step_00000008/model.safetensors &&
-        fail "zeroed residuals: same weights as the uninterrupted run (error feedback has no effect)" || ok
+    if run ef_zeroed 2 "${ef[@]}" --resume zeroed/step_00000004; then
+        cmp -s ef_on/checkpoints/step_00000008/model.safetensors ef_zeroed/checkpoints/step_00000008/model.safetensors &&
+            fail "zeroed residuals: same weights as the uninterrupted run (error feedback has no effect)" || ok
+    fi
 fi
 
 # ---- a skipped step rolls the residuals back ----
@@ -193,7 +206,7 @@ PY
 fi
 
 # ---- warm-up steps go uncompressed ----
-if run warm_none 2 --zero 2 --steps 5 --global-batch-size 8 --no-save &&
+if [ "$core_only" != 1 ] && run warm_none 2 --zero 2 --steps 5 --global-batch-size 8 --no-save &&
     run warm_int8 2 --zero 2 --steps 5 --global-batch-size 8 --no-save --dp-compression int8 --dp-compression-warmup-steps 3; then
     for s in 1 2 3 4; do
         [ "$(metric warm_none $s loss)" = "$(metric warm_int8 $s loss)" ] && ok || fail "warm-up step $s differs from uncompressed ZeRO-2"
@@ -205,6 +218,8 @@ fi
 # ---- compositions: the tied embedding on two stages, tensor parallelism ----
 for m in int8 bf16; do
     for z in 2 3; do
+        [ "$core_only" = 1 ] && continue
+        [ "$quick" = 1 ] && [ "$m$z" != int82 ] && [ "$m$z" != bf163 ] && continue
         run "pp2_z${z}_$m" 4 --pipeline-parallel 2 --zero "$z" --dp-compression "$m" --steps 4 --global-batch-size 8 --no-save &&
             identical "pp2_z${z}_$m"
         run "tp2_z${z}_$m" 4 --tensor-parallel 2 --zero "$z" --dp-compression "$m" --steps 4 --global-batch-size 8 --no-save &&
@@ -212,8 +227,10 @@ for m in int8 bf16; do
     done
 done
 # only the first stage compresses: the tied embedding goes uncompressed on both its stages
-run pp2_stage0 4 --pipeline-parallel 2 --zero 2 --dp-compression bf16 --dp-compression-stages 0 --steps 4 --global-batch-size 8 --no-save &&
+if [ "$core_only" != 1 ] && run pp2_stage0 4 --pipeline-parallel 2 --zero 2 --dp-compression bf16 \
+    --dp-compression-stages 0 --steps 4 --global-batch-size 8 --no-save; then
     identical pp2_stage0
+fi
 
 # ---- PowerSGD, top-k and sign with ZeRO-2/3: refused by name ----
 refused() { # method zero flags...
@@ -226,7 +243,9 @@ refused() { # method zero flags...
         ok || fail "$m with ZeRO-$z: expected exit 2 and the refusal by name, got $rc: $(grep -m1 error "refused_$m.log")"
 }
 refused powersgd 2 --dp-compression-rank 2
-refused topk 3 --dp-topk-fraction 0.05
-refused sign 2
+if [ "$core_only" != 1 ]; then
+    refused topk 3 --dp-topk-fraction 0.05
+    refused sign 2
+fi
 
 finish
