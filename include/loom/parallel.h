@@ -156,9 +156,10 @@ loom_status loom_grad_sync_finish(loom_grad_sync *sync);
  * or under ZeRO-1 its shard (grads indexed from range.begin). */
 loom_zero_shard loom_grad_sync_range(const loom_grad_sync *sync);
 float *loom_grad_sync_grads(loom_grad_sync *sync);
-/* Zeroes the gradients before a step's first backward (the model's flat buffer, or ZeRO-2's
- * shard and units). */
-void loom_grad_sync_zero_grads(loom_grad_sync *sync);
+/* Zeroes the gradients before step `step`'s first backward (0-based, as before_backward's; the
+ * model's flat buffer, or ZeRO-2's shard and units, whose compression starts after the plan's
+ * warm-up steps). */
+void loom_grad_sync_zero_grads(loom_grad_sync *sync, int64_t step);
 /* Bytes of gradient memory this rank holds: the model's flat buffer, or under ZeRO-2 the shard,
  * the whole units and the block buffers at their high-water mark. */
 size_t loom_grad_sync_grad_bytes(const loom_grad_sync *sync);
@@ -189,6 +190,11 @@ void loom_grad_sync_take_stats(loom_grad_sync *sync, loom_compress_stats *stats)
 int loom_grad_sync_compressor_count(const loom_grad_sync *sync);
 loom_compressor *loom_grad_sync_compressor(loom_grad_sync *sync, int i);
 size_t loom_grad_sync_state_bytes(const loom_grad_sync *sync);
+/* ZeRO-2/3 compressing with error feedback: the units' residuals (the committed copies, read and
+ * written by checkpoints; good until the next commit): how many, and entry i's unit index and
+ * length; NULL past the end. Under ZeRO-2/3 these are the data-parallel compressor state. */
+int loom_grad_sync_residual_count(const loom_grad_sync *sync);
+float *loom_grad_sync_residual(loom_grad_sync *sync, int i, int *unit, size_t *floats);
 /* Test hook: poisons one gradient (the first of this rank's range) with NaN. */
 void loom_grad_sync_poison(loom_grad_sync *sync);
 

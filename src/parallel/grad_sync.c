@@ -349,9 +349,9 @@ static loom_status sync_embedding(loom_grad_sync *s) {
                                    LOOM_REDUCE_SUM);
 }
 
-void loom_grad_sync_zero_grads(loom_grad_sync *s) {
+void loom_grad_sync_zero_grads(loom_grad_sync *s, int64_t step) {
     loom_gpt_zero_grad(s->model);
-    if (s->units) loom_unit_sync_zero(s->units);
+    if (s->units) loom_unit_sync_zero(s->units, step);
 }
 
 loom_status loom_grad_sync_finish(loom_grad_sync *s) {
@@ -376,10 +376,12 @@ void loom_grad_sync_set_trace(loom_grad_sync *s, loom_trace *trace) {
 
 void loom_grad_sync_commit(loom_grad_sync *s, int accept) {
     if (s->compress) loom_dp_compress_commit(s->compress, accept);
+    if (s->units) loom_unit_sync_commit(s->units, accept);
 }
 
 void loom_grad_sync_take_stats(loom_grad_sync *s, loom_compress_stats *stats) {
     if (s->compress) loom_dp_compress_take_stats(s->compress, stats);
+    if (s->units) loom_unit_sync_take_stats(s->units, stats);
 }
 
 int loom_grad_sync_compressor_count(const loom_grad_sync *s) {
@@ -391,7 +393,16 @@ loom_compressor *loom_grad_sync_compressor(loom_grad_sync *s, int i) {
 }
 
 size_t loom_grad_sync_state_bytes(const loom_grad_sync *s) {
+    if (s->units) return loom_unit_sync_state_bytes(s->units);
     return s->compress ? loom_dp_compress_state_bytes(s->compress) : 0;
+}
+
+int loom_grad_sync_residual_count(const loom_grad_sync *s) {
+    return s->units ? loom_unit_sync_residual_count(s->units) : 0;
+}
+
+float *loom_grad_sync_residual(loom_grad_sync *s, int i, int *unit, size_t *floats) {
+    return s->units ? loom_unit_sync_residual(s->units, i, unit, floats) : NULL;
 }
 
 loom_zero_shard loom_grad_sync_range(const loom_grad_sync *s) {

@@ -58,8 +58,9 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
 void loom_unit_sync_free(loom_unit_sync *u);
 /* Installs the model's unit hook (for every backward of the run). */
 void loom_unit_sync_attach(loom_unit_sync *u);
-/* Start of a step: the shard and the held units zeroed. */
-void loom_unit_sync_zero(loom_unit_sync *u);
+/* Start of step `step` (0-based): the shard and the held units zeroed; the step's rounds are
+ * quantised when the plan compresses this stage and the warm-up is over. */
+void loom_unit_sync_zero(loom_unit_sync *u, int64_t step);
 /* End of a step's backward: every ring completed, the tied embedding summed over `embedding`
  * (NULL: none), the held units reduce-scattered; the shard then holds the step's gradients. */
 loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding);
@@ -73,6 +74,18 @@ size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u);
 loom_status loom_unit_sync_refresh(loom_unit_sync *u);
 /* ZeRO-3: bytes of gathered parameters it holds (held units, the pool at its high-water mark). */
 size_t loom_unit_sync_param_bytes(const loom_unit_sync *u);
+/* End of step for the error-feedback residuals: accept keeps the working copies the step built,
+ * 0 (a skipped step) drops them. */
+void loom_unit_sync_commit(loom_unit_sync *u, int accept);
+/* Adds the quantised rounds' counters since the last call (bytes saved against the fp32 rings,
+ * seconds encoding, residuals' and inputs' squared norms) to *stats and resets them. */
+void loom_unit_sync_take_stats(loom_unit_sync *u, loom_compress_stats *stats);
+/* Error feedback's residuals, one per compressing unit: how many, and entry k's unit, length and
+ * committed copy (read/write, for checkpoints; good until the next commit), NULL past the end. */
+int loom_unit_sync_residual_count(const loom_unit_sync *u);
+float *loom_unit_sync_residual(loom_unit_sync *u, int k, int *unit, size_t *floats);
+/* Bytes of the residuals, both copies. */
+size_t loom_unit_sync_state_bytes(const loom_unit_sync *u);
 /* ZeRO-3: held unit k's gathered parameters (0 the embeddings, 1 the final LayerNorm) and their
  * count. */
 const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *floats);

@@ -34,9 +34,31 @@
  * different units add into disjoint parts of the shard, so the sums' bits do not depend on which
  * ring completed first.
  *
+ * Compression (the plan's compression.dp int8 or bf16 on this stage, after its warm-up steps): a
+ * unit's reduce-scatter, the blocks' and the held units', is the quantised one (loom_qreduce,
+ * tagged like the unit's ring): each rank quantises the blocks it sends, the owner sums the
+ * replicas' decoded blocks and its own unquantised one in fp32, in rank order, so the shard's
+ * sums are the same bits whatever arrives first. A plan lives only while its round runs (its wire
+ * buffers, about a quarter (int8) or half (bf16) of the unit, are not held between rounds, as the
+ * rings borrow their scratch). Under int8 the embeddings' unit stays fp32 when the tied embedding
+ * has a copy on another stage: the two stages cut it into different blocks, so int8 would scale
+ * the two copies' gradients differently and they would drift apart (bf16 rounds entry by entry:
+ * both copies, summed before, get the same bits). ZeRO-3's parameter gathers stay fp32:
+ * replicas must hold exact parameters. PowerSGD, top-k and sign are refused by the plan check.
+ *
+ * Error feedback (the plan's error_feedback): what quantisation dropped from every block a rank
+ * sent is kept, per unit, and added to that block the next time the unit is sent (every
+ * micro-batch's round). So a compressing rank holds a residual sized like each compressing unit,
+ * twice (the committed copy, as of the last accepted step, and the working copy the step
+ * updates): 2 x 4 bytes per parameter of the stage, more than the gradient memory ZeRO-2 saves;
+ * turn error feedback off to keep ZeRO-2's memory, at some accuracy. A skipped step drops the
+ * working copies (loom_unit_sync_commit); checkpoints save the committed ones.
+ *
  * Not here: the plain and ZeRO-1 buckets, the loss and norm, ZeRO-1's parameters (grad_sync.c).
  */
 #include "parallel_internal.h"
+
+#include "loom/ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +75,11 @@ typedef struct {
     int first_layer, end_layer; /* a block's: the local layers of its chunk (prefetch stays in) */
     float *params;              /* ZeRO-3: gathered or being gathered parameters; NULL: none */
     loom_comm_request *gather;  /* ZeRO-3: the all-gather in flight */
+    int compress;               /* its rounds are quantised once the step compresses */
+    loom_qreduce *qreduce;      /* the quantised round running (NULL: none, or the ring's) */
+    float *residual;            /* error feedback: (end - begin) the working residual */
+    float *committed;           /* error feedback: (end - begin) as of the last accepted step */
+    int residual_live;          /* the working residual was taken from the committed this step */
 } unit_state;
 
 struct loom_unit_sync {
@@ -72,8 +99,14 @@ struct loom_unit_sync {
     int zero3, prefetch, keep_for_step;
     float **param_pool; /* free parameter buffers */
     int params_free, params_allocated;
-    int stale;         /* the held units' parameters wait for a refresh */
-    loom_status error; /* first failure of the step */
+    int stale; /* the held units' parameters wait for a refresh */
+    /* compression */
+    loom_compress_method method; /* int8 or bf16; NONE: every round is the fp32 ring */
+    int block;                   /* int8: entries per scale (0: 256) */
+    int warmup_steps;            /* the first steps go uncompressed */
+    int compressing;             /* this step's rounds are quantised */
+    loom_compress_stats stats;   /* since loom_unit_sync_take_stats */
+    loom_status error;           /* first failure of the step */
 };
 
 static void keep_error(loom_unit_sync *u, loom_status st) {
@@ -100,7 +133,7 @@ static loom_status make_ring(loom_unit_sync *u, int i) {
 }
 
 /* Unit i's buffers when it is held (whole for the step), and, for a block, its chunk's layers. */
-static loom_status make_unit(loom_unit_sync *u, int i, int *chunk, int *first) {
+static loom_status make_unit(loom_unit_sync *u, int i, int *chunk, int *first, int error_feedback) {
     unit_state *us = &u->units[i];
     const loom_gpt *model = u->model;
     us->begin = model->unit_begin[i];
@@ -108,6 +141,22 @@ static loom_status make_unit(loom_unit_sync *u, int i, int *chunk, int *first) {
     us->held = i == 0 || i == u->num_units - 1;
     loom_status st = make_ring(u, i);
     if (st != LOOM_OK) return st;
+    /* the tied embedding's two copies must get the same sum: compressed on both its stages or
+     * on neither, and then bf16 only, which rounds entry by entry (int8 scales blocks counted
+     * from each rank's block of the unit, which the two stages cut differently) */
+    const loom_plan_compressor *pc = &u->mesh->plan->dp_compression;
+    int tied = i == 0 && u->mesh->embedding;
+    int both =
+        loom_plan_compresses_stage(pc, 0) && loom_plan_compresses_stage(pc, u->mesh->pp_size - 1);
+    us->compress =
+        u->method != LOOM_COMPRESS_NONE && (!tied || (both && u->method == LOOM_COMPRESS_BF16));
+    if (us->compress && error_feedback && us->end > us->begin) {
+        size_t bytes = (us->end - us->begin) * sizeof(float);
+        us->residual = loom_alloc_aligned(bytes, "ZeRO error-feedback residual");
+        us->committed = loom_alloc_aligned(bytes, "ZeRO error-feedback residual");
+        if (!us->residual || !us->committed) return LOOM_ERR_NOMEM;
+        memset(us->committed, 0, bytes);
+    }
     if (!us->held) {
         int layers = model->chunks[*chunk].end_layer - model->chunks[*chunk].first_layer;
         while (i - 1 >= *first + layers && *chunk + 1 < model->num_chunks) {
@@ -134,6 +183,20 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
     u->zero3 = mesh->plan->zero == 3;
     u->prefetch = mesh->plan->zero3_prefetch;
     u->keep_for_step = mesh->plan->zero3_gather == LOOM_ZERO3_GATHER_STEP;
+    loom_compress_opts copts = {.method = LOOM_COMPRESS_NONE};
+    const loom_plan_compressor *pc = &mesh->plan->dp_compression;
+    loom_status st = LOOM_OK;
+    if (mesh->dp_size > 1 && loom_plan_compresses_stage(pc, mesh->pp_rank)) {
+        st = loom_parallel_compress_opts(pc, LOOM_COMPRESS_FOR_DP, 0, &copts);
+        if (st == LOOM_OK && copts.method != LOOM_COMPRESS_INT8 &&
+            copts.method != LOOM_COMPRESS_BF16) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "compression.dp.method: %s with mesh.zero %d: not run (ZeRO-2/3 "
+                           "compress their reduce-scatters as int8 or bf16 only)",
+                           loom_compress_method_name(copts.method), mesh->plan->zero);
+        }
+        u->method = copts.method, u->block = copts.block, u->warmup_steps = pc->warmup_steps;
+    }
     size_t n = (size_t)u->num_units;
     u->units = loom_calloc(n, sizeof *u->units, "ZeRO units");
     u->fifo = loom_calloc(n, sizeof *u->fifo, "ZeRO units");
@@ -142,8 +205,8 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
     u->bounds = loom_calloc(n * ((size_t)mesh->dp_size + 1), sizeof *u->bounds, "ZeRO bounds");
     u->shard = loom_alloc_aligned((range.shard > 0 ? range.shard : 1) * sizeof(float),
                                   "ZeRO gradient shard");
-    loom_status st = LOOM_OK;
-    if (!u->units || !u->fifo || !u->pool || !u->param_pool || !u->bounds || !u->shard)
+    if (st == LOOM_OK &&
+        (!u->units || !u->fifo || !u->pool || !u->param_pool || !u->bounds || !u->shard))
         st = LOOM_ERR_NOMEM;
     if (st == LOOM_OK && u->zero3 &&
         (model->params_begin != range.begin || model->params_end != range.end)) {
@@ -152,7 +215,8 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
                        model->params_begin, model->params_end, range.begin, range.end);
     }
     int chunk = 0, first = 0;
-    for (int i = 0; st == LOOM_OK && i < u->num_units; i++) st = make_unit(u, i, &chunk, &first);
+    for (int i = 0; st == LOOM_OK && i < u->num_units; i++)
+        st = make_unit(u, i, &chunk, &first, copts.error_feedback);
     if (st != LOOM_OK) {
         loom_unit_sync_free(u);
         return st;
@@ -175,6 +239,10 @@ void loom_unit_sync_free(loom_unit_sync *u) {
         unit_state *us = &u->units[i];
         loom_comm_ring_wait(us->ring);
         loom_comm_ring_free(us->ring);
+        if (us->qreduce) loom_qreduce_wait(us->qreduce);
+        loom_qreduce_free(us->qreduce);
+        loom_free_aligned(us->residual);
+        loom_free_aligned(us->committed);
         if (us->gather) loom_comm_wait(us->gather);
         loom_free_aligned(us->writing);
         if (us->sending != us->writing) loom_free_aligned(us->sending);
@@ -194,49 +262,7 @@ void loom_unit_sync_free(loom_unit_sync *u) {
 
 /* ---- gradients ------------------------------------------------------------------------------ */
 
-/* Unit i's ring has completed: its block of the sum into the shard, the buffer back to the pool
- * (a held unit keeps its own). */
-static void collect(loom_unit_sync *u, int i) {
-    unit_state *us = &u->units[i];
-    float *dst = u->shard + (us->begin + us->own_lo - u->range.begin);
-    const float *src = us->sending + us->own_lo;
-    for (size_t k = 0; k < us->own_hi - us->own_lo; k++) dst[k] += src[k];
-    if (!us->held) {
-        u->pool[u->num_free++] = us->sending;
-        u->pool[u->num_free++] = us->scratch;
-    }
-    us->sending = us->scratch = NULL;
-}
-
-/* Waits for the oldest running ring and collects it. */
-static void complete_oldest(loom_unit_sync *u) {
-    int i = u->fifo[u->fifo_head];
-    u->fifo_head = (u->fifo_head + 1) % u->num_units;
-    u->fifo_len--;
-    keep_error(u, loom_comm_ring_wait(u->units[i].ring));
-    collect(u, i);
-}
-
-/* Moves running rings and gathers on without waiting (MPI moves them only inside its calls);
- * collects, in start order, the rings at the front that have completed. */
-static void poke(loom_unit_sync *u) {
-    for (int k = 0; k < u->fifo_len; k++) {
-        int done = 0;
-        loom_comm_ring *ring = u->units[u->fifo[(u->fifo_head + k) % u->num_units]].ring;
-        keep_error(u, loom_comm_ring_test(ring, &done));
-        if (k == 0 && done) {
-            complete_oldest(u);
-            k = -1; /* the new front */
-        }
-    }
-    for (int i = 0; u->zero3 && i < u->num_units; i++) {
-        unit_state *us = &u->units[i];
-        int done = 0;
-        if (!us->gather) continue;
-        keep_error(u, loom_comm_test(us->gather, &done));
-        if (done) us->gather = NULL;
-    }
-}
+static void complete_oldest(loom_unit_sync *u);
 
 /* A zeroed block-sized gradient buffer: a free one, else the oldest ring's once it completes,
  * else a new one. */
@@ -254,6 +280,117 @@ static float *take_buffer(loom_unit_sync *u) {
     return buf;
 }
 
+/* A unit's round: the quantised reduce-scatter when one runs, else its ring. */
+static loom_status round_test(unit_state *us, int *done) {
+    return us->qreduce ? loom_qreduce_test(us->qreduce, done) : loom_comm_ring_test(us->ring, done);
+}
+
+static loom_status round_wait(unit_state *us) {
+    return us->qreduce ? loom_qreduce_wait(us->qreduce) : loom_comm_ring_wait(us->ring);
+}
+
+/* Error feedback: the unit's working residual, taken from the committed one at its first round
+ * of the step (later rounds, the step's further micro-batches, go on from the working one). */
+static float *working_residual(unit_state *us) {
+    if (!us->residual) return NULL;
+    if (!us->residual_live) {
+        memcpy(us->residual, us->committed, (us->end - us->begin) * sizeof(float));
+        us->residual_live = 1;
+    }
+    return us->residual;
+}
+
+/* Squared norm of x outside this rank's block of the unit: what the rank quantised and sent. */
+static double sent_sq(const unit_state *us, const float *x) {
+    const loom_backend *cpu = loom_backend_cpu();
+    return cpu->sum_squares(x, (int64_t)us->own_lo) +
+           cpu->sum_squares(x + us->own_hi, (int64_t)(us->end - us->begin - us->own_hi));
+}
+
+/* Starts unit i's quantised reduce-scatter of us->sending; counts the bytes it saves against the
+ * fp32 ring (which sends every block but this rank's). */
+static void start_quantised(loom_unit_sync *u, int i) {
+    unit_state *us = &u->units[i];
+    double t0 = loom_now();
+    float *residual = working_residual(us);
+    u->stats.input_sq += sent_sq(us, us->sending);
+    loom_status st =
+        loom_qreduce_create(u->mesh->dp, us->bounds, u->method, u->block, i, &us->qreduce);
+    if (st == LOOM_OK) st = loom_qreduce_reduce_scatter_start(us->qreduce, us->sending, residual);
+    if (st == LOOM_OK) {
+        int64_t ring =
+            (int64_t)((us->end - us->begin) - (us->own_hi - us->own_lo)) * (int64_t)sizeof(float);
+        u->stats.dp_bytes_saved +=
+            ring -
+            loom_qreduce_bytes_sent(us->qreduce, LOOM_QREDUCE_REDUCE_SCATTER, u->mesh->dp_rank);
+        if (residual) u->stats.residual_sq += sent_sq(us, residual);
+    } else {
+        loom_qreduce_free(us->qreduce); /* not running: the step fails with st */
+        us->qreduce = NULL;
+        keep_error(u, st);
+    }
+    u->stats.compress_s += loom_now() - t0;
+}
+
+/* Starts unit i's reduce-scatter of us->sending: quantised when the step compresses and the unit
+ * does, else the fp32 ring (a block's borrowing its scratch from the pool). */
+static void start_round(loom_unit_sync *u, int i) {
+    unit_state *us = &u->units[i];
+    if (u->compressing && us->compress) {
+        start_quantised(u, i);
+    } else if (us->held) {
+        keep_error(u, loom_comm_ring_start(us->ring, us->sending));
+    } else {
+        us->scratch = take_buffer(u);
+        keep_error(u, loom_comm_ring_start_in(us->ring, us->sending, us->scratch));
+    }
+}
+
+/* Unit i's round has completed: its block of the sum into the shard, the buffers back to the
+ * pool (a held unit keeps its own), the quantised round's plan freed. */
+static void collect(loom_unit_sync *u, int i) {
+    unit_state *us = &u->units[i];
+    float *dst = u->shard + (us->begin + us->own_lo - u->range.begin);
+    const float *src = us->sending + us->own_lo;
+    for (size_t k = 0; k < us->own_hi - us->own_lo; k++) dst[k] += src[k];
+    if (!us->held) {
+        u->pool[u->num_free++] = us->sending;
+        if (us->scratch) u->pool[u->num_free++] = us->scratch;
+    }
+    us->sending = us->scratch = NULL;
+    loom_qreduce_free(us->qreduce);
+    us->qreduce = NULL;
+}
+
+/* Waits for the oldest running round and collects it. */
+static void complete_oldest(loom_unit_sync *u) {
+    int i = u->fifo[u->fifo_head];
+    u->fifo_head = (u->fifo_head + 1) % u->num_units;
+    u->fifo_len--;
+    keep_error(u, round_wait(&u->units[i]));
+    collect(u, i);
+}
+
+/* Moves running rings and gathers on without waiting (MPI moves them only inside its calls);
+ * collects, in start order, the rings at the front that have completed. */
+static void poke(loom_unit_sync *u) {
+    for (int k = 0; k < u->fifo_len; k++) {
+        int done = 0;
+        keep_error(u, round_test(&u->units[u->fifo[(u->fifo_head + k) % u->num_units]], &done));
+        if (k == 0 && done) {
+            complete_oldest(u);
+            k = -1; /* the new front */
+        }
+    }
+    for (int i = 0; u->zero3 && i < u->num_units; i++) {
+        unit_state *us = &u->units[i];
+        int done = 0;
+        if (!us->gather) continue;
+        keep_error(u, loom_comm_test(us->gather, &done));
+        if (done) us->gather = NULL;
+    }
+}
+
 static void grads_begin(loom_unit_sync *u, int i) {
     unit_state *us = &u->units[i];
     if (us->writing) return;
@@ -266,10 +403,9 @@ static void grads_done(loom_unit_sync *u, int i) {
     if (!us->writing) return;
     /* the unit's previous round must end before its ring runs again */
     while (us->sending) complete_oldest(u);
-    us->scratch = take_buffer(u);
     us->sending = us->writing;
     us->writing = NULL;
-    keep_error(u, loom_comm_ring_start_in(us->ring, us->sending, us->scratch));
+    start_round(u, i);
     u->fifo[(u->fifo_head + u->fifo_len) % u->num_units] = i;
     u->fifo_len++;
 }
@@ -372,8 +508,9 @@ void loom_unit_sync_attach(loom_unit_sync *u) {
     loom_gpt_set_unit_events(u->model, unit_event, u);
 }
 
-void loom_unit_sync_zero(loom_unit_sync *u) {
+void loom_unit_sync_zero(loom_unit_sync *u, int64_t step) {
     if (u->stale) keep_error(u, loom_unit_sync_refresh(u));
+    u->compressing = u->method != LOOM_COMPRESS_NONE && step >= u->warmup_steps;
     memset(u->shard, 0, u->range.shard * sizeof(float));
     for (int i = 0; i < u->num_units; i++) {
         unit_state *us = &u->units[i];
@@ -393,8 +530,8 @@ loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding) {
         unit_state *us = &u->units[i];
         if (!us->held || u->error != LOOM_OK) continue;
         us->sending = us->writing;
-        keep_error(u, loom_comm_ring_start(us->ring, us->sending));
-        keep_error(u, loom_comm_ring_wait(us->ring));
+        start_round(u, i);
+        keep_error(u, round_wait(us));
         collect(u, i);
     }
     loom_status st = u->error;
@@ -428,4 +565,50 @@ const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *
     const unit_state *us = &u->units[k == 0 ? 0 : u->num_units - 1];
     *floats = us->end - us->begin;
     return us->params;
+}
+
+/* ---- compression's state and counters -------------------------------------------------------- */
+
+void loom_unit_sync_commit(loom_unit_sync *u, int accept) {
+    for (int i = 0; i < u->num_units; i++) {
+        unit_state *us = &u->units[i];
+        if (us->residual_live && accept) {
+            float *kept = us->committed;
+            us->committed = us->residual, us->residual = kept;
+        }
+        us->residual_live = 0;
+    }
+}
+
+void loom_unit_sync_take_stats(loom_unit_sync *u, loom_compress_stats *stats) {
+    stats->dp_bytes_saved += u->stats.dp_bytes_saved;
+    stats->compress_s += u->stats.compress_s;
+    stats->residual_sq += u->stats.residual_sq;
+    stats->input_sq += u->stats.input_sq;
+    memset(&u->stats, 0, sizeof u->stats);
+}
+
+int loom_unit_sync_residual_count(const loom_unit_sync *u) {
+    int n = 0;
+    for (int i = 0; i < u->num_units; i++) n += u->units[i].committed != NULL;
+    return n;
+}
+
+float *loom_unit_sync_residual(loom_unit_sync *u, int k, int *unit, size_t *floats) {
+    for (int i = 0; i < u->num_units; i++) {
+        unit_state *us = &u->units[i];
+        if (!us->committed || k-- > 0) continue;
+        *unit = i, *floats = us->end - us->begin;
+        return us->committed;
+    }
+    return NULL;
+}
+
+size_t loom_unit_sync_state_bytes(const loom_unit_sync *u) {
+    size_t bytes = 0;
+    for (int i = 0; i < u->num_units; i++) {
+        const unit_state *us = &u->units[i];
+        if (us->committed) bytes += 2 * (us->end - us->begin) * sizeof(float);
+    }
+    return bytes;
 }

@@ -219,12 +219,30 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
     loom_status checked =
         check_enum(source, "mesh.zero3_gather", (int)p->zero3_gather, &loom_plan_zero3_gathers);
     if (checked != LOOM_OK) return checked;
-    if (p->zero > 1 && p->dp_compression.method != LOOM_COMPRESS_NONE) {
+    if (p->zero > 1 && p->dp_compression.method != LOOM_COMPRESS_NONE &&
+        p->dp_compression.method != LOOM_COMPRESS_INT8 &&
+        p->dp_compression.method != LOOM_COMPRESS_BF16) {
+        /* ZeRO-2/3 sum each unit's gradients by the quantised reduce-scatter (qreduce.c), whose
+         * owners add the replicas' quantised blocks: only formats that sum entry by entry fit */
+        static const char *const why[LOOM_COMPRESS_COUNT] = {
+            [LOOM_COMPRESS_POWERSGD] = "PowerSGD allreduces low-rank factors of whole matrices "
+                                       "in two rounds and every replica keeps the whole "
+                                       "approximation, not a reduce-scatter of shards",
+            [LOOM_COMPRESS_TOPK] = "top-k keeps different entries on every replica, so its "
+                                   "wires are all-gathered whole and summed by every replica, "
+                                   "not reduce-scattered to the shards' owners",
+            [LOOM_COMPRESS_SIGN] = "sign's one scale per tensor needs every replica's whole "
+                                   "wire, all-gathered and summed by every replica, not "
+                                   "reduce-scattered to the shards' owners"};
+        const char *reason = why[p->dp_compression.method];
         return loom_fail_field(source, "compression.dp.method",
-                               "expected \"none\" with mesh.zero %d (a sharded gradient is "
-                               "reduce-scattered uncompressed; compressed data-parallel "
-                               "gradients need mesh.zero 0 or 1), got \"%s\"",
-                               p->zero, loom_compress_method_name(p->dp_compression.method));
+                               "%s with mesh.zero %d: not run (%s); ZeRO-2/3 compress their "
+                               "reduce-scatters as int8 or bf16, or use mesh.zero 0 or 1 for "
+                               "%s; expected none, int8 or bf16, got \"%s\"",
+                               loom_compress_method_name(p->dp_compression.method), p->zero,
+                               reason ? reason : "not a format the reduce-scatter sums",
+                               loom_compress_method_name(p->dp_compression.method),
+                               loom_compress_method_name(p->dp_compression.method));
     }
     if (p->zero > 1 && p->embedding_sync == LOOM_EMBEDDING_SYNC_FUSED) {
         return loom_fail_field(source, "compression.embedding_sync",

@@ -22,7 +22,8 @@
 #define COMPRESS_FORMAT "loom.compress.v2"
 
 /* What must match for saved state to fit this run: the layout, the micro-batch shape (the
- * pipeline compressors' matrices) and every compression setting. */
+ * pipeline compressors' matrices), every compression setting and whether the data-parallel
+ * state is ZeRO-2/3's (one residual per unit, the same under both) or one per matrix. */
 static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap) {
     const loom_plan_compressor *c[2] = {&plan->dp_compression, &plan->pp_compression};
     size_t used = (size_t)snprintf(out, cap,
@@ -33,6 +34,8 @@ static void signature(const loom_plan *plan, int seq_len, char *out, size_t cap)
         used += (size_t)snprintf(out + used, cap - used, "%s%d-%d", s ? "," : "",
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
+    if (plan->zero >= 2 && used < cap)
+        used += (size_t)snprintf(out + used, cap - used, " grads=units");
     for (int i = 0; i < 2 && used < cap; i++) {
         used += (size_t)snprintf(
             out + used, cap - used, " %s=%s/r%d/f%.9g/ef%d/w%d/lazy%d/%s/%s/at", i ? "pp" : "dp",
@@ -71,7 +74,8 @@ static int compressors(loom_grad_sync *sync, loom_pipeline *pipe, loom_compresso
     return n;
 }
 
-/* Every state array of every compressor, named "<compressor>.<state>". */
+/* Every state array of every compressor, named "<compressor>.<state>", then ZeRO-2/3's
+ * residuals, "zero.unit<unit>.residual". */
 typedef struct {
     int count;
     loom_compressor **comp;
@@ -89,12 +93,13 @@ static void state_list_free(state_list *l) {
 static loom_status state_list_make(loom_grad_sync *sync, loom_pipeline *pipe, state_list *l) {
     memset(l, 0, sizeof *l);
     int n = compressors(sync, pipe, NULL, 0, NULL);
-    if (n == 0) return LOOM_OK;
-    l->comp = loom_calloc((size_t)n, sizeof(loom_compressor *), "compressors");
-    l->names = loom_calloc((size_t)n, sizeof *l->names, "compressor names");
+    int residuals = loom_grad_sync_residual_count(sync);
+    if (n + residuals == 0) return LOOM_OK;
+    l->comp = loom_calloc((size_t)(n ? n : 1), sizeof(loom_compressor *), "compressors");
+    l->names = loom_calloc((size_t)(n ? n : 1), sizeof *l->names, "compressor names");
     if (!l->comp || !l->names) return LOOM_ERR_NOMEM;
     compressors(sync, pipe, l->comp, n, l->names);
-    int arrays = 0;
+    int arrays = residuals;
     for (int i = 0; i < n; i++) arrays += loom_compressor_state_count(l->comp[i]);
     l->tensor_names = loom_calloc((size_t)(arrays ? arrays : 1), sizeof *l->tensor_names, "names");
     l->tensors = loom_calloc((size_t)(arrays ? arrays : 1), sizeof *l->tensors, "tensors");
@@ -112,6 +117,14 @@ static loom_status state_list_make(loom_grad_sync *sync, loom_pipeline *pipe, st
                                  .shape = {(int64_t)loom_compressor_state_floats(l->comp[i], j)},
                                  .data = l->data[k]};
         }
+    }
+    for (int i = 0; i < residuals; i++) {
+        int k = l->count++, unit = 0;
+        size_t floats = 0;
+        l->data[k] = loom_grad_sync_residual(sync, i, &unit, &floats);
+        snprintf(l->tensor_names[k], sizeof l->tensor_names[k], "zero.unit%d.residual", unit);
+        l->tensors[k] = (loom_st_tensor){
+            .name = l->tensor_names[k], .ndim = 1, .shape = {(int64_t)floats}, .data = l->data[k]};
     }
     return LOOM_OK;
 }

@@ -259,7 +259,7 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     size_t bt = (size_t)B * (size_t)T;
     /* the mean over the global batch: every token of every replica weighs 1/(G*T) */
     float dloss = 1.0f / ((float)B * (float)T * (float)m * (float)mesh->dp_size);
-    loom_grad_sync_zero_grads(t->sync);
+    loom_grad_sync_zero_grads(t->sync, t->state.step);
     /* every stage reads the same windows: the first needs the tokens, the last the targets */
     loom_loader_skip(t->train_loader, (uint64_t)mesh->dp_rank * per_replica);
     loom_status st = LOOM_OK;
