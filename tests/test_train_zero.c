@@ -52,7 +52,14 @@ int main(int argc, char **argv) {
     loom_comm *world = NULL;
     if (loom_comm_init(&argc, &argv, &world) != LOOM_OK) return 1;
     int rank = loom_comm_rank(world);
-    const char *tmp = check_tmpdir();
+    /* one rank makes the scratch folder afresh (two would race to remove and make it), then
+     * every rank uses it */
+    const char *tmp = rank == 0 ? check_tmpdir() : NULL;
+    loom_comm_barrier(world);
+    if (rank != 0) {
+        const char *env = getenv("LOOM_TEST_TMP");
+        tmp = env ? env : "/tmp/loom_test";
+    }
     if (rank == 0) { /* a learnable stream of byte tokens */
         enum { COUNT = 4096 };
         static uint16_t tokens[COUNT];
