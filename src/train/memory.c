@@ -113,12 +113,13 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
                 "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
                 "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
                 "\"compressor\": %.0f, \"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
-                ", \"optimizer\": %" PRId64 ", \"activations\": %" PRId64 ", \"scratch\": %" PRId64
-                ", \"compressor\": %" PRId64 ", \"total\": %" PRId64 "}}%s\n",
+                ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
+                ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"total\": %" PRId64
+                "}}%s\n",
                 r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
                 x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], pred.weights, pred.grads,
-                pred.optimizer, pred.activations, pred.scratch, pred.compressor, pred.total,
-                r + 1 < ranks ? "," : "");
+                pred.optimizer, pred.gathered, pred.activations, pred.scratch, pred.compressor,
+                pred.total, r + 1 < ranks ? "," : "");
     }
     if (f) {
         fprintf(f, "]}\n");
