@@ -1,9 +1,11 @@
 /*
  * test_memory_model.c — the per-rank memory model (loom_plan_rank_memory) for ZeRO stages 0-3,
  * against the parameter counts computed here from the model's shapes: ZeRO-1 divides AdamW's
- * moments by dp, ZeRO-2 also the gradients (plus two unit-sized gradient buckets), ZeRO-3 also
- * the parameters (plus the gathered units: prefetch + 1 of them, or every one when gathered once
- * per step); the categories add up to the total.
+ * moments by dp, ZeRO-2 also the gradients, plus what zero.c allocates: the embedding unit and
+ * the final LayerNorm whole, their rings' receive buffers (each unit's largest piece among the
+ * contiguous dp ranges), and two pooled block buffers (blocks + 1 when backward is split);
+ * ZeRO-3 also the parameters, plus the held units and the gathered blocks (prefetch + 1 of them,
+ * or every one when gathered once per step); the categories add up to the total.
  */
 #include "check.h"
 #include "loom/model.h"
@@ -43,7 +45,7 @@ static void test_zero_stages_one_stage(void) {
     int64_t block = 12 * C * C + 13 * C; /* qkv, attproj, fc, fcproj weights and biases, 2 LNs */
     int64_t params = Vp * C + T * C + L * block + 2 * C;
     int64_t bytes = 4 * params;
-    int64_t embedding_unit = 4 * (Vp * C + T * C), head_unit = 4 * (Vp * C + 2 * C);
+    int64_t embedding_unit = 4 * (Vp * C + T * C), lnf_unit = 4 * 2 * C;
 
     loom_rank_memory z0 = memory_of(&plan, 0, 0);
     CHECK(z0.weights == bytes && z0.grads == bytes && z0.optimizer == 2 * bytes,
@@ -57,37 +59,43 @@ static void test_zero_stages_one_stage(void) {
           "ZeRO-1: optimizer %lld, expected %lld", (long long)z1.optimizer,
           (long long)(2 * bytes / dp));
 
-    /* ZeRO-2: gradients / dp, and the two largest units' gradient buckets (the embedding's and
-     * the head's, each larger than a block) in scratch instead of ZeRO-1's whole gradient */
+    /* ZeRO-2: gradients / dp; the embedding unit and the final LayerNorm whole; their rings'
+     * receive buffers: the embedding unit (39.4M floats) is longer than a rank's range (n/4,
+     * 31.1M) and starts at 0, so its largest piece is a whole range; the final LayerNorm lies in
+     * the last rank's range; two pooled block buffers */
+    int64_t range = (params + dp - 1) / dp;
+    CHECK(Vp * C + T * C > range && params - 2 * C >= (dp - 1) * range, "gpt2's shapes as assumed");
+    int64_t held = embedding_unit + lnf_unit, held_ring = 4 * (range + 2 * C);
     loom_rank_memory z2 = memory_of(&plan, 2, 0);
     CHECK(z2.grads == bytes / dp, "ZeRO-2: grads %lld, expected %lld = %lld / %d",
           (long long)z2.grads, (long long)(bytes / dp), (long long)bytes, dp);
     CHECK(z2.optimizer == z1.optimizer && z2.weights == bytes, "ZeRO-2 keeps ZeRO-1's moments");
-    CHECK(z2.scratch - z0.scratch == embedding_unit + head_unit,
-          "ZeRO-2: gradient buckets %lld, expected the embedding's %lld + the head's %lld",
-          (long long)(z2.scratch - z0.scratch), (long long)embedding_unit, (long long)head_unit);
+    CHECK(z2.scratch - z0.scratch == held + held_ring + 2 * 4 * block,
+          "ZeRO-2: buffers %lld, expected held units %lld + their rings %lld + 2 blocks %lld",
+          (long long)(z2.scratch - z0.scratch), (long long)held, (long long)held_ring,
+          (long long)(2 * 4 * block));
     CHECK(z2.total < z1.total, "ZeRO-2 (%lld) below ZeRO-1 (%lld)", (long long)z2.total,
           (long long)z1.total);
 
-    /* ZeRO-3: parameters / dp + the gathered units */
+    /* ZeRO-3: parameters / dp + the held units' parameters + the gathered blocks */
     plan.zero3_prefetch = 1;
     loom_rank_memory z3 = memory_of(&plan, 3, 0);
     CHECK(z3.weights == bytes / dp && z3.grads == bytes / dp && z3.optimizer == 2 * bytes / dp,
           "ZeRO-3: weights %lld grads %lld optimizer %lld, expected %lld, %lld, %lld",
           (long long)z3.weights, (long long)z3.grads, (long long)z3.optimizer,
           (long long)(bytes / dp), (long long)(bytes / dp), (long long)(2 * bytes / dp));
-    CHECK(z3.gathered == embedding_unit + head_unit,
-          "ZeRO-3, prefetch 1: gathered %lld, expected two units %lld", (long long)z3.gathered,
-          (long long)(embedding_unit + head_unit));
+    CHECK(z3.gathered == held + 2 * 4 * block,
+          "ZeRO-3, prefetch 1: gathered %lld, expected held %lld + two blocks %lld",
+          (long long)z3.gathered, (long long)held, (long long)(2 * 4 * block));
+    CHECK(z3.scratch == z2.scratch, "ZeRO-3 keeps ZeRO-2's gradient buffers");
     plan.zero3_prefetch = 0;
     loom_rank_memory z3_0 = memory_of(&plan, 3, 0);
-    CHECK(z3_0.gathered == embedding_unit, "ZeRO-3, prefetch 0: gathered %lld, expected %lld",
-          (long long)z3_0.gathered, (long long)embedding_unit);
-    plan.zero3_prefetch = 3; /* the two ends, then two blocks */
+    CHECK(z3_0.gathered == held + 4 * block, "ZeRO-3, prefetch 0: gathered %lld, expected %lld",
+          (long long)z3_0.gathered, (long long)(held + 4 * block));
+    plan.zero3_prefetch = 3;
     loom_rank_memory z3_3 = memory_of(&plan, 3, 0);
-    CHECK(z3_3.gathered == embedding_unit + head_unit + 2 * 4 * block,
-          "ZeRO-3, prefetch 3: gathered %lld, expected %lld", (long long)z3_3.gathered,
-          (long long)(embedding_unit + head_unit + 2 * 4 * block));
+    CHECK(z3_3.gathered == held + 4 * 4 * block, "ZeRO-3, prefetch 3: gathered %lld, expected %lld",
+          (long long)z3_3.gathered, (long long)(held + 4 * 4 * block));
     plan.zero3_prefetch = 1;
     plan.zero3_gather = LOOM_ZERO3_GATHER_STEP;
     loom_rank_memory step = memory_of(&plan, 3, 0);
@@ -102,8 +110,10 @@ static void test_zero_stages_one_stage(void) {
     loom_plan_free(&plan);
 }
 
-/* tp 2, pp 2: each TP rank shards its own slice; the last stage's units are blocks and the head
- * (lnf and its half of wte), the first's blocks and the embedding. */
+/* tp 2, pp 2: each TP rank shards its own slice; the first stage's held units are the embedding
+ * (its half of wte, and wpe) and nothing after its blocks, the last stage's its half of the tied
+ * wte and the final LayerNorm. A held unit starting at 0 has a ring piece of min(unit, range);
+ * the final LayerNorm lies in the last rank's range. */
 static void test_zero_stages_tp_pp(void) {
     const int dp = 2, tp = 2;
     loom_plan plan = plan_of(dp, tp, 2);
@@ -113,23 +123,52 @@ static void test_zero_stages_tp_pp(void) {
     for (int r = 0; r < 2; r++) {
         const loom_plan_stage *st = &plan.stages[r];
         int64_t layers = st->end_layer - st->first_layer;
-        int64_t end_unit = r == 0 ? Vp / tp * C + T * C : Vp / tp * C + 2 * C;
-        int64_t bytes = 4 * (layers * block + end_unit);
+        int64_t front = r == 0 ? Vp / tp * C + T * C : Vp / tp * C, back = r == 0 ? 0 : 2 * C;
+        int64_t floats = layers * block + front + back, bytes = 4 * floats;
+        int64_t range = (floats + dp - 1) / dp;
+        CHECK(floats - back >= (dp - 1) * range, "rank %d: the final LayerNorm in the last range",
+              r);
+        int64_t held = 4 * (front + back);
+        int64_t held_ring = 4 * ((front < range ? front : range) + back);
         loom_rank_memory z0 = memory_of(&plan, 0, r);
         CHECK(z0.weights == bytes, "rank %d: weights %lld, expected %lld", r, (long long)z0.weights,
               (long long)bytes);
         loom_rank_memory z2 = memory_of(&plan, 2, r);
         CHECK(z2.grads == bytes / dp, "rank %d ZeRO-2: grads %lld, expected %lld", r,
               (long long)z2.grads, (long long)(bytes / dp));
+        CHECK(z2.scratch - z0.scratch == held + held_ring + 2 * 4 * block,
+              "rank %d ZeRO-2: buffers %lld, expected %lld + %lld + 2 x %lld", r,
+              (long long)(z2.scratch - z0.scratch), (long long)held, (long long)held_ring,
+              (long long)(4 * block));
         plan.zero3_prefetch = 1;
         loom_rank_memory z3 = memory_of(&plan, 3, r);
-        int64_t first = end_unit > block ? end_unit : block;
-        int64_t second = end_unit > block ? block : (layers > 1 ? block : end_unit);
-        CHECK(z3.weights == bytes / dp && z3.gathered == 4 * (first + second),
+        CHECK(z3.weights == bytes / dp && z3.gathered == held + 2 * 4 * block,
               "rank %d ZeRO-3: weights %lld gathered %lld, expected %lld and %lld", r,
               (long long)z3.weights, (long long)z3.gathered, (long long)(bytes / dp),
-              (long long)(4 * (first + second)));
+              (long long)(held + 2 * 4 * block));
     }
+    loom_plan_free(&plan);
+}
+
+/* Backward split into B and W (zb-h1): every block holds its gradient buffer from its B to its W,
+ * so ZeRO-2 pools a buffer per block and one ring receive, not two. */
+static void test_zero_split_backward(void) {
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_plan plan;
+    loom_status st = loom_plan_uniform(&plan, &model, 2, 1, 2, 1, 8, LOOM_SCHEDULE_1F1B, 0, NULL);
+    CHECK(st == LOOM_OK, "1f1b plan: %s", loom_last_error());
+    int64_t fused = memory_of(&plan, 2, 0).scratch - memory_of(&plan, 0, 0).scratch;
+    loom_plan_free(&plan);
+    st = loom_plan_uniform(&plan, &model, 2, 1, 2, 1, 8, LOOM_SCHEDULE_ZB_H1, 0, NULL);
+    CHECK(st == LOOM_OK, "zb-h1 plan: %s", loom_last_error());
+    int64_t layers = plan.stages[0].end_layer - plan.stages[0].first_layer;
+    int64_t block = 4 * (12 * (int64_t)model.channels * model.channels + 13 * model.channels);
+    int64_t split = memory_of(&plan, 2, 0).scratch - memory_of(&plan, 0, 0).scratch;
+    CHECK(
+        split - fused == (layers + 1 - 2) * block,
+        "zb-h1 ZeRO-2: %lld more bytes of buffers than 1f1b, expected (%lld blocks + 1 - 2) x %lld",
+        (long long)(split - fused), (long long)layers, (long long)block);
     loom_plan_free(&plan);
 }
 
@@ -200,6 +239,7 @@ int main(void) {
     test_sequence_parallel();
     test_selective();
     test_zero_stages_tp_pp();
+    test_zero_split_backward();
     test_zero_without_dp();
     return check_finish();
 }

@@ -501,13 +501,15 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
  * categories (and whether the largest alone exceeds the device), as one phrase in text;
  * returns 0 (text "") when it fits. */
 int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap);
-/* ZeRO-2/3's unit gradient buckets in flight: the one the backward fills and the one being
- * reduce-scattered. */
-#define LOOM_ZERO_GRAD_UNITS_IN_FLIGHT 2
-/* Bytes of the k largest ZeRO units (each block, the embedding: wte and wpe, the head: lnf and
- * wte) of pipeline rank pp_rank's chunks together: fp32, the TP shard of each, before DP
- * sharding. */
-int64_t loom_plan_zero_unit_bytes(const loom_plan *plan, int pp_rank, int k);
+/* ZeRO-2/3's units on pipeline rank pp_rank (fp32 bytes, this TP rank's shard, before DP
+ * sharding): the two held whole for the step (everything before the first block, everything
+ * after the last), their reduce-scatter rings' receive buffers, one block's, the rank's blocks
+ * and its largest chunk's. */
+typedef struct {
+    int64_t held, held_ring, block;
+    int blocks, chunk_blocks;
+} loom_zero_units;
+loom_zero_units loom_plan_zero_units(const loom_plan *plan, int pp_rank);
 /* Virtual stage s's cost facts for one micro-batch (one activation set); _as under another
  * recomputation mode than the stage's (LOOM_RECOMPUTE_*). */
 loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,

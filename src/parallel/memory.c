@@ -112,52 +112,59 @@ loom_status loom_plan_stage_cost(const loom_plan *plan, int s, int seq_len,
 }
 
 /* ---- ZeRO-2 and ZeRO-3 -------------------------------------------------------------------
- * The units ZeRO-3 gathers and ZeRO-2/3 reduce-scatter one at a time: each transformer block,
- * the embedding (wte and wpe) and the head (the final LayerNorm and the tied wte it multiplies
- * by: gathered for the head even on a rank whose embedding also holds it). */
+ * The buffers zero.c allocates, from pipeline rank pp_rank's flat layout (its chunks' tensors,
+ * this TP rank's shard of each): the units are each transformer block, the "embedding" unit
+ * (everything before the first block: wte and wpe on the first stage, the tied wte on a head
+ * stage) and the "final LayerNorm" unit (everything after the last block). */
 
-/* Bytes of the `k` largest units of pipeline rank pp_rank's chunks together (fp32, this TP
- * rank's shard of each unit before the DP sharding): what k units in flight hold at most. */
-int64_t loom_plan_zero_unit_bytes(const loom_plan *plan, int pp_rank, int k) {
-    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
-    loom_gpt_layout_tp(&plan->model, plan->tp, info);
-    int64_t block = (int64_t)info[LOOM_LN1W].layer_stride * 4;
-    int64_t embedding = (info[LOOM_WTE].numel + info[LOOM_WPE].numel) * 4;
-    int64_t head = (info[LOOM_WTE].numel + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * 4;
-    int64_t blocks = 0, ends[2] = {0, 0}; /* the embedding's and the head's units */
-    for (int s = 0; s < plan->num_stages; s++) {
+loom_zero_units loom_plan_zero_units(const loom_plan *plan, int pp_rank) {
+    loom_zero_units z = {0, 0, 0, 0, 0};
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
+    int n = 0;
+    for (int s = 0; s < plan->num_stages && n < LOOM_GPT_MAX_CHUNKS; s++) {
         const loom_plan_stage *st = &plan->stages[s];
         if (st->rank != pp_rank) continue;
-        blocks += st->end_layer - st->first_layer;
-        if (st->embedding) ends[0] = embedding;
-        if (st->head) ends[1] = head;
+        chunks[n++] = (loom_gpt_chunk){st->first_layer, st->end_layer, st->embedding, st->head};
+        int layers = st->end_layer - st->first_layer;
+        z.blocks += layers;
+        if (layers > z.chunk_blocks) z.chunk_blocks = layers;
     }
-    if (ends[0] < ends[1]) { /* the larger end unit first */
-        int64_t larger = ends[1];
-        ends[1] = ends[0], ends[0] = larger;
-    }
-    /* the largest units first: an end unit while it is larger than a block, then blocks */
-    int64_t total = 0;
-    for (int e = 0; k > 0; k--) {
-        if (e < 2 && ends[e] > 0 && (blocks == 0 || ends[e] > block)) {
-            total += ends[e++];
-        } else if (blocks > 0) {
-            total += block, blocks--;
-        } else {
-            break;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    int64_t floats = (int64_t)loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
+    int64_t stride = (int64_t)info[LOOM_LN1W].layer_stride;
+    int64_t head_begin = (int64_t)info[LOOM_LN1W].offset; /* the embedding unit: [0, here) */
+    int64_t tail_begin = head_begin + z.blocks * stride;  /* the final LayerNorm's: [here, end) */
+    z.block = stride * 4;
+    z.held = floats * 4 - z.blocks * z.block;
+    /* a held unit's ring has a receive buffer of its largest block: the unit cut by the
+     * contiguous ZeRO ranges (loom_zero_shard_of) of the data-parallel ranks */
+    int64_t dp = plan->dp > 0 ? plan->dp : 1, shard = (floats + dp - 1) / dp;
+    const int64_t held[2][2] = {{0, head_begin}, {tail_begin, floats}};
+    for (int u = 0; u < 2 && shard > 0; u++) {
+        int64_t largest = 0;
+        for (int64_t at = held[u][0]; at < held[u][1];) {
+            int64_t end = (at / shard + 1) * shard;
+            if (end > held[u][1]) end = held[u][1];
+            if (end - at > largest) largest = end - at;
+            at = end;
         }
+        z.held_ring += largest * 4;
     }
-    return total;
+    return z;
 }
 
 /* What ZeRO shards over the data-parallel group (optimizer from stage 1, gradients from 2,
- * parameters from 3) and the buffers it adds: stage 1's reduce-scatter ring receives into
- * buffers of one gradient's worth (scratch); from stage 2 the backward writes each unit's
- * gradient whole into a unit-sized bucket that is reduce-scattered and freed, one being
- * filled while the previous one is reduced (two in flight: scratch); stage 3 gathers a unit's
- * parameters into a buffer before use, zero3_prefetch units ahead of the one computing
- * (prefetch + 1 in flight: gathered), or, gathering once per step, keeps every unit gathered
- * (the whole stage's parameters). */
+ * parameters from 3) and the buffers it adds (zero.c, grad_sync.c):
+ *   stage 1   each bucket's reduce-scatter ring receives into a buffer of its largest block;
+ *             the ranges are contiguous, so most buckets lie in one rank's range and the
+ *             buffers add up to about one gradient (scratch)
+ *   stage 2   the gradient shard; the two held units' gradients whole for the step, and their
+ *             rings' receive buffers; block-sized pooled buffers: the block being written and
+ *             the previous block's ring receive (2), or, when backward is split into B and W,
+ *             every block between its B and its W, and one ring receive (blocks + 1) (scratch)
+ *   stage 3   the parameter shard; the held units' parameters whole; the gathered blocks:
+ *             prefetch + 1 (within a chunk), or every block when gathered once per step
+ *             (gathered) */
 static void zero_shard(const loom_plan *plan, int pp_rank, loom_rank_memory *out) {
     int64_t dp = plan->dp;
     if (plan->zero < 1 || dp <= 1) return;
@@ -167,14 +174,16 @@ static void zero_shard(const loom_plan *plan, int pp_rank, loom_rank_memory *out
         out->scratch += full_grads;
         return;
     }
+    loom_zero_units z = loom_plan_zero_units(plan, pp_rank);
     out->grads = full_grads / dp;
-    out->scratch += loom_plan_zero_unit_bytes(plan, pp_rank, LOOM_ZERO_GRAD_UNITS_IN_FLIGHT);
+    int64_t pooled = z.blocks == 0 ? 0 : splits_backward(plan) ? z.blocks + 1 : 2;
+    out->scratch += z.held + z.held_ring + pooled * z.block;
     if (plan->zero < 3) return;
-    int64_t full_weights = out->weights;
-    out->weights = full_weights / dp;
-    out->gathered = plan->zero3_gather == LOOM_ZERO3_GATHER_STEP
-                        ? full_weights
-                        : loom_plan_zero_unit_bytes(plan, pp_rank, plan->zero3_prefetch + 1);
+    out->weights /= dp;
+    int64_t gathered = plan->zero3_prefetch + 1;
+    if (gathered > z.chunk_blocks) gathered = z.chunk_blocks;
+    if (plan->zero3_gather == LOOM_ZERO3_GATHER_STEP) gathered = z.blocks;
+    out->gathered = z.held + gathered * z.block;
 }
 
 loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq_len, int peak,
