@@ -8,9 +8,13 @@
 # throughput as a ratio to ZeRO-1's, measured in the same run of this script.
 #
 # Largest model (LARGEST=1): for ZeRO-1, 2 and 3, the largest GPT of GPT-2's shape family
-# (vocabulary 50257, heads of 64 channels) on a ladder of widths and depths that `loom train`
-# starts (its memory check refuses a rank that would not fit this machine before allocating)
-# and trains for 2 steps: sequence 256, micro batch 1, full recomputation (--recompute always),
+# (vocabulary 50257, heads of 64 channels) on a ladder of widths and depths, tried from the top
+# down: the first that `loom train` starts (its memory check refuses a rank that would not fit
+# this machine before allocating, in a second) and trains for 2 steps is the stage's largest;
+# a run that starts and then fails (killed for memory) counts as not fitting. Sequence 256,
+# micro batch 1 (no recomputation: with one micro-batch in flight loom's recomputation keeps the
+# same one activation set, so it would only cost time), --comm-timeout 1800 (4 ranks share 2
+# cores here, so a rank can wait minutes at a collective for one still computing),
 # data parallel 4 on 4 ranks (--oversubscribe), synthetic tokens. Prints each stage's largest
 # model, its parameter count and each rank's peak resident memory, then ZeRO-3's parameters as
 # a ratio to ZeRO-1's and ZeRO-2's. Long: each trained step of a large model takes minutes here.
@@ -52,34 +56,36 @@ if [ "${LARGEST:-0}" != 1 ]; then
 fi
 
 # (layers, width) from small to large: GPT-2's shapes and the steps between them
-ladder=("24 1024" "32 1024" "36 1280" "40 1280" "48 1280" "40 1600" "48 1600" "56 1600"
-    "48 2048" "56 2048" "64 2048" "72 2048" "80 2048")
+ladder=("16 1024" "20 1024" "24 1024" "28 1024" "32 1024" "24 1280" "28 1280" "32 1280" "36 1280"
+    "40 1280" "44 1280" "48 1280" "36 1600" "40 1600" "44 1600" "48 1600" "56 1600" "48 2048"
+    "56 2048" "64 2048")
 params() { # layers width: GPT-2's count (tied embedding, context 1024)
-    awk -v l="$1" -v c="$2" 'BEGIN { printf "%d", l * (12 * c * c + 13 * c) + (50304 + 1024) * c + 2 * c }'
+    awk -v l="$1" -v c="$2" 'BEGIN { printf "%.0f", l * (12 * c * c + 13 * c) + (50304 + 1024) * c + 2 * c }'
 }
 declare -A largest
 for z in 1 2 3; do
     best=""
-    for shape in "${ladder[@]}"; do
+    for ((i = ${#ladder[@]} - 1; i >= 0; i--)); do
+        shape=${ladder[i]}
         read -r layers width <<<"$shape"
         name=z${z}_l${layers}_c$width
         echo "== ZeRO-$z: $layers layers, width $width ($(params "$layers" "$width") parameters)" >&2
         if mpirun -np 4 "$LOOM" bench --train --layers "$layers" --d-model "$width" \
             --heads $((width / 64)) --context 1024 --seq-len 256 --micro-batch-size 1 \
-            --global-batch-size 4 --steps 1 --warmup 1 --threads 1 --data-parallel 4 --zero "$z" \
-            --recompute always --out "$out/$name" >"$out/$name.txt" 2>&1; then
+            --global-batch-size 4 --steps 2 --warmup 1 --threads 1 --data-parallel 4 --zero "$z" \
+            --comm-timeout 1800 \
+            --out "$out/$name" >"$out/$name.txt" 2>&1; then
             best=$shape
             jq -r '"   trained; peak resident set per rank \([.ranks[].peak_rss] | max / 1073741824 * 100 | round / 100) GiB"' \
                 "$out/$name/memory.json" >&2 || true
-        else
-            grep -h "error" "$out/$name.txt" | head -1 >&2 || true
             break
         fi
+        grep -h "error" "$out/$name.txt" | head -1 >&2 || true
     done
     largest[$z]=$best
 done
 echo
-echo "largest model trained (sequence 256, micro batch 1, full recomputation, dp 4):"
+echo "largest model trained (sequence 256, micro batch 1, dp 4):"
 for z in 1 2 3; do
     read -r layers width <<<"${largest[$z]:-0 0}"
     echo "  ZeRO-$z  $layers layers x $width: $(params "$layers" "$width") parameters"

@@ -295,12 +295,16 @@ static const broken_case broken_cases[] = {
      "expected a finite number > 0 (bytes/s per device, one direction), got 0"},
     {"\"latency_s\": 1e-5", "\"latency_s\": -1e-6", "node.links.inter_node.latency_s",
      "expected a finite number >= 0 (seconds), got -1e-06"},
+    {"\"latency_s\": 1e-5", "\"latency_s\": 1e-5, \"call_latency_s\": -2e-6",
+     "node.links.inter_node.call_latency_s", "expected a finite number >= 0 (seconds), got -2e-06"},
+    {"\"latency_s\": 1e-5", "\"latency_s\": 1e-5, \"call_latency_s\": \"8us\"",
+     "node.links.inter_node.call_latency_s", "expected a number"},
     {",\n            \"inter_node\": {\"bandwidth\": 1e10, \"latency_s\": 1e-5}", "",
      "node.links.inter_node", "missing (expected an object with bandwidth and latency_s)"},
     {"\"intra_node\"", "\"pcie\"", "node.links.pcie",
      "unknown key (expected one of: intra_node, inter_node)"},
     {"\"latency_s\": 2e-6", "\"latency_s\": 2e-6, \"mtu\": 9000", "node.links.intra_node.mtu",
-     "unknown key (expected one of: bandwidth, latency_s, source)"},
+     "unknown key (expected one of: bandwidth, latency_s, call_latency_s, source)"},
     {"\"bandwidth\": 1e10", "\"bandwidth\": null", "node.links.inter_node.bandwidth",
      "expected a number, got null"},
     /* collectives */
@@ -656,6 +660,20 @@ static void test_collectives(void) {
     /* one rank or none: nothing to do */
     CHECK(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_ALLREDUCE, inter, 1, 1e9) == 0, "1 rank");
     CHECK(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_SENDRECV, intra, 0, 1e9) == 0, "0 ranks");
+    /* a link's per-call cost: once per ring collective whatever its steps, never for a send,
+     * never on top of a fit (whose alpha holds it) */
+    c.links[LOOM_LINK_INTRA_NODE].call_latency_s = 8e-6;
+    c.links[LOOM_LINK_INTER_NODE].call_latency_s = 3e-5;
+    CHECK_CLOSE(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_ALLREDUCE, intra, 8, 1e9),
+                0.017528 + 8e-6, 1e-12, 0, "allreduce, 8 intra, one call's cost");
+    CHECK_CLOSE(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_REDUCE_SCATTER, inter, 4, 4e8),
+                0.03003 + 3e-5, 1e-12, 0, "reduce-scatter, 4 inter, one call's cost");
+    CHECK_CLOSE(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_ALLGATHER, intra, 2, 0), 2e-6 + 8e-6,
+                1e-12, 0, "an empty all-gather: one step and the call");
+    CHECK_CLOSE(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_SENDRECV, inter, 2, 1e6), 1.1e-4,
+                1e-12, 0, "a send pays no call cost");
+    CHECK_CLOSE(loom_cluster_collective_s(&c, LOOM_COLLECTIVE_ALLREDUCE, inter, 8, 1e9), 0.1001,
+                1e-12, 0, "the fit holds its own alpha");
 }
 
 /* The training precision: fp32 when the file leaves it out (the valid description does), the

@@ -26,7 +26,7 @@ static loom_cluster ideal_cluster(int devices_per_node, int max_nodes) {
     c.memory_bandwidth = 1e30;
     c.gemm[0] = (loom_gemm_point){1.0, 1.0};
     c.gemm_points = 1;
-    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){1e30, 0.0};
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){1e30, 0.0, 0.0};
     return c;
 }
 
@@ -415,8 +415,8 @@ static double step_with(loom_plan *plan, loom_plan_compressor *c, int count, int
 
 static void test_search_per_stage(void) {
     loom_cluster cl = ideal_cluster(3, 2);
-    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e11, 1e-6};
-    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e8, 1e-5};
+    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e11, 1e-6, 0.0};
+    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e8, 1e-5, 0.0};
     cl.compressor_bytes_per_s[LOOM_COMPRESS_POWERSGD] = 1e10;
     cl.compressor_bytes_per_s[LOOM_COMPRESS_LOWRANK] = 1e10;
     cl.memory_bandwidth = 1e11;
@@ -463,7 +463,7 @@ static void test_tp_placement(void) {
     double step[2];
     for (int nodes = 0; nodes < 2; nodes++) {
         loom_cluster cl = ideal_cluster(nodes ? 1 : 2, 2);
-        cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e9, 1e-5};
+        cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e9, 1e-5, 0.0};
         loom_prediction pr;
         CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
               loom_last_error());
@@ -512,7 +512,7 @@ static void test_refused(void) {
  * device too small for every layout is refused with the shortfall. */
 static void test_search(void) {
     loom_cluster cl = ideal_cluster(4, 1);
-    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e10, 1e-5};
+    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e10, 1e-5, 0.0};
     loom_gpt_config model;
     loom_gpt_preset("gpt2", &model);
     loom_search_request req = {.devices = 4,
@@ -624,7 +624,7 @@ static void test_zero_time(void) {
     double g = G / 2 / b, u = L + 2;
     loom_cluster cl = ideal_cluster(1, 2);
     cl.peak_flops[LOOM_PRECISION_FP32] = 1e30;
-    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){b, 0.0};
+    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){b, 0.0, 0.0};
     loom_prediction pr, z1;
     plan.zero = 1;
     CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &z1) == LOOM_OK, "ZeRO-1: %s",

@@ -32,7 +32,7 @@ static loom_cluster test_cluster(double bandwidth, double latency_s) {
     c.memory_bandwidth = 1e11;
     c.gemm[0] = (loom_gemm_point){1.0, 1.0};
     c.gemm_points = 1;
-    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){bandwidth, latency_s};
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){bandwidth, latency_s, 0.0};
     return c;
 }
 

@@ -168,7 +168,7 @@ static loom_cluster cluster_of(int devices, int64_t memory) {
     c.memory_bandwidth = 1e11;
     c.gemm[0] = (loom_gemm_point){1.0, 1.0};
     c.gemm_points = 1;
-    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){1e10, 1e-6};
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) c.links[l] = (loom_link){1e10, 1e-6, 0.0};
     return c;
 }
 

@@ -23,7 +23,8 @@
  *         "sources": {"peak_flops": "...", "gemm_efficiency": "..."}
  *       },
  *       "links": {
- *         "intra_node": {"bandwidth": 3.0e11, "latency_s": 3e-6, "source": "..."},
+ *         "intra_node": {"bandwidth": 3.0e11, "latency_s": 3e-6, "call_latency_s": 8e-6,
+ *                        "source": "..."},
  *         "inter_node": {"bandwidth": 2.5e10, "latency_s": 5e-6, "source": "..."}
  *       }
  *     },
@@ -47,6 +48,9 @@
  * "node.device.optimizer_params_per_s" (optional, measured by `loom profile`) is how many
  * parameters one device's AdamW update takes per second; without it the cost model assumes the
  * update streams 28 bytes per parameter at the memory bandwidth.
+ * "node.links.*.call_latency_s" (optional, default 0) is a fixed cost a collective pays once per
+ * call on top of its ring steps' latencies (a collective library's launch and setup: NCCL's
+ * base latency); a measured fit's alpha_s already holds it, and a send does not pay it.
  * "nodes" is how many the description was measured on (1 for a shipped node); "max_nodes" how
  * many the cluster has (`loom plan --devices N` takes up to max_nodes x devices). "sources"
  * (per device) and "source" (per link) are free text, required in shipped descriptions (the
@@ -98,7 +102,8 @@ typedef struct {
 /* A link class: what one device sends in one direction. */
 typedef struct {
     double bandwidth; /* bytes/s, > 0 */
-    double latency_s; /* >= 0 */
+    double latency_s;      /* >= 0: per step of a ring */
+    double call_latency_s; /* >= 0: once per collective call (optional, default 0) */
 } loom_link;
 
 enum { LOOM_LINK_INTRA_NODE, LOOM_LINK_INTER_NODE, LOOM_LINK_CLASSES };
@@ -172,7 +177,8 @@ double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes);
  * the measured fit for (op, link, ranks) when there is one, else the ring model from the link
  * figures (what loom_cluster_ring_bytes says each device sends, at the link's bandwidth, plus a
  * latency per ring step: 2(n-1) for an allreduce (reduce-scatter, then all-gather), n-1 for an
- * all-gather or a reduce-scatter, 1 for a send). 0 for ranks <= 1. */
+ * all-gather or a reduce-scatter, 1 for a send, and the link's call_latency_s once for every
+ * collective but a send). 0 for ranks <= 1. */
 double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op op, int link,
                                  int ranks, double bytes);
 

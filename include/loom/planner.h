@@ -28,7 +28,8 @@
  * group's link class) + the tied embedding's sum between the ranks of the first and the last
  * virtual stage (on the pipeline's link class; none when one rank holds both) + the AdamW update
  * (the cluster's measured parameters per second, else 28 bytes of traffic per parameter at the
- * memory bandwidth).
+ * memory bandwidth) and the passes over the gradients around it at the memory bandwidth (zeroing
+ * the rank's gradient buffer, reading its range for the norm).
  *
  * Compression (the plan's compression.dp and .pp): a compressing matrix sends the wire of
  * loom/compress.h's formulas (PowerSGD's factors allreduced; top-k, sign, int8 and bf16
@@ -78,7 +79,7 @@ typedef struct {
 typedef struct {
     double step_s, tokens_per_s;
     double pipeline_s;                    /* the simulated pipeline part */
-    double dp_exposed_s, optimizer_s;     /* after it */
+    double dp_exposed_s, optimizer_s;     /* after it (optimizer_s: AdamW + gradient passes) */
     double bubble;                        /* share of the pipeline part ranks idle (mean) */
     int64_t peak_bytes;                   /* the largest rank's memory */
     int64_t dp_bytes, tp_bytes, pp_bytes; /* per step, summed over every rank */

@@ -455,7 +455,7 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
     print_memory(plan, cluster, mem);
     printf(
         "  step %.4f s = pipeline %.4f s (bubble %.1f %%) + data-parallel sync not hidden %.4f s "
-        "+ AdamW %.4f s\n",
+        "+ optimizer %.4f s (AdamW, zeroing the gradients, their norm)\n",
         pr->step_s, pr->pipeline_s, 100 * pr->bubble, pr->dp_exposed_s, pr->optimizer_s);
     double flops = loom_gpt_flops_per_token(&plan->model, seq_len) * pr->tokens_per_s;
     int devices = plan->dp * plan->tp * plan->pp;

@@ -199,7 +199,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
 }
 
 static loom_status read_links(const char *file, const json_t *node, loom_cluster *c) {
-    static const char *const keys[] = {"bandwidth", "latency_s", "source"};
+    static const char *const keys[] = {"bandwidth", "latency_s", "call_latency_s", "source"};
     json_t *links;
     loom_status st = loom_json_member(file, node, "node", "links", 1,
                                       "an object with intra_node and inter_node", &links);
@@ -212,12 +212,16 @@ static loom_status read_links(const char *file, const json_t *node, loom_cluster
         st = loom_json_member(file, links, "node.links", link_names[l], 1,
                               "an object with bandwidth and latency_s", &link);
         if (st == LOOM_OK) st = loom_json_as_object(file, path, link);
-        if (st == LOOM_OK) st = loom_json_check_keys(file, link, path, keys, 3);
+        if (st == LOOM_OK) st = loom_json_check_keys(file, link, path, keys, 4);
         if (st == LOOM_OK) {
             st = loom_json_read_number(file, link, path, "bandwidth", 1, &c->links[l].bandwidth);
         }
         if (st == LOOM_OK) {
             st = loom_json_read_number(file, link, path, "latency_s", 1, &c->links[l].latency_s);
+        }
+        if (st == LOOM_OK) {
+            st = loom_json_read_number(file, link, path, "call_latency_s", 0,
+                                       &c->links[l].call_latency_s);
         }
         if (st == LOOM_OK) st = read_source(file, link, path);
     }
@@ -472,6 +476,11 @@ static loom_status check_links(const loom_cluster *c, const char *source) {
             st = check_bounded(source, path, c->links[l].latency_s, 1, " (seconds)", 0,
                                LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
         }
+        snprintf(path, sizeof path, "node.links.%s.call_latency_s", link_names[l]);
+        if (st == LOOM_OK) {
+            st = check_bounded(source, path, c->links[l].call_latency_s, 1, " (seconds)", 0,
+                               LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+        }
     }
     return st;
 }
@@ -612,6 +621,9 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
         fprintf(out, "      \"%s\": {", link_names[l]);
         write_number(out, "\"bandwidth\": ", c->links[l].bandwidth, ", ");
         write_number(out, "\"latency_s\": ", c->links[l].latency_s, ", ");
+        if (c->links[l].call_latency_s > 0) {
+            write_number(out, "\"call_latency_s\": ", c->links[l].call_latency_s, ", ");
+        }
         fprintf(out, "\"source\": %s}%s\n", note, l + 1 < LOOM_LINK_CLASSES ? "," : "");
     }
     fprintf(out, "    }\n  }");
@@ -699,16 +711,17 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
             return f->alpha_s + f->beta_s_per_byte * bytes;
         }
     }
-    /* the ring from the link figures, n - 1 latencies per ring pass (loom/cluster.h's model).
-     * The share of the buffer first, then times the buffer: the order every prediction has
-     * been rounded in */
+    /* the ring from the link figures, n - 1 latencies per ring pass and the link's fixed cost
+     * once per call (loom/cluster.h's model). The share of the buffer first, then times the
+     * buffer: the order every prediction has been rounded in */
     const loom_link *l = &cluster->links[link];
     double n = ranks;
     double steps = op == LOOM_COLLECTIVE_ALLREDUCE  ? 2 * (n - 1)
                    : op == LOOM_COLLECTIVE_SENDRECV ? 1
                                                     : n - 1;
     double share = loom_cluster_ring_bytes(op, ranks, 1.0);
-    return share * bytes / l->bandwidth + steps * l->latency_s;
+    double call = op == LOOM_COLLECTIVE_SENDRECV ? 0 : l->call_latency_s;
+    return share * bytes / l->bandwidth + steps * l->latency_s + call;
 }
 
 double loom_cluster_ring_bytes(loom_collective_op op, int ranks, double bytes) {

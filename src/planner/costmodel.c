@@ -743,8 +743,20 @@ static double optimizer_s(const costing *k, int64_t weight_bytes) {
                                                   : params * 28.0 / k->cluster->memory_bandwidth;
 }
 
+/* The passes over a rank's gradients around AdamW, at the memory bandwidth: zeroing the buffer
+ * it holds before the step's first backward (a write; under ZeRO-2/3 the shards) and their norm
+ * for clipping (a read of the rank's range: a dp-th under ZeRO, else the whole). A measured
+ * optimizer rate (loom profile) times the update alone, so these are charged either way. */
+static double gradient_passes_s(const costing *k, const loom_rank_memory *mem,
+                                const loom_rank_memory *whole) {
+    const loom_plan *plan = k->plan;
+    double normed = (double)whole->grads / (plan->zero >= 1 && plan->dp > 1 ? plan->dp : 1);
+    return ((double)mem->grads + normed) / k->cluster->memory_bandwidth;
+}
+
 /* The part of the step after the pipeline, on the slowest pipeline rank: its sync not hidden,
- * then AdamW (out's dp_exposed_s and optimizer_s, *after_s their sum); every rank's memory peak
+ * then AdamW with its gradient passes (out's dp_exposed_s and optimizer_s, *after_s their sum);
+ * every rank's memory peak
  * and sync bytes go into out too. */
 static loom_status after_pipeline(const costing *k, const loom_pipe_stage_schedule *lists,
                                   loom_trace **traces, loom_prediction *out, double *after_s) {
@@ -763,7 +775,7 @@ static loom_status after_pipeline(const costing *k, const loom_pipe_stage_schedu
         dp_sync sync = dp_sync_of(k, r, (double)whole.grads, k->dp_link);
         out->dp_bytes += sync.bytes_per_rank * plan->dp * plan->tp;
         double exposed = dp_exposed_s(k, r, &sync, tied_s, out);
-        double optimizer = optimizer_s(k, whole.weights);
+        double optimizer = optimizer_s(k, whole.weights) + gradient_passes_s(k, &mem, &whole);
         if (traces) { /* after the pipeline: the sync not hidden, then AdamW */
             double at = loom_trace_origin_us(traces[r]) + out->pipeline_s * 1e6;
             if (exposed > 0) {

@@ -438,7 +438,7 @@ loom_status loom_plan_search(const loom_gpt_config *model, const loom_cluster *c
     search s = {.cluster = cluster, .request = request, .best = best, .least_short = -1};
     s.free_links = *cluster;
     s.free_links.num_collectives = 0;
-    for (int l = 0; l < LOOM_LINK_CLASSES; l++) s.free_links.links[l] = (loom_link){1e30, 0.0};
+    for (int l = 0; l < LOOM_LINK_CLASSES; l++) s.free_links.links[l] = (loom_link){1e30, 0.0, 0.0};
     for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) s.free_links.compressor_bytes_per_s[m] = 1e30;
     static const char *const schedules[] = {"1f1b", "interleaved", "zb-h1", "zb-v"};
     int n = request->devices;
