@@ -217,10 +217,13 @@ def tflops(p):
     n = p["mesh"]["dp"] * p["mesh"]["tp"] * p["mesh"]["pp"]
     return F / p["predicted"]["step_s"] / n / 1e12
 a, c = tflops(pred), tflops(pick)
-k = pick["mesh"]; r = pick["stages"][0].get("recompute", False)
+k = pick["mesh"]
+words = sorted({str(st.get("recompute", "none")) for st in pick["stages"]} - {"none", "False"})
+extra = f" zero {k.get('zero', 0)}" + (" sp" if k.get("sequence_parallel") else "")
+extra += f" recompute {'+'.join(words)}" if words else ""
 print(f"{name:7s} published {pub:5.0f}  predicted {a:6.1f} ({100 * (a - pub) / pub:+5.1f}%)  "
       f"planner: dp {k['dp']} tp {k['tp']} pp {k['pp']} micro {pick['batch']['micro']} "
-      f"{pick['batch']['schedule']}{' recompute' if r else ''} -> {c:6.1f} "
+      f"{pick['batch']['schedule']}{extra} -> {c:6.1f} "
       f"({'at least as fast' if c >= a * (1 - 1e-9) else 'SLOWER'}; searched in {secs:.1f} s)")
 PY
     done <<'ROWS'
