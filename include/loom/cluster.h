@@ -101,7 +101,7 @@ typedef struct {
 
 /* A link class: what one device sends in one direction. */
 typedef struct {
-    double bandwidth; /* bytes/s, > 0 */
+    double bandwidth;      /* bytes/s, > 0 */
     double latency_s;      /* >= 0: per step of a ring */
     double call_latency_s; /* >= 0: once per collective call (optional, default 0) */
 } loom_link;

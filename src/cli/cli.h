@@ -34,7 +34,7 @@ typedef enum {
     OPT_DOUBLE,
     OPT_STRING,
     OPT_FLAG,
-    OPT_GROUP, /* not an option: the heading of the rows after it in --help (CLI_GROUP) */
+    OPT_GROUP,    /* not an option: the heading of the rows after it in --help (CLI_GROUP) */
     OPT_RECOMPUTE /* an int LOOM_RECOMPUTE_*: --recompute alone is "needed", or the word after it
                    * (none, needed, always, selective); a config file's true/false or word */
 } cli_opt_type;
