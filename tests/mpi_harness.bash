@@ -1,8 +1,9 @@
 # mpi_harness.bash — sourced by the tests/mpi_*.sh scripts that compare runs under mpirun: the
 # MPI environment (root, oversubscription, idle ranks off the cores), pass/fail counters, the
 # shared corpus (prepare_corpus, with $LOOM set), a run's metrics.jsonl read with jq (series,
-# vseries, metric) and the series comparisons against another run's. The caller prints the
-# totals with `finish`.
+# vseries, metric), the series comparisons against another run's, and the runs a comparing
+# script makes with its ${common[@]} (single, run, compare_run, check; a script may define its
+# own after sourcing this). The caller prints the totals with `finish`.
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
@@ -51,4 +52,50 @@ close_series() {
            s = b < 0 ? -b : b; tol = i == 3 ? 1e-6 : 1e-5;
            if (d > tol * s + 1e-12) { print "step " $1 " column " i ": " a " vs " b; bad = 1 } } }
          END { if (n != m || n == 0) { print "lines: " n " vs " m; bad = 1 } exit bad }' "$1" "$2"
+}
+
+# The runs a comparing script makes, each `loom train` with the caller's ${common[@]} (which
+# trains 8 steps and saves), in the current folder: NAME/ and NAME.log.
+# single NAME FLAGS...: one process, the reference.
+single() {
+    local name=$1
+    shift
+    "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1 || fail "$name: $(tail -3 "$name.log")"
+}
+
+# run NAME RANKS FLAGS...: under mpirun (300 s at most); non-zero when it failed.
+run() {
+    local name=$1 np=$2
+    shift 2
+    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
+        ok
+    else
+        fail "$name: exit $?: $(grep -m3 -i 'error\|expected' "$name.log" || tail -5 "$name.log")"
+        return 1
+    fi
+}
+
+# compare_run NAME [REFERENCE]: losses, grad norms and validation losses at every step as
+# close_series says, final parameters within 1e-5 ($CMP), and with dp > 1 the replica check.
+compare_run() {
+    local name=$1 ref=${2:-single}
+    series "$ref/metrics.jsonl" >"$ref.series"
+    vseries "$ref/metrics.jsonl" >"$ref.vseries"
+    series "$name/metrics.jsonl" >"$name.series"
+    vseries "$name/metrics.jsonl" >"$name.vseries"
+    if out=$(close_series "$ref.series" "$name.series"); then ok; else fail "$name losses/grad norms differ from one process: $out"; fi
+    if out=$(close_series "$ref.vseries" "$name.vseries"); then ok; else fail "$name validation losses differ: $out"; fi
+    local a=$ref/checkpoints/step_00000008/model.safetensors
+    local b=$name/checkpoints/step_00000008/model.safetensors
+    if out=$("$CMP" "$b" "$a" 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
+    if ! grep -q "data parallel 1 " "$name.log"; then
+        if grep -q "replicas hold bit-identical parameters" "$name.log"; then ok; else fail "$name replicas not reported identical"; fi
+    fi
+}
+
+# check NAME RANKS REFERENCE FLAGS...: run, then compare_run against REFERENCE.
+check() {
+    local name=$1 np=$2 ref=$3
+    shift 3
+    run "$name" "$np" "$@" && compare_run "$name" "$ref"
 }

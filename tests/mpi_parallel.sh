@@ -121,6 +121,28 @@ run dp2_zero3_no_prefetch 2 --zero 3 --zero3-prefetch 0 --micro-batch-size 1
 compare_run dp2_zero3_no_prefetch
 run dp2_zero3_step 2 --zero 3 --zero3-prefetch 3 --zero3-gather step --micro-batch-size 1
 compare_run dp2_zero3_step
+# the prefetch runs past a pass's end into the schedule's next pass, and the block a pass turns
+# on stays: a training pass never waits for a block nobody gathered ahead but the step's first
+# (each rank's zero3_just_in_time in memory.json, 8 steps, no validation); without prefetch it
+# waits for every one
+# just_in_time RUN EXPECT: EXPECT is "steps" (8 on every rank) or "all" (= zero3_gathers)
+just_in_time() {
+    local got
+    got=$(jq -r --arg e "$2" '[.ranks[] | select(if $e == "all" then .zero3_just_in_time != .zero3_gathers
+        else .zero3_just_in_time != 8 end) | "rank \(.rank): \(.zero3_just_in_time) of \(.zero3_gathers)"] | join(", ")' "$1/memory.json")
+    if [ -z "$got" ]; then ok; else fail "$1: blocks gathered just in time: $got"; fi
+}
+ahead=(--zero 3 --micro-batch-size 1 --eval-every 0 --no-save)
+run dp2_zero3_ahead 2 "${ahead[@]}" && just_in_time dp2_zero3_ahead steps
+run dp2_zero3_ahead_p0 2 "${ahead[@]}" --zero3-prefetch 0 && just_in_time dp2_zero3_ahead_p0 all
+if [ "$quick" != 1 ]; then
+    for sched in 1f1b zb-v; do
+        run "pp2_dp2_zero3_ahead_$sched" 4 "${ahead[@]}" --layers 4 --data-parallel 2 --pipeline-parallel 2 \
+            --schedule $sched --recompute && just_in_time "pp2_dp2_zero3_ahead_$sched" steps
+    done
+    run il_dp2_zero3_ahead 4 "${ahead[@]}" --layers 4 --data-parallel 2 --pipeline-parallel 2 \
+        --schedule interleaved --virtual-stages 2 && just_in_time il_dp2_zero3_ahead steps
+fi
 # a ZeRO-3 checkpoint resumed in another layout under ZeRO-3 (pipeline and tensor parallel)
 resumed zero3_resumed_pp2 4 zero3_accum --data-parallel 2 --zero 3 --pipeline-parallel 2
 resumed zero3_resumed_tp2 4 zero3_accum --data-parallel 2 --zero 3 --tensor-parallel 2

@@ -24,51 +24,11 @@ common=(--model tiny --layers 4 --data 'data/train_*.bin' --val-data 'data/val_*
     --seq-len 16 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --warmup-steps 2
     --eval-every 4 --eval-batches 2 --threads 1 --log-every 100 --comm-timeout 60)
 
-single() { # name extra-flags...
-    local name=$1
-    shift
-    "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1 || fail "$name: $(tail -3 "$name.log")"
-}
 single single
 single single_m1 --micro-batch-size 1
 single single_l6 --layers 6
 single single_h4 --heads 4
 [ "$quick" = 1 ] || single single_l6_g6 --layers 6 --global-batch-size 6
-
-# name ranks extra-flags...
-run() {
-    local name=$1 np=$2
-    shift 2
-    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
-        ok
-    else
-        fail "$name: exit $?: $(grep -m3 -i 'error\|expected' "$name.log" || tail -5 "$name.log")"
-    fi
-}
-
-# compare_run NAME [REFERENCE]
-compare_run() {
-    local name=$1 ref=${2:-single}
-    series "$ref/metrics.jsonl" >"$ref.series"
-    vseries "$ref/metrics.jsonl" >"$ref.vseries"
-    series "$name/metrics.jsonl" >"$name.series"
-    vseries "$name/metrics.jsonl" >"$name.vseries"
-    if out=$(close_series "$ref.series" "$name.series"); then ok; else fail "$name losses/grad norms differ from one process: $out"; fi
-    if out=$(close_series "$ref.vseries" "$name.vseries"); then ok; else fail "$name validation losses differ: $out"; fi
-    local a=$ref/checkpoints/step_00000008/model.safetensors
-    local b=$name/checkpoints/step_00000008/model.safetensors
-    if out=$("$CMP" "$b" "$a" 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
-    if ! grep -q "data parallel 1 " "$name.log"; then
-        if grep -q "replicas hold bit-identical parameters" "$name.log"; then ok; else fail "$name replicas not reported identical"; fi
-    fi
-}
-
-check() { # name ranks reference flags...
-    local name=$1 np=$2 ref=$3
-    shift 3
-    run "$name" "$np" "$@"
-    compare_run "$name" "$ref"
-}
 
 il=(--pipeline-parallel 2 --schedule interleaved --virtual-stages 2)
 check il_p2v2_m4 2 single "${il[@]}"

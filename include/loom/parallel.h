@@ -149,6 +149,14 @@ void loom_grad_sync_free(loom_grad_sync *sync);
  * it. */
 void loom_grad_sync_before_backward(loom_grad_sync *sync, int64_t step);
 void loom_grad_sync_after_backward(loom_grad_sync *sync);
+/* The pass of the schedule that reads parameters after the one about to run: chunk's forward
+ * (dir +1) or backward (dir -1; a W reads none); dir 0: none. ZeRO-3 prefetches its first blocks
+ * while the current pass ends; nothing otherwise. */
+void loom_grad_sync_next_pass(loom_grad_sync *sync, int chunk, int dir);
+/* ZeRO-3 since the start: block all-gathers, and those a pass started for the block it was
+ * about to read (neither prefetched nor kept from the pass before); 0 and 0 otherwise. */
+void loom_grad_sync_gather_counts(const loom_grad_sync *sync, int64_t *gathers,
+                                  int64_t *just_in_time);
 /* Completes the step's synchronisation: the remaining buckets (or ZeRO-1's reduce-scatter) and
  * the tied embedding's sum. */
 loom_status loom_grad_sync_finish(loom_grad_sync *sync);

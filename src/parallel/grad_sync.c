@@ -349,6 +349,16 @@ static loom_status sync_embedding(loom_grad_sync *s) {
                                    LOOM_REDUCE_SUM);
 }
 
+void loom_grad_sync_next_pass(loom_grad_sync *s, int chunk, int dir) {
+    if (s && s->units) loom_unit_sync_next_pass(s->units, chunk, dir);
+}
+
+void loom_grad_sync_gather_counts(const loom_grad_sync *s, int64_t *gathers,
+                                  int64_t *just_in_time) {
+    *gathers = *just_in_time = 0;
+    if (s && s->units) loom_unit_sync_gather_counts(s->units, gathers, just_in_time);
+}
+
 void loom_grad_sync_zero_grads(loom_grad_sync *s, int64_t step) {
     loom_gpt_zero_grad(s->model);
     if (s->units) loom_unit_sync_zero(s->units, step);

@@ -72,6 +72,12 @@ size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u);
 /* ZeRO-3: the held units' parameters gathered again from the shards (after an update; block
  * units kept for the step are dropped), blocking; nothing under ZeRO-2. */
 loom_status loom_unit_sync_refresh(loom_unit_sync *u);
+/* The next pass the schedule runs that reads parameters: chunk's forward (dir +1) or backward
+ * (-1); dir 0: none (the step's last). ZeRO-3 prefetches its first blocks past a chunk's end. */
+void loom_unit_sync_next_pass(loom_unit_sync *u, int chunk, int dir);
+/* ZeRO-3 since creation: block all-gathers started, and those a pass had to start for the block
+ * it was about to read (not prefetched, not kept from the pass before). */
+void loom_unit_sync_gather_counts(const loom_unit_sync *u, int64_t *gathers, int64_t *just_in_time);
 /* ZeRO-3: bytes of gathered parameters it holds (held units, the pool at its high-water mark). */
 size_t loom_unit_sync_param_bytes(const loom_unit_sync *u);
 /* End of step for the error-feedback residuals: accept keeps the working copies the step built,

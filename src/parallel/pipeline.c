@@ -647,6 +647,13 @@ static loom_status wait_sends(loom_pipeline *p) {
 
 /* ---- training ------------------------------------------------------------------------------- */
 
+/* Whether a backward (or, backward 0, a W) of `key` reruns its forward first, `last` being the
+ * key of the last forward run (use_activations' rule). */
+static int reruns(const loom_pipeline *p, int last, int key, int backward) {
+    if (!p->recompute) return 0;
+    return last != key || (backward && p->recompute == LOOM_RECOMPUTE_ALWAYS);
+}
+
 /* Makes (chunk, mb)'s activation set current; rebuilds it from the kept input when
  * recomputation dropped it, and before every backward (whole or B) when the plan says
  * "always" (backward is 1 for those). */
@@ -654,8 +661,7 @@ static void use_activations(loom_pipeline *p, int c, int mb, const int32_t *toke
                             const int32_t *targets, int backward) {
     int key = key_of(p, c, mb);
     loom_gpt_use_slot(p->model, p->slots.of[key] >= 0 ? p->slots.of[key] : 0);
-    if (!p->recompute) return;
-    if (p->last_forward == key && !(backward && p->recompute == LOOM_RECOMPUTE_ALWAYS)) return;
+    if (!reruns(p, p->last_forward, key, backward)) return;
     loom_comm_progress("pipeline recompute");
     double t0 = loom_trace_now_us();
     loom_gpt_forward_chunk(p->model, c, tokens, input_of(p, c, mb), targets, p->B, p->T);
@@ -672,6 +678,28 @@ static void hand_down(loom_pipeline *p, int c, int mb) {
     if (ch->local_below < 0) return;
     memcpy(grad_of(p, ch->local_below, mb), loom_gpt_chunk_input_grad(p->model),
            btc_of(p) * sizeof(float));
+}
+
+/* Tells the sync which pass after action i reads parameters next (ZeRO-3's prefetch crosses
+ * into it, and a block the pass turns on stays): the next forward (dir +1) or backward (dir -1)
+ * in the schedule, a rerun forward where recomputation reruns one first; a W reads none. */
+static void announce_next_pass(const loom_pipeline *p, int i, loom_grad_sync *sync) {
+    int last = p->last_forward, chunk = 0, dir = 0;
+    for (int j = i; j < p->schedule.count && dir == 0; j++) {
+        loom_pipe_action a = p->schedule.actions[j];
+        int key = key_of(p, a.chunk, a.micro_batch), next = 0;
+        int backward = a.op == LOOM_PIPE_BACKWARD || a.op == LOOM_PIPE_BACKWARD_INPUT;
+        if (a.op == LOOM_PIPE_FORWARD) {
+            next = 1;
+        } else if (backward || a.op == LOOM_PIPE_BACKWARD_WEIGHT) {
+            next = reruns(p, last, key, backward) ? 1 : backward ? -1 : 0;
+        } else {
+            continue;
+        }
+        if (j > i && next != 0) chunk = a.chunk, dir = next;
+        if (a.op == LOOM_PIPE_FORWARD || next == 1) last = key; /* as it will be after j */
+    }
+    loom_grad_sync_next_pass(sync, chunk, dir);
 }
 
 /* One action of the list. */
@@ -716,7 +744,11 @@ static loom_status run_action(loom_pipeline *p, int i, const int32_t *inputs,
         break;
     case LOOM_PIPE_BACKWARD:
     case LOOM_PIPE_BACKWARD_INPUT: {
+        /* a rerun forward (recomputation) turns into this backward, which then runs ahead of
+         * the schedule's next pass */
+        loom_grad_sync_next_pass(sync, c, -1);
         use_activations(p, c, mb, tokens, mb_targets, 1);
+        announce_next_pass(p, i, sync);
         int last = i == ch->last_weight; /* a whole backward that finishes the chunk */
         if (last) loom_grad_sync_before_backward(sync, step);
         loom_comm_progress("backward");
@@ -778,6 +810,7 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
     for (int i = 0; i < p->schedule.count && st == LOOM_OK; i++) {
         loom_pipe_action a = p->schedule.actions[i];
         int field = timed_field(a.op);
+        if (field >= 0) announce_next_pass(p, i, sync);
         double t0 = loom_trace_now_us();
         st = run_action(p, i, inputs, targets, dloss, sync, step, loss_sum);
         double us = loom_trace_now_us() - t0;
@@ -786,6 +819,7 @@ loom_status loom_pipeline_train(loom_pipeline *p, const int32_t *inputs, const i
                                loom_pipe_op_name(a.op), field >= 0 ? "compute" : "pp", t0, us,
                                step + 1, a.micro_batch, p->chunk[a.chunk].stage);
     }
+    loom_grad_sync_next_pass(sync, 0, 0); /* validation and the next step start afresh */
     loom_status sent = wait_sends(p);
     if (st == LOOM_OK) st = sent;
     if (st == LOOM_OK && p->slack) st = slack_update(p);

@@ -18,8 +18,10 @@
  * Parameters (ZeRO-3): the model keeps only this rank's range of them (its params_memory window,
  * which AdamW updates). A block's parameters are all-gathered from their owners into a
  * block-sized buffer just before a forward or a backward reads them (LOOM_GPT_UNIT_PARAMS_*; W
- * reads none), with the next `zero3_prefetch` blocks of the same chunk gathered ahead in the
- * pass's direction while it computes; the buffer goes back to the pool when the pass is done with
+ * reads none), with the next `zero3_prefetch` blocks gathered ahead in the pass's direction
+ * while it computes — those of its chunk, then those the schedule's next pass reads first (the
+ * pipeline says which, loom_grad_sync_next_pass); the buffer goes back to the pool when the pass
+ * is done with
  * the block (zero3_gather "micro_batch"), or at the step's end ("step": gathered once, kept). The
  * held units stay gathered, refreshed from their owners after every update.
  *
@@ -97,7 +99,12 @@ struct loom_unit_sync {
     int64_t *bounds; /* (num_units, dp + 1) */
     /* ZeRO-3 */
     int zero3, prefetch, keep_for_step;
-    float **param_pool; /* free parameter buffers */
+    int *chunk_first; /* (model's chunks + 1) chunk c's blocks are units [chunk_first[c] + 1,
+                         chunk_first[c + 1] + 1) */
+    int next_chunk, next_dir; /* the schedule's next pass that reads parameters (dir 0: none) */
+    int64_t gathers, just_in_time; /* all-gathers started; those a pass waited for unprefetched */
+    int pass_dir;                  /* the running pass's direction (+1 forward, -1 backward) */
+    float **param_pool;            /* free parameter buffers */
     int params_free, params_allocated;
     int stale; /* the held units' parameters wait for a refresh */
     /* compression */
@@ -203,11 +210,16 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
     u->pool = loom_calloc(2 * n, sizeof *u->pool, "ZeRO buffers");
     u->param_pool = loom_calloc(n, sizeof *u->param_pool, "ZeRO-3 buffers");
     u->bounds = loom_calloc(n * ((size_t)mesh->dp_size + 1), sizeof *u->bounds, "ZeRO bounds");
+    u->chunk_first =
+        loom_calloc((size_t)model->num_chunks + 1, sizeof *u->chunk_first, "ZeRO units");
     u->shard = loom_alloc_aligned((range.shard > 0 ? range.shard : 1) * sizeof(float),
                                   "ZeRO gradient shard");
-    if (st == LOOM_OK &&
-        (!u->units || !u->fifo || !u->pool || !u->param_pool || !u->bounds || !u->shard))
+    if (st == LOOM_OK && (!u->units || !u->fifo || !u->pool || !u->param_pool || !u->bounds ||
+                          !u->shard || !u->chunk_first))
         st = LOOM_ERR_NOMEM;
+    for (int c = 0; st == LOOM_OK && c < model->num_chunks; c++)
+        u->chunk_first[c + 1] =
+            u->chunk_first[c] + model->chunks[c].end_layer - model->chunks[c].first_layer;
     if (st == LOOM_OK && u->zero3 &&
         (model->params_begin != range.begin || model->params_end != range.end)) {
         st = loom_fail(LOOM_ERR_RUNTIME,
@@ -253,6 +265,7 @@ void loom_unit_sync_free(loom_unit_sync *u) {
     for (int i = 0; u->param_pool && i < u->params_free; i++) loom_free_aligned(u->param_pool[i]);
     loom_free_aligned(u->shard);
     free(u->bounds);
+    free(u->chunk_first);
     free(u->param_pool);
     free(u->pool);
     free(u->fifo);
@@ -431,17 +444,39 @@ static void start_gather(loom_unit_sync *u, int i) {
     }
     own_block(u, us, us->params);
     keep_error(u, loom_comm_iallgatherv_f32(u->mesh->dp, us->params, us->bounds, &us->gather));
+    u->gathers++;
 }
 
-/* Block unit i's parameters, gathered and handed to the model; the next ones of its chunk in the
- * pass's direction (dir +1 forward, -1 backward) start gathering. */
+/* Whether block unit i, the running pass's last, is the one the next pass reads first (the
+ * pass turns on it: the forward's last block is the backward's first, and back). */
+static int turns_on(const loom_unit_sync *u, int i) {
+    const unit_state *us = &u->units[i];
+    if (u->next_dir == 0 || i != (u->pass_dir > 0 ? us->end_layer : us->first_layer + 1)) return 0;
+    int c = u->next_chunk;
+    return i == (u->next_dir > 0 ? u->chunk_first[c] + 1 : u->chunk_first[c + 1]);
+}
+
+/* Block unit i's parameters, gathered and handed to the model; the next `prefetch` blocks in
+ * the pass's direction (dir +1 forward, -1 backward) start gathering: those of its chunk, then,
+ * past the chunk's end, the first ones of the next pass the schedule runs
+ * (loom_unit_sync_next_pass). A block already there or on its way is left as it is. */
 static void params_begin(loom_unit_sync *u, int i, int dir) {
     unit_state *us = &u->units[i];
+    if (!us->params) u->just_in_time++;
+    u->pass_dir = dir;
     start_gather(u, i);
-    for (int k = 1; k <= u->prefetch; k++) {
-        int next = i + dir * k, layer = next - 1;
+    int ahead = 0;
+    for (; ahead < u->prefetch; ahead++) {
+        int next = i + dir * (ahead + 1), layer = next - 1;
         if (layer < us->first_layer || layer >= us->end_layer) break;
         start_gather(u, next);
+    }
+    if (u->next_dir != 0) { /* the block in use, where the next pass starts, stays (unit_event) */
+        int lo = u->chunk_first[u->next_chunk] + 1, hi = u->chunk_first[u->next_chunk + 1] + 1;
+        for (int k = 0; ahead < u->prefetch && k < hi - lo; k++) {
+            int next = u->next_dir > 0 ? lo + k : hi - 1 - k;
+            if (next != i) start_gather(u, next), ahead++;
+        }
     }
     if (us->gather) keep_error(u, loom_comm_wait(us->gather));
     us->gather = NULL;
@@ -457,6 +492,11 @@ static void params_free(loom_unit_sync *u, int i) {
     u->param_pool[u->params_free++] = us->params;
     us->params = NULL;
     u->model->unit_params[i] = NULL;
+}
+
+void loom_unit_sync_next_pass(loom_unit_sync *u, int chunk, int dir) {
+    int ok = dir != 0 && chunk >= 0 && chunk < u->model->num_chunks;
+    u->next_chunk = ok ? chunk : 0, u->next_dir = ok ? dir : 0;
 }
 
 loom_status loom_unit_sync_refresh(loom_unit_sync *u) {
@@ -495,8 +535,8 @@ static void unit_event(void *ctx, int i, int event) {
     case LOOM_GPT_UNIT_PARAMS_BACKWARD:
         if (u->zero3) params_begin(u, i, event == LOOM_GPT_UNIT_PARAMS_FORWARD ? 1 : -1);
         break;
-    case LOOM_GPT_UNIT_PARAMS_DONE:
-        if (u->zero3 && !u->keep_for_step) params_free(u, i);
+    case LOOM_GPT_UNIT_PARAMS_DONE: /* kept when the next pass starts with it (the pass turns) */
+        if (u->zero3 && !u->keep_for_step && !turns_on(u, i)) params_free(u, i);
         break;
     default:
         break;
@@ -559,6 +599,11 @@ size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u) {
 size_t loom_unit_sync_param_bytes(const loom_unit_sync *u) {
     if (!u->zero3) return 0;
     return ((size_t)u->params_allocated * u->block_floats + held_floats(u)) * sizeof(float);
+}
+
+void loom_unit_sync_gather_counts(const loom_unit_sync *u, int64_t *gathers,
+                                  int64_t *just_in_time) {
+    *gathers = u->gathers, *just_in_time = u->just_in_time;
 }
 
 const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *floats) {

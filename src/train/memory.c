@@ -67,7 +67,17 @@ void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *pl
 }
 
 /* One rank's row: what the runtime allocated by category, and the peak resident set. */
-enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_COMPRESSOR, MEM_RSS, MEM_FIELDS };
+enum {
+    MEM_PARAMS,
+    MEM_GRADS,
+    MEM_OPTIMIZER,
+    MEM_ACTIVATIONS,
+    MEM_COMPRESSOR,
+    MEM_RSS,
+    MEM_GATHERS,      /* ZeRO-3's block all-gathers over the run */
+    MEM_JUST_IN_TIME, /* of them, those a pass waited for unprefetched */
+    MEM_FIELDS
+};
 
 loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_plan *plan,
                                      const loom_mesh *mesh, loom_grad_sync *sync,
@@ -84,6 +94,9 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
     row[MEM_ACTIVATIONS] = (double)loom_gpt_activation_bytes(model);
     row[MEM_COMPRESSOR] = (double)loom_grad_sync_state_bytes(sync);
     row[MEM_RSS] = (double)peak_rss;
+    int64_t gathers, just_in_time;
+    loom_grad_sync_gather_counts(sync, &gathers, &just_in_time);
+    row[MEM_GATHERS] = (double)gathers, row[MEM_JUST_IN_TIME] = (double)just_in_time;
     loom_status st = LOOM_OK;
     if (mesh->world) {
         st = loom_comm_allreduce_f64(mesh->world, rows, ranks * MEM_FIELDS, LOOM_REDUCE_SUM);
@@ -110,17 +123,18 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
                   mib(x[MEM_GRADS]), mib(x[MEM_OPTIMIZER]), mib(x[MEM_ACTIVATIONS]),
                   mib(x[MEM_COMPRESSOR]), mib(x[MEM_RSS]));
         if (!f) continue;
-        fprintf(f,
-                "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
-                "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
-                "\"compressor\": %.0f, \"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
-                ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
-                ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"total\": %" PRId64
-                "}}%s\n",
-                r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
-                x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], pred.weights, pred.grads,
-                pred.optimizer, pred.gathered, pred.activations, pred.scratch, pred.compressor,
-                pred.total, r + 1 < ranks ? "," : "");
+        fprintf(
+            f,
+            "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
+            "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
+            "\"compressor\": %.0f, \"zero3_gathers\": %.0f, \"zero3_just_in_time\": %.0f, "
+            "\"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
+            ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
+            ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"total\": %" PRId64 "}}%s\n",
+            r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
+            x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], x[MEM_GATHERS],
+            x[MEM_JUST_IN_TIME], pred.weights, pred.grads, pred.optimizer, pred.gathered,
+            pred.activations, pred.scratch, pred.compressor, pred.total, r + 1 < ranks ? "," : "");
     }
     if (f) {
         fprintf(f, "]}\n");
