@@ -116,6 +116,71 @@ compare_run zero3_accum
 resumed zero2_resumed_zero3 2 zero2_accum --zero 3
 resumed zero3_resumed_single 1 zero3_accum
 
+# a layout that does not fit the launched ranks: exit 2 and the reason on every rank
+timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" --out bad --data-parallel 4 >bad.log 2>&1
+code=$?
+if [ "$code" -eq 2 ] && [ "$(grep -c 'error: plan: mesh: expected dp\*tp\*pp to equal the 2 ranks launched' bad.log)" -eq 2 ]; then ok; else fail "mismatched layout: exit $code: $(tail -4 bad.log)"; fi
+if [ "$core_only" = 1 ]; then
+    finish
+    exit
+fi
+
+# ---- the rest of the matrix ----
+
+# plain data parallelism (--no-zero1): bucketed allreduces during backward
+run dp2 2 --no-zero1 --trace overlap.trace.json
+compare_run dp2
+# the sync after the backward instead of during it (Megatron-LM's local DDP): the same numbers,
+# and every gradient bucket starts after the step's last backward ends (with overlap, some
+# start before it)
+run dp2_no_overlap 2 --no-zero1 --no-overlap-grad-reduce --trace no_overlap.trace.json
+compare_run dp2_no_overlap
+python3 - overlap.trace.json no_overlap.trace.json <<'PY' && ok || fail "bucket starts against the last backward: see above"
+import json, sys
+def early_starts(path):
+    events = json.load(open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    steps = {}
+    for e in events:
+        if e.get("ph") != "X" or (e.get("args") or {}).get("step") is None:
+            continue
+        d = steps.setdefault((e.get("pid"), e["args"]["step"]), {"end": 0.0, "starts": []})
+        if e["name"] == "backward":
+            d["end"] = max(d["end"], e["ts"] + e["dur"])
+        if e["name"] == "bucket start":
+            d["starts"].append(e["ts"])
+    starts = sum(len(d["starts"]) for d in steps.values())
+    early = sum(1 for d in steps.values() for t in d["starts"] if t < d["end"])
+    return starts, early
+s0, e0 = early_starts(sys.argv[1])
+s1, e1 = early_starts(sys.argv[2])
+print(f"overlap: {e0} of {s0} bucket starts before the last backward ended; "
+      f"no overlap: {e1} of {s1}")
+sys.exit(0 if s0 > 0 and e0 > 0 and s1 > 0 and e1 == 0 else 1)
+PY
+run dp4 4 --no-zero1
+compare_run dp4
+run dp2_zero1 2 --zero1
+compare_run dp2_zero1
+run dp2_accum 2 --no-zero1 --micro-batch-size 1 --bucket-mb 0.001
+compare_run dp2_accum
+run dp4_zero1_accum 4 --zero1 --micro-batches 2 --micro-batch-size 1
+compare_run dp4_zero1_accum
+# ZeRO-1's reduce-scatter runs bucket by bucket as a ring during backward: with tiny buckets
+# most of a bucket's blocks are empty on most ranks, and many rings are in flight at once
+run dp4_zero2_accum 4 --zero 2 --micro-batches 2 --micro-batch-size 1
+compare_run dp4_zero2_accum
+run tp2_dp2_zero2 4 --tensor-parallel 2 --data-parallel 2 --zero 2 --micro-batch-size 1
+compare_run tp2_dp2_zero2
+run pp2_dp2_zero2_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 2 --recompute
+compare_run pp2_dp2_zero2_recompute
+run dp4_zero3_accum 4 --zero 3 --micro-batches 2 --micro-batch-size 1
+compare_run dp4_zero3_accum
+run tp2_dp2_zero3 4 --tensor-parallel 2 --data-parallel 2 --zero 3 --micro-batch-size 1
+compare_run tp2_dp2_zero3
+run pp2_dp2_zero3_recompute 4 --pipeline-parallel 2 --data-parallel 2 --zero 3 --recompute
+compare_run pp2_dp2_zero3_recompute
+
 # prefetch off, deeper, and gathering once per step
 run dp2_zero3_no_prefetch 2 --zero 3 --zero3-prefetch 0 --micro-batch-size 1
 compare_run dp2_zero3_no_prefetch
