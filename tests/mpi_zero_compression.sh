@@ -33,17 +33,7 @@ prepare_corpus
 common=(--model tiny --data 'data/train_*.bin' --seq-len 16 --micro-batch-size 2 --lr 3e-3
     --warmup-steps 2 --eval-every 0 --threads 1 --log-every 1 --comm-timeout 60)
 
-# name ranks extra-flags...
-run() {
-    local name=$1 np=$2
-    shift 2
-    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
-        ok
-        return 0
-    fi
-    fail "$name: exit $?: $(tail -5 "$name.log")"
-    return 1
-}
+# run NAME RANKS FLAGS...: the harness's (mpi_harness.bash)
 
 identical() { # name: the run's replica check passed
     grep -q "replicas hold bit-identical parameters" "$1.log" && ok || fail "$1: no replica check"
