@@ -6,6 +6,11 @@
 # time over STEPS timed steps: ZeRO-1, ZeRO-2, and ZeRO-3 with prefetch 0 (each block gathered
 # just in time), 1 (the default) and 2. Prints each run's ms/step and tokens/s, then each one's
 # throughput as a ratio to ZeRO-1's, measured in the same run of this script.
+# LINK=RATE (root) runs the same five through one link shaped to RATE (e.g. 5gbit): the ranks
+# talk TCP over a network namespace's loopback, shaped by tc (bench/netns.bash), so that the
+# transfers take time on a wire, not the CPU that computes. Here, with shared memory, Open MPI
+# copies a gather with the very cores that compute (both ranks compute on the 2 cores), so a
+# prefetched gather has nothing idle to use and prefetch can show only on a link.
 #
 # Largest model (LARGEST=1): for ZeRO-1, 2 and 3, the largest GPT of GPT-2's shape family
 # (vocabulary 50257, heads of 64 channels) on a ladder of widths and depths, tried from the top
@@ -19,10 +24,13 @@
 # model, its parameter count and each rank's peak resident memory, then ZeRO-3's parameters as
 # a ratio to ZeRO-1's and ZeRO-2's. Long: each trained step of a large model takes minutes here.
 #
-# usage: bash bench/zero.sh [STEPS]          (build first: bash scripts/build.sh)
+# usage: bash bench/zero.sh [STEPS [FLAGS...]]   (build first: bash scripts/build.sh; FLAGS go
+#                                                 to every `loom bench`, e.g. --seq-len 256)
+#        LINK=5gbit bash bench/zero.sh [STEPS [FLAGS...]]
 #        LARGEST=1 bash bench/zero.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 LOOM=$PWD/build/loom
 STEPS=${1:-8}
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -33,20 +41,30 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(nproc)
     "$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
 
 if [ "${LARGEST:-0}" != 1 ]; then
-    common=(--train --model gpt2 --steps "$STEPS" --warmup 2 --threads 1 --data-parallel 2)
+    common=(--train --model gpt2 --steps "$STEPS" --warmup 2 --threads 1 --data-parallel 2 "${@:2}")
     runs=("zero1:--zero 1" "zero2:--zero 2" "zero3_prefetch0:--zero 3 --zero3-prefetch 0"
         "zero3_prefetch1:--zero 3 --zero3-prefetch 1" "zero3_prefetch2:--zero 3 --zero3-prefetch 2")
+    launch=(mpirun -np 2)
+    if [ -n "${LINK:-}" ]; then
+        [ "$(id -u)" -eq 0 ] || { echo "LINK: needs root (ip netns, tc)" >&2; exit 1; }
+        ns=loom_zbench_$$
+        . "$ROOT/bench/netns.bash"
+        netns_one_link "$LINK"
+        trap 'ip netns del "$ns" 2>/dev/null; rm -rf "$out"' EXIT
+        launch=(netns_mpirun 2 "")
+        echo "one link shaped to $LINK: $(netns_mpirun_text 2 "")"
+    fi
     for r in "${runs[@]}"; do
         name=${r%%:*}
         read -r -a flags <<<"${r#*:}"
-        echo "== $name: mpirun -np 2 loom bench ${common[*]} ${flags[*]}" >&2
-        mpirun -np 2 "$LOOM" bench "${common[@]}" "${flags[@]}" --out "$out/$name" |
+        echo "== $name: ${launch[*]} loom bench ${common[*]} ${flags[*]}" >&2
+        "${launch[@]}" "$LOOM" bench "${common[@]}" "${flags[@]}" --out "$out/$name" |
             tee "$out/$name.txt"
     done
     tokens() { sed -n 's/.*| *\([0-9.]*\) tok\/s.*/\1/p' "$out/$1.txt" | tail -1; }
     base=$(tokens zero1)
     echo
-    echo "throughput relative to ZeRO-1 (gpt2, dp 2, same run):"
+    echo "throughput relative to ZeRO-1 (gpt2, dp 2, same run${LINK:+, one link of $LINK}):"
     for r in "${runs[@]}"; do
         name=${r%%:*}
         awk -v n="$name" -v t="$(tokens "$name")" -v b="$base" \

@@ -316,7 +316,9 @@ typedef struct {
      * its W), LOOM_GPT_UNIT_GRADS_DONE after the last write of that backward (the fused block,
      * or W); LOOM_GPT_UNIT_PARAMS_FORWARD / _BACKWARD before a forward or a backward (fused or
      * B; W reads no parameters) reads the block's parameters, LOOM_GPT_UNIT_PARAMS_DONE after.
-     * The embeddings' and the final LayerNorm's units get no events. NULL: not called. */
+     * The embeddings' and the final LayerNorm's units get no events. LOOM_GPT_UNIT_PROGRESS
+     * (unit -1) between a block's GEMMs: a point where the hook may move its transfers on (MPI
+     * moves them only inside its calls). NULL: not called. */
     void (*unit_event)(void *ctx, int unit, int event);
     void *unit_event_ctx;
 } loom_gpt;
@@ -325,7 +327,8 @@ enum {
     LOOM_GPT_UNIT_GRADS_DONE,
     LOOM_GPT_UNIT_PARAMS_FORWARD,  /* before a forward reads block unit u's parameters */
     LOOM_GPT_UNIT_PARAMS_BACKWARD, /* before a backward (fused or B) reads them */
-    LOOM_GPT_UNIT_PARAMS_DONE      /* after that pass is done with them */
+    LOOM_GPT_UNIT_PARAMS_DONE,     /* after that pass is done with them */
+    LOOM_GPT_UNIT_PROGRESS         /* between a block's GEMMs (unit -1): communication may move */
 };
 /* Installs (NULL: removes) the unit event hook. */
 void loom_gpt_set_unit_events(loom_gpt *model, void (*unit_event)(void *ctx, int unit, int event),

@@ -905,6 +905,13 @@ static const float *chunk_last_residual(loom_gpt *m, const chunk_view *ch, int B
     return ch->layers > 0 ? layer_view(m, ch->layers - 1, B, T).residual3 : m->acts.encoded;
 }
 
+/* Lets the unit hook (if any) move its transfers on between a block's GEMMs: ZeRO-3's prefetched
+ * gathers and ZeRO-2/3's reduce-scatters progress only inside MPI calls, so once per block would
+ * leave a prefetch little to overlap. */
+static void progress(loom_gpt *m) {
+    if (m->unit_event) m->unit_event(m->unit_event_ctx, -1, LOOM_GPT_UNIT_PROGRESS);
+}
+
 /* Tells the unit hook (if any) about local layer `layer`'s block unit. */
 static void fire_unit_event(loom_gpt *m, int layer, int event) {
     if (m->unit_event) m->unit_event(m->unit_event_ctx, loom_gpt_block_unit(layer), event);
@@ -927,12 +934,16 @@ static void block_forward_sp(loom_gpt *m, const chunk_view *ch, int i, const flo
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, rows, C);
     sp_gather(m, gathered, a.ln1, N, C);
     be->matmul_forward(a.qkv, gathered, p.qkvw, p.qkvb, N, C, 3 * Cl);
+    progress(m);
     be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    progress(m);
     row_parallel_forward_sp(m, a.attproj, partial, a.atty, p.attprojw, p.attprojb, N, Cl, C);
     be->residual_forward(a.residual2, residual, a.attproj, rows * C);
     be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, rows, C);
     sp_gather(m, gathered, a.ln2, N, C);
+    progress(m);
     be->matmul_forward(a.fch, gathered, p.fcw, p.fcb, N, C, 4 * Cl);
+    progress(m);
     be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
     row_parallel_forward_sp(m, a.fcproj, partial, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, rows * C);
@@ -954,11 +965,15 @@ static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float 
     be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
     /* column-parallel QKV: this rank's heads */
     be->matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * Cl);
+    progress(m);
     be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    progress(m);
     row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, N, Cl, C);
     be->residual_forward(a.residual2, residual, a.attproj, N * C);
     be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N, C);
+    progress(m);
     be->matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * Cl);
+    progress(m);
     be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
     row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
@@ -1144,12 +1159,14 @@ static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which
                                    3 * Cl);
         break;
     }
+    progress(m);
 }
 
 /* After a GEMM's input gradient: its weight gradient at once (fused backward), or its output
  * gradient kept for W (split; nothing to copy when it was computed in place there). */
 static void weight_grad_or_keep(loom_gpt *m, const layer_acts *a, int l, int which,
                                 const float *dout, int64_t N, int64_t width, int split) {
+    progress(m); /* after the input gradient's GEMM */
     if (!split) {
         block_weight_grad(m, a, l, which, dout, N);
     } else if (a->dout[which] != dout) {

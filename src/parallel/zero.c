@@ -523,6 +523,10 @@ loom_status loom_unit_sync_refresh(loom_unit_sync *u) {
 
 static void unit_event(void *ctx, int i, int event) {
     loom_unit_sync *u = ctx;
+    if (event == LOOM_GPT_UNIT_PROGRESS) {
+        poke(u);
+        return;
+    }
     if (u->units[i].held) return;
     switch (event) {
     case LOOM_GPT_UNIT_GRADS:
