@@ -56,6 +56,13 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
         (a->embedding_sync != b->embedding_sync)) {
         return 0;
     }
+    const loom_plan_islands *ia = &a->islands, *ib = &b->islands;
+    if (ia->count != ib->count || ia->inner_steps != ib->inner_steps ||
+        ia->optimizer != ib->optimizer || ia->lr != ib->lr || ia->momentum != ib->momentum ||
+        ia->fragments != ib->fragments || ia->overlap_steps != ib->overlap_steps ||
+        ia->compression != ib->compression) {
+        return 0;
+    }
     if (a->predicted_step_s != b->predicted_step_s ||
         a->predicted_tokens_per_s != b->predicted_tokens_per_s ||
         a->num_predicted_peak != b->num_predicted_peak) {
@@ -1609,6 +1616,55 @@ static void test_virtual_request(void) {
     loom_plan_free(&plan);
 }
 
+/* Islands from the flags: the island count takes its share of the ranks and of the global
+ * batch, and the outer flags are refused without --islands (the rules' own statements). */
+static void test_islands_flags(void) {
+    loom_gpt_config model = gpt2_config();
+    loom_layout_flags f;
+    loom_layout_flags_defaults(&f);
+    f.islands = 2, f.micro_batch_size = 2, f.global_batch_size = 8, f.inner_steps = 10;
+    loom_plan plan;
+    loom_status st = loom_plan_from_flags(&plan, &model, &f, 4);
+    CHECK(st == LOOM_OK && plan.dp == 2 && plan.islands.count == 2 &&
+              plan.islands.inner_steps == 10 && loom_plan_num_micro_batches(&plan) == 1 &&
+              loom_plan_job_ranks(&plan) == 4 && plan.islands.optimizer == LOOM_OUTER_NESTEROV &&
+              plan.islands.lr == LOOM_PLAN_DEFAULT_OUTER_LR &&
+              plan.islands.momentum == LOOM_PLAN_DEFAULT_OUTER_MOMENTUM,
+          "2 islands on 4 ranks: dp %d, %d micro-batches: %s", plan.dp,
+          loom_plan_num_micro_batches(&plan), st == LOOM_OK ? "" : loom_last_error());
+    if (st == LOOM_OK) {
+        /* the same plan on the 2 ranks of one island's mesh is refused, naming the count */
+        st = loom_plan_check(&plan, "p", 2);
+        CHECK(st == LOOM_ERR_INPUT &&
+                  strstr(loom_last_error(), "p: islands.count: expected islands x dp*tp*pp to "
+                                            "equal the 2 ranks launched, got 2 x 2*1*1 = 4"),
+              "islands on too few ranks: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+        loom_plan_free(&plan);
+    }
+    f.islands = 3;
+    st = loom_plan_from_flags(&plan, &model, &f, 4);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "--tensor-parallel 1 x --pipeline-parallel 1 x "
+                                        "--islands = 3: expected a divisor of the 4 ranks"),
+          "3 islands on 4 ranks: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    f.islands = 0;
+    st = loom_plan_from_flags(&plan, &model, &f, 4);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "--inner-steps: expected only with --islands K"),
+          "--inner-steps without islands: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    loom_layout_flags_defaults(&f);
+    f.islands = 2;
+    snprintf(f.outer_compression, sizeof f.outer_compression, "topk");
+    st = loom_plan_from_flags(&plan, &model, &f, 2);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "islands.compression: \"topk\" outer gradients are not "
+                                        "built yet"),
+          "--outer-compression topk: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
+}
+
 /* The keys settled for the memory and islands issues: mesh.zero (an integer; older files'
  * top-level zero1 read as 0/1; left out, loom_plan_default_zero's rule, written back), the
  * recompute words (older booleans read as none/needed), predicted.seq_len, and the reserved
@@ -1647,8 +1703,35 @@ static void test_settled_keys(void) {
         {"\"pp\": 2}", "\"pp\": 2, \"sequence_parallel\": true}", 0, NULL},
         {"\"tp\": 2, \"pp\": 2}", "\"tp\": 1, \"pp\": 2, \"sequence_parallel\": true}", -1,
          "mesh.sequence_parallel: expected false with mesh.tp 1"},
-        {"\"mesh\":", "\"islands\": {\"count\": 2}, \"mesh\":", -1,
-         "islands: islands (DiLoCo-style training over slow links) are not built yet"},
+        /* islands: the world in K meshes; every key but count has a default */
+        {"\"mesh\":", "\"islands\": {\"count\": 2}, \"mesh\":", 0, NULL},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"inner_steps\": 50, \"outer_optimizer\": \"sgd\", "
+         "\"outer_lr\": 1, \"outer_momentum\": 0, \"fragments\": 4, \"compression\": \"int8\"}, "
+         "\"mesh\":",
+         0, NULL},
+        {"\"mesh\":", "\"islands\": {\"count\": 0}, \"mesh\":", -1,
+         "islands.count: expected a positive number of islands, got 0"},
+        {"\"mesh\":", "\"islands\": {\"inner_steps\": 5}, \"mesh\":", -1, "islands.count"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"inner_steps\": 0}, \"mesh\":", -1,
+         "islands.inner_steps: expected at least 1 inner step a round, got 0"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"fragments\": 13}, \"mesh\":", -1,
+         "islands.fragments: expected 1 to 12 fragments (at most model.layers 12"},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"inner_steps\": 4, \"fragments\": 5}, \"mesh\":", -1,
+         "islands.fragments: expected 1 to 4 fragments"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"overlap_steps\": 1}, \"mesh\":", -1,
+         "islands.overlap_steps: outer syncs running behind inner steps are not built yet"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"powersgd\"}, \"mesh\":", -1,
+         "islands.compression: \"powersgd\" outer gradients are not built yet"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"outer_optimizer\": \"adam\"}, \"mesh\":", -1,
+         "islands.outer_optimizer: expected"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"outer_momentum\": 1}, \"mesh\":", -1,
+         "islands.outer_momentum: expected a value in [0, 1), got 1"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"h\": 1}, \"mesh\":", -1, "islands"},
+        /* each of 3 islands trains 64 / 3 sequences: not whole micro-batches */
+        {"\"mesh\":", "\"islands\": {\"count\": 3}, \"mesh\":", -1,
+         "batch.global: expected a multiple of batch.micro * mesh.dp * islands.count = 4*2*3 = 24"},
         {"\"recompute\": true}", "\"recompute\": \"needed\"}", 0, NULL},
         {"\"recompute\": false}", "\"recompute\": \"always\"}", 0, NULL},
         {"\"recompute\": true}", "\"recompute\": \"selective\"}", 0, NULL},
@@ -1759,5 +1842,6 @@ int main(void) {
     test_virtual_rules();
     test_virtual_request();
     test_settled_keys();
+    test_islands_flags();
     return check_finish();
 }

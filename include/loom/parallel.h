@@ -38,7 +38,13 @@ loom_status loom_parallel_compress_opts(const loom_plan_compressor *compressor, 
  * Ranks in Megatron order (loom_plan_rank_coords): TP fastest, then DP, PP slowest. With no
  * world (one process) every size is 1 and every group NULL. */
 typedef struct {
-    loom_comm *world;         /* borrowed; NULL: one process */
+    loom_comm *world;         /* this island's ranks (without islands the job's, borrowed;
+                                 with islands owned); NULL: one process */
+    loom_comm *job;           /* every rank of the job (borrowed; == world without islands):
+                                 what agrees on stopping and sums the metrics */
+    loom_comm *across;        /* islands: the ranks of every island at this rank's place in
+                                 its island (owned; NULL without islands) */
+    int island, islands;      /* this rank's island and their count (0 and 1 without) */
     const loom_plan *plan;    /* borrowed */
     loom_comm *tp, *dp, *pp;  /* owned; NULL without a world */
     loom_comm *embedding;     /* the ranks of the first and the last virtual stage of this
@@ -53,9 +59,10 @@ typedef struct {
     int lead; /* world rank 0: progress, metrics, checkpoints */
 } loom_mesh;
 
-/* Splits the world into the group kinds. dp * tp * pp must equal the world size (with no
- * world, 1): the error names the launched and the required rank counts, and is the same on
- * every rank. */
+/* Splits the world into the group kinds. islands x dp * tp * pp must equal the world size
+ * (with no world, 1): the error names the launched and the required rank counts, and is the
+ * same on every rank. With islands (the plan's islands.count) the world is first split into
+ * islands (consecutive ranks) and the groups across them; the mesh's groups are the island's. */
 loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh *mesh);
 void loom_mesh_free(loom_mesh *mesh);
 /* World rank of the given coordinates (the plan's rank formula). */
@@ -205,6 +212,38 @@ int loom_grad_sync_residual_count(const loom_grad_sync *sync);
 float *loom_grad_sync_residual(loom_grad_sync *sync, int i, int *unit, size_t *floats);
 /* Test hook: poisons one gradient (the first of this rank's range) with NaN. */
 void loom_grad_sync_poison(loom_grad_sync *sync);
+
+/* ---- islands: the outer optimiser (outer.c) ----------------------------------------------------
+ * DiLoCo's outer step over the islands of the plan's islands section: every rank keeps its
+ * data-parallel range of its stage's parameters as they were at the round's start, the outer
+ * momentum and (compressed) the error-feedback residual, and averages the range's outer gradient
+ * with the ranks at its place in the other islands (mesh->across). */
+typedef struct loom_outer loom_outer;
+typedef struct {
+    int64_t bytes_raw; /* what fp32 ring all-reduces of the same outer gradients would send */
+    int64_t syncs;     /* fragment syncs */
+    double seconds;    /* spent in outer syncs (blocking: all of it waits) */
+} loom_outer_stats;
+/* NULL (and LOOM_OK) when the plan has no islands. The model's parameters now are the round
+ * start, which must be every island's (loom_outer_check_start, run here: collective). */
+loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gpt *model,
+                              loom_grad_sync *sync);
+void loom_outer_free(loom_outer *outer);
+/* Fails (LOOM_ERR_RUNTIME, naming the group) when the islands' round-start parameters differ.
+ * Collective over mesh->across. */
+loom_status loom_outer_check_start(loom_outer *outer);
+/* Whether fragment f syncs after inner step `done` (counted from 1). */
+int loom_outer_due(const loom_outer *outer, int64_t done, int fragment);
+/* After inner step `done`: the fragments due sync, blocking (collective over the islands and,
+ * to share the result, over the island's data-parallel group). NULL: nothing. */
+loom_status loom_outer_step(loom_outer *outer, int64_t done);
+/* Swaps the island's parameters with the global ones (the round starts): evaluation runs on the
+ * global model between two calls. Collective over the data-parallel group. NULL: nothing. */
+loom_status loom_outer_swap(loom_outer *outer);
+/* Adds the counters since the last call to *stats and resets them. */
+void loom_outer_take_stats(loom_outer *outer, loom_outer_stats *stats);
+/* Bytes of outer state this rank holds (round start, momentum, scratch, residual). */
+size_t loom_outer_state_bytes(const loom_outer *outer);
 
 /* ---- the pipeline executor ------------------------------------------------------------------
  * Runs this stage's schedule (below) for one step: micro-batches through forward and backward,

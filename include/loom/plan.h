@@ -31,7 +31,11 @@
  * the one computing, and "mesh.zero3_gather" ("micro_batch") whether a unit is gathered for every
  * micro-batch or once per step ("step"); both are written only with zero 3.
  * "mesh.sequence_parallel" (false; requires tp > 1) is Megatron's sequence parallelism. A
- * top-level "islands" is reserved: refused by name until built.
+ * top-level "islands" (left out: none) makes the world K islands of the mesh (loom_plan_islands):
+ *     "islands": {"count": 4, "inner_steps": 100, "outer_optimizer": "nesterov",
+ *                 "outer_lr": 0.7, "outer_momentum": 0.9, "fragments": 1, "overlap_steps": 0,
+ *                 "compression": "int8"}
+ * where every key but "count" may be left out (the defaults shown, compression "none").
  * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
  * says whether the data-parallel gradient buckets start during the last backward (loom's way)
  * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
@@ -197,9 +201,35 @@ typedef struct {
     int num_stages; /* 0 = all */
 } loom_plan_compressor;
 
+/* Islands (DiLoCo-style training over slow links; docs/islands.md): the world is `count`
+ * islands of dp x tp x pp ranks each (island outermost: world rank = island x island size + the
+ * rank the mesh formula gives inside the island). Each island trains its own copy of the model
+ * on its own share of the data for `inner_steps` steps (H); then every rank's outer gradient
+ * (its parameters at the round's start minus now) is averaged over the islands, and the outer
+ * optimiser updates the round-start parameters, which every island continues from. With
+ * `fragments` F > 1 the parameters are split into F groups of layers, fragment f syncing after
+ * the inner steps t with t = floor(f H / F) mod H (Streaming DiLoCo's staggering). */
+typedef enum { LOOM_OUTER_NESTEROV, LOOM_OUTER_SGD, LOOM_OUTER_COUNT } loom_outer_optimizer;
+#define LOOM_PLAN_DEFAULT_INNER_STEPS    100
+#define LOOM_PLAN_DEFAULT_OUTER_LR       0.7
+#define LOOM_PLAN_DEFAULT_OUTER_MOMENTUM 0.9
+typedef struct {
+    int count;                        /* K islands; 0: none (one mesh, the plan's default) */
+    int inner_steps;                  /* H >= 1 */
+    loom_outer_optimizer optimizer;   /* nesterov (default) or sgd (momentum, no look-ahead) */
+    double lr, momentum;              /* the outer optimiser's (0.7, 0.9: DiLoCo's) */
+    int fragments;                    /* F in [1, min(layers, H)] (1) */
+    int overlap_steps;                /* inner steps a sync runs behind (0: blocking) */
+    loom_compress_method compression; /* outer gradients on the wire: none, bf16 or int8 */
+} loom_plan_islands;
+const char *loom_outer_optimizer_name(loom_outer_optimizer optimizer);
+/* The defaults above, count 0. */
+void loom_plan_islands_init(loom_plan_islands *islands);
+
 typedef struct {
     loom_gpt_config model; /* padded_vocab_size filled in (vocab rounded up to 128) */
-    int global_batch;      /* sequences per optimizer step, over all DP replicas */
+    int global_batch;      /* sequences per optimizer step, over all DP replicas (and all
+                              islands: each island's batch is global / islands.count) */
     int micro_batch;       /* sequences per forward/backward of one stage */
     loom_schedule_kind schedule;
     int virtual_stages; /* v: model chunks per pipeline rank (1; interleaved >= 2; zb-v 2) */
@@ -217,6 +247,7 @@ typedef struct {
     loom_zero3_gather zero3_gather; /* zero 3: per micro-batch (default) or once per step */
     int sequence_parallel;          /* Megatron's sequence parallelism over the tp group */
     int overlap_grad_reduce;        /* 1 (default): DP buckets start during backward; 0: after it */
+    loom_plan_islands islands;      /* count 0: no islands */
     int predicted_seq_len;          /* the sequence length the prediction was made for (0: none) */
     double predicted_step_s, predicted_tokens_per_s; /* 0 = no prediction */
     int64_t *predicted_peak_bytes;                   /* (num_predicted_peak) per rank */
@@ -316,7 +347,8 @@ typedef struct {
     int no_overlap_grad_reduce;
     /* compression (deep-copied into the plan and checked there); NULL: "none" */
     const loom_plan_compressor *dp_compression, *pp_compression;
-    const char *embedding_sync; /* NULL or "": "separate" */
+    const char *embedding_sync;       /* NULL or "": "separate" */
+    const loom_plan_islands *islands; /* NULL: none; else copied (count 0: none) */
 } loom_plan_request;
 
 /* Resolves the request's defaults for world_size ranks (0: no world, as `loom plan` without
@@ -374,6 +406,14 @@ typedef struct {
     int no_overlap_grad_reduce;
     int zero;            /* the ZeRO stage; -1: not given (loom_plan_default_zero) */
     int zero1, no_zero1; /* older spellings of zero 1 and zero 0 */
+    /* islands: --islands K (0: none), --inner-steps, --outer-optimizer, --outer-lr,
+     * --outer-momentum, --outer-fragments, --outer-overlap-steps, --outer-compression; the
+     * outer flags but --islands are refused without islands when set to other than the default */
+    int islands, inner_steps;
+    char outer_optimizer[16];
+    double outer_lr, outer_momentum;
+    int outer_fragments, outer_overlap_steps;
+    char outer_compression[16];
 } loom_layout_flags;
 
 /* Every flag at its default (zero -1: not given). */
@@ -406,7 +446,7 @@ int loom_plan_schedule_chunks(loom_schedule_kind schedule);
 typedef struct {
     int dp_rank, tp_rank, pp_rank;
 } loom_plan_coords;
-/* world_rank in [0, dp*tp*pp). */
+/* world_rank in [0, dp*tp*pp): a rank of one island (the island's own ranks, counted from 0). */
 loom_plan_coords loom_plan_rank_coords(const loom_plan *plan, int world_rank);
 int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
 
@@ -416,8 +456,11 @@ int loom_plan_world_rank(const loom_plan *plan, loom_plan_coords coords);
  * cannot be compressed and is as large as the gradient). The one place the rule lives. */
 int loom_plan_default_zero(const loom_plan *plan);
 
-/* Micro-batches each pipeline runs per optimizer step: global / (micro * dp). */
+/* Micro-batches each pipeline runs per optimizer step: global / (micro * dp * islands). */
 int loom_plan_num_micro_batches(const loom_plan *plan);
+/* Islands the plan trains (1 without islands) and ranks the job needs: islands x dp x tp x pp. */
+int loom_plan_num_islands(const loom_plan *plan);
+int64_t loom_plan_job_ranks(const loom_plan *plan);
 /* Whether `compressor` is on (method other than "none") for `stage`: for dp_compression a
  * pipeline rank (every chunk it runs), for pp_compression a link between virtual stages (link s
  * joins virtual stages s and s + 1, whichever ranks run them). */

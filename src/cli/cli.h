@@ -128,7 +128,23 @@ typedef struct {
             "ZeRO-3: gather a unit's parameters for every micro-batch (micro_batch, default) or "  \
             "once per step, kept until its last backward (step)"),                                 \
         ROW("--zero1", OPT_FLAG, zero1, "the same as --zero 1 (an older spelling)"),               \
-        ROW("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)")
+        ROW("--no-zero1", OPT_FLAG, no_zero1, "the same as --zero 0 (an older spelling)"),         \
+        ROW("--islands", OPT_INT, islands,                                                         \
+            "islands: K copies of the layout, each training on its own share of the data and "     \
+            "syncing with the others only every --inner-steps steps (DiLoCo; default none)"),      \
+        ROW("--inner-steps", OPT_INT, inner_steps,                                                 \
+            "islands: inner steps between outer syncs, H (default 100)"),                          \
+        ROW("--outer-optimizer", OPT_STRING, outer_optimizer,                                      \
+            "islands: the outer optimiser, nesterov (default) or sgd"),                            \
+        ROW("--outer-lr", OPT_DOUBLE, outer_lr, "islands: the outer learning rate (default 0.7)"), \
+        ROW("--outer-momentum", OPT_DOUBLE, outer_momentum,                                        \
+            "islands: the outer momentum (default 0.9)"),                                          \
+        ROW("--outer-fragments", OPT_INT, outer_fragments,                                         \
+            "islands: groups of layers syncing at staggered steps of a round (default 1)"),        \
+        ROW("--outer-overlap-steps", OPT_INT, outer_overlap_steps,                                 \
+            "islands: inner steps an outer sync runs behind (default 0: it blocks)"),              \
+        ROW("--outer-compression", OPT_STRING, outer_compression,                                  \
+            "islands: outer gradients on the wire: none (default), int8 or bf16")
 
 /* The compression flags of `loom train` and `loom plan` (loom_plan_compression_flags, a field
  * `compression` of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */

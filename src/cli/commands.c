@@ -143,7 +143,15 @@ static const char *const plan_owned[] = {"--model",
                                          "--recompute-always",
                                          "--sequence-parallel",
                                          "--zero3-prefetch",
-                                         "--zero3-gather"};
+                                         "--zero3-gather",
+                                         "--islands",
+                                         "--inner-steps",
+                                         "--outer-optimizer",
+                                         "--outer-lr",
+                                         "--outer-momentum",
+                                         "--outer-fragments",
+                                         "--outer-overlap-steps",
+                                         "--outer-compression"};
 
 static int plan_owns(const cli_opt *opt) {
     size_t first = offsetof(cli_train_args, layout.compression);

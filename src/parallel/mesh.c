@@ -6,6 +6,7 @@
  */
 #include "loom/parallel.h"
 
+#include <stdio.h>
 #include <string.h>
 
 loom_status loom_parallel_check_plan(const loom_plan *plan, const char *source) {
@@ -35,23 +36,49 @@ loom_status loom_parallel_compress_opts(const loom_plan_compressor *c, int place
     return loom_compress_check(opts, "plan");
 }
 
+/* Islands: the world in islands of consecutive ranks (the island's world) and the groups of
+ * the ranks at the same place in every island (across). */
+static loom_status split_islands(loom_comm *job, int island_size, loom_mesh *mesh) {
+    int rank = loom_comm_rank(job);
+    mesh->island = rank / island_size;
+    loom_status st = loom_comm_split(job, mesh->island, rank, "island", &mesh->world);
+    if (st == LOOM_OK) {
+        st =
+            loom_comm_split(job, rank % island_size, mesh->island, "across islands", &mesh->across);
+    }
+    return st;
+}
+
 loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh *mesh) {
     memset(mesh, 0, sizeof *mesh);
-    mesh->world = world;
+    mesh->world = mesh->job = world;
     mesh->plan = plan;
+    mesh->islands = loom_plan_num_islands(plan);
     int dp = plan->dp, tp = plan->tp, pp = plan->pp;
-    int size = world ? loom_comm_size(world) : 1, rank = world ? loom_comm_rank(world) : 0;
-    if ((int64_t)dp * tp * pp != size) {
-        long long need = (long long)dp * tp * pp;
+    int size = world ? loom_comm_size(world) : 1;
+    int64_t need = loom_plan_job_ranks(plan);
+    if (need != size) {
+        char count[32] = "";
+        if (plan->islands.count > 0) snprintf(count, sizeof count, "%d x ", mesh->islands);
         return loom_fail(LOOM_ERR_INPUT,
-                         "mesh: dp x tp x pp = %d x %d x %d = %lld ranks, but %d %s launched; "
-                         "start with mpirun -np %lld or change the layout",
-                         dp, tp, pp, need, size, size == 1 ? "was" : "were", need);
+                         "mesh: %sdp x tp x pp = %s%d x %d x %d = %lld ranks, but %d %s "
+                         "launched; start with mpirun -np %lld or change the layout",
+                         count[0] ? "islands x " : "", count, dp, tp, pp, (long long)need, size,
+                         size == 1 ? "was" : "were", (long long)need);
     }
+    mesh->lead = !world || loom_comm_rank(world) == 0;
+    if (plan->islands.count > 0 && world) {
+        loom_status st = split_islands(world, dp * tp * pp, mesh);
+        if (st != LOOM_OK) {
+            loom_mesh_free(mesh);
+            return st;
+        }
+        world = mesh->world;
+    }
+    int rank = world ? loom_comm_rank(world) : 0;
     mesh->dp_size = dp, mesh->tp_size = tp, mesh->pp_size = pp;
     loom_plan_coords c = loom_plan_rank_coords(plan, rank);
     mesh->dp_rank = c.dp_rank, mesh->tp_rank = c.tp_rank, mesh->pp_rank = c.pp_rank;
-    mesh->lead = rank == 0;
     if (!world) return LOOM_OK;
     /* colours: the coordinates that stay fixed within a group */
     loom_status st = loom_comm_split(world, c.pp_rank * dp + c.dp_rank, c.tp_rank, "tp", &mesh->tp);
@@ -90,6 +117,10 @@ void loom_mesh_free(loom_mesh *mesh) {
     loom_comm_free(mesh->embedding_all);
     loom_comm_free(mesh->dp_second);
     mesh->tp = mesh->dp = mesh->pp = mesh->embedding = mesh->embedding_all = mesh->dp_second = NULL;
+    loom_comm_free(mesh->across); /* islands: these two are the mesh's own */
+    if (mesh->world != mesh->job) loom_comm_free(mesh->world);
+    mesh->across = NULL;
+    mesh->world = mesh->job;
 }
 
 int loom_mesh_world_rank(const loom_mesh *mesh, int dp_rank, int tp_rank, int pp_rank) {

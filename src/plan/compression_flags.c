@@ -173,6 +173,7 @@ void loom_layout_flags_defaults(loom_layout_flags *f) {
     loom_plan_compression_flags_defaults(&f->compression);
     f->zero = -1;
     f->zero3_prefetch = -1;
+    f->outer_momentum = -1; /* 0 is a momentum: -1 is "not given" */
 }
 
 loom_status loom_layout_flags_zero(const loom_layout_flags *f, int *zero) {
@@ -227,6 +228,9 @@ loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
                          : zero == 1 ? "1"
                                      : "2");
     }
+    loom_plan_islands islands;
+    st = loom_plan_islands_from_flags(f, &islands);
+    if (st != LOOM_OK) return st;
     loom_plan_compressor dp, pp;
     st = loom_plan_compression_from_flags(&f->compression, &dp, &pp);
     if (st != LOOM_OK) return st;
@@ -248,7 +252,8 @@ loom_status loom_plan_from_flags(loom_plan *plan, const loom_gpt_config *model,
                                  .no_overlap_grad_reduce = f->no_overlap_grad_reduce,
                                  .dp_compression = &dp,
                                  .pp_compression = &pp,
-                                 .embedding_sync = f->compression.embedding_sync};
+                                 .embedding_sync = f->compression.embedding_sync,
+                                 .islands = &islands};
     st = loom_plan_from_request(plan, model, &request, world_size);
     loom_plan_compressor_free(&dp);
     loom_plan_compressor_free(&pp);

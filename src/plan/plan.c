@@ -97,6 +97,7 @@ void loom_plan_init(loom_plan *plan) {
     plan->overlap_grad_reduce = 1;
     plan->zero3_prefetch = 1;
     plan->zero3_gather = LOOM_ZERO3_GATHER_MICRO_BATCH;
+    loom_plan_islands_init(&plan->islands);
 }
 
 void loom_plan_free(loom_plan *plan) {
@@ -257,8 +258,16 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
                                "sequence over the tensor-parallel ranks: it needs tp > 1)",
                                p->tp);
     }
-    int64_t ranks = (int64_t)p->dp * p->tp * p->pp;
-    if (world_size > 0 && ranks != world_size) {
+    int64_t ranks = (int64_t)p->dp * p->tp * p->pp, islands = loom_plan_num_islands(p);
+    if (world_size > 0 && ranks * islands != world_size) {
+        if (p->islands.count > 0) {
+            return loom_fail_field(
+                source, "islands.count",
+                "expected islands x dp*tp*pp to equal the %d ranks "
+                "launched, got %" PRId64 " x %d*%d*%d = %" PRId64
+                " (the world must be a multiple of the island's %" PRId64 " ranks)",
+                world_size, islands, p->dp, p->tp, p->pp, ranks * islands, ranks);
+        }
         return loom_fail_field(source, "mesh",
                                "expected dp*tp*pp to equal the %d ranks launched, got "
                                "%d*%d*%d = %" PRId64 " (the ranks this plan needs)",
@@ -286,8 +295,16 @@ static loom_status check_mesh(const loom_plan *p, const char *source, int world_
                                "%d = %" PRId64,
                                m->num_layers, p->pp, p->virtual_stages, virtual_stages);
     }
-    int64_t per_step = (int64_t)p->micro_batch * p->dp;
+    int64_t per_step = (int64_t)p->micro_batch * p->dp * islands;
     if (p->global_batch % per_step != 0) {
+        if (islands > 1) {
+            return loom_fail_field(source, "batch.global",
+                                   "expected a multiple of batch.micro * mesh.dp * "
+                                   "islands.count = %d*%d*%" PRId64 " = %" PRId64
+                                   " (every island trains global / islands.count sequences a "
+                                   "step), got %d",
+                                   p->micro_batch, p->dp, islands, per_step, p->global_batch);
+        }
         return loom_fail_field(source, "batch.global",
                                "expected a multiple of batch.micro * mesh.dp = %d*%d = %" PRId64
                                ", got %d",
@@ -642,6 +659,7 @@ loom_status loom_plan_check(const loom_plan *plan, const char *source, int world
     loom_status st = check_shape(plan, source, world_size);
     if (st == LOOM_OK) st = check_stages(plan, source);
     if (st == LOOM_OK) st = check_compression(plan, source);
+    if (st == LOOM_OK) st = loom_plan_check_islands(plan, source);
     if (st == LOOM_OK) st = check_predicted(plan, source);
     return st;
 }
@@ -856,19 +874,21 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
     loom_status st = request_schedule(r, pp, model->num_layers, &schedule);
     if (st != LOOM_OK) return st;
     int micro = r->micro_batch ? r->micro_batch : LOOM_PLAN_DEFAULT_MICRO_BATCH;
-    int64_t model_parallel = (int64_t)tp * pp;
+    int islands = r->islands && r->islands->count > 0 ? r->islands->count : 1;
+    int64_t model_parallel = (int64_t)tp * pp * islands;
     if (dp == 0 && world_size > 0) {
         if (world_size % model_parallel != 0) {
             return loom_fail(LOOM_ERR_INPUT,
-                             "--tensor-parallel %d x --pipeline-parallel %d = %lld: expected a "
-                             "divisor of the %d ranks launched (data parallel takes the rest)",
-                             tp, pp, (long long)model_parallel, world_size);
+                             "--tensor-parallel %d x --pipeline-parallel %d%s = %lld: expected "
+                             "a divisor of the %d ranks launched (data parallel takes the rest)",
+                             tp, pp, islands > 1 ? " x --islands" : "", (long long)model_parallel,
+                             world_size);
         }
         dp = (int)(world_size / model_parallel);
     } else if (dp == 0) {
         dp = 1;
     }
-    int64_t per_replica = (int64_t)micro * dp, global = r->global_batch;
+    int64_t per_replica = (int64_t)micro * dp * islands, global = r->global_batch;
     if (r->micro_batches > 0) {
         int64_t implied = per_replica * r->micro_batches;
         if (global > 0 && global != implied) {
@@ -885,8 +905,9 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
     if (global % per_replica != 0) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--global-batch-size: expected a multiple of micro batch %d x data "
-                         "parallel %d = %lld, got %lld",
-                         micro, dp, (long long)per_replica, (long long)global);
+                         "parallel %d%s = %lld, got %lld",
+                         micro, dp, islands > 1 ? " x islands" : "", (long long)per_replica,
+                         (long long)global);
     }
     if (global > INT_MAX) {
         return loom_fail(LOOM_ERR_INPUT, "--global-batch-size: expected at most %d, got %lld",
@@ -908,6 +929,7 @@ loom_status loom_plan_from_request(loom_plan *plan, const loom_gpt_config *model
         plan->zero3_gather = r->zero3_gather;
         plan->sequence_parallel = r->sequence_parallel;
         plan->overlap_grad_reduce = !r->no_overlap_grad_reduce;
+        if (r->islands) plan->islands = *r->islands;
         st = loom_plan_check(plan, "plan", world_size);
     }
     if (st != LOOM_OK) loom_plan_free(plan);
@@ -957,7 +979,7 @@ int loom_plan_default_zero(const loom_plan *plan) {
 }
 
 int loom_plan_num_micro_batches(const loom_plan *plan) {
-    int64_t per_pipeline = (int64_t)plan->micro_batch * plan->dp;
+    int64_t per_pipeline = (int64_t)plan->micro_batch * plan->dp * loom_plan_num_islands(plan);
     return per_pipeline > 0 ? (int)(plan->global_batch / per_pipeline) : 0;
 }
 
@@ -1015,6 +1037,15 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
             ranks, plan->dp > 1 ? zero_words[plan->zero & 3] : "",
             plan->overlap_grad_reduce || plan->dp < 2 ? "" : "; gradient sync after the backward");
     if (plan->sequence_parallel) fprintf(out, "         sequence parallel over tp\n");
+    const loom_plan_islands *is = &plan->islands;
+    if (is->count > 0) {
+        fprintf(out,
+                "islands  %d x %d ranks, %d inner steps a round, outer %s lr %g momentum %g, "
+                "%d fragment%s, outer gradients %s\n",
+                is->count, ranks, is->inner_steps, loom_outer_optimizer_name(is->optimizer), is->lr,
+                is->momentum, is->fragments, is->fragments == 1 ? "" : "s",
+                loom_compress_method_name(is->compression));
+    }
     if (plan->zero == 3) {
         fprintf(out, "         ZeRO-3 gathers per %s, prefetching %d unit%s\n",
                 plan->zero3_gather == LOOM_ZERO3_GATHER_STEP ? "step" : "micro-batch",

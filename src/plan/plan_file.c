@@ -362,6 +362,45 @@ static loom_status read_zero(const char *file, const json_t *root, loom_plan *pl
     return LOOM_OK;
 }
 
+/* islands: count (required), inner_steps, outer_optimizer, outer_lr, outer_momentum, fragments,
+ * overlap_steps, compression; left out: no islands. */
+static loom_status read_islands(const char *file, const json_t *root, loom_plan *plan) {
+    static const char *const keys[] = {"count",         "inner_steps",    "outer_optimizer",
+                                       "outer_lr",      "outer_momentum", "fragments",
+                                       "overlap_steps", "compression"};
+    json_t *islands = json_object_get(root, "islands");
+    if (!islands) return LOOM_OK;
+    loom_plan_islands *is = &plan->islands;
+    loom_status st = loom_json_as_object(file, "islands", islands);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 8);
+    if (st == LOOM_OK) st = loom_json_read_int(file, islands, "islands", "count", 1, &is->count);
+    if (st == LOOM_OK && is->count < 1) {
+        return loom_fail_field(file, "islands.count",
+                               "expected a positive number of islands, got %d", is->count);
+    }
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, islands, "islands", "inner_steps", 0, &is->inner_steps);
+    int optimizer = (int)is->optimizer;
+    if (st == LOOM_OK) {
+        st = read_word(file, islands, "islands", "outer_optimizer", 0, &loom_plan_outer_optimizers,
+                       &optimizer);
+    }
+    is->optimizer = (loom_outer_optimizer)optimizer;
+    if (st == LOOM_OK) st = loom_json_read_number(file, islands, "islands", "outer_lr", 0, &is->lr);
+    if (st == LOOM_OK)
+        st = loom_json_read_number(file, islands, "islands", "outer_momentum", 0, &is->momentum);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, islands, "islands", "fragments", 0, &is->fragments);
+    if (st == LOOM_OK) {
+        st = loom_json_read_int(file, islands, "islands", "overlap_steps", 0, &is->overlap_steps);
+    }
+    if (st == LOOM_OK) {
+        st = read_method(file, islands, "islands", "compression", 0, LOOM_COMPRESS_FOR_DP,
+                         &is->compression);
+    }
+    return st;
+}
+
 static loom_status read_document(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"model",     "batch",       "mesh",
                                        "stages",    "compression", "predicted",
@@ -370,11 +409,7 @@ static loom_status read_document(const char *file, const json_t *root, loom_plan
     if (!json_is_object(root))
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
     loom_status st = loom_json_check_keys(file, root, "", keys, 10);
-    if (st == LOOM_OK && json_object_get(root, "islands")) {
-        st = loom_fail_field(file, "islands",
-                             "islands (DiLoCo-style training over slow links) are not built yet; "
-                             "leave the key out");
-    }
+    if (st == LOOM_OK) st = read_islands(file, root, plan);
     plan->zero = -1; /* not said yet */
     if (st == LOOM_OK) st = read_model(file, root, &plan->model);
     if (st == LOOM_OK) st = read_batch(file, root, plan);
@@ -476,6 +511,18 @@ static void write_document(FILE *out, const loom_plan *plan) {
                 loom_zero3_gather_name(plan->zero3_gather));
     }
     fprintf(out, "},\n");
+    const loom_plan_islands *is = &plan->islands;
+    if (is->count > 0) {
+        char lr[32], momentum[32];
+        loom_json_format_double(is->lr, lr, sizeof lr);
+        loom_json_format_double(is->momentum, momentum, sizeof momentum);
+        fprintf(out,
+                "  \"islands\": {\"count\": %d, \"inner_steps\": %d, \"outer_optimizer\": \"%s\", "
+                "\"outer_lr\": %s, \"outer_momentum\": %s, \"fragments\": %d, "
+                "\"overlap_steps\": %d, \"compression\": \"%s\"},\n",
+                is->count, is->inner_steps, loom_outer_optimizer_name(is->optimizer), lr, momentum,
+                is->fragments, is->overlap_steps, loom_compress_method_name(is->compression));
+    }
     fprintf(out, "  \"stages\": [\n");
     for (int i = 0; i < plan->num_stages; i++) {
         const loom_plan_stage *s = &plan->stages[i];

@@ -1,13 +1,13 @@
 /*
  * eval.c — validation during training: the mean loss over a fixed set of windows, shared out
  * among the data-parallel replicas and run forward-only through the pipeline executor, so the
- * figure is the same whatever the layout.
+ * figure is the same whatever the layout; with islands, of the global model.
  */
 #include "train/train_internal.h"
 
-loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
-                                loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
-                                int32_t *inputs, int32_t *targets, double *mean) {
+static loom_status validate(const loom_train_config *cfg, const loom_mesh *mesh,
+                            loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
+                            int32_t *inputs, int32_t *targets, double *mean) {
     const loom_plan *plan = mesh->plan;
     int64_t windows = (int64_t)cfg->eval_batches * plan->global_batch;
     int64_t available = (int64_t)loom_loader_num_windows(loader);
@@ -30,5 +30,17 @@ loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *m
         st = loom_comm_allreduce_f64(mesh->pp, &sum, 1, LOOM_REDUCE_SUM);
     }
     *mean = sum / (double)windows;
+    return st;
+}
+
+loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
+                                loom_pipeline *pipe, loom_outer *outer, const loom_dataset *data,
+                                loom_loader *loader, int32_t *inputs, int32_t *targets,
+                                double *mean) {
+    /* islands: of the global model, swapped in for the island's and back (every island runs
+     * the same windows on the same model) */
+    loom_status st = loom_outer_swap(outer);
+    if (st == LOOM_OK) st = validate(cfg, mesh, pipe, data, loader, inputs, targets, mean);
+    if (st == LOOM_OK) st = loom_outer_swap(outer);
     return st;
 }

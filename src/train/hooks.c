@@ -4,7 +4,8 @@
  *   LOOM_DEBUG_NAN_STEPS="3,4,5"       poison these (1-based) steps' gradients with NaN;
  *   LOOM_DEBUG_FAIL="RANK:STEP:MODE"   world rank RANK exits (MODE exit) or hangs (hang) at the
  *                                      start of STEP;
- *   LOOM_DEBUG_DIVERGE=1               replica 1 changes a parameter before the replica check.
+ *   LOOM_DEBUG_DIVERGE=1               replica 1 changes a parameter before the replica check;
+ *   LOOM_DEBUG_ISLANDS_SAME_DATA=1     every island reads the first island's data.
  * They exist only in a build with LOOM_TEST_HOOKS (CMake option, on by default because the
  * test suite needs them); a build without them ignores the variables and says so. Either way
  * a set variable is never acted on or dropped silently: one warning names it.
@@ -18,7 +19,7 @@
 #include <unistd.h>
 
 static const char *const hook_variables[] = {"LOOM_DEBUG_NAN_STEPS", "LOOM_DEBUG_FAIL",
-                                             "LOOM_DEBUG_DIVERGE"};
+                                             "LOOM_DEBUG_DIVERGE", "LOOM_DEBUG_ISLANDS_SAME_DATA"};
 
 loom_test_hooks loom_test_hooks_read(void) {
     loom_test_hooks h = {.fail_rank = -1, .fail_step = -1};
@@ -47,6 +48,8 @@ loom_test_hooks loom_test_hooks_read(void) {
     if (env && sscanf(env, "%d:%lld:%15s", &h.fail_rank, &at, h.fail_mode) == 3) h.fail_step = at;
     env = getenv("LOOM_DEBUG_DIVERGE");
     h.diverge = env && atoi(env) == 1;
+    env = getenv("LOOM_DEBUG_ISLANDS_SAME_DATA");
+    h.islands_same_data = env && atoi(env) == 1;
 #endif
     return h;
 }

@@ -205,6 +205,12 @@ enum {
     SUM_INPUT_SQ,
     SUM_SENDS,
     SUM_SENDS_COMPRESSED,
+    SUM_OUTER_BYTES,
+    SUM_OUTER_RAW,
+    SUM_OUTER_SYNCS,
+    SUM_OUTER_S,
+    SUM_LOSS, /* islands: of every rank, each its island's */
+    SUM_LOSS_SQ,
     SUM_COUNT
 };
 
@@ -223,6 +229,13 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
         loom_comm_reset_stats(r->mesh->dp_second);
         stats[0].bytes += second.bytes, stats[0].seconds += second.seconds;
     }
+    loom_comm_stats across = {0};
+    if (r->mesh->across) {
+        across = loom_comm_get_stats(r->mesh->across);
+        loom_comm_reset_stats(r->mesh->across);
+    }
+    loom_outer_stats os = {0};
+    loom_outer_take_stats(r->outer, &os);
     loom_compress_stats cs = {0};
     if (r->sync) loom_grad_sync_take_stats(r->sync, &cs);
     if (r->pipe) loom_pipeline_take_stats(r->pipe, &cs);
@@ -237,12 +250,31 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
                            cs.residual_sq,
                            cs.input_sq,
                            (double)cs.pp_grad_sends,
-                           (double)cs.pp_grad_sends_compressed};
+                           (double)cs.pp_grad_sends_compressed,
+                           (double)across.bytes,
+                           (double)os.bytes_raw,
+                           (double)os.syncs,
+                           os.seconds,
+                           r->loss,
+                           r->loss * r->loss};
     memcpy(sums, v, sizeof v);
-    if (!r->mesh->world) return LOOM_OK;
-    loom_status st = loom_comm_allreduce_f64(r->mesh->world, sums, SUM_COUNT, LOOM_REDUCE_SUM);
-    sums[SUM_COMPRESS_S] /= loom_comm_size(r->mesh->world); /* a rank's mean */
+    if (!r->mesh->job) return LOOM_OK;
+    loom_status st = loom_comm_allreduce_f64(r->mesh->job, sums, SUM_COUNT, LOOM_REDUCE_SUM);
+    int ranks = loom_comm_size(r->mesh->job);
+    sums[SUM_COMPRESS_S] /= ranks;                              /* a rank's mean */
+    sums[SUM_OUTER_S] /= ranks, sums[SUM_OUTER_SYNCS] /= ranks; /* a rank's */
+    sums[SUM_LOSS] /= ranks, sums[SUM_LOSS_SQ] /= ranks;        /* every island has as many ranks */
     return st;
+}
+
+/* The progress line's note on islands: the round, the islands' mean loss and its spread. */
+static void islands_note(loom_step_record *r, const double *sums) {
+    const loom_plan_islands *is = &r->mesh->plan->islands;
+    r->islands[0] = '\0';
+    if (is->count < 1) return;
+    double spread = sqrt(fmax(0.0, sums[SUM_LOSS_SQ] - sums[SUM_LOSS] * sums[SUM_LOSS]));
+    snprintf(r->islands, sizeof r->islands, " | round %" PRId64 ", islands' loss %.4f +- %.4f",
+             (r->step - 1) / is->inner_steps + 1, sums[SUM_LOSS], spread);
 }
 
 /* The progress line's note: how much less each compressed kind of traffic sent. */
@@ -269,6 +301,7 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
     loom_status st = job_counters(r, stats, sums);
     if (st != LOOM_OK) return st;
     compression_note(r, sums);
+    islands_note(r, sums);
     if (!m) return LOOM_OK;
     json_t *obj = json_object();
     json_object_set_new(obj, "step", json_integer(r->step));
@@ -303,6 +336,15 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
         double error =
             sums[SUM_INPUT_SQ] > 0 ? sqrt(sums[SUM_RESIDUAL_SQ] / sums[SUM_INPUT_SQ]) : NAN;
         json_object_set_new(obj, "dp_compression_error", number(error));
+    }
+    if (r->mesh->plan->islands.count > 0) {
+        json_object_set_new(obj, "outer_bytes", json_integer((json_int_t)sums[SUM_OUTER_BYTES]));
+        json_object_set_new(obj, "outer_bytes_raw", json_integer((json_int_t)sums[SUM_OUTER_RAW]));
+        json_object_set_new(obj, "outer_syncs", json_integer((json_int_t)sums[SUM_OUTER_SYNCS]));
+        json_object_set_new(obj, "outer_s", number(sums[SUM_OUTER_S]));
+        json_object_set_new(obj, "islands_loss", number(sums[SUM_LOSS]));
+        double spread = sqrt(fmax(0.0, sums[SUM_LOSS_SQ] - sums[SUM_LOSS] * sums[SUM_LOSS]));
+        json_object_set_new(obj, "islands_loss_spread", number(spread));
     }
     json_object_set_new(obj, "skipped", json_boolean(r->skipped));
     st = write_record(m, obj);

@@ -85,7 +85,7 @@ loom_status loom_stop_agree(loom_stop *s, const loom_mesh *mesh, int *stop) {
     /* why: 0 nothing, 1 the time budget, 2 a signal (the larger wins the agreement) */
     double why = stop_signal ? 2.0 : s->deadline > 0 && loom_now() >= s->deadline ? 1.0 : 0.0;
     loom_status st = LOOM_OK;
-    if (mesh->world) st = loom_comm_allreduce_f64(mesh->world, &why, 1, LOOM_REDUCE_MAX);
+    if (mesh->job) st = loom_comm_allreduce_f64(mesh->job, &why, 1, LOOM_REDUCE_MAX);
     *stop = st == LOOM_OK && why > 0;
     s->signalled = why >= 2;
     s->reason =

@@ -105,7 +105,9 @@ typedef struct {
     const loom_mesh *mesh; /* its groups' byte and time counters are written, then reset */
     loom_grad_sync *sync;  /* compression counters (taken, so reset) */
     loom_pipeline *pipe;
+    loom_outer *outer;    /* islands: outer counters (taken); NULL without islands */
     char compression[96]; /* out: " | dp 134x ..." for the progress line ("" without) */
+    char islands[96];     /* out: " | round 3, islands' loss 4.21 +- 0.02" ("" without) */
 } loom_step_record;
 loom_status loom_metrics_step(loom_metrics *metrics, loom_step_record *record);
 loom_status loom_metrics_validation(loom_metrics *metrics, int64_t step, double val_loss);
@@ -120,10 +122,12 @@ loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
 
 /* Mean loss over the first eval_batches global batches of the validation split (capped at the
  * split's size), micro-batch by micro-batch through the pipeline, the windows shared out among
- * the replicas: the same windows whatever the layout. Collective. */
+ * the replicas: the same windows whatever the layout; with islands (outer not NULL) of the
+ * global model, swapped in for the run and back. Collective. */
 loom_status loom_run_validation(const loom_train_config *cfg, const loom_mesh *mesh,
-                                loom_pipeline *pipe, const loom_dataset *data, loom_loader *loader,
-                                int32_t *inputs, int32_t *targets, double *mean);
+                                loom_pipeline *pipe, loom_outer *outer, const loom_dataset *data,
+                                loom_loader *loader, int32_t *inputs, int32_t *targets,
+                                double *mean);
 
 /* ---- stopping early (stop.c) ---- */
 
@@ -151,6 +155,7 @@ typedef struct {
     int64_t fail_step; /* hangs at the start of STEP */
     char fail_mode[16];
     int diverge; /* LOOM_DEBUG_DIVERGE=1: replica 1 changes a parameter before the check */
+    int islands_same_data; /* LOOM_DEBUG_ISLANDS_SAME_DATA=1: every island reads island 0's */
 } loom_test_hooks;
 
 loom_test_hooks loom_test_hooks_read(void);
@@ -158,6 +163,15 @@ loom_test_hooks loom_test_hooks_read(void);
 void loom_test_hooks_fail(const loom_test_hooks *hooks, loom_comm *world, int64_t step);
 /* Whether 1-based `step`'s gradients are to be poisoned (LOOM_DEBUG_NAN_STEPS). */
 int loom_test_hooks_nan(const loom_test_hooks *hooks, int64_t step);
+
+/* ---- islands (islands.c) ---- */
+
+/* What islands cannot do yet, refused by name: checkpoints (--save-every, the final save). */
+loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh);
+/* This rank's replica among all islands' (island x dp + dp rank; their count in *replicas): the
+ * share of each step's global batch it reads. The islands_same_data hook makes every island
+ * read as the only one would. */
+int loom_run_data_replica(const loom_mesh *mesh, const loom_test_hooks *hooks, int *replicas);
 
 /* ---- measuring a run (metrics.c) ---- */
 

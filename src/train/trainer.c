@@ -31,6 +31,7 @@ typedef struct {
     loom_gpt *model;      /* this rank's part */
     loom_pipeline *pipe;  /* this stage's schedule executor */
     loom_grad_sync *sync; /* DP, ZeRO-1, tied embedding, loss and norm */
+    loom_outer *outer;    /* islands' outer optimiser (NULL: no islands) */
     loom_adamw opt;
     loom_dataset *train_data, *val_data;
     loom_loader *train_loader, *val_loader;
@@ -51,6 +52,7 @@ typedef struct {
 
 static void trainer_free(trainer *t) {
     loom_trace_free(t->trace);
+    loom_outer_free(t->outer);
     loom_pipeline_free(t->pipe);
     loom_grad_sync_free(t->sync);
     loom_adamw_free(&t->opt);
@@ -200,6 +202,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     loom_grad_sync_opts opts = {t->plan->zero >= 1, cfg->bucket_mb * 1024 * 1024, cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
+    if ((st = loom_run_islands_check(cfg, &t->mesh)) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
 
     loom_rng rng;
@@ -223,6 +226,7 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
                       cfg->steps, t->state.step);
         }
     }
+    if ((st = loom_outer_create(&t->outer, &t->mesh, t->model, t->sync)) != LOOM_OK) return st;
     snprintf(t->state.tokenizer, sizeof t->state.tokenizer, "%s", tokenizer.tokenizer);
     snprintf(t->state.tokenizer_source, sizeof t->state.tokenizer_source, "%s",
              tokenizer.tokenizer_source);
@@ -260,8 +264,9 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
     /* the mean over the global batch: every token of every replica weighs 1/(G*T) */
     float dloss = 1.0f / ((float)B * (float)T * (float)m * (float)mesh->dp_size);
     loom_grad_sync_zero_grads(t->sync, t->state.step);
-    /* every stage reads the same windows: the first needs the tokens, the last the targets */
-    loom_loader_skip(t->train_loader, (uint64_t)mesh->dp_rank * per_replica);
+    /* every stage reads the same windows (the first needs the tokens, the last the targets) */
+    int replicas, replica = loom_run_data_replica(mesh, &t->hooks, &replicas);
+    loom_loader_skip(t->train_loader, (uint64_t)replica * per_replica);
     loom_status st = LOOM_OK;
     for (int a = 0; a < m && st == LOOM_OK; a++) {
         if (loom_dataset_has_tokens(t->train_data)) {
@@ -271,7 +276,7 @@ static loom_status accumulate_gradients(trainer *t, double *loss_sum) {
             loom_loader_skip(t->train_loader, (uint64_t)B);
         }
     }
-    loom_loader_skip(t->train_loader, (uint64_t)(mesh->dp_size - 1 - mesh->dp_rank) * per_replica);
+    loom_loader_skip(t->train_loader, (uint64_t)(replicas - 1 - replica) * per_replica);
     if (st == LOOM_OK) {
         st = loom_pipeline_train(t->pipe, t->inputs, t->targets, dloss, t->sync, t->state.step,
                                  loss_sum);
@@ -307,7 +312,7 @@ static loom_status train_step(trainer *t, int64_t step) {
     char note[64];
     snprintf(note, sizeof note, "step %" PRId64, step + 1);
     loom_comm_progress(note);
-    loom_test_hooks_fail(&t->hooks, t->mesh.world, step + 1);
+    loom_test_hooks_fail(&t->hooks, t->mesh.job, step + 1);
 
     double loss_sum, loss, grad_norm;
     loom_status st = accumulate_gradients(t, &loss_sum);
@@ -329,6 +334,7 @@ static loom_status train_step(trainer *t, int64_t step) {
     }
     loom_grad_sync_commit(t->sync, !skipped); /* a skipped step leaves compressors as they were */
     loom_pipeline_commit(t->pipe, !skipped);
+    if ((st = loom_outer_step(t->outer, step + 1)) != LOOM_OK) return st;
     t->state.step = step + 1;
     loom_loader_pos pos = loom_loader_get_pos(t->train_loader);
     t->state.data_epoch = pos.epoch;
@@ -340,17 +346,17 @@ static loom_status train_step(trainer *t, int64_t step) {
     double tokens_per_s = (double)t->plan->global_batch * cfg->seq_len / seconds;
     double mfu =
         t->peak_gflops > 0 ? t->flops_per_token * tokens_per_s / (t->peak_gflops * 1e9) : 0.0;
-    loom_step_record record = {step + 1, loss,    lr,       grad_norm, seconds, tokens_per_s,
-                               mfu,      skipped, &t->mesh, t->sync,   t->pipe, ""};
+    loom_step_record record = {step + 1, loss,     lr,      grad_norm, seconds,  tokens_per_s, mfu,
+                               skipped,  &t->mesh, t->sync, t->pipe,   t->outer, "",           ""};
     if ((st = loom_metrics_step(t->metrics, &record)) != LOOM_OK) return st;
     int64_t done = step + 1;
     if (t->mesh.lead &&
         (done == 1 || done % cfg->log_every == 0 || done == cfg->steps || skipped)) {
         clear_progress_line(t);
         loom_info("step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | "
-                  "%.1f ms | %.0f tok/s | MFU %.1f%%%s",
+                  "%.1f ms | %.0f tok/s | MFU %.1f%%%s%s",
                   done, cfg->steps, loss, lr, grad_norm, seconds * 1e3, tokens_per_s, 100 * mfu,
-                  record.compression);
+                  record.compression, record.islands);
     }
     if (t->state.bad_steps >= cfg->max_bad_steps) {
         return loom_fail(LOOM_ERR_NUMERIC,
@@ -364,8 +370,8 @@ static loom_status train_step(trainer *t, int64_t step) {
 
 static loom_status evaluate(trainer *t) {
     double val;
-    loom_status st = loom_run_validation(t->cfg, &t->mesh, t->pipe, t->val_data, t->val_loader,
-                                         t->inputs, t->targets, &val);
+    loom_status st = loom_run_validation(t->cfg, &t->mesh, t->pipe, t->outer, t->val_data,
+                                         t->val_loader, t->inputs, t->targets, &val);
     if (st != LOOM_OK) return st;
     t->last_val_loss = val;
     if (!t->mesh.lead) return LOOM_OK;

@@ -1,0 +1,295 @@
+/*
+ * outer.c — islands' outer optimiser (DiLoCo): every H inner steps, the parameters' change over
+ * the round is averaged over the islands and the outer optimiser moves the round-start
+ * parameters by it; every island continues from them.
+ *
+ * Each rank owns the same range of its stage's flat parameter buffer as ZeRO shards it (its
+ * data-parallel shard; the whole buffer at dp 1), keeps for it the parameters at the start of
+ * the round, the outer momentum and (with compression) the error-feedback residual, and
+ * averages its range with the ranks at the same place in the other islands (mesh->across): an
+ * island sends the model once per round, not dp times. The replicas of an island then gather the
+ * ranges again (ZeRO-3 keeps its shard and regathers its whole-held units).
+ *
+ * Fragments (Streaming DiLoCo): the stage's units (the embeddings, each block, the final
+ * LayerNorm) fall into F groups of whole layers, the embeddings with the first and the final
+ * LayerNorm with the last; the flat buffer holds units in model order, so a fragment is one
+ * contiguous piece of it. Fragment f syncs after the inner steps t with t mod H = floor(f H / F)
+ * (t counted from 1), so its first round is shorter when f > 0.
+ *
+ * The outer step, per entry, with the averaged outer gradient d = mean(start - now):
+ *   m = momentum m + d;  nesterov: start -= lr (d + momentum m);  sgd: start -= lr m;
+ *   now = start.
+ * Outer SGD with lr 1 and momentum 0 sets start to the islands' mean: one island then trains
+ * exactly as without islands.
+ *
+ * Not here: when a step runs (the trainer), the wire formats (compress/qreduce.c).
+ */
+#include "loom/compress.h"
+#include "loom/parallel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { OUTER_TAG = 7100 }; /* qreduce's messages on the across group */
+
+struct loom_outer {
+    const loom_mesh *mesh;
+    loom_gpt *model;
+    loom_grad_sync *sync;
+    loom_plan_islands cfg;
+    loom_zero_shard range; /* this rank's: flat offsets [begin, end) */
+    size_t n;              /* end - begin */
+    float *start;          /* (n) the round-start (global) parameters */
+    float *momentum;       /* (n) */
+    float *delta;          /* (n) scratch: the outer gradient, the island's parameters */
+    float *residual;       /* (n) error feedback of compressed outer gradients (NULL: none) */
+    size_t *frag;          /* (F + 1) offsets into the range of each fragment's piece */
+    loom_qreduce **wires;  /* (F) compressed: one plan per fragment's piece (NULL: fp32) */
+    int64_t *bounds;       /* (dp + 1) the island's ranges, for gathering them back */
+    loom_outer_stats stats;
+};
+
+/* This rank's parameters at flat offset `offset` (ZeRO-3 holds only its range). */
+static float *params_at(const loom_outer *o, size_t offset) {
+    return o->model->params_memory + (offset - o->model->params_begin);
+}
+
+/* The global layer of local layer l. */
+static int global_layer(const loom_gpt *m, int l) {
+    for (int c = 0; c < m->num_chunks; c++) {
+        int layers = m->chunks[c].end_layer - m->chunks[c].first_layer;
+        if (l < layers) return m->chunks[c].first_layer + l;
+        l -= layers;
+    }
+    return m->config.num_layers - 1;
+}
+
+/* Fragment of unit u: its layer's group, the embeddings the first's, the final LayerNorm the
+ * last's. */
+static int unit_fragment(const loom_gpt *m, int u, int fragments) {
+    if (u == 0) return 0;
+    if (u == m->num_units - 1) return fragments - 1;
+    int layer = global_layer(m, u - 1);
+    return (int)((int64_t)layer * fragments / m->config.num_layers);
+}
+
+/* Each fragment's piece of the range: frag[f] .. frag[f + 1] (offsets from range.begin). */
+static void split_fragments(loom_outer *o) {
+    const loom_gpt *m = o->model;
+    int F = o->cfg.fragments;
+    size_t lo = o->range.begin, hi = o->range.end;
+    for (int f = 0; f <= F; f++) o->frag[f] = f == 0 ? 0 : o->n;
+    for (int f = 1; f < F; f++) {
+        /* the first unit of fragment f or later starts its piece */
+        size_t at = hi;
+        for (int u = 0; u < m->num_units; u++) {
+            if (unit_fragment(m, u, F) >= f) {
+                at = m->unit_begin[u];
+                break;
+            }
+        }
+        at = at < lo ? lo : at > hi ? hi : at;
+        o->frag[f] = at - lo;
+    }
+}
+
+static loom_status make_wires(loom_outer *o) {
+    int K = o->mesh->islands;
+    o->wires = loom_calloc((size_t)o->cfg.fragments, sizeof *o->wires, "outer wire plans");
+    int64_t *bounds = loom_calloc((size_t)K + 1, sizeof *bounds, "outer wire bounds");
+    loom_status st = o->wires && bounds ? LOOM_OK : LOOM_ERR_NOMEM;
+    for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
+        int64_t len = (int64_t)(o->frag[f + 1] - o->frag[f]);
+        for (int k = 0; k <= K; k++) bounds[k] = len * k / K;
+        st = loom_qreduce_create(o->mesh->across, bounds, o->cfg.compression, 0, OUTER_TAG + f,
+                                 &o->wires[f]);
+    }
+    free(bounds);
+    return st;
+}
+
+loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gpt *model,
+                              loom_grad_sync *sync) {
+    *outer = NULL;
+    const loom_plan *plan = mesh->plan;
+    if (plan->islands.count < 1) return LOOM_OK;
+    loom_outer *o = loom_calloc(1, sizeof *o, "outer optimiser");
+    if (!o) return LOOM_ERR_NOMEM;
+    o->mesh = mesh, o->model = model, o->sync = sync, o->cfg = plan->islands;
+    o->range = loom_zero_shard_of(model->num_params, mesh->dp_size, mesh->dp_rank);
+    o->n = o->range.end > o->range.begin ? o->range.end - o->range.begin : 0;
+    size_t bytes = (o->n ? o->n : 1) * sizeof(float);
+    o->start = loom_alloc_aligned(bytes, "outer round-start parameters");
+    o->momentum = loom_alloc_aligned(bytes, "outer momentum");
+    o->delta = loom_alloc_aligned(bytes, "outer gradient");
+    o->frag = loom_calloc((size_t)o->cfg.fragments + 1, sizeof *o->frag, "outer fragments");
+    o->bounds = loom_calloc((size_t)mesh->dp_size + 1, sizeof *o->bounds, "outer ranges");
+    loom_status st =
+        o->start && o->momentum && o->delta && o->frag && o->bounds ? LOOM_OK : LOOM_ERR_NOMEM;
+    int compressed = o->cfg.compression != LOOM_COMPRESS_NONE;
+    if (st == LOOM_OK && compressed) {
+        o->residual = loom_alloc_aligned(bytes, "outer error feedback");
+        if (!o->residual) st = LOOM_ERR_NOMEM;
+    }
+    if (st == LOOM_OK) {
+        memcpy(o->start, params_at(o, o->range.begin), o->n * sizeof(float));
+        memset(o->momentum, 0, o->n * sizeof(float));
+        if (o->residual) memset(o->residual, 0, o->n * sizeof(float));
+        for (int r = 0; r <= mesh->dp_size; r++) {
+            size_t at = (size_t)r * o->range.shard;
+            o->bounds[r] = (int64_t)(at < model->num_params ? at : model->num_params);
+        }
+        split_fragments(o);
+        if (compressed && mesh->across) st = make_wires(o);
+    }
+    if (st == LOOM_OK) st = loom_outer_check_start(o);
+    if (st == LOOM_OK && mesh->lead) {
+        const loom_plan_islands *is = &o->cfg;
+        int size = mesh->dp_size * mesh->tp_size * mesh->pp_size;
+        loom_info("islands: %d of %d rank%s each; a round is %d inner steps, then outer %s (lr "
+                  "%g, momentum %g) over %d fragment%s, outer gradients %s; outer state %.1f MiB "
+                  "a rank",
+                  is->count, size, size == 1 ? "" : "s", is->inner_steps,
+                  loom_outer_optimizer_name(is->optimizer), is->lr, is->momentum, is->fragments,
+                  is->fragments == 1 ? "" : "s", loom_compress_method_name(is->compression),
+                  (double)loom_outer_state_bytes(o) / 1048576.0);
+    }
+    if (st != LOOM_OK) {
+        loom_outer_free(o);
+        return st;
+    }
+    *outer = o;
+    return LOOM_OK;
+}
+
+void loom_outer_free(loom_outer *o) {
+    if (!o) return;
+    for (int f = 0; o->wires && f < o->cfg.fragments; f++) loom_qreduce_free(o->wires[f]);
+    free(o->wires);
+    free(o->start);
+    free(o->momentum);
+    free(o->delta);
+    free(o->residual);
+    free(o->frag);
+    free(o->bounds);
+    free(o);
+}
+
+/* FNV-1a over the floats' bytes. */
+static uint64_t checksum(const float *x, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *bytes = (const unsigned char *)x;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ bytes[i]) * 1099511628211ULL;
+    return h;
+}
+
+loom_status loom_outer_check_start(loom_outer *o) {
+    if (!o || !o->mesh->across) return LOOM_OK;
+    uint64_t h = checksum(o->start, o->n);
+    double hi[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)};
+    double lo[2] = {-hi[0], -hi[1]};
+    loom_status st = loom_comm_allreduce_f64(o->mesh->across, hi, 2, LOOM_REDUCE_MAX);
+    if (st == LOOM_OK) st = loom_comm_allreduce_f64(o->mesh->across, lo, 2, LOOM_REDUCE_MAX);
+    if (st != LOOM_OK) return st;
+    if (hi[0] != -lo[0] || hi[1] != -lo[1]) {
+        return loom_fail(LOOM_ERR_RUNTIME,
+                         "islands: the islands start from different parameters (rank %d of "
+                         "the job, island %d, and its places in the other islands); every "
+                         "island must start from the same model (the same --seed, --init-from "
+                         "or checkpoint)",
+                         loom_comm_rank(o->mesh->job), o->mesh->island);
+    }
+    return LOOM_OK;
+}
+
+/* The sum over the islands of delta[lo, hi) (fragment f's piece), in place. */
+static loom_status sum_across(loom_outer *o, int f, size_t lo, size_t hi) {
+    if (!o->mesh->across || hi == lo) return LOOM_OK;
+    if (!o->wires)
+        return loom_comm_allreduce_f32(o->mesh->across, o->delta + lo, (int64_t)(hi - lo),
+                                       LOOM_REDUCE_SUM);
+    loom_qreduce *wire = o->wires[f];
+    loom_status st = loom_qreduce_reduce_scatter_start(wire, o->delta + lo, o->residual + lo);
+    if (st == LOOM_OK) st = loom_qreduce_wait(wire);
+    if (st == LOOM_OK) st = loom_qreduce_allgather_start(wire, o->delta + lo);
+    if (st == LOOM_OK) st = loom_qreduce_wait(wire);
+    return st;
+}
+
+/* One fragment's outer step on its piece [lo, hi) of the range. */
+static loom_status sync_fragment(loom_outer *o, int f) {
+    size_t lo = o->frag[f], hi = o->frag[f + 1];
+    float *now = params_at(o, o->range.begin);
+    for (size_t i = lo; i < hi; i++) o->delta[i] = o->start[i] - now[i];
+    loom_status st = sum_across(o, f, lo, hi);
+    if (st != LOOM_OK) return st;
+    float inv = 1.0f / (float)o->mesh->islands, mu = (float)o->cfg.momentum;
+    float lr = (float)o->cfg.lr;
+    int nesterov = o->cfg.optimizer == LOOM_OUTER_NESTEROV;
+    for (size_t i = lo; i < hi; i++) {
+        float d = o->delta[i] * inv;
+        float m = mu * o->momentum[i] + d;
+        o->momentum[i] = m;
+        o->start[i] -= lr * (nesterov ? d + mu * m : m);
+        now[i] = o->start[i];
+    }
+    int64_t n = (int64_t)(hi - lo), K = o->mesh->islands;
+    o->stats.bytes_raw += K > 1 ? 2 * (K - 1) * n * (int64_t)sizeof(float) / K : 0;
+    o->stats.syncs++;
+    return LOOM_OK;
+}
+
+/* Every replica of the island gets every range back (ZeRO-3: its whole-held units). */
+static loom_status share(loom_outer *o) {
+    if (o->mesh->plan->zero >= 1) return loom_grad_sync_share_params(o->sync);
+    if (o->mesh->dp_size < 2) return LOOM_OK;
+    loom_comm_request *request = NULL;
+    loom_status st =
+        loom_comm_iallgatherv_f32(o->mesh->dp, o->model->params_memory, o->bounds, &request);
+    if (st == LOOM_OK) st = loom_comm_wait(request);
+    return st;
+}
+
+int loom_outer_due(const loom_outer *o, int64_t done, int fragment) {
+    int64_t H = o->cfg.inner_steps, offset = (int64_t)fragment * H / o->cfg.fragments;
+    return done > 0 && done % H == offset;
+}
+
+loom_status loom_outer_step(loom_outer *o, int64_t done) {
+    if (!o) return LOOM_OK;
+    double t0 = loom_now();
+    int synced = 0;
+    loom_status st = LOOM_OK;
+    for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
+        if (!loom_outer_due(o, done, f)) continue;
+        st = sync_fragment(o, f);
+        synced++;
+    }
+    if (synced && st == LOOM_OK) st = share(o);
+    if (synced) o->stats.seconds += loom_now() - t0;
+    return st;
+}
+
+loom_status loom_outer_swap(loom_outer *o) {
+    if (!o) return LOOM_OK;
+    float *now = params_at(o, o->range.begin);
+    for (size_t i = 0; i < o->n; i++) {
+        float x = now[i];
+        now[i] = o->start[i];
+        o->start[i] = x;
+    }
+    return share(o);
+}
+
+void loom_outer_take_stats(loom_outer *o, loom_outer_stats *stats) {
+    if (!o) return;
+    stats->bytes_raw += o->stats.bytes_raw;
+    stats->syncs += o->stats.syncs;
+    stats->seconds += o->stats.seconds;
+    o->stats = (loom_outer_stats){0};
+}
+
+size_t loom_outer_state_bytes(const loom_outer *o) {
+    if (!o) return 0;
+    return o->n * sizeof(float) * (o->residual ? 4 : 3);
+}

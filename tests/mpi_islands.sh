@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Islands (DiLoCo-style training; --islands K) against independent references:
+#  - one island with outer SGD at lr 1 and momentum 0 is plain training (the outer step puts back
+#    the parameters it measured), in every layout kind inside the island (one process, dp 2 with
+#    ZeRO 0, 1 and 3, tp 2, pp 2 with 1F1B and ZB-V), with 1 and 2 fragments: losses, grad norms
+#    and validation losses as one plain process's;
+#  - K islands fed the same data (a test hook) are one island: the outer average of K equal outer
+#    gradients is that gradient, so 2 islands (of 1 rank, and of dp 2) with Nesterov equal one
+#    island with the islands' batch;
+#  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
+#    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
+#    quarter of fp32's bytes;
+#  - what islands cannot do is refused by name.
+# usage: bash tests/mpi_islands.sh LOOM_BINARY TMPDIR
+# LOOM_SANITIZED=1 / LOOM_TEST_QUICK=1 run a representative subset.
+set -u
+LOOM=$1
+TMP=$2
+. "$(cd "$(dirname "$0")" && pwd)/mpi_harness.bash"
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+
+prepare_corpus
+
+common=(--model tiny --layers 4 --heads 4 --data 'data/train_*.bin' --val-data 'data/val_*.bin'
+    --steps 9 --seq-len 16 --micro-batch-size 2 --global-batch-size 4 --lr 3e-3 --warmup-steps 2
+    --eval-every 3 --eval-batches 2 --threads 1 --log-every 100 --comm-timeout 60 --no-save)
+identity=(--islands 1 --inner-steps 3 --outer-optimizer sgd --outer-lr 1 --outer-momentum 0)
+
+# same NAME REFERENCE [train]: losses, grad norms and (unless "train") validation losses as
+# close_series says. Islands validate the global model (the round starts), which is the
+# trained one only right after a sync of every fragment: validation is compared with one
+# fragment and --eval-every a multiple of the inner steps.
+same() {
+    series "$2/metrics.jsonl" >"$2.series"
+    series "$1/metrics.jsonl" >"$1.series"
+    if out=$(close_series "$2.series" "$1.series"); then ok; else fail "$1 differs from $2: $out"; fi
+    [ "${3:-}" = train ] && return
+    vseries "$2/metrics.jsonl" >"$2.vseries"
+    vseries "$1/metrics.jsonl" >"$1.vseries"
+    if out=$(close_series "$2.vseries" "$1.vseries"); then ok; else fail "$1 validation differs from $2: $out"; fi
+}
+
+# syncs RUN: the steps whose record says an outer sync ran, "2 4 6 8"
+syncs() { jq -r 'select(has("outer_syncs") and .outer_syncs > 0) | .step' "$1/metrics.jsonl" | tr '\n' ' '; }
+
+# refused NAME RANKS MESSAGE FLAGS...: the run ends with exit 2 and the message
+refused() {
+    local name=$1 np=$2 message=$3
+    shift 3
+    timeout 120 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1
+    local rc=$?
+    if [ "$rc" -eq 2 ] && grep -qF -- "$message" "$name.log"; then
+        ok
+    else
+        fail "$name: expected exit 2 and '$message', got exit $rc: $(grep -m2 -i 'error' "$name.log")"
+    fi
+}
+
+single plain
+# ---- one island with the identity outer step is plain training ----
+single one "${identity[@]}"
+same one plain
+single one_f2 "${identity[@]}" --outer-fragments 2
+same one_f2 plain train
+if [ "$(syncs one_f2)" = "1 3 4 6 7 9 " ]; then ok; else fail "one_f2: syncs at steps $(syncs one_f2), expected 1 3 4 6 7 9 (fragment 1 at 1, 4, 7; fragment 0 at 3, 6, 9)"; fi
+layouts=("dp2_zero0:2:--data-parallel 2 --zero 0" "dp2_zero3:2:--data-parallel 2 --zero 3"
+    "pp2:2:--pipeline-parallel 2")
+[ "$core_only" = 1 ] || layouts+=("dp2_zero1:2:--data-parallel 2 --zero 1"
+    "tp2:2:--tensor-parallel 2" "zbv:2:--pipeline-parallel 2 --schedule zb-v --micro-batch-size 1"
+    "dp2_pp2:4:--data-parallel 2 --pipeline-parallel 2 --zero 2")
+for l in "${layouts[@]}"; do
+    IFS=: read -r name np flags <<<"$l"
+    read -r -a f <<<"$flags"
+    run "one_$name" "$np" "${identity[@]}" "${f[@]}" && same "one_$name" plain
+    [ "$core_only" = 1 ] && continue
+    run "one_${name}_f2" "$np" "${identity[@]}" --outer-fragments 2 "${f[@]}" &&
+        same "one_${name}_f2" plain train
+done
+
+# ---- islands on the same data are one island ----
+nesterov=(--inner-steps 3)
+single ref_one --islands 1 "${nesterov[@]}"
+# (the validation windows are --eval-batches global batches: the islands' batch is twice as large)
+LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2 2 --islands 2 "${nesterov[@]}" --global-batch-size 8 \
+    --eval-batches 1 && same same2 ref_one
+if [ "$core_only" != 1 ]; then
+    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_dp2 4 --islands 2 --data-parallel 2 "${nesterov[@]}" \
+        --global-batch-size 8 --eval-batches 1 && same same2_dp2 ref_one
+fi
+# and the outer step is not the identity here: Nesterov moves past the islands' mean
+if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; then ok; else fail "ref_one: Nesterov's outer step left training as plain"; fi
+
+# ---- islands on their own data ----
+if run own2 2 --islands 2 --inner-steps 4 --outer-fragments 2; then
+    if [ "$(syncs own2)" = "2 4 6 8 " ]; then ok; else fail "own2: syncs at $(syncs own2), expected 2 4 6 8"; fi
+    spread=$(metric own2 3 islands_loss_spread)
+    if awk -v s="$spread" 'BEGIN { exit !(s > 0) }'; then ok; else fail "own2: islands on their own data have the same loss (spread $spread)"; fi
+    quiet=$(metric own2 3 outer_bytes) sent=$(metric own2 4 outer_bytes) raw=$(metric own2 4 outer_bytes_raw)
+    if [ "$quiet" = 0 ] && [ "$sent" -gt 0 ] && [ "$sent" = "$raw" ]; then ok; else fail "own2: outer bytes at step 3 $quiet (expected 0), step 4 $sent (expected fp32's $raw)"; fi
+fi
+if run own2_int8 2 --islands 2 --inner-steps 4 --outer-fragments 2 --outer-compression int8; then
+    sent=$(metric own2_int8 4 outer_bytes) raw=$(metric own2_int8 4 outer_bytes_raw)
+    # int8 with one fp32 scale per 256 entries: (1 + 4/256) / 4 of fp32's
+    if awk -v s="$sent" -v r="$raw" 'BEGIN { x = s / r; exit !(x > 0.25 && x < 0.26) }'; then ok; else fail "own2_int8: $sent of fp32's $raw bytes"; fi
+fi
+
+# ---- refusals ----
+refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 ranks launched" \
+    --islands 2 --data-parallel 1
+refused bad_h 2 "islands.inner_steps: expected at least 1 inner step a round, got -1" --islands 2 --inner-steps -1
+refused bad_fragments 2 "islands.fragments: expected 1 to 3 fragments" --islands 2 --inner-steps 3 --outer-fragments 4
+[ "$core_only" = 1 ] || refused bad_save 2 "checkpoints of island training" --islands 2 --save-every 2
+[ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5
+finish
