@@ -200,6 +200,13 @@ loom_status loom_comm_ring_test(loom_comm_ring *ring, int *done);
  * does); returns its first error. Nothing to do on a ring not running. */
 loom_status loom_comm_ring_wait(loom_comm_ring *ring);
 
+/* Every rank's liveness responder thread (liveness.c) enters MPI every `seconds` (default 0.01;
+ * 0: the default; at least 1e-4), and each entry moves every non-blocking transfer of the
+ * process on, as Open MPI moves them only inside its calls: transfers overlapped with compute
+ * (ZeRO-2/3's gathers and reduce-scatters, which ask for 1 ms) then keep the link busy between
+ * the main thread's own polls. Process-wide. */
+void loom_comm_set_background_poll(double seconds);
+
 /* Traffic and waiting per communicator since the last reset: bytes this rank sent (payload,
  * the ring algorithms' volume as nccl-tests count it, whatever algorithm MPI picks: allreduce
  * 2(n-1)/n of the buffer; allgather (n-1)/n of the full (size*count) buffer; the ring

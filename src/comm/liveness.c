@@ -52,6 +52,8 @@ static int world_size;
 
 static pthread_t responder_thread;
 static atomic_int responder_stop;
+/* How often the responder enters MPI (loom_comm_set_background_poll). */
+static atomic_long responder_poll_ns = RESPONDER_POLL_NS;
 
 /* Answers every ping waiting on `ping_comm`. */
 static void answer_pings(void) {
@@ -76,9 +78,10 @@ static void answer_pings(void) {
 
 static void *responder_main(void *unused) {
     (void)unused;
-    struct timespec pause = {0, RESPONDER_POLL_NS};
     while (!atomic_load(&responder_stop)) {
-        answer_pings();
+        answer_pings(); /* which also moves every non-blocking transfer on (MPI's progress) */
+        long ns = atomic_load(&responder_poll_ns);
+        struct timespec pause = {ns / 1000000000L, ns % 1000000000L};
         nanosleep(&pause, NULL);
     }
     return NULL;
@@ -198,4 +201,9 @@ int comm_liveness_check(struct loom_comm_request *request, double waited, double
     send_round(request, now);
     request->pinged_at = now;
     return -1;
+}
+
+void loom_comm_set_background_poll(double seconds) {
+    long ns = seconds > 0 ? (long)(seconds * 1e9) : RESPONDER_POLL_NS;
+    atomic_store(&responder_poll_ns, ns < 100000L ? 100000L : ns);
 }
