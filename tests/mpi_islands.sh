@@ -2,8 +2,9 @@
 # Islands (DiLoCo-style training; --islands K) against independent references:
 #  - one island with outer SGD at lr 1 and momentum 0 is plain training (the outer step puts back
 #    the parameters it measured), in every layout kind inside the island (one process, dp 2 with
-#    ZeRO 0, 1 and 3, tp 2, pp 2 with 1F1B and ZB-V), with 1 and 2 fragments: losses, grad norms
-#    and validation losses as one plain process's;
+#    ZeRO 0, 1 and 3, tp 2, pp 2 with 1F1B and ZB-V), with 1 and 2 fragments, and with the sync
+#    overlapped with 2 inner steps: losses, grad norms and validation losses as one plain
+#    process's;
 #  - K islands fed the same data (a test hook) are one island: the outer average of K equal outer
 #    gradients is that gradient, so 2 islands (of 1 rank, and of dp 2) with Nesterov equal one
 #    island with the islands' batch;
@@ -62,6 +63,9 @@ single one "${identity[@]}"
 same one plain
 single one_f2 "${identity[@]}" --outer-fragments 2
 same one_f2 plain train
+# overlapped: the result lands 2 steps after the send, on top of the island's progress since
+single one_tau "${identity[@]}" --outer-fragments 2 --outer-overlap-steps 2
+same one_tau plain train
 if [ "$(syncs one_f2)" = "1 3 4 6 7 9 " ]; then ok; else fail "one_f2: syncs at steps $(syncs one_f2), expected 1 3 4 6 7 9 (fragment 1 at 1, 4, 7; fragment 0 at 3, 6, 9)"; fi
 layouts=("dp2_zero0:2:--data-parallel 2 --zero 0" "dp2_zero3:2:--data-parallel 2 --zero 3"
     "pp2:2:--pipeline-parallel 2")
@@ -87,6 +91,9 @@ if [ "$core_only" != 1 ]; then
     LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_dp2 4 --islands 2 --data-parallel 2 "${nesterov[@]}" \
         --global-batch-size 8 --eval-batches 1 && same same2_dp2 ref_one
 fi
+single ref_one_tau --islands 1 "${nesterov[@]}" --outer-overlap-steps 1
+LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_tau 2 --islands 2 "${nesterov[@]}" --outer-overlap-steps 1 \
+    --global-batch-size 8 --eval-batches 1 && same same2_tau ref_one_tau train
 # and the outer step is not the identity here: Nesterov moves past the islands' mean
 if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; then ok; else fail "ref_one: Nesterov's outer step left training as plain"; fi
 

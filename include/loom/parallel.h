@@ -234,9 +234,11 @@ void loom_outer_free(loom_outer *outer);
 loom_status loom_outer_check_start(loom_outer *outer);
 /* Whether fragment f syncs after inner step `done` (counted from 1). */
 int loom_outer_due(const loom_outer *outer, int64_t done, int fragment);
-/* After inner step `done`: the fragments due sync, blocking (collective over the islands and,
- * to share the result, over the island's data-parallel group). NULL: nothing. */
-loom_status loom_outer_step(loom_outer *outer, int64_t done);
+/* After inner step `done`: the syncs sent overlap_steps ago are applied, then the fragments due
+ * send theirs (blocking with overlap_steps 0); at the run's last step (done == last_step)
+ * everything in flight is applied. Collective over the islands and, to share a result, over
+ * the island's data-parallel group. NULL: nothing. */
+loom_status loom_outer_step(loom_outer *outer, int64_t done, int64_t last_step);
 /* Swaps the island's parameters with the global ones (the round starts): evaluation runs on the
  * global model between two calls. Collective over the data-parallel group. NULL: nothing. */
 loom_status loom_outer_swap(loom_outer *outer);

@@ -22,6 +22,15 @@
  * Outer SGD with lr 1 and momentum 0 sets start to the islands' mean: one island then trains
  * exactly as without islands.
  *
+ * Overlap (--outer-overlap-steps tau > 0): a fragment's outer gradient is sent after step t and
+ * its result applied after step t + tau, never "when it arrives", so training does not depend on
+ * timing; meanwhile the island trains on, and it continues from the new round start plus what
+ * it trained since the send (now = start + (now - sent): the island's own progress is kept, the
+ * outer step replaces what it had at the send). Nothing tests the transfer in between (a test
+ * past the timeout would abort it as a hung wait): the responder thread's polls move it on, and
+ * the compressed all-gather runs when the result is applied. A run's last step applies every
+ * sync still in flight.
+ *
  * Not here: when a step runs (the trainer), the wire formats (compress/qreduce.c).
  */
 #include "loom/compress.h"
@@ -46,6 +55,11 @@ struct loom_outer {
     size_t *frag;          /* (F + 1) offsets into the range of each fragment's piece */
     loom_qreduce **wires;  /* (F) compressed: one plan per fragment's piece (NULL: fp32) */
     int64_t *bounds;       /* (dp + 1) the island's ranges, for gathering them back */
+    float *sent;           /* (n) overlapped syncs: the island's parameters when each was sent */
+    struct pending {
+        int64_t apply_at;           /* the step whose end applies it (0: none in flight) */
+        loom_comm_request *request; /* fp32's all-reduce */
+    } * pending;                    /* (F) one sync in flight at most per fragment */
     loom_outer_stats stats;
 };
 
@@ -131,6 +145,12 @@ loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gp
         o->residual = loom_alloc_aligned(bytes, "outer error feedback");
         if (!o->residual) st = LOOM_ERR_NOMEM;
     }
+    o->pending = loom_calloc((size_t)o->cfg.fragments, sizeof *o->pending, "outer syncs");
+    if (st == LOOM_OK && !o->pending) st = LOOM_ERR_NOMEM;
+    if (st == LOOM_OK && o->cfg.overlap_steps > 0) {
+        o->sent = loom_alloc_aligned(bytes, "outer sent parameters");
+        if (!o->sent) st = LOOM_ERR_NOMEM;
+    }
     if (st == LOOM_OK) {
         memcpy(o->start, params_at(o, o->range.begin), o->n * sizeof(float));
         memset(o->momentum, 0, o->n * sizeof(float));
@@ -164,6 +184,13 @@ loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gp
 
 void loom_outer_free(loom_outer *o) {
     if (!o) return;
+    /* a sync still in flight (a run stopped early) ends before its buffers go */
+    for (int f = 0; o->pending && f < o->cfg.fragments; f++) {
+        if (o->pending[f].request) loom_comm_wait(o->pending[f].request);
+        if (o->pending[f].apply_at && o->wires) loom_qreduce_wait(o->wires[f]);
+    }
+    free(o->pending);
+    free(o->sent);
     for (int f = 0; o->wires && f < o->cfg.fragments; f++) loom_qreduce_free(o->wires[f]);
     free(o->wires);
     free(o->start);
@@ -202,27 +229,53 @@ loom_status loom_outer_check_start(loom_outer *o) {
     return LOOM_OK;
 }
 
-/* The sum over the islands of delta[lo, hi) (fragment f's piece), in place. */
-static loom_status sum_across(loom_outer *o, int f, size_t lo, size_t hi) {
+/* Starts summing fragment f's outer gradient over the islands in delta[lo, hi) (fp32: an
+ * all-reduce; compressed: the quantised reduce-scatter, whose all-gather finish_sum starts). */
+static loom_status start_sum(loom_outer *o, int f, size_t lo, size_t hi) {
     if (!o->mesh->across || hi == lo) return LOOM_OK;
-    if (!o->wires)
-        return loom_comm_allreduce_f32(o->mesh->across, o->delta + lo, (int64_t)(hi - lo),
-                                       LOOM_REDUCE_SUM);
+    if (o->wires)
+        return loom_qreduce_reduce_scatter_start(o->wires[f], o->delta + lo, o->residual + lo);
+    return loom_comm_iallreduce_f32(o->mesh->across, o->delta + lo, (int64_t)(hi - lo),
+                                    &o->pending[f].request);
+}
+
+/* Ends fragment f's sum: every island holds it in delta[lo, hi). */
+static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
+    if (!o->mesh->across || hi == lo) return LOOM_OK;
+    if (!o->wires) {
+        loom_status st = loom_comm_wait(o->pending[f].request);
+        o->pending[f].request = NULL;
+        return st;
+    }
     loom_qreduce *wire = o->wires[f];
-    loom_status st = loom_qreduce_reduce_scatter_start(wire, o->delta + lo, o->residual + lo);
-    if (st == LOOM_OK) st = loom_qreduce_wait(wire);
+    loom_status st = loom_qreduce_wait(wire);
     if (st == LOOM_OK) st = loom_qreduce_allgather_start(wire, o->delta + lo);
     if (st == LOOM_OK) st = loom_qreduce_wait(wire);
     return st;
 }
 
-/* One fragment's outer step on its piece [lo, hi) of the range. */
-static loom_status sync_fragment(loom_outer *o, int f) {
+/* Sends fragment f's outer gradient (start - now on its piece); applied after `apply_at`. */
+static loom_status send_fragment(loom_outer *o, int f, int64_t apply_at) {
     size_t lo = o->frag[f], hi = o->frag[f + 1];
     float *now = params_at(o, o->range.begin);
     for (size_t i = lo; i < hi; i++) o->delta[i] = o->start[i] - now[i];
-    loom_status st = sum_across(o, f, lo, hi);
+    if (o->sent) memcpy(o->sent + lo, now + lo, (hi - lo) * sizeof(float));
+    o->pending[f].apply_at = apply_at;
+    int64_t n = (int64_t)(hi - lo), K = o->mesh->islands;
+    o->stats.bytes_raw += K > 1 ? 2 * (K - 1) * n * (int64_t)sizeof(float) / K : 0;
+    o->stats.syncs++;
+    return start_sum(o, f, lo, hi);
+}
+
+/* Fragment f's outer step, once its sum is in: the outer optimiser on the round starts, and the
+ * island continues from them plus what it trained since the send (nothing when the sync
+ * blocked). */
+static loom_status apply_fragment(loom_outer *o, int f) {
+    size_t lo = o->frag[f], hi = o->frag[f + 1];
+    o->pending[f].apply_at = 0;
+    loom_status st = finish_sum(o, f, lo, hi);
     if (st != LOOM_OK) return st;
+    float *now = params_at(o, o->range.begin);
     float inv = 1.0f / (float)o->mesh->islands, mu = (float)o->cfg.momentum;
     float lr = (float)o->cfg.lr;
     int nesterov = o->cfg.optimizer == LOOM_OUTER_NESTEROV;
@@ -231,11 +284,8 @@ static loom_status sync_fragment(loom_outer *o, int f) {
         float m = mu * o->momentum[i] + d;
         o->momentum[i] = m;
         o->start[i] -= lr * (nesterov ? d + mu * m : m);
-        now[i] = o->start[i];
+        now[i] = o->sent ? o->start[i] + (now[i] - o->sent[i]) : o->start[i];
     }
-    int64_t n = (int64_t)(hi - lo), K = o->mesh->islands;
-    o->stats.bytes_raw += K > 1 ? 2 * (K - 1) * n * (int64_t)sizeof(float) / K : 0;
-    o->stats.syncs++;
     return LOOM_OK;
 }
 
@@ -255,18 +305,26 @@ int loom_outer_due(const loom_outer *o, int64_t done, int fragment) {
     return done > 0 && done % H == offset;
 }
 
-loom_status loom_outer_step(loom_outer *o, int64_t done) {
+loom_status loom_outer_step(loom_outer *o, int64_t done, int64_t last_step) {
     if (!o) return LOOM_OK;
+    int last = done >= last_step;
     double t0 = loom_now();
-    int synced = 0;
+    int applied = 0;
     loom_status st = LOOM_OK;
+    /* the syncs sent overlap_steps ago land now (all of them after the last step), then the
+     * fragments due send theirs: at once (blocking) or to land overlap_steps later */
+    for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
+        int64_t at = o->pending[f].apply_at;
+        if (at > 0 && (at <= done || last)) st = apply_fragment(o, f), applied++;
+    }
+    int tau = o->cfg.overlap_steps;
     for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
         if (!loom_outer_due(o, done, f)) continue;
-        st = sync_fragment(o, f);
-        synced++;
+        st = send_fragment(o, f, done + tau);
+        if (st == LOOM_OK && (tau == 0 || last)) st = apply_fragment(o, f), applied++;
     }
-    if (synced && st == LOOM_OK) st = share(o);
-    if (synced) o->stats.seconds += loom_now() - t0;
+    if (applied && st == LOOM_OK) st = share(o);
+    o->stats.seconds += loom_now() - t0;
     return st;
 }
 
@@ -291,5 +349,5 @@ void loom_outer_take_stats(loom_outer *o, loom_outer_stats *stats) {
 
 size_t loom_outer_state_bytes(const loom_outer *o) {
     if (!o) return 0;
-    return o->n * sizeof(float) * (o->residual ? 4 : 3);
+    return o->n * sizeof(float) * (size_t)(3 + (o->residual != NULL) + (o->sent != NULL));
 }

@@ -67,11 +67,12 @@ loom_status loom_plan_check_islands(const loom_plan *p, const char *source) {
                                layers < is->inner_steps ? layers : is->inner_steps, layers,
                                is->inner_steps, is->fragments);
     }
-    if (is->overlap_steps != 0) {
+    if (is->overlap_steps < 0 || is->overlap_steps >= is->inner_steps) {
         return loom_fail_field(source, "islands.overlap_steps",
-                               "outer syncs running behind inner steps are not built yet; "
-                               "expected 0 (each sync blocks its step), got %d",
-                               is->overlap_steps);
+                               "expected 0 to %d inner steps a sync runs behind (fewer than "
+                               "islands.inner_steps %d: a fragment's sync lands before its next "
+                               "one is sent), got %d",
+                               is->inner_steps - 1, is->inner_steps, is->overlap_steps);
     }
     if (is->compression != LOOM_COMPRESS_NONE && is->compression != LOOM_COMPRESS_INT8 &&
         is->compression != LOOM_COMPRESS_BF16) {

@@ -334,7 +334,7 @@ static loom_status train_step(trainer *t, int64_t step) {
     }
     loom_grad_sync_commit(t->sync, !skipped); /* a skipped step leaves compressors as they were */
     loom_pipeline_commit(t->pipe, !skipped);
-    if ((st = loom_outer_step(t->outer, step + 1)) != LOOM_OK) return st;
+    if ((st = loom_outer_step(t->outer, step + 1, cfg->steps)) != LOOM_OK) return st;
     t->state.step = step + 1;
     loom_loader_pos pos = loom_loader_get_pos(t->train_loader);
     t->state.data_epoch = pos.epoch;
