@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Islands (DiLoCo) against data parallelism on this machine: loss parity and bytes.
+#
+# `small` (context 128) on the default corpus (the fortunes database, as scripts/demo.sh), 4
+# ranks, global batch 16 of 128 bytes, the demo's AdamW schedule (lr 3e-3, 200 warm-up steps)
+# for STEPS steps (2000), validation every 250 steps on 32 windows: data parallelism on 4 ranks
+# (fp32 ring all-reduce, no ZeRO) against 4 islands of 1 rank (outer Nesterov, lr 0.7, momentum
+# 0.9) for every row of ROWS, each with every seed of SEEDS (the weights' and the data order's).
+# Prints each run's final validation loss, its ratio to data parallelism's (same seed), and the
+# bytes it sent between islands (data parallelism: between its ranks) per token trained.
+#
+# usage: bash bench/islands.sh              (build first: bash scripts/build.sh)
+#        STEPS=1000 SEEDS="1 2 3" ROWS="h50:--inner-steps 50" bash bench/islands.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOOM=$PWD/build/loom
+STEPS=${STEPS:-2000}
+SEEDS=${SEEDS:-1}
+ROWS=${ROWS:-"h10:--inner-steps 10;h50:--inner-steps 50;h100:--inner-steps 100;h500:--inner-steps 500;h100_f4:--inner-steps 100 --outer-fragments 4;h50_int8:--inner-steps 50 --outer-compression int8;h100_int8:--inner-steps 100 --outer-compression int8"}
+OUT=${OUT:-$(mktemp -d)}
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(nproc) cores; runs in $OUT"
+data=$OUT/data
+if [ ! -d "$data" ]; then
+    corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
+    # shellcheck disable=SC2086
+    "$LOOM" prepare --text $corpus --out "$data" --seq-len 128 >/dev/null
+fi
+common=(--model small --context 128 --seq-len 128 --data "$data/train_*.bin"
+    --val-data "$data/val_*.bin" --steps "$STEPS" --micro-batch-size 4 --global-batch-size 16
+    --lr 3e-3 --warmup-steps 200 --eval-every 250 --eval-batches 2 --log-every 500 --threads 1
+    --no-save)
+
+# final validation loss, and bytes per token (KEY summed over the run)
+final_val() { jq -r 'select(has("val_loss")) | .val_loss' "$1/metrics.jsonl" | tail -1; }
+bytes_per_token() {
+    jq -s --arg k "$2" --argjson t $((16 * 128)) '[.[] | select(has($k)) | .[$k]] | add / (length * $t)' \
+        "$1/metrics.jsonl"
+}
+
+run() { # name flags...
+    local name=$1
+    shift
+    if [ -f "$OUT/$name/metrics.jsonl" ] && [ -n "$(final_val "$OUT/$name")" ]; then return 0; fi
+    echo "== $name: mpirun -np 4 loom train ${common[*]} $*" >&2
+    mpirun -np 4 "$LOOM" train "${common[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 ||
+        echo "   $name failed: $(tail -2 "$OUT/$name.log")" >&2
+}
+
+printf '%-12s %5s %10s %9s %14s\n' row seed "val loss" "vs dp" "bytes/token"
+IFS=';' read -r -a rows <<<"$ROWS"
+for seed in $SEEDS; do
+    run "dp_s$seed" --data-parallel 4 --zero 0 --seed "$seed"
+    base=$(final_val "$OUT/dp_s$seed")
+    printf '%-12s %5s %10.4f %9s %14.1f\n' dp "$seed" "$base" 1.000 \
+        "$(bytes_per_token "$OUT/dp_s$seed" dp_bytes)"
+    for r in "${rows[@]}"; do
+        name=${r%%:*}
+        read -r -a flags <<<"${r#*:}"
+        run "${name}_s$seed" --islands 4 "${flags[@]}" --seed "$seed"
+        v=$(final_val "$OUT/${name}_s$seed")
+        [ -n "$v" ] || continue
+        printf '%-12s %5s %10.4f %9.4f %14.3f\n' "$name" "$seed" "$v" \
+            "$(awk -v a="$v" -v b="$base" 'BEGIN { print a / b }')" \
+            "$(bytes_per_token "$OUT/${name}_s$seed" outer_bytes)"
+    done
+done
