@@ -10,7 +10,7 @@
 #    island with the islands' batch;
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
-#    quarter of fp32's bytes;
+#    quarter of fp32's bytes, PowerSGD's far fewer;
 #  - what islands cannot do is refused by name.
 # usage: bash tests/mpi_islands.sh LOOM_BINARY TMPDIR
 # LOOM_SANITIZED=1 / LOOM_TEST_QUICK=1 run a representative subset.
@@ -111,11 +111,21 @@ if run own2_int8 2 --islands 2 --inner-steps 4 --outer-fragments 2 --outer-compr
     if awk -v s="$sent" -v r="$raw" 'BEGIN { x = s / r; exit !(x > 0.25 && x < 0.26) }'; then ok; else fail "own2_int8: $sent of fp32's $raw bytes"; fi
 fi
 
+if run own2_psgd 2 --islands 2 --inner-steps 4 --outer-compression powersgd --outer-compression-rank 2; then
+    sent=$(metric own2_psgd 4 outer_bytes) raw=$(metric own2_psgd 4 outer_bytes_raw)
+    last=$(jq -r 'select(has("loss")) | .loss' own2_psgd/metrics.jsonl | tail -1)
+    first=$(jq -r 'select(has("loss")) | .loss' own2_psgd/metrics.jsonl | head -1)
+    # rank 2 of 4-layer tiny's matrices, its 1-D tensors whole: about a fifth of fp32's
+    if awk -v s="$sent" -v r="$raw" -v a="$first" -v b="$last" 'BEGIN { exit !(s > 0 && s < r / 4 && b < a) }'; then ok; else fail "own2_psgd: $sent of fp32's $raw bytes, loss $first -> $last"; fi
+fi
+
 # ---- refusals ----
 refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 ranks launched" \
     --islands 2 --data-parallel 1
 refused bad_h 2 "islands.inner_steps: expected at least 1 inner step a round, got -1" --islands 2 --inner-steps -1
 refused bad_fragments 2 "islands.fragments: expected 1 to 3 fragments" --islands 2 --inner-steps 3 --outer-fragments 4
+refused bad_psgd 4 "islands.compression: powersgd outer gradients need whole matrices on one rank" \
+    --islands 2 --data-parallel 2 --outer-compression powersgd --global-batch-size 8
 [ "$core_only" = 1 ] || refused bad_save 2 "checkpoints of island training" --islands 2 --save-every 2
 [ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5
 finish

@@ -60,7 +60,7 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
     if (ia->count != ib->count || ia->inner_steps != ib->inner_steps ||
         ia->optimizer != ib->optimizer || ia->lr != ib->lr || ia->momentum != ib->momentum ||
         ia->fragments != ib->fragments || ia->overlap_steps != ib->overlap_steps ||
-        ia->compression != ib->compression) {
+        ia->compression != ib->compression || ia->compression_rank != ib->compression_rank) {
         return 0;
     }
     if (a->predicted_step_s != b->predicted_step_s ||
@@ -1726,8 +1726,15 @@ static void test_settled_keys(void) {
         {"\"mesh\":",
          "\"islands\": {\"count\": 2, \"inner_steps\": 4, \"overlap_steps\": 4}, \"mesh\":", -1,
          "islands.overlap_steps: expected 0 to 3 inner steps a sync runs behind"},
+        /* PowerSGD needs whole matrices: the valid plan's dp 2 holds ZeRO ranges */
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"powersgd\"}, \"mesh\":", -1,
-         "islands.compression: \"powersgd\" outer gradients are not built yet"},
+         "islands.compression: powersgd outer gradients need whole matrices on one rank"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"topk\"}, \"mesh\":", -1,
+         "islands.compression: \"topk\" outer gradients are not built yet"},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"compression\": \"int8\", \"compression_rank\": 4}, "
+         "\"mesh\":",
+         -1, "islands.compression_rank: expected a positive rank with powersgd outer gradients"},
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"outer_optimizer\": \"adam\"}, \"mesh\":", -1,
          "islands.outer_optimizer: expected"},
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"outer_momentum\": 1}, \"mesh\":", -1,

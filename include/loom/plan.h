@@ -35,7 +35,8 @@
  *     "islands": {"count": 4, "inner_steps": 100, "outer_optimizer": "nesterov",
  *                 "outer_lr": 0.7, "outer_momentum": 0.9, "fragments": 1, "overlap_steps": 0,
  *                 "compression": "int8"}
- * where every key but "count" may be left out (the defaults shown, compression "none").
+ * where every key but "count" may be left out (the defaults shown, compression "none"), and
+ * "compression_rank" (4) goes with "compression": "powersgd".
  * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
  * says whether the data-parallel gradient buckets start during the last backward (loom's way)
  * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
@@ -220,7 +221,9 @@ typedef struct {
     double lr, momentum;              /* the outer optimiser's (0.7, 0.9: DiLoCo's) */
     int fragments;                    /* F in [1, min(layers, H)] (1) */
     int overlap_steps;                /* inner steps a sync runs behind (0: blocking) */
-    loom_compress_method compression; /* outer gradients on the wire: none, bf16 or int8 */
+    loom_compress_method compression; /* outer gradients on the wire: none, bf16, int8 or
+                                         powersgd (dp 1, one fragment, no overlap) */
+    int compression_rank;             /* powersgd's (LOOM_PLAN_DEFAULT_DP_RANK); 0 otherwise */
 } loom_plan_islands;
 const char *loom_outer_optimizer_name(loom_outer_optimizer optimizer);
 /* The defaults above, count 0. */
@@ -414,6 +417,7 @@ typedef struct {
     double outer_lr, outer_momentum;
     int outer_fragments, outer_overlap_steps;
     char outer_compression[16];
+    int outer_compression_rank; /* --outer-compression-rank: powersgd's (0: the default 4) */
 } loom_layout_flags;
 
 /* Every flag at its default (zero -1: not given). */

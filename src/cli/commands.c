@@ -151,7 +151,8 @@ static const char *const plan_owned[] = {"--model",
                                          "--outer-momentum",
                                          "--outer-fragments",
                                          "--outer-overlap-steps",
-                                         "--outer-compression"};
+                                         "--outer-compression",
+                                         "--outer-compression-rank"};
 
 static int plan_owns(const cli_opt *opt) {
     size_t first = offsetof(cli_train_args, layout.compression);

@@ -74,12 +74,30 @@ loom_status loom_plan_check_islands(const loom_plan *p, const char *source) {
                                "one is sent), got %d",
                                is->inner_steps - 1, is->inner_steps, is->overlap_steps);
     }
-    if (is->compression != LOOM_COMPRESS_NONE && is->compression != LOOM_COMPRESS_INT8 &&
-        is->compression != LOOM_COMPRESS_BF16) {
+    loom_compress_method c = is->compression;
+    if (c != LOOM_COMPRESS_NONE && c != LOOM_COMPRESS_INT8 && c != LOOM_COMPRESS_BF16 &&
+        c != LOOM_COMPRESS_POWERSGD) {
         return loom_fail_field(source, "islands.compression",
-                               "\"%s\" outer gradients are not built yet; expected none, int8 "
-                               "or bf16",
-                               loom_compress_method_name(is->compression));
+                               "\"%s\" outer gradients are not built yet; expected none, int8, "
+                               "bf16 or powersgd",
+                               loom_compress_method_name(c));
+    }
+    int powersgd = c == LOOM_COMPRESS_POWERSGD;
+    if (powersgd != (is->compression_rank > 0)) {
+        return loom_fail_field(source, "islands.compression_rank",
+                               "expected a positive rank with powersgd outer gradients and none "
+                               "otherwise, got %d with \"%s\"",
+                               is->compression_rank, loom_compress_method_name(c));
+    }
+    if (powersgd && (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
+        /* the island's ranks hold ZeRO ranges of the buffer, not whole matrices; fragments and
+         * overlap would cut PowerSGD's two rounds across steps */
+        return loom_fail_field(source, "islands.compression",
+                               "powersgd outer gradients need whole matrices on one rank in one "
+                               "blocking sync: expected mesh.dp 1, islands.fragments 1 and "
+                               "islands.overlap_steps 0, got %d, %d and %d (int8 and bf16 run "
+                               "with all of them)",
+                               p->dp, is->fragments, is->overlap_steps);
     }
     return st;
 }
@@ -91,14 +109,15 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
                          f->islands);
     }
     if (f->islands == 0) {
-        const char *given = f->inner_steps            ? "--inner-steps"
-                            : f->outer_optimizer[0]   ? "--outer-optimizer"
-                            : f->outer_lr != 0        ? "--outer-lr"
-                            : f->outer_momentum >= 0  ? "--outer-momentum"
-                            : f->outer_fragments      ? "--outer-fragments"
-                            : f->outer_overlap_steps  ? "--outer-overlap-steps"
-                            : f->outer_compression[0] ? "--outer-compression"
-                                                      : NULL;
+        const char *given = f->inner_steps              ? "--inner-steps"
+                            : f->outer_optimizer[0]     ? "--outer-optimizer"
+                            : f->outer_lr != 0          ? "--outer-lr"
+                            : f->outer_momentum >= 0    ? "--outer-momentum"
+                            : f->outer_fragments        ? "--outer-fragments"
+                            : f->outer_overlap_steps    ? "--outer-overlap-steps"
+                            : f->outer_compression[0]   ? "--outer-compression"
+                            : f->outer_compression_rank ? "--outer-compression-rank"
+                                                        : NULL;
         if (given) {
             return loom_fail(LOOM_ERR_INPUT,
                              "%s: expected only with --islands K (it sets how islands sync)",
@@ -123,6 +142,14 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
         st = loom_compress_method_parse(f->outer_compression, LOOM_COMPRESS_FOR_DP,
                                         "--outer-compression", "islands.compression",
                                         &out->compression);
+    }
+    if (out->compression == LOOM_COMPRESS_POWERSGD) {
+        out->compression_rank =
+            f->outer_compression_rank ? f->outer_compression_rank : LOOM_PLAN_DEFAULT_DP_RANK;
+    } else if (st == LOOM_OK && f->outer_compression_rank) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--outer-compression-rank: expected only with --outer-compression "
+                         "powersgd");
     }
     return st;
 }

@@ -367,12 +367,12 @@ static loom_status read_zero(const char *file, const json_t *root, loom_plan *pl
 static loom_status read_islands(const char *file, const json_t *root, loom_plan *plan) {
     static const char *const keys[] = {"count",         "inner_steps",    "outer_optimizer",
                                        "outer_lr",      "outer_momentum", "fragments",
-                                       "overlap_steps", "compression"};
+                                       "overlap_steps", "compression",    "compression_rank"};
     json_t *islands = json_object_get(root, "islands");
     if (!islands) return LOOM_OK;
     loom_plan_islands *is = &plan->islands;
     loom_status st = loom_json_as_object(file, "islands", islands);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 8);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 9);
     if (st == LOOM_OK) st = loom_json_read_int(file, islands, "islands", "count", 1, &is->count);
     if (st == LOOM_OK && is->count < 1) {
         return loom_fail_field(file, "islands.count",
@@ -397,6 +397,11 @@ static loom_status read_islands(const char *file, const json_t *root, loom_plan 
     if (st == LOOM_OK) {
         st = read_method(file, islands, "islands", "compression", 0, LOOM_COMPRESS_FOR_DP,
                          &is->compression);
+    }
+    if (is->compression == LOOM_COMPRESS_POWERSGD) is->compression_rank = LOOM_PLAN_DEFAULT_DP_RANK;
+    if (st == LOOM_OK) {
+        st = loom_json_read_int(file, islands, "islands", "compression_rank", 0,
+                                &is->compression_rank);
     }
     return st;
 }
@@ -519,9 +524,12 @@ static void write_document(FILE *out, const loom_plan *plan) {
         fprintf(out,
                 "  \"islands\": {\"count\": %d, \"inner_steps\": %d, \"outer_optimizer\": \"%s\", "
                 "\"outer_lr\": %s, \"outer_momentum\": %s, \"fragments\": %d, "
-                "\"overlap_steps\": %d, \"compression\": \"%s\"},\n",
+                "\"overlap_steps\": %d, \"compression\": \"%s\"",
                 is->count, is->inner_steps, loom_outer_optimizer_name(is->optimizer), lr, momentum,
                 is->fragments, is->overlap_steps, loom_compress_method_name(is->compression));
+        if (is->compression_rank > 0)
+            fprintf(out, ", \"compression_rank\": %d", is->compression_rank);
+        fprintf(out, "},\n");
     }
     fprintf(out, "  \"stages\": [\n");
     for (int i = 0; i < plan->num_stages; i++) {
