@@ -11,6 +11,7 @@
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
 #    quarter of fp32's bytes, PowerSGD's far fewer;
+#  - a lost or hung island ends the job within the timeout, naming the rank;
 #  - what islands cannot do is refused by name.
 # usage: bash tests/mpi_islands.sh LOOM_BINARY TMPDIR
 # LOOM_SANITIZED=1 / LOOM_TEST_QUICK=1 run a representative subset.
@@ -117,6 +118,23 @@ if run own2_psgd 2 --islands 2 --inner-steps 4 --outer-compression powersgd --ou
     first=$(jq -r 'select(has("loss")) | .loss' own2_psgd/metrics.jsonl | head -1)
     # rank 2 of 4-layer tiny's matrices, its 1-D tensors whole: about a fifth of fp32's
     if awk -v s="$sent" -v r="$raw" -v a="$first" -v b="$last" 'BEGIN { exit !(s > 0 && s < r / 4 && b < a) }'; then ok; else fail "own2_psgd: $sent of fp32's $raw bytes, loss $first -> $last"; fi
+fi
+
+# ---- a lost or hung island ends the job within the timeout, naming its rank ----
+if [ "$core_only" != 1 ]; then
+    for mode in exit hang; do
+        begin=$(date +%s)
+        LOOM_DEBUG_FAIL="1:3:$mode" timeout 120 mpirun -np 2 "$LOOM" train "${common[@]}" \
+            --islands 2 --inner-steps 2 --out "lost_$mode" --comm-timeout 3 >"lost_$mode.log" 2>&1
+        code=$?
+        elapsed=$(($(date +%s) - begin))
+        if [ "$code" -ne 0 ] && [ "$code" -ne 124 ] && [ "$elapsed" -lt 30 ] &&
+            grep -v "warning:" "lost_$mode.log" | grep -q -E "rank 1\]|\],1\]|ranks 0,1"; then
+            ok
+        else
+            fail "island 1 $mode: exit $code after ${elapsed}s: $(grep -i -E 'error|rank 1' "lost_$mode.log" | head -3)"
+        fi
+    done
 fi
 
 # ---- refusals ----
