@@ -120,6 +120,20 @@ if run own2_psgd 2 --islands 2 --inner-steps 4 --outer-compression powersgd --ou
     if awk -v s="$sent" -v r="$raw" -v a="$first" -v b="$last" 'BEGIN { exit !(s > 0 && s < r / 4 && b < a) }'; then ok; else fail "own2_psgd: $sent of fp32's $raw bytes, loss $first -> $last"; fi
 fi
 
+# ---- outer state memory: as the memory model predicts it, per rank ----
+for r in own2 own2_int8 own2_psgd one_tau one_dp2_zero3; do
+    [ -f "$r/memory.json" ] || continue
+    if jq -e '[.ranks[] | .outer > 0 and .outer == .predicted.outer] | all' "$r/memory.json" >/dev/null; then
+        ok
+    else
+        fail "$r: outer state $(jq -c '[.ranks[] | [.outer, .predicted.outer]]' "$r/memory.json") (measured, predicted)"
+    fi
+done
+# 3 buffers of 4 bytes a parameter; int8's residual a fourth
+p=$(jq '.ranks[0].outer' own2/memory.json 2>/dev/null)
+q=$(jq '.ranks[0].outer' own2_int8/memory.json 2>/dev/null)
+if [ -n "$p" ] && [ -n "$q" ] && [ $((p / 3 * 4)) -eq "$q" ]; then ok; else fail "outer state: none $p, int8 $q bytes (expected 3:4)"; fi
+
 # ---- a lost or hung island ends the job within the timeout, naming its rank ----
 if [ "$core_only" != 1 ]; then
     for mode in exit hang; do

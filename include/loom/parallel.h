@@ -533,6 +533,9 @@ typedef struct {
                                           ZeRO-2 the unit-sized gradient buckets in flight */
     int64_t compressor;                /* compressors' state (error feedback, lazy error,
                                           warm-start factors), both copies */
+    int64_t outer;                     /* islands: the outer optimiser's state on this rank's
+                                          range (round starts, momentum, scratch; int8/bf16's
+                                          residual; with overlap the sent copy; PowerSGD's) */
     int64_t total;
     int in_flight; /* the schedule's peak of chunk activation sets */
 } loom_rank_memory;

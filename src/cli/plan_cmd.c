@@ -412,14 +412,18 @@ static int run_search(const plan_args *args) {
 static void print_memory(const loom_plan *plan, const loom_cluster *cluster,
                          const loom_rank_memory *mem) {
     const double gib = 1073741824.0;
+    int islands = plan->islands.count > 0; /* their outer state, a category of its own */
     printf("  rank  peak GiB = weights + grads + optimizer + gathered + activations (sets) + "
-           "scratch + compressor\n");
+           "scratch + compressor%s\n",
+           islands ? " + outer" : "");
     for (int r = 0; r < plan->pp; r++) {
         const loom_rank_memory *m = &mem[r];
-        printf("  %4d  %8.2f = %.2f + %.2f + %.2f + %.2f + %.2f (%d) + %.2f + %.2f\n", r,
+        printf("  %4d  %8.2f = %.2f + %.2f + %.2f + %.2f + %.2f (%d) + %.2f + %.2f", r,
                (double)m->total / gib, (double)m->weights / gib, (double)m->grads / gib,
                (double)m->optimizer / gib, (double)m->gathered / gib, (double)m->activations / gib,
                m->in_flight, (double)m->scratch / gib, (double)m->compressor / gib);
+        if (islands) printf(" + %.2f", (double)m->outer / gib);
+        printf("\n");
     }
     for (int r = 0; r < plan->pp && cluster->memory_bytes > 0; r++) {
         char why[160];

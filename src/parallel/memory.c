@@ -56,7 +56,10 @@ double loom_plan_compressor_wire(const loom_plan_compressor *c, loom_compress_me
     }
 }
 
-loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
+/* What compressor c (method, with its rank, fraction, error feedback) sends and keeps for
+ * pipeline rank pp_rank's matrices. */
+static loom_dp_traffic traffic_of(const loom_plan *plan, int pp_rank, const loom_plan_compressor *c,
+                                  loom_compress_method method) {
     loom_dp_traffic t = {0, 0, 0};
     loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
     int n = 0;
@@ -67,9 +70,6 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
     }
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
-    const loom_plan_compressor *c = &plan->dp_compression;
-    loom_compress_method method =
-        loom_plan_compresses_stage(c, pp_rank) ? c->method : LOOM_COMPRESS_NONE;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &info[k];
         if (ti->numel == 0) continue;
@@ -85,6 +85,31 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
         if (wire * (double)count < raw) t.raw += raw;
     }
     return t;
+}
+
+loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
+    const loom_plan_compressor *c = &plan->dp_compression;
+    return traffic_of(plan, pp_rank, c,
+                      loom_plan_compresses_stage(c, pp_rank) ? c->method : LOOM_COMPRESS_NONE);
+}
+
+/* Islands' outer state on a rank whose stage holds `stage_bytes` of parameters (outer.c):
+ * round starts, momentum and scratch on its 1/dp range, int8/bf16's residual, overlap's sent
+ * copy, or PowerSGD's per-matrix state (dp 1). */
+static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_bytes) {
+    const loom_plan_islands *is = &plan->islands;
+    if (is->count < 1) return 0;
+    int64_t range = (stage_bytes / 4 + plan->dp - 1) / plan->dp * 4;
+    int buffers = 3 + (is->overlap_steps > 0) +
+                  (is->compression == LOOM_COMPRESS_INT8 || is->compression == LOOM_COMPRESS_BF16);
+    int64_t bytes = range * buffers;
+    if (is->compression == LOOM_COMPRESS_POWERSGD) {
+        loom_plan_compressor c;
+        loom_plan_compressor_init(&c);
+        c.method = LOOM_COMPRESS_POWERSGD, c.rank = is->compression_rank, c.error_feedback = 1;
+        bytes += (int64_t)traffic_of(plan, pp_rank, &c, c.method).state;
+    }
+    return bytes;
 }
 
 /* The stage's cost facts for one micro-batch (in_flight 1), under recomputation mode
@@ -216,7 +241,9 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
         int64_t wte = (int64_t)(m->padded_vocab_size / plan->tp) * m->channels * 4;
         out->weights -= wte, out->grads -= wte, out->optimizer -= 2 * wte;
     }
+    int64_t stage_bytes = out->weights; /* before ZeRO-3 shards them */
     zero_shard(plan, pp_rank, out);
+    out->outer = outer_bytes(plan, pp_rank, stage_bytes);
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
     if (plan->dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE)
         out->compressor += (int64_t)loom_plan_dp_traffic(plan, pp_rank).state;
@@ -232,7 +259,7 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
      * leaves for W (the head's logit gradient aside) */
     out->activations = recompute ? slot + (input + kept) * out->in_flight : slot * out->in_flight;
     out->total = out->weights + out->grads + out->optimizer + out->gathered + out->activations +
-                 out->scratch + out->compressor;
+                 out->scratch + out->compressor + out->outer;
     return LOOM_OK;
 }
 
@@ -245,12 +272,12 @@ loom_status loom_plan_rank_memory(const loom_plan *plan, int pp_rank, int seq_le
 int loom_rank_memory_why(const loom_rank_memory *m, int64_t device_bytes, char *text, size_t cap) {
     text[0] = '\0';
     if (device_bytes <= 0 || m->total <= device_bytes) return 0;
-    const char *names[] = {"weights",     "gradients", "optimizer", "gathered",
-                           "activations", "scratch",   "compressor"};
-    const int64_t sizes[] = {m->weights,     m->grads,   m->optimizer, m->gathered,
-                             m->activations, m->scratch, m->compressor};
+    const char *names[] = {"weights",     "gradients", "optimizer",  "gathered",
+                           "activations", "scratch",   "compressor", "outer state"};
+    const int64_t sizes[] = {m->weights,     m->grads,   m->optimizer,  m->gathered,
+                             m->activations, m->scratch, m->compressor, m->outer};
     int first = 0, second = -1;
-    for (int i = 1; i < 7; i++) {
+    for (int i = 1; i < 8; i++) {
         if (sizes[i] > sizes[first]) {
             second = first, first = i;
         } else if (second < 0 || sizes[i] > sizes[second]) {

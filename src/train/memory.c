@@ -55,14 +55,16 @@ void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *pl
     if (!mesh->lead) return;
     loom_info("memory per rank, predicted (MiB; ZeRO-%d over %d replicas): pipeline rank  "
               "parameters  gradients  optimizer  gathered  activations  scratch  compressor  "
-              "total",
-              plan->zero, plan->dp);
+              "%stotal",
+              plan->zero, plan->dp, plan->islands.count > 0 ? "outer  " : "");
     for (int p = 0; p < plan->pp; p++) {
         loom_rank_memory m;
         if (loom_plan_rank_memory(plan, p, cfg->seq_len, &m) != LOOM_OK) return;
-        loom_info("  %13d  %10.1f  %9.1f  %9.1f  %8.1f  %11.1f  %7.1f  %10.1f  %5.1f", p,
+        char outer[32] = "";
+        if (plan->islands.count > 0) snprintf(outer, sizeof outer, "%5.1f  ", mib(m.outer));
+        loom_info("  %13d  %10.1f  %9.1f  %9.1f  %8.1f  %11.1f  %7.1f  %10.1f  %s%5.1f", p,
                   mib(m.weights), mib(m.grads), mib(m.optimizer), mib(m.gathered),
-                  mib(m.activations), mib(m.scratch), mib(m.compressor), mib(m.total));
+                  mib(m.activations), mib(m.scratch), mib(m.compressor), outer, mib(m.total));
     }
 }
 
@@ -73,6 +75,7 @@ enum {
     MEM_OPTIMIZER,
     MEM_ACTIVATIONS,
     MEM_COMPRESSOR,
+    MEM_OUTER,
     MEM_RSS,
     MEM_GATHERS,      /* ZeRO-3's block all-gathers over the run */
     MEM_JUST_IN_TIME, /* of them, those a pass waited for unprefetched */
@@ -82,7 +85,7 @@ enum {
 loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_plan *plan,
                                      const loom_mesh *mesh, loom_grad_sync *sync,
                                      const loom_gpt *model, const loom_adamw *opt,
-                                     int64_t peak_rss) {
+                                     const loom_outer *outer, int64_t peak_rss) {
     int ranks = mesh->world ? loom_comm_size(mesh->world) : 1;
     int me = mesh->world ? loom_comm_rank(mesh->world) : 0;
     double *rows = loom_calloc((size_t)ranks * MEM_FIELDS, sizeof *rows, "memory report");
@@ -93,6 +96,7 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
     row[MEM_OPTIMIZER] = 2.0 * (double)opt->range.shard * sizeof(float);
     row[MEM_ACTIVATIONS] = (double)loom_gpt_activation_bytes(model);
     row[MEM_COMPRESSOR] = (double)loom_grad_sync_state_bytes(sync);
+    row[MEM_OUTER] = (double)loom_outer_state_bytes(outer);
     row[MEM_RSS] = (double)peak_rss;
     int64_t gathers, just_in_time;
     loom_grad_sync_gather_counts(sync, &gathers, &just_in_time);
@@ -123,18 +127,20 @@ loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_pl
                   mib(x[MEM_GRADS]), mib(x[MEM_OPTIMIZER]), mib(x[MEM_ACTIVATIONS]),
                   mib(x[MEM_COMPRESSOR]), mib(x[MEM_RSS]));
         if (!f) continue;
-        fprintf(
-            f,
-            "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
-            "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
-            "\"compressor\": %.0f, \"zero3_gathers\": %.0f, \"zero3_just_in_time\": %.0f, "
-            "\"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
-            ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
-            ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"total\": %" PRId64 "}}%s\n",
-            r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
-            x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], x[MEM_GATHERS],
-            x[MEM_JUST_IN_TIME], pred.weights, pred.grads, pred.optimizer, pred.gathered,
-            pred.activations, pred.scratch, pred.compressor, pred.total, r + 1 < ranks ? "," : "");
+        fprintf(f,
+                "  {\"rank\": %d, \"pp\": %d, \"dp\": %d, \"tp\": %d, \"peak_rss\": %.0f, "
+                "\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"activations\": %.0f, "
+                "\"compressor\": %.0f, \"outer\": %.0f, \"zero3_gathers\": %.0f, "
+                "\"zero3_just_in_time\": %.0f, "
+                "\"predicted\": {\"params\": %" PRId64 ", \"grads\": %" PRId64
+                ", \"optimizer\": %" PRId64 ", \"gathered\": %" PRId64 ", \"activations\": %" PRId64
+                ", \"scratch\": %" PRId64 ", \"compressor\": %" PRId64 ", \"outer\": %" PRId64
+                ", \"total\": %" PRId64 "}}%s\n",
+                r, c.pp_rank, c.dp_rank, c.tp_rank, x[MEM_RSS], x[MEM_PARAMS], x[MEM_GRADS],
+                x[MEM_OPTIMIZER], x[MEM_ACTIVATIONS], x[MEM_COMPRESSOR], x[MEM_OUTER],
+                x[MEM_GATHERS], x[MEM_JUST_IN_TIME], pred.weights, pred.grads, pred.optimizer,
+                pred.gathered, pred.activations, pred.scratch, pred.compressor, pred.outer,
+                pred.total, r + 1 < ranks ? "," : "");
     }
     if (f) {
         fprintf(f, "]}\n");

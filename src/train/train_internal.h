@@ -49,14 +49,14 @@ loom_status loom_run_lock_folder(const char *out, int *fd);
  * (loom_plan_rank_memory); at the end what every rank's runtime allocated by category and its
  * peak resident set (measured by the kernel, getrusage), printed by the lead and written to
  * OUT/memory.json ({"zero": Z, "ranks": [{"rank", "pp", "dp", "tp", "peak_rss", "params",
- * "grads", "optimizer", "activations", "compressor", "predicted": {...}}]}, bytes). Every rank
- * joins the second. */
+ * "grads", "optimizer", "activations", "compressor", "outer", "predicted": {...}}]}, bytes). Every
+ * rank joins the second. */
 void loom_run_memory_predicted(const loom_train_config *cfg, const loom_plan *plan,
                                const loom_mesh *mesh);
 loom_status loom_run_memory_measured(const loom_train_config *cfg, const loom_plan *plan,
                                      const loom_mesh *mesh, loom_grad_sync *sync,
                                      const loom_gpt *model, const loom_adamw *opt,
-                                     int64_t peak_rss);
+                                     const loom_outer *outer, int64_t peak_rss);
 loom_status loom_run_check_memory(const loom_train_config *cfg, const loom_plan *plan,
                                   const loom_mesh *mesh, int sharers);
 /* Keeps the newest `keep` step folders of OUT/checkpoints (and always the one "latest" names),

@@ -408,7 +408,7 @@ static loom_status finish_run(trainer *t, loom_train_result *r, int stopped) {
     if (st == LOOM_OK) st = loom_run_report_prediction(t->plan, &t->mesh, r);
     if (st == LOOM_OK)
         st = loom_run_memory_measured(cfg, t->plan, &t->mesh, t->sync, t->model, &t->opt,
-                                      r->peak_rss_bytes);
+                                      t->outer, r->peak_rss_bytes);
     return st;
 }
 
