@@ -215,7 +215,7 @@ static const broken_case broken_cases[] = {
     {"\"source\": \"a test\"", "\"source\": 1", "source", "expected free text (a string), got 1"},
     {"\"nodes\": 2", "\"gpus\": 16, \"nodes\": 2", "gpus",
      "unknown key (expected one of: name, source, nodes, max_nodes, node, collectives, "
-     "compressors)"},
+     "compressors, islands)"},
     {"\"nodes\": 2, \"max_nodes\": 4,\n \"node\": {\"devices\": 8,\n  \"device\"",
      "\"nodes\": 2, \"max_nodes\": 4,\n \"nodex\": {\"devices\": 8,\n  \"device\"", "nodex",
      "unknown key"},
@@ -770,8 +770,56 @@ static void test_precisions(void) {
     }
 }
 
+/* The island level: read (nodes, link) and written back equal; left out, none; its rules named
+ * by path. */
+static void test_islands(void) {
+    char path[1100], text[4096];
+    snprintf(path, sizeof path, "%s/islands.json", tmpdir);
+    const char *level = " \"compressors\": {\"powersgd\": 2e9, \"int8\": 5e8},\n"
+                        " \"islands\": {\"nodes\": 2, \"link\": {\"bandwidth\": 1.25e7, "
+                        "\"latency_s\": 0.05, \"call_latency_s\": 0.001, \"source\": \"WAN\"}}}\n";
+    CHECK(check_edit_text(valid_text, " \"compressors\": {\"powersgd\": 2e9, \"int8\": 5e8}}\n",
+                          level, text, sizeof text),
+          "islands: the edit applies");
+    check_write_text(path, text);
+    loom_cluster c;
+    loom_status st = loom_cluster_read(path, &c);
+    CHECK(st == LOOM_OK && c.island_nodes == 2 && c.island_link.bandwidth == 1.25e7 &&
+              c.island_link.latency_s == 0.05 && c.island_link.call_latency_s == 0.001,
+          "islands read: %s", st == LOOM_OK ? "wrong values" : loom_last_error());
+    if (st == LOOM_OK) round_trip(&c, NULL, "islands");
+    read_valid(&c);
+    CHECK(c.island_nodes == 0, "islands left out: none");
+    const struct {
+        const char *find, *replace, *message;
+    } bad[] = {
+        {"\"nodes\": 2, \"link\"", "\"nodes\": 0, \"link\"",
+         "islands.nodes: expected at least 1 node an island, got 0"},
+        {"\"nodes\": 2, \"link\"", "\"nodes\": 9, \"link\"",
+         "islands.nodes: expected 1 to max_nodes 4 nodes an island, got 9"},
+        {"\"bandwidth\": 1.25e7", "\"bandwidth\": 0",
+         "islands.link.bandwidth: expected a finite number > 0"},
+        {"\"latency_s\": 0.05", "\"latency_s\": -1", "islands.link.latency_s"},
+        {"\"nodes\": 2, \"link\"", "\"hosts\": 2, \"link\"", "islands.hosts"},
+        {", \"link\": {\"bandwidth\": 1.25e7, \"latency_s\": 0.05, \"call_latency_s\": 0.001, "
+         "\"source\": \"WAN\"}",
+         "", "islands.link: missing"},
+    };
+    char edited[4096];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (!check_edit_text(text, bad[i].find, bad[i].replace, edited, sizeof edited)) continue;
+        snprintf(path, sizeof path, "%s/islands_bad_%zu.json", tmpdir, i);
+        check_write_text(path, edited);
+        st = loom_cluster_read(path, &c);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), bad[i].message),
+              "islands case %zu: expected '%s', got %s", i, bad[i].message,
+              st == LOOM_OK ? "ok" : loom_last_error());
+    }
+}
+
 int main(void) {
     tmpdir = check_tmpdir();
+    test_islands();
     test_shipped();
     test_round_trip();
     test_rules();

@@ -5,7 +5,8 @@
  * and free memory traffic and links, one process's step is m micro-batches of (F + 2F) at the
  * peak; a data-parallel sync is hidden behind the last backward up to its length and shows
  * beyond; tensor-parallel groups that cross nodes pay the inter-node link; the pipeline part is
- * the simulator's, and bad input is refused by name.
+ * the simulator's; islands' outer syncs cost their ring on the island link; and bad input is
+ * refused by name.
  */
 #include "check.h"
 #include "loom/compress.h"
@@ -13,6 +14,7 @@
 #include "loom/model.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A cluster with perfect GEMMs (efficiency 1), (nearly) free memory traffic and links. */
@@ -653,7 +655,55 @@ static void test_zero_time(void) {
     loom_plan_free(&plan);
 }
 
+/* Islands' outer syncs against hand arithmetic: gpt2 on 2 islands of one rank, 2 fragments
+ * (fragment 0: wte, wpe and layers 0-5; fragment 1: layers 6-11 and the final LayerNorm), the
+ * island link at 1e8 bytes/s with 10 ms a ring step: a fragment's fp32 all-reduce sends its bytes
+ * once per rank (2 (K - 1) / K = 1) in 2 steps; int8 twice a quarter (and the scales) in 2 steps
+ * and 2 calls of 1 ms; overlap hides up to tau steps of a sync. */
+static void test_islands(void) {
+    loom_plan plan = plan_of(1, 1, 1, 2, 4, LOOM_SCHEDULE_1F1B);
+    plan.islands.count = 2, plan.islands.inner_steps = 10, plan.islands.fragments = 2;
+    const loom_gpt_config *m = &plan.model;
+    double C = m->channels, L = m->num_layers;
+    double layer = 12 * C * C + 13 * C;
+    double f0 = 4 * ((double)m->padded_vocab_size * C + m->max_seq_len * C + L / 2 * layer);
+    double f1 = 4 * (L / 2 * layer + 2 * C);
+    loom_cluster cl = ideal_cluster(1, 2);
+    cl.island_nodes = 1;
+    cl.island_link = (loom_link){1e8, 0.01, 0.001};
+    double inner = 0.05; /* an inner step, made up */
+    loom_outer_cost oc;
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    double s0 = f0 / 1e8 + 0.02 + 0.001, s1 = f1 / 1e8 + 0.02 + 0.001;
+    CHECK_CLOSE(oc.sync_s, fmax(s0, s1), 1e-9, 0, "islands fp32: the largest fragment's sync");
+    CHECK_CLOSE(oc.total_s, s0 + s1, 1e-9, 0, "islands fp32: both fragments");
+    CHECK_CLOSE(oc.exposed_s, (s0 + s1) / 10, 1e-9, 1e-12, "islands fp32: a step's share");
+    CHECK(llabs(oc.bytes - (int64_t)((f0 + f1) * 2 / 10)) <= 2, "islands fp32: %lld bytes a step",
+          (long long)oc.bytes);
+    plan.islands.overlap_steps = 3; /* 0.15 s of inner steps hide each sync's first 0.15 s */
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    CHECK_CLOSE(oc.exposed_s, (fmax(0, s0 - 0.15) + fmax(0, s1 - 0.15)) / 10, 1e-9, 1e-12,
+                "islands fp32, 3 steps behind");
+    plan.islands.overlap_steps = 0, plan.islands.compression = LOOM_COMPRESS_INT8;
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    double w0 = 2 * 0.5 * f0 / 4 * (1 + 4.0 / 256), w1 = 2 * 0.5 * f1 / 4 * (1 + 4.0 / 256);
+    CHECK_CLOSE(oc.total_s, (w0 + w1) / 1e8 + 2 * (0.02 + 0.002), 1e-9, 0, "islands int8");
+    /* the step carries it: predict's step is the inner step plus the exposed share */
+    loom_prediction pr, inner_pr;
+    loom_plan one = plan; /* one island's plan: its share of the global batch */
+    one.islands.count = 0, one.global_batch = plan.global_batch / 2;
+    CHECK(loom_plan_predict(&one, &cl, LOOM_PRECISION_FP32, 64, &inner_pr) == LOOM_OK, "%s",
+          loom_last_error());
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "%s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, inner_pr.step_s + pr.outer.exposed_s, 1e-12, 1e-15,
+                "islands: the step with its outer share");
+    CHECK(pr.outer.exposed_s > 0, "islands: the outer share is priced");
+    loom_plan_free(&plan);
+}
+
 int main(void) {
+    test_islands();
     test_search();
     test_selective_time();
     test_zero_time();

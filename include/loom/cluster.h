@@ -30,7 +30,9 @@
  *     },
  *     "collectives": [{"op": "allreduce", "link": "inter_node", "ranks": 8, "alpha_s": 1e-5,
  *                      "beta_s_per_byte": 4e-11}],
- *     "compressors": {"powersgd": 2.2e9, "int8": 4.6e8}
+ *     "compressors": {"powersgd": 2.2e9, "int8": 4.6e8},
+ *     "islands": {"nodes": 4, "link": {"bandwidth": 1.25e7, "latency_s": 0.05,
+ *                                      "source": "..."}}
  *   }
  *
  * Units: bytes, seconds, FLOP/s, bytes/s (bandwidth per device, one direction). "gemm_efficiency"
@@ -51,6 +53,10 @@
  * "node.links.*.call_latency_s" (optional, default 0) is a fixed cost a collective pays once per
  * call on top of its ring steps' latencies (a collective library's launch and setup: NCCL's
  * base latency); a measured fit's alpha_s already holds it, and a send does not pay it.
+ * "islands" (optional) is the island level: islands of "nodes" nodes each, joined by "link" (a
+ * link as above, per device and direction: what one rank gets of the slow link between islands),
+ * which the cost model prices island training's outer syncs on; left out, islands meet over
+ * inter_node.
  * "nodes" is how many the description was measured on (1 for a shipped node); "max_nodes" how
  * many the cluster has (`loom plan --devices N` takes up to max_nodes x devices). "sources"
  * (per device) and "source" (per link) are free text, required in shipped descriptions (the
@@ -145,6 +151,11 @@ typedef struct {
     loom_collective_fit collectives[LOOM_CLUSTER_MAX_COLLECTIVES];
     int num_collectives;
     double compressor_bytes_per_s[LOOM_COMPRESS_COUNT]; /* per method; 0: not measured */
+    /* the island level ("islands", optional): groups of island_nodes nodes joined by a slower
+     * link (per device, one direction); island_nodes 0: none (islands then meet over
+     * inter_node) */
+    int island_nodes;
+    loom_link island_link;
 } loom_cluster;
 
 /* Reads and fully checks a description. Every problem is LOOM_ERR_INPUT with one message naming

@@ -75,6 +75,21 @@ typedef struct {
     double zero_gather_s; /* ZeRO-3's gathers not hidden by prefetch, included above */
 } loom_stage_times;
 
+/* Islands' outer syncs (outer_cost.c): the slowest fragment's sync (seconds), one rank's syncs of
+ * every fragment once (total_s, the slowest pipeline rank's), what a step carries of them on
+ * average (exposed_s: each sync's time that overlap_steps inner steps do not cover, and the
+ * outer step's passes over the range, divided by inner_steps), and the bytes the whole job sends
+ * between islands per step on average. */
+#define LOOM_PLAN_MAX_FRAGMENTS 1024
+typedef struct {
+    double sync_s, total_s, exposed_s;
+    int64_t bytes;
+} loom_outer_cost;
+/* The outer syncs of a plan with islands (all zero without) on `cluster`'s island link (else
+ * inter_node), for inner steps of inner_step_s. */
+loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *cluster,
+                                 double inner_step_s, loom_outer_cost *out);
+
 #define LOOM_PREDICT_MAX_STAGES 256
 typedef struct {
     double step_s, tokens_per_s;
@@ -83,6 +98,7 @@ typedef struct {
     double bubble;                        /* share of the pipeline part ranks idle (mean) */
     int64_t peak_bytes;                   /* the largest rank's memory */
     int64_t dp_bytes, tp_bytes, pp_bytes; /* per step, summed over every rank */
+    loom_outer_cost outer;                /* islands: their outer syncs (in step_s: exposed_s) */
     loom_stage_times stage[LOOM_PREDICT_MAX_STAGES]; /* per virtual stage */
     int stages;
 } loom_prediction;

@@ -460,9 +460,19 @@ static void print_prediction(const loom_plan *plan, const loom_cluster *cluster,
     printf(
         "  step %.4f s = pipeline %.4f s (bubble %.1f %%) + data-parallel sync not hidden %.4f s "
         "+ optimizer %.4f s (AdamW, zeroing the gradients, their norm)\n",
-        pr->step_s, pr->pipeline_s, 100 * pr->bubble, pr->dp_exposed_s, pr->optimizer_s);
+        pr->step_s - pr->outer.exposed_s, pr->pipeline_s, 100 * pr->bubble, pr->dp_exposed_s,
+        pr->optimizer_s);
+    const loom_plan_islands *is = &plan->islands;
+    if (is->count > 0) {
+        printf("  islands: a sync of the largest fragment %.4f s (outer gradients %s; every "
+               "fragment once %.4f s) every %d inner steps, %d behind: %.4f s a step not hidden, "
+               "so a step %.4f s; %.3g MB a step between islands (every rank's, summed)\n",
+               pr->outer.sync_s, loom_compress_method_name(is->compression), pr->outer.total_s,
+               is->inner_steps, is->overlap_steps, pr->outer.exposed_s, pr->step_s,
+               (double)pr->outer.bytes / 1e6);
+    }
     double flops = loom_gpt_flops_per_token(&plan->model, seq_len) * pr->tokens_per_s;
-    int devices = plan->dp * plan->tp * plan->pp;
+    int devices = (int)loom_plan_job_ranks(plan);
     printf("  %.0f tokens/s; %.1f TFLOP/s per device (%.1f %% of the %s peak); per step: dp %.3g "
            "GB, tp %.3g GB, pp %.3g GB (every rank's, summed)\n",
            pr->tokens_per_s, flops / devices / 1e12,

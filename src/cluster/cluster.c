@@ -294,13 +294,50 @@ static loom_status read_compressors(const char *file, const json_t *root, loom_c
     return LOOM_OK;
 }
 
+/* A link object at `path`: bandwidth, latency_s, call_latency_s (optional), source. */
+static loom_status read_link(const char *file, const json_t *parent, const char *parent_path,
+                             const char *key, loom_link *l) {
+    static const char *const keys[] = {"bandwidth", "latency_s", "call_latency_s", "source"};
+    char path[64];
+    loom_json_join_path(path, sizeof path, parent_path, key);
+    json_t *link;
+    loom_status st = loom_json_member(file, parent, parent_path, key, 1,
+                                      "an object with bandwidth and latency_s", &link);
+    if (st == LOOM_OK) st = loom_json_as_object(file, path, link);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, link, path, keys, 4);
+    if (st == LOOM_OK) st = loom_json_read_number(file, link, path, "bandwidth", 1, &l->bandwidth);
+    if (st == LOOM_OK) st = loom_json_read_number(file, link, path, "latency_s", 1, &l->latency_s);
+    if (st == LOOM_OK) {
+        st = loom_json_read_number(file, link, path, "call_latency_s", 0, &l->call_latency_s);
+    }
+    if (st == LOOM_OK) st = read_source(file, link, path);
+    return st;
+}
+
+/* islands (optional): nodes, link. */
+static loom_status read_islands(const char *file, const json_t *root, loom_cluster *c) {
+    static const char *const keys[] = {"nodes", "link"};
+    json_t *islands = json_object_get(root, "islands");
+    if (!islands) return LOOM_OK;
+    loom_status st = loom_json_as_object(file, "islands", islands);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 2);
+    if (st == LOOM_OK)
+        st = loom_json_read_int(file, islands, "islands", "nodes", 1, &c->island_nodes);
+    if (st == LOOM_OK && c->island_nodes < 1) {
+        return loom_fail_field(file, "islands.nodes", "expected at least 1 node an island, got %d",
+                               c->island_nodes);
+    }
+    if (st == LOOM_OK) st = read_link(file, islands, "islands", "link", &c->island_link);
+    return st;
+}
+
 static loom_status read_document(const char *file, const json_t *root, loom_cluster *c) {
-    static const char *const keys[] = {"name", "source",      "nodes",      "max_nodes",
-                                       "node", "collectives", "compressors"};
+    static const char *const keys[] = {"name", "source",      "nodes",       "max_nodes",
+                                       "node", "collectives", "compressors", "islands"};
     if (!json_is_object(root)) {
         return loom_json_fail_type(file, "(top level)", "a JSON object", root);
     }
-    loom_status st = loom_json_check_keys(file, root, "", keys, 7);
+    loom_status st = loom_json_check_keys(file, root, "", keys, 8);
     if (st == LOOM_OK) st = read_text(file, root, "", "name", c->name, sizeof c->name);
     if (st == LOOM_OK) st = read_source(file, root, "");
     if (st == LOOM_OK) st = loom_json_read_int(file, root, "", "nodes", 1, &c->nodes);
@@ -308,6 +345,7 @@ static loom_status read_document(const char *file, const json_t *root, loom_clus
     if (st == LOOM_OK) st = read_node(file, root, c);
     if (st == LOOM_OK) st = read_collectives(file, root, c);
     if (st == LOOM_OK) st = read_compressors(file, root, c);
+    if (st == LOOM_OK) st = read_islands(file, root, c);
     return st;
 }
 
@@ -463,8 +501,37 @@ static loom_status check_gemm_table(const loom_cluster *c, const char *source) {
     return st;
 }
 
+static loom_status check_link(const loom_link *l, const char *path_of, const char *source) {
+    char path[96];
+    snprintf(path, sizeof path, "%s.bandwidth", path_of);
+    loom_status st =
+        check_bounded(source, path, l->bandwidth, 0, " (bytes/s per device, one direction)",
+                      LOOM_CLUSTER_MIN_RATE, LOOM_CLUSTER_MAX_RATE, "bytes/s");
+    snprintf(path, sizeof path, "%s.latency_s", path_of);
+    if (st == LOOM_OK) {
+        st = check_bounded(source, path, l->latency_s, 1, " (seconds)", 0,
+                           LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+    }
+    snprintf(path, sizeof path, "%s.call_latency_s", path_of);
+    if (st == LOOM_OK) {
+        st = check_bounded(source, path, l->call_latency_s, 1, " (seconds)", 0,
+                           LOOM_CLUSTER_MAX_LATENCY_S, "seconds");
+    }
+    return st;
+}
+
+static loom_status check_islands(const loom_cluster *c, const char *source) {
+    if (c->island_nodes == 0) return LOOM_OK;
+    if (c->island_nodes < 0 || c->island_nodes > c->max_nodes) {
+        return loom_fail_field(source, "islands.nodes",
+                               "expected 1 to max_nodes %d nodes an island, got %d", c->max_nodes,
+                               c->island_nodes);
+    }
+    return check_link(&c->island_link, "islands.link", source);
+}
+
 static loom_status check_links(const loom_cluster *c, const char *source) {
-    loom_status st = LOOM_OK;
+    loom_status st = check_islands(c, source);
     for (int l = 0; l < LOOM_LINK_CLASSES && st == LOOM_OK; l++) {
         char path[64];
         snprintf(path, sizeof path, "node.links.%s.bandwidth", link_names[l]);
@@ -646,7 +713,17 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
                 loom_compress_method_name((loom_compress_method)m));
         write_number(out, "", c->compressor_bytes_per_s[m], "");
     }
-    fprintf(out, "%s\n}\n", measured ? "}" : "");
+    fprintf(out, "%s", measured ? "}" : "");
+    if (c->island_nodes > 0) {
+        const loom_link *l = &c->island_link;
+        fprintf(out, ",\n  \"islands\": {\"nodes\": %d, \"link\": {", c->island_nodes);
+        write_number(out, "\"bandwidth\": ", l->bandwidth, ", ");
+        write_number(out, "\"latency_s\": ", l->latency_s, ", ");
+        if (l->call_latency_s > 0)
+            write_number(out, "\"call_latency_s\": ", l->call_latency_s, ", ");
+        fprintf(out, "\"source\": %s}}", note);
+    }
+    fprintf(out, "\n}\n");
 }
 
 loom_status loom_cluster_write(const char *path, const loom_cluster *cluster,

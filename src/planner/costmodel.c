@@ -820,13 +820,13 @@ static loom_status tp_bytes_of(const costing *k, int64_t *tp_bytes) {
 /* The plan must fit the cluster's devices. */
 static loom_status check_devices(const loom_plan *plan, const loom_cluster *cluster) {
     int64_t devices = (int64_t)cluster->max_nodes * cluster->devices_per_node;
-    int64_t ranks = (int64_t)plan->dp * plan->tp * plan->pp;
+    int64_t ranks = loom_plan_job_ranks(plan);
     if (ranks <= devices) return LOOM_OK;
     return loom_fail(LOOM_ERR_INPUT,
-                     "cost model: the plan needs dp x tp x pp = %lld devices, the cluster "
+                     "cost model: the plan needs %sdp x tp x pp = %lld devices, the cluster "
                      "\"%s\" has %d nodes x %d = %lld",
-                     (long long)ranks, cluster->name, cluster->max_nodes, cluster->devices_per_node,
-                     (long long)devices);
+                     plan->islands.count > 0 ? "islands x " : "", (long long)ranks, cluster->name,
+                     cluster->max_nodes, cluster->devices_per_node, (long long)devices);
 }
 
 /* Step = the pipeline term + what follows it on the slowest rank (the sync not hidden, the tied
@@ -862,6 +862,14 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
         return st;
     }
     out->step_s = out->pipeline_s + after_s;
+    st = loom_plan_outer_cost(plan, cluster, out->step_s, &out->outer);
+    if (st != LOOM_OK) {
+        memset(out, 0, sizeof *out);
+        return st;
+    }
+    out->step_s += out->outer.exposed_s;
+    int islands = loom_plan_num_islands(plan); /* every island's ranks send what one island's do */
+    out->dp_bytes *= islands, out->tp_bytes *= islands, out->pp_bytes *= islands;
     out->tokens_per_s = out->step_s > 0 ? (double)plan->global_batch * seq_len / out->step_s : 0;
     return LOOM_OK;
 }

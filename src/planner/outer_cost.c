@@ -1,0 +1,117 @@
+/*
+ * outer_cost.c — the cost model's price of island training's outer syncs (parallel/outer.c):
+ * per fragment, each rank's range of the fragment's parameters (its stage's, divided by dp) summed
+ * over the islands on the link between them (the cluster's island level, else inter_node): an
+ * fp32 ring all-reduce; int8 and bf16 a reduce-scatter and an all-gather of the quantised wire;
+ * PowerSGD its two all-reduces of factors (the 1-D tensors whole). A sync blocks its step, or,
+ * with overlap_steps tau, shows only what tau inner steps do not cover; each fragment syncs
+ * once every H steps, so a step carries the sum over fragments of that, divided by H, plus the
+ * outer step's passes over the range at memory bandwidth. The slowest pipeline rank's is the
+ * job's.
+ */
+#include "loom/planner.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Ring time of a collective over `n` ranks that sends `sent` bytes per rank in `steps` latency
+ * steps and `calls` calls, on link l. */
+static double ring_s(const loom_link *l, double sent, int steps, int calls) {
+    return sent / l->bandwidth + steps * l->latency_s + calls * l->call_latency_s;
+}
+
+/* Seconds of one sync of `bytes` of fp32 outer gradient per rank (raw: what the ring moves per
+ * rank uncompressed, for the byte counts), on link l among K islands. `psgd_wire` is PowerSGD's
+ * factors per rank (bytes) when it compresses. */
+static double sync_s(const loom_plan_islands *is, const loom_link *l, int K, double bytes,
+                     double psgd_wire, double *sent) {
+    double share = (double)(K - 1) / K;
+    switch (is->compression) {
+    case LOOM_COMPRESS_INT8:
+    case LOOM_COMPRESS_BF16: {
+        double wire =
+            is->compression == LOOM_COMPRESS_INT8 ? bytes / 4 * (1 + 4.0 / 256) : bytes / 2;
+        *sent = 2 * share * wire;
+        return ring_s(l, *sent, 2 * (K - 1), 2);
+    }
+    case LOOM_COMPRESS_POWERSGD:
+        *sent = 2 * share * psgd_wire;
+        return ring_s(l, *sent, 4 * (K - 1), 2);
+    default:
+        *sent = 2 * share * bytes;
+        return ring_s(l, *sent, 2 * (K - 1), 1);
+    }
+}
+
+/* Pipeline rank r's fragment pieces (fp32 bytes of its TP shard, before dp): the embeddings with
+ * fragment 0, the final LayerNorm with the last, each local layer with its group. */
+static void fragment_bytes(const loom_plan *plan, int r, double *bytes) {
+    const loom_plan_islands *is = &plan->islands;
+    loom_gpt_chunk chunks[LOOM_GPT_MAX_CHUNKS];
+    int n = 0;
+    for (int s = 0; s < plan->num_stages && n < LOOM_GPT_MAX_CHUNKS; s++) {
+        const loom_plan_stage *st = &plan->stages[s];
+        if (st->rank == r)
+            chunks[n++] = (loom_gpt_chunk){st->first_layer, st->end_layer, st->embedding, st->head};
+    }
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_chunks(&plan->model, plan->tp, chunks, n, info);
+    double layer = 0;
+    for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if (info[k].per_layer) layer += 4.0 * (double)info[k].layer_numel;
+    }
+    int F = is->fragments, L = plan->model.num_layers;
+    for (int f = 0; f < F; f++) bytes[f] = 0;
+    bytes[0] += 4.0 * (double)(info[LOOM_WTE].numel + info[LOOM_WPE].numel);
+    bytes[F - 1] += 4.0 * (double)(info[LOOM_LNFW].numel + info[LOOM_LNFB].numel);
+    for (int c = 0; c < n; c++) {
+        for (int l = chunks[c].first_layer; l < chunks[c].end_layer; l++)
+            bytes[(int64_t)l * F / L] += layer;
+    }
+}
+
+loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *cluster,
+                                 double inner_step_s, loom_outer_cost *out) {
+    memset(out, 0, sizeof *out);
+    const loom_plan_islands *is = &plan->islands;
+    int K = is->count;
+    if (K < 1) return LOOM_OK;
+    if (is->fragments > LOOM_PLAN_MAX_FRAGMENTS) {
+        return loom_fail(LOOM_ERR_INPUT, "cost model: islands.fragments %d: at most %d priced",
+                         is->fragments, LOOM_PLAN_MAX_FRAGMENTS);
+    }
+    const loom_link *l =
+        cluster->island_nodes > 0 ? &cluster->island_link : &cluster->links[LOOM_LINK_INTER_NODE];
+    double worst = 0;
+    for (int r = 0; r < plan->pp; r++) {
+        double bytes[LOOM_PLAN_MAX_FRAGMENTS];
+        fragment_bytes(plan, r, bytes);
+        double exposed = 0, total = 0, sent_step = 0;
+        for (int f = 0; f < is->fragments; f++) {
+            double range = bytes[f] / plan->dp, sent = 0;
+            /* PowerSGD (dp 1, one fragment): its factors' wire for the rank's matrices */
+            double psgd = 0;
+            if (is->compression == LOOM_COMPRESS_POWERSGD) {
+                loom_plan copy = *plan;
+                loom_plan_compressor_init(&copy.dp_compression);
+                copy.dp_compression.method = LOOM_COMPRESS_POWERSGD;
+                copy.dp_compression.rank = is->compression_rank;
+                copy.dp_compression.error_feedback = 1;
+                psgd = loom_plan_dp_traffic(&copy, r).wire;
+            }
+            double t = K > 1 ? sync_s(is, l, K, range, psgd, &sent) : 0;
+            if (t > out->sync_s) out->sync_s = t;
+            exposed += fmax(0.0, t - is->overlap_steps * inner_step_s);
+            total += t;
+            sent_step += sent;
+            /* the outer step: start, momentum, delta (and sent) read and written once */
+            exposed += 7.0 * range / cluster->memory_bandwidth;
+        }
+        if (exposed > worst) worst = exposed;
+        if (r == 0 || total > out->total_s) out->total_s = total;
+        /* the job's bytes per step: every rank of every island, each fragment once in H */
+        out->bytes += (int64_t)(sent_step * plan->dp * plan->tp * K / is->inner_steps);
+    }
+    out->exposed_s = worst / is->inner_steps;
+    return LOOM_OK;
+}
