@@ -101,6 +101,15 @@ if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; th
 # ---- islands on their own data ----
 if run own2 2 --islands 2 --inner-steps 4 --outer-fragments 2; then
     if [ "$(syncs own2)" = "2 4 6 8 " ]; then ok; else fail "own2: syncs at $(syncs own2), expected 2 4 6 8"; fi
+    # every island's loss: island 0's is the lead's, their mean the islands' loss
+    if jq -s -e '[.[] | select(.step == 3 and has("loss")) | (.islands_losses | length) == 2 and
+        .islands_losses[0] == .loss and
+        ((.islands_losses | add) / 2 - .islands_loss | if . < 0 then -. else . end) < 1e-6 * .loss] |
+        length == 1 and all' own2/metrics.jsonl >/dev/null; then
+        ok
+    else
+        fail "own2: islands' losses $(jq -c 'select(.step == 3 and has("loss")) | [.loss, .islands_loss, .islands_losses]' own2/metrics.jsonl)"
+    fi
     spread=$(metric own2 3 islands_loss_spread)
     if awk -v s="$spread" 'BEGIN { exit !(s > 0) }'; then ok; else fail "own2: islands on their own data have the same loss (spread $spread)"; fi
     quiet=$(metric own2 3 outer_bytes) sent=$(metric own2 4 outer_bytes) raw=$(metric own2 4 outer_bytes_raw)

@@ -267,6 +267,24 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
     return st;
 }
 
+/* Islands: every island's loss, in island order (its first rank's; collective over the job);
+ * *out (when not NULL) gets them as a JSON array. */
+static loom_status island_losses(const loom_step_record *r, json_t **out) {
+    const loom_mesh *mesh = r->mesh;
+    int K = mesh->islands;
+    if (mesh->plan->islands.count < 1 || !mesh->job) return LOOM_OK;
+    double *loss = loom_calloc((size_t)K, sizeof *loss, "islands' losses");
+    if (!loss) return LOOM_ERR_NOMEM;
+    if (loom_comm_rank(mesh->world) == 0) loss[mesh->island] = r->loss;
+    loom_status st = loom_comm_allreduce_f64(mesh->job, loss, K, LOOM_REDUCE_SUM);
+    if (st == LOOM_OK && out) {
+        *out = json_array();
+        for (int k = 0; k < K; k++) json_array_append_new(*out, number(loss[k]));
+    }
+    free(loss);
+    return st;
+}
+
 /* The progress line's note on islands: the round, the islands' mean loss and its spread. */
 static void islands_note(loom_step_record *r, const double *sums) {
     const loom_plan_islands *is = &r->mesh->plan->islands;
@@ -302,6 +320,8 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
     if (st != LOOM_OK) return st;
     compression_note(r, sums);
     islands_note(r, sums);
+    json_t *losses = NULL;
+    if ((st = island_losses(r, m ? &losses : NULL)) != LOOM_OK) return st;
     if (!m) return LOOM_OK;
     json_t *obj = json_object();
     json_object_set_new(obj, "step", json_integer(r->step));
@@ -345,6 +365,7 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
         json_object_set_new(obj, "islands_loss", number(sums[SUM_LOSS]));
         double spread = sqrt(fmax(0.0, sums[SUM_LOSS_SQ] - sums[SUM_LOSS] * sums[SUM_LOSS]));
         json_object_set_new(obj, "islands_loss_spread", number(spread));
+        if (losses) json_object_set_new(obj, "islands_losses", losses);
     }
     json_object_set_new(obj, "skipped", json_boolean(r->skipped));
     st = write_record(m, obj);
