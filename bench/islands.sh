@@ -9,8 +9,17 @@
 # Prints each run's final validation loss, its ratio to data parallelism's (same seed), and the
 # bytes it sent between islands (data parallelism: between its ranks) per token trained.
 #
+# SLOW=RATES (root; e.g. SLOW="100mbit 10mbit"): instead, time on slow links. The compression
+# benchmark's 6 x 384 model (43 MB of gradient; micro 4, sequence 64, global 16), 4 ranks whose
+# every byte crosses one link shaped to each rate (ip netns + tc, bench/netns.bash, TCP): data
+# parallelism (fp32 ring all-reduce), data parallelism with PowerSGD rank 16, and 4 islands of 1
+# rank at H = 100 with int8 and with fp32 outer gradients (100 steps: one outer sync; the data-
+# parallel runs 4 and 10 steps). Prints each run's median and mean step time (the mean carries
+# the sync), and the islands' outer seconds.
+#
 # usage: bash bench/islands.sh              (build first: bash scripts/build.sh)
 #        STEPS=1000 SEEDS="1 2 3" ROWS="h50:--inner-steps 50" bash bench/islands.sh
+#        SLOW="100mbit 10mbit" bash bench/islands.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=$PWD/build/loom
@@ -47,6 +56,39 @@ run() { # name flags...
     mpirun -np 4 "$LOOM" train "${common[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 ||
         echo "   $name failed: $(tail -2 "$OUT/$name.log")" >&2
 }
+
+if [ -n "${SLOW:-}" ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "SLOW: needs root (ip netns, tc)" >&2; exit 1; }
+    ROOT=$PWD
+    ns=loom_ibench_$$
+    . "$ROOT/bench/netns.bash"
+    trap 'ip netns del "$ns" 2>/dev/null' EXIT
+    slow_model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
+        --global-batch-size 16 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save
+        --log-every 1000 --comm-timeout 900)
+    printf '%-9s %-14s %12s %12s %10s\n' link run "median ms" "mean ms" "outer s"
+    for rate in $SLOW; do
+        netns_one_link "$rate"
+        # steps: enough for the medians, and for the islands one outer sync
+        for r in "dp:4:--data-parallel 4 --zero 0" \
+            "dp_psgd16:10:--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16" \
+            "isl_h100_int8:100:--islands 4 --inner-steps 100 --outer-compression int8" \
+            "isl_h100:100:--islands 4 --inner-steps 100"; do
+            IFS=: read -r name steps flagtext <<<"$r"
+            read -r -a flags <<<"$flagtext"
+            run=$OUT/slow_${rate}_$name
+            echo "== $name on $rate: $(netns_mpirun_text 4 "") loom train ${slow_model[*]} --steps $steps ${flags[*]}" >&2
+            netns_mpirun 4 "" "$LOOM" train "${slow_model[@]}" --steps "$steps" "${flags[@]}" --out "$run" \
+                >"$run.log" 2>&1 || { echo "   $name failed: $(tail -2 "$run.log")" >&2; continue; }
+            jq -s -r --arg link "$rate" --arg run "$name" \
+                '[.[] | select(has("ms"))] | (map(.ms) | sort) as $t |
+                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \(map(.outer_s // 0) | add)"' \
+                "$run/metrics.jsonl" | awk '{ printf "%-9s %-14s %12.1f %12.1f %10.2f\n", $1, $2, $3, $4, $5 }'
+        done
+        ip netns del "$ns"
+    done
+    exit 0
+fi
 
 printf '%-12s %5s %10s %9s %14s\n' row seed "val loss" "vs dp" "bytes/token"
 IFS=';' read -r -a rows <<<"$ROWS"
