@@ -72,8 +72,10 @@ static void run_case(loom_comm *world, loom_outer_optimizer optimizer, int H, in
           loom_last_error());
     loom_gpt_shard shard = loom_mesh_model_shard(&mesh);
     if (st == LOOM_OK) st = loom_gpt_create_shard(&model, &plan.model, loom_backend_cpu(), &shard);
-    if (st == LOOM_OK) loom_gpt_init_weights(model, 11);
-    if (st == LOOM_OK) st = loom_outer_create(&outer, &mesh, model, NULL);
+    if (st == LOOM_OK) {
+        loom_gpt_init_weights(model, 11);
+        st = loom_outer_create(&outer, &mesh, model, NULL);
+    }
     CHECK(st == LOOM_OK && outer, "outer: %s", loom_last_error());
     if (st != LOOM_OK) return;
     size_t n = model->num_params;

@@ -129,7 +129,7 @@ static loom_status make_powersgd(loom_outer *o) {
 static loom_status make_wires(loom_outer *o) {
     if (o->cfg.compression == LOOM_COMPRESS_POWERSGD) return make_powersgd(o);
     int K = o->mesh->islands;
-    o->wires = loom_calloc((size_t)o->cfg.fragments, sizeof *o->wires, "outer wire plans");
+    o->wires = loom_calloc((size_t)o->cfg.fragments, sizeof(loom_qreduce *), "outer wire plans");
     int64_t *bounds = loom_calloc((size_t)K + 1, sizeof *bounds, "outer wire bounds");
     loom_status st = o->wires && bounds ? LOOM_OK : LOOM_ERR_NOMEM;
     for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {

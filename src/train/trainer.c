@@ -407,8 +407,8 @@ static loom_status finish_run(trainer *t, loom_train_result *r, int stopped) {
     loom_run_measure(t->step_seconds, t->timed, (double)t->plan->global_batch * cfg->seq_len, r);
     if (st == LOOM_OK) st = loom_run_report_prediction(t->plan, &t->mesh, r);
     if (st == LOOM_OK)
-        st = loom_run_memory_measured(cfg, t->plan, &t->mesh, t->sync, t->model, &t->opt,
-                                      t->outer, r->peak_rss_bytes);
+        st = loom_run_memory_measured(cfg, t->plan, &t->mesh, t->sync, t->model, &t->opt, t->outer,
+                                      r->peak_rss_bytes);
     return st;
 }
 
