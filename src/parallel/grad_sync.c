@@ -503,8 +503,7 @@ loom_status loom_grad_sync_share_params(loom_grad_sync *s) {
                                    (int64_t)s->range.shard);
 }
 
-/* FNV-1a over n bytes. */
-static uint64_t checksum(const void *data, size_t n) {
+uint64_t loom_parallel_checksum(const void *data, size_t n) {
     uint64_t h = 1469598103934665603ULL;
     const unsigned char *bytes = data;
     for (size_t i = 0; i < n; i++) h = (h ^ bytes[i]) * 1099511628211ULL;
@@ -517,8 +516,8 @@ static loom_status check_tied_embedding(loom_grad_sync *s) {
     const loom_mesh *mesh = s->mesh;
     if (!mesh->embedding) return LOOM_OK;
     const loom_gpt_tensor_info *wte = &s->model->info[LOOM_WTE];
-    uint64_t h =
-        checksum(s->model->unit_params[0] + wte->offset, (size_t)wte->numel * sizeof(float));
+    uint64_t h = loom_parallel_checksum(s->model->unit_params[0] + wte->offset,
+                                        (size_t)wte->numel * sizeof(float));
     double both[4] = {0, 0, 0, 0};
     int end = mesh->pp_rank == 0 ? 0 : 1;
     both[2 * end] = (double)(h >> 32), both[2 * end + 1] = (double)(h & 0xffffffffu);
@@ -545,10 +544,10 @@ loom_status loom_grad_sync_check_replicas(loom_grad_sync *s) {
         for (int k = 0; k < 2; k++) {
             size_t floats;
             const float *p = loom_unit_sync_held_params(s->units, k, &floats);
-            h = h * 31 + checksum(p, floats * sizeof(float));
+            h = h * 31 + loom_parallel_checksum(p, floats * sizeof(float));
         }
     } else {
-        h = checksum(s->model->params_memory, s->model->num_params * sizeof(float));
+        h = loom_parallel_checksum(s->model->params_memory, s->model->num_params * sizeof(float));
     }
     /* every replica's checksum, in two exactly representable halves */
     int dp = mesh->dp_size;

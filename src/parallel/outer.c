@@ -224,17 +224,9 @@ void loom_outer_free(loom_outer *o) {
     free(o);
 }
 
-/* FNV-1a over the floats' bytes. */
-static uint64_t checksum(const float *x, size_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    const unsigned char *bytes = (const unsigned char *)x;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ bytes[i]) * 1099511628211ULL;
-    return h;
-}
-
 loom_status loom_outer_check_start(loom_outer *o) {
     if (!o || !o->mesh->across) return LOOM_OK;
-    uint64_t h = checksum(o->start, o->n);
+    uint64_t h = loom_parallel_checksum(o->start, o->n * sizeof(float));
     double hi[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)};
     double lo[2] = {-hi[0], -hi[1]};
     loom_status st = loom_comm_allreduce_f64(o->mesh->across, hi, 2, LOOM_REDUCE_MAX);

@@ -47,6 +47,9 @@ int loom_dp_compress_count(const loom_dp_compress *dc);
 loom_compressor *loom_dp_compress_get(loom_dp_compress *dc, int i);
 size_t loom_dp_compress_state_bytes(const loom_dp_compress *dc);
 
+/* FNV-1a over n bytes (grad_sync.c): the replica check's and the islands' start check's. */
+uint64_t loom_parallel_checksum(const void *data, size_t n);
+
 /* ZeRO-2/3 (zero.c): per block a gradient buffer the passes write into, reduce-scattered over
  * dp as soon as that block's backward is done, this rank's block of the sum accumulated into its
  * shard of the gradient; the embeddings' and the final LayerNorm's units stay whole for the step
