@@ -175,4 +175,14 @@ refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 r
     --islands 2 --data-parallel 2 --outer-compression powersgd --global-batch-size 8
 [ "$core_only" = 1 ] || refused bad_save 2 "checkpoints of island training" --islands 2 --save-every 2
 [ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5
+if [ "$core_only" != 1 ]; then # the planner does not plan islands: said before it profiles
+    timeout 60 mpirun -np 2 "$LOOM" train --plan auto --islands 2 --model tiny --seq-len 16 \
+        --data 'data/train_*.bin' --steps 2 --threads 1 --no-save --out auto_islands >auto_islands.log 2>&1
+    code=$?
+    if [ "$code" -eq 2 ] && grep -qF -- "--plan auto: --islands: the planner does not plan islands yet" auto_islands.log; then
+        ok
+    else
+        fail "auto_islands: exit $code, $(grep -m1 error auto_islands.log)"
+    fi
+fi
 finish

@@ -268,6 +268,14 @@ static loom_status refuse_auto_conflicts(const unsigned char *seen) {
         for (size_t j = 0; j < sizeof inputs / sizeof inputs[0]; j++)
             input |= !strcmp(train_opts[i].flag, inputs[j]);
         if (input) continue;
+        if (!strncmp(train_opts[i].flag, "--islands", 9) ||
+            !strncmp(train_opts[i].flag, "--inner", 7) ||
+            !strncmp(train_opts[i].flag, "--outer", 7)) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "--plan auto: %s: the planner does not plan islands yet; write the "
+                             "plan with loom plan (its flags take --islands) and pass --plan FILE",
+                             train_opts[i].flag);
+        }
         return loom_fail(LOOM_ERR_INPUT,
                          "--plan auto: %s sets what the planner chooses (layout, micro batch, "
                          "schedule, stages; it plans without compression); drop %s, or write "
