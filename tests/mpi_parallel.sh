@@ -21,33 +21,7 @@ common=(--model tiny --data 'data/train_*.bin' --val-data 'data/val_*.bin' --ste
 
 "$LOOM" train "${common[@]}" --out single >single.log 2>&1 || fail "single-process run: $(tail -3 single.log)"
 
-# name ranks extra-flags...
-run() {
-    local name=$1 np=$2
-    shift 2
-    if timeout 300 mpirun -np "$np" "$LOOM" train "${common[@]}" --out "$name" "$@" >"$name.log" 2>&1; then
-        ok
-    else
-        fail "$name: exit $?: $(tail -5 "$name.log")"
-    fi
-}
-
-# compare_run NAME [REFERENCE]
-compare_run() {
-    local name=$1 single=${2:-single}
-    series "$single/metrics.jsonl" >single.series
-    vseries "$single/metrics.jsonl" >single.vseries
-    series "$name/metrics.jsonl" >"$name.series"
-    vseries "$name/metrics.jsonl" >"$name.vseries"
-    if out=$(close_series single.series "$name.series"); then ok; else fail "$name losses/grad norms differ from one process: $out"; fi
-    if out=$(close_series single.vseries "$name.vseries"); then ok; else fail "$name validation losses differ: $out"; fi
-    local a=$single/checkpoints/step_00000008/model.safetensors
-    local b=$name/checkpoints/step_00000008/model.safetensors
-    if out=$("$CMP" "$b" "$a" 1e-5 2>&1); then ok; else fail "$name final parameters: $out"; fi
-    if ! grep -q "data parallel 1 " "$name.log"; then
-        if grep -q "replicas hold bit-identical parameters" "$name.log"; then ok; else fail "$name replicas not reported identical: $(grep -i replica "$name.log")"; fi
-    fi
-}
+# run NAME RANKS FLAGS... and compare_run NAME [REFERENCE]: the harness's (mpi_harness.bash)
 
 # resumed NAME RANKS CHECKPOINT_RUN flags...: resume CHECKPOINT_RUN's step-4 checkpoint on RANKS
 # ranks with the flags; the losses after step 4 must be the single run's
