@@ -11,6 +11,9 @@
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
 #    quarter of fp32's bytes, PowerSGD's far fewer;
+#  - a resume from an islands checkpoint mid-round, with a sync in flight and int8 error
+#    feedback, continues bit for bit (islands of 1 rank, of dp 2 with ZeRO-3, of pp 2); another
+#    island count restarts the round with a warning; a run without islands refuses it;
 #  - a lost or hung island ends the job within the timeout, naming the rank;
 #  - what islands cannot do is refused by name.
 # usage: bash tests/mpi_islands.sh LOOM_BINARY TMPDIR
@@ -44,6 +47,16 @@ same() {
 
 # syncs RUN: the steps whose record says an outer sync ran, "2 4 6 8"
 syncs() { jq -r 'select(has("outer_syncs") and .outer_syncs > 0) | .step' "$1/metrics.jsonl" | tr '\n' ' '; }
+
+# exact NAME FULL: NAME, resumed from FULL's step-6 checkpoint, trains steps 7-9 as FULL did,
+# bit for bit (losses, grad norms, islands' losses, validation)
+exact() {
+    jq -c 'select(.step > 6) | [.step, .loss, .grad_norm, .islands_losses, .val_loss]' \
+        "$2/metrics.jsonl" >"$1.want"
+    jq -c 'select(.step > 6) | [.step, .loss, .grad_norm, .islands_losses, .val_loss]' \
+        "$1/metrics.jsonl" >"$1.got"
+    if [ -s "$1.want" ] && cmp -s "$1.want" "$1.got"; then ok; else fail "$1 after resume: $(diff "$1.want" "$1.got" | head -4)"; fi
+}
 
 # refused NAME RANKS MESSAGE FLAGS...: the run ends with exit 2 and the message
 refused() {
@@ -167,13 +180,48 @@ if [ "$core_only" != 1 ]; then
 fi
 
 # ---- refusals ----
+# ---- checkpoints: a bit-exact resume mid-round, with a sync in flight ----
+# H 4 over 2 fragments (fragment 1 syncs after steps 2 and 6, fragment 0 after 4 and 8), each
+# sync landing a step after it left, int8 outer gradients with error feedback: the step-6
+# checkpoint holds fragment 1's sync in flight, fragment 0 mid-round, and every island's own
+# residual, parameters and moments.
+ckpt=(--islands 2 --inner-steps 4 --outer-fragments 2 --outer-overlap-steps 1
+    --outer-compression int8)
+if run ck_full 2 "${ckpt[@]}" --save-every 6; then
+    run ck_res 2 "${ckpt[@]}" --resume ck_full/checkpoints/step_00000006 && exact ck_res ck_full
+    # a run without islands refuses it by name; another island count restarts the round
+    refused ck_plain 1 "a checkpoint of island training" --resume ck_full/checkpoints/step_00000006
+    if [ "$core_only" != 1 ]; then
+        run ck_k1 1 --islands 1 --inner-steps 4 --resume ck_full/checkpoints/step_00000006 &&
+            if grep -q "every island restarts the round from the global model" ck_k1.log; then ok; else fail "ck_k1: no warning that the round restarts"; fi
+        # the global model is a model file like any other
+        run ck_init 1 --init-from ck_full/checkpoints/step_00000006
+    fi
+fi
+if [ "$core_only" != 1 ]; then
+    # inside islands of dp 2 with ZeRO-3 (each rank's range of the global state, streamed) and
+    # of pp 2 with bf16 outer gradients
+    z3=(--islands 2 --inner-steps 4 --data-parallel 2 --zero 3 --outer-fragments 2
+        --outer-compression int8 --global-batch-size 8)
+    run ck_z3 4 "${z3[@]}" --save-every 6 &&
+        run ck_z3_res 4 "${z3[@]}" --resume ck_z3/checkpoints/step_00000006 && exact ck_z3_res ck_z3
+    pp=(--islands 2 --inner-steps 4 --pipeline-parallel 2 --outer-compression bf16
+        --outer-overlap-steps 2)
+    run ck_pp 4 "${pp[@]}" --save-every 6 &&
+        run ck_pp_res 4 "${pp[@]}" --resume ck_pp/checkpoints/step_00000006 && exact ck_pp_res ck_pp
+    # a checkpoint without islands starts every island from it (a data-parallel warm start)
+    single ck_dp --save-every 6
+    run ck_warm 2 --islands 2 --inner-steps 4 --resume ck_dp/checkpoints/step_00000006
+fi
+
 refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 ranks launched" \
     --islands 2 --data-parallel 1
 [ "$core_only" = 1 ] || refused bad_h 2 "islands.inner_steps: expected at least 1 inner step a round, got -1" --islands 2 --inner-steps -1
 [ "$core_only" = 1 ] || refused bad_fragments 2 "islands.fragments: expected 1 to 3 fragments" --islands 2 --inner-steps 3 --outer-fragments 4
 [ "$core_only" = 1 ] || refused bad_psgd 4 "islands.compression: powersgd outer gradients need whole matrices on one rank" \
     --islands 2 --data-parallel 2 --outer-compression powersgd --global-batch-size 8
-[ "$core_only" = 1 ] || refused bad_save 2 "checkpoints of island training" --islands 2 --save-every 2
+[ "$core_only" = 1 ] || refused bad_psgd_save 2 "--outer-compression powersgd: its state" \
+    --islands 2 --inner-steps 3 --outer-compression powersgd --save-every 2
 [ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5
 if [ "$core_only" != 1 ]; then # the planner does not plan islands: said before it profiles
     timeout 60 mpirun -np 2 "$LOOM" train --plan auto --islands 2 --model tiny --seq-len 16 \

@@ -846,7 +846,7 @@ static void check_round_trip(const layout *lo, int id) {
 
     char out[1200], dir[1400];
     snprintf(out, sizeof out, "%s/layout_%d", tmp, id);
-    loom_ckpt_state state = {7 + id, 1, 123, 0x5eed + (uint64_t)id, 0, 2, "", "", ""};
+    loom_ckpt_state state = {7 + id, 1, 123, 0x5eed + (uint64_t)id, 0, 2, "", "", "", ""};
     loom_status st = loom_checkpoint_save_fill(out, &lo->full, fill_from_shards, &run, &state);
     CHECK(st == LOOM_OK, "%s: save_fill: %s", lo->label, loom_last_error());
     CHECK(run.next == 3 * run.count && run.order_errors == 0,

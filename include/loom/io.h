@@ -174,6 +174,11 @@ typedef struct {
      * from, an absolute path); "" when unknown (neither key is written) */
     char tokenizer[16];
     char tokenizer_source[1024];
+    /* an islands checkpoint (metadata "loom.islands": the islands and the layout it belongs
+     * to; "" for any other): its state file holds the outer momentum, tensors
+     * "outer_momentum.NAME", where AdamW's moments would be (each island's own checkpoint lies
+     * in the folder's island_K/); a fill for it is asked for buffers 0 and 1 only */
+    char islands[256];
 } loom_ckpt_state;
 
 /* Weights as safetensors with Hugging Face GPT-2 names and Conv1D (in, out) orientation; the
@@ -204,6 +209,14 @@ loom_status loom_checkpoint_save_params(const char *out_dir, const loom_gpt *mod
 typedef const float *(*loom_ckpt_fill)(void *ctx, int buffer, int tensor, int layer);
 loom_status loom_checkpoint_save_fill(const char *out_dir, const loom_gpt *layout,
                                       loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state);
+
+/* Writes {model,state}.safetensors into the folder `dir` (created), from bufs (params, m, v in
+ * the model's flat layout) or, when bufs is NULL, slice by slice from fill, as
+ * loom_checkpoint_save_fill; no pointer moves. */
+loom_status loom_checkpoint_write(const char *dir, const loom_gpt *model, const float *const *bufs,
+                                  loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state);
+/* Points OUT/checkpoints/latest at step_NNNNNNNN (atomically). */
+loom_status loom_checkpoint_point_latest(const char *out_dir, int64_t step);
 
 /* The slices of a checkpoint file in file order (what fill and take see): tensors[i] and
  * layers[i] for i < the returned count (4 + 12 L; arrays that long); -1 when out of memory. */

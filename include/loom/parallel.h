@@ -244,6 +244,31 @@ loom_status loom_outer_step(loom_outer *outer, int64_t done, int64_t last_step);
 loom_status loom_outer_swap(loom_outer *outer);
 /* Adds the counters since the last call to *stats and resets them. */
 void loom_outer_take_stats(loom_outer *outer, loom_outer_stats *stats);
+/* Checkpoints of island training (train/islands.c). This rank's outer state: its range of the
+ * stage's flat buffer and, indexed from range.begin, the round start, the momentum and the
+ * error-feedback residual (NULL without int8/bf16 outer gradients). */
+typedef struct {
+    loom_zero_shard range;
+    float *start, *momentum, *residual;
+    int fragments;
+} loom_outer_buffers_view;
+void loom_outer_buffers(loom_outer *outer, loom_outer_buffers_view *view);
+/* Finishes the transfer of every sync in flight (overlapped syncs; its result is still applied
+ * at its step, so training does not change): what a checkpoint saves. Collective over the
+ * islands. */
+loom_status loom_outer_settle(loom_outer *outer);
+/* Fragment f's sync in flight: the step that applies it (0: none) and, over the fragment's piece
+ * [*lo, *hi) of the range, its summed outer gradient and the island's parameters when it was sent
+ * (after loom_outer_settle; sent NULL without overlap). */
+int64_t loom_outer_in_flight(loom_outer *outer, int f, float **sum, float **sent, size_t *lo,
+                             size_t *hi);
+/* A resumed sync in flight: its sum and sent parameters filled in (loom_outer_in_flight's
+ * pointers), applied after step apply_at (0: none). */
+void loom_outer_set_in_flight(loom_outer *outer, int f, int64_t apply_at);
+/* Every fragment's round restarts from its round start (the island's parameters set to it,
+ * nothing in flight): a resume that cannot continue the round. Collective over the island's
+ * data-parallel group. */
+loom_status loom_outer_restart(loom_outer *outer);
 /* Bytes of outer state this rank holds (round start, momentum, scratch, residual). */
 size_t loom_outer_state_bytes(const loom_outer *outer);
 

@@ -340,14 +340,18 @@ static const char *state_keys[STATE_FIELDS] = {"step",      "data_epoch", "data_
 /* the counters kept as int64_t in loom_ckpt_state */
 static const int state_signed[STATE_FIELDS] = {1, 0, 0, 0, 1, 1};
 
-/* Model file, state file, then the pointer: the shared body of both save functions. */
-static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
-                                   const float *const *bufs, loom_ckpt_fill fill, void *ctx,
-                                   const loom_ckpt_state *state) {
-    char dir[4096], path[4200], step_name[64];
-    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
-    loom_status status = loom_path_join(dir, sizeof dir, out_dir, step_name);
-    if (status == LOOM_OK) status = loom_mkdir_p(dir);
+/* The state file's buffers: AdamW's two moments, or an islands checkpoint's outer momentum;
+ * returns their count. */
+static int state_prefixes(const char *islands, const char *prefixes[2]) {
+    prefixes[0] = islands[0] ? "outer_momentum." : "exp_avg.";
+    prefixes[1] = "exp_avg_sq.";
+    return islands[0] ? 1 : 2;
+}
+
+loom_status loom_checkpoint_write(const char *dir, const loom_gpt *model, const float *const *bufs,
+                                  loom_ckpt_fill fill, void *ctx, const loom_ckpt_state *state) {
+    char path[4200];
+    loom_status status = loom_mkdir_p(dir);
     if (status != LOOM_OK) return status;
 
     char *cfg = config_json(&model->config);
@@ -387,19 +391,37 @@ static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
         meta[2 * meta_count] = "loom.compress";
         meta[2 * meta_count++ + 1] = state->compress;
     }
-    const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    if (state->islands[0]) {
+        meta[2 * meta_count] = "loom.islands";
+        meta[2 * meta_count++ + 1] = state->islands;
+    }
+    const char *prefixes[2];
+    int nbufs = state_prefixes(state->islands, prefixes);
     status = loom_path_join(path, sizeof path, dir, "state.safetensors");
     if (status != LOOM_OK) return status;
-    status = write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, 2, meta, meta_count, fill,
-                           ctx, 1);
-    if (status != LOOM_OK) return status;
+    return write_tensors(path, model, bufs ? bufs + 1 : NULL, prefixes, nbufs, meta, meta_count,
+                         fill, ctx, 1);
+}
 
-    /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
-    char pointer[64];
-    int len = snprintf(pointer, sizeof pointer, "step_%08" PRId64 "\n", state->step);
-    status = loom_path_join(path, sizeof path, out_dir, "checkpoints/latest");
+loom_status loom_checkpoint_point_latest(const char *out_dir, int64_t step) {
+    char path[4200], pointer[64];
+    int len = snprintf(pointer, sizeof pointer, "step_%08" PRId64 "\n", step);
+    loom_status status = loom_path_join(path, sizeof path, out_dir, "checkpoints/latest");
     if (status != LOOM_OK) return status;
     return loom_write_file_atomic(path, pointer, (size_t)len);
+}
+
+/* Model file, state file, then the pointer: the shared body of both save functions. */
+static loom_status checkpoint_save(const char *out_dir, const loom_gpt *model,
+                                   const float *const *bufs, loom_ckpt_fill fill, void *ctx,
+                                   const loom_ckpt_state *state) {
+    char dir[4096], step_name[64];
+    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
+    loom_status status = loom_path_join(dir, sizeof dir, out_dir, step_name);
+    if (status == LOOM_OK) status = loom_checkpoint_write(dir, model, bufs, fill, ctx, state);
+    /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
+    if (status == LOOM_OK) status = loom_checkpoint_point_latest(out_dir, state->step);
+    return status;
 }
 
 loom_status loom_checkpoint_save(const char *out_dir, const loom_gpt *model, const float *m,
@@ -545,9 +567,21 @@ static loom_status checkpoint_load(const char *dir, loom_gpt *model, float *m, f
     if (status == LOOM_OK) {
         snprintf(state->compress, sizeof state->compress, "%s", compress ? compress : "");
     }
-    if (status == LOOM_OK) status = read_tensors_take(st, path, model, "exp_avg.", m, take, ctx, 1);
+    const char *islands = loom_safetensors_metadata(st, "loom.islands");
+    if (status == LOOM_OK && islands && strlen(islands) >= sizeof state->islands) {
+        status = loom_fail(LOOM_ERR_INPUT,
+                           "%s: metadata 'loom.islands': expected at most %zu characters, got %zu",
+                           path, sizeof state->islands - 1, strlen(islands));
+    }
     if (status == LOOM_OK) {
-        status = read_tensors_take(st, path, model, "exp_avg_sq.", v, take, ctx, 2);
+        snprintf(state->islands, sizeof state->islands, "%s", islands ? islands : "");
+    }
+    const char *prefixes[2];
+    int nbufs = state_prefixes(state->islands, prefixes);
+    if (status == LOOM_OK)
+        status = read_tensors_take(st, path, model, prefixes[0], m, take, ctx, 1);
+    if (status == LOOM_OK && nbufs == 2) {
+        status = read_tensors_take(st, path, model, prefixes[1], v, take, ctx, 2);
     }
     loom_safetensors_close(st);
     if (status != LOOM_OK) return status;

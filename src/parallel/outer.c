@@ -62,6 +62,7 @@ struct loom_outer {
     struct pending {
         int64_t apply_at;           /* the step whose end applies it (0: none in flight) */
         loom_comm_request *request; /* fp32's all-reduce */
+        int summed;                 /* its sum is in delta already (loom_outer_settle) */
     } * pending;                    /* (F) one sync in flight at most per fragment */
     loom_outer_stats stats;
 };
@@ -207,7 +208,8 @@ void loom_outer_free(loom_outer *o) {
     /* a sync still in flight (a run stopped early) ends before its buffers go */
     for (int f = 0; o->pending && f < o->cfg.fragments; f++) {
         if (o->pending[f].request) loom_comm_wait(o->pending[f].request);
-        if (o->pending[f].apply_at && o->wires) loom_qreduce_wait(o->wires[f]);
+        if (o->pending[f].apply_at && !o->pending[f].summed && o->wires)
+            loom_qreduce_wait(o->wires[f]);
     }
     free(o->pending);
     free(o->sent);
@@ -269,6 +271,10 @@ static loom_status start_sum(loom_outer *o, int f, size_t lo, size_t hi) {
 
 /* Ends fragment f's sum: every island holds it in delta[lo, hi). */
 static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
+    if (o->pending[f].summed) {
+        o->pending[f].summed = 0;
+        return LOOM_OK;
+    }
     if (!o->mesh->across || hi == lo || o->powersgd) return LOOM_OK;
     if (!o->wires) {
         loom_status st = loom_comm_wait(o->pending[f].request);
@@ -379,4 +385,42 @@ size_t loom_outer_state_bytes(const loom_outer *o) {
     if (!o) return 0;
     return o->n * sizeof(float) * (size_t)(3 + (o->residual != NULL) + (o->sent != NULL)) +
            (o->powersgd ? loom_dp_compress_state_bytes(o->powersgd) : 0);
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+
+void loom_outer_buffers(loom_outer *o, loom_outer_buffers_view *view) {
+    view->range = o->range;
+    view->start = o->start, view->momentum = o->momentum, view->residual = o->residual;
+    view->fragments = o->cfg.fragments;
+}
+
+loom_status loom_outer_settle(loom_outer *o) {
+    loom_status st = LOOM_OK;
+    for (int f = 0; o && f < o->cfg.fragments && st == LOOM_OK; f++) {
+        if (!o->pending[f].apply_at || o->pending[f].summed) continue;
+        st = finish_sum(o, f, o->frag[f], o->frag[f + 1]);
+        o->pending[f].summed = 1;
+    }
+    return st;
+}
+
+int64_t loom_outer_in_flight(loom_outer *o, int f, float **sum, float **sent, size_t *lo,
+                             size_t *hi) {
+    *lo = o->frag[f], *hi = o->frag[f + 1];
+    *sum = o->delta + *lo;
+    *sent = o->sent ? o->sent + *lo : NULL;
+    return o->pending[f].apply_at;
+}
+
+void loom_outer_set_in_flight(loom_outer *o, int f, int64_t apply_at) {
+    o->pending[f].apply_at = apply_at;
+    o->pending[f].summed = apply_at > 0;
+}
+
+loom_status loom_outer_restart(loom_outer *o) {
+    if (!o) return LOOM_OK;
+    for (int f = 0; f < o->cfg.fragments; f++) loom_outer_set_in_flight(o, f, 0);
+    memcpy(params_at(o, o->range.begin), o->start, o->n * sizeof(float));
+    return share(o);
 }

@@ -117,6 +117,16 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
     return st;
 }
 
+loom_status loom_run_checkpoint_read(const char *dir, loom_gpt *model, float *const dst[3],
+                                     const size_t lo[3], const size_t hi[3],
+                                     loom_ckpt_state *state) {
+    loom_gpt layout;
+    slice_take c = {model, {dst[0], dst[1], dst[2]}, {lo[0], lo[1], lo[2]}, {hi[0], hi[1], hi[2]}};
+    loom_status st = unsharded_layout(model, &layout);
+    if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
+    return st;
+}
+
 loom_status loom_run_init_from(const char *path, loom_gpt *model) {
     loom_gpt layout;
     loom_status st = unsharded_layout(model, &layout);
@@ -243,6 +253,7 @@ static loom_status stream_send(const stream_bufs *bufs, const loom_gpt *model) {
     loom_status st = count < 0 ? LOOM_ERR_NOMEM : LOOM_OK;
     size_t base = loom_zero_shard_of(model->num_params, mesh->dp_size, mesh->dp_rank).begin;
     for (int b = 0; b < 3 && st == LOOM_OK; b++) {
+        if (!bufs->mine[b]) continue; /* a buffer the file does not hold */
         for (int i = 0; i < count && st == LOOM_OK; i++) {
             int k = tensors[i], layer = layers[i];
             if (loom_mesh_owner_rank(mesh, k, layer) != mesh->pp_rank) continue;
@@ -260,7 +271,7 @@ static loom_status stream_send(const stream_bufs *bufs, const loom_gpt *model) {
     return st;
 }
 
-static loom_status save_streamed(const char *out, const stream_bufs *bufs, const loom_gpt *model,
+static loom_status save_streamed(const char *dir, const stream_bufs *bufs, const loom_gpt *model,
                                  const loom_ckpt_state *state) {
     if (!bufs->mesh->lead) return stream_send(bufs, model);
     slice_stream c;
@@ -277,30 +288,80 @@ static loom_status save_streamed(const char *out, const stream_bufs *bufs, const
     c.slice = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
     c.recv = loom_alloc_aligned(largest * sizeof(float), "checkpoint slice");
     if (!c.slice || !c.recv) st = LOOM_ERR_NOMEM;
-    if (st == LOOM_OK) st = loom_checkpoint_save_fill(out, &c.full, stream_fill, &c, state);
+    if (st == LOOM_OK) st = loom_checkpoint_write(dir, &c.full, NULL, stream_fill, &c, state);
     loom_free_aligned(c.slice);
     loom_free_aligned(c.recv);
     return st;
 }
 
+loom_status loom_run_checkpoint_write(const char *dir, const loom_mesh *mesh, const loom_gpt *model,
+                                      const float *const bufs[3], const int sharded[3],
+                                      const loom_ckpt_state *state) {
+    stream_bufs sb = {mesh, {bufs[0], bufs[1], bufs[2]}, {sharded[0], sharded[1], sharded[2]}};
+    int replicas_hold_parts = sharded[0] || sharded[1];
+    if (mesh->tp_size > 1 || mesh->pp_size > 1 || replicas_hold_parts) {
+        if (mesh->dp_rank == 0 || replicas_hold_parts) return save_streamed(dir, &sb, model, state);
+        return LOOM_OK;
+    }
+    return mesh->lead ? loom_checkpoint_write(dir, model, bufs, NULL, NULL, state) : LOOM_OK;
+}
+
+loom_status loom_run_checkpoint_write_model(const char *dir, const loom_mesh *mesh,
+                                            const loom_gpt *model, const loom_adamw *opt,
+                                            const loom_ckpt_state *state) {
+    const float *bufs[3] = {model->params_memory, opt->m, opt->v};
+    /* ZeRO-1 and up shard the moments, ZeRO-3 the parameters too, over the replicas */
+    int moments = opt->range.shard != opt->range.padded_count;
+    int sharded[3] = {windowed(model), moments, moments};
+    return loom_run_checkpoint_write(dir, mesh, model, bufs, sharded, state);
+}
+
 loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
                                      const loom_adamw *opt, const loom_ckpt_state *state) {
     loom_comm_progress("saving a checkpoint");
-    stream_bufs bufs = {mesh, {model->params_memory, opt->m, opt->v}, {0, 0, 0}};
-    /* ZeRO-1 and up shard the moments, ZeRO-3 the parameters too, over the replicas */
-    bufs.sharded[0] = windowed(model);
-    bufs.sharded[1] = bufs.sharded[2] = opt->range.shard != opt->range.padded_count;
-    int replicas_hold_parts = bufs.sharded[0] || bufs.sharded[1];
-    loom_status st = LOOM_OK;
-    if (mesh->tp_size > 1 || mesh->pp_size > 1 || replicas_hold_parts) {
-        if (mesh->dp_rank == 0 || replicas_hold_parts) st = save_streamed(out, &bufs, model, state);
-    } else if (mesh->lead) {
-        st = loom_checkpoint_save(out, model, opt->m, opt->v, state);
-    }
+    char dir[LOOM_PATH_MAX + 64];
+    loom_status st = loom_run_step_folder(out, state->step, dir, sizeof dir);
+    if (st == LOOM_OK) st = loom_run_checkpoint_write_model(dir, mesh, model, opt, state);
+    /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
+    if (st == LOOM_OK && mesh->lead) st = loom_checkpoint_point_latest(out, state->step);
     if (st == LOOM_OK && mesh->lead) {
         loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, out, state->step);
     }
     return st;
+}
+
+loom_status loom_run_save(const loom_run_parts *p, loom_ckpt_state *state) {
+    const char *out = p->cfg->out;
+    char dir[LOOM_PATH_MAX + 64];
+    loom_status st = loom_run_step_folder(out, state->step, dir, sizeof dir);
+    if (st == LOOM_OK && p->outer) {
+        loom_comm_progress("saving a checkpoint");
+        st = loom_run_islands_save(p, state);
+    } else if (st == LOOM_OK) {
+        st = loom_run_compress_save(dir, p->mesh, p->cfg->seq_len, p->sync, p->pipe, state);
+        if (st == LOOM_OK) st = loom_run_checkpoint_save(out, p->mesh, p->model, p->opt, state);
+    }
+    if (st == LOOM_OK && p->mesh->lead) st = loom_run_prune_checkpoints(out, p->cfg->keep_last);
+    return st;
+}
+
+loom_status loom_run_resume(const loom_run_parts *p, const char *dir, loom_ckpt_state *state,
+                            int *more) {
+    *more = 0;
+    if (p->mesh->plan->islands.count > 0) return loom_run_islands_resume_start(p, dir, state, more);
+    char islands[256];
+    loom_status st = loom_run_checkpoint_islands(dir, islands, sizeof islands);
+    if (st == LOOM_OK && islands[0]) return loom_run_islands_resume_start(p, dir, state, more);
+    if (st == LOOM_OK) st = loom_run_checkpoint_load(dir, p->mesh, p->model, p->opt, state);
+    if (st == LOOM_OK)
+        st = loom_run_compress_load(dir, p->mesh, p->cfg->seq_len, p->sync, p->pipe, state);
+    return st;
+}
+
+loom_status loom_run_step_folder(const char *out, int64_t step, char *dir, size_t cap) {
+    char name[64];
+    snprintf(name, sizeof name, "checkpoints/step_%08" PRId64, step);
+    return loom_path_join(dir, cap, out, name);
 }
 
 /* ---- the run folder: one run at a time ----------------------------------------------------------
@@ -354,8 +415,9 @@ static loom_status latest_step(const char *checkpoints, int64_t *step) {
     return LOOM_OK;
 }
 
-/* Removes a step folder and the files in it (a checkpoint has no subfolders). */
-static loom_status remove_step(const char *dir) {
+/* Removes a step folder and the files in it, and its subfolders' (an islands checkpoint's
+ * island_K, depth 1). */
+static loom_status remove_step(const char *dir, int depth) {
     DIR *d = opendir(dir);
     if (!d) return loom_fail(LOOM_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
     struct dirent *e;
@@ -363,9 +425,14 @@ static loom_status remove_step(const char *dir) {
     while ((e = readdir(d)) != NULL && st == LOOM_OK) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char path[LOOM_PATH_MAX + 600];
+        struct stat sb;
         st = loom_path_join(path, sizeof path, dir, e->d_name);
-        if (st == LOOM_OK && unlink(path) != 0)
+        if (st != LOOM_OK) break;
+        if (depth > 0 && lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            st = remove_step(path, depth - 1);
+        } else if (unlink(path) != 0) {
             st = loom_fail(LOOM_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+        }
     }
     closedir(d);
     if (st == LOOM_OK && rmdir(dir) != 0) {
@@ -431,7 +498,7 @@ loom_status loom_run_prune_checkpoints(const char *out, int keep) {
         char dir[LOOM_PATH_MAX + 64], name[32];
         snprintf(name, sizeof name, "step_%08" PRId64, list.steps[i]);
         st = loom_path_join(dir, sizeof dir, checkpoints, name);
-        if (st == LOOM_OK) st = remove_step(dir);
+        if (st == LOOM_OK) st = remove_step(dir, 1);
     }
     free(list.steps);
     return st;

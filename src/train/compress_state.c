@@ -171,7 +171,7 @@ static loom_status check_meta(const char *path, loom_safetensors *file, const ch
                      key, want, whose, got ? "\"" : "", got ? got : "none", got ? "\"" : "");
 }
 
-loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
+loom_status loom_run_compress_save(const char *dir, const loom_mesh *mesh, int seq_len,
                                    loom_grad_sync *sync, loom_pipeline *pipe,
                                    loom_ckpt_state *state) {
     state->compress[0] = '\0';
@@ -180,9 +180,7 @@ loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int s
     signature(plan, seq_len, state->compress, sizeof state->compress);
     state_list l;
     loom_status st = state_list_make(sync, pipe, &l);
-    char dir[4096], step_name[64], path[4200];
-    snprintf(step_name, sizeof step_name, "checkpoints/step_%08" PRId64, state->step);
-    if (st == LOOM_OK && l.count > 0) st = loom_path_join(dir, sizeof dir, out, step_name);
+    char path[4200];
     if (st == LOOM_OK && l.count > 0) st = loom_mkdir_p(dir);
     if (st == LOOM_OK && l.count > 0) st = file_of(dir, mesh, path, sizeof path);
     if (st == LOOM_OK && l.count > 0) {

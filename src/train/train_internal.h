@@ -36,6 +36,25 @@ void loom_adamw_step(loom_adamw *opt, loom_gpt *model, const float *grads,
  * Collective: every rank calls it. */
 loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
                                      const loom_adamw *opt, const loom_ckpt_state *state);
+/* The same into the step folder `dir`, no pointer moved: this run's parameters and moments
+ * (loom_run_checkpoint_write_model), or any three buffers in the model's flat layout, each whole
+ * on every replica or cut into the replicas' ZeRO ranges (sharded: this rank's range, indexed
+ * from its start; bufs[2] NULL for an islands checkpoint's state file, which holds one). The
+ * mesh's lead writes the files. */
+loom_status loom_run_checkpoint_write_model(const char *dir, const loom_mesh *mesh,
+                                            const loom_gpt *model, const loom_adamw *opt,
+                                            const loom_ckpt_state *state);
+loom_status loom_run_checkpoint_write(const char *dir, const loom_mesh *mesh, const loom_gpt *model,
+                                      const float *const bufs[3], const int sharded[3],
+                                      const loom_ckpt_state *state);
+/* OUT/checkpoints/step_NNNNNNNN. */
+loom_status loom_run_step_folder(const char *out, int64_t step, char *dir, size_t cap);
+/* Reads checkpoint folder dir's three buffers (parameters, and the state file's two) slice by
+ * slice, keeping flat offsets [lo[b], hi[b]) of each into dst[b] (indexed from lo[b]; NULL: not
+ * wanted), and the loop state. */
+loom_status loom_run_checkpoint_read(const char *dir, loom_gpt *model, float *const dst[3],
+                                     const size_t lo[3], const size_t hi[3],
+                                     loom_ckpt_state *state);
 /* Resumes from checkpoint folder dir: this rank's part of the parameters and of the moments
  * (its range), and the loop state. A sharded rank reads one slice at a time. */
 loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loom_gpt *model,
@@ -74,12 +93,51 @@ loom_status loom_run_init_from(const char *path, loom_gpt *model);
 loom_status loom_run_tokenizer(const loom_train_config *cfg, const loom_gpt_config *model,
                                const char *resume_dir, loom_ckpt_state *state);
 
+/* What a save or a resume works on. */
+typedef struct {
+    const loom_train_config *cfg;
+    const loom_mesh *mesh;
+    loom_gpt *model;
+    loom_adamw *opt;
+    loom_grad_sync *sync;
+    loom_pipeline *pipe;
+    loom_outer *outer; /* NULL without islands */
+} loom_run_parts;
+/* A checkpoint of the run at state->step (the compressors' files, the model and moments; with
+ * islands, islands.c's), then the lead prunes old ones. Collective over the job. */
+loom_status loom_run_save(const loom_run_parts *parts, loom_ckpt_state *state);
+/* --resume dir, before the outer optimiser exists: the model, moments, compressors and loop
+ * state; with islands from an islands checkpoint only the global model (*more: the rest comes
+ * from loom_run_islands_resume once the outer optimiser starts from it). */
+loom_status loom_run_resume(const loom_run_parts *parts, const char *dir, loom_ckpt_state *state,
+                            int *more);
+
+/* ---- islands.c ---- */
+
+/* Refuses what island training cannot do yet (by name): saving or resuming PowerSGD outer
+ * gradients' state. */
+loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh);
+/* The islands checkpoint of state->step (see islands.c). Collective over the job. */
+loom_status loom_run_islands_save(const loom_run_parts *parts, loom_ckpt_state *state);
+/* An islands checkpoint's signature (metadata "loom.islands" of its state file; "" for any
+ * other checkpoint). */
+loom_status loom_run_checkpoint_islands(const char *dir, char *sig, size_t cap);
+/* loom_run_resume's islands part: any checkpoint but an islands one is every island's start;
+ * an islands checkpoint gives the global model now (*islands_checkpoint set), the rest later. */
+loom_status loom_run_islands_resume_start(const loom_run_parts *parts, const char *dir,
+                                          loom_ckpt_state *state, int *islands_checkpoint);
+/* The rest, with the outer optimiser started from the global model: outer state, each island's
+ * own parameters and moments, the syncs in flight (the same islands and layout), or the round
+ * restarted (anything else; one warning). Collective. */
+loom_status loom_run_islands_resume(const loom_run_parts *parts, const char *dir,
+                                    loom_ckpt_state *state);
+
 /* ---- compress_state.c ---- */
 
-/* Writes this rank's compressor state beside the coming checkpoint of state->step (each rank
- * its own file, then a barrier) and fills state->compress for the lead's state file; nothing
- * without compression. Collective over the world. */
-loom_status loom_run_compress_save(const char *out, const loom_mesh *mesh, int seq_len,
+/* Writes this rank's compressor state into the coming checkpoint's step folder `dir` (each
+ * rank its own file, then a barrier) and fills state->compress for the lead's state file;
+ * nothing without compression. Collective over the world. */
+loom_status loom_run_compress_save(const char *dir, const loom_mesh *mesh, int seq_len,
                                    loom_grad_sync *sync, loom_pipeline *pipe,
                                    loom_ckpt_state *state);
 /* Reads it back when the checkpoint's (state->compress) fits this run's layout and
@@ -166,8 +224,6 @@ int loom_test_hooks_nan(const loom_test_hooks *hooks, int64_t step);
 
 /* ---- islands (islands.c) ---- */
 
-/* What islands cannot do yet, refused by name: checkpoints (--save-every, the final save). */
-loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh);
 /* This rank's replica among all islands' (island x dp + dp rank; their count in *replicas): the
  * share of each step's global batch it reads. The islands_same_data hook makes every island
  * read as the only one would. */

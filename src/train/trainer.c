@@ -208,13 +208,14 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     loom_rng rng;
     loom_rng_seed(&rng, cfg->seed);
     t->state = (loom_ckpt_state){.rng_state = rng.state};
+    loom_run_parts parts = {cfg, &t->mesh, t->model, &t->opt, t->sync, t->pipe, NULL};
+    int more = 0; /* an islands checkpoint: the outer optimiser's and the islands' state */
+    if (resume_dir[0] && (st = loom_run_resume(&parts, resume_dir, &t->state, &more)) != LOOM_OK)
+        return st;
+    if ((st = loom_outer_create(&t->outer, &t->mesh, t->model, t->sync)) != LOOM_OK) return st;
+    parts.outer = t->outer;
+    if (more && (st = loom_run_islands_resume(&parts, resume_dir, &t->state)) != LOOM_OK) return st;
     if (resume_dir[0]) {
-        st = loom_run_checkpoint_load(resume_dir, &t->mesh, t->model, &t->opt, &t->state);
-        if (st == LOOM_OK) {
-            st = loom_run_compress_load(resume_dir, &t->mesh, cfg->seq_len, t->sync, t->pipe,
-                                        &t->state);
-        }
-        if (st != LOOM_OK) return st;
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
             return loom_fail(LOOM_ERR_INPUT, "%s: data position does not fit the data", resume_dir);
@@ -226,7 +227,6 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
                       cfg->steps, t->state.step);
         }
     }
-    if ((st = loom_outer_create(&t->outer, &t->mesh, t->model, t->sync)) != LOOM_OK) return st;
     snprintf(t->state.tokenizer, sizeof t->state.tokenizer, "%s", tokenizer.tokenizer);
     snprintf(t->state.tokenizer_source, sizeof t->state.tokenizer_source, "%s",
              tokenizer.tokenizer_source);
@@ -383,14 +383,8 @@ static loom_status evaluate(trainer *t) {
 
 static loom_status save(trainer *t) {
     clear_progress_line(t);
-    loom_status st =
-        loom_run_compress_save(t->cfg->out, &t->mesh, t->cfg->seq_len, t->sync, t->pipe, &t->state);
-    if (st == LOOM_OK) {
-        st = loom_run_checkpoint_save(t->cfg->out, &t->mesh, t->model, &t->opt, &t->state);
-    }
-    if (st == LOOM_OK && t->mesh.lead)
-        st = loom_run_prune_checkpoints(t->cfg->out, t->cfg->keep_last);
-    return st;
+    loom_run_parts parts = {t->cfg, &t->mesh, t->model, &t->opt, t->sync, t->pipe, t->outer};
+    return loom_run_save(&parts, &t->state);
 }
 
 /* The end of a run: a last validation (not when stopping early), the checkpoint, the replica
