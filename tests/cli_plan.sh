@@ -571,5 +571,35 @@ bad "plan: --intraop, state over the device's memory" \
     -- "$LOOM" plan --intraop --model gpt3-175b --cluster "$CLUSTERS/dgx-a100.json" --dp 8 \
     --seq-len 2048 --precision bf16
 
+# ---- --islands auto: the islands of a cluster with an island level ----------------------
+# dgx-a100 with islands of 2 nodes joined by 12.5 MB/s a device: 4 islands of 16 devices, the
+# inner layout searched for 16 devices and 128 sequences, H and overlap chosen to hide the sync
+jq '. + {islands: {nodes: 2, link: {bandwidth: 1.25e7, latency_s: 0.05, source: "test"}}}' \
+    "$CLUSTERS/dgx-a100.json" >a100_islands.json
+good "plan: --islands auto" '^4 islands of 16 devices \(2 nodes of 8\)' \
+    'H = [0-9]+ inner steps, [0-9]+ fragments?, each sync applied [0-9]+ steps? after it leaves' \
+    ': hidden; a step' 'wrote islands\.json' \
+    -- "$LOOM" plan --model gpt2 --cluster a100_islands.json --devices 64 --islands auto \
+    --global-batch-size 512 --outer-compression int8 --out islands.json
+file_has "plan: --islands auto writes the section" islands.json \
+    '"islands": \{"count": 4, "inner_steps": [0-9]+, .*"compression": "int8"'
+good "plan: --islands auto's plan checks" 'islands\.json: ok \(64 ranks\)' \
+    -- "$LOOM" plan --check islands.json
+good "plan: --islands auto within a small bound" 'NOT hidden within --max-inner-steps' \
+    's a step exposed at H = 4' \
+    -- "$LOOM" plan --model gpt2 --cluster a100_islands.json --devices 64 --islands=auto \
+    --global-batch-size 512 --max-inner-steps 4 --out islands4.json
+bad "plan: --islands auto without an island level" 'dgx-a100.json has no island level' \
+    -- "$LOOM" plan --model gpt2 --cluster "$CLUSTERS/dgx-a100.json" --islands auto \
+    --global-batch-size 512 --out x.json
+bad "plan: --islands auto chooses H" '--islands auto: --inner-steps is what it chooses' \
+    -- "$LOOM" plan --model gpt2 --cluster a100_islands.json --islands auto --inner-steps 10 \
+    --global-batch-size 512 --out x.json
+bad "plan: --islands auto needs whole islands" 'expected --devices a multiple of an island' \
+    -- "$LOOM" plan --model gpt2 --cluster a100_islands.json --devices 24 --islands auto \
+    --global-batch-size 512 --out x.json
+bad "plan: --max-inner-steps alone" '--max-inner-steps: expected only with --islands auto' \
+    -- "$LOOM" plan --model gpt2 --dp 2 --max-inner-steps 10 --out x.json
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -702,8 +702,75 @@ static void test_islands(void) {
     loom_plan_free(&plan);
 }
 
+/* The planner's H, fragments and overlap against a brute-force search over every (H, F, tau)
+ * with the syncs' times by hand (test_islands' setting: fp32 over 1e8 bytes/s, 2 islands): the
+ * smallest H at which some F's largest fragment syncs within tau <= min(H - 1, H / F) inner
+ * steps, then the smallest tau, then the fewest fragments. Below that H (a bound too small), H is
+ * the bound and the exposed time the least of every F's. */
+static void test_choose_islands(void) {
+    loom_plan plan = plan_of(1, 1, 1, 2, 4, LOOM_SCHEDULE_1F1B);
+    plan.islands.count = 2;
+    const loom_gpt_config *m = &plan.model;
+    int L = m->num_layers;
+    double C = m->channels, layer = 12 * C * C + 13 * C;
+    loom_cluster cl = ideal_cluster(1, 2);
+    cl.island_nodes = 1;
+    cl.island_link = (loom_link){1e8, 0.01, 0.001};
+    double inner = 0.05;
+    int want_h = 0, want_f = 0, want_tau = 0;
+    for (int H = 1; H <= 1000 && !want_h; H++) {
+        for (int F = 1; F <= L && F <= H; F++) {
+            double worst = 0;
+            for (int f = 0; f < F; f++) {
+                double bytes = 0;
+                for (int l = 0; l < L; l++) bytes += l * F / L == f ? 4 * layer : 0;
+                if (f == 0) bytes += 4 * ((double)m->padded_vocab_size * C + m->max_seq_len * C);
+                if (f == F - 1) bytes += 4 * 2 * C;
+                worst = fmax(worst, bytes / 1e8 + 0.02 + 0.001);
+            }
+            int cap = H / F < H - 1 ? H / F : H - 1, need = (int)ceil(worst / inner);
+            if (need <= cap && (!want_h || need < want_tau))
+                want_h = H, want_f = F, want_tau = need;
+        }
+    }
+    loom_islands_choice got;
+    CHECK(loom_plan_choose_islands(&plan, &cl, inner, 1000, &got) == LOOM_OK, "%s",
+          loom_last_error());
+    CHECK(got.hidden && got.inner_steps == want_h && got.fragments == want_f &&
+              got.overlap_steps == want_tau,
+          "choose islands: H %d, F %d, tau %d (hidden %d), brute force H %d, F %d, tau %d",
+          got.inner_steps, got.fragments, got.overlap_steps, got.hidden, want_h, want_f, want_tau);
+    CHECK(plan.islands.inner_steps == want_h && plan.islands.fragments == want_f &&
+              plan.islands.overlap_steps == want_tau,
+          "choose islands: the plan holds the choice");
+    /* a bound below it: H is the bound, the least exposed time of every F there */
+    int bound = want_h / 2;
+    CHECK(loom_plan_choose_islands(&plan, &cl, inner, bound, &got) == LOOM_OK, "%s",
+          loom_last_error());
+    double least = -1;
+    for (int F = 1; F <= L && F <= bound; F++) {
+        loom_plan p = plan;
+        p.islands.inner_steps = bound, p.islands.fragments = F, p.islands.overlap_steps = 0;
+        loom_outer_cost oc;
+        CHECK(loom_plan_outer_cost(&p, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+        int cap = bound / F < bound - 1 ? bound / F : bound - 1;
+        p.islands.overlap_steps = cap; /* nothing hides: as far behind as allowed */
+        CHECK(loom_plan_outer_cost(&p, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+        if (least < 0 || oc.exposed_s < least) least = oc.exposed_s;
+    }
+    CHECK(!got.hidden && got.inner_steps == bound, "choose islands below: H %d hidden %d",
+          got.inner_steps, got.hidden);
+    CHECK_CLOSE(got.cost.exposed_s, least, 1e-12, 1e-15, "choose islands below: least exposed");
+    plan.islands.compression = LOOM_COMPRESS_POWERSGD;
+    CHECK(loom_plan_choose_islands(&plan, &cl, inner, 100, &got) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "islands.compression"),
+          "choose islands: powersgd refused by name");
+    loom_plan_free(&plan);
+}
+
 int main(void) {
     test_islands();
+    test_choose_islands();
     test_search();
     test_selective_time();
     test_zero_time();

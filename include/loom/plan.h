@@ -419,6 +419,9 @@ typedef struct {
     char outer_compression[16];
     int outer_compression_rank; /* --outer-compression-rank: powersgd's (0: the default 4) */
 } loom_layout_flags;
+/* The islands section the layout flags ask for (count 0 without --islands, whose outer flags are
+ * then refused by name). */
+loom_status loom_plan_islands_from_flags(const loom_layout_flags *flags, loom_plan_islands *out);
 
 /* Every flag at its default (zero -1: not given). */
 void loom_layout_flags_defaults(loom_layout_flags *flags);

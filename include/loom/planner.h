@@ -90,6 +90,23 @@ typedef struct {
 loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *cluster,
                                  double inner_step_s, loom_outer_cost *out);
 
+/* The planner's choice for a plan with islands (its count and outer compression set, its inner
+ * layout planned): the smallest H <= max_inner_steps for which some fragments F and overlap tau
+ * hide every fragment's sync behind tau inner steps of inner_step_s (tau <= floor(H / F), so that
+ * a round's F syncs never share the link, and tau <= H - 1), and among those the fewest steps
+ * behind, then the fewest fragments (hidden 1); when none hides within the bound, H =
+ * max_inner_steps with the F and tau of the least exposed time (hidden 0). Every F from 1 to the
+ * layers and H is tried; the plan's islands section is set to the choice; cost is its price.
+ * PowerSGD outer gradients (one fragment, no overlap) are refused by name. */
+typedef struct {
+    int inner_steps, fragments, overlap_steps;
+    int hidden;
+    loom_outer_cost cost;
+} loom_islands_choice;
+loom_status loom_plan_choose_islands(loom_plan *plan, const loom_cluster *cluster,
+                                     double inner_step_s, int max_inner_steps,
+                                     loom_islands_choice *out);
+
 #define LOOM_PREDICT_MAX_STAGES 256
 typedef struct {
     double step_s, tokens_per_s;

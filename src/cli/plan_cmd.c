@@ -41,6 +41,8 @@ typedef struct {
     char search_space[16];
     char allow_compression[16];
     char trace[PLAN_PATH_MAX];
+    int islands_auto;    /* --islands auto (taken out of argv before parsing) */
+    int max_inner_steps; /* its bound on H */
 } plan_args;
 
 #define POPT(...)                     CLI_OPT(plan_args, __VA_ARGS__)
@@ -73,6 +75,9 @@ static const cli_opt plan_opts[] = {
          "search: compressors it may choose where they shorten the step: none (default), dp "
          "(PowerSGD rank 4 on the data-parallel gradients), pp (low-rank rank 8 on the "
          "pipeline's backward sends) or all"),
+    POPT("--max-inner-steps", OPT_INT, max_inner_steps,
+         "search with --islands auto: the most inner steps between outer syncs it may choose "
+         "(default 500, DiLoCo's)"),
     POPT("--predict", OPT_STRING, predict,
          "predict this plan's step time, memory and traffic on --cluster (with --out: write it "
          "back with \"predicted\" filled in; default: none)"),
@@ -102,6 +107,8 @@ static const char *plan_usage =
     "[--zero N] [--out predicted.json]\n"
     "       loom plan --model M --cluster cluster.json [--devices N] --global-batch-size G "
     "[--seq-len T] [--precision P] --out plan.json\n"
+    "       loom plan --model M --cluster cluster-with-islands.json --islands auto "
+    "--global-batch-size G [--max-inner-steps H] [--outer-compression int8] --out plan.json\n"
     "       loom plan --intraop --model M --cluster cluster.json --dp D --tp T "
     "[--micro-batch-size B] [--seq-len T] [--precision P] [--search-space runtime|full]";
 
@@ -155,7 +162,7 @@ static int run_check(const plan_args *args, int argc, char **argv) {
         return cli_fail(st);
     }
     loom_plan_print(&plan, stdout);
-    printf("\n%s: ok (%d ranks)\n", args->check, plan.dp * plan.tp * plan.pp);
+    printf("\n%s: ok (%lld ranks)\n", args->check, (long long)loom_plan_job_ranks(&plan));
     loom_plan_free(&plan);
     return 0;
 }
@@ -347,6 +354,87 @@ static void default_precision(const plan_args *args, const loom_cluster *cluster
 
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
+/* --islands auto: the cluster's islands (its island level) each run the layout the search finds
+ * for an island's devices and share of the global batch; then the outer syncs' H, fragments and
+ * overlap (loom_plan_choose_islands) for the slow link between them. */
+static loom_status plan_islands(const plan_args *args, const loom_gpt_config *model,
+                                const loom_cluster *cluster, loom_search_request req,
+                                loom_plan *plan, loom_prediction *pr) {
+    const loom_layout_flags *f = &args->layout;
+    const char *chosen = f->inner_steps           ? "--inner-steps"
+                         : f->outer_fragments     ? "--outer-fragments"
+                         : f->outer_overlap_steps ? "--outer-overlap-steps"
+                                                  : NULL;
+    if (chosen) {
+        return loom_fail(LOOM_ERR_INPUT, "--islands auto: %s is what it chooses; drop %s", chosen,
+                         chosen);
+    }
+    int per = cluster->island_nodes * cluster->devices_per_node;
+    if (cluster->island_nodes <= 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--islands auto: %s has no island level; describe it with a top-level "
+                         "\"islands\": {\"nodes\": N, \"link\": {...}} (the nodes that share fast "
+                         "links, and the slow link between those groups)",
+                         args->cluster);
+    }
+    if (req.devices % per != 0 || req.devices / per < 2) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--islands auto: expected --devices a multiple of an island's %d devices "
+                         "(%d nodes of %d), 2 islands at least, got %d",
+                         per, cluster->island_nodes, cluster->devices_per_node, req.devices);
+    }
+    int K = req.devices / per;
+    if (req.global_batch % K != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--global-batch-size: expected a multiple of the %d islands (each trains "
+                         "its share), got %d",
+                         K, req.global_batch);
+    }
+    loom_cluster island = *cluster;
+    island.max_nodes = cluster->island_nodes;
+    req.devices = per, req.global_batch /= K, req.keep = 1;
+    loom_plan_candidate best;
+    int found = 0, tried = 0, fitting = 0, pruned = 0;
+    double t0 = loom_now();
+    loom_status st =
+        loom_plan_search(model, &island, &req, &best, &found, &tried, &fitting, &pruned);
+    if (st != LOOM_OK) return st;
+    printf("%d islands of %d devices (%d nodes of %d) on %s: searched %d layouts of an island "
+           "(global batch %d each) in %.2f s; the fastest:\n",
+           K, per, cluster->island_nodes, cluster->devices_per_node, cluster->name, tried + pruned,
+           req.global_batch, loom_now() - t0);
+    cli_print_candidates(&best, found);
+    *plan = best.plan;
+    plan->global_batch = req.global_batch * K; /* the job's: every island's share */
+    loom_layout_flags with = *f;
+    with.islands = K;
+    st = loom_plan_islands_from_flags(&with, &plan->islands);
+    loom_islands_choice choice;
+    int bound = args->max_inner_steps ? args->max_inner_steps : 500;
+    if (st == LOOM_OK) {
+        st = loom_plan_choose_islands(plan, cluster, best.prediction.step_s, bound, &choice);
+    }
+    if (st == LOOM_OK) st = loom_plan_check(plan, "plan", 0);
+    if (st == LOOM_OK) st = loom_plan_predict(plan, cluster, req.precision, req.seq_len, pr);
+    if (st != LOOM_OK) return st;
+    const loom_link *l = &cluster->island_link;
+    printf("\nislands over the %.3g MB/s link (a device's share, latency %.3g s): H = %d inner "
+           "steps, %d fragment%s, each sync applied %d step%s after it leaves; the largest "
+           "fragment's sync %.4f s against an inner step of %.4f s: %s; a step %.4f s, %.3g MB "
+           "between islands a step\n",
+           l->bandwidth / 1e6, l->latency_s, choice.inner_steps, choice.fragments,
+           choice.fragments == 1 ? "" : "s", choice.overlap_steps,
+           choice.overlap_steps == 1 ? "" : "s", choice.cost.sync_s, best.prediction.step_s,
+           choice.hidden ? "hidden" : "NOT hidden within --max-inner-steps", pr->step_s,
+           (double)pr->outer.bytes / 1e6);
+    if (!choice.hidden) {
+        printf("  %.4f s a step exposed at H = %d; raise --max-inner-steps, compress the outer "
+               "gradients (--outer-compression int8) or use a faster link\n",
+               pr->outer.exposed_s, bound);
+    }
+    return LOOM_OK;
+}
+
 static int run_search(const plan_args *args) {
     loom_gpt_config model;
     loom_status st =
@@ -375,6 +463,18 @@ static int run_search(const plan_args *args) {
     }
     if (st != LOOM_OK) return cli_fail(st);
     default_precision(args, &cluster, &req.precision);
+    if (args->islands_auto) {
+        loom_plan plan;
+        loom_prediction pr;
+        memset(&plan, 0, sizeof plan);
+        st = plan_islands(args, &model, &cluster, req, &plan, &pr);
+        if (st == LOOM_OK) st = cli_plan_fill_predicted(&plan, &pr, req.seq_len);
+        if (st == LOOM_OK) st = cli_prepare_out(args->out, "a plan file");
+        if (st == LOOM_OK) st = loom_plan_write(args->out, &plan);
+        if (st == LOOM_OK) printf("\nwrote %s\n", args->out);
+        loom_plan_free(&plan);
+        return st == LOOM_OK ? 0 : cli_fail(st);
+    }
     loom_plan_candidate *best = loom_calloc((size_t)req.keep, sizeof *best, "plan search");
     if (!best) return cli_fail(LOOM_ERR_NOMEM);
     int found = 0, tried = 0, fitting = 0, pruned = 0;
@@ -732,6 +832,8 @@ static int run_build(const plan_args *args) {
     return 0;
 }
 
+static int plan_main(plan_args *a, int argc, char **argv);
+
 int cmd_plan(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0) {
         plan_args defaults;
@@ -743,7 +845,37 @@ int cmd_plan(int argc, char **argv) {
     plan_args args; /* the layout flags' defaults are loom train's */
     memset(&args, 0, sizeof args);
     loom_layout_flags_defaults(&args.layout);
+    /* --islands auto asks the search to choose the islands: taken out here, as --islands
+     * otherwise takes a number */
+    char **kept = loom_calloc((size_t)argc + 1, sizeof *kept, "arguments");
+    if (!kept) return cli_fail(LOOM_ERR_NOMEM);
+    int nkept = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i >= 2 && !strcmp(argv[i], "--islands") && i + 1 < argc &&
+            !strcmp(argv[i + 1], "auto")) {
+            args.islands_auto = 1, i++;
+        } else if (i >= 2 && !strcmp(argv[i], "--islands=auto")) {
+            args.islands_auto = 1;
+        } else {
+            kept[nkept++] = argv[i];
+        }
+    }
+    argc = nkept, argv = kept;
+    int rc = plan_main(&args, argc, argv);
+    free(kept);
+    return rc;
+}
+
+static int plan_main(plan_args *a, int argc, char **argv) {
+    plan_args args = *a;
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
+    if (st == LOOM_OK && args.islands_auto && !args.cluster[0]) {
+        st = loom_fail(LOOM_ERR_INPUT, "--islands auto: expected --cluster FILE with an island "
+                                       "level (the search plans the islands on it)");
+    }
+    if (st == LOOM_OK && args.max_inner_steps && !args.islands_auto) {
+        st = loom_fail(LOOM_ERR_INPUT, "--max-inner-steps: expected only with --islands auto");
+    }
     int check_given = 0, cluster_given = 0; /* (with a value: an empty one is refused) */
     for (int i = 2; i < argc; i++) {
         check_given |= is_flag(argv[i], "--check");

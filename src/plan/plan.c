@@ -1041,10 +1041,11 @@ void loom_plan_print(const loom_plan *plan, FILE *out) {
     if (is->count > 0) {
         fprintf(out,
                 "islands  %d x %d ranks, %d inner steps a round, outer %s lr %g momentum %g, "
-                "%d fragment%s, outer gradients %s\n",
+                "%d fragment%s, each sync applied %d step%s after it leaves, outer gradients "
+                "%s\n",
                 is->count, ranks, is->inner_steps, loom_outer_optimizer_name(is->optimizer), is->lr,
-                is->momentum, is->fragments, is->fragments == 1 ? "" : "s",
-                loom_compress_method_name(is->compression));
+                is->momentum, is->fragments, is->fragments == 1 ? "" : "s", is->overlap_steps,
+                is->overlap_steps == 1 ? "" : "s", loom_compress_method_name(is->compression));
     }
     if (plan->zero == 3) {
         fprintf(out, "         ZeRO-3 gathers per %s, prefetching %d unit%s\n",

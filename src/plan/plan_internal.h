@@ -28,9 +28,7 @@ int loom_plan_method_has_rank(loom_compress_method method);
  * low-rank methods, else 0. */
 int loom_plan_default_rank(loom_compress_method method);
 
-/* islands.c: the islands section's rules (count 0 passes), and the section the layout flags
- * ask for (the outer flags refused, naming them, without --islands). */
+/* islands.c: the islands section's rules (count 0 passes). */
 loom_status loom_plan_check_islands(const loom_plan *plan, const char *source);
-loom_status loom_plan_islands_from_flags(const loom_layout_flags *flags, loom_plan_islands *out);
 
 #endif

@@ -115,3 +115,61 @@ loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *clus
     out->exposed_s = worst / is->inner_steps;
     return LOOM_OK;
 }
+
+/* ---- choosing H, fragments and overlap ----------------------------------------------------- */
+
+loom_status loom_plan_choose_islands(loom_plan *plan, const loom_cluster *cluster,
+                                     double inner_step_s, int max_inner_steps,
+                                     loom_islands_choice *out) {
+    memset(out, 0, sizeof *out);
+    loom_plan_islands *is = &plan->islands;
+    if (is->count < 2) {
+        return loom_fail(LOOM_ERR_INPUT, "islands: expected at least 2 islands to plan, got %d",
+                         is->count);
+    }
+    if (max_inner_steps < 1 || inner_step_s <= 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "islands: expected at least 1 inner step a round and a positive inner "
+                         "step, got %d and %g s",
+                         max_inner_steps, inner_step_s);
+    }
+    if (is->compression == LOOM_COMPRESS_POWERSGD) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "islands.compression: the planner chooses fragments and overlap, which "
+                         "powersgd outer gradients cannot use; choose none, int8 or bf16");
+    }
+    int L = plan->model.num_layers;
+    double best_exposed = -1;
+    loom_status st = LOOM_OK;
+    for (int H = 1; H <= max_inner_steps && !out->hidden && st == LOOM_OK; H++) {
+        for (int F = 1; F <= L && F <= H && F <= LOOM_PLAN_MAX_FRAGMENTS && st == LOOM_OK; F++) {
+            is->inner_steps = H, is->fragments = F, is->overlap_steps = 0;
+            loom_outer_cost c;
+            st = loom_plan_outer_cost(plan, cluster, inner_step_s, &c);
+            if (st != LOOM_OK) break;
+            /* a sync lands before the next fragment's leaves (F syncs in a round never share the
+             * link, as the cost model prices them), and within the round */
+            int cap = H / F < H - 1 ? H / F : H - 1;
+            double steps = c.sync_s / inner_step_s;
+            int need = steps > cap ? cap + 1 : (int)ceil(steps - 1e-12);
+            int hides = need <= cap;
+            is->overlap_steps = hides ? need : cap;
+            st = loom_plan_outer_cost(plan, cluster, inner_step_s, &c);
+            if (st != LOOM_OK) break;
+            /* hidden: the smallest H, then the fewest steps behind, then the fewest fragments;
+             * else, at the largest H, the least exposed time */
+            int better = hides ? !out->hidden || is->overlap_steps < out->overlap_steps
+                               : !out->hidden && H == max_inner_steps &&
+                                     (best_exposed < 0 || c.exposed_s < best_exposed);
+            if (!better) continue;
+            out->hidden = hides;
+            out->inner_steps = H, out->fragments = F, out->overlap_steps = is->overlap_steps;
+            out->cost = c;
+            best_exposed = c.exposed_s;
+        }
+    }
+    if (st != LOOM_OK) return st;
+    is->inner_steps = out->inner_steps, is->fragments = out->fragments;
+    is->overlap_steps = out->overlap_steps;
+    return LOOM_OK;
+}
