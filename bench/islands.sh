@@ -7,7 +7,8 @@
 # (fp32 ring all-reduce, no ZeRO) against 4 islands of 1 rank (outer Nesterov, lr 0.7, momentum
 # 0.9) for every row of ROWS, each with every seed of SEEDS (the weights' and the data order's).
 # Prints each run's final validation loss, its ratio to data parallelism's (same seed), and the
-# bytes it sent between islands (data parallelism: between its ranks) per token trained.
+# bytes it sent between islands (data parallelism: between its ranks) per token trained; draws
+# every run's validation curve into OUT/islands.svg (bench/curves.py).
 #
 # SLOW=RATES (root; e.g. SLOW="100mbit 10mbit"): instead, time on slow links. The compression
 # benchmark's 6 x 384 model (43 MB of gradient; micro 4, sequence 64, global 16), 4 ranks whose
@@ -17,7 +18,12 @@
 # parallel runs 4 and 10 steps). Prints each run's median and mean step time (the mean carries
 # the sync), and the islands' outer seconds.
 #
+# WARM=N: a warm start, as DiLoCo's paper trains: data parallelism saves its step-N checkpoint,
+# and every islands row resumes from it (each island starts from its model and AdamW state, the
+# schedule and the data where data parallelism left them) for the remaining steps.
+#
 # usage: bash bench/islands.sh              (build first: bash scripts/build.sh)
+#        WARM=500 ROWS="h50:--inner-steps 50" bash bench/islands.sh
 #        STEPS=1000 SEEDS="1 2 3" ROWS="h50:--inner-steps 50" bash bench/islands.sh
 #        SLOW="100mbit 10mbit" bash bench/islands.sh
 set -euo pipefail
@@ -92,19 +98,36 @@ fi
 
 printf '%-12s %5s %10s %9s %14s\n' row seed "val loss" "vs dp" "bytes/token"
 IFS=';' read -r -a rows <<<"$ROWS"
+WARM=${WARM:-0}
+curves=()
 for seed in $SEEDS; do
-    run "dp_s$seed" --data-parallel 4 --zero 0 --seed "$seed"
-    base=$(final_val "$OUT/dp_s$seed")
+    dp=dp_s$seed
+    warm=()
+    if [ "$WARM" -gt 0 ]; then
+        dp=dp_w${WARM}_s$seed
+        warm=(--resume "$OUT/$dp/checkpoints/$(printf 'step_%08d' "$WARM")")
+        run "$dp" --data-parallel 4 --zero 0 --seed "$seed" --save-every "$WARM"
+    else
+        run "$dp" --data-parallel 4 --zero 0 --seed "$seed"
+    fi
+    base=$(final_val "$OUT/$dp")
     printf '%-12s %5s %10.4f %9s %14.1f\n' dp "$seed" "$base" 1.000 \
-        "$(bytes_per_token "$OUT/dp_s$seed" dp_bytes)"
+        "$(bytes_per_token "$OUT/$dp" dp_bytes)"
     for r in "${rows[@]}"; do
         name=${r%%:*}
+        [ "$WARM" -gt 0 ] && name=${name}_w$WARM
         read -r -a flags <<<"${r#*:}"
-        run "${name}_s$seed" --islands 4 "${flags[@]}" --seed "$seed"
+        run "${name}_s$seed" --islands 4 "${flags[@]}" --seed "$seed" "${warm[@]}"
         v=$(final_val "$OUT/${name}_s$seed")
         [ -n "$v" ] || continue
         printf '%-12s %5s %10.4f %9.4f %14.3f\n' "$name" "$seed" "$v" \
             "$(awk -v a="$v" -v b="$base" 'BEGIN { print a / b }')" \
             "$(bytes_per_token "$OUT/${name}_s$seed" outer_bytes)"
+        curves+=("${name}_s$seed=$OUT/${name}_s$seed")
     done
+    curves=("dp_s$seed=$OUT/$dp" "${curves[@]}")
 done
+# every run's validation curve in one picture
+python3 bench/curves.py "$OUT/islands.svg" \
+    "validation loss: small, 4 islands of 1 rank vs data parallel on 4 ranks, global batch 16" \
+    "${curves[@]}"

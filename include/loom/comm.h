@@ -206,6 +206,10 @@ loom_status loom_comm_ring_wait(loom_comm_ring *ring);
  * (ZeRO-2/3's gathers and reduce-scatters, which ask for 1 ms) then keep the link busy between
  * the main thread's own polls. Process-wide. */
 void loom_comm_set_background_poll(double seconds);
+/* Islands (the plan's islands section): world ranks come in islands of ranks_per_island
+ * consecutive ranks, and the failure messages name a rank's island beside it ("rank 5 (island
+ * 1)"); 0 (the default): no islands. */
+void loom_comm_set_island_size(int ranks_per_island);
 
 /* Traffic and waiting per communicator since the last reset: bytes this rank sent (payload,
  * the ring algorithms' volume as nccl-tests count it, whatever algorithm MPI picks: allreduce

@@ -100,15 +100,32 @@ void loom_comm_set_timeout(double seconds) {
     }
 }
 
+/* ---- naming ranks ------------------------------------------------------------------------ */
+
+static atomic_int island_size; /* loom_comm_set_island_size (0: no islands) */
+
+void loom_comm_set_island_size(int ranks_per_island) {
+    atomic_store(&island_size, ranks_per_island > 0 ? ranks_per_island : 0);
+}
+
+/* " (island K)" for world rank `rank` in an islands job, else "". */
+static const char *island_of(int rank, char *buf, size_t size) {
+    int per = atomic_load(&island_size);
+    buf[0] = '\0';
+    if (per > 0 && rank >= 0) snprintf(buf, size, " (island %d)", rank / per);
+    return buf;
+}
+
 /* ---- watchdog ---------------------------------------------------------------------------- */
 
 __attribute__((noreturn)) static void watchdog_fire(double idle_seconds) {
-    char note[300], line[512];
+    char note[300], line[560], island[32];
     format_note(note, sizeof note);
+    int me = loom_comm_world_rank();
     int len = snprintf(line, sizeof line,
-                       "[rank %d] error: no progress for %.1f s%s — this rank hangs; aborting "
+                       "[rank %d] error: no progress for %.1f s%s — this rank%s hangs; aborting "
                        "the job\n",
-                       loom_comm_world_rank(), idle_seconds, note);
+                       me, idle_seconds, note, island_of(me, island, sizeof island));
     if (len > 0) {
         size_t n = (size_t)len < sizeof line ? (size_t)len : sizeof line - 1;
         ssize_t written = write(STDERR_FILENO, line, n);
@@ -222,12 +239,13 @@ static void check_liveness(struct loom_comm_request *request, double waited, dou
     double silent_for = 0;
     int stopped = comm_liveness_check(request, waited, timeout, &silent_for);
     if (stopped < 0) return;
-    char wait[700];
+    char wait[700], island[32];
     describe_wait(request, wait, sizeof wait);
     fprintf(stderr,
-            "[rank %d] error: rank %d stopped responding (no answer to liveness pings for %.1f s "
+            "[rank %d] error: rank %d%s stopped responding (no answer to liveness pings for %.1f s "
             "while waiting in %s) — aborting the job\n",
-            loom_comm_world_rank(), stopped, silent_for, wait);
+            loom_comm_world_rank(), stopped, island_of(stopped, island, sizeof island), silent_for,
+            wait);
     abort_job();
 }
 

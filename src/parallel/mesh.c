@@ -74,6 +74,7 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
             return st;
         }
         world = mesh->world;
+        loom_comm_set_island_size(dp * tp * pp); /* failure messages name the island */
     }
     int rank = world ? loom_comm_rank(world) : 0;
     mesh->dp_size = dp, mesh->tp_size = tp, mesh->pp_size = pp;
