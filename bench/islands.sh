@@ -26,6 +26,7 @@
 #        WARM=500 ROWS="h50:--inner-steps 50" bash bench/islands.sh
 #        STEPS=1000 SEEDS="1 2 3" ROWS="h50:--inner-steps 50" bash bench/islands.sh
 #        SLOW="100mbit 10mbit" bash bench/islands.sh
+#        SLOW=100mbit ONLY=tau TAUS="4 8" bash bench/islands.sh   (ONLY: the rows whose name matches)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=$PWD/build/loom
@@ -72,24 +73,58 @@ if [ -n "${SLOW:-}" ]; then
     slow_model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
         --global-batch-size 16 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save
         --log-every 1000 --comm-timeout 900)
-    printf '%-9s %-14s %12s %12s %10s\n' link run "median ms" "mean ms" "outer s"
+    # the cost model's view of this machine: a profile of the 4 ranks (CLUSTER=FILE reuses one)
+    cluster=${CLUSTER:-$OUT/profile.json}
+    if [ ! -f "$cluster" ]; then
+        mpirun -np 4 "$LOOM" profile --threads 1 --out "$cluster" >"$OUT/profile.log" 2>&1 ||
+            { echo "loom profile failed: $(tail -2 "$OUT/profile.log")" >&2; exit 1; }
+    fi
+    printf '%-9s %-20s %12s %12s %10s %12s %12s\n' link run "median ms" "mean ms" "outer s" \
+        "pred. ms" "pred. out s"
+    # rows: name:steps:flags; steps enough for the medians and, for islands, one outer sync
+    # landing inside the run (100 + overlap + 5)
+    rows=("dp:4:--data-parallel 4 --zero 0"
+        "dp_psgd16:10:--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16"
+        "isl_h100_int8:100:--islands 4 --inner-steps 100 --outer-compression int8"
+        "isl_h100:100:--islands 4 --inner-steps 100")
+    for tau in ${TAUS:-4 8 16}; do
+        rows+=("isl_h100_int8_tau$tau:$((105 + tau)):--islands 4 --inner-steps 100 --outer-compression int8 --outer-overlap-steps $tau")
+    done
     for rate in $SLOW; do
         netns_one_link "$rate"
-        # steps: enough for the medians, and for the islands one outer sync
-        for r in "dp:4:--data-parallel 4 --zero 0" \
-            "dp_psgd16:10:--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16" \
-            "isl_h100_int8:100:--islands 4 --inner-steps 100 --outer-compression int8" \
-            "isl_h100:100:--islands 4 --inner-steps 100"; do
+        # the link as the cost model sees it: the rate shared by the 4 ranks, no latency
+        bytes_s=$(awk -v r="$rate" 'BEGIN { n = r + 0; u = substr(r, length(n "") + 1);
+            m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; print n * m / 8 / 4 }')
+        jq --argjson b "$bytes_s" '. + {islands: {nodes: 1, link: {bandwidth: $b, latency_s: 0,
+            source: "bench/islands.sh: the tc-shaped link shared by 4 ranks"}}}' "$cluster" \
+            >"$OUT/cluster_$rate.json"
+        for r in "${rows[@]}"; do
             IFS=: read -r name steps flagtext <<<"$r"
+            [[ $name =~ ${ONLY:-.} ]] || continue
             read -r -a flags <<<"$flagtext"
             run=$OUT/slow_${rate}_$name
             echo "== $name on $rate: $(netns_mpirun_text 4 "") loom train ${slow_model[*]} --steps $steps ${flags[*]}" >&2
             netns_mpirun 4 "" "$LOOM" train "${slow_model[@]}" --steps "$steps" "${flags[@]}" --out "$run" \
                 >"$run.log" 2>&1 || { echo "   $name failed: $(tail -2 "$run.log")" >&2; continue; }
-            jq -s -r --arg link "$rate" --arg run "$name" \
+            # the prediction: the same plan (islands: their syncs over the link), on the profile
+            pred="- -"
+            if [ "${name#isl}" != "$name" ] &&
+                "$LOOM" plan "${slow_model[@]:0:8}" --global-batch-size 16 --micro-batch-size 4 \
+                    --dp 1 "${flags[@]}" --out "$run.plan.json" >/dev/null 2>&1 &&
+                "$LOOM" plan --predict "$run.plan.json" --cluster "$OUT/cluster_$rate.json" \
+                    --seq-len 64 >"$run.predict.txt" 2>&1; then
+                # "so a step S s" and "A s a step not hidden": per step, and per sync (x H)
+                pred=$(awk '/islands: a sync/ { for (i = 1; i <= NF; i++) {
+                    if ($i == "step" && $(i + 1) ~ /^[0-9.]+$/) step = $(i + 1);
+                    if ($(i + 1) == "s" && $(i + 2) == "a" && $(i + 3) == "step" && $(i + 4) == "not") e = $i } }
+                    END { if (step != "") print step * 1000, e * 100 }' "$run.predict.txt")
+                [ -n "$pred" ] || pred="- -"
+            fi
+            jq -s -r --arg link "$rate" --arg run "$name" --arg pred "$pred" \
                 '[.[] | select(has("ms"))] | (map(.ms) | sort) as $t |
-                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \(map(.outer_s // 0) | add)"' \
-                "$run/metrics.jsonl" | awk '{ printf "%-9s %-14s %12.1f %12.1f %10.2f\n", $1, $2, $3, $4, $5 }'
+                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \(map(.outer_s // 0) | add) \($pred)"' \
+                "$run/metrics.jsonl" |
+                awk '{ printf "%-9s %-20s %12.1f %12.1f %10.2f %12s %12s\n", $1, $2, $3, $4, $5, $6, $7 }'
         done
         ip netns del "$ns"
     done

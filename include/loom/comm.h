@@ -150,6 +150,10 @@ loom_status loom_comm_wait(loom_comm_request *request);
 /* Non-blocking check: *done = 1 (and the request freed) when complete. On an error the
  * request is freed too. Past the timeout since the operation started, aborts like a wait. */
 loom_status loom_comm_test(loom_comm_request *request, int *done);
+/* loom_comm_test without the deadline: moves a transfer that runs in the background for a set
+ * number of steps (islands' overlapped outer syncs) on, however long ago it started; the wait
+ * that finally ends it keeps the deadline (from its own start) and the liveness check. */
+loom_status loom_comm_poll(loom_comm_request *request, int *done);
 
 /* The reduce-scatter: loom's ring, the one that training (ZeRO-1's gradient buckets,
  * parallel/grad_sync.c) and `loom profile` (the reduce_scatter fits) both run. A buffer is cut

@@ -222,6 +222,9 @@ loom_status loom_qreduce_allgather_start(loom_qreduce *plan, float *buf);
  * not running, the first error of the call is returned). Past the communicator's timeout,
  * aborts like loom_comm_test. */
 loom_status loom_qreduce_test(loom_qreduce *plan, int *done);
+/* The same without the deadline (loom_comm_poll): for a call that runs in the background for a
+ * set number of steps. */
+loom_status loom_qreduce_poll(loom_qreduce *plan, int *done);
 /* Runs the call to its end; returns its first error. Nothing to do on a plan not running. */
 loom_status loom_qreduce_wait(loom_qreduce *plan);
 /* Payload bytes `rank` sends in one call of `op`, counted on the communicator as loom_comm_isend

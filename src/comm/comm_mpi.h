@@ -70,8 +70,9 @@ void comm_note_activity(void);
  * request itself). */
 loom_status comm_request_wait(struct loom_comm_request *request);
 /* One poll; *done = 1 when every MPI request is complete (the array is then released). Past
- * the timeout counted from when the request was started, aborts the job like a wait. */
-loom_status comm_request_test(struct loom_comm_request *request, int *done);
+ * the timeout counted from when the request was started, aborts the job like a wait (deadline
+ * 0: never; loom_comm_poll). */
+loom_status comm_request_test(struct loom_comm_request *request, int *done, int deadline);
 /* Frees the heap array of MPI requests, if any. */
 void comm_request_release(struct loom_comm_request *request);
 

@@ -174,7 +174,7 @@ static void settle(loom_comm_ring *ring, struct loom_comm_request *request, int 
                    int wait) {
     if (!*pending) return;
     int done = 0;
-    loom_status status = wait ? comm_request_wait(request) : comm_request_test(request, &done);
+    loom_status status = wait ? comm_request_wait(request) : comm_request_test(request, &done, 1);
     if (wait || done || status != LOOM_OK) *pending = 0;
     keep_error(ring, status);
 }

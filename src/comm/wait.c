@@ -308,7 +308,7 @@ loom_status comm_request_wait(struct loom_comm_request *request) {
     return status;
 }
 
-loom_status comm_request_test(struct loom_comm_request *request, int *done) {
+loom_status comm_request_test(struct loom_comm_request *request, int *done, int deadline) {
     comm_note_activity();
     *done = 0;
     int complete = 0;
@@ -324,7 +324,8 @@ loom_status comm_request_test(struct loom_comm_request *request, int *done) {
         return LOOM_OK;
     }
     /* A loop that only tests is a wait too, and must not hang: the deadline runs from the
-     * start of the operation. */
+     * start of the operation (a background poll leaves it to the wait that ends it). */
+    if (!deadline) return LOOM_OK;
     double timeout = atomic_load(&timeout_seconds);
     double waited = loom_now() - request->started;
     if (timeout > 0 && waited > WAIT_GRACE * timeout) timeout_abort(request, waited);
@@ -343,12 +344,20 @@ loom_status loom_comm_wait(loom_comm_request *request) {
     return status;
 }
 
-loom_status loom_comm_test(loom_comm_request *request, int *done) {
+static loom_status test_request(loom_comm_request *request, int *done, int deadline) {
     *done = 0;
     if (!request) return loom_fail(LOOM_ERR_RUNTIME, "comm test: no request");
     double start = loom_now();
-    loom_status status = comm_request_test(request, done);
+    loom_status status = comm_request_test(request, done, deadline);
     request->comm->stats.seconds += loom_now() - start;
     if (status != LOOM_OK || *done) free(request);
     return status;
+}
+
+loom_status loom_comm_test(loom_comm_request *request, int *done) {
+    return test_request(request, done, 1);
+}
+
+loom_status loom_comm_poll(loom_comm_request *request, int *done) {
+    return test_request(request, done, 0);
 }

@@ -300,10 +300,14 @@ loom_status loom_qreduce_allgather_start(loom_qreduce *q, float *buf) {
 /* ---- finishing a call ---------------------------------------------------------------------- */
 
 /* Completes (wait) or checks one transfer; 1 when it is over (or there was none). */
-static int settle(loom_qreduce *q, loom_comm_request **request, int wait) {
+enum { TEST, WAIT, POLL }; /* how a transfer is settled: loom_comm_test, _wait, _poll */
+
+static int settle(loom_qreduce *q, loom_comm_request **request, int how) {
     if (!*request) return 1;
-    int done = 0;
-    loom_status status = wait ? loom_comm_wait(*request) : loom_comm_test(*request, &done);
+    int done = 0, wait = how == WAIT;
+    loom_status status = wait          ? loom_comm_wait(*request)
+                         : how == POLL ? loom_comm_poll(*request, &done)
+                                       : loom_comm_test(*request, &done);
     if (wait || done || status != LOOM_OK) *request = NULL;
     keep_error(q, status);
     return *request == NULL;
@@ -327,19 +331,20 @@ static void sum_in_order(loom_qreduce *q) {
     }
 }
 
-/* Moves the running call on as far as it goes without waiting (or, with wait, to its end);
- * 1 when it is over. After a failure the remaining transfers are still settled, but nothing
- * more is decoded: the communicator is unusable after an MPI error anyway (loom/comm.h). */
-static int advance(loom_qreduce *q, int wait) {
+/* Moves the running call on as far as it goes without waiting (how TEST or POLL) or to its end
+ * (WAIT); 1 when it is over. After a failure the remaining transfers are still settled, but
+ * nothing more is decoded: the communicator is unusable after an MPI error anyway
+ * (loom/comm.h). */
+static int advance(loom_qreduce *q, int how) {
     int pending = 0;
     for (int r = 0; r < q->size; r++) {
         int arriving = q->recvs[r] != NULL;
-        int arrived = settle(q, &q->recvs[r], wait);
+        int arrived = settle(q, &q->recvs[r], how);
         if (arriving && arrived && q->error == LOOM_OK && q->op == LOOM_QREDUCE_ALLGATHER) {
             decode(q, r, q->recv_wire + q->wire_at[r], q->buf + q->bounds[r], 0);
         }
         pending += !arrived;
-        pending += !settle(q, &q->sends[r], wait);
+        pending += !settle(q, &q->sends[r], how);
     }
     if (q->op == LOOM_QREDUCE_REDUCE_SCATTER && q->error == LOOM_OK) sum_in_order(q);
     if (pending) return 0;
@@ -349,11 +354,16 @@ static int advance(loom_qreduce *q, int wait) {
 }
 
 loom_status loom_qreduce_test(loom_qreduce *q, int *done) {
-    *done = q->op == IDLE || advance(q, 0);
+    *done = q->op == IDLE || advance(q, TEST);
+    return *done ? take_error(q) : LOOM_OK;
+}
+
+loom_status loom_qreduce_poll(loom_qreduce *q, int *done) {
+    *done = q->op == IDLE || advance(q, POLL);
     return *done ? take_error(q) : LOOM_OK;
 }
 
 loom_status loom_qreduce_wait(loom_qreduce *q) {
-    if (q->op != IDLE) advance(q, 1);
+    if (q->op != IDLE) advance(q, WAIT);
     return take_error(q);
 }

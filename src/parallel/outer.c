@@ -26,10 +26,10 @@
  * its result applied after step t + tau, never "when it arrives", so training does not depend on
  * timing; meanwhile the island trains on, and it continues from the new round start plus what
  * it trained since the send (now = start + (now - sent): the island's own progress is kept, the
- * outer step replaces what it had at the send). Nothing tests the transfer in between (a test
- * past the timeout would abort it as a hung wait): the responder thread's polls move it on, and
- * the compressed all-gather runs when the result is applied. A run's last step applies every
- * sync still in flight.
+ * outer step replaces what it had at the send). The responder thread's MPI calls move the
+ * transfers on; every step's end is a polling point, where a compressed sync whose reduce-scatter
+ * is over starts its all-gather (polled without the comm deadline, which the wait that applies
+ * the sync keeps). A run's last step applies every sync still in flight.
  *
  * Not here: when a step runs (the trainer), the wire formats (compress/qreduce.c).
  */
@@ -63,6 +63,7 @@ struct loom_outer {
         int64_t apply_at;           /* the step whose end applies it (0: none in flight) */
         loom_comm_request *request; /* fp32's all-reduce */
         int summed;                 /* its sum is in delta already (loom_outer_settle) */
+        int gathering;              /* compressed: its reduce-scatter is over, the all-gather on */
     } * pending;                    /* (F) one sync in flight at most per fragment */
     loom_outer_stats stats;
 };
@@ -282,9 +283,32 @@ static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
         return st;
     }
     loom_qreduce *wire = o->wires[f];
-    loom_status st = loom_qreduce_wait(wire);
-    if (st == LOOM_OK) st = loom_qreduce_allgather_start(wire, o->delta + lo);
+    loom_status st = LOOM_OK;
+    if (!o->pending[f].gathering) {
+        st = loom_qreduce_wait(wire);
+        if (st == LOOM_OK) st = loom_qreduce_allgather_start(wire, o->delta + lo);
+    }
+    o->pending[f].gathering = 0;
     if (st == LOOM_OK) st = loom_qreduce_wait(wire);
+    return st;
+}
+
+/* A polling point (every step's end): each compressed sync in flight whose reduce-scatter has
+ * ended starts its all-gather, so the whole sync runs behind the inner steps (the result is the
+ * same bits whenever the all-gather starts). Polled without the deadline: the wait that applies
+ * the sync keeps it. */
+static loom_status progress(loom_outer *o) {
+    loom_status st = LOOM_OK;
+    for (int f = 0; o->wires && f < o->cfg.fragments && st == LOOM_OK; f++) {
+        struct pending *p = &o->pending[f];
+        if (!p->apply_at || p->summed || p->gathering || o->frag[f + 1] == o->frag[f]) continue;
+        int done = 0;
+        st = loom_qreduce_poll(o->wires[f], &done);
+        if (st == LOOM_OK && done) {
+            st = loom_qreduce_allgather_start(o->wires[f], o->delta + o->frag[f]);
+            p->gathering = 1;
+        }
+    }
     return st;
 }
 
@@ -344,7 +368,7 @@ loom_status loom_outer_step(loom_outer *o, int64_t done, int64_t last_step) {
     int last = done >= last_step;
     double t0 = loom_now();
     int applied = 0;
-    loom_status st = LOOM_OK;
+    loom_status st = o->mesh->across ? progress(o) : LOOM_OK;
     /* the syncs sent overlap_steps ago land now (all of them after the last step), then the
      * fragments due send theirs: at once (blocking) or to land overlap_steps later */
     for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
@@ -416,6 +440,7 @@ int64_t loom_outer_in_flight(loom_outer *o, int f, float **sum, float **sent, si
 void loom_outer_set_in_flight(loom_outer *o, int f, int64_t apply_at) {
     o->pending[f].apply_at = apply_at;
     o->pending[f].summed = apply_at > 0;
+    o->pending[f].gathering = 0;
 }
 
 loom_status loom_outer_restart(loom_outer *o) {

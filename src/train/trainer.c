@@ -165,15 +165,19 @@ static void print_setup(const trainer *t) {
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
               t->cfg->seq_len, t->val_data ? "" : "; no validation");
-    int ranks = mesh->dp_size * mesh->tp_size * mesh->pp_size;
-    loom_info("ranks: %d (data parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
-              "global batch %d = micro %d x %d micro-batches x %d; threads per rank: %d; sgemm "
+    char islands[32] = "";
+    if (t->plan->islands.count > 0)
+        snprintf(islands, sizeof islands, "%d islands x ", mesh->islands);
+    loom_info("ranks: %lld (%sdata parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
+              "global batch %d = micro %d x %d micro-batches x %d%s; threads per rank: %d; sgemm "
               "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
-              ranks, mesh->dp_size, zero_words[mesh->dp_size > 1 ? t->plan->zero : 0],
-              mesh->tp_size, mesh->pp_size, mesh->pp_size > 1 ? ", schedule " : "",
+              (long long)loom_plan_job_ranks(t->plan), islands, mesh->dp_size,
+              zero_words[mesh->dp_size > 1 ? t->plan->zero : 0], mesh->tp_size, mesh->pp_size,
+              mesh->pp_size > 1 ? ", schedule " : "",
               mesh->pp_size > 1 ? loom_schedule_kind_name(t->plan->schedule) : "",
               t->plan->global_batch, t->plan->micro_batch, loom_plan_num_micro_batches(t->plan),
-              mesh->dp_size, loom_ops_get_threads(), t->peak_gflops);
+              mesh->dp_size, islands[0] ? " x islands" : "", loom_ops_get_threads(),
+              t->peak_gflops);
 }
 
 static loom_status trainer_setup(trainer *t, loom_comm *world) {
