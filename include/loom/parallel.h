@@ -234,11 +234,20 @@ void loom_outer_free(loom_outer *outer);
 loom_status loom_outer_check_start(loom_outer *outer);
 /* Whether fragment f syncs after inner step `done` (counted from 1). */
 int loom_outer_due(const loom_outer *outer, int64_t done, int fragment);
-/* After inner step `done`: the syncs sent overlap_steps ago are applied, then the fragments due
- * send theirs (blocking with overlap_steps 0); at the run's last step (done == last_step)
- * everything in flight is applied. Collective over the islands and, to share a result, over
- * the island's data-parallel group. NULL: nothing. */
+/* After inner step `done`: the syncs sent overlap_steps ago are applied (land), then the
+ * fragments due send theirs (send; blocking with overlap_steps 0); at the run's last step (done
+ * == last_step) everything in flight is applied. loom_outer_step is both. Collective over the
+ * islands and, to share a result, over the island's data-parallel group. NULL: nothing. */
+loom_status loom_outer_land(loom_outer *outer, int64_t done, int64_t last_step);
+loom_status loom_outer_send(loom_outer *outer, int64_t done, int64_t last_step);
 loom_status loom_outer_step(loom_outer *outer, int64_t done, int64_t last_step);
+/* Whether the islands meet after step `done` (between land and send): a fragment sends then,
+ * or it is the last step; every step without islands (NULL). Only then is the link between
+ * islands free of outer syncs for sure, so the job's other collectives (metrics, the stop
+ * agreement) wait for a meeting: a small message sent while a sync is in flight queues behind
+ * it. loom_outer_meeting_gap: the most steps between two meetings (1 without islands). */
+int loom_outer_meets(const loom_outer *outer, int64_t done, int64_t last_step);
+int loom_outer_meeting_gap(const loom_outer *outer);
 /* Swaps the island's parameters with the global ones (the round starts): evaluation runs on the
  * global model between two calls. Collective over the data-parallel group. NULL: nothing. */
 loom_status loom_outer_swap(loom_outer *outer);

@@ -363,19 +363,27 @@ int loom_outer_due(const loom_outer *o, int64_t done, int fragment) {
     return done > 0 && done % H == offset;
 }
 
-loom_status loom_outer_step(loom_outer *o, int64_t done, int64_t last_step) {
+loom_status loom_outer_land(loom_outer *o, int64_t done, int64_t last_step) {
     if (!o) return LOOM_OK;
-    int last = done >= last_step;
+    int last = done >= last_step, applied = 0;
     double t0 = loom_now();
-    int applied = 0;
     loom_status st = o->mesh->across ? progress(o) : LOOM_OK;
-    /* the syncs sent overlap_steps ago land now (all of them after the last step), then the
-     * fragments due send theirs: at once (blocking) or to land overlap_steps later */
+    /* the syncs sent overlap_steps ago land now (all of them after the last step) */
     for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
         int64_t at = o->pending[f].apply_at;
         if (at > 0 && (at <= done || last)) st = apply_fragment(o, f), applied++;
     }
-    int tau = o->cfg.overlap_steps;
+    if (applied && st == LOOM_OK) st = share(o);
+    o->stats.seconds += loom_now() - t0;
+    return st;
+}
+
+loom_status loom_outer_send(loom_outer *o, int64_t done, int64_t last_step) {
+    if (!o) return LOOM_OK;
+    int last = done >= last_step, applied = 0, tau = o->cfg.overlap_steps;
+    double t0 = loom_now();
+    loom_status st = LOOM_OK;
+    /* the fragments due send theirs: at once (blocking) or to land overlap_steps later */
     for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
         if (!loom_outer_due(o, done, f)) continue;
         st = send_fragment(o, f, done + tau);
@@ -384,6 +392,23 @@ loom_status loom_outer_step(loom_outer *o, int64_t done, int64_t last_step) {
     if (applied && st == LOOM_OK) st = share(o);
     o->stats.seconds += loom_now() - t0;
     return st;
+}
+
+loom_status loom_outer_step(loom_outer *o, int64_t done, int64_t last_step) {
+    loom_status st = loom_outer_land(o, done, last_step);
+    return st == LOOM_OK ? loom_outer_send(o, done, last_step) : st;
+}
+
+int loom_outer_meets(const loom_outer *o, int64_t done, int64_t last_step) {
+    if (!o || !o->mesh->across || done >= last_step) return 1;
+    for (int f = 0; f < o->cfg.fragments; f++)
+        if (loom_outer_due(o, done, f)) return 1;
+    return 0;
+}
+
+int loom_outer_meeting_gap(const loom_outer *o) {
+    if (!o || !o->mesh->across) return 1;
+    return o->cfg.inner_steps; /* sends are never further apart than a round */
 }
 
 loom_status loom_outer_swap(loom_outer *o) {

@@ -214,10 +214,11 @@ enum {
     SUM_COUNT
 };
 
-/* Takes the step's counters on every rank and sums them over the world (collective). */
-static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
-                                double sums[SUM_COUNT]) {
+/* This rank's counters of the step, taken (and reset) into v[SUM_COUNT]; its own waiting
+ * seconds per group into own_s. */
+static void take_counters(const loom_step_record *r, double v[SUM_COUNT], double own_s[3]) {
     loom_comm *groups[3] = {r->mesh->dp, r->mesh->tp, r->mesh->pp};
+    loom_comm_stats stats[3];
     for (int g = 0; g < 3; g++) {
         stats[g] = (loom_comm_stats){0};
         if (!groups[g]) continue;
@@ -229,60 +230,43 @@ static loom_status job_counters(loom_step_record *r, loom_comm_stats stats[3],
         loom_comm_reset_stats(r->mesh->dp_second);
         stats[0].bytes += second.bytes, stats[0].seconds += second.seconds;
     }
-    loom_comm_stats across = {0};
-    if (r->mesh->across) {
-        across = loom_comm_get_stats(r->mesh->across);
-        loom_comm_reset_stats(r->mesh->across);
-    }
-    loom_outer_stats os = {0};
-    loom_outer_take_stats(r->outer, &os);
     loom_compress_stats cs = {0};
     if (r->sync) loom_grad_sync_take_stats(r->sync, &cs);
     if (r->pipe) loom_pipeline_take_stats(r->pipe, &cs);
-    double v[SUM_COUNT] = {(double)stats[0].bytes,
-                           (double)stats[1].bytes,
-                           (double)stats[2].bytes,
-                           (double)cs.dp_bytes_saved,
-                           (double)cs.pp_bytes_saved,
-                           (double)cs.pp_grad_bytes,
-                           (double)cs.pp_grad_bytes_raw,
-                           cs.compress_s,
-                           cs.residual_sq,
-                           cs.input_sq,
-                           (double)cs.pp_grad_sends,
-                           (double)cs.pp_grad_sends_compressed,
-                           (double)across.bytes,
-                           (double)os.bytes_raw,
-                           (double)os.syncs,
-                           os.seconds,
-                           r->loss,
-                           r->loss * r->loss};
-    memcpy(sums, v, sizeof v);
-    if (!r->mesh->job) return LOOM_OK;
-    loom_status st = loom_comm_allreduce_f64(r->mesh->job, sums, SUM_COUNT, LOOM_REDUCE_SUM);
-    int ranks = loom_comm_size(r->mesh->job);
-    sums[SUM_COMPRESS_S] /= ranks;                              /* a rank's mean */
-    sums[SUM_OUTER_S] /= ranks, sums[SUM_OUTER_SYNCS] /= ranks; /* a rank's */
-    sums[SUM_LOSS] /= ranks, sums[SUM_LOSS_SQ] /= ranks;        /* every island has as many ranks */
-    return st;
+    double taken[SUM_COUNT] = {(double)stats[0].bytes,
+                               (double)stats[1].bytes,
+                               (double)stats[2].bytes,
+                               (double)cs.dp_bytes_saved,
+                               (double)cs.pp_bytes_saved,
+                               (double)cs.pp_grad_bytes,
+                               (double)cs.pp_grad_bytes_raw,
+                               cs.compress_s,
+                               cs.residual_sq,
+                               cs.input_sq,
+                               (double)cs.pp_grad_sends,
+                               (double)cs.pp_grad_sends_compressed,
+                               0.0,
+                               0.0,
+                               0.0,
+                               0.0,
+                               r->loss,
+                               r->loss * r->loss};
+    memcpy(v, taken, sizeof taken);
+    for (int g = 0; g < 3; g++) own_s[g] = stats[g].seconds;
 }
 
-/* Islands: every island's loss, in island order (its first rank's; collective over the job);
- * *out (when not NULL) gets them as a JSON array. */
-static loom_status island_losses(const loom_step_record *r, json_t **out) {
-    const loom_mesh *mesh = r->mesh;
-    int K = mesh->islands;
-    if (mesh->plan->islands.count < 1 || !mesh->job) return LOOM_OK;
-    double *loss = loom_calloc((size_t)K, sizeof *loss, "islands' losses");
-    if (!loss) return LOOM_ERR_NOMEM;
-    if (loom_comm_rank(mesh->world) == 0) loss[mesh->island] = r->loss;
-    loom_status st = loom_comm_allreduce_f64(mesh->job, loss, K, LOOM_REDUCE_SUM);
-    if (st == LOOM_OK && out) {
-        *out = json_array();
-        for (int k = 0; k < K; k++) json_array_append_new(*out, number(loss[k]));
+/* Adds the outer syncs' counters since they were last taken into v. */
+static void take_outer(const loom_mesh *mesh, loom_outer *outer, double v[SUM_COUNT]) {
+    if (mesh->across) {
+        loom_comm_stats across = loom_comm_get_stats(mesh->across);
+        loom_comm_reset_stats(mesh->across);
+        v[SUM_OUTER_BYTES] += (double)across.bytes;
     }
-    free(loss);
-    return st;
+    loom_outer_stats os = {0};
+    loom_outer_take_stats(outer, &os);
+    v[SUM_OUTER_RAW] += (double)os.bytes_raw;
+    v[SUM_OUTER_SYNCS] += (double)os.syncs;
+    v[SUM_OUTER_S] += os.seconds;
 }
 
 /* The progress line's note on islands: the round, the islands' mean loss and its spread. */
@@ -311,18 +295,10 @@ static void compression_note(loom_step_record *r, const double *sums) {
     }
 }
 
-loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
-    /* the counters are read and reset on every rank, summed over the job, written by the lead */
+/* The step's record, from the job's sums (and with islands every island's loss). */
+static loom_status write_step(loom_metrics *m, const loom_step_record *r, const double *own_s,
+                              const double *sums, const double *losses) {
     static const char *const names[3] = {"dp", "tp", "pp"};
-    loom_comm_stats stats[3];
-    double sums[SUM_COUNT];
-    loom_status st = job_counters(r, stats, sums);
-    if (st != LOOM_OK) return st;
-    compression_note(r, sums);
-    islands_note(r, sums);
-    json_t *losses = NULL;
-    if ((st = island_losses(r, m ? &losses : NULL)) != LOOM_OK) return st;
-    if (!m) return LOOM_OK;
     json_t *obj = json_object();
     json_object_set_new(obj, "step", json_integer(r->step));
     json_object_set_new(obj, "loss", number(r->loss));
@@ -336,7 +312,7 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
         snprintf(key, sizeof key, "%s_bytes", names[g]);
         json_object_set_new(obj, key, json_integer((json_int_t)sums[SUM_DP_BYTES + g]));
         snprintf(key, sizeof key, "%s_s", names[g]);
-        json_object_set_new(obj, key, number(stats[g].seconds));
+        json_object_set_new(obj, key, number(own_s[g]));
     }
     if (r->mesh->world && loom_plan_compresses(r->mesh->plan)) {
         static const struct {
@@ -365,11 +341,95 @@ loom_status loom_metrics_step(loom_metrics *m, loom_step_record *r) {
         json_object_set_new(obj, "islands_loss", number(sums[SUM_LOSS]));
         double spread = sqrt(fmax(0.0, sums[SUM_LOSS_SQ] - sums[SUM_LOSS] * sums[SUM_LOSS]));
         json_object_set_new(obj, "islands_loss_spread", number(spread));
-        if (losses) json_object_set_new(obj, "islands_losses", losses);
+        json_t *each = json_array();
+        for (int k = 0; k < r->mesh->islands; k++) json_array_append_new(each, number(losses[k]));
+        json_object_set_new(obj, "islands_losses", each);
     }
     json_object_set_new(obj, "skipped", json_boolean(r->skipped));
-    st = write_record(m, obj);
+    loom_status st = write_record(m, obj);
     if (st == LOOM_OK) st = keep_point(m, 0, r->step, r->loss);
+    return st;
+}
+
+/* ---- the job's view of each step, summed when the islands meet ------------------------------ */
+
+struct loom_step_batch {
+    const loom_mesh *mesh;
+    int cap, n, width;     /* width: SUM_COUNT + islands' losses */
+    loom_step_record *rec; /* (cap) the steps taken since the last flush */
+    double *own_s;         /* (cap x 3) this rank's waiting seconds per group */
+    double *sums;          /* (cap x width) this rank's counters, then the job's sums */
+};
+
+loom_status loom_step_batch_create(loom_step_batch **out, const loom_mesh *mesh, int capacity) {
+    loom_step_batch *b = loom_calloc(1, sizeof *b, "step batch");
+    if (!b) return LOOM_ERR_NOMEM;
+    b->mesh = mesh, b->cap = capacity > 0 ? capacity : 1;
+    b->width = SUM_COUNT + (mesh->plan->islands.count > 0 ? mesh->islands : 0);
+    b->rec = loom_calloc((size_t)b->cap, sizeof *b->rec, "step batch");
+    b->own_s = loom_calloc((size_t)b->cap * 3, sizeof *b->own_s, "step batch");
+    b->sums = loom_calloc((size_t)b->cap * (size_t)b->width, sizeof *b->sums, "step batch");
+    *out = b;
+    if (b->rec && b->own_s && b->sums) return LOOM_OK;
+    loom_step_batch_free(b);
+    *out = NULL;
+    return LOOM_ERR_NOMEM;
+}
+
+void loom_step_batch_free(loom_step_batch *b) {
+    if (!b) return;
+    free(b->rec), free(b->own_s), free(b->sums);
+    free(b);
+}
+
+loom_status loom_step_batch_add(loom_step_batch *b, const loom_step_record *r) {
+    if (b->n == b->cap) {
+        return loom_fail(LOOM_ERR_RUNTIME,
+                         "metrics: more than %d steps between two meetings of "
+                         "the islands",
+                         b->cap);
+    }
+    double *v = b->sums + (size_t)b->n * (size_t)b->width;
+    memset(v, 0, (size_t)b->width * sizeof *v);
+    take_counters(r, v, b->own_s + 3 * b->n);
+    take_outer(b->mesh, r->outer, v);
+    /* every island's loss, its first rank's, in its slot */
+    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0))
+        v[SUM_COUNT + b->mesh->island] = r->loss;
+    b->rec[b->n++] = *r;
+    return LOOM_OK;
+}
+
+void loom_step_batch_add_outer(loom_step_batch *b, loom_outer *outer) {
+    if (b->n > 0) take_outer(b->mesh, outer, b->sums + (size_t)(b->n - 1) * (size_t)b->width);
+}
+
+loom_status loom_step_batch_flush(loom_step_batch *b, loom_metrics *m, int keep_newest,
+                                  void (*shown)(void *ctx, const loom_step_record *r), void *ctx) {
+    int n = b->n - (keep_newest && b->n > 0);
+    if (n <= 0) return LOOM_OK;
+    loom_status st = LOOM_OK;
+    int64_t count = (int64_t)n * b->width;
+    if (b->mesh->job) st = loom_comm_allreduce_f64(b->mesh->job, b->sums, count, LOOM_REDUCE_SUM);
+    int ranks = b->mesh->job ? loom_comm_size(b->mesh->job) : 1;
+    for (int i = 0; i < n && st == LOOM_OK; i++) {
+        double *sums = b->sums + (size_t)i * (size_t)b->width;
+        loom_step_record *r = &b->rec[i];
+        sums[SUM_COMPRESS_S] /= ranks;                              /* a rank's mean */
+        sums[SUM_OUTER_S] /= ranks, sums[SUM_OUTER_SYNCS] /= ranks; /* a rank's */
+        sums[SUM_LOSS] /= ranks, sums[SUM_LOSS_SQ] /= ranks; /* every island has as many ranks */
+        compression_note(r, sums);
+        islands_note(r, sums);
+        if (m) st = write_step(m, r, b->own_s + 3 * i, sums, sums + SUM_COUNT);
+        if (st == LOOM_OK && shown) shown(ctx, r);
+    }
+    if (n < b->n) { /* the newest waits for its outer counters */
+        memmove(b->sums, b->sums + (size_t)n * (size_t)b->width,
+                (size_t)b->width * sizeof *b->sums);
+        memmove(b->own_s, b->own_s + 3 * n, 3 * sizeof *b->own_s);
+        b->rec[0] = b->rec[n];
+    }
+    b->n -= n;
     return st;
 }
 
@@ -394,6 +454,32 @@ loom_status loom_metrics_plot(loom_metrics *m, const char *out) {
 }
 
 /* ---- measuring a run ------------------------------------------------------------------------ */
+
+void loom_run_print_setup(const loom_train_config *cfg, const loom_plan *plan,
+                          const loom_mesh *mesh, const loom_dataset *train_data,
+                          const loom_dataset *val_data, const loom_loader *train_loader,
+                          double peak_gflops) {
+    static const char *const zero_words[] = {"", " with ZeRO-1", " with ZeRO-2", " with ZeRO-3"};
+    const loom_gpt_config *mc = &plan->model;
+    loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d): %.2fM "
+              "parameters",
+              mc->num_layers, mc->num_heads, mc->channels, mc->max_seq_len, mc->vocab_size,
+              mc->padded_vocab_size, (double)loom_gpt_num_real_params(mc) / 1e6);
+    loom_info("data: %zu training tokens (%zu windows of %d)%s",
+              loom_dataset_num_tokens(train_data), loom_loader_num_windows(train_loader),
+              cfg->seq_len, val_data ? "" : "; no validation");
+    char islands[32] = "";
+    if (plan->islands.count > 0) snprintf(islands, sizeof islands, "%d islands x ", mesh->islands);
+    loom_info("ranks: %lld (%sdata parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
+              "global batch %d = micro %d x %d micro-batches x %d%s; threads per rank: %d; sgemm "
+              "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
+              (long long)loom_plan_job_ranks(plan), islands, mesh->dp_size,
+              zero_words[mesh->dp_size > 1 ? plan->zero : 0], mesh->tp_size, mesh->pp_size,
+              mesh->pp_size > 1 ? ", schedule " : "",
+              mesh->pp_size > 1 ? loom_schedule_kind_name(plan->schedule) : "", plan->global_batch,
+              plan->micro_batch, loom_plan_num_micro_batches(plan), mesh->dp_size,
+              islands[0] ? " x islands" : "", loom_ops_get_threads(), peak_gflops);
+}
 
 static int compare_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

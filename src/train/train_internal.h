@@ -167,12 +167,31 @@ typedef struct {
     char compression[96]; /* out: " | dp 134x ..." for the progress line ("" without) */
     char islands[96];     /* out: " | round 3, islands' loss 4.21 +- 0.02" ("" without) */
 } loom_step_record;
-loom_status loom_metrics_step(loom_metrics *metrics, loom_step_record *record);
+/* The job's view of each step (counters summed over every rank, every island's loss), taken on
+ * every rank at each step's end (add; the outer syncs sent after it, add_outer) and summed over
+ * the job in one collective at a flush: every step without islands; with islands when they
+ * meet (loom_outer_meets), since a collective between islands while an outer sync is in flight
+ * would queue behind it — there the newest step stays (keep_newest) until the syncs it sends
+ * are counted, and the run's end flushes the rest. At a flush the lead writes each step's
+ * record (metrics not NULL) and shown(ctx, record) gets it with its notes. */
+typedef struct loom_step_batch loom_step_batch;
+loom_status loom_step_batch_create(loom_step_batch **out, const loom_mesh *mesh, int capacity);
+void loom_step_batch_free(loom_step_batch *batch);
+loom_status loom_step_batch_add(loom_step_batch *batch, const loom_step_record *record);
+void loom_step_batch_add_outer(loom_step_batch *batch, loom_outer *outer);
+loom_status loom_step_batch_flush(loom_step_batch *batch, loom_metrics *metrics, int keep_newest,
+                                  void (*shown)(void *ctx, const loom_step_record *record),
+                                  void *ctx);
 loom_status loom_metrics_validation(loom_metrics *metrics, int64_t step, double val_loss);
 /* The progress bar (a terminal's): steps done of the run's total (this invocation's run_done of
  * run_total, for the ETA), overall done of steps. */
 void loom_run_progress_bar(int64_t run_done, int64_t run_total, int64_t done, int64_t steps,
                            double elapsed_s);
+/* The start-up lines on the model, the data and the layout (the lead's). */
+void loom_run_print_setup(const loom_train_config *cfg, const loom_plan *plan,
+                          const loom_mesh *mesh, const loom_dataset *train_data,
+                          const loom_dataset *val_data, const loom_loader *train_loader,
+                          double peak_gflops);
 /* Writes OUT/loss.svg from the series. */
 loom_status loom_metrics_plot(loom_metrics *metrics, const char *out);
 

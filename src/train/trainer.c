@@ -28,10 +28,11 @@ typedef struct {
     const loom_plan *plan;
     loom_mesh mesh;
     int have_mesh;
-    loom_gpt *model;      /* this rank's part */
-    loom_pipeline *pipe;  /* this stage's schedule executor */
-    loom_grad_sync *sync; /* DP, ZeRO-1, tied embedding, loss and norm */
-    loom_outer *outer;    /* islands' outer optimiser (NULL: no islands) */
+    loom_gpt *model;        /* this rank's part */
+    loom_pipeline *pipe;    /* this stage's schedule executor */
+    loom_grad_sync *sync;   /* DP, ZeRO-1, tied embedding, loss and norm */
+    loom_outer *outer;      /* islands' outer optimiser (NULL: no islands) */
+    loom_step_batch *batch; /* the steps' records until the job sums them */
     loom_adamw opt;
     loom_dataset *train_data, *val_data;
     loom_loader *train_loader, *val_loader;
@@ -53,6 +54,7 @@ typedef struct {
 static void trainer_free(trainer *t) {
     loom_trace_free(t->trace);
     loom_outer_free(t->outer);
+    loom_step_batch_free(t->batch);
     loom_pipeline_free(t->pipe);
     loom_grad_sync_free(t->sync);
     loom_adamw_free(&t->opt);
@@ -154,32 +156,6 @@ static loom_status make_model(trainer *t) {
     return st;
 }
 
-static void print_setup(const trainer *t) {
-    static const char *const zero_words[] = {"", " with ZeRO-1", " with ZeRO-2", " with ZeRO-3"};
-    const loom_gpt_config *mc = &t->plan->model;
-    const loom_mesh *mesh = &t->mesh;
-    loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d): %.2fM "
-              "parameters",
-              mc->num_layers, mc->num_heads, mc->channels, mc->max_seq_len, mc->vocab_size,
-              mc->padded_vocab_size, (double)loom_gpt_num_real_params(mc) / 1e6);
-    loom_info("data: %zu training tokens (%zu windows of %d)%s",
-              loom_dataset_num_tokens(t->train_data), loom_loader_num_windows(t->train_loader),
-              t->cfg->seq_len, t->val_data ? "" : "; no validation");
-    char islands[32] = "";
-    if (t->plan->islands.count > 0)
-        snprintf(islands, sizeof islands, "%d islands x ", mesh->islands);
-    loom_info("ranks: %lld (%sdata parallel %d%s x tensor parallel %d x pipeline parallel %d%s%s); "
-              "global batch %d = micro %d x %d micro-batches x %d%s; threads per rank: %d; sgemm "
-              "peak %.1f GFLOP/s (1024^3, measured, x ranks); MFU is against it",
-              (long long)loom_plan_job_ranks(t->plan), islands, mesh->dp_size,
-              zero_words[mesh->dp_size > 1 ? t->plan->zero : 0], mesh->tp_size, mesh->pp_size,
-              mesh->pp_size > 1 ? ", schedule " : "",
-              mesh->pp_size > 1 ? loom_schedule_kind_name(t->plan->schedule) : "",
-              t->plan->global_batch, t->plan->micro_batch, loom_plan_num_micro_batches(t->plan),
-              mesh->dp_size, islands[0] ? " x islands" : "", loom_ops_get_threads(),
-              t->peak_gflops);
-}
-
 static loom_status trainer_setup(trainer *t, loom_comm *world) {
     const loom_train_config *cfg = t->cfg;
     loom_ops_set_threads(cfg->threads);
@@ -219,6 +195,8 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if ((st = loom_outer_create(&t->outer, &t->mesh, t->model, t->sync)) != LOOM_OK) return st;
     parts.outer = t->outer;
     if (more && (st = loom_run_islands_resume(&parts, resume_dir, &t->state)) != LOOM_OK) return st;
+    st = loom_step_batch_create(&t->batch, &t->mesh, loom_outer_meeting_gap(t->outer) + 1);
+    if (st != LOOM_OK) return st;
     if (resume_dir[0]) {
         loom_loader_pos pos = {t->state.data_epoch, t->state.data_index};
         if (loom_loader_set_pos(t->train_loader, pos) != LOOM_OK) {
@@ -249,7 +227,8 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
      * file: "auto" draws the bar only for one process on a terminal */
     t->progress_bar = !strcmp(cfg->progress, "on") ||
                       (!strcmp(cfg->progress, "auto") && !world && isatty(STDOUT_FILENO));
-    print_setup(t);
+    loom_run_print_setup(t->cfg, t->plan, &t->mesh, t->train_data, t->val_data, t->train_loader,
+                         t->peak_gflops);
     loom_run_compress_report(&t->mesh, t->sync, t->pipe);
     return LOOM_OK;
 }
@@ -309,6 +288,20 @@ static loom_status apply_update(trainer *t, int64_t step, double lr, double grad
     return st;
 }
 
+/* A step's progress line (the lead's, every --log-every steps), once the job has summed it. */
+static void show(void *ctx, const loom_step_record *r) {
+    trainer *t = ctx;
+    int64_t done = r->step, steps = t->cfg->steps;
+    if (!t->mesh.lead ||
+        !(done == 1 || done % t->cfg->log_every == 0 || done == steps || r->skipped))
+        return;
+    clear_progress_line(t);
+    loom_info("step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms | "
+              "%.0f tok/s | MFU %.1f%%%s%s",
+              done, steps, r->loss, r->lr, r->grad_norm, r->seconds * 1e3, r->tokens_per_s,
+              100 * r->mfu, r->compression, r->islands);
+}
+
 static loom_status train_step(trainer *t, int64_t step) {
     const loom_train_config *cfg = t->cfg;
     double t0 = loom_now();
@@ -338,7 +331,7 @@ static loom_status train_step(trainer *t, int64_t step) {
     }
     loom_grad_sync_commit(t->sync, !skipped); /* a skipped step leaves compressors as they were */
     loom_pipeline_commit(t->pipe, !skipped);
-    if ((st = loom_outer_step(t->outer, step + 1, cfg->steps)) != LOOM_OK) return st;
+    if ((st = loom_outer_land(t->outer, step + 1, cfg->steps)) != LOOM_OK) return st;
     t->state.step = step + 1;
     loom_loader_pos pos = loom_loader_get_pos(t->train_loader);
     t->state.data_epoch = pos.epoch;
@@ -352,16 +345,8 @@ static loom_status train_step(trainer *t, int64_t step) {
         t->peak_gflops > 0 ? t->flops_per_token * tokens_per_s / (t->peak_gflops * 1e9) : 0.0;
     loom_step_record record = {step + 1, loss,     lr,      grad_norm, seconds,  tokens_per_s, mfu,
                                skipped,  &t->mesh, t->sync, t->pipe,   t->outer, "",           ""};
-    if ((st = loom_metrics_step(t->metrics, &record)) != LOOM_OK) return st;
+    if ((st = loom_step_batch_add(t->batch, &record)) != LOOM_OK) return st;
     int64_t done = step + 1;
-    if (t->mesh.lead &&
-        (done == 1 || done % cfg->log_every == 0 || done == cfg->steps || skipped)) {
-        clear_progress_line(t);
-        loom_info("step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | "
-                  "%.1f ms | %.0f tok/s | MFU %.1f%%%s%s",
-                  done, cfg->steps, loss, lr, grad_norm, seconds * 1e3, tokens_per_s, 100 * mfu,
-                  record.compression, record.islands);
-    }
     if (t->state.bad_steps >= cfg->max_bad_steps) {
         return loom_fail(LOOM_ERR_NUMERIC,
                          "training stopped at step %" PRId64 ": %" PRId64
@@ -449,9 +434,13 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
     for (int64_t step = t.state.step; st == LOOM_OK && step < cfg->steps; step++) {
         st = train_step(&t, step);
         int64_t done = step + 1;
+        /* the job's collectives when the islands meet, before the outer syncs leave */
+        int stop_now = 0, meets = loom_outer_meets(t.outer, done, cfg->steps), keep = !!t.outer;
+        if (st == LOOM_OK && meets) st = loom_step_batch_flush(t.batch, t.metrics, keep, show, &t);
+        if (st == LOOM_OK && meets) st = loom_stop_agree(&stop, &t.mesh, &stop_now);
+        if (st == LOOM_OK) st = loom_outer_send(t.outer, done, cfg->steps);
+        if (st == LOOM_OK) loom_step_batch_add_outer(t.batch, t.outer);
         if (st == LOOM_OK && t.val_loader && done % cfg->eval_every == 0) st = evaluate(&t);
-        int stop_now = 0;
-        if (st == LOOM_OK) st = loom_stop_agree(&stop, &t.mesh, &stop_now);
         if (st == LOOM_OK && stop_now && done < cfg->steps) {
             stopped = 1;
             clear_progress_line(&t);
@@ -472,6 +461,7 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
                                   loom_now() - t.run_start);
         }
     }
+    if (st == LOOM_OK) st = loom_step_batch_flush(t.batch, t.metrics, 0, show, &t);
     loom_train_result r = {0};
     if (st == LOOM_OK && t.state.step > t.first_step) st = finish_run(&t, &r, stopped);
     loom_stop_remove(&stop); /* after the stop checkpoint: see stop.c on launchers */
