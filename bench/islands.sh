@@ -49,7 +49,8 @@ common=(--model small --context 128 --seq-len 128 --data "$data/train_*.bin"
     --no-save)
 
 # final validation loss, and bytes per token (KEY summed over the run)
-final_val() { jq -r 'select(has("val_loss")) | .val_loss' "$1/metrics.jsonl" | tail -1; }
+# (of a run that reached STEPS: one stopped early has none)
+final_val() { jq -r --argjson n "$STEPS" 'select(has("val_loss") and .step == $n) | .val_loss' "$1/metrics.jsonl" 2>/dev/null | tail -1; }
 bytes_per_token() {
     jq -s --arg k "$2" --argjson t $((16 * 128)) '[.[] | select(has($k)) | .[$k]] | add / (length * $t)' \
         "$1/metrics.jsonl"

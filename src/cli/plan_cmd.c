@@ -832,7 +832,7 @@ static int run_build(const plan_args *args) {
     return 0;
 }
 
-static int plan_main(plan_args *a, int argc, char **argv);
+static int plan_main(const plan_args *a, int argc, char **argv);
 
 int cmd_plan(int argc, char **argv) {
     if (cli_find_flag(argc, argv, "--help") >= 0 || cli_find_flag(argc, argv, "-h") >= 0) {
@@ -866,7 +866,7 @@ int cmd_plan(int argc, char **argv) {
     return rc;
 }
 
-static int plan_main(plan_args *a, int argc, char **argv) {
+static int plan_main(const plan_args *a, int argc, char **argv) {
     plan_args args = *a;
     loom_status st = cli_parse_flags(&args, plan_opts, NPLAN, argc, argv, 2, NULL);
     if (st == LOOM_OK && args.islands_auto && !args.cluster[0]) {

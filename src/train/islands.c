@@ -171,7 +171,7 @@ static loom_status load_rank_state(const char *step_dir, const loom_mesh *mesh, 
         int64_t shape[1] = {(int64_t)(view.range.end - view.range.begin)};
         st = loom_safetensors_read_f32(file, "residual", 1, shape, 0, view.residual);
     }
-    const char *p = apply;
+    const char *p = apply ? apply : "";
     for (int f = 0; f < view.fragments && st == LOOM_OK; f++) {
         char *end = NULL;
         long long at = strtoll(p, &end, 10);
@@ -290,21 +290,23 @@ loom_status loom_run_islands_resume(const loom_run_parts *p, const char *dir,
     const loom_mesh *mesh = p->mesh;
     char saved[sizeof state->islands], sig[sizeof state->islands];
     loom_status st = loom_run_checkpoint_islands(dir, saved, sizeof saved);
-    signature(mesh->plan, sig, sizeof sig);
-    loom_outer_buffers_view view;
-    loom_outer_buffers(p->outer, &view);
-    /* the outer momentum, this rank's range of it */
-    loom_ckpt_state global = *state;
-    float *dst[3] = {NULL, view.momentum, NULL};
-    size_t lo[3] = {0, view.range.begin, 0}, hi[3] = {0, view.range.end, 0};
-    if (st == LOOM_OK) st = loom_run_checkpoint_read(dir, p->model, dst, lo, hi, &global);
-    int same = !strcmp(saved, sig), before = 0;
+    if (st != LOOM_OK) return st;
+    int before = 0;
     if (sscanf(saved, "islands=%d", &before) != 1 || before < 1) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: metadata 'loom.islands': expected \"islands=K ...\" with K >= 1, "
                          "got \"%s\"",
                          dir, saved);
     }
+    signature(mesh->plan, sig, sizeof sig);
+    int same = !strcmp(saved, sig);
+    /* the outer momentum, this rank's range of it */
+    loom_outer_buffers_view view;
+    loom_outer_buffers(p->outer, &view);
+    loom_ckpt_state global = *state;
+    float *dst[3] = {NULL, view.momentum, NULL};
+    size_t lo[3] = {0, view.range.begin, 0}, hi[3] = {0, view.range.end, 0};
+    st = loom_run_checkpoint_read(dir, p->model, dst, lo, hi, &global);
     char own_dir[LOOM_PATH_MAX + 96];
     if (st == LOOM_OK) st = island_folder(dir, mesh->island % before, own_dir, sizeof own_dir);
     loom_mesh im = island_mesh(mesh);
