@@ -15,8 +15,12 @@
 # every byte crosses one link shaped to each rate (ip netns + tc, bench/netns.bash, TCP): data
 # parallelism (fp32 ring all-reduce), data parallelism with PowerSGD rank 16, and 4 islands of 1
 # rank at H = 100 with int8 and with fp32 outer gradients (100 steps: one outer sync; the data-
-# parallel runs 4 and 10 steps). Prints each run's median and mean step time (the mean carries
-# the sync), and the islands' outer seconds.
+# parallel runs 4 and 10 steps), and with int8 overlapped by TAUS steps (4 8 16). Prints each
+# run's median and mean step time (the mean carries the sync), the islands' seconds in outer
+# syncs, the time exposed (every step's time beyond the median step before the first sync), and
+# the cost model's step (its mean, the sync's share in it) and exposed time per sync, for the
+# same plan on a profile of this machine's 4 ranks (loom profile; CLUSTER=FILE reuses one) with
+# the link described as the rate shared by the 4 ranks.
 #
 # WARM=N: a warm start, as DiLoCo's paper trains: data parallelism saves its step-N checkpoint,
 # and every islands row resumes from it (each island starts from its model and AdamW state, the
@@ -80,8 +84,8 @@ if [ -n "${SLOW:-}" ]; then
         mpirun -np 4 "$LOOM" profile --threads 1 --out "$cluster" >"$OUT/profile.log" 2>&1 ||
             { echo "loom profile failed: $(tail -2 "$OUT/profile.log")" >&2; exit 1; }
     fi
-    printf '%-9s %-20s %12s %12s %10s %12s %12s\n' link run "median ms" "mean ms" "outer s" \
-        "pred. ms" "pred. out s"
+    printf '%-9s %-20s %10s %10s %8s %10s %10s %12s\n' link run "median ms" "mean ms" "outer s" \
+        "exposed s" "pred. ms" "pred. exp s"
     # rows: name:steps:flags; steps enough for the medians and, for islands, one outer sync
     # landing inside the run (100 + overlap + 5)
     rows=("dp:4:--data-parallel 4 --zero 0"
@@ -121,11 +125,14 @@ if [ -n "${SLOW:-}" ]; then
                     END { if (step != "") print step * 1000, e * 100 }' "$run.predict.txt")
                 [ -n "$pred" ] || pred="- -"
             fi
+            # exposed: the run's step times beyond its steps before the first sync (their median),
+            # whatever the sync slowed: its waits, and the steps the transfer ran beside
             jq -s -r --arg link "$rate" --arg run "$name" --arg pred "$pred" \
-                '[.[] | select(has("ms"))] | (map(.ms) | sort) as $t |
-                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \(map(.outer_s // 0) | add) \($pred)"' \
+                '[.[] | select(has("ms"))] as $s | ($s | map(.ms) | sort) as $t |
+                 ([$s[] | select(.step >= 2 and .step < 100) | .ms] | sort) as $b |
+                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \($s | map(.outer_s // 0) | add) \((($t | add) - ($t | length) * $b[($b | length) / 2 | floor]) / 1000) \($pred)"' \
                 "$run/metrics.jsonl" |
-                awk '{ printf "%-9s %-20s %12.1f %12.1f %10.2f %12s %12s\n", $1, $2, $3, $4, $5, $6, $7 }'
+                awk '{ printf "%-9s %-20s %10.1f %10.1f %8.2f %10.2f %10s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
         done
         ip netns del "$ns"
     done

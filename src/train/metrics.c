@@ -400,8 +400,13 @@ loom_status loom_step_batch_add(loom_step_batch *b, const loom_step_record *r) {
     return LOOM_OK;
 }
 
-void loom_step_batch_add_outer(loom_step_batch *b, loom_outer *outer) {
-    if (b->n > 0) take_outer(b->mesh, outer, b->sums + (size_t)(b->n - 1) * (size_t)b->width);
+void loom_step_batch_add_outer(loom_step_batch *b, loom_outer *outer, double seconds) {
+    if (b->n == 0) return;
+    take_outer(b->mesh, outer, b->sums + (size_t)(b->n - 1) * (size_t)b->width);
+    loom_step_record *r = &b->rec[b->n - 1]; /* the step's time holds its syncs' */
+    double was = r->seconds;
+    r->seconds += seconds;
+    if (r->seconds > 0) r->tokens_per_s *= was / r->seconds, r->mfu *= was / r->seconds;
 }
 
 loom_status loom_step_batch_flush(loom_step_batch *b, loom_metrics *m, int keep_newest,

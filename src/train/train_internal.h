@@ -168,7 +168,8 @@ typedef struct {
     char islands[96];     /* out: " | round 3, islands' loss 4.21 +- 0.02" ("" without) */
 } loom_step_record;
 /* The job's view of each step (counters summed over every rank, every island's loss), taken on
- * every rank at each step's end (add; the outer syncs sent after it, add_outer) and summed over
+ * every rank at each step's end (add; the outer syncs sent after it and their seconds,
+ * add_outer) and summed over
  * the job in one collective at a flush: every step without islands; with islands when they
  * meet (loom_outer_meets), since a collective between islands while an outer sync is in flight
  * would queue behind it — there the newest step stays (keep_newest) until the syncs it sends
@@ -178,7 +179,7 @@ typedef struct loom_step_batch loom_step_batch;
 loom_status loom_step_batch_create(loom_step_batch **out, const loom_mesh *mesh, int capacity);
 void loom_step_batch_free(loom_step_batch *batch);
 loom_status loom_step_batch_add(loom_step_batch *batch, const loom_step_record *record);
-void loom_step_batch_add_outer(loom_step_batch *batch, loom_outer *outer);
+void loom_step_batch_add_outer(loom_step_batch *batch, loom_outer *outer, double seconds);
 loom_status loom_step_batch_flush(loom_step_batch *batch, loom_metrics *metrics, int keep_newest,
                                   void (*shown)(void *ctx, const loom_step_record *record),
                                   void *ctx);

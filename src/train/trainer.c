@@ -438,8 +438,11 @@ loom_status loom_train(const loom_train_config *cfg, const loom_plan *plan, loom
         int stop_now = 0, meets = loom_outer_meets(t.outer, done, cfg->steps), keep = !!t.outer;
         if (st == LOOM_OK && meets) st = loom_step_batch_flush(t.batch, t.metrics, keep, show, &t);
         if (st == LOOM_OK && meets) st = loom_stop_agree(&stop, &t.mesh, &stop_now);
+        double sent = loom_now();
         if (st == LOOM_OK) st = loom_outer_send(t.outer, done, cfg->steps);
-        if (st == LOOM_OK) loom_step_batch_add_outer(t.batch, t.outer);
+        sent = loom_now() - sent;
+        if (st == LOOM_OK && t.timed > 0) t.step_seconds[t.timed - 1] += sent;
+        if (st == LOOM_OK) loom_step_batch_add_outer(t.batch, t.outer, sent);
         if (st == LOOM_OK && t.val_loader && done % cfg->eval_every == 0) st = evaluate(&t);
         if (st == LOOM_OK && stop_now && done < cfg->steps) {
             stopped = 1;
