@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Validation-loss curves of several runs in one SVG (no plotting library needed).
 
-usage: python3 bench/curves.py OUT.svg "TITLE" NAME=RUN_DIR [NAME=RUN_DIR ...]
+usage: python3 bench/curves.py [--from-step N] OUT.svg "TITLE" NAME=RUN_DIR [NAME=RUN_DIR ...]
 
-Each RUN_DIR's metrics.jsonl gives the curve: its records with "val_loss", against "step".
-Runs without any are left out (and named on stderr). The y axis spans every curve's values.
+Each RUN_DIR's metrics.jsonl gives the curve: its records with "val_loss", against "step" (from
+step N on: the early steps' losses would squeeze the later differences). Runs without any are
+left out (and named on stderr). The y axis spans every curve's values.
 """
 import json
 import os
@@ -14,17 +15,21 @@ PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
            "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39"]
 
 
-def curve(run_dir):
+def curve(run_dir, first_step):
     points = []
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:
             rec = json.loads(line)
-            if rec.get("val_loss") is not None:
+            if rec.get("val_loss") is not None and rec["step"] >= first_step:
                 points.append((rec["step"], rec["val_loss"]))
     return points
 
 
 def main(argv):
+    first_step = 0
+    if len(argv) > 2 and argv[1] == "--from-step":
+        first_step = int(argv[2])
+        argv = argv[:1] + argv[3:]
     if len(argv) < 4:
         sys.exit(__doc__)
     out, title = argv[1], argv[2]
@@ -32,7 +37,7 @@ def main(argv):
     for arg in argv[3:]:
         name, _, run_dir = arg.partition("=")
         try:
-            points = curve(run_dir)
+            points = curve(run_dir, first_step)
         except OSError as e:
             print(f"curves.py: {name}: {e}", file=sys.stderr)
             continue
@@ -45,7 +50,7 @@ def main(argv):
     width, height, left, bottom, legend = 900, 520, 60, 40, 230
     steps = [s for _, pts in curves for s, _ in pts]
     losses = [v for _, pts in curves for _, v in pts]
-    lo_s, hi_s, lo_v, hi_v = 0, max(steps), min(losses), max(losses)
+    lo_s, hi_s, lo_v, hi_v = min(steps), max(steps), min(losses), max(losses)
 
     def x(s):
         return left + (width - left - legend) * (s - lo_s) / ((hi_s - lo_s) or 1)
