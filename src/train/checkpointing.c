@@ -110,11 +110,8 @@ loom_status loom_run_checkpoint_load(const char *dir, const loom_mesh *mesh, loo
     int whole = mesh->tp_size == 1 && mesh->pp_size == 1 && !windowed(model) &&
                 opt->range.begin == 0 && opt->range.end == model->num_params;
     if (whole) return loom_checkpoint_load(dir, model, opt->m, opt->v, state);
-    loom_gpt layout;
     slice_take c = take_of(model, opt, 1);
-    loom_status st = unsharded_layout(model, &layout);
-    if (st == LOOM_OK) st = loom_checkpoint_load_take(dir, &layout, take_slice, &c, state);
-    return st;
+    return loom_run_checkpoint_read(dir, model, c.dst, c.lo, c.hi, state);
 }
 
 loom_status loom_run_checkpoint_read(const char *dir, loom_gpt *model, float *const dst[3],
@@ -316,30 +313,20 @@ loom_status loom_run_checkpoint_write_model(const char *dir, const loom_mesh *me
     return loom_run_checkpoint_write(dir, mesh, model, bufs, sharded, state);
 }
 
-loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
-                                     const loom_adamw *opt, const loom_ckpt_state *state) {
-    loom_comm_progress("saving a checkpoint");
-    char dir[LOOM_PATH_MAX + 64];
-    loom_status st = loom_run_step_folder(out, state->step, dir, sizeof dir);
-    if (st == LOOM_OK) st = loom_run_checkpoint_write_model(dir, mesh, model, opt, state);
-    /* only now does "latest" move: a crash before this leaves the previous checkpoint current */
-    if (st == LOOM_OK && mesh->lead) st = loom_checkpoint_point_latest(out, state->step);
-    if (st == LOOM_OK && mesh->lead) {
-        loom_info("saved checkpoint %s/checkpoints/step_%08" PRId64, out, state->step);
-    }
-    return st;
-}
-
 loom_status loom_run_save(const loom_run_parts *p, loom_ckpt_state *state) {
     const char *out = p->cfg->out;
     char dir[LOOM_PATH_MAX + 64];
+    loom_comm_progress("saving a checkpoint");
     loom_status st = loom_run_step_folder(out, state->step, dir, sizeof dir);
     if (st == LOOM_OK && p->outer) {
-        loom_comm_progress("saving a checkpoint");
-        st = loom_run_islands_save(p, state);
+        st = loom_run_islands_save(p, dir, state);
     } else if (st == LOOM_OK) {
         st = loom_run_compress_save(dir, p->mesh, p->cfg->seq_len, p->sync, p->pipe, state);
-        if (st == LOOM_OK) st = loom_run_checkpoint_save(out, p->mesh, p->model, p->opt, state);
+        if (st == LOOM_OK)
+            st = loom_run_checkpoint_write_model(dir, p->mesh, p->model, p->opt, state);
+        /* only now does "latest" move: a crash before this leaves the previous one current */
+        if (st == LOOM_OK && p->mesh->lead) st = loom_checkpoint_point_latest(out, state->step);
+        if (st == LOOM_OK && p->mesh->lead) loom_info("saved checkpoint %s", dir);
     }
     if (st == LOOM_OK && p->mesh->lead) st = loom_run_prune_checkpoints(out, p->cfg->keep_last);
     return st;

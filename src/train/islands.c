@@ -209,14 +209,13 @@ static loom_status agree(const loom_mesh *mesh, loom_status st, const char *what
                : LOOM_OK;
 }
 
-loom_status loom_run_islands_save(const loom_run_parts *p, loom_ckpt_state *state) {
+loom_status loom_run_islands_save(const loom_run_parts *p, const char *dir,
+                                  loom_ckpt_state *state) {
     const loom_mesh *mesh = p->mesh;
-    const char *out = p->cfg->out;
-    char dir[LOOM_PATH_MAX + 64], own_dir[LOOM_PATH_MAX + 96], sig[sizeof state->islands];
+    char own_dir[LOOM_PATH_MAX + 96], sig[sizeof state->islands];
     signature(mesh->plan, sig, sizeof sig);
     loom_mesh im = island_mesh(mesh);
-    loom_status st = loom_run_step_folder(out, state->step, dir, sizeof dir);
-    if (st == LOOM_OK) st = island_folder(dir, mesh->island, own_dir, sizeof own_dir);
+    loom_status st = island_folder(dir, mesh->island, own_dir, sizeof own_dir);
     /* the island's own checkpoint: its parameters now, its moments and compressors */
     loom_ckpt_state own = *state;
     own.islands[0] = '\0';
@@ -240,7 +239,7 @@ loom_status loom_run_islands_save(const loom_run_parts *p, loom_ckpt_state *stat
     }
     st = agree(mesh, st, "write its part of the islands checkpoint");
     if (st == LOOM_OK && mesh->lead) {
-        st = loom_checkpoint_point_latest(out, state->step);
+        st = loom_checkpoint_point_latest(p->cfg->out, state->step);
         if (st == LOOM_OK)
             loom_info("saved checkpoint %s (and its %d islands')", dir, mesh->islands);
     }

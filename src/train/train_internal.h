@@ -32,11 +32,8 @@ void loom_adamw_step(loom_adamw *opt, loom_gpt *model, const float *grads,
 
 /* ---- checkpointing.c ---- */
 
-/* Writes OUT/checkpoints/step_N of the run: the single-process files whatever the layout.
- * Collective: every rank calls it. */
-loom_status loom_run_checkpoint_save(const char *out, const loom_mesh *mesh, loom_gpt *model,
-                                     const loom_adamw *opt, const loom_ckpt_state *state);
-/* The same into the step folder `dir`, no pointer moved: this run's parameters and moments
+/* Writes the step folder `dir` of a checkpoint (the single-process files whatever the layout),
+ * no pointer moved: this run's parameters and moments
  * (loom_run_checkpoint_write_model), or any three buffers in the model's flat layout, each whole
  * on every replica or cut into the replicas' ZeRO ranges (sharded: this rank's range, indexed
  * from its start; bufs[2] NULL for an islands checkpoint's state file, which holds one). The
@@ -103,8 +100,9 @@ typedef struct {
     loom_pipeline *pipe;
     loom_outer *outer; /* NULL without islands */
 } loom_run_parts;
-/* A checkpoint of the run at state->step (the compressors' files, the model and moments; with
- * islands, islands.c's), then the lead prunes old ones. Collective over the job. */
+/* OUT/checkpoints/step_N of the run at state->step (the compressors' files, the model and
+ * moments, then the "latest" pointer; with islands, islands.c's), then the lead prunes old ones.
+ * Collective over the job. */
 loom_status loom_run_save(const loom_run_parts *parts, loom_ckpt_state *state);
 /* --resume dir, before the outer optimiser exists: the model, moments, compressors and loop
  * state; with islands from an islands checkpoint only the global model (*more: the rest comes
@@ -117,8 +115,10 @@ loom_status loom_run_resume(const loom_run_parts *parts, const char *dir, loom_c
 /* Refuses what island training cannot do yet (by name): saving or resuming PowerSGD outer
  * gradients' state. */
 loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh);
-/* The islands checkpoint of state->step (see islands.c). Collective over the job. */
-loom_status loom_run_islands_save(const loom_run_parts *parts, loom_ckpt_state *state);
+/* The islands checkpoint of state->step into its step folder `dir` (see islands.c). Collective
+ * over the job. */
+loom_status loom_run_islands_save(const loom_run_parts *parts, const char *dir,
+                                  loom_ckpt_state *state);
 /* An islands checkpoint's signature (metadata "loom.islands" of its state file; "" for any
  * other checkpoint). */
 loom_status loom_run_checkpoint_islands(const char *dir, char *sig, size_t cap);
