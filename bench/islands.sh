@@ -22,6 +22,14 @@
 # same plan on a profile of this machine's 4 ranks (loom profile; CLUSTER=FILE reuses one) with
 # the link described as the rate shared by the 4 ranks.
 #
+# TTL=1: time to data parallelism's final validation loss on the 6 x 384 model. On shared memory
+# (the arithmetic does not depend on the link): data parallelism on 4 ranks for TTL_STEPS (1000)
+# steps sets the target; DP with PowerSGD r16 and 4 islands (int8, H 50 and 100) train stretched
+# schedules (--steps grows, the cosine with it), shortest first, until one reaches the target;
+# steps-to-loss = its first validation step at or under it. Times a step come from SLOW's runs in
+# the same OUT (islands: the median step before the sync + the sync's exposed time / H, the best
+# of the overlaps measured), so run both: SLOW="100mbit 10mbit" TTL=1 OUT=DIR bash bench/islands.sh
+#
 # WARM=N: a warm start, as DiLoCo's paper trains: data parallelism saves its step-N checkpoint,
 # and every islands row resumes from it (each island starts from its model and AdamW state, the
 # schedule and the data where data parallelism left them) for the remaining steps.
@@ -31,6 +39,7 @@
 #        STEPS=1000 SEEDS="1 2 3" ROWS="h50:--inner-steps 50" bash bench/islands.sh
 #        SLOW="100mbit 10mbit" bash bench/islands.sh
 #        SLOW=100mbit ONLY=tau TAUS="4 8" bash bench/islands.sh   (ONLY: the rows whose name matches)
+#        SLOW="100mbit 10mbit" TTL=1 OUT=DIR bash bench/islands.sh   (DP_SLOW_STEPS=3: fewer DP steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=$PWD/build/loom
@@ -88,8 +97,9 @@ if [ -n "${SLOW:-}" ]; then
         "exposed s" "pred. ms" "pred. exp s"
     # rows: name:steps:flags; steps enough for the medians and, for islands, one outer sync
     # landing inside the run (100 + overlap + 5)
-    rows=("dp:4:--data-parallel 4 --zero 0"
+    rows=("dp:${DP_SLOW_STEPS:-4}:--data-parallel 4 --zero 0"
         "dp_psgd16:10:--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16"
+        "isl_h50_int8:50:--islands 4 --inner-steps 50 --outer-compression int8"
         "isl_h100_int8:100:--islands 4 --inner-steps 100 --outer-compression int8"
         "isl_h100:100:--islands 4 --inner-steps 100")
     for tau in ${TAUS:-4 8 16}; do
@@ -107,6 +117,7 @@ if [ -n "${SLOW:-}" ]; then
             IFS=: read -r name steps flagtext <<<"$r"
             [[ $name =~ ${ONLY:-.} ]] || continue
             read -r -a flags <<<"$flagtext"
+            h=$(sed -n 's/.*--inner-steps \([0-9]*\).*/\1/p' <<<"$flagtext")
             run=$OUT/slow_${rate}_$name
             echo "== $name on $rate: $(netns_mpirun_text 4 "") loom train ${slow_model[*]} --steps $steps ${flags[*]}" >&2
             netns_mpirun 4 "" "$LOOM" train "${slow_model[@]}" --steps "$steps" "${flags[@]}" --out "$run" \
@@ -127,15 +138,96 @@ if [ -n "${SLOW:-}" ]; then
             fi
             # exposed: the run's step times beyond its steps before the first sync (their median),
             # whatever the sync slowed: its waits, and the steps the transfer ran beside
-            jq -s -r --arg link "$rate" --arg run "$name" --arg pred "$pred" \
+            jq -s -r --arg link "$rate" --arg run "$name" --arg pred "$pred" --argjson h "${h:-100}" \
                 '[.[] | select(has("ms"))] as $s | ($s | map(.ms) | sort) as $t |
-                 ([$s[] | select(.step >= 2 and .step < 100) | .ms] | sort) as $b |
+                 ([$s[] | select(.step >= 2 and .step < $h) | .ms] | sort) as $b |
                  "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \($s | map(.outer_s // 0) | add) \((($t | add) - ($t | length) * $b[($b | length) / 2 | floor]) / 1000) \($pred)"' \
                 "$run/metrics.jsonl" |
                 awk '{ printf "%-9s %-20s %10.1f %10.1f %8.2f %10.2f %10s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
         done
         ip netns del "$ns"
     done
+    [ -n "${TTL:-}" ] || exit 0
+fi
+
+if [ -n "${TTL:-}" ]; then
+    # steps to data parallelism's loss on shared memory (the arithmetic does not depend on the
+    # link), every schedule stretched (--steps; warm-up fixed, cosine to the end)
+    wide=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
+        --global-batch-size 16 --threads 1 --data "$data/train_*.bin" --val-data "$data/val_*.bin"
+        --lr 1e-3 --warmup-steps 100 --eval-every 100 --eval-batches 8 --log-every 500 --no-save
+        --seed 1)
+    TTL_STEPS=${TTL_STEPS:-1000}
+    # name|flags|schedules, tried shortest first until one reaches the target
+    ttl_rows=("isl_h100_int8|--islands 4 --inner-steps 100 --outer-compression int8|2000 3000 4000"
+        "isl_h50_int8|--islands 4 --inner-steps 50 --outer-compression int8|1500 2000 3000 4000"
+        "dp_psgd16|--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16|1000 1250 1500 2000 3000")
+    ttl_run() { # dir steps flags...
+        local dir=$1 steps=$2
+        shift 2
+        jq -e --argjson n "$steps" 'select(has("val_loss") and .step == $n)' "$dir/metrics.jsonl" \
+            >/dev/null 2>&1 && return 0
+        echo "== ${dir##*/}: mpirun -np 4 loom train ${wide[*]} --steps $steps $*" >&2
+        mpirun -np 4 "$LOOM" train "${wide[@]}" --steps "$steps" "$@" --out "$dir" >"$dir.log" 2>&1 ||
+            { echo "   ${dir##*/} failed: $(tail -2 "$dir.log")" >&2; return 1; }
+    }
+    # the first validation step at or under the target, if any
+    reached() { jq -r --argjson t "$2" 'select(has("val_loss") and .val_loss <= $t) | .step' \
+        "$1/metrics.jsonl" 2>/dev/null | head -1; }
+    ttl_run "$OUT/ttl_dp_$TTL_STEPS" "$TTL_STEPS" --data-parallel 4 --zero 0
+    target=$(jq -r --argjson n "$TTL_STEPS" 'select(has("val_loss") and .step == $n) | .val_loss' \
+        "$OUT/ttl_dp_$TTL_STEPS/metrics.jsonl")
+    echo "target: data parallelism's validation loss after $TTL_STEPS steps, $target"
+    printf '%s %s\n' dp "$TTL_STEPS $TTL_STEPS" >"$OUT/ttl_steps.txt"
+    for r in "${ttl_rows[@]}"; do
+        IFS='|' read -r name flagtext schedules <<<"$r"
+        [[ $name =~ ${ONLY:-.} ]] || continue
+        read -r -a flags <<<"$flagtext"
+        got=
+        for s in $schedules; do
+            ttl_run "$OUT/ttl_${name}_$s" "$s" "${flags[@]}" || break
+            got=$(reached "$OUT/ttl_${name}_$s" "$target")
+            [ -n "$got" ] && { echo "$name $s $got" >>"$OUT/ttl_steps.txt"; break; }
+            echo "  $name, $s steps: final $(jq -r --argjson n "$s" 'select(has("val_loss") and .step == $n) | .val_loss' "$OUT/ttl_${name}_$s/metrics.jsonl"), not reached" >&2
+        done
+        [ -n "$got" ] || echo "$name - -" >>"$OUT/ttl_steps.txt"
+    done
+    # time to the target on each link: steps x time a step measured there (SLOW's runs in OUT:
+    # islands, the median step before the first sync + its exposed time / H; the best overlap)
+    python3 - "$OUT" <<'PY'
+import glob, json, os, re, statistics, sys
+out = sys.argv[1]
+steps = {}
+for line in open(out + "/ttl_steps.txt"):
+    name, sched, at = line.split()
+    steps[name] = (sched, at)
+def step_s(run, h):
+    recs = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+    ms = [(r["step"], r["ms"]) for r in recs if "ms" in r and r["step"] >= 2]
+    if not ms: return None
+    if h is None: return statistics.mean(m for _, m in ms) / 1000
+    base = statistics.median(m for s, m in ms if s < h)
+    exposed = sum(m for _, m in ms) - len(ms) * base
+    return (base + max(exposed, 0) / h) / 1000
+rates = sorted({os.path.basename(d).split("_")[1] for d in glob.glob(out + "/slow_*") if os.path.isdir(d)})
+print(f"{'run':15s} {'schedule':>8s} {'steps':>6s}" + "".join(f" {r + ' s/step':>16s} {'to loss':>10s} {'vs dp':>7s}" for r in rates))
+dp_time = {}
+for name, (sched, at) in steps.items():
+    row = f"{name:15s} {sched:>8s} {at:>6s}"
+    h = int(re.search(r"_h(\d+)", name).group(1)) if name.startswith("isl") else None
+    for rate in rates:
+        runs = [d for d in glob.glob(f"{out}/slow_{rate}_{name}*") if os.path.isdir(d)
+                and re.fullmatch(re.escape(name) + r"(_tau\d+)?", os.path.basename(d)[len(f"slow_{rate}_"):])]
+        times = [t for t in (step_s(d, h) for d in runs) if t]
+        if not times or at == "-":
+            row += f" {'-':>16s} {'-':>10s} {'-':>7s}"
+            continue
+        t = min(times) * int(at)
+        if name == "dp": dp_time[rate] = t
+        ratio = f"{dp_time[rate] / t:.1f}x" if rate in dp_time else "-"
+        row += f" {min(times):16.3f} {t / 3600:9.2f}h {ratio:>7s}"
+    print(row)
+PY
     exit 0
 fi
 

@@ -10,9 +10,10 @@
 #    island with the islands' batch;
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
-#    quarter of fp32's bytes, PowerSGD's far fewer;
+#    quarter of fp32's bytes, PowerSGD's and top-k's far fewer;
 #  - a resume from an islands checkpoint mid-round, with a sync in flight and int8 error
-#    feedback, continues bit for bit (islands of 1 rank, of dp 2 with ZeRO-3, of pp 2); another
+#    feedback, continues bit for bit (islands of 1 rank, of dp 2 with ZeRO-3, of pp 2; PowerSGD
+#    and top-k outer gradients' compressors); another
 #    island count restarts the round with a warning; a run without islands refuses it;
 #  - a lost or hung island ends the job within the timeout, naming the rank;
 #  - what islands cannot do is refused by name.
@@ -113,6 +114,11 @@ if [ "$core_only" != 1 ]; then
     single ref_one_tau --islands 1 "${nesterov[@]}" --outer-overlap-steps 1
     LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_tau 2 --islands 2 "${nesterov[@]}" --outer-overlap-steps 1 \
         --global-batch-size 8 --eval-batches 1 && same same2_tau ref_one_tau train
+    # top-k keeping every entry sends the islands' outer gradients whole (values and indices,
+    # summed in island order): two equal ones average to that one
+    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_topk 2 --islands 2 "${nesterov[@]}" \
+        --outer-compression topk --outer-topk-fraction 1 --global-batch-size 8 --eval-batches 1 &&
+        same same2_topk ref_one
 fi
 # and the outer step is not the identity here: Nesterov moves past the islands' mean
 if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; then ok; else fail "ref_one: Nesterov's outer step left training as plain"; fi
@@ -212,6 +218,19 @@ if [ "$core_only" != 1 ]; then
         --outer-overlap-steps 2)
     run ck_pp 4 "${pp[@]}" --save-every 6 &&
         run ck_pp_res 4 "${pp[@]}" --resume ck_pp/checkpoints/step_00000006 && exact ck_pp_res ck_pp
+    # PowerSGD's and top-k's outer compressors (error feedback, PowerSGD's warm-start factors):
+    # the step-4 sync's residuals shape the step-8 one
+    for c in "psgd:--outer-compression powersgd --outer-compression-rank 2" \
+        "topk:--outer-compression topk --outer-topk-fraction 0.05"; do
+        read -r -a f <<<"${c#*:}"
+        run "ck_${c%%:*}" 2 --islands 2 --inner-steps 4 "${f[@]}" --save-every 6 &&
+            run "ck_${c%%:*}_res" 2 --islands 2 --inner-steps 4 "${f[@]}" \
+                --resume "ck_${c%%:*}/checkpoints/step_00000006" && exact "ck_${c%%:*}_res" "ck_${c%%:*}"
+    done
+    # top-k at 5 %: 8 bytes (value, index) an entry sent, so about a tenth of fp32's bytes
+    sent=$(metric ck_topk 4 outer_bytes) raw=$(metric ck_topk 4 outer_bytes_raw)
+    if awk -v s="$sent" -v r="$raw" 'BEGIN { x = s / r; exit !(x > 0.09 && x < 0.2) }'; then ok; else fail "ck_topk: $sent of fp32's $raw bytes"; fi
+    if jq -e '[.ranks[] | .outer > 0 and .outer == .predicted.outer] | all' ck_topk/memory.json >/dev/null 2>&1; then ok; else fail "ck_topk: outer state $(jq -c '[.ranks[] | [.outer, .predicted.outer]]' ck_topk/memory.json 2>&1) (measured, predicted)"; fi
     # a checkpoint without islands starts every island from it (a data-parallel warm start)
     single ck_dp --save-every 6
     run ck_warm 2 --islands 2 --inner-steps 4 --resume ck_dp/checkpoints/step_00000006
@@ -223,8 +242,8 @@ refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 r
 [ "$core_only" = 1 ] || refused bad_fragments 2 "islands.fragments: expected 1 to 3 fragments" --islands 2 --inner-steps 3 --outer-fragments 4
 [ "$core_only" = 1 ] || refused bad_psgd 4 "islands.compression: powersgd outer gradients need whole matrices on one rank" \
     --islands 2 --data-parallel 2 --outer-compression powersgd --global-batch-size 8
-[ "$core_only" = 1 ] || refused bad_psgd_save 2 "--outer-compression powersgd: its state" \
-    --islands 2 --inner-steps 3 --outer-compression powersgd --save-every 2
+[ "$core_only" = 1 ] || refused bad_topk 2 "--outer-topk-fraction: expected only with --outer-compression topk" \
+    --islands 2 --outer-compression int8 --outer-topk-fraction 0.1
 [ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5
 if [ "$core_only" != 1 ]; then # the planner does not plan islands: said before it profiles
     timeout 60 mpirun -np 2 "$LOOM" train --plan auto --islands 2 --model tiny --seq-len 16 \

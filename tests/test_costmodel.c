@@ -688,6 +688,21 @@ static void test_islands(void) {
     CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
     double w0 = 2 * 0.5 * f0 / 4 * (1 + 4.0 / 256), w1 = 2 * 0.5 * f1 / 4 * (1 + 4.0 / 256);
     CHECK_CLOSE(oc.total_s, (w0 + w1) / 1e8 + 2 * (0.02 + 0.002), 1e-9, 0, "islands int8");
+    /* top-k at 1 % (one fragment): every matrix as the runtime hands it (Q, K and V apart, each
+     * 1-D tensor one row) sends 8 bytes for each of its ceil(n / 100) entries, all-gathered: the
+     * other island's wire in 1 step and 1 call */
+    plan.islands.fragments = 1, plan.islands.compression = LOOM_COMPRESS_TOPK;
+    plan.islands.compression_fraction = 0.01;
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    double per_layer[] = {C * C, C * C, C * C, C * C, 4 * C * C, 4 * C * C, C,
+                          C,     3 * C, C,     C,     C,         4 * C,     C};
+    double topk = 8 * (ceil(0.01 * m->padded_vocab_size * C) + ceil(0.01 * m->max_seq_len * C) +
+                       2 * ceil(0.01 * C));
+    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
+        topk += 8 * L * ceil(0.01 * per_layer[i]);
+    CHECK_CLOSE(oc.total_s, topk / 1e8 + 0.01 + 0.001, 1e-9, 0, "islands topk 1 %%");
+    plan.islands.fragments = 2, plan.islands.compression = LOOM_COMPRESS_INT8;
+    plan.islands.compression_fraction = 0;
     /* the step carries it: predict's step is the inner step plus the exposed share */
     loom_prediction pr, inner_pr;
     loom_plan one = plan; /* one island's plan: its share of the global batch */

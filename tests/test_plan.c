@@ -1656,12 +1656,12 @@ static void test_islands_flags(void) {
     if (st == LOOM_OK) loom_plan_free(&plan);
     loom_layout_flags_defaults(&f);
     f.islands = 2;
-    snprintf(f.outer_compression, sizeof f.outer_compression, "topk");
+    snprintf(f.outer_compression, sizeof f.outer_compression, "sign");
     st = loom_plan_from_flags(&plan, &model, &f, 2);
     CHECK(st == LOOM_ERR_INPUT &&
-              strstr(loom_last_error(), "islands.compression: \"topk\" outer gradients are not "
+              strstr(loom_last_error(), "islands.compression: \"sign\" outer gradients are not "
                                         "built yet"),
-          "--outer-compression topk: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+          "--outer-compression sign: %s", st == LOOM_OK ? "accepted" : loom_last_error());
     if (st == LOOM_OK) loom_plan_free(&plan);
 }
 
@@ -1730,7 +1730,17 @@ static void test_settled_keys(void) {
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"powersgd\"}, \"mesh\":", -1,
          "islands.compression: powersgd outer gradients need whole matrices on one rank"},
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"topk\"}, \"mesh\":", -1,
-         "islands.compression: \"topk\" outer gradients are not built yet"},
+         "islands.compression: topk outer gradients need whole matrices on one rank"},
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"sign\"}, \"mesh\":", -1,
+         "islands.compression: \"sign\" outer gradients are not built yet"},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"compression\": \"topk\", \"compression_fraction\": 1.5}, "
+         "\"mesh\":",
+         -1, "islands.compression_fraction: expected the share of entries kept, in (0, 1]"},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"compression\": \"int8\", \"compression_fraction\": 0.1}, "
+         "\"mesh\":",
+         -1, "islands.compression_fraction: expected the share of entries kept"},
         {"\"mesh\":",
          "\"islands\": {\"count\": 2, \"compression\": \"int8\", \"compression_rank\": 4}, "
          "\"mesh\":",

@@ -280,6 +280,10 @@ void loom_outer_set_in_flight(loom_outer *outer, int f, int64_t apply_at);
 loom_status loom_outer_restart(loom_outer *outer);
 /* Bytes of outer state this rank holds (round start, momentum, scratch, residual). */
 size_t loom_outer_state_bytes(const loom_outer *outer);
+/* PowerSGD / top-k outer gradients' compressors (0 without), in a fixed order: their state
+ * (error feedback, warm-start factors) goes into checkpoints. */
+int loom_outer_compressor_count(const loom_outer *outer);
+loom_compressor *loom_outer_compressor(loom_outer *outer, int i);
 
 /* ---- the pipeline executor ------------------------------------------------------------------
  * Runs this stage's schedule (below) for one step: micro-batches through forward and backward,

@@ -36,7 +36,8 @@
  *                 "outer_lr": 0.7, "outer_momentum": 0.9, "fragments": 1, "overlap_steps": 0,
  *                 "compression": "int8"}
  * where every key but "count" may be left out (the defaults shown, compression "none"), and
- * "compression_rank" (4) goes with "compression": "powersgd".
+ * "compression_rank" (4) goes with "compression": "powersgd", "compression_fraction" (0.01, the
+ * share of each matrix's entries sent) with "topk".
  * A top-level "overlap_grad_reduce" (true/false; left out: true, and written only when false)
  * says whether the data-parallel gradient buckets start during the last backward (loom's way)
  * or after it (Megatron-LM's local DDP of 2021, and Megatron-core's default).
@@ -221,9 +222,10 @@ typedef struct {
     double lr, momentum;              /* the outer optimiser's (0.7, 0.9: DiLoCo's) */
     int fragments;                    /* F in [1, min(layers, H)] (1) */
     int overlap_steps;                /* inner steps a sync runs behind (0: blocking) */
-    loom_compress_method compression; /* outer gradients on the wire: none, bf16, int8 or
-                                         powersgd (dp 1, one fragment, no overlap) */
+    loom_compress_method compression; /* outer gradients on the wire: none, bf16, int8, or
+                                         powersgd / topk (dp 1, one fragment, no overlap) */
     int compression_rank;             /* powersgd's (LOOM_PLAN_DEFAULT_DP_RANK); 0 otherwise */
+    double compression_fraction;      /* topk's (LOOM_PLAN_DEFAULT_TOPK_FRACTION); 0 otherwise */
 } loom_plan_islands;
 const char *loom_outer_optimizer_name(loom_outer_optimizer optimizer);
 /* The defaults above, count 0. */
@@ -418,6 +420,7 @@ typedef struct {
     int outer_fragments, outer_overlap_steps;
     char outer_compression[16];
     int outer_compression_rank; /* --outer-compression-rank: powersgd's (0: the default 4) */
+    double outer_topk_fraction; /* --outer-topk-fraction: topk's (0: the default 0.01) */
 } loom_layout_flags;
 /* The islands section the layout flags ask for (count 0 without --islands, whose outer flags are
  * then refused by name). */

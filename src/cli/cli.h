@@ -144,9 +144,11 @@ typedef struct {
         ROW("--outer-overlap-steps", OPT_INT, outer_overlap_steps,                                 \
             "islands: inner steps an outer sync runs behind (default 0: it blocks)"),              \
         ROW("--outer-compression", OPT_STRING, outer_compression,                                  \
-            "islands: outer gradients on the wire: none (default), int8, bf16 or powersgd"),       \
+            "islands: outer gradients on the wire: none (default), int8, bf16, powersgd, topk"),   \
         ROW("--outer-compression-rank", OPT_INT, outer_compression_rank,                           \
-            "islands: powersgd's rank for the outer gradients (default 4)")
+            "islands: powersgd's rank for the outer gradients (default 4)"),                       \
+        ROW("--outer-topk-fraction", OPT_DOUBLE, outer_topk_fraction,                              \
+            "islands: topk's share of each matrix's outer gradient sent (default 0.01)")
 
 /* The compression flags of `loom train` and `loom plan` (loom_plan_compression_flags, a field
  * `compression` of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */

@@ -152,7 +152,8 @@ static const char *const plan_owned[] = {"--model",
                                          "--outer-fragments",
                                          "--outer-overlap-steps",
                                          "--outer-compression",
-                                         "--outer-compression-rank"};
+                                         "--outer-compression-rank",
+                                         "--outer-topk-fraction"};
 
 static int plan_owns(const cli_opt *opt) {
     size_t first = offsetof(cli_train_args, layout.compression);

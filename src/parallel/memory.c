@@ -95,7 +95,7 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
 
 /* Islands' outer state on a rank whose stage holds `stage_bytes` of parameters (outer.c):
  * round starts, momentum and scratch on its 1/dp range, int8/bf16's residual, overlap's sent
- * copy, or PowerSGD's per-matrix state (dp 1). */
+ * copy, or PowerSGD's / top-k's per-matrix state (dp 1). */
 static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_bytes) {
     const loom_plan_islands *is = &plan->islands;
     if (is->count < 1) return 0;
@@ -103,10 +103,11 @@ static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_byt
     int buffers = 3 + (is->overlap_steps > 0) +
                   (is->compression == LOOM_COMPRESS_INT8 || is->compression == LOOM_COMPRESS_BF16);
     int64_t bytes = range * buffers;
-    if (is->compression == LOOM_COMPRESS_POWERSGD) {
+    if (is->compression == LOOM_COMPRESS_POWERSGD || is->compression == LOOM_COMPRESS_TOPK) {
         loom_plan_compressor c;
         loom_plan_compressor_init(&c);
-        c.method = LOOM_COMPRESS_POWERSGD, c.rank = is->compression_rank, c.error_feedback = 1;
+        c.method = is->compression, c.rank = is->compression_rank, c.error_feedback = 1;
+        c.fraction = is->compression_fraction;
         bytes += (int64_t)traffic_of(plan, pp_rank, &c, c.method).state;
     }
     return bytes;

@@ -56,7 +56,8 @@ struct loom_outer {
     loom_qreduce **wires;  /* (F) compressed: one plan per fragment's piece (NULL: fp32) */
     int64_t *bounds;       /* (dp + 1) the island's ranges, for gathering them back */
     float *sent;           /* (n) overlapped syncs: the island's parameters when each was sent */
-    loom_dp_compress *powersgd; /* PowerSGD outer gradients (dp 1: the range is the buffer) */
+    loom_dp_compress *matrices; /* PowerSGD / top-k outer gradients, matrix by matrix (dp 1:
+                                   the range is the buffer) */
     loom_grad_bucket *buckets;  /* its buckets of whole matrices */
     int num_buckets;
     struct pending {
@@ -112,24 +113,29 @@ static void split_fragments(loom_outer *o) {
     }
 }
 
-/* PowerSGD: the data-parallel machinery's compressed buckets, over the islands (error feedback
- * and warm starts kept across rounds; seeded alike on every island). */
-static loom_status make_powersgd(loom_outer *o) {
-    loom_compress_opts opts = {.method = LOOM_COMPRESS_POWERSGD,
+/* PowerSGD and top-k: the data-parallel machinery's compressed buckets, over the islands (error
+ * feedback and PowerSGD's warm starts kept across rounds; seeded alike on every island). */
+static int by_matrix(loom_compress_method method) {
+    return method == LOOM_COMPRESS_POWERSGD || method == LOOM_COMPRESS_TOPK;
+}
+
+static loom_status make_matrices(loom_outer *o) {
+    loom_compress_opts opts = {.method = o->cfg.compression,
                                .rank = o->cfg.compression_rank,
+                               .fraction = o->cfg.compression_fraction,
                                .error_feedback = 1,
                                .seed = 0x15a4d5};
     loom_status st = loom_grad_buckets_make(o->model, (size_t)LOOM_GRAD_BUCKET_DEFAULT_MB * 1048576,
                                             &o->buckets, &o->num_buckets);
     if (st == LOOM_OK) {
-        st = loom_dp_compress_create(&o->powersgd, &opts, o->buckets, o->num_buckets,
+        st = loom_dp_compress_create(&o->matrices, &opts, o->buckets, o->num_buckets,
                                      o->mesh->islands, -1);
     }
     return st;
 }
 
 static loom_status make_wires(loom_outer *o) {
-    if (o->cfg.compression == LOOM_COMPRESS_POWERSGD) return make_powersgd(o);
+    if (by_matrix(o->cfg.compression)) return make_matrices(o);
     int K = o->mesh->islands;
     o->wires = loom_calloc((size_t)o->cfg.fragments, sizeof(loom_qreduce *), "outer wire plans");
     int64_t *bounds = loom_calloc((size_t)K + 1, sizeof *bounds, "outer wire bounds");
@@ -163,7 +169,7 @@ loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gp
     loom_status st =
         o->start && o->momentum && o->delta && o->frag && o->bounds ? LOOM_OK : LOOM_ERR_NOMEM;
     int compressed = o->cfg.compression != LOOM_COMPRESS_NONE;
-    if (st == LOOM_OK && compressed && o->cfg.compression != LOOM_COMPRESS_POWERSGD) {
+    if (st == LOOM_OK && compressed && !by_matrix(o->cfg.compression)) {
         o->residual = loom_alloc_aligned(bytes, "outer error feedback");
         if (!o->residual) st = LOOM_ERR_NOMEM;
     }
@@ -214,7 +220,7 @@ void loom_outer_free(loom_outer *o) {
     }
     free(o->pending);
     free(o->sent);
-    loom_dp_compress_free(o->powersgd);
+    loom_dp_compress_free(o->matrices);
     loom_grad_buckets_free(o->buckets, o->num_buckets);
     for (int f = 0; o->wires && f < o->cfg.fragments; f++) loom_qreduce_free(o->wires[f]);
     free(o->wires);
@@ -250,18 +256,18 @@ loom_status loom_outer_check_start(loom_outer *o) {
  * all-reduce; compressed: the quantised reduce-scatter, whose all-gather finish_sum starts). */
 static loom_status start_sum(loom_outer *o, int f, size_t lo, size_t hi) {
     if (!o->mesh->across || hi == lo) return LOOM_OK;
-    if (o->powersgd) { /* blocking, its two rounds per bucket (one fragment: the whole buffer) */
+    if (o->matrices) { /* blocking, its rounds per bucket (one fragment: the whole buffer) */
         loom_status st = LOOM_OK;
         for (int b = 0; b < o->num_buckets && st == LOOM_OK; b++) {
             loom_comm_request *request = NULL;
-            st = loom_dp_compress_start(o->powersgd, b, o->delta, o->mesh->across, &request);
+            st = loom_dp_compress_start(o->matrices, b, o->delta, o->mesh->across, &request);
             while (st == LOOM_OK && request) {
                 st = loom_comm_wait(request);
                 if (st == LOOM_OK)
-                    st = loom_dp_compress_next(o->powersgd, b, o->delta, o->mesh->across, &request);
+                    st = loom_dp_compress_next(o->matrices, b, o->delta, o->mesh->across, &request);
             }
         }
-        loom_dp_compress_commit(o->powersgd, 1);
+        loom_dp_compress_commit(o->matrices, 1);
         return st;
     }
     if (o->wires)
@@ -276,7 +282,7 @@ static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
         o->pending[f].summed = 0;
         return LOOM_OK;
     }
-    if (!o->mesh->across || hi == lo || o->powersgd) return LOOM_OK;
+    if (!o->mesh->across || hi == lo || o->matrices) return LOOM_OK;
     if (!o->wires) {
         loom_status st = loom_comm_wait(o->pending[f].request);
         o->pending[f].request = NULL;
@@ -430,10 +436,18 @@ void loom_outer_take_stats(loom_outer *o, loom_outer_stats *stats) {
     o->stats = (loom_outer_stats){0};
 }
 
+int loom_outer_compressor_count(const loom_outer *o) {
+    return o && o->matrices ? loom_dp_compress_count(o->matrices) : 0;
+}
+
+loom_compressor *loom_outer_compressor(loom_outer *o, int i) {
+    return loom_dp_compress_get(o->matrices, i);
+}
+
 size_t loom_outer_state_bytes(const loom_outer *o) {
     if (!o) return 0;
     return o->n * sizeof(float) * (size_t)(3 + (o->residual != NULL) + (o->sent != NULL)) +
-           (o->powersgd ? loom_dp_compress_state_bytes(o->powersgd) : 0);
+           (o->matrices ? loom_dp_compress_state_bytes(o->matrices) : 0);
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */

@@ -76,28 +76,36 @@ loom_status loom_plan_check_islands(const loom_plan *p, const char *source) {
     }
     loom_compress_method c = is->compression;
     if (c != LOOM_COMPRESS_NONE && c != LOOM_COMPRESS_INT8 && c != LOOM_COMPRESS_BF16 &&
-        c != LOOM_COMPRESS_POWERSGD) {
+        c != LOOM_COMPRESS_POWERSGD && c != LOOM_COMPRESS_TOPK) {
         return loom_fail_field(source, "islands.compression",
                                "\"%s\" outer gradients are not built yet; expected none, int8, "
-                               "bf16 or powersgd",
+                               "bf16, powersgd or topk",
                                loom_compress_method_name(c));
     }
-    int powersgd = c == LOOM_COMPRESS_POWERSGD;
+    int powersgd = c == LOOM_COMPRESS_POWERSGD, topk = c == LOOM_COMPRESS_TOPK;
     if (powersgd != (is->compression_rank > 0)) {
         return loom_fail_field(source, "islands.compression_rank",
                                "expected a positive rank with powersgd outer gradients and none "
                                "otherwise, got %d with \"%s\"",
                                is->compression_rank, loom_compress_method_name(c));
     }
-    if (powersgd && (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
+    if (topk ? !(is->compression_fraction > 0 && is->compression_fraction <= 1)
+             : is->compression_fraction != 0) {
+        return loom_fail_field(source, "islands.compression_fraction",
+                               "expected the share of entries kept, in (0, 1], with topk outer "
+                               "gradients and none otherwise, got %g with \"%s\"",
+                               is->compression_fraction, loom_compress_method_name(c));
+    }
+    if ((powersgd || topk) && (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
         /* the island's ranks hold ZeRO ranges of the buffer, not whole matrices; fragments and
-         * overlap would cut PowerSGD's two rounds across steps */
+         * overlap would cut the matrices' compressed sums across steps */
         return loom_fail_field(source, "islands.compression",
-                               "powersgd outer gradients need whole matrices on one rank in one "
+                               "%s outer gradients need whole matrices on one rank in one "
                                "blocking sync: expected mesh.dp 1, islands.fragments 1 and "
                                "islands.overlap_steps 0, got %d, %d and %d (int8 and bf16 run "
                                "with all of them)",
-                               p->dp, is->fragments, is->overlap_steps);
+                               loom_compress_method_name(c), p->dp, is->fragments,
+                               is->overlap_steps);
     }
     return st;
 }
@@ -117,6 +125,7 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
                             : f->outer_overlap_steps    ? "--outer-overlap-steps"
                             : f->outer_compression[0]   ? "--outer-compression"
                             : f->outer_compression_rank ? "--outer-compression-rank"
+                            : f->outer_topk_fraction    ? "--outer-topk-fraction"
                                                         : NULL;
         if (given) {
             return loom_fail(LOOM_ERR_INPUT,
@@ -150,6 +159,13 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
         return loom_fail(LOOM_ERR_INPUT,
                          "--outer-compression-rank: expected only with --outer-compression "
                          "powersgd");
+    }
+    if (out->compression == LOOM_COMPRESS_TOPK) {
+        out->compression_fraction =
+            f->outer_topk_fraction ? f->outer_topk_fraction : LOOM_PLAN_DEFAULT_TOPK_FRACTION;
+    } else if (st == LOOM_OK && f->outer_topk_fraction) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "--outer-topk-fraction: expected only with --outer-compression topk");
     }
     return st;
 }

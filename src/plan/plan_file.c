@@ -365,14 +365,21 @@ static loom_status read_zero(const char *file, const json_t *root, loom_plan *pl
 /* islands: count (required), inner_steps, outer_optimizer, outer_lr, outer_momentum, fragments,
  * overlap_steps, compression; left out: no islands. */
 static loom_status read_islands(const char *file, const json_t *root, loom_plan *plan) {
-    static const char *const keys[] = {"count",         "inner_steps",    "outer_optimizer",
-                                       "outer_lr",      "outer_momentum", "fragments",
-                                       "overlap_steps", "compression",    "compression_rank"};
+    static const char *const keys[] = {"count",
+                                       "inner_steps",
+                                       "outer_optimizer",
+                                       "outer_lr",
+                                       "outer_momentum",
+                                       "fragments",
+                                       "overlap_steps",
+                                       "compression",
+                                       "compression_rank",
+                                       "compression_fraction"};
     json_t *islands = json_object_get(root, "islands");
     if (!islands) return LOOM_OK;
     loom_plan_islands *is = &plan->islands;
     loom_status st = loom_json_as_object(file, "islands", islands);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 9);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, islands, "islands", keys, 10);
     if (st == LOOM_OK) st = loom_json_read_int(file, islands, "islands", "count", 1, &is->count);
     if (st == LOOM_OK && is->count < 1) {
         return loom_fail_field(file, "islands.count",
@@ -402,6 +409,12 @@ static loom_status read_islands(const char *file, const json_t *root, loom_plan 
     if (st == LOOM_OK) {
         st = loom_json_read_int(file, islands, "islands", "compression_rank", 0,
                                 &is->compression_rank);
+    }
+    if (is->compression == LOOM_COMPRESS_TOPK)
+        is->compression_fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
+    if (st == LOOM_OK) {
+        st = loom_json_read_number(file, islands, "islands", "compression_fraction", 0,
+                                   &is->compression_fraction);
     }
     return st;
 }
@@ -529,6 +542,11 @@ static void write_document(FILE *out, const loom_plan *plan) {
                 is->fragments, is->overlap_steps, loom_compress_method_name(is->compression));
         if (is->compression_rank > 0)
             fprintf(out, ", \"compression_rank\": %d", is->compression_rank);
+        if (is->compression_fraction > 0) {
+            char fraction[32];
+            loom_json_format_double(is->compression_fraction, fraction, sizeof fraction);
+            fprintf(out, ", \"compression_fraction\": %s", fraction);
+        }
         fprintf(out, "},\n");
     }
     fprintf(out, "  \"stages\": [\n");

@@ -3,7 +3,8 @@
  * per fragment, each rank's range of the fragment's parameters (its stage's, divided by dp) summed
  * over the islands on the link between them (the cluster's island level, else inter_node): an
  * fp32 ring all-reduce; int8 and bf16 a reduce-scatter and an all-gather of the quantised wire;
- * PowerSGD its two all-reduces of factors (the 1-D tensors whole). A sync blocks its step, or,
+ * PowerSGD its two all-reduces of factors (the 1-D tensors whole); top-k an all-gather of every
+ * island's values and indices. A sync blocks its step, or,
  * with overlap_steps tau, shows only what tau inner steps do not cover; each fragment syncs
  * once every H steps, so a step carries the sum over fragments of that, divided by H, plus the
  * outer step's passes over the range at memory bandwidth. The slowest pipeline rank's is the
@@ -21,10 +22,10 @@ static double ring_s(const loom_link *l, double sent, int steps, int calls) {
 }
 
 /* Seconds of one sync of `bytes` of fp32 outer gradient per rank (raw: what the ring moves per
- * rank uncompressed, for the byte counts), on link l among K islands. `psgd_wire` is PowerSGD's
- * factors per rank (bytes) when it compresses. */
+ * rank uncompressed, for the byte counts), on link l among K islands. `matrix_wire` is PowerSGD's
+ * factors or top-k's values and indices per rank (bytes) when they compress. */
 static double sync_s(const loom_plan_islands *is, const loom_link *l, int K, double bytes,
-                     double psgd_wire, double *sent) {
+                     double matrix_wire, double *sent) {
     double share = (double)(K - 1) / K;
     switch (is->compression) {
     case LOOM_COMPRESS_INT8:
@@ -35,8 +36,11 @@ static double sync_s(const loom_plan_islands *is, const loom_link *l, int K, dou
         return ring_s(l, *sent, 2 * (K - 1), 2);
     }
     case LOOM_COMPRESS_POWERSGD:
-        *sent = 2 * share * psgd_wire;
+        *sent = 2 * share * matrix_wire;
         return ring_s(l, *sent, 4 * (K - 1), 2);
+    case LOOM_COMPRESS_TOPK: /* every island's wire to every other */
+        *sent = (K - 1) * matrix_wire;
+        return ring_s(l, *sent, K - 1, 1);
     default:
         *sent = 2 * share * bytes;
         return ring_s(l, *sent, 2 * (K - 1), 1);
@@ -89,17 +93,19 @@ loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *clus
         double exposed = 0, total = 0, sent_step = 0;
         for (int f = 0; f < is->fragments; f++) {
             double range = bytes[f] / plan->dp, sent = 0;
-            /* PowerSGD (dp 1, one fragment): its factors' wire for the rank's matrices */
-            double psgd = 0;
-            if (is->compression == LOOM_COMPRESS_POWERSGD) {
+            /* PowerSGD / top-k (dp 1, one fragment): their wire for the rank's matrices */
+            double wire = 0;
+            if (is->compression == LOOM_COMPRESS_POWERSGD ||
+                is->compression == LOOM_COMPRESS_TOPK) {
                 loom_plan copy = *plan;
                 loom_plan_compressor_init(&copy.dp_compression);
-                copy.dp_compression.method = LOOM_COMPRESS_POWERSGD;
+                copy.dp_compression.method = is->compression;
                 copy.dp_compression.rank = is->compression_rank;
+                copy.dp_compression.fraction = is->compression_fraction;
                 copy.dp_compression.error_feedback = 1;
-                psgd = loom_plan_dp_traffic(&copy, r).wire;
+                wire = loom_plan_dp_traffic(&copy, r).wire;
             }
-            double t = K > 1 ? sync_s(is, l, K, range, psgd, &sent) : 0;
+            double t = K > 1 ? sync_s(is, l, K, range, wire, &sent) : 0;
             if (t > out->sync_s) out->sync_s = t;
             exposed += fmax(0.0, t - is->overlap_steps * inner_step_s);
             total += t;
@@ -133,10 +139,11 @@ loom_status loom_plan_choose_islands(loom_plan *plan, const loom_cluster *cluste
                          "step, got %d and %g s",
                          max_inner_steps, inner_step_s);
     }
-    if (is->compression == LOOM_COMPRESS_POWERSGD) {
+    if (is->compression == LOOM_COMPRESS_POWERSGD || is->compression == LOOM_COMPRESS_TOPK) {
         return loom_fail(LOOM_ERR_INPUT,
                          "islands.compression: the planner chooses fragments and overlap, which "
-                         "powersgd outer gradients cannot use; choose none, int8 or bf16");
+                         "%s outer gradients cannot use; choose none, int8 or bf16",
+                         loom_compress_method_name(is->compression));
     }
     int L = plan->model.num_layers;
     double best_exposed = -1;

@@ -13,8 +13,10 @@
  *                        moments, its loop state and its compressors' files);
  *   outer_rankNNNNN.safetensors   job rank N's own outer state, when it has some: its
  *                        error-feedback residual (int8/bf16 outer gradients: each island
- *                        quantises its own) and its syncs in flight (--outer-overlap-steps: their
- *                        sums and the parameters when they left).
+ *                        quantises its own; PowerSGD / top-k: each matrix's compressor state,
+ *                        "outer.I.NAME", as the data-parallel compressors' files name theirs)
+ *                        and its syncs in flight (--outer-overlap-steps: their sums and the
+ *                        parameters when they left).
  * Every piece goes through the code that writes and reads a run's checkpoint (streamed from the
  * shard owners, each island led by its first rank), so the global state reshards like the model.
  * The lead moves "latest" when every rank of the job has written its part.
@@ -35,18 +37,6 @@
 
 #define OUTER_FORMAT "loom.outer.v1"
 
-loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh) {
-    const loom_plan_islands *is = &mesh->plan->islands;
-    if (is->count < 1 || is->compression != LOOM_COMPRESS_POWERSGD) return LOOM_OK;
-    if (!cfg->no_save || cfg->save_every > 0 || cfg->resume[0]) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "--outer-compression powersgd: its state (error feedback, warm-start "
-                         "factors) is not checkpointed yet; train with --no-save, without "
-                         "--save-every and --resume, or choose int8 or bf16 outer gradients");
-    }
-    return LOOM_OK;
-}
-
 int loom_run_data_replica(const loom_mesh *mesh, const loom_test_hooks *hooks, int *replicas) {
     int same = hooks->islands_same_data; /* every island as if it were the only one */
     *replicas = (same ? 1 : mesh->islands) * mesh->dp_size;
@@ -65,10 +55,11 @@ static void signature(const loom_plan *plan, char *out, size_t cap) {
                                  plan->stages[s].first_layer, plan->stages[s].end_layer);
     }
     if (used < cap) {
-        snprintf(out + used, cap - used, " H=%d F=%d tau=%d outer=%s/%.9g/%.9g wire=%s",
+        snprintf(out + used, cap - used, " H=%d F=%d tau=%d outer=%s/%.9g/%.9g wire=%s/r%d/f%.9g",
                  is->inner_steps, is->fragments, is->overlap_steps,
                  loom_outer_optimizer_name(is->optimizer), is->lr, is->momentum,
-                 loom_compress_method_name(is->compression));
+                 loom_compress_method_name(is->compression), is->compression_rank,
+                 is->compression_fraction);
     }
 }
 
@@ -93,16 +84,37 @@ static loom_status in_flight_file(const char *step_dir, const loom_mesh *mesh, c
     return loom_path_join(path, cap, step_dir, name);
 }
 
+/* The state arrays of the outer compressors (PowerSGD / top-k), "outer.I.NAME", appended to
+ * tensors/names from `count`; returns the new count (with tensors NULL: how many there are). */
+static int compressor_arrays(loom_outer *outer, loom_st_tensor *tensors, char (*names)[40],
+                             int count) {
+    for (int i = 0; i < loom_outer_compressor_count(outer); i++) {
+        loom_compressor *c = loom_outer_compressor(outer, i);
+        for (int j = 0; j < loom_compressor_state_count(c); j++, count++) {
+            if (!tensors) continue;
+            snprintf(names[count], sizeof names[count], "outer.%d.%s", i,
+                     loom_compressor_state_name(c, j));
+            tensors[count] =
+                (loom_st_tensor){.name = names[count],
+                                 .ndim = 1,
+                                 .shape = {(int64_t)loom_compressor_state_floats(c, j)},
+                                 .data = loom_compressor_state_data(c, j)};
+        }
+    }
+    return count;
+}
+
 /* This rank's own outer state, when it has any: its error-feedback residual (what its island's
- * quantisation left out, its own) and its syncs in flight (settled: their sums and sent
- * parameters, and the steps that apply them). */
+ * quantisation left out, its own; PowerSGD / top-k: their compressors' state) and its syncs in
+ * flight (settled: their sums and sent parameters, and the steps that apply them). */
 static loom_status save_rank_state(const char *step_dir, const loom_mesh *mesh, loom_outer *outer,
                                    const char *sig, int64_t step) {
     loom_outer_buffers_view view;
     loom_outer_buffers(outer, &view);
     int F = view.fragments, count = 0;
-    loom_st_tensor *tensors = loom_calloc(2 * (size_t)F + 1, sizeof *tensors, "outer syncs");
-    char(*names)[40] = loom_calloc(2 * (size_t)F + 1, sizeof *names, "outer sync names");
+    size_t cap = 2 * (size_t)F + 1 + (size_t)compressor_arrays(outer, NULL, NULL, 0);
+    loom_st_tensor *tensors = loom_calloc(cap, sizeof *tensors, "outer syncs");
+    char(*names)[40] = loom_calloc(cap, sizeof *names, "outer sync names");
     char apply[512] = "", steps[24];
     loom_status st = tensors && names ? LOOM_OK : LOOM_ERR_NOMEM;
     size_t used = 0;
@@ -111,6 +123,7 @@ static loom_status save_rank_state(const char *step_dir, const loom_mesh *mesh, 
         tensors[count++] = (loom_st_tensor){
             .name = "residual", .ndim = 1, .shape = {n > 0 ? n : 0}, .data = view.residual};
     }
+    if (st == LOOM_OK) count = compressor_arrays(outer, tensors, names, count);
     for (int f = 0; f < F && st == LOOM_OK; f++) {
         float *sum, *sent;
         size_t lo, hi;
@@ -170,6 +183,16 @@ static loom_status load_rank_state(const char *step_dir, const loom_mesh *mesh, 
     if (st == LOOM_OK && view.residual) {
         int64_t shape[1] = {(int64_t)(view.range.end - view.range.begin)};
         st = loom_safetensors_read_f32(file, "residual", 1, shape, 0, view.residual);
+    }
+    for (int i = 0; i < loom_outer_compressor_count(outer) && st == LOOM_OK; i++) {
+        loom_compressor *c = loom_outer_compressor(outer, i);
+        for (int j = 0; j < loom_compressor_state_count(c) && st == LOOM_OK; j++) {
+            char name[40];
+            snprintf(name, sizeof name, "outer.%d.%s", i, loom_compressor_state_name(c, j));
+            int64_t shape[1] = {(int64_t)loom_compressor_state_floats(c, j)};
+            st = loom_safetensors_read_f32(file, name, 1, shape, 0,
+                                           loom_compressor_state_data(c, j));
+        }
     }
     const char *p = apply ? apply : "";
     for (int f = 0; f < view.fragments && st == LOOM_OK; f++) {

@@ -112,9 +112,6 @@ loom_status loom_run_resume(const loom_run_parts *parts, const char *dir, loom_c
 
 /* ---- islands.c ---- */
 
-/* Refuses what island training cannot do yet (by name): saving or resuming PowerSGD outer
- * gradients' state. */
-loom_status loom_run_islands_check(const loom_train_config *cfg, const loom_mesh *mesh);
 /* The islands checkpoint of state->step into its step folder `dir` (see islands.c). Collective
  * over the job. */
 loom_status loom_run_islands_save(const loom_run_parts *parts, const char *dir,

@@ -182,7 +182,6 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     loom_grad_sync_opts opts = {t->plan->zero >= 1, cfg->bucket_mb * 1024 * 1024, cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
-    if ((st = loom_run_islands_check(cfg, &t->mesh)) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
 
     loom_rng rng;
