@@ -167,8 +167,10 @@ if [ -n "${TTL:-}" ]; then
     ttl_run() { # dir steps flags...
         local dir=$1 steps=$2
         shift 2
-        jq -e --argjson n "$steps" 'select(has("val_loss") and .step == $n)' "$dir/metrics.jsonl" \
-            >/dev/null 2>&1 && return 0
+        # (slurped: jq 1.6's -e answers for the last input line, and an islands run's last line
+        # is its last step's record, written after the validation)
+        jq -s -e --argjson n "$steps" 'any(.[]; has("val_loss") and .step == $n)' \
+            "$dir/metrics.jsonl" >/dev/null 2>&1 && return 0
         echo "== ${dir##*/}: mpirun -np 4 loom train ${wide[*]} --steps $steps $*" >&2
         mpirun -np 4 "$LOOM" train "${wide[@]}" --steps "$steps" "$@" --out "$dir" >"$dir.log" 2>&1 ||
             { echo "   ${dir##*/} failed: $(tail -2 "$dir.log")" >&2; return 1; }
