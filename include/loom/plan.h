@@ -230,6 +230,10 @@ typedef struct {
 const char *loom_outer_optimizer_name(loom_outer_optimizer optimizer);
 /* The defaults above, count 0. */
 void loom_plan_islands_init(loom_plan_islands *islands);
+/* Whether the outer gradients are compressed matrix by matrix (powersgd, topk: the data-parallel
+ * compressors over the islands, dp 1, one fragment, blocking), not quantised through the
+ * reduction (int8, bf16). */
+int loom_plan_islands_by_matrix(const loom_plan_islands *islands);
 
 typedef struct {
     loom_gpt_config model; /* padded_vocab_size filled in (vocab rounded up to 128) */

@@ -103,7 +103,7 @@ static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_byt
     int buffers = 3 + (is->overlap_steps > 0) +
                   (is->compression == LOOM_COMPRESS_INT8 || is->compression == LOOM_COMPRESS_BF16);
     int64_t bytes = range * buffers;
-    if (is->compression == LOOM_COMPRESS_POWERSGD || is->compression == LOOM_COMPRESS_TOPK) {
+    if (loom_plan_islands_by_matrix(is)) {
         loom_plan_compressor c;
         loom_plan_compressor_init(&c);
         c.method = is->compression, c.rank = is->compression_rank, c.error_feedback = 1;

@@ -115,10 +115,6 @@ static void split_fragments(loom_outer *o) {
 
 /* PowerSGD and top-k: the data-parallel machinery's compressed buckets, over the islands (error
  * feedback and PowerSGD's warm starts kept across rounds; seeded alike on every island). */
-static int by_matrix(loom_compress_method method) {
-    return method == LOOM_COMPRESS_POWERSGD || method == LOOM_COMPRESS_TOPK;
-}
-
 static loom_status make_matrices(loom_outer *o) {
     loom_compress_opts opts = {.method = o->cfg.compression,
                                .rank = o->cfg.compression_rank,
@@ -135,7 +131,7 @@ static loom_status make_matrices(loom_outer *o) {
 }
 
 static loom_status make_wires(loom_outer *o) {
-    if (by_matrix(o->cfg.compression)) return make_matrices(o);
+    if (loom_plan_islands_by_matrix(&o->cfg)) return make_matrices(o);
     int K = o->mesh->islands;
     o->wires = loom_calloc((size_t)o->cfg.fragments, sizeof(loom_qreduce *), "outer wire plans");
     int64_t *bounds = loom_calloc((size_t)K + 1, sizeof *bounds, "outer wire bounds");
@@ -169,7 +165,7 @@ loom_status loom_outer_create(loom_outer **outer, const loom_mesh *mesh, loom_gp
     loom_status st =
         o->start && o->momentum && o->delta && o->frag && o->bounds ? LOOM_OK : LOOM_ERR_NOMEM;
     int compressed = o->cfg.compression != LOOM_COMPRESS_NONE;
-    if (st == LOOM_OK && compressed && !by_matrix(o->cfg.compression)) {
+    if (st == LOOM_OK && compressed && !loom_plan_islands_by_matrix(&o->cfg)) {
         o->residual = loom_alloc_aligned(bytes, "outer error feedback");
         if (!o->residual) st = LOOM_ERR_NOMEM;
     }

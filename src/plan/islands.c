@@ -24,6 +24,11 @@ void loom_plan_islands_init(loom_plan_islands *islands) {
     islands->compression = LOOM_COMPRESS_NONE;
 }
 
+int loom_plan_islands_by_matrix(const loom_plan_islands *islands) {
+    return islands->compression == LOOM_COMPRESS_POWERSGD ||
+           islands->compression == LOOM_COMPRESS_TOPK;
+}
+
 int loom_plan_num_islands(const loom_plan *plan) {
     return plan->islands.count > 0 ? plan->islands.count : 1;
 }
@@ -96,7 +101,8 @@ loom_status loom_plan_check_islands(const loom_plan *p, const char *source) {
                                "gradients and none otherwise, got %g with \"%s\"",
                                is->compression_fraction, loom_compress_method_name(c));
     }
-    if ((powersgd || topk) && (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
+    if (loom_plan_islands_by_matrix(is) &&
+        (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
         /* the island's ranks hold ZeRO ranges of the buffer, not whole matrices; fragments and
          * overlap would cut the matrices' compressed sums across steps */
         return loom_fail_field(source, "islands.compression",

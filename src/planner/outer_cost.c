@@ -95,8 +95,7 @@ loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *clus
             double range = bytes[f] / plan->dp, sent = 0;
             /* PowerSGD / top-k (dp 1, one fragment): their wire for the rank's matrices */
             double wire = 0;
-            if (is->compression == LOOM_COMPRESS_POWERSGD ||
-                is->compression == LOOM_COMPRESS_TOPK) {
+            if (loom_plan_islands_by_matrix(is)) {
                 loom_plan copy = *plan;
                 loom_plan_compressor_init(&copy.dp_compression);
                 copy.dp_compression.method = is->compression;
@@ -139,7 +138,7 @@ loom_status loom_plan_choose_islands(loom_plan *plan, const loom_cluster *cluste
                          "step, got %d and %g s",
                          max_inner_steps, inner_step_s);
     }
-    if (is->compression == LOOM_COMPRESS_POWERSGD || is->compression == LOOM_COMPRESS_TOPK) {
+    if (loom_plan_islands_by_matrix(is)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "islands.compression: the planner chooses fragments and overlap, which "
                          "%s outer gradients cannot use; choose none, int8 or bf16",

@@ -84,6 +84,11 @@ static loom_status in_flight_file(const char *step_dir, const loom_mesh *mesh, c
     return loom_path_join(path, cap, step_dir, name);
 }
 
+/* Entry j of outer compressor i's state as the file names it, "outer.I.NAME". */
+static void state_name(loom_compressor *c, int i, int j, char (*name)[40]) {
+    snprintf(*name, sizeof *name, "outer.%d.%s", i, loom_compressor_state_name(c, j));
+}
+
 /* The state arrays of the outer compressors (PowerSGD / top-k), "outer.I.NAME", appended to
  * tensors/names from `count`; returns the new count (with tensors NULL: how many there are). */
 static int compressor_arrays(loom_outer *outer, loom_st_tensor *tensors, char (*names)[40],
@@ -92,8 +97,7 @@ static int compressor_arrays(loom_outer *outer, loom_st_tensor *tensors, char (*
         loom_compressor *c = loom_outer_compressor(outer, i);
         for (int j = 0; j < loom_compressor_state_count(c); j++, count++) {
             if (!tensors) continue;
-            snprintf(names[count], sizeof names[count], "outer.%d.%s", i,
-                     loom_compressor_state_name(c, j));
+            state_name(c, i, j, &names[count]);
             tensors[count] =
                 (loom_st_tensor){.name = names[count],
                                  .ndim = 1,
@@ -188,7 +192,7 @@ static loom_status load_rank_state(const char *step_dir, const loom_mesh *mesh, 
         loom_compressor *c = loom_outer_compressor(outer, i);
         for (int j = 0; j < loom_compressor_state_count(c) && st == LOOM_OK; j++) {
             char name[40];
-            snprintf(name, sizeof name, "outer.%d.%s", i, loom_compressor_state_name(c, j));
+            state_name(c, i, j, &name);
             int64_t shape[1] = {(int64_t)loom_compressor_state_floats(c, j)};
             st = loom_safetensors_read_f32(file, name, 1, shape, 0,
                                            loom_compressor_state_data(c, j));
