@@ -87,7 +87,12 @@ static void test_zero_stages_one_stage(void) {
     CHECK(z3.gathered == held + 2 * 4 * block,
           "ZeRO-3, prefetch 1: gathered %lld, expected held %lld + two blocks %lld",
           (long long)z3.gathered, (long long)held, (long long)(2 * 4 * block));
-    CHECK(z3.scratch == z2.scratch, "ZeRO-3 keeps ZeRO-2's gradient buffers");
+    /* and, without TP, the sharded embedding lookup's every replica's rows and tokens */
+    int64_t lookup = 4 * dp * (int64_t)plan.micro_batch * 64 * (C + 1);
+    CHECK(
+        z3.scratch == z2.scratch + lookup,
+        "ZeRO-3 keeps ZeRO-2's gradient buffers and the lookup's %lld: scratch %lld, ZeRO-2's %lld",
+        (long long)lookup, (long long)z3.scratch, (long long)z2.scratch);
     plan.zero3_prefetch = 0;
     loom_rank_memory z3_0 = memory_of(&plan, 3, 0);
     CHECK(z3_0.gathered == held + 4 * block, "ZeRO-3, prefetch 0: gathered %lld, expected %lld",

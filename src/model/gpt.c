@@ -917,6 +917,12 @@ static void fire_unit_event(loom_gpt *m, int layer, int event) {
     if (m->unit_event) m->unit_event(m->unit_event_ctx, loom_gpt_block_unit(layer), event);
 }
 
+/* Tells the unit hook (if any) that a forward reads held unit `unit` (0: the embeddings, the last:
+ * the final LayerNorm). */
+static void fire_held_event(loom_gpt *m, int unit) {
+    if (m->unit_event) m->unit_event(m->unit_event_ctx, unit, LOOM_GPT_UNIT_PARAMS_FORWARD);
+}
+
 /* block_forward under sequence parallelism: the LayerNorms and residual adds on this rank's rows,
  * their outputs all-gathered into grad scratch for the column-parallel GEMMs (not kept: backward
  * gathers them again), the row-parallel GEMMs' sums reduce-scattered back to rows. Forward never
@@ -983,6 +989,11 @@ static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float 
 static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
+    if (m->tp_size == 1 && m->embed_lookup) {
+        m->embed_lookup(m->embed_lookup_ctx, m->acts.encoded, inputs, B, T);
+        return;
+    }
+    fire_held_event(m, 0);
     if (m->tp_size == 1) {
         be->encoder_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE),
                             unit_tensor(m, m->unit_params, LOOM_WPE), B, T, C);
@@ -1062,6 +1073,8 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
     /* the final LayerNorm on this rank's rows; under SP its output is gathered whole (the
      * vocabulary-parallel loss needs every row) and kept so, for the LM head's weight gradient */
     float *lnf_rows = m->sequence_parallel ? m->grad_acts.dbtc : m->acts.lnf;
+    fire_held_event(m, m->num_units - 1);
+    fire_held_event(m, 0);
     be->layernorm_forward(lnf_rows, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
                           unit_tensor(m, m->unit_params, LOOM_LNFW),
                           unit_tensor(m, m->unit_params, LOOM_LNFB), rows, C);
@@ -1535,6 +1548,14 @@ void loom_gpt_set_unit_events(loom_gpt *m, void (*event)(void *ctx, int unit, in
                               void *ctx) {
     m->unit_event = event;
     m->unit_event_ctx = ctx;
+}
+
+void loom_gpt_set_embed_lookup(loom_gpt *m,
+                               void (*lookup)(void *ctx, float *out, const int32_t *inputs, int B,
+                                              int T),
+                               void *ctx) {
+    m->embed_lookup = lookup;
+    m->embed_lookup_ctx = ctx;
 }
 
 void loom_gpt_drop_grads(loom_gpt *m) {

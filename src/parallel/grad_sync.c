@@ -535,6 +535,7 @@ static loom_status check_tied_embedding(loom_grad_sync *s) {
 
 loom_status loom_grad_sync_check_replicas(loom_grad_sync *s) {
     const loom_mesh *mesh = s->mesh;
+    if (s->units) loom_unit_sync_wait_params(s->units);
     loom_status tied = check_tied_embedding(s);
     if (tied != LOOM_OK || mesh->dp_size < 2) return tied;
     /* ZeRO-3's replicas share only what they hold gathered: the embeddings and the final

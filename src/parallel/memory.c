@@ -218,7 +218,7 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
     int split = splits_backward(plan);
     out->in_flight = peak;
     int64_t slot = 0, input = 0, kept = 0;
-    int embedding = 0, head = 0, recompute = 0;
+    int embedding = 0, head = 0, recompute = 0, lookup = 0;
     for (int s = 0; s < plan->num_stages; s++) {
         if (plan->stages[s].rank != pp_rank) continue;
         loom_gpt_stage_cost c;
@@ -235,6 +235,7 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
         if (split && c.act_slot_split_bytes > kept) kept = c.act_slot_split_bytes;
         /* a chunk with the embedding and another with the head each count wte */
         embedding |= plan->stages[s].embedding && !plan->stages[s].head;
+        lookup |= plan->stages[s].embedding;
         head |= plan->stages[s].head && !plan->stages[s].embedding;
     }
     const loom_gpt_config *m = &plan->model;
@@ -244,6 +245,10 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
     }
     int64_t stage_bytes = out->weights; /* before ZeRO-3 shards them */
     zero_shard(plan, pp_rank, out);
+    /* ZeRO-3 without TP looks the embedding up where wte is sharded (zero.c): every replica's
+     * rows and tokens */
+    if (plan->zero == 3 && plan->tp == 1 && plan->dp > 1 && lookup)
+        out->scratch += (int64_t)plan->dp * plan->micro_batch * seq_len * (m->channels + 1) * 4;
     out->outer = outer_bytes(plan, pp_rank, stage_bytes);
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
     if (plan->dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE)

@@ -72,9 +72,13 @@ float *loom_unit_sync_grads(loom_unit_sync *u);
 /* Bytes of gradient memory it holds: the shard, the held units and the pool's buffers at their
  * high-water mark. */
 size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u);
-/* ZeRO-3: the held units' parameters gathered again from the shards (after an update; block
- * units kept for the step are dropped), blocking; nothing under ZeRO-2. */
+/* ZeRO-3, after an update: block units kept for the step are dropped, and the held units'
+ * parameters are gathered again from the shards, in the background (piece by piece beside the
+ * next passes' block gathers; a forward waits where it reads them); nothing under ZeRO-2. */
 loom_status loom_unit_sync_refresh(loom_unit_sync *u);
+/* ZeRO-3: waits until the held units' parameters are gathered (before reading them outside a
+ * pass); nothing under ZeRO-2. */
+void loom_unit_sync_wait_params(loom_unit_sync *u);
 /* The next pass the schedule runs that reads parameters: chunk's forward (dir +1) or backward
  * (-1); dir 0: none (the step's last). ZeRO-3 prefetches its first blocks past a chunk's end. */
 void loom_unit_sync_next_pass(loom_unit_sync *u, int chunk, int dir);
@@ -97,7 +101,7 @@ float *loom_unit_sync_residual(loom_unit_sync *u, int k, int *unit, size_t *floa
 size_t loom_unit_sync_state_bytes(const loom_unit_sync *u);
 /* ZeRO-3: held unit k's gathered parameters (0 the embeddings, 1 the final LayerNorm) and their
  * count. */
-const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *floats);
+const float *loom_unit_sync_held_params(loom_unit_sync *u, int k, size_t *floats);
 
 /* The schedules built from a reference run (interleaved, zb-h1, zb-v; schedule_order.c): the
  * lists of ranks first .. first + count - 1 (out[0 .. count)) for a checked shape, from one

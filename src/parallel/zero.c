@@ -23,7 +23,11 @@
  * pipeline says which, loom_grad_sync_next_pass); the buffer goes back to the pool when the pass
  * is done with
  * the block (zero3_gather "micro_batch"), or at the step's end ("step": gathered once, kept). The
- * held units stay gathered, refreshed from their owners after every update.
+ * held units stay gathered for the step, refreshed from their owners after every update in
+ * pieces of about a block, one started beside each block's gather (start_held_piece), waited for
+ * where a forward reads them (the final LayerNorm, the LM head); without tensor parallelism the
+ * embedding's lookup reads only the owners' ranges (embed_lookup), so the first block need not
+ * wait for wte.
  *
  * The ranges are contiguous over the flat buffer (ZeRO-1's, so that AdamW, checkpoints and the
  * gradient norm treat every stage alike): a unit usually lies within one or two ranks' ranges,
@@ -82,6 +86,11 @@ typedef struct {
     float *residual;            /* error feedback: (end - begin) the working residual */
     float *committed;           /* error feedback: (end - begin) as of the last accepted step */
     int residual_live;          /* the working residual was taken from the committed this step */
+    /* ZeRO-3, a held unit: its parameters are gathered in `pieces` parts (every rank's bounds
+     * cut to each: piece_bounds, pieces x (dp + 1)); the first next_piece have been started */
+    int pieces, next_piece;
+    int64_t *piece_bounds;
+    loom_comm_request **piece_gather; /* (pieces) those in flight */
 } unit_state;
 
 struct loom_unit_sync {
@@ -106,7 +115,9 @@ struct loom_unit_sync {
     int pass_dir;                  /* the running pass's direction (+1 forward, -1 backward) */
     float **param_pool;            /* free parameter buffers */
     int params_free, params_allocated;
-    int stale; /* the held units' parameters wait for a refresh */
+    int stale;         /* the held units' parameters wait for a refresh */
+    float *lookup;     /* the embedding lookup's every replica's rows and tokens (embed_lookup) */
+    size_t lookup_cap; /* floats */
     /* compression */
     loom_compress_method method; /* int8 or bf16; NONE: every round is the fp32 ring */
     int block;                   /* int8: entries per scale (0: 256) */
@@ -137,6 +148,31 @@ static loom_status make_ring(loom_unit_sync *u, int i) {
     us->own_hi = (size_t)bounds[u->mesh->dp_rank + 1];
     if (us->held) return loom_comm_ring_create(u->mesh->dp, bounds, i, &us->ring);
     return loom_comm_ring_create_borrowing(u->mesh->dp, bounds, i, &us->ring);
+}
+
+/* ZeRO-3: held unit us's parameter buffer and its pieces, about a block each (at least one), with
+ * every rank's block of the unit cut to each piece. */
+static loom_status make_pieces(loom_unit_sync *u, unit_state *us) {
+    size_t n = us->end - us->begin, block = u->block_floats > 0 ? u->block_floats : 1;
+    int dp = u->mesh->dp_size;
+    us->pieces = n == 0 ? 1 : (int)((n + block - 1) / block);
+    us->params = loom_alloc_aligned((n + 1) * sizeof(float), "ZeRO-3 parameters");
+    us->piece_bounds = loom_calloc((size_t)us->pieces * ((size_t)dp + 1), sizeof *us->piece_bounds,
+                                   "ZeRO-3 pieces");
+    us->piece_gather = loom_calloc((size_t)us->pieces, sizeof *us->piece_gather, "ZeRO-3 pieces");
+    if (!us->params || !us->piece_bounds || !us->piece_gather) return LOOM_ERR_NOMEM;
+    size_t per = (n + (size_t)us->pieces - 1) / (size_t)us->pieces;
+    for (int k = 0; k < us->pieces; k++) {
+        int64_t lo = (int64_t)(per * (size_t)k), hi = (int64_t)(per * (size_t)(k + 1));
+        if (lo > (int64_t)n) lo = (int64_t)n;
+        if (hi > (int64_t)n) hi = (int64_t)n;
+        for (int r = 0; r <= dp; r++) {
+            int64_t at = us->bounds[r] < lo ? lo : us->bounds[r] > hi ? hi : us->bounds[r];
+            us->piece_bounds[(size_t)k * ((size_t)dp + 1) + (size_t)r] = at - lo;
+        }
+    }
+    us->next_piece = us->pieces; /* nothing to gather before the first refresh */
+    return LOOM_OK;
 }
 
 /* Unit i's buffers when it is held (whole for the step), and, for a block, its chunk's layers. */
@@ -175,8 +211,8 @@ static loom_status make_unit(loom_unit_sync *u, int i, int *chunk, int *first, i
     }
     size_t floats = us->end - us->begin + 1;
     us->writing = loom_alloc_aligned(floats * sizeof(float), "ZeRO embedding and LayerNorm grads");
-    if (u->zero3) us->params = loom_alloc_aligned(floats * sizeof(float), "ZeRO-3 parameters");
-    return us->writing && (!u->zero3 || us->params) ? LOOM_OK : LOOM_ERR_NOMEM;
+    if (!us->writing) return LOOM_ERR_NOMEM;
+    return u->zero3 ? make_pieces(u, us) : LOOM_OK;
 }
 
 loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, loom_gpt *model,
@@ -261,6 +297,10 @@ void loom_unit_sync_free(loom_unit_sync *u) {
         loom_free_aligned(us->residual);
         loom_free_aligned(us->committed);
         if (us->gather) loom_comm_wait(us->gather);
+        for (int k = 0; us->piece_gather && k < us->pieces; k++)
+            if (us->piece_gather[k]) loom_comm_wait(us->piece_gather[k]);
+        free(us->piece_gather);
+        free(us->piece_bounds);
         loom_free_aligned(us->writing);
         if (us->sending != us->writing) loom_free_aligned(us->sending);
         loom_free_aligned(us->scratch);
@@ -269,6 +309,7 @@ void loom_unit_sync_free(loom_unit_sync *u) {
     for (int i = 0; u->pool && i < u->num_free; i++) loom_free_aligned(u->pool[i]);
     for (int i = 0; u->param_pool && i < u->params_free; i++) loom_free_aligned(u->param_pool[i]);
     loom_free_aligned(u->shard);
+    loom_free_aligned(u->lookup);
     free(u->bounds);
     free(u->chunk_first);
     free(u->param_pool);
@@ -402,6 +443,12 @@ static void poke(loom_unit_sync *u) {
     }
     for (int i = 0; u->zero3 && i < u->num_units; i++) {
         unit_state *us = &u->units[i];
+        for (int k = 0; k < us->next_piece; k++) {
+            int done = 0;
+            if (!us->piece_gather[k]) continue;
+            keep_error(u, loom_comm_test(us->piece_gather[k], &done));
+            if (done) us->piece_gather[k] = NULL;
+        }
         int done = 0;
         if (!us->gather) continue;
         keep_error(u, loom_comm_test(us->gather, &done));
@@ -452,6 +499,33 @@ static void start_gather(loom_unit_sync *u, int i) {
     u->gathers++;
 }
 
+/* Starts the next piece of the held units' gathers (the embeddings' first, then the final
+ * LayerNorm's), if any is left: one beside each block's gather, so that they cross the wire
+ * while the blocks compute. */
+static void start_held_piece(loom_unit_sync *u) {
+    int dp = u->mesh->dp_size;
+    for (int i = 0; i < u->num_units; i += u->num_units - 1) {
+        unit_state *us = &u->units[i];
+        if (us->next_piece >= us->pieces) continue;
+        int k = us->next_piece++;
+        const int64_t *bounds = us->piece_bounds + (size_t)k * ((size_t)dp + 1);
+        size_t lo = (us->end - us->begin + (size_t)us->pieces - 1) / (size_t)us->pieces * (size_t)k;
+        keep_error(u, loom_comm_iallgatherv_f32(u->mesh->dp, us->params + lo, bounds,
+                                                &us->piece_gather[k]));
+        return;
+    }
+}
+
+/* Held unit i's parameters, every piece gathered (those not started yet start now). */
+static void wait_held(loom_unit_sync *u, int i) {
+    unit_state *us = &u->units[i];
+    while (us->next_piece < us->pieces) start_held_piece(u);
+    for (int k = 0; k < us->pieces; k++) {
+        if (us->piece_gather[k]) keep_error(u, loom_comm_wait(us->piece_gather[k]));
+        us->piece_gather[k] = NULL;
+    }
+}
+
 /* Whether block unit i, the running pass's last, is the one the next pass reads first (the
  * pass turns on it: the forward's last block is the backward's first, and back). */
 static int turns_on(const loom_unit_sync *u, int i) {
@@ -483,6 +557,7 @@ static void params_begin(loom_unit_sync *u, int i, int dir) {
             if (next != i) start_gather(u, next), ahead++;
         }
     }
+    start_held_piece(u);
     if (us->gather) keep_error(u, loom_comm_wait(us->gather));
     us->gather = NULL;
     u->model->unit_params[i] = us->params;
@@ -504,24 +579,71 @@ void loom_unit_sync_next_pass(loom_unit_sync *u, int chunk, int dir) {
     u->next_chunk = ok ? chunk : 0, u->next_dir = ok ? dir : 0;
 }
 
+/* After an update: the gathered blocks go (stale), and the held units take this rank's block
+ * of theirs from the shard; their gathers start piece by piece beside the next passes' block
+ * gathers (start_held_piece), and a pass waits for them only where it reads them. */
 loom_status loom_unit_sync_refresh(loom_unit_sync *u) {
     if (!u->zero3) return LOOM_OK;
-    loom_status st = LOOM_OK;
     for (int i = 0; i < u->num_units; i++) {
         unit_state *us = &u->units[i];
         if (!us->held) { /* kept for the step: stale after an update */
             params_free(u, i);
             continue;
         }
-        loom_comm_request *request = NULL;
+        wait_held(u, i); /* the last round's pieces, if a stage never read them */
         own_block(u, us, us->params);
-        if (st == LOOM_OK) {
-            st = loom_comm_iallgatherv_f32(u->mesh->dp, us->params, us->bounds, &request);
-        }
-        if (st == LOOM_OK) st = loom_comm_wait(request);
+        us->next_piece = 0;
     }
     u->stale = 0;
+    loom_status st = u->error;
+    u->error = LOOM_OK;
     return st;
+}
+
+void loom_unit_sync_wait_params(loom_unit_sync *u) {
+    if (!u->zero3) return;
+    wait_held(u, 0);
+    wait_held(u, u->num_units - 1);
+}
+
+/* The embedding's forward without wte gathered (ZeRO-3 without tensor parallelism): every
+ * replica's tokens are gathered (as floats: ids under 2^24 are exact), this rank writes, for
+ * every replica's rows, the entries of wte's and wpe's rows it owns (zeros elsewhere), and a
+ * reduce-scatter hands each replica the sums of its rows. Each entry of wte and of wpe has one
+ * owner, so an output is wte + wpe added once, as the gathered lookup adds them: the same bits,
+ * for (dp - 1) B T C floats sent, while the embeddings' gather has until the LM head to arrive. */
+static void embed_lookup(void *ctx, float *out, const int32_t *inputs, int B, int T) {
+    loom_unit_sync *u = ctx;
+    const unit_state *us = &u->units[0];
+    const loom_gpt *m = u->model;
+    size_t dp = (size_t)u->mesh->dp_size, C = (size_t)m->config.channels;
+    size_t N = (size_t)B * (size_t)T, need = dp * N * C + dp * N;
+    if (need > u->lookup_cap) {
+        loom_free_aligned(u->lookup);
+        u->lookup = loom_alloc_aligned(need * sizeof(float), "ZeRO-3 embedding lookup");
+        if (!u->lookup) loom_comm_abort(1, "out of memory for ZeRO-3's embedding lookup");
+        u->lookup_cap = need;
+    }
+    float *rows = u->lookup, *tokens = u->lookup + dp * N * C;
+    float *mine = tokens + (size_t)u->mesh->dp_rank * N;
+    for (size_t n = 0; n < N; n++) mine[n] = (float)inputs[n];
+    keep_error(u, loom_comm_allgather_f32(u->mesh->dp, mine, tokens, (int64_t)N));
+    /* this rank's entries: unit offsets [own_lo, own_hi), in the shard */
+    const float *own = m->params_memory + (us->begin - u->range.begin);
+    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
+    memset(rows, 0, dp * N * C * sizeof(float));
+    for (size_t n = 0; n < dp * N; n++) {
+        float *row = rows + n * C;
+        size_t tok = (size_t)tokens[n], pos = n % N % (size_t)T;
+        size_t at = wte + tok * C, lo = at > us->own_lo ? at : us->own_lo;
+        size_t hi = at + C < us->own_hi ? at + C : us->own_hi;
+        for (size_t k = lo; k < hi; k++) row[k - at] = own[k];
+        at = wpe + pos * C, lo = at > us->own_lo ? at : us->own_lo;
+        hi = at + C < us->own_hi ? at + C : us->own_hi;
+        for (size_t k = lo; k < hi; k++) row[k - at] += own[k];
+    }
+    keep_error(u, loom_comm_reduce_scatter_f32(u->mesh->dp, rows, (int64_t)(N * C)));
+    memcpy(out, rows + (size_t)u->mesh->dp_rank * N * C, N * C * sizeof(float));
 }
 
 /* ---- the hook and the step ------------------------------------------------------------------- */
@@ -532,7 +654,10 @@ static void unit_event(void *ctx, int i, int event) {
         poke(u);
         return;
     }
-    if (u->units[i].held) return;
+    if (u->units[i].held) {
+        if (u->zero3 && event == LOOM_GPT_UNIT_PARAMS_FORWARD) wait_held(u, i);
+        return;
+    }
     switch (event) {
     case LOOM_GPT_UNIT_GRADS:
         grads_begin(u, i);
@@ -555,6 +680,8 @@ static void unit_event(void *ctx, int i, int event) {
 
 void loom_unit_sync_attach(loom_unit_sync *u) {
     loom_gpt_set_unit_events(u->model, unit_event, u);
+    int lookup = u->zero3 && u->mesh->tp_size == 1 && u->mesh->dp_size > 1;
+    loom_gpt_set_embed_lookup(u->model, lookup ? embed_lookup : NULL, u);
 }
 
 void loom_unit_sync_zero(loom_unit_sync *u, int64_t step) {
@@ -601,7 +728,8 @@ static size_t held_floats(const loom_unit_sync *u) {
 }
 
 size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u) {
-    return ((size_t)u->allocated * u->block_floats + held_floats(u) + u->range.shard) *
+    return ((size_t)u->allocated * u->block_floats + held_floats(u) + u->range.shard +
+            u->lookup_cap) *
            sizeof(float);
 }
 
@@ -615,7 +743,8 @@ void loom_unit_sync_gather_counts(const loom_unit_sync *u, int64_t *gathers,
     *gathers = u->gathers, *just_in_time = u->just_in_time;
 }
 
-const float *loom_unit_sync_held_params(const loom_unit_sync *u, int k, size_t *floats) {
+const float *loom_unit_sync_held_params(loom_unit_sync *u, int k, size_t *floats) {
+    loom_unit_sync_wait_params(u);
     const unit_state *us = &u->units[k == 0 ? 0 : u->num_units - 1];
     *floats = us->end - us->begin;
     return us->params;
