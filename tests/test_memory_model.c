@@ -70,10 +70,14 @@ static void test_zero_stages_one_stage(void) {
     CHECK(z2.grads == bytes / dp, "ZeRO-2: grads %lld, expected %lld = %lld / %d",
           (long long)z2.grads, (long long)(bytes / dp), (long long)bytes, dp);
     CHECK(z2.optimizer == z1.optimizer && z2.weights == bytes, "ZeRO-2 keeps ZeRO-1's moments");
-    CHECK(z2.scratch - z0.scratch == held + held_ring + 2 * 4 * block,
-          "ZeRO-2: buffers %lld, expected held units %lld + their rings %lld + 2 blocks %lld",
+    /* and, on one stage without TP, every replica's rows and tokens for the embedding's
+     * backward (added into the owners' shards) */
+    int64_t rows = (int64_t)plan.micro_batch * 64, lookup = 4 * dp * rows * (C + 1);
+    CHECK(z2.scratch - z0.scratch == held + held_ring + 2 * 4 * block + lookup,
+          "ZeRO-2: buffers %lld, expected held units %lld + their rings %lld + 2 blocks %lld + "
+          "the lookup's rows %lld",
           (long long)(z2.scratch - z0.scratch), (long long)held, (long long)held_ring,
-          (long long)(2 * 4 * block));
+          (long long)(2 * 4 * block), (long long)lookup);
     CHECK(z2.total < z1.total, "ZeRO-2 (%lld) below ZeRO-1 (%lld)", (long long)z2.total,
           (long long)z1.total);
 
@@ -87,12 +91,10 @@ static void test_zero_stages_one_stage(void) {
     CHECK(z3.gathered == held + 2 * 4 * block,
           "ZeRO-3, prefetch 1: gathered %lld, expected held %lld + two blocks %lld",
           (long long)z3.gathered, (long long)held, (long long)(2 * 4 * block));
-    /* and, without TP, the sharded embedding lookup's every replica's rows and tokens */
-    int64_t lookup = 4 * dp * (int64_t)plan.micro_batch * 64 * (C + 1);
-    CHECK(
-        z3.scratch == z2.scratch + lookup,
-        "ZeRO-3 keeps ZeRO-2's gradient buffers and the lookup's %lld: scratch %lld, ZeRO-2's %lld",
-        (long long)lookup, (long long)z3.scratch, (long long)z2.scratch);
+    CHECK(z3.scratch == z2.scratch + 4 * rows * C,
+          "ZeRO-3 keeps ZeRO-2's buffers and its lookup's ring block %lld: scratch %lld, "
+          "ZeRO-2's %lld",
+          (long long)(4 * rows * C), (long long)z3.scratch, (long long)z2.scratch);
     plan.zero3_prefetch = 0;
     loom_rank_memory z3_0 = memory_of(&plan, 3, 0);
     CHECK(z3_0.gathered == held + 4 * block, "ZeRO-3, prefetch 0: gathered %lld, expected %lld",

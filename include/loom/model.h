@@ -318,7 +318,8 @@ typedef struct {
      * B; W reads no parameters) reads the block's parameters, LOOM_GPT_UNIT_PARAMS_DONE after.
      * The embeddings' and the final LayerNorm's units (held whole for a step) get only
      * LOOM_GPT_UNIT_PARAMS_FORWARD, before a forward first reads them (the embedding lookup when
-     * no embed_lookup hook does it, the final LayerNorm, the LM head). LOOM_GPT_UNIT_PROGRESS
+     * no embed_lookup hook does it, the final LayerNorm, the LM head), and unit 0
+     * LOOM_GPT_UNIT_GRADS_DONE after the LM head's weight gradient. LOOM_GPT_UNIT_PROGRESS
      * (unit -1) between a block's GEMMs: a point where the hook may move its transfers on (MPI
      * moves them only inside its calls). NULL: not called. */
     void (*unit_event)(void *ctx, int unit, int event);
@@ -328,6 +329,11 @@ typedef struct {
      * parameters (ZeRO-3 looks them up where they are sharded; loom_gpt_set_embed_lookup).
      * NULL: from unit 0's parameters. */
     void (*embed_lookup)(void *ctx, float *out, const int32_t *inputs, int B, int T);
+    /* Likewise the embedding's backward: the gradients of wte's and wpe's rows from dout
+     * (B*T, C), added by the hook instead of into unit 0's gradients (ZeRO-2/3 add them into
+     * the owners' shards). NULL: into unit 0's gradients. */
+    void (*embed_lookup_backward)(void *ctx, const float *dout, const int32_t *inputs, int B,
+                                  int T);
     void *embed_lookup_ctx;
 } loom_gpt;
 enum {
@@ -341,11 +347,12 @@ enum {
 /* Installs (NULL: removes) the unit event hook. */
 void loom_gpt_set_unit_events(loom_gpt *model, void (*unit_event)(void *ctx, int unit, int event),
                               void *ctx);
-/* Installs (NULL: removes) the embedding lookup hook (used without tensor parallelism only). */
-void loom_gpt_set_embed_lookup(loom_gpt *model,
-                               void (*lookup)(void *ctx, float *out, const int32_t *inputs, int B,
-                                              int T),
-                               void *ctx);
+/* Installs (NULL: removes) the embedding lookup hooks, forward and backward (used without
+ * tensor parallelism only). */
+void loom_gpt_set_embed_lookup(
+    loom_gpt *model, void (*lookup)(void *ctx, float *out, const int32_t *inputs, int B, int T),
+    void (*lookup_backward)(void *ctx, const float *dout, const int32_t *inputs, int B, int T),
+    void *ctx);
 /* Frees the flat gradient buffer (grads_memory NULL, grads' pointers NULL): for a caller that
  * points every unit's gradients at buffers of its own (ZeRO-2/3) before the next backward. */
 void loom_gpt_drop_grads(loom_gpt *model);

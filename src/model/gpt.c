@@ -1315,6 +1315,10 @@ static void block_backward_weight(loom_gpt *m, const chunk_view *ch, int i, int 
 static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels;
+    if (m->tp_size == 1 && m->embed_lookup_backward) {
+        m->embed_lookup_backward(m->embed_lookup_ctx, dout, m->inputs, B, T);
+        return;
+    }
     if (m->tp_size == 1) {
         be->encoder_backward(unit_tensor(m, m->unit_grads, LOOM_WTE),
                              unit_tensor(m, m->unit_grads, LOOM_WPE), dout, m->inputs, B, T, C);
@@ -1338,6 +1342,7 @@ static void head_backward_weight(loom_gpt *m) {
     m->backend->matmul_backward_weight(unit_tensor(m, m->unit_grads, LOOM_WTE), NULL, m->acts.probs,
                                        m->acts.lnf, (int64_t)m->cur_B * m->cur_T, c->channels,
                                        c->padded_vocab_size / m->tp_size);
+    if (m->unit_event) m->unit_event(m->unit_event_ctx, 0, LOOM_GPT_UNIT_GRADS_DONE);
 }
 
 /* The head's backward into dresidual: probs -> dlogits in place, the tied LM head's input
@@ -1550,11 +1555,12 @@ void loom_gpt_set_unit_events(loom_gpt *m, void (*event)(void *ctx, int unit, in
     m->unit_event_ctx = ctx;
 }
 
-void loom_gpt_set_embed_lookup(loom_gpt *m,
-                               void (*lookup)(void *ctx, float *out, const int32_t *inputs, int B,
-                                              int T),
-                               void *ctx) {
+void loom_gpt_set_embed_lookup(
+    loom_gpt *m, void (*lookup)(void *ctx, float *out, const int32_t *inputs, int B, int T),
+    void (*lookup_backward)(void *ctx, const float *dout, const int32_t *inputs, int B, int T),
+    void *ctx) {
     m->embed_lookup = lookup;
+    m->embed_lookup_backward = lookup_backward;
     m->embed_lookup_ctx = ctx;
 }
 

@@ -245,10 +245,14 @@ loom_status loom_plan_rank_memory_at(const loom_plan *plan, int pp_rank, int seq
     }
     int64_t stage_bytes = out->weights; /* before ZeRO-3 shards them */
     zero_shard(plan, pp_rank, out);
-    /* ZeRO-3 without TP looks the embedding up where wte is sharded (zero.c): every replica's
-     * rows and tokens */
-    if (plan->zero == 3 && plan->tp == 1 && plan->dp > 1 && lookup)
-        out->scratch += (int64_t)plan->dp * plan->micro_batch * seq_len * (m->channels + 1) * 4;
+    /* without TP, ZeRO-3 looks the embedding up where wte is sharded, and ZeRO-2/3 on one stage
+     * add the lookup's gradients into the owners' shards (zero.c): every replica's rows and
+     * tokens, and ZeRO-3's reduce-scatter ring's receive block */
+    if (plan->zero >= 2 && plan->tp == 1 && plan->dp > 1 && lookup) {
+        int64_t rows = (int64_t)plan->micro_batch * seq_len, C = m->channels;
+        if (plan->zero == 3 || plan->pp == 1) out->scratch += plan->dp * rows * (C + 1) * 4;
+        if (plan->zero == 3) out->scratch += rows * C * 4;
+    }
     out->outer = outer_bytes(plan, pp_rank, stage_bytes);
     /* compressor state: DP's per rank, and a compressing pipeline link's sender's lazy error */
     if (plan->dp > 1 && plan->dp_compression.method != LOOM_COMPRESS_NONE)

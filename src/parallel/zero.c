@@ -91,6 +91,7 @@ typedef struct {
     int pieces, next_piece;
     int64_t *piece_bounds;
     loom_comm_request **piece_gather; /* (pieces) those in flight */
+    int early;                        /* unit 0: its reduce-scatter started before the step's end */
 } unit_state;
 
 struct loom_unit_sync {
@@ -118,6 +119,11 @@ struct loom_unit_sync {
     int stale;         /* the held units' parameters wait for a refresh */
     float *lookup;     /* the embedding lookup's every replica's rows and tokens (embed_lookup) */
     size_t lookup_cap; /* floats */
+    loom_comm_ring *lookup_ring; /* ZeRO-3's lookup: the rows' reduce-scatter, for lookup_rows */
+    int64_t *lookup_bounds, lookup_rows;
+    /* pp 1, tp 1: the lookup's gradients go straight into the shard (embed_lookup_backward), so
+     * unit 0's reduce-scatter starts after the step's last LM-head weight gradient */
+    int early_embedding, micro_batches, head_backwards;
     /* compression */
     loom_compress_method method; /* int8 or bf16; NONE: every round is the fp32 ring */
     int block;                   /* int8: entries per scale (0: 256) */
@@ -226,6 +232,7 @@ loom_status loom_unit_sync_create(loom_unit_sync **out, const loom_mesh *mesh, l
     u->zero3 = mesh->plan->zero == 3;
     u->prefetch = mesh->plan->zero3_prefetch;
     u->keep_for_step = mesh->plan->zero3_gather == LOOM_ZERO3_GATHER_STEP;
+    u->micro_batches = loom_plan_num_micro_batches(mesh->plan);
     /* transfers run beside compute: the responder thread moves them on every millisecond (on
      * a 2 Gbit/s link ZeRO-3 with prefetch measured 0.94x ZeRO-1 with the 10 ms default, 0.97x
      * with 1 ms; bench/zero.sh, docs/results.md) */
@@ -310,6 +317,9 @@ void loom_unit_sync_free(loom_unit_sync *u) {
     for (int i = 0; u->param_pool && i < u->params_free; i++) loom_free_aligned(u->param_pool[i]);
     loom_free_aligned(u->shard);
     loom_free_aligned(u->lookup);
+    if (u->lookup_ring) loom_comm_ring_wait(u->lookup_ring);
+    loom_comm_ring_free(u->lookup_ring);
+    free(u->lookup_bounds);
     free(u->bounds);
     free(u->chunk_first);
     free(u->param_pool);
@@ -606,44 +616,141 @@ void loom_unit_sync_wait_params(loom_unit_sync *u) {
     wait_held(u, u->num_units - 1);
 }
 
-/* The embedding's forward without wte gathered (ZeRO-3 without tensor parallelism): every
- * replica's tokens are gathered (as floats: ids under 2^24 are exact), this rank writes, for
- * every replica's rows, the entries of wte's and wpe's rows it owns (zeros elsewhere), and a
- * reduce-scatter hands each replica the sums of its rows. Each entry of wte and of wpe has one
- * owner, so an output is wte + wpe added once, as the gathered lookup adds them: the same bits,
- * for (dp - 1) B T C floats sent, while the embeddings' gather has until the LM head to arrive. */
+/* ---- the embedding's lookup where wte is sharded (no tensor parallelism) --------------------- */
+
+/* The part of a row of C entries at unit offset `at` that this rank owns: unit offsets [lo, hi)
+ * (empty when lo >= hi). */
+typedef struct {
+    size_t at, lo, hi;
+} own_part;
+
+static own_part part_of(const unit_state *us, size_t at, size_t C) {
+    own_part p = {at, at > us->own_lo ? at : us->own_lo, at + C < us->own_hi ? at + C : us->own_hi};
+    return p;
+}
+
+/* Waits for a collective the lookup started while moving the running rounds on: a peer may be
+ * waiting for one of them (a ring moves on a rank only when it tests it) before it joins. */
+static void wait_moving(loom_unit_sync *u, loom_comm_request *request, loom_comm_ring *ring) {
+    for (int done = 0; !done;) {
+        poke(u);
+        loom_status st =
+            request ? loom_comm_test(request, &done) : loom_comm_ring_test(ring, &done);
+        if (st != LOOM_OK) {
+            keep_error(u, st);
+            return;
+        }
+    }
+}
+
+/* All-gathers every rank's count floats (this rank's at buf + rank x count) into buf. */
+static void allgather_moving(loom_unit_sync *u, float *buf, size_t count) {
+    loom_comm_request *request = NULL;
+    float *mine = buf + (size_t)u->mesh->dp_rank * count;
+    loom_status st = loom_comm_iallgather_f32(u->mesh->dp, mine, buf, (int64_t)count, &request);
+    if (st == LOOM_OK) wait_moving(u, request, NULL);
+    keep_error(u, st);
+}
+
+/* The lookup's buffer, every replica's rows (dp N C floats) then tokens (dp N), grown as needed,
+ * with this replica's tokens gathered with every other's (as floats: ids under 2^24 are exact). */
+static float *lookup_buffer(loom_unit_sync *u, const int32_t *inputs, size_t N, size_t C) {
+    size_t dp = (size_t)u->mesh->dp_size, need = dp * N * C + dp * N;
+    if (need > u->lookup_cap) {
+        loom_free_aligned(u->lookup);
+        u->lookup = loom_alloc_aligned(need * sizeof(float), "ZeRO embedding lookup");
+        if (!u->lookup) loom_comm_abort(1, "out of memory for ZeRO's embedding lookup");
+        u->lookup_cap = need;
+    }
+    float *tokens = u->lookup + dp * N * C, *mine = tokens + (size_t)u->mesh->dp_rank * N;
+    for (size_t n = 0; n < N; n++) mine[n] = (float)inputs[n];
+    allgather_moving(u, tokens, N);
+    return u->lookup;
+}
+
+/* ZeRO-3's embedding forward without wte gathered: this rank writes, for every replica's rows,
+ * the entries of their wte and wpe rows it owns (zeros elsewhere), and a reduce-scatter hands
+ * each replica the sums of its rows. Each entry of wte and of wpe has one owner, so an output is
+ * wte + wpe added once, as the gathered lookup adds them: the same bits, for (dp - 1) B T C
+ * floats sent, while the embeddings' gather has until the LM head to arrive. */
 static void embed_lookup(void *ctx, float *out, const int32_t *inputs, int B, int T) {
     loom_unit_sync *u = ctx;
     const unit_state *us = &u->units[0];
     const loom_gpt *m = u->model;
     size_t dp = (size_t)u->mesh->dp_size, C = (size_t)m->config.channels;
-    size_t N = (size_t)B * (size_t)T, need = dp * N * C + dp * N;
-    if (need > u->lookup_cap) {
-        loom_free_aligned(u->lookup);
-        u->lookup = loom_alloc_aligned(need * sizeof(float), "ZeRO-3 embedding lookup");
-        if (!u->lookup) loom_comm_abort(1, "out of memory for ZeRO-3's embedding lookup");
-        u->lookup_cap = need;
-    }
-    float *rows = u->lookup, *tokens = u->lookup + dp * N * C;
-    float *mine = tokens + (size_t)u->mesh->dp_rank * N;
-    for (size_t n = 0; n < N; n++) mine[n] = (float)inputs[n];
-    keep_error(u, loom_comm_allgather_f32(u->mesh->dp, mine, tokens, (int64_t)N));
-    /* this rank's entries: unit offsets [own_lo, own_hi), in the shard */
-    const float *own = m->params_memory + (us->begin - u->range.begin);
-    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
+    size_t N = (size_t)B * (size_t)T;
+    float *rows = lookup_buffer(u, inputs, N, C), *tokens = rows + dp * N * C;
     memset(rows, 0, dp * N * C * sizeof(float));
-    for (size_t n = 0; n < dp * N; n++) {
+    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
+    for (size_t n = 0; us->own_lo < us->own_hi && n < dp * N; n++) {
+        /* this rank's entries, unit offsets [own_lo, own_hi), from its shard */
+        const float *own = m->params_memory + (us->begin + us->own_lo - u->range.begin);
         float *row = rows + n * C;
-        size_t tok = (size_t)tokens[n], pos = n % N % (size_t)T;
-        size_t at = wte + tok * C, lo = at > us->own_lo ? at : us->own_lo;
-        size_t hi = at + C < us->own_hi ? at + C : us->own_hi;
-        for (size_t k = lo; k < hi; k++) row[k - at] = own[k];
-        at = wpe + pos * C, lo = at > us->own_lo ? at : us->own_lo;
-        hi = at + C < us->own_hi ? at + C : us->own_hi;
-        for (size_t k = lo; k < hi; k++) row[k - at] += own[k];
+        own_part w = part_of(us, wte + (size_t)tokens[n] * C, C);
+        own_part p = part_of(us, wpe + n % N % (size_t)T * C, C);
+        for (size_t k = w.lo; k < w.hi; k++) row[k - w.at] = own[k - us->own_lo];
+        for (size_t k = p.lo; k < p.hi; k++) row[k - p.at] += own[k - us->own_lo];
     }
-    keep_error(u, loom_comm_reduce_scatter_f32(u->mesh->dp, rows, (int64_t)(N * C)));
+    /* the reduce-scatter of equal blocks, one per replica: a ring of its own (tagged past the
+     * units'), made again when the rows change */
+    int dpi = u->mesh->dp_size;
+    if (!u->lookup_ring || u->lookup_rows != (int64_t)N) {
+        loom_comm_ring_free(u->lookup_ring);
+        u->lookup_ring = NULL;
+        if (!u->lookup_bounds)
+            u->lookup_bounds = loom_calloc((size_t)dpi + 1, sizeof *u->lookup_bounds, "ZeRO-3");
+        if (!u->lookup_bounds) loom_comm_abort(1, "out of memory for ZeRO-3's embedding lookup");
+        for (int r = 0; r <= dpi; r++) u->lookup_bounds[r] = (int64_t)(N * C) * r;
+        keep_error(
+            u, loom_comm_ring_create(u->mesh->dp, u->lookup_bounds, u->num_units, &u->lookup_ring));
+        u->lookup_rows = (int64_t)N;
+    }
+    if (u->lookup_ring) {
+        loom_status st = loom_comm_ring_start(u->lookup_ring, rows);
+        if (st == LOOM_OK) wait_moving(u, NULL, u->lookup_ring);
+        keep_error(u, st);
+    }
     memcpy(out, rows + (size_t)u->mesh->dp_rank * N * C, N * C * sizeof(float));
+}
+
+/* ZeRO-2/3's embedding backward (pp 1): every replica's output gradient rows are gathered, and
+ * this rank adds, replica by replica and row by row, the entries that fall in its range of wte's
+ * and wpe's gradients straight into its shard. (dp - 1) B T C floats are sent, and unit 0's
+ * whole-size buffer holds only the LM head's gradient, whose reduce-scatter can then start after
+ * the step's last head backward instead of after the whole backward. */
+static void embed_lookup_backward(void *ctx, const float *dout, const int32_t *inputs, int B,
+                                  int T) {
+    loom_unit_sync *u = ctx;
+    const unit_state *us = &u->units[0];
+    const loom_gpt *m = u->model;
+    size_t dp = (size_t)u->mesh->dp_size, C = (size_t)m->config.channels;
+    size_t N = (size_t)B * (size_t)T;
+    float *rows = lookup_buffer(u, inputs, N, C), *tokens = rows + dp * N * C;
+    float *mine = rows + (size_t)u->mesh->dp_rank * N * C;
+    memcpy(mine, dout, N * C * sizeof(float));
+    allgather_moving(u, rows, N * C);
+    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
+    for (size_t n = 0; us->own_lo < us->own_hi && n < dp * N; n++) {
+        float *grads = u->shard + (us->begin + us->own_lo - u->range.begin);
+        const float *row = rows + n * C;
+        own_part w = part_of(us, wte + (size_t)tokens[n] * C, C);
+        own_part p = part_of(us, wpe + n % N % (size_t)T * C, C);
+        for (size_t k = w.lo; k < w.hi; k++) grads[k - us->own_lo] += row[k - w.at];
+        for (size_t k = p.lo; k < p.hi; k++) grads[k - us->own_lo] += row[k - p.at];
+    }
+}
+
+/* Unit 0's reduce-scatter, started after the step's last LM-head weight gradient (its buffer
+ * then holds the head's gradient only: the lookup's went into the shard). */
+static void start_embedding_early(loom_unit_sync *u) {
+    unit_state *us = &u->units[0];
+    if (!u->early_embedding || us->early || ++u->head_backwards < u->micro_batches) return;
+    while (us->sending) complete_oldest(u);
+    us->sending = us->writing;
+    us->early = 1;
+    start_round(u, 0);
+    u->fifo[(u->fifo_head + u->fifo_len) % u->num_units] = 0;
+    u->fifo_len++;
 }
 
 /* ---- the hook and the step ------------------------------------------------------------------- */
@@ -656,6 +763,7 @@ static void unit_event(void *ctx, int i, int event) {
     }
     if (u->units[i].held) {
         if (u->zero3 && event == LOOM_GPT_UNIT_PARAMS_FORWARD) wait_held(u, i);
+        if (i == 0 && event == LOOM_GPT_UNIT_GRADS_DONE) start_embedding_early(u);
         return;
     }
     switch (event) {
@@ -680,14 +788,19 @@ static void unit_event(void *ctx, int i, int event) {
 
 void loom_unit_sync_attach(loom_unit_sync *u) {
     loom_gpt_set_unit_events(u->model, unit_event, u);
-    int lookup = u->zero3 && u->mesh->tp_size == 1 && u->mesh->dp_size > 1;
-    loom_gpt_set_embed_lookup(u->model, lookup ? embed_lookup : NULL, u);
+    const loom_mesh *mesh = u->mesh;
+    int lookup = mesh->tp_size == 1 && mesh->dp_size > 1 && u->model->has_embedding;
+    u->early_embedding = lookup && mesh->pp_size == 1 && u->model->has_head;
+    loom_gpt_set_embed_lookup(u->model, lookup && u->zero3 ? embed_lookup : NULL,
+                              u->early_embedding ? embed_lookup_backward : NULL, u);
 }
 
 void loom_unit_sync_zero(loom_unit_sync *u, int64_t step) {
     if (u->stale) keep_error(u, loom_unit_sync_refresh(u));
     u->compressing = u->method != LOOM_COMPRESS_NONE && step >= u->warmup_steps;
     memset(u->shard, 0, u->range.shard * sizeof(float));
+    u->head_backwards = 0;
+    u->units[0].early = 0;
     for (int i = 0; i < u->num_units; i++) {
         unit_state *us = &u->units[i];
         if (us->held) memset(us->writing, 0, (us->end - us->begin) * sizeof(float));
@@ -704,7 +817,7 @@ loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding) {
     }
     for (int i = 0; i < u->num_units; i++) {
         unit_state *us = &u->units[i];
-        if (!us->held || u->error != LOOM_OK) continue;
+        if (!us->held || us->early || u->error != LOOM_OK) continue;
         us->sending = us->writing;
         start_round(u, i);
         keep_error(u, round_wait(us));
@@ -728,8 +841,8 @@ static size_t held_floats(const loom_unit_sync *u) {
 }
 
 size_t loom_unit_sync_buffer_bytes(const loom_unit_sync *u) {
-    return ((size_t)u->allocated * u->block_floats + held_floats(u) + u->range.shard +
-            u->lookup_cap) *
+    size_t lookup = u->lookup_cap + (size_t)u->lookup_rows * (size_t)u->model->config.channels;
+    return ((size_t)u->allocated * u->block_floats + held_floats(u) + u->range.shard + lookup) *
            sizeof(float);
 }
 
