@@ -91,7 +91,7 @@ typedef struct {
     int pieces, next_piece;
     int64_t *piece_bounds;
     loom_comm_request **piece_gather; /* (pieces) those in flight */
-    int early;                        /* unit 0: its reduce-scatter started before the step's end */
+    int early; /* unit 0: its reduce-scatter started before the step's end (1), completed (2) */
 } unit_state;
 
 struct loom_unit_sync {
@@ -442,7 +442,10 @@ static void complete_oldest(loom_unit_sync *u) {
 
 /* Moves running rings and gathers on without waiting (MPI moves them only inside its calls);
  * collects, in start order, the rings at the front that have completed. */
+static void move_early(loom_unit_sync *u);
+
 static void poke(loom_unit_sync *u) {
+    move_early(u);
     for (int k = 0; k < u->fifo_len; k++) {
         int done = 0;
         keep_error(u, round_test(&u->units[u->fifo[(u->fifo_head + k) % u->num_units]], &done));
@@ -745,12 +748,21 @@ static void embed_lookup_backward(void *ctx, const float *dout, const int32_t *i
 static void start_embedding_early(loom_unit_sync *u) {
     unit_state *us = &u->units[0];
     if (!u->early_embedding || us->early || ++u->head_backwards < u->micro_batches) return;
-    while (us->sending) complete_oldest(u);
     us->sending = us->writing;
     us->early = 1;
     start_round(u, 0);
-    u->fifo[(u->fifo_head + u->fifo_len) % u->num_units] = 0;
-    u->fifo_len++;
+}
+
+/* Moves unit 0's early round on (poke). It stays out of the queue of the blocks' rounds, so
+ * that a block waiting for a buffer never waits for it, and it is collected only at the step's
+ * end (loom_unit_sync_finish), after every lookup gradient went into the same entries of the
+ * shard: the sums' order, and so their bits, do not depend on when it completed. */
+static void move_early(loom_unit_sync *u) {
+    unit_state *us = &u->units[0];
+    if (us->early != 1) return;
+    int done = 0;
+    keep_error(u, round_test(us, &done));
+    if (done) us->early = 2;
 }
 
 /* ---- the hook and the step ------------------------------------------------------------------- */
@@ -809,6 +821,10 @@ void loom_unit_sync_zero(loom_unit_sync *u, int64_t step) {
 
 loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding) {
     while (u->fifo_len > 0) complete_oldest(u);
+    if (u->units[0].early) { /* started after the last head backward (start_embedding_early) */
+        keep_error(u, round_wait(&u->units[0]));
+        collect(u, 0);
+    }
     /* the tied embedding's two copies (first and last stage) sum before their reduce-scatter */
     const loom_gpt_tensor_info *wte = &u->model->info[LOOM_WTE];
     if (embedding && u->error == LOOM_OK) {
