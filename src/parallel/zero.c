@@ -91,7 +91,7 @@ typedef struct {
     int pieces, next_piece;
     int64_t *piece_bounds;
     loom_comm_request **piece_gather; /* (pieces) those in flight */
-    int early; /* unit 0: its reduce-scatter started before the step's end (1), completed (2) */
+    int early; /* unit 0: its reduce-scatter started before the step's end (1), collected (2) */
 } unit_state;
 
 struct loom_unit_sync {
@@ -415,13 +415,24 @@ static void start_round(loom_unit_sync *u, int i) {
     }
 }
 
-/* Unit i's round has completed: its block of the sum into the shard, the buffers back to the
- * pool (a held unit keeps its own), the quantised round's plan freed. */
-static void collect(loom_unit_sync *u, int i) {
+/* This rank's block of unit i's sum into the shard. */
+static void add_own(loom_unit_sync *u, int i, const float *sum) {
     unit_state *us = &u->units[i];
     float *dst = u->shard + (us->begin + us->own_lo - u->range.begin);
-    const float *src = us->sending + us->own_lo;
+    const float *src = sum + us->own_lo;
     for (size_t k = 0; k < us->own_hi - us->own_lo; k++) dst[k] += src[k];
+}
+
+/* Unit i's round has completed: its block of the sum into the shard (unit 0's early round:
+ * later, loom_unit_sync_finish), the buffers back to the pool (a held unit keeps its own), the
+ * quantised round's plan freed. */
+static void collect(loom_unit_sync *u, int i) {
+    unit_state *us = &u->units[i];
+    if (us->early == 1) {
+        us->early = 2;
+    } else {
+        add_own(u, i, us->sending);
+    }
     if (!us->held) {
         u->pool[u->num_free++] = us->sending;
         if (us->scratch) u->pool[u->num_free++] = us->scratch;
@@ -442,10 +453,7 @@ static void complete_oldest(loom_unit_sync *u) {
 
 /* Moves running rings and gathers on without waiting (MPI moves them only inside its calls);
  * collects, in start order, the rings at the front that have completed. */
-static void move_early(loom_unit_sync *u);
-
 static void poke(loom_unit_sync *u) {
-    move_early(u);
     for (int k = 0; k < u->fifo_len; k++) {
         int done = 0;
         keep_error(u, round_test(&u->units[u->fifo[(u->fifo_head + k) % u->num_units]], &done));
@@ -751,18 +759,8 @@ static void start_embedding_early(loom_unit_sync *u) {
     us->sending = us->writing;
     us->early = 1;
     start_round(u, 0);
-}
-
-/* Moves unit 0's early round on (poke). It stays out of the queue of the blocks' rounds, so
- * that a block waiting for a buffer never waits for it, and it is collected only at the step's
- * end (loom_unit_sync_finish), after every lookup gradient went into the same entries of the
- * shard: the sums' order, and so their bits, do not depend on when it completed. */
-static void move_early(loom_unit_sync *u) {
-    unit_state *us = &u->units[0];
-    if (us->early != 1) return;
-    int done = 0;
-    keep_error(u, round_test(us, &done));
-    if (done) us->early = 2;
+    u->fifo[(u->fifo_head + u->fifo_len) % u->num_units] = 0;
+    u->fifo_len++;
 }
 
 /* ---- the hook and the step ------------------------------------------------------------------- */
@@ -821,10 +819,10 @@ void loom_unit_sync_zero(loom_unit_sync *u, int64_t step) {
 
 loom_status loom_unit_sync_finish(loom_unit_sync *u, loom_comm *embedding) {
     while (u->fifo_len > 0) complete_oldest(u);
-    if (u->units[0].early) { /* started after the last head backward (start_embedding_early) */
-        keep_error(u, round_wait(&u->units[0]));
-        collect(u, 0);
-    }
+    /* unit 0's early round (start_embedding_early), collected in the queue's order like the
+     * blocks' but added to the shard only now, after every lookup gradient went into the same
+     * entries: the sums' order, and so their bits, do not depend on when it completed */
+    if (u->units[0].early == 2 && u->error == LOOM_OK) add_own(u, 0, u->units[0].writing);
     /* the tied embedding's two copies (first and last stage) sum before their reduce-scatter */
     const loom_gpt_tensor_info *wte = &u->model->info[LOOM_WTE];
     if (embedding && u->error == LOOM_OK) {
