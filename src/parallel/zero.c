@@ -663,20 +663,42 @@ static void allgather_moving(loom_unit_sync *u, float *buf, size_t count) {
     keep_error(u, st);
 }
 
-/* The lookup's buffer, every replica's rows (dp N C floats) then tokens (dp N), grown as needed,
- * with this replica's tokens gathered with every other's (as floats: ids under 2^24 are exact). */
-static float *lookup_buffer(loom_unit_sync *u, const int32_t *inputs, size_t N, size_t C) {
-    size_t dp = (size_t)u->mesh->dp_size, need = dp * N * C + dp * N;
+/* One lookup call (either direction): the buffer of every replica's rows (dp N C floats, `rows`)
+ * and tokens (dp N), grown as needed, with this replica's tokens gathered with every other's (as
+ * floats: ids under 2^24 are exact). */
+typedef struct {
+    size_t dp, C, N, T;
+    float *rows, *tokens;
+} lookup_call;
+
+static lookup_call lookup_begin(loom_unit_sync *u, const int32_t *inputs, int B, int T) {
+    lookup_call c = {(size_t)u->mesh->dp_size,
+                     (size_t)u->model->config.channels,
+                     (size_t)B * (size_t)T,
+                     (size_t)T,
+                     NULL,
+                     NULL};
+    size_t need = c.dp * c.N * c.C + c.dp * c.N;
     if (need > u->lookup_cap) {
         loom_free_aligned(u->lookup);
         u->lookup = loom_alloc_aligned(need * sizeof(float), "ZeRO embedding lookup");
         if (!u->lookup) loom_comm_abort(1, "out of memory for ZeRO's embedding lookup");
         u->lookup_cap = need;
     }
-    float *tokens = u->lookup + dp * N * C, *mine = tokens + (size_t)u->mesh->dp_rank * N;
-    for (size_t n = 0; n < N; n++) mine[n] = (float)inputs[n];
-    allgather_moving(u, tokens, N);
-    return u->lookup;
+    c.rows = u->lookup, c.tokens = u->lookup + c.dp * c.N * c.C;
+    float *mine = c.tokens + (size_t)u->mesh->dp_rank * c.N;
+    for (size_t n = 0; n < c.N; n++) mine[n] = (float)inputs[n];
+    allgather_moving(u, c.tokens, c.N);
+    return c;
+}
+
+/* The parts this rank owns of the wte row and the wpe row that replica row n (of dp N) reads. */
+static void row_parts(const loom_unit_sync *u, const lookup_call *c, size_t n, own_part *w,
+                      own_part *p) {
+    const unit_state *us = &u->units[0];
+    const loom_gpt_tensor_info *info = u->model->info;
+    *w = part_of(us, info[LOOM_WTE].offset - us->begin + (size_t)c->tokens[n] * c->C, c->C);
+    *p = part_of(us, info[LOOM_WPE].offset - us->begin + n % c->N % c->T * c->C, c->C);
 }
 
 /* ZeRO-3's embedding forward without wte gathered: this rank writes, for every replica's rows,
@@ -687,18 +709,16 @@ static float *lookup_buffer(loom_unit_sync *u, const int32_t *inputs, size_t N, 
 static void embed_lookup(void *ctx, float *out, const int32_t *inputs, int B, int T) {
     loom_unit_sync *u = ctx;
     const unit_state *us = &u->units[0];
-    const loom_gpt *m = u->model;
-    size_t dp = (size_t)u->mesh->dp_size, C = (size_t)m->config.channels;
-    size_t N = (size_t)B * (size_t)T;
-    float *rows = lookup_buffer(u, inputs, N, C), *tokens = rows + dp * N * C;
-    memset(rows, 0, dp * N * C * sizeof(float));
-    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
-    for (size_t n = 0; us->own_lo < us->own_hi && n < dp * N; n++) {
+    lookup_call c = lookup_begin(u, inputs, B, T);
+    size_t N = c.N, C = c.C;
+    float *rows = c.rows;
+    memset(rows, 0, c.dp * N * C * sizeof(float));
+    for (size_t n = 0; us->own_lo < us->own_hi && n < c.dp * N; n++) {
         /* this rank's entries, unit offsets [own_lo, own_hi), from its shard */
-        const float *own = m->params_memory + (us->begin + us->own_lo - u->range.begin);
+        const float *own = u->model->params_memory + (us->begin + us->own_lo - u->range.begin);
         float *row = rows + n * C;
-        own_part w = part_of(us, wte + (size_t)tokens[n] * C, C);
-        own_part p = part_of(us, wpe + n % N % (size_t)T * C, C);
+        own_part w, p;
+        row_parts(u, &c, n, &w, &p);
         for (size_t k = w.lo; k < w.hi; k++) row[k - w.at] = own[k - us->own_lo];
         for (size_t k = p.lo; k < p.hi; k++) row[k - p.at] += own[k - us->own_lo];
     }
@@ -733,19 +753,14 @@ static void embed_lookup_backward(void *ctx, const float *dout, const int32_t *i
                                   int T) {
     loom_unit_sync *u = ctx;
     const unit_state *us = &u->units[0];
-    const loom_gpt *m = u->model;
-    size_t dp = (size_t)u->mesh->dp_size, C = (size_t)m->config.channels;
-    size_t N = (size_t)B * (size_t)T;
-    float *rows = lookup_buffer(u, inputs, N, C), *tokens = rows + dp * N * C;
-    float *mine = rows + (size_t)u->mesh->dp_rank * N * C;
-    memcpy(mine, dout, N * C * sizeof(float));
-    allgather_moving(u, rows, N * C);
-    size_t wte = m->info[LOOM_WTE].offset - us->begin, wpe = m->info[LOOM_WPE].offset - us->begin;
-    for (size_t n = 0; us->own_lo < us->own_hi && n < dp * N; n++) {
+    lookup_call c = lookup_begin(u, inputs, B, T);
+    memcpy(c.rows + (size_t)u->mesh->dp_rank * c.N * c.C, dout, c.N * c.C * sizeof(float));
+    allgather_moving(u, c.rows, c.N * c.C);
+    for (size_t n = 0; us->own_lo < us->own_hi && n < c.dp * c.N; n++) {
         float *grads = u->shard + (us->begin + us->own_lo - u->range.begin);
-        const float *row = rows + n * C;
-        own_part w = part_of(us, wte + (size_t)tokens[n] * C, C);
-        own_part p = part_of(us, wpe + n % N % (size_t)T * C, C);
+        const float *row = c.rows + n * c.C;
+        own_part w, p;
+        row_parts(u, &c, n, &w, &p);
         for (size_t k = w.lo; k < w.hi; k++) grads[k - us->own_lo] += row[k - w.at];
         for (size_t k = p.lo; k < p.hi; k++) grads[k - us->own_lo] += row[k - p.at];
     }
