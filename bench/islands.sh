@@ -20,7 +20,10 @@
 # syncs, the time exposed (every step's time beyond the median step before the first sync), and
 # the cost model's step (its mean, the sync's share in it) and exposed time per sync, for the
 # same plan on a profile of this machine's 4 ranks (loom profile; CLUSTER=FILE reuses one) with
-# the link described as the rate shared by the 4 ranks.
+# the link described as the rate shared by the 4 ranks. ISLANDS=K: K ranks and K islands instead
+# of 4 (global batch 4K; ISLANDS=2 keeps one rank a core on this 2-core machine, where the
+# profile's figures hold: with 4 ranks on 2 cores they are reported, not targeted), its runs
+# and profile named slow_RATE_kK_* and profile_kK.json.
 #
 # TTL=1: time to data parallelism's final validation loss on the 6 x 384 model. On shared memory
 # (the arithmetic does not depend on the link): data parallelism on 4 ranks for TTL_STEPS (1000)
@@ -86,50 +89,52 @@ if [ -n "${SLOW:-}" ]; then
     trap 'ip netns del "$ns" 2>/dev/null' EXIT
     # (a generous --comm-timeout: at 10 Mbit/s a data-parallel step takes minutes, and the
     # liveness pings queue behind its all-reduce on the same connections)
+    K=${ISLANDS:-4}
+    tag=$([ "$K" -eq 4 ] || echo "k${K}_")
     slow_model=(--layers 6 --d-model 384 --heads 6 --context 128 --seq-len 64 --micro-batch-size 4
-        --global-batch-size 16 --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save
+        --global-batch-size $((4 * K)) --threads 1 --data "$data/train_*.bin" --eval-every 0 --no-save
         --log-every 1000 --comm-timeout 3600)
     # the cost model's view of this machine: a profile of the 4 ranks (CLUSTER=FILE reuses one)
-    cluster=${CLUSTER:-$OUT/profile.json}
+    cluster=${CLUSTER:-$OUT/profile${tag:+_${tag%_}}.json}
     if [ ! -f "$cluster" ]; then
-        mpirun -np 4 "$LOOM" profile --threads 1 --out "$cluster" >"$OUT/profile.log" 2>&1 ||
-            { echo "loom profile failed: $(tail -2 "$OUT/profile.log")" >&2; exit 1; }
+        mpirun -np "$K" "$LOOM" profile --threads 1 --out "$cluster" >"${cluster%.json}.log" 2>&1 ||
+            { echo "loom profile failed: $(tail -2 "${cluster%.json}.log")" >&2; exit 1; }
     fi
     printf '%-9s %-20s %10s %10s %8s %10s %10s %12s\n' link run "median ms" "mean ms" "outer s" \
         "exposed s" "pred. ms" "pred. exp s"
     # rows: name:steps:flags; steps enough for the medians and, for islands, one outer sync
     # landing inside the run (100 + overlap + 5)
-    rows=("dp:${DP_SLOW_STEPS:-4}:--data-parallel 4 --zero 0"
-        "dp_psgd16:10:--data-parallel 4 --dp-compression powersgd --dp-compression-rank 16"
-        "isl_h50_int8:50:--islands 4 --inner-steps 50 --outer-compression int8"
-        "isl_h100_int8:100:--islands 4 --inner-steps 100 --outer-compression int8"
-        "isl_h100:100:--islands 4 --inner-steps 100")
+    rows=("dp:${DP_SLOW_STEPS:-4}:--data-parallel $K --zero 0"
+        "dp_psgd16:10:--data-parallel $K --dp-compression powersgd --dp-compression-rank 16"
+        "isl_h50_int8:50:--islands $K --inner-steps 50 --outer-compression int8"
+        "isl_h100_int8:100:--islands $K --inner-steps 100 --outer-compression int8"
+        "isl_h100:100:--islands $K --inner-steps 100")
     for tau in ${TAUS:-4 8 16}; do
-        rows+=("isl_h100_int8_tau$tau:$((105 + tau)):--islands 4 --inner-steps 100 --outer-compression int8 --outer-overlap-steps $tau")
+        rows+=("isl_h100_int8_tau$tau:$((105 + tau)):--islands $K --inner-steps 100 --outer-compression int8 --outer-overlap-steps $tau")
     done
     for rate in $SLOW; do
         netns_one_link "$rate"
-        # the link as the cost model sees it: the rate shared by the 4 ranks, no latency
-        bytes_s=$(awk -v r="$rate" 'BEGIN { n = r + 0; u = substr(r, length(n "") + 1);
-            m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; print n * m / 8 / 4 }')
-        jq --argjson b "$bytes_s" '. + {islands: {nodes: 1, link: {bandwidth: $b, latency_s: 0,
-            source: "bench/islands.sh: the tc-shaped link shared by 4 ranks"}}}' "$cluster" \
-            >"$OUT/cluster_$rate.json"
+        # the link as the cost model sees it: the rate shared by the K ranks, no latency
+        bytes_s=$(awk -v r="$rate" -v k="$K" 'BEGIN { n = r + 0; u = substr(r, length(n "") + 1);
+            m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; print n * m / 8 / k }')
+        jq --argjson b "$bytes_s" --arg k "$K" '. + {islands: {nodes: 1, link: {bandwidth: $b, latency_s: 0,
+            source: "bench/islands.sh: the tc-shaped link shared by \($k) ranks"}}}' "$cluster" \
+            >"$OUT/cluster_$tag$rate.json"
         for r in "${rows[@]}"; do
             IFS=: read -r name steps flagtext <<<"$r"
             [[ $name =~ ${ONLY:-.} ]] || continue
             read -r -a flags <<<"$flagtext"
             h=$(sed -n 's/.*--inner-steps \([0-9]*\).*/\1/p' <<<"$flagtext")
-            run=$OUT/slow_${rate}_$name
-            echo "== $name on $rate: $(netns_mpirun_text 4 "") loom train ${slow_model[*]} --steps $steps ${flags[*]}" >&2
-            netns_mpirun 4 "" "$LOOM" train "${slow_model[@]}" --steps "$steps" "${flags[@]}" --out "$run" \
+            run=$OUT/slow_${rate}_$tag$name
+            echo "== $name on $rate: $(netns_mpirun_text "$K" "") loom train ${slow_model[*]} --steps $steps ${flags[*]}" >&2
+            netns_mpirun "$K" "" "$LOOM" train "${slow_model[@]}" --steps "$steps" "${flags[@]}" --out "$run" \
                 >"$run.log" 2>&1 || { echo "   $name failed: $(tail -2 "$run.log")" >&2; continue; }
             # the prediction: the same plan (islands: their syncs over the link), on the profile
             pred="- -"
             if [ "${name#isl}" != "$name" ] &&
-                "$LOOM" plan "${slow_model[@]:0:8}" --global-batch-size 16 --micro-batch-size 4 \
+                "$LOOM" plan "${slow_model[@]:0:8}" --global-batch-size $((4 * K)) --micro-batch-size 4 \
                     --dp 1 "${flags[@]}" --out "$run.plan.json" >/dev/null 2>&1 &&
-                "$LOOM" plan --predict "$run.plan.json" --cluster "$OUT/cluster_$rate.json" \
+                "$LOOM" plan --predict "$run.plan.json" --cluster "$OUT/cluster_$tag$rate.json" \
                     --seq-len 64 >"$run.predict.txt" 2>&1; then
                 # "so a step S s" and "A s a step not hidden": per step, and per sync (x H)
                 pred=$(awk -v h="${h:-100}" '/islands: a sync/ { for (i = 1; i <= NF; i++) {

@@ -7,7 +7,9 @@
 #    process's;
 #  - K islands fed the same data (a test hook) are one island: the outer average of K equal outer
 #    gradients is that gradient, so 2 islands (of 1 rank, and of dp 2) with Nesterov equal one
-#    island with the islands' batch;
+#    island with the islands' batch; so do top-k outer gradients keeping every entry (inside
+#    islands of dp 2, over 2 fragments, overlapped), and PowerSGD's shared by an island's 2
+#    replicas equal one replica's;
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
 #    quarter of fp32's bytes, PowerSGD's and top-k's far fewer;
@@ -115,10 +117,26 @@ if [ "$core_only" != 1 ]; then
     LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_tau 2 --islands 2 "${nesterov[@]}" --outer-overlap-steps 1 \
         --global-batch-size 8 --eval-batches 1 && same same2_tau ref_one_tau train
     # top-k keeping every entry sends the islands' outer gradients whole (values and indices,
-    # summed in island order): two equal ones average to that one
-    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_topk 2 --islands 2 "${nesterov[@]}" \
-        --outer-compression topk --outer-topk-fraction 1 --global-batch-size 8 --eval-batches 1 &&
-        same same2_topk ref_one
+    # summed in island order): two equal ones average to that one; here inside islands of dp 2
+    # (each replica compresses its share of each fragment's matrices), over 2 fragments whose
+    # rounds run behind a step
+    single ref_one_f2_tau --islands 1 "${nesterov[@]}" --outer-fragments 2 --outer-overlap-steps 1
+    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_topk 4 --islands 2 --data-parallel 2 "${nesterov[@]}" \
+        --outer-fragments 2 --outer-overlap-steps 1 --outer-compression topk \
+        --outer-topk-fraction 1 --global-batch-size 8 --eval-batches 1 &&
+        same same2_topk ref_one_f2_tau train
+    # PowerSGD's arithmetic does not depend on how an island's replicas share its matrices: dp 2
+    # (ZeRO-1) as dp 1, and each island sends every matrix once (the shares' bytes add up to one
+    # rank's)
+    psgd=(--outer-compression powersgd --outer-compression-rank 2 --outer-fragments 2
+        --outer-overlap-steps 1 --global-batch-size 8 --eval-batches 1)
+    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_psgd 2 --islands 2 "${nesterov[@]}" "${psgd[@]}" &&
+        LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_psgd_dp2 4 --islands 2 --data-parallel 2 --zero 1 \
+            "${nesterov[@]}" "${psgd[@]}" && same same2_psgd_dp2 same2_psgd train &&
+        a=$(jq -s '[.[] | .outer_bytes // 0] | add' same2_psgd/metrics.jsonl) &&
+        b=$(jq -s '[.[] | .outer_bytes // 0] | add' same2_psgd_dp2/metrics.jsonl) &&
+        # (less the start check's two all-reduces of 2 doubles, 32 bytes a rank, on 2 more ranks)
+        if [ "$a" -gt 0 ] && [ $((b - 64)) = "$a" ]; then ok; else fail "same2_psgd_dp2: $b outer bytes, dp 1 sent $a"; fi
 fi
 # and the outer step is not the identity here: Nesterov moves past the islands' mean
 if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; then ok; else fail "ref_one: Nesterov's outer step left training as plain"; fi
@@ -146,16 +164,18 @@ if run own2_int8 2 --islands 2 --inner-steps 4 --outer-fragments 2 --outer-compr
     if awk -v s="$sent" -v r="$raw" 'BEGIN { x = s / r; exit !(x > 0.25 && x < 0.26) }'; then ok; else fail "own2_int8: $sent of fp32's $raw bytes"; fi
 fi
 
-if [ "$core_only" != 1 ] && run own2_psgd 2 --islands 2 --inner-steps 4 --outer-compression powersgd --outer-compression-rank 2; then
+if [ "$core_only" != 1 ] && run own2_psgd 4 --islands 2 --inner-steps 4 --data-parallel 2 --zero 3 \
+    --outer-fragments 2 --outer-compression powersgd --outer-compression-rank 2 --global-batch-size 8; then
     sent=$(metric own2_psgd 4 outer_bytes) raw=$(metric own2_psgd 4 outer_bytes_raw)
     last=$(jq -r 'select(has("loss")) | .loss' own2_psgd/metrics.jsonl | tail -1)
     first=$(jq -r 'select(has("loss")) | .loss' own2_psgd/metrics.jsonl | head -1)
-    # rank 2 of 4-layer tiny's matrices, its 1-D tensors whole: about a fifth of fp32's
+    # rank 2 of 4-layer tiny's matrices, its 1-D tensors whole: about a fifth of fp32's (islands
+    # of dp 2 with ZeRO-3: the replicas' shares of the matrices)
     if awk -v s="$sent" -v r="$raw" -v a="$first" -v b="$last" 'BEGIN { exit !(s > 0 && s < r / 4 && b < a) }'; then ok; else fail "own2_psgd: $sent of fp32's $raw bytes, loss $first -> $last"; fi
 fi
 
 # ---- outer state memory: as the memory model predicts it, per rank ----
-for r in own2 own2_int8 own2_psgd one_tau one_dp2_zero3; do
+for r in own2 own2_int8 one_tau one_dp2_zero3; do
     [ -f "$r/memory.json" ] || continue
     if jq -e '[.ranks[] | .outer > 0 and .outer == .predicted.outer] | all' "$r/memory.json" >/dev/null; then
         ok
@@ -163,6 +183,15 @@ for r in own2 own2_int8 own2_psgd one_tau one_dp2_zero3; do
         fail "$r: outer state $(jq -c '[.ranks[] | [.outer, .predicted.outer]]' "$r/memory.json") (measured, predicted)"
     fi
 done
+# PowerSGD's state inside islands of dp 2: each replica its share of the matrices' (unequal:
+# whole buckets), the model their mean
+if [ "$core_only" = 1 ]; then
+    :
+elif jq -e '[.ranks[] | .predicted.outer] as $p | [.ranks[] | .outer] | add == ($p | add) and all(. > 0)' own2_psgd/memory.json >/dev/null 2>&1; then
+    ok
+else
+    fail "own2_psgd: outer state $(jq -c '[.ranks[] | [.outer, .predicted.outer]]' own2_psgd/memory.json 2>&1) (measured, predicted: equal sums)"
+fi
 # 3 buffers of 4 bytes a parameter; int8's residual a fourth
 p=$(jq '.ranks[0].outer' own2/memory.json 2>/dev/null)
 q=$(jq '.ranks[0].outer' own2_int8/memory.json 2>/dev/null)
@@ -219,13 +248,15 @@ if [ "$core_only" != 1 ]; then
     run ck_pp 4 "${pp[@]}" --save-every 6 &&
         run ck_pp_res 4 "${pp[@]}" --resume ck_pp/checkpoints/step_00000006 && exact ck_pp_res ck_pp
     # PowerSGD's and top-k's outer compressors (error feedback, PowerSGD's warm-start factors):
-    # the step-4 sync's residuals shape the step-8 one
-    for c in "psgd:--outer-compression powersgd --outer-compression-rank 2" \
-        "topk:--outer-compression topk --outer-topk-fraction 0.05"; do
-        read -r -a f <<<"${c#*:}"
-        run "ck_${c%%:*}" 2 --islands 2 --inner-steps 4 "${f[@]}" --save-every 6 &&
-            run "ck_${c%%:*}_res" 2 --islands 2 --inner-steps 4 "${f[@]}" \
-                --resume "ck_${c%%:*}/checkpoints/step_00000006" && exact "ck_${c%%:*}_res" "ck_${c%%:*}"
+    # the step-4 sync's residuals shape the step-8 one; PowerSGD inside islands of dp 2 over 2
+    # fragments, fragment 1's rounds in flight at the checkpoint
+    for c in "psgd:4:--outer-compression powersgd --outer-compression-rank 2 --data-parallel 2 --outer-fragments 2 --outer-overlap-steps 1 --global-batch-size 8" \
+        "topk:2:--outer-compression topk --outer-topk-fraction 0.05"; do
+        IFS=: read -r name np flags <<<"$c"
+        read -r -a f <<<"$flags"
+        run "ck_$name" "$np" --islands 2 --inner-steps 4 "${f[@]}" --save-every 6 &&
+            run "ck_${name}_res" "$np" --islands 2 --inner-steps 4 "${f[@]}" \
+                --resume "ck_$name/checkpoints/step_00000006" && exact "ck_${name}_res" "ck_$name"
     done
     # top-k at 5 %: 8 bytes (value, index) an entry sent, so about a tenth of fp32's bytes
     sent=$(metric ck_topk 4 outer_bytes) raw=$(metric ck_topk 4 outer_bytes_raw)
@@ -240,8 +271,6 @@ refused bad_ranks 3 "islands.count: expected islands x dp*tp*pp to equal the 3 r
     --islands 2 --data-parallel 1
 [ "$core_only" = 1 ] || refused bad_h 2 "islands.inner_steps: expected at least 1 inner step a round, got -1" --islands 2 --inner-steps -1
 [ "$core_only" = 1 ] || refused bad_fragments 2 "islands.fragments: expected 1 to 3 fragments" --islands 2 --inner-steps 3 --outer-fragments 4
-[ "$core_only" = 1 ] || refused bad_psgd 4 "islands.compression: powersgd outer gradients need whole matrices on one rank" \
-    --islands 2 --data-parallel 2 --outer-compression powersgd --global-batch-size 8
 [ "$core_only" = 1 ] || refused bad_topk 2 "--outer-topk-fraction: expected only with --outer-compression topk" \
     --islands 2 --outer-compression int8 --outer-topk-fraction 0.1
 [ "$core_only" = 1 ] || refused bad_flag 2 "--outer-lr: expected only with --islands K" --outer-lr 0.5

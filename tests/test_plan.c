@@ -1726,11 +1726,14 @@ static void test_settled_keys(void) {
         {"\"mesh\":",
          "\"islands\": {\"count\": 2, \"inner_steps\": 4, \"overlap_steps\": 4}, \"mesh\":", -1,
          "islands.overlap_steps: expected 0 to 3 inner steps a sync runs behind"},
-        /* PowerSGD needs whole matrices: the valid plan's dp 2 holds ZeRO ranges */
-        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"powersgd\"}, \"mesh\":", -1,
-         "islands.compression: powersgd outer gradients need whole matrices on one rank"},
-        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"topk\"}, \"mesh\":", -1,
-         "islands.compression: topk outer gradients need whole matrices on one rank"},
+        /* PowerSGD and top-k with the valid plan's dp 2: each replica compresses a share of
+         * the matrices */
+        {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"powersgd\"}, \"mesh\":", 0,
+         NULL},
+        {"\"mesh\":",
+         "\"islands\": {\"count\": 2, \"inner_steps\": 4, \"fragments\": 2, \"overlap_steps\": 1, "
+         "\"compression\": \"topk\"}, \"mesh\":",
+         0, NULL},
         {"\"mesh\":", "\"islands\": {\"count\": 2, \"compression\": \"sign\"}, \"mesh\":", -1,
          "islands.compression: \"sign\" outer gradients are not built yet"},
         {"\"mesh\":",

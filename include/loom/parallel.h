@@ -114,6 +114,11 @@ typedef struct {
  * top down: buckets[0] ends at num_params. Free with loom_grad_buckets_free. */
 loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
                                    loom_grad_bucket **buckets, int *count);
+/* The same with no bucket spanning any of `cuts` (flat offsets, each a tensor slice's start):
+ * islands' fragments, whose buckets sync at steps of their own. */
+loom_status loom_grad_buckets_make_cut(const loom_gpt *model, size_t bucket_bytes,
+                                       const size_t *cuts, int num_cuts, loom_grad_bucket **out,
+                                       int *count);
 void loom_grad_buckets_free(loom_grad_bucket *buckets, int count);
 
 /* ZeRO-1: the flat buffer (padded to a multiple of dp) is split into dp contiguous shards;
@@ -220,6 +225,8 @@ void loom_grad_sync_poison(loom_grad_sync *sync);
  * with the ranks at its place in the other islands (mesh->across). */
 typedef struct loom_outer loom_outer;
 typedef struct {
+    int64_t bytes;     /* sent on the fragments' own copies of mesh->across (PowerSGD / top-k
+                          over several fragments; the rest is mesh->across's own count) */
     int64_t bytes_raw; /* what fp32 ring all-reduces of the same outer gradients would send */
     int64_t syncs;     /* fragment syncs */
     double seconds;    /* spent in outer syncs (blocking: all of it waits) */

@@ -65,6 +65,8 @@ extern "C" {
 /* The link class of a group of world ranks placed as above: LOOM_LINK_INTRA_NODE when they all
  * share a node, else LOOM_LINK_INTER_NODE. */
 int loom_plan_group_link(const loom_cluster *cluster, const int *ranks, int n);
+/* The slowest link class any of the plan's data-parallel groups uses. */
+int loom_plan_dp_link(const loom_plan *plan, const loom_cluster *cluster);
 
 /* One virtual stage's times for one micro-batch. */
 typedef struct {

@@ -244,6 +244,12 @@ void loom_dp_compress_commit(loom_dp_compress *dc, int accept) {
     }
 }
 
+void loom_dp_compress_commit_bucket(loom_dp_compress *dc, int b, int accept) {
+    for (int i = 0; i < dc->buckets[b].count; i++) {
+        loom_compressor_commit(dc->buckets[b].comp[i], accept);
+    }
+}
+
 void loom_dp_compress_take_stats(loom_dp_compress *dc, loom_compress_stats *stats) {
     stats->dp_bytes_saved += dc->stats.dp_bytes_saved;
     stats->compress_s += dc->stats.compress_s;

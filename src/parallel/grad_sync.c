@@ -35,9 +35,18 @@ static int matrices_of(const loom_gpt *model, const loom_gpt_segment *seg, loom_
     return parts;
 }
 
-/* isolate: a tensor whose slices get buckets of their own (the fused embedding's), or -1. */
+/* Whether a bucket must not reach below segment `lo`: it starts one of `cuts`. */
+static int is_cut(const loom_gpt *model, int lo, const size_t *cuts, int num_cuts) {
+    for (int c = 0; c < num_cuts; c++)
+        if (model->segments[lo].offset == cuts[c]) return 1;
+    return 0;
+}
+
+/* isolate: a tensor whose slices get buckets of their own (the fused embedding's), or -1; cuts:
+ * flat offsets no bucket spans (each a segment's start). */
 static loom_status make_buckets(const loom_gpt *model, size_t bucket_bytes, int isolate,
-                                loom_grad_bucket **out, int *count) {
+                                const size_t *cuts, int num_cuts, loom_grad_bucket **out,
+                                int *count) {
     *out = NULL, *count = 0;
     size_t per_bucket = bucket_bytes / sizeof(float);
     if (per_bucket == 0) per_bucket = 1;
@@ -50,7 +59,8 @@ static loom_status make_buckets(const loom_gpt *model, size_t bucket_bytes, int 
         int lo = hi;
         size_t size = (size_t)model->segments[lo].numel;
         int alone = model->segments[lo].tensor == isolate;
-        while (!alone && lo > 0 && size < per_bucket && model->segments[lo - 1].tensor != isolate)
+        while (!alone && lo > 0 && size < per_bucket && model->segments[lo - 1].tensor != isolate &&
+               !is_cut(model, lo, cuts, num_cuts))
             size += (size_t)model->segments[--lo].numel;
         loom_grad_bucket *b = &buckets[made];
         b->matrices = loom_calloc((size_t)(hi - lo + 1) * LOOM_MAX_MATRIX_PARTS,
@@ -73,7 +83,13 @@ static loom_status make_buckets(const loom_gpt *model, size_t bucket_bytes, int 
 
 loom_status loom_grad_buckets_make(const loom_gpt *model, size_t bucket_bytes,
                                    loom_grad_bucket **out, int *count) {
-    return make_buckets(model, bucket_bytes, -1, out, count);
+    return make_buckets(model, bucket_bytes, -1, NULL, 0, out, count);
+}
+
+loom_status loom_grad_buckets_make_cut(const loom_gpt *model, size_t bucket_bytes,
+                                       const size_t *cuts, int num_cuts, loom_grad_bucket **out,
+                                       int *count) {
+    return make_buckets(model, bucket_bytes, -1, cuts, num_cuts, out, count);
 }
 
 void loom_grad_buckets_free(loom_grad_bucket *buckets, int count) {
@@ -172,8 +188,8 @@ loom_status loom_grad_sync_create(loom_grad_sync **out, const loom_mesh *mesh, l
     }
     s->fused = mesh->embedding_all != NULL;
     if (st == LOOM_OK && dp > 1) {
-        st = make_buckets(model, (size_t)opts->bucket_bytes, s->fused ? LOOM_WTE : -1, &s->buckets,
-                          &s->num_buckets);
+        st = make_buckets(model, (size_t)opts->bucket_bytes, s->fused ? LOOM_WTE : -1, NULL, 0,
+                          &s->buckets, &s->num_buckets);
     }
     if (st == LOOM_OK && dp > 1) {
         s->state = loom_calloc((size_t)s->num_buckets, sizeof *s->state, "bucket state");

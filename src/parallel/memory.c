@@ -95,7 +95,8 @@ loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan, int pp_rank) {
 
 /* Islands' outer state on a rank whose stage holds `stage_bytes` of parameters (outer.c):
  * round starts, momentum and scratch on its 1/dp range, int8/bf16's residual, overlap's sent
- * copy, or PowerSGD's / top-k's per-matrix state (dp 1). */
+ * copy, or PowerSGD's / top-k's per-matrix state (a replica's share of the matrices; at dp > 1
+ * also the stage's outer gradient, gathered). */
 static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_bytes) {
     const loom_plan_islands *is = &plan->islands;
     if (is->count < 1) return 0;
@@ -108,7 +109,9 @@ static int64_t outer_bytes(const loom_plan *plan, int pp_rank, int64_t stage_byt
         loom_plan_compressor_init(&c);
         c.method = is->compression, c.rank = is->compression_rank, c.error_feedback = 1;
         c.fraction = is->compression_fraction;
-        bytes += (int64_t)traffic_of(plan, pp_rank, &c, c.method).state;
+        /* each replica keeps its share of the matrices' state, and the stage's outer gradient */
+        bytes += (int64_t)traffic_of(plan, pp_rank, &c, c.method).state / plan->dp;
+        if (plan->dp > 1) bytes += stage_bytes;
     }
     return bytes;
 }

@@ -56,13 +56,24 @@ struct loom_outer {
     loom_qreduce **wires;  /* (F) compressed: one plan per fragment's piece (NULL: fp32) */
     int64_t *bounds;       /* (dp + 1) the island's ranges, for gathering them back */
     float *sent;           /* (n) overlapped syncs: the island's parameters when each was sent */
-    loom_dp_compress *matrices; /* PowerSGD / top-k outer gradients, matrix by matrix (dp 1:
-                                   the range is the buffer) */
-    loom_grad_bucket *buckets;  /* its buckets of whole matrices */
+    loom_dp_compress *matrices; /* PowerSGD / top-k outer gradients of this replica's buckets */
+    loom_grad_bucket *buckets;  /* the stage's buckets of whole matrices, none across fragments */
     int num_buckets;
+    loom_grad_bucket *mine; /* (num_mine) this replica's of them (shallow copies), in order */
+    int *mine_fragment;     /* (num_mine) the fragment of each */
+    int num_mine;
+    int64_t *groups;            /* ((F) x (dp + 1)) flat offsets: replica r compresses fragment f's
+                                   [groups[f (dp + 1) + r], groups[f (dp + 1) + r + 1]) */
+    float *full;                /* matrix methods at dp > 1: (the stage) the outer gradient, every
+                                   replica's range gathered, then every group's sum */
+    int64_t *pieces;            /* (dp + 1) scratch: the replicas' ranges cut to a fragment */
+    loom_comm **fragment_comms; /* matrix methods with F > 1: one copy of across a fragment (the
+                                   rounds of two fragments in flight start in any order) */
     struct pending {
         int64_t apply_at;           /* the step whose end applies it (0: none in flight) */
-        loom_comm_request *request; /* fp32's all-reduce */
+        loom_comm_request *request; /* fp32's all-reduce; a matrix method's round */
+        int bucket;                 /* a matrix method's: the index in mine in flight (num_mine:
+                                       its rounds are over) */
         int summed;                 /* its sum is in delta already (loom_outer_settle) */
         int gathering;              /* compressed: its reduce-scatter is over, the all-gather on */
     } * pending;                    /* (F) one sync in flight at most per fragment */
@@ -93,39 +104,100 @@ static int unit_fragment(const loom_gpt *m, int u, int fragments) {
     return (int)((int64_t)layer * fragments / m->config.num_layers);
 }
 
+/* Fragment f's start in the stage's flat buffer (f = F: its end). */
+static size_t fragment_begin(const loom_outer *o, int f) {
+    const loom_gpt *m = o->model;
+    if (f == 0) return 0;
+    for (int u = 0; f < o->cfg.fragments && u < m->num_units; u++) {
+        if (unit_fragment(m, u, o->cfg.fragments) >= f) return m->unit_begin[u];
+    }
+    return m->num_params;
+}
+
 /* Each fragment's piece of the range: frag[f] .. frag[f + 1] (offsets from range.begin). */
 static void split_fragments(loom_outer *o) {
-    const loom_gpt *m = o->model;
-    int F = o->cfg.fragments;
     size_t lo = o->range.begin, hi = o->range.end;
-    for (int f = 0; f <= F; f++) o->frag[f] = f == 0 ? 0 : o->n;
-    for (int f = 1; f < F; f++) {
-        /* the first unit of fragment f or later starts its piece */
-        size_t at = hi;
-        for (int u = 0; u < m->num_units; u++) {
-            if (unit_fragment(m, u, F) >= f) {
-                at = m->unit_begin[u];
-                break;
-            }
-        }
+    for (int f = 0; f <= o->cfg.fragments; f++) {
+        size_t at = fragment_begin(o, f);
         at = at < lo ? lo : at > hi ? hi : at;
         o->frag[f] = at - lo;
     }
 }
 
+/* The fragment bucket b lies in. */
+static int bucket_fragment(const loom_outer *o, const loom_grad_bucket *b) {
+    int f = 0;
+    while (f + 1 < o->cfg.fragments && b->begin >= fragment_begin(o, f + 1)) f++;
+    return f;
+}
+
+/* The replica that compresses bucket b of fragment f: the one in whose dp-th of the fragment
+ * the bucket's middle falls (contiguous shares in buffer order, the same on every island). */
+static int bucket_owner(const loom_outer *o, const loom_grad_bucket *b, int f) {
+    size_t lo = fragment_begin(o, f), len = fragment_begin(o, f + 1) - lo;
+    size_t mid = (b->begin + b->end) / 2 - lo;
+    int dp = o->mesh->dp_size;
+    int r = len ? (int)((double)mid * dp / (double)len) : 0;
+    return r < dp ? r : dp - 1;
+}
+
 /* PowerSGD and top-k: the data-parallel machinery's compressed buckets, over the islands (error
- * feedback and PowerSGD's warm starts kept across rounds; seeded alike on every island). */
+ * feedback and PowerSGD's warm starts kept across rounds; seeded alike on every island). No
+ * bucket spans two fragments; each fragment's buckets fall to the island's replicas in
+ * contiguous shares: each replica compresses its share over the islands (an island sends every
+ * matrix once), and the island's replicas then gather the shares' sums. */
 static loom_status make_matrices(loom_outer *o) {
     loom_compress_opts opts = {.method = o->cfg.compression,
                                .rank = o->cfg.compression_rank,
                                .fraction = o->cfg.compression_fraction,
                                .error_feedback = 1,
                                .seed = 0x15a4d5};
-    loom_status st = loom_grad_buckets_make(o->model, (size_t)LOOM_GRAD_BUCKET_DEFAULT_MB * 1048576,
-                                            &o->buckets, &o->num_buckets);
+    const int F = o->cfg.fragments, dp = o->mesh->dp_size;
+    size_t *cuts = loom_calloc((size_t)F, sizeof *cuts, "fragment starts");
+    if (!cuts) return LOOM_ERR_NOMEM;
+    for (int f = 1; f < F; f++) cuts[f - 1] = fragment_begin(o, f);
+    loom_status st =
+        loom_grad_buckets_make_cut(o->model, (size_t)LOOM_GRAD_BUCKET_DEFAULT_MB * 1048576, cuts,
+                                   F - 1, &o->buckets, &o->num_buckets);
+    free(cuts);
+    if (st != LOOM_OK) return st;
+    int n = o->num_buckets > 0 ? o->num_buckets : 1;
+    o->mine = loom_calloc((size_t)n, sizeof *o->mine, "outer buckets");
+    o->mine_fragment = loom_calloc((size_t)n, sizeof *o->mine_fragment, "outer buckets");
+    o->groups = loom_calloc((size_t)F * (size_t)(dp + 1), sizeof *o->groups, "outer groups");
+    if (!o->mine || !o->mine_fragment || !o->groups) return LOOM_ERR_NOMEM;
+    for (int f = 0; f < F; f++) {
+        int64_t *g = o->groups + (size_t)f * (size_t)(dp + 1);
+        for (int r = 1; r <= dp; r++) g[r] = (int64_t)fragment_begin(o, f + 1);
+        g[0] = (int64_t)fragment_begin(o, f);
+    }
+    for (int b = 0; b < o->num_buckets; b++) {
+        const loom_grad_bucket *bk = &o->buckets[b];
+        int f = bucket_fragment(o, bk), r = bucket_owner(o, bk, f);
+        int64_t *g = o->groups + (size_t)f * (size_t)(dp + 1);
+        for (int q = 1; q <= r; q++) /* replicas 1 .. r start at or before this bucket */
+            if ((int64_t)bk->begin < g[q]) g[q] = (int64_t)bk->begin;
+        if (r != o->mesh->dp_rank) continue;
+        o->mine_fragment[o->num_mine] = f;
+        o->mine[o->num_mine++] = *bk;
+    }
+    if (dp > 1) {
+        size_t floats = o->model->num_params ? o->model->num_params : 1;
+        o->full = loom_alloc_aligned(floats * sizeof(float), "outer gradient");
+        o->pieces = loom_calloc((size_t)dp + 1, sizeof *o->pieces, "outer pieces");
+        if (!o->full || !o->pieces) return LOOM_ERR_NOMEM;
+    }
+    if (F > 1) {
+        o->fragment_comms = loom_calloc((size_t)F, sizeof *o->fragment_comms, "outer groups");
+        if (!o->fragment_comms) return LOOM_ERR_NOMEM;
+        for (int f = 0; f < F && st == LOOM_OK; f++) {
+            st = loom_comm_split(o->mesh->across, 0, loom_comm_rank(o->mesh->across),
+                                 "islands (a fragment's outer gradients)", &o->fragment_comms[f]);
+        }
+    }
     if (st == LOOM_OK) {
-        st = loom_dp_compress_create(&o->matrices, &opts, o->buckets, o->num_buckets,
-                                     o->mesh->islands, -1);
+        st = loom_dp_compress_create(&o->matrices, &opts, o->mine, o->num_mine, o->mesh->islands,
+                                     -1);
     }
     return st;
 }
@@ -218,6 +290,14 @@ void loom_outer_free(loom_outer *o) {
     free(o->sent);
     loom_dp_compress_free(o->matrices);
     loom_grad_buckets_free(o->buckets, o->num_buckets);
+    free(o->mine);
+    free(o->mine_fragment);
+    free(o->groups);
+    loom_free_aligned(o->full);
+    free(o->pieces);
+    for (int f = 0; o->fragment_comms && f < o->cfg.fragments; f++)
+        loom_comm_free(o->fragment_comms[f]);
+    free(o->fragment_comms);
     for (int f = 0; o->wires && f < o->cfg.fragments; f++) loom_qreduce_free(o->wires[f]);
     free(o->wires);
     free(o->start);
@@ -248,24 +328,96 @@ loom_status loom_outer_check_start(loom_outer *o) {
     return LOOM_OK;
 }
 
-/* Starts summing fragment f's outer gradient over the islands in delta[lo, hi) (fp32: an
- * all-reduce; compressed: the quantised reduce-scatter, whose all-gather finish_sum starts). */
-static loom_status start_sum(loom_outer *o, int f, size_t lo, size_t hi) {
-    if (!o->mesh->across || hi == lo) return LOOM_OK;
-    if (o->matrices) { /* blocking, its rounds per bucket (one fragment: the whole buffer) */
-        loom_status st = LOOM_OK;
-        for (int b = 0; b < o->num_buckets && st == LOOM_OK; b++) {
-            loom_comm_request *request = NULL;
-            st = loom_dp_compress_start(o->matrices, b, o->delta, o->mesh->across, &request);
-            while (st == LOOM_OK && request) {
-                st = loom_comm_wait(request);
-                if (st == LOOM_OK)
-                    st = loom_dp_compress_next(o->matrices, b, o->delta, o->mesh->across, &request);
-            }
+/* The group fragment f's matrix rounds run on. */
+static loom_comm *fragment_comm(const loom_outer *o, int f) {
+    return o->fragment_comms ? o->fragment_comms[f] : o->mesh->across;
+}
+
+/* The buffer the matrix rounds read and write, by flat offset: the gathered outer gradient at
+ * dp > 1, else delta (whose range is then the whole buffer). */
+static float *matrix_work(const loom_outer *o) {
+    return o->full ? o->full : o->delta;
+}
+
+/* The first of this replica's buckets at index `from` or later in fragment f (num_mine: none). */
+static int next_mine(const loom_outer *o, int f, int from) {
+    while (from < o->num_mine && o->mine_fragment[from] != f) from++;
+    return from;
+}
+
+/* An all-gather over the island's replicas of the blocks bounds[r] .. bounds[r + 1] of `full`. */
+static loom_status gather_island(loom_outer *o, const int64_t *bounds) {
+    loom_comm_request *request = NULL;
+    loom_status st = loom_comm_iallgatherv_f32(o->mesh->dp, o->full, bounds, &request);
+    return st == LOOM_OK ? loom_comm_wait(request) : st;
+}
+
+/* Starts fragment f's matrix rounds: at dp > 1 the island first gathers the fragment's outer
+ * gradient from every replica's range (fast links), then each replica compresses its share. */
+static loom_status start_matrices(loom_outer *o, int f, size_t lo, size_t hi) {
+    struct pending *p = &o->pending[f];
+    loom_status st = LOOM_OK;
+    if (o->full) {
+        const int dp = o->mesh->dp_size;
+        const int64_t *g = o->groups + (size_t)f * (size_t)(dp + 1);
+        for (int r = 0; r <= dp; r++) { /* the replicas' ranges, cut to the fragment */
+            int64_t at = o->bounds[r];
+            o->pieces[r] = at < g[0] ? g[0] : at > g[dp] ? g[dp] : at;
         }
-        loom_dp_compress_commit(o->matrices, 1);
-        return st;
+        memcpy(o->full + o->range.begin + lo, o->delta + lo, (hi - lo) * sizeof(float));
+        st = gather_island(o, o->pieces);
     }
+    p->bucket = next_mine(o, f, 0);
+    if (st == LOOM_OK && p->bucket < o->num_mine)
+        st = loom_dp_compress_start(o->matrices, p->bucket, matrix_work(o), fragment_comm(o, f),
+                                    &p->request);
+    return st;
+}
+
+/* Moves fragment f's matrix rounds on: each completed round starts the next (a bucket's second,
+ * or the next bucket's first); waits for each when `wait`, else returns at the first still
+ * running. */
+static loom_status drive_matrices(loom_outer *o, int f, int wait) {
+    struct pending *p = &o->pending[f];
+    float *work = matrix_work(o);
+    loom_status st = LOOM_OK;
+    while (p->bucket < o->num_mine && st == LOOM_OK) {
+        if (p->request) {
+            int done = 1;
+            st = wait ? loom_comm_wait(p->request) : loom_comm_poll(p->request, &done);
+            if (st != LOOM_OK || done) p->request = NULL;
+            if (st != LOOM_OK || !done) break;
+        }
+        st = loom_dp_compress_next(o->matrices, p->bucket, work, fragment_comm(o, f), &p->request);
+        if (st != LOOM_OK || p->request) continue;
+        loom_dp_compress_commit_bucket(o->matrices, p->bucket, 1);
+        p->bucket = next_mine(o, f, p->bucket + 1);
+        if (p->bucket < o->num_mine) {
+            st = loom_dp_compress_start(o->matrices, p->bucket, work, fragment_comm(o, f),
+                                        &p->request);
+        }
+    }
+    return st;
+}
+
+/* Ends fragment f's matrix rounds; at dp > 1 the island gathers every share's sum and each
+ * replica takes its range's. */
+static loom_status finish_matrices(loom_outer *o, int f, size_t lo, size_t hi) {
+    loom_status st = drive_matrices(o, f, 1);
+    if (st == LOOM_OK && o->full) {
+        st = gather_island(o, o->groups + (size_t)f * (size_t)(o->mesh->dp_size + 1));
+        memcpy(o->delta + lo, o->full + o->range.begin + lo, (hi - lo) * sizeof(float));
+    }
+    return st;
+}
+
+/* Starts summing fragment f's outer gradient over the islands in delta[lo, hi) (fp32: an
+ * all-reduce; compressed: the quantised reduce-scatter, whose all-gather finish_sum starts;
+ * PowerSGD / top-k: the matrix rounds). */
+static loom_status start_sum(loom_outer *o, int f, size_t lo, size_t hi) {
+    if (!o->mesh->across) return LOOM_OK;
+    if (o->matrices) return start_matrices(o, f, lo, hi);
+    if (hi == lo) return LOOM_OK;
     if (o->wires)
         return loom_qreduce_reduce_scatter_start(o->wires[f], o->delta + lo, o->residual + lo);
     return loom_comm_iallreduce_f32(o->mesh->across, o->delta + lo, (int64_t)(hi - lo),
@@ -278,7 +430,9 @@ static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
         o->pending[f].summed = 0;
         return LOOM_OK;
     }
-    if (!o->mesh->across || hi == lo || o->matrices) return LOOM_OK;
+    if (!o->mesh->across) return LOOM_OK;
+    if (o->matrices) return finish_matrices(o, f, lo, hi);
+    if (hi == lo) return LOOM_OK;
     if (!o->wires) {
         loom_status st = loom_comm_wait(o->pending[f].request);
         o->pending[f].request = NULL;
@@ -296,14 +450,19 @@ static loom_status finish_sum(loom_outer *o, int f, size_t lo, size_t hi) {
 }
 
 /* A polling point (every step's end): each compressed sync in flight whose reduce-scatter has
- * ended starts its all-gather, so the whole sync runs behind the inner steps (the result is the
- * same bits whenever the all-gather starts). Polled without the deadline: the wait that applies
- * the sync keeps it. */
+ * ended starts its all-gather, and each matrix sync's completed round starts the next, so the
+ * whole sync runs behind the inner steps (the result is the same bits whenever they start).
+ * Polled without the deadline: the wait that applies the sync keeps it. */
 static loom_status progress(loom_outer *o) {
     loom_status st = LOOM_OK;
-    for (int f = 0; o->wires && f < o->cfg.fragments && st == LOOM_OK; f++) {
+    for (int f = 0; f < o->cfg.fragments && st == LOOM_OK; f++) {
         struct pending *p = &o->pending[f];
-        if (!p->apply_at || p->summed || p->gathering || o->frag[f + 1] == o->frag[f]) continue;
+        if (!p->apply_at || p->summed) continue;
+        if (o->matrices) {
+            st = drive_matrices(o, f, 0);
+            continue;
+        }
+        if (!o->wires || p->gathering || o->frag[f + 1] == o->frag[f]) continue;
         int done = 0;
         st = loom_qreduce_poll(o->wires[f], &done);
         if (st == LOOM_OK && done) {
@@ -426,6 +585,10 @@ loom_status loom_outer_swap(loom_outer *o) {
 
 void loom_outer_take_stats(loom_outer *o, loom_outer_stats *stats) {
     if (!o) return;
+    for (int f = 0; o->fragment_comms && f < o->cfg.fragments; f++) {
+        stats->bytes += loom_comm_get_stats(o->fragment_comms[f]).bytes;
+        loom_comm_reset_stats(o->fragment_comms[f]);
+    }
     stats->bytes_raw += o->stats.bytes_raw;
     stats->syncs += o->stats.syncs;
     stats->seconds += o->stats.seconds;
@@ -443,7 +606,8 @@ loom_compressor *loom_outer_compressor(loom_outer *o, int i) {
 size_t loom_outer_state_bytes(const loom_outer *o) {
     if (!o) return 0;
     return o->n * sizeof(float) * (size_t)(3 + (o->residual != NULL) + (o->sent != NULL)) +
-           (o->matrices ? loom_dp_compress_state_bytes(o->matrices) : 0);
+           (o->matrices ? loom_dp_compress_state_bytes(o->matrices) : 0) +
+           (o->full ? o->model->num_params * sizeof(float) : 0);
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */

@@ -38,6 +38,8 @@ loom_status loom_dp_compress_next(loom_dp_compress *dc, int b, float *grads, loo
 int loom_dp_compress_has_second(const loom_dp_compress *dc, int b);
 /* End of step: keep (accept) or drop every compressor's working state. */
 void loom_dp_compress_commit(loom_dp_compress *dc, int accept);
+/* The same for bucket b alone (islands: a fragment's buckets end at a step of their own). */
+void loom_dp_compress_commit_bucket(loom_dp_compress *dc, int b, int accept);
 /* Counters since the last call (then reset): bytes the compressed buckets did not send
  * compared with an uncompressed allreduce of them, seconds encoding and decoding, the
  * residuals' and the inputs' squared norms. */

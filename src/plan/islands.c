@@ -101,18 +101,6 @@ loom_status loom_plan_check_islands(const loom_plan *p, const char *source) {
                                "gradients and none otherwise, got %g with \"%s\"",
                                is->compression_fraction, loom_compress_method_name(c));
     }
-    if (loom_plan_islands_by_matrix(is) &&
-        (p->dp > 1 || is->fragments > 1 || is->overlap_steps > 0)) {
-        /* the island's ranks hold ZeRO ranges of the buffer, not whole matrices; fragments and
-         * overlap would cut the matrices' compressed sums across steps */
-        return loom_fail_field(source, "islands.compression",
-                               "%s outer gradients need whole matrices on one rank in one "
-                               "blocking sync: expected mesh.dp 1, islands.fragments 1 and "
-                               "islands.overlap_steps 0, got %d, %d and %d (int8 and bf16 run "
-                               "with all of them)",
-                               loom_compress_method_name(c), p->dp, is->fragments,
-                               is->overlap_steps);
-    }
     return st;
 }
 

@@ -59,6 +59,10 @@ static int kind_link(const loom_plan *plan, const loom_cluster *cl, group_kind k
     return worst;
 }
 
+int loom_plan_dp_link(const loom_plan *plan, const loom_cluster *cluster) {
+    return kind_link(plan, cluster, GROUP_DP);
+}
+
 /* ---- time ------------------------------------------------------------------------------ */
 
 typedef struct {

@@ -86,31 +86,42 @@ loom_status loom_plan_outer_cost(const loom_plan *plan, const loom_cluster *clus
     }
     const loom_link *l =
         cluster->island_nodes > 0 ? &cluster->island_link : &cluster->links[LOOM_LINK_INTER_NODE];
+    const int matrix = loom_plan_islands_by_matrix(is);
+    const int dp_link = matrix && plan->dp > 1 ? loom_plan_dp_link(plan, cluster) : 0;
     double worst = 0;
     for (int r = 0; r < plan->pp; r++) {
-        double bytes[LOOM_PLAN_MAX_FRAGMENTS];
+        double bytes[LOOM_PLAN_MAX_FRAGMENTS], all = 0;
         fragment_bytes(plan, r, bytes);
+        for (int f = 0; f < is->fragments; f++) all += bytes[f];
+        /* PowerSGD / top-k: their wire for the rank's matrices, a fragment's share of it, each
+         * replica its dp-th of the fragment's matrices */
+        double wire = 0;
+        if (matrix) {
+            loom_plan copy = *plan;
+            loom_plan_compressor_init(&copy.dp_compression);
+            copy.dp_compression.method = is->compression;
+            copy.dp_compression.rank = is->compression_rank;
+            copy.dp_compression.fraction = is->compression_fraction;
+            copy.dp_compression.error_feedback = 1;
+            wire = loom_plan_dp_traffic(&copy, r).wire;
+        }
         double exposed = 0, total = 0, sent_step = 0;
         for (int f = 0; f < is->fragments; f++) {
             double range = bytes[f] / plan->dp, sent = 0;
-            /* PowerSGD / top-k (dp 1, one fragment): their wire for the rank's matrices */
-            double wire = 0;
-            if (loom_plan_islands_by_matrix(is)) {
-                loom_plan copy = *plan;
-                loom_plan_compressor_init(&copy.dp_compression);
-                copy.dp_compression.method = is->compression;
-                copy.dp_compression.rank = is->compression_rank;
-                copy.dp_compression.fraction = is->compression_fraction;
-                copy.dp_compression.error_feedback = 1;
-                wire = loom_plan_dp_traffic(&copy, r).wire;
-            }
-            double t = K > 1 ? sync_s(is, l, K, range, wire, &sent) : 0;
+            double share = all > 0 ? wire * bytes[f] / all / plan->dp : 0;
+            double t = K > 1 ? sync_s(is, l, K, range, share, &sent) : 0;
             if (t > out->sync_s) out->sync_s = t;
             exposed += fmax(0.0, t - is->overlap_steps * inner_step_s);
             total += t;
             sent_step += sent;
             /* the outer step: start, momentum, delta (and sent) read and written once */
             exposed += 7.0 * range / cluster->memory_bandwidth;
+            /* a matrix method at dp > 1: the island gathers the fragment's outer gradient before
+             * the rounds and the shares' sums after them, blocking, inside the island */
+            if (matrix && plan->dp > 1) {
+                exposed += 2 * loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER,
+                                                         dp_link, plan->dp, bytes[f]);
+            }
         }
         if (exposed > worst) worst = exposed;
         if (r == 0 || total > out->total_s) out->total_s = total;
@@ -137,12 +148,6 @@ loom_status loom_plan_choose_islands(loom_plan *plan, const loom_cluster *cluste
                          "islands: expected at least 1 inner step a round and a positive inner "
                          "step, got %d and %g s",
                          max_inner_steps, inner_step_s);
-    }
-    if (loom_plan_islands_by_matrix(is)) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "islands.compression: the planner chooses fragments and overlap, which "
-                         "%s outer gradients cannot use; choose none, int8 or bf16",
-                         loom_compress_method_name(is->compression));
     }
     int L = plan->model.num_layers;
     double best_exposed = -1;

@@ -264,6 +264,7 @@ static void take_outer(const loom_mesh *mesh, loom_outer *outer, double v[SUM_CO
     }
     loom_outer_stats os = {0};
     loom_outer_take_stats(outer, &os);
+    v[SUM_OUTER_BYTES] += (double)os.bytes;
     v[SUM_OUTER_RAW] += (double)os.bytes_raw;
     v[SUM_OUTER_SYNCS] += (double)os.syncs;
     v[SUM_OUTER_S] += os.seconds;
