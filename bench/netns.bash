@@ -8,10 +8,15 @@
 #                         htb class shaped to the rate
 #   netns_mpirun NP HOSTS COMMAND...   mpirun in the namespace ("" HOSTS: the one link; else
 #                         the host of each rank, e.g. 0,0,1,1)
+# NETNS_QUEUE (50ms): how long a packet may wait in the one link's queue before it is dropped;
+# NETNS_TCP_RETRIES: the namespace's net.ipv4.tcp_retries2 (the kernel's 15 ends a connection
+# whose data has not got through for about 15 minutes: at 10 Mbit/s a data-parallel step's
+# flows can starve that long)
 netns_one_link() { # rate
     ip netns add "$ns"
     ip netns exec "$ns" ip link set lo up
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$1" burst 256kb latency 50ms
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$1" burst 256kb latency "${NETNS_QUEUE:-50ms}"
+    [ -z "${NETNS_TCP_RETRIES:-}" ] || ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2="$NETNS_TCP_RETRIES"
 }
 netns_two_hosts() { # rate
     ip netns add "$ns"
