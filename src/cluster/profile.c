@@ -333,14 +333,13 @@ static loom_status gemm_pass(const profile_ctx *ctx, const gemm_plan *plan, cons
     return st;
 }
 
-/* From every rank's times (npoints x timings): each point's mean on each rank, then the median
- * over the ranks, gives its rate. The mean, not the median: a timing of a small GEMM lasts a few
- * milliseconds, about a scheduler's slice, so where ranks share a core each timing either ran on
- * a core of its own or waited for one (4 ranks on 2 cores: most timings at a whole core's rate,
- * the rest 3-4x slower). Their median is the rate of a rank alone on a core; their mean is the
- * rate a rank gets while every rank computes, as training runs (and as the square GEMM's long
- * timings and the other measurements see it). The peak is the square GEMM's `square_peak` or the
- * fastest point's rate if that is higher (when the ranks contend for memory, the square GEMM,
+/* From every rank's times (npoints x timings): each point's median on each rank, then the
+ * median over the ranks, gives its rate. (Where ranks share cores, a timing of a few
+ * milliseconds, about a scheduler's slice, mostly runs on a core alone: the median is then the
+ * rate of a rank with a core to itself, while the square GEMM's, STREAM's and AdamW's longer
+ * timings see the share. Their mean prices 4 ranks on 2 cores further from measurement than the
+ * median: docs/islands.md, "On one rank a core".) The peak is the square GEMM's `square_peak` or
+ * the fastest point's rate if that is higher (when the ranks contend for memory, the square GEMM,
  * whose matrices outgrow the shared cache, can be slower than a block's smaller ones): each
  * efficiency is then its rate over the peak, at most 1, and peak x efficiency is the rate
  * measured. */
@@ -354,8 +353,7 @@ static loom_status gemm_table(const profile_ctx *ctx, const gemm_plan *plan, dou
     loom_status st = profile_agree(ctx, mine && all && column && points ? LOOM_OK : LOOM_ERR_NOMEM,
                                    "the GEMM table");
     for (int p = 0; p < npoints && st == LOOM_OK; p++) {
-        const double *t = times + (size_t)p * timings;
-        for (int i = 0; i < timings; i++) mine[p] += t[i] / timings;
+        mine[p] = profile_median(times + (size_t)p * timings, timings);
     }
     if (st == LOOM_OK) st = profile_gather(ctx, mine, npoints, all);
     double peak = square_peak, best = 0;
