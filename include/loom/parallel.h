@@ -226,7 +226,7 @@ void loom_grad_sync_poison(loom_grad_sync *sync);
 typedef struct loom_outer loom_outer;
 typedef struct {
     int64_t bytes;     /* sent on the fragments' own copies of mesh->across (PowerSGD / top-k
-                          over several fragments; the rest is mesh->across's own count) */
+                          overlapped over several fragments; the rest is mesh->across's) */
     int64_t bytes_raw; /* what fp32 ring all-reduces of the same outer gradients would send */
     int64_t syncs;     /* fragment syncs */
     double seconds;    /* spent in outer syncs (blocking: all of it waits) */

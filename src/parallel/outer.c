@@ -67,8 +67,9 @@ struct loom_outer {
     float *full;                /* matrix methods at dp > 1: (the stage) the outer gradient, every
                                    replica's range gathered, then every group's sum */
     int64_t *pieces;            /* (dp + 1) scratch: the replicas' ranges cut to a fragment */
-    loom_comm **fragment_comms; /* matrix methods with F > 1: one copy of across a fragment (the
-                                   rounds of two fragments in flight start in any order) */
+    loom_comm **fragment_comms; /* matrix methods with F > 1, overlapped: one copy of across a
+                                   fragment (the rounds of two fragments in flight start in any
+                                   order) */
     struct pending {
         int64_t apply_at;           /* the step whose end applies it (0: none in flight) */
         loom_comm_request *request; /* fp32's all-reduce; a matrix method's round */
@@ -187,7 +188,7 @@ static loom_status make_matrices(loom_outer *o) {
         o->pieces = loom_calloc((size_t)dp + 1, sizeof *o->pieces, "outer pieces");
         if (!o->full || !o->pieces) return LOOM_ERR_NOMEM;
     }
-    if (F > 1) {
+    if (F > 1 && o->cfg.overlap_steps > 0) { /* blocking syncs: one fragment's at a time */
         o->fragment_comms = loom_calloc((size_t)F, sizeof *o->fragment_comms, "outer groups");
         if (!o->fragment_comms) return LOOM_ERR_NOMEM;
         for (int f = 0; f < F && st == LOOM_OK; f++) {
