@@ -105,6 +105,8 @@ static void test_shipped(void) {
          LOOM_PRECISION_BF16},
         {"p3-v100.json", "p3-v100", 8, 8, 15.7e12, 0, 125e12, 1.5e11, 3.90625e8,
          LOOM_PRECISION_FP16},
+        {"dgx-h100.json", "dgx-h100", 8, 2048, 67e12, 989e12, 989e12, 3.7e11, 4.8e10,
+         LOOM_PRECISION_BF16},
     };
     for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
         char path[1100];

@@ -15,13 +15,23 @@
 
 static loom_gpt_config small_config(void) {
     /* L=3 so that a pipeline has a middle stage; C/NH = 8; Vp = 384 (divisible by 1, 2, 4) */
-    loom_gpt_config c = {32, 257, 0, 3, 4, 32};
+    loom_gpt_config c = {.max_seq_len = 32,
+                         .vocab_size = 257,
+                         .padded_vocab_size = 0,
+                         .num_layers = 3,
+                         .num_heads = 4,
+                         .channels = 32};
     c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
     return c;
 }
 
 static loom_gpt_config gpt3_config(void) {
-    loom_gpt_config c = {2048, 50257, 0, 96, 96, 12288};
+    loom_gpt_config c = {.max_seq_len = 2048,
+                         .vocab_size = 50257,
+                         .padded_vocab_size = 0,
+                         .num_layers = 96,
+                         .num_heads = 96,
+                         .channels = 12288};
     c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
     return c;
 }
@@ -138,9 +148,11 @@ static void check_allocation(const loom_gpt_config *c, int tp, int first, int en
               end, B, T, (long long)cost.act_slot_split_bytes,
               (long long)(4 * (int64_t)(m->slot_floats - plain)));
     }
-    /* backward scratch: one block from dresidual to the end of dfch2 (B,T,4C) */
+    /* backward scratch: one block from dresidual to the end of dfch2 (B,T,4C); a Llama's the
+     * wider of (B,T,F) and (B,T,C) */
+    int64_t F = loom_gpt_widths_of(c, 1).ffn, wide = F > c->channels ? F : c->channels;
     int64_t scratch = (const char *)m->grad_acts.dfch2 - (const char *)m->grad_acts.dresidual +
-                      (int64_t)B * T * 4 * c->channels * (int64_t)sizeof(float);
+                      (int64_t)B * T * wide * (int64_t)sizeof(float);
     CHECK(cost.grad_scratch_bytes == scratch, "grad scratch %lld vs %lld",
           (long long)cost.grad_scratch_bytes, (long long)scratch);
     loom_gpt_free(m);
@@ -706,7 +718,12 @@ static void test_refusals(void) {
  * interface's int) can still be costed, as the planner must for a trillion parameters:
  * 12 L C^2 of the blocks alone is 1.007e12 at L 128, C 25600. */
 static void test_trillion(void) {
-    loom_gpt_config c = {2048, 50257, 0, 128, 160, 25600};
+    loom_gpt_config c = {.max_seq_len = 2048,
+                         .vocab_size = 50257,
+                         .padded_vocab_size = 0,
+                         .num_layers = 128,
+                         .num_heads = 160,
+                         .channels = 25600};
     loom_gpt_config trainable = c;
     CHECK(loom_gpt_config_check(&trainable, "t") == LOOM_ERR_INPUT, "too wide to train here");
     loom_gpt_stage_spec spec = stage_spec(&c, 8, 0, 16, 1, 2048, 1, 0);
@@ -719,7 +736,74 @@ static void test_trillion(void) {
           blocks);
 }
 
+/* ---- the Llama family ------------------------------------------------------------------- */
+
+/* A Llama's cost facts against its real allocation (every stage, tp 1 and 2) and against its
+ * GEMMs counted by hand: QKV (C -> (NH + 2 KV) hs), attention (NH heads of hs over T x T), o
+ * (C -> C), gate and up (C -> 2F), down (F -> C), the untied head (C -> Vp); parameters against
+ * the model's layout. GQA's narrower k and v show in QKV only. */
+static void test_llama(void) {
+    loom_gpt_config c;
+    loom_gpt_preset("llama-tiny", &c);
+    c.num_layers = 3, c.ffn_dim = 48; /* 4 heads over 2 kv heads, C 32, F 48 (wider than C) */
+    loom_gpt_config_check_shape(&c, "test", "");
+    int64_t C = c.channels, NH = c.num_heads, KV = c.kv_heads, hs = C / NH, F = c.ffn_dim;
+    int64_t L = c.num_layers, Vp = c.padded_vocab_size;
+    for (int tp = 1; tp <= 2; tp *= 2) {
+        check_allocation(&c, tp, 0, 3, 2, 16, 1);
+        check_allocation(&c, tp, 0, 1, 3, 5, 2);
+        check_allocation(&c, tp, 1, 3, 2, 7, 1);
+        int64_t B = 2, T = 16;
+        gemm list[] = {
+            {B * T, (NH + 2 * KV) * hs / tp, C, L}, /* ln1 @ qkvw^T: q, k, v of this rank */
+            {T, T, hs, L * B * NH / tp},            /* q @ k^T per query head */
+            {T, hs, T, L * B * NH / tp},            /* softmax @ v per query head */
+            {B * T, C, C / tp, L},                  /* o_proj */
+            {B * T, 2 * F / tp, C, L},              /* gate and up */
+            {B * T, C, F / tp, L},                  /* down_proj */
+            {B * T, Vp / tp, C, 1},                 /* the untied head */
+        };
+        int64_t want = 0;
+        for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
+            want += 2 * list[i].m * list[i].n * list[i].k * list[i].count;
+        loom_gpt_stage_spec spec = stage_spec(&c, tp, 0, 3, 2, 16, 1, 0);
+        loom_gpt_stage_cost cost;
+        CHECK(loom_gpt_cost_stage(&c, &spec, &cost) == LOOM_OK, "llama stage tp %d", tp);
+        CHECK(cost.flops_fwd == want, "llama tp %d: forward %lld vs GEMM list %lld", tp,
+              (long long)cost.flops_fwd, (long long)want);
+        CHECK(cost.flops_bwd == 2 * cost.flops_fwd, "llama backward = 2 x forward");
+        /* parameters: per block 2C (norms) + (NH + 2 KV) hs C + C^2 + 3 F C over tp (the norms
+         * whole), the embedding and the head Vp C / tp each, the final norm C; no wpe, no bias */
+        int64_t block = 2 * C + ((NH + 2 * KV) * hs * C + C * C + 3 * F * C) / tp;
+        int64_t params = L * block + 2 * Vp * C / tp + C;
+        CHECK(cost.param_bytes == 4 * params, "llama tp %d: parameters %lld vs %lld", tp,
+              (long long)(cost.param_bytes / 4), (long long)params);
+    }
+    /* the head's weight is the last stage's own: a first stage holds wte alone */
+    loom_gpt_stage_spec first = stage_spec(&c, 1, 0, 1, 2, 16, 1, 0);
+    loom_gpt_stage_spec last = stage_spec(&c, 1, 1, 3, 2, 16, 1, 0);
+    loom_gpt_stage_cost a, b;
+    CHECK(loom_gpt_cost_stage(&c, &first, &a) == LOOM_OK &&
+              loom_gpt_cost_stage(&c, &last, &b) == LOOM_OK,
+          "llama stages");
+    int64_t block = 2 * C + (NH + 2 * KV) * hs * C + C * C + 3 * F * C;
+    CHECK(a.param_bytes == 4 * (block + Vp * C) && b.param_bytes == 4 * (2 * block + Vp * C + C),
+          "llama stage parameters: %lld and %lld", (long long)a.param_bytes / 4,
+          (long long)b.param_bytes / 4);
+    /* 6N + 6LCT, N without the padded rows and without the input embedding (a lookup) */
+    double N = (double)(L * block + (int64_t)c.vocab_size * C + C);
+    CHECK_CLOSE(loom_gpt_flops_per_token(&c, 16), 6.0 * N + 6.0 * (double)(L * C * 16), 1e-12, 0,
+                "llama 6N + 6LCT");
+    /* tp must divide the kv heads */
+    loom_gpt_stage_spec four = stage_spec(&c, 4, 0, 3, 2, 16, 1, 0);
+    loom_gpt_stage_cost refused;
+    CHECK(loom_gpt_cost_stage(&c, &four, &refused) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "kv_heads 2"),
+          "tp 4 over 2 kv heads refused by name: %s", loom_last_error());
+}
+
 int main(void) {
+    test_llama();
     test_trillion();
     test_params();
     test_activations();

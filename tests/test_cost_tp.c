@@ -134,7 +134,12 @@ int main(int argc, char **argv) {
     }
     rank = loom_comm_rank(world);
     size = loom_comm_size(world);
-    loom_gpt_config c = {32, 257, 0, 3, 4, 32};
+    loom_gpt_config c = {.max_seq_len = 32,
+                         .vocab_size = 257,
+                         .padded_vocab_size = 0,
+                         .num_layers = 3,
+                         .num_heads = 4,
+                         .channels = 32};
     c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
     int stages[][2] = {{0, 3}, {0, 1}, {1, 2}, {2, 3}, {1, 3}};
     for (int sp = 0; sp <= (size > 1); sp++) {

@@ -22,21 +22,56 @@ static double *dalloc(int64_t n) {
     return p;
 }
 
-/* Mean loss of GPT-2 in double precision, parameters in loom's flat layout. */
+/* Llama's block in double: RMSNorm, QKV with rotary q and k, grouped-query attention, SwiGLU,
+ * no biases (P[k] + the layer's offset for each per-layer tensor). */
+static void reference_llama_block(const loom_gpt_config *c, const double *const *P,
+                                  const int64_t *at, double *x, int B, int T, double *scratch[6]) {
+    int C = c->channels, NH = c->num_heads, KV = c->kv_heads, hd = C / NH, F = c->ffn_dim;
+    int Q = (NH + 2 * KV) * hd;
+    int64_t N = (int64_t)B * T;
+    double *h = scratch[0], *qkv = scratch[1], *y = scratch[2], *att = scratch[3];
+    double *f = scratch[4], *g = scratch[5], *rstd = dalloc(N), *tmp = dalloc(N * C);
+    ref_rmsnorm_forward(h, rstd, x, P[LOOM_LN1W] + at[LOOM_LN1W], N, C, c->norm_eps);
+    ref_matmul_forward(qkv, h, P[LOOM_QKVW] + at[LOOM_QKVW], NULL, N, C, Q);
+    ref_rope_forward(qkv, B, T, Q, NH + KV, hd, c->rope_theta);
+    ref_attention_gqa_forward(y, att, qkv, B, T, NH, KV, hd);
+    ref_matmul_forward(tmp, y, P[LOOM_ATTPROJW] + at[LOOM_ATTPROJW], NULL, N, C, C);
+    ref_residual_forward(x, x, tmp, N * C);
+    ref_rmsnorm_forward(h, rstd, x, P[LOOM_LN2W] + at[LOOM_LN2W], N, C, c->norm_eps);
+    ref_matmul_forward(f, h, P[LOOM_FCW] + at[LOOM_FCW], NULL, N, C, 2 * F);
+    ref_swiglu_forward(g, f, N, F);
+    ref_matmul_forward(tmp, g, P[LOOM_FCPROJW] + at[LOOM_FCPROJW], NULL, N, F, C);
+    ref_residual_forward(x, x, tmp, N * C);
+    free(rstd), free(tmp);
+}
+
+/* Mean loss of the model (GPT-2 or Llama) in double precision, parameters in loom's flat
+ * layout. */
 static double reference_loss(const loom_gpt_config *c, const loom_gpt_tensor_info *info,
                              const double *params, const int32_t *inputs, const int32_t *targets,
                              int B, int T) {
     int C = c->channels, NH = c->num_heads, L = c->num_layers, V = c->vocab_size;
-    int Vp = c->padded_vocab_size;
-    int64_t N = (int64_t)B * T;
+    int Vp = c->padded_vocab_size, llama = c->arch == LOOM_ARCH_LLAMA;
+    int64_t N = (int64_t)B * T, wide = 4 * C > 2 * c->ffn_dim ? 4 * C : 2 * c->ffn_dim;
     const double *P[LOOM_NUM_PARAM_TENSORS];
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) P[k] = params + info[k].offset;
     double *x = dalloc(N * C), *h = dalloc(N * C), *qkv = dalloc(N * 3 * C), *y = dalloc(N * C);
-    double *att = dalloc((int64_t)B * NH * T * T), *f = dalloc(N * 4 * C), *g = dalloc(N * 4 * C);
+    double *att = dalloc((int64_t)B * NH * T * T), *f = dalloc(N * wide), *g = dalloc(N * wide);
     double *mean = dalloc(N), *rstd = dalloc(N), *tmp = dalloc(N * C);
     double *logits = dalloc(N * Vp), *probs = dalloc(N * Vp), *losses = dalloc(N);
-    ref_encoder_forward(x, inputs, P[LOOM_WTE], P[LOOM_WPE], B, T, C);
-    for (int l = 0; l < L; l++) {
+    if (llama) {
+        for (int64_t n = 0; n < N; n++)
+            memcpy(x + n * C, P[LOOM_WTE] + (int64_t)inputs[n] * C, (size_t)C * sizeof(double));
+    } else {
+        ref_encoder_forward(x, inputs, P[LOOM_WTE], P[LOOM_WPE], B, T, C);
+    }
+    for (int l = 0; l < L && llama; l++) {
+        int64_t at[LOOM_NUM_PARAM_TENSORS];
+        for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) at[k] = l * info[k].layer_numel;
+        double *scratch[6] = {h, qkv, y, att, f, g};
+        reference_llama_block(c, P, at, x, B, T, scratch);
+    }
+    for (int l = 0; l < L && !llama; l++) {
         int64_t lc = (int64_t)l * C;
         ref_layernorm_forward(h, mean, rstd, x, P[LOOM_LN1W] + lc, P[LOOM_LN1B] + lc, N, C);
         ref_matmul_forward(qkv, h, P[LOOM_QKVW] + lc * 3 * C, P[LOOM_QKVB] + lc * 3, N, C, 3 * C);
@@ -49,8 +84,12 @@ static double reference_loss(const loom_gpt_config *c, const loom_gpt_tensor_inf
         ref_matmul_forward(tmp, g, P[LOOM_FCPROJW] + lc * 4 * C, P[LOOM_FCPROJB] + lc, N, 4 * C, C);
         ref_residual_forward(x, x, tmp, N * C);
     }
-    ref_layernorm_forward(h, mean, rstd, x, P[LOOM_LNFW], P[LOOM_LNFB], N, C);
-    ref_matmul_forward(logits, h, P[LOOM_WTE], NULL, N, C, Vp);
+    if (llama) {
+        ref_rmsnorm_forward(h, rstd, x, P[LOOM_LNFW], N, C, c->norm_eps);
+    } else {
+        ref_layernorm_forward(h, mean, rstd, x, P[LOOM_LNFW], P[LOOM_LNFB], N, C);
+    }
+    ref_matmul_forward(logits, h, P[c->untied_head ? LOOM_LMHEAD : LOOM_WTE], NULL, N, C, Vp);
     ref_softmax_xent_forward(losses, probs, logits, targets, N, V, Vp);
     double sum = 0.0;
     int64_t counted = 0;
@@ -129,10 +168,14 @@ static void test_init(void) {
     }
 }
 
-static void test_gradients(void) {
+/* The fast model's gradient of every tensor against central finite differences of the double
+ * reference's loss. */
+static void test_gradients(const char *preset, int tie) {
     loom_gpt_config c;
-    loom_gpt_preset("tiny", &c);
+    loom_gpt_preset(preset, &c);
     c.vocab_size = 50, c.padded_vocab_size = 0, c.max_seq_len = 8; /* 50 -> Vp 128 */
+    if (tie) c.untied_head = 0;
+    if (c.arch == LOOM_ARCH_LLAMA) c.rope_theta = 100.0; /* visible rotation at 7 positions */
     loom_gpt *m;
     CHECK(loom_gpt_create(&m, &c, loom_backend_cpu()) == LOOM_OK, "create");
     c = m->config;
@@ -144,7 +187,8 @@ static void test_gradients(void) {
         m->params.wte[i] = 0.0f;
     for (int i = 0; i < c.num_layers * c.channels; i++) {
         m->params_memory[loom_gpt_element_offset(&m->info[LOOM_LN1W], i)] = 1.0f + 0.1f * (i % 7);
-        m->params_memory[loom_gpt_element_offset(&m->info[LOOM_LN2B], i)] = 0.05f * (i % 5);
+        if (m->info[LOOM_LN2B].numel) /* (Llama has no biases) */
+            m->params_memory[loom_gpt_element_offset(&m->info[LOOM_LN2B], i)] = 0.05f * (i % 5);
     }
     enum { B = 2, T = 7 };
     int32_t inputs[B * T], targets[B * T];
@@ -175,8 +219,10 @@ static void test_gradients(void) {
     const double h = 1e-5;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         const loom_gpt_tensor_info *ti = &m->info[k];
-        int64_t limit = k == LOOM_WTE ? (int64_t)c.vocab_size * c.channels : ti->numel;
+        int64_t limit =
+            k == LOOM_WTE || k == LOOM_LMHEAD ? (int64_t)c.vocab_size * c.channels : ti->numel;
         if (k == LOOM_WPE) limit = (int64_t)T * c.channels; /* positions used */
+        if (ti->numel == 0) continue; /* not in this model (GPT-2's untied head, Llama's wpe) */
         double maxg = 0.0;
         for (int64_t i = 0; i < limit; i++) {
             double a = fabs(m->grads_memory[loom_gpt_element_offset(ti, i)]);
@@ -272,7 +318,9 @@ static void test_fatal_says_why(void) {
 
 int main(void) {
     test_init();
-    test_gradients();
+    test_gradients("tiny", 0);
+    test_gradients("llama-tiny", 0); /* 4 heads over 2 kv heads, untied head */
+    test_gradients("llama-tiny", 1); /* SmolLM's tied head */
     test_bad_config();
     test_fatal_says_why();
     return check_finish();

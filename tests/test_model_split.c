@@ -18,7 +18,12 @@ enum { B = 2, T = 6 };
 
 static loom_gpt_config test_config(void) {
     /* three layers, so that a pipeline has a first, a middle and a last stage */
-    loom_gpt_config c = {8, 50, 0, 3, 2, 16};
+    loom_gpt_config c = {.max_seq_len = 8,
+                         .vocab_size = 50,
+                         .padded_vocab_size = 0,
+                         .num_layers = 3,
+                         .num_heads = 2,
+                         .channels = 16};
     c.padded_vocab_size = loom_gpt_pad_vocab(c.vocab_size);
     return c;
 }

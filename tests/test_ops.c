@@ -245,6 +245,281 @@ static void test_attention(const loom_backend *be, int B, int T, int C, int NH, 
     free(fout), free(fatt), free(pre), free(fdqkv);
 }
 
+/* ---- RMSNorm ---- */
+typedef struct {
+    int64_t N;
+    int C;
+    double eps;
+    double *inp, *w, *out, *rstd, *R;
+} rms_ctx;
+
+static double rms_objective(void *p) {
+    rms_ctx *c = p;
+    ref_rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps);
+    return dot(c->out, c->R, c->N * c->C);
+}
+
+static void test_rmsnorm(const loom_backend *be, int64_t N, int C, float eps) {
+    rms_ctx c = {.N = N, .C = C, .eps = (double)eps};
+    int64_t NC = N * C;
+    char what[160];
+    c.inp = dalloc(NC), c.w = dalloc(C), c.out = dalloc(NC), c.rstd = dalloc(N), c.R = dalloc(NC);
+    fill_random(c.inp, NC, 2.0), fill_random(c.w, C, 1.0), fill_random(c.R, NC, 1.0);
+    for (int i = 0; i < C; i++) c.inp[(N - 1) * C + i] = 0.0; /* a zero row: rstd = eps^-1/2 */
+    round_to_float(c.inp, NC), round_to_float(c.w, C), round_to_float(c.R, NC);
+    rms_objective(&c);
+    double *dinp = dalloc(NC), *dw = dalloc(C);
+    ref_rmsnorm_backward(dinp, dw, c.R, c.inp, c.w, c.rstd, N, C);
+    snprintf(what, sizeof what, "rmsnorm N %lld C %d: dinp", (long long)N, C);
+    fd_check(what, rms_objective, &c, c.inp, NC, dinp);
+    snprintf(what, sizeof what, "rmsnorm N %lld C %d: dweight", (long long)N, C);
+    fd_check(what, rms_objective, &c, c.w, C, dw);
+
+    /* fast vs reference, gradients pre-filled (backward accumulates) */
+    float *finp = to_float(c.inp, NC), *fw = to_float(c.w, C), *fR = to_float(c.R, NC);
+    float *fout = malloc(NC * sizeof(float)), *frstd = malloc(N * sizeof(float));
+    double *pre_inp = dalloc(NC), *pre_w = dalloc(C);
+    fill_random(pre_inp, NC, 1.0), fill_random(pre_w, C, 1.0);
+    round_to_float(pre_inp, NC), round_to_float(pre_w, C);
+    float *fdinp = to_float(pre_inp, NC), *fdw = to_float(pre_w, C);
+    be->rmsnorm_forward(fout, frstd, finp, fw, N, C, eps);
+    compare("rmsnorm forward fast vs ref", fout, c.out, NC, 1e-5, 1e-6);
+    compare("rmsnorm rstd fast vs ref", frstd, c.rstd, N, 1e-6, 0.0);
+    be->rmsnorm_backward(fdinp, fdw, fR, finp, fw, frstd, N, C);
+    for (int64_t i = 0; i < NC; i++) dinp[i] += pre_inp[i];
+    for (int i = 0; i < C; i++) dw[i] += pre_w[i];
+    compare("rmsnorm dinp fast vs ref (accumulates)", fdinp, dinp, NC, 1e-4, 1e-4);
+    compare("rmsnorm dweight fast vs ref (accumulates)", fdw, dw, C, 1e-4, 1e-4);
+    free(c.inp), free(c.w), free(c.out), free(c.rstd), free(c.R), free(dinp), free(dw);
+    free(finp), free(fw), free(fR), free(fout), free(frstd), free(pre_inp), free(pre_w);
+    free(fdinp), free(fdw);
+}
+
+/* ---- rotary position embedding ---- */
+typedef struct {
+    int B, T, heads, hd;
+    int64_t stride;
+    double theta;
+    double *x, *work, *R;
+} rope_ctx;
+
+static double rope_objective(void *p) {
+    rope_ctx *c = p;
+    int64_t n = (int64_t)c->B * c->T * c->stride;
+    memcpy(c->work, c->x, (size_t)n * sizeof(double));
+    ref_rope_forward(c->work, c->B, c->T, c->stride, c->heads, c->hd, c->theta);
+    return dot(c->work, c->R, n);
+}
+
+/* the part of every row that rope must leave alone: [heads * hd, stride) */
+static int rope_untouched_same(const float *a, const float *b, int B, int T, int64_t stride,
+                               int heads, int hd) {
+    int64_t used = (int64_t)heads * hd;
+    for (int64_t r = 0; r < (int64_t)B * T; r++) {
+        if (memcmp(a + r * stride + used, b + r * stride + used,
+                   (size_t)(stride - used) * sizeof(float)) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, int64_t stride,
+                      float theta, int check_fd) {
+    rope_ctx c = {.B = B, .T = T, .heads = heads, .hd = hd, .stride = stride, .theta = theta};
+    int64_t n = (int64_t)B * T * stride;
+    char what[200], cfg[100];
+    snprintf(cfg, sizeof cfg, "rope B %d T %d heads %d hd %d stride %lld theta %g", B, T, heads, hd,
+             (long long)stride, (double)theta);
+    c.x = dalloc(n), c.work = dalloc(n), c.R = dalloc(n);
+    fill_random(c.x, n, 1.0), fill_random(c.R, n, 1.0);
+    round_to_float(c.x, n), round_to_float(c.R, n);
+
+    /* reference backward (in place on the upstream gradient) against finite differences; the
+     * untouched part of each row passes its gradient through */
+    double *dx = dalloc(n);
+    memcpy(dx, c.R, (size_t)n * sizeof(double));
+    ref_rope_backward(dx, B, T, stride, heads, hd, c.theta);
+    if (check_fd) {
+        snprintf(what, sizeof what, "%s: ref dx vs finite differences", cfg);
+        fd_check(what, rope_objective, &c, c.x, n, dx);
+    }
+    /* the reference: backward undoes forward */
+    double *ref_y = dalloc(n), *ref_back = dalloc(n);
+    memcpy(ref_y, c.x, (size_t)n * sizeof(double));
+    ref_rope_forward(ref_y, B, T, stride, heads, hd, c.theta);
+    memcpy(ref_back, ref_y, (size_t)n * sizeof(double));
+    ref_rope_backward(ref_back, B, T, stride, heads, hd, c.theta);
+    snprintf(what, sizeof what, "%s: ref backward(forward(x)) = x", cfg);
+    compare_doubles(what, ref_back, c.x, n, 1e-12);
+
+    /* fast forward vs reference; the rest of each row and the rows at t = 0 unchanged */
+    float *fx0 = to_float(c.x, n), *fx = to_float(c.x, n);
+    be->rope_forward(fx, B, T, stride, heads, hd, theta);
+    snprintf(what, sizeof what, "%s: forward fast vs ref", cfg);
+    compare(what, fx, ref_y, n, 1e-6, 1e-6);
+    CHECK(rope_untouched_same(fx, fx0, B, T, stride, heads, hd),
+          "%s: forward changed floats past the first heads of a row", cfg);
+    int t0_same = 1;
+    for (int b = 0; b < B; b++) {
+        int64_t r = (int64_t)b * T * stride;
+        t0_same &= memcmp(fx + r, fx0 + r, (size_t)heads * hd * sizeof(float)) == 0;
+    }
+    CHECK(t0_same, "%s: forward at t = 0 is not the identity", cfg);
+
+    /* fast backward(forward(x)) = x */
+    be->rope_backward(fx, B, T, stride, heads, hd, theta);
+    snprintf(what, sizeof what, "%s: fast backward(forward(x)) = x", cfg);
+    compare(what, fx, c.x, n, 1e-6, 1e-6);
+    CHECK(rope_untouched_same(fx, fx0, B, T, stride, heads, hd),
+          "%s: backward changed floats past the first heads of a row", cfg);
+
+    /* fast backward vs reference backward, on the upstream gradient R */
+    float *fR = to_float(c.R, n), *fR0 = to_float(c.R, n);
+    be->rope_backward(fR, B, T, stride, heads, hd, theta);
+    snprintf(what, sizeof what, "%s: backward fast vs ref", cfg);
+    compare(what, fR, dx, n, 1e-6, 1e-6);
+    CHECK(rope_untouched_same(fR, fR0, B, T, stride, heads, hd),
+          "%s: backward changed floats past the first heads of a row", cfg);
+    free(c.x), free(c.work), free(c.R), free(dx), free(ref_y), free(ref_back), free(fx0);
+    free(fx), free(fR), free(fR0);
+}
+
+/* ---- grouped-query attention ---- */
+typedef struct {
+    int B, T, NH, KV, hd;
+    double *qkv, *out, *att, *R;
+} gqa_ctx;
+
+static double gqa_objective(void *p) {
+    gqa_ctx *c = p;
+    ref_attention_gqa_forward(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->KV, c->hd);
+    return dot(c->out, c->R, (int64_t)c->B * c->T * c->NH * c->hd);
+}
+
+static void test_attention_gqa(const loom_backend *be, int B, int T, int NH, int KV, int hd,
+                               int check_fd) {
+    gqa_ctx c = {.B = B, .T = T, .NH = NH, .KV = KV, .hd = hd};
+    int64_t nq = (int64_t)B * T * (NH + 2 * KV) * hd, no = (int64_t)B * T * NH * hd;
+    int64_t na = (int64_t)B * NH * T * T;
+    char what[200], cfg[100];
+    snprintf(cfg, sizeof cfg, "attention_gqa B %d T %d NH %d KV %d hd %d", B, T, NH, KV, hd);
+    c.qkv = dalloc(nq), c.out = dalloc(no), c.att = dalloc(na), c.R = dalloc(no);
+    fill_random(c.qkv, nq, 1.0), fill_random(c.R, no, 1.0);
+    round_to_float(c.qkv, nq), round_to_float(c.R, no);
+    gqa_objective(&c);
+    double *dqkv = dalloc(nq);
+    ref_attention_gqa_backward(dqkv, c.R, c.qkv, c.att, B, T, NH, KV, hd);
+    if (check_fd) {
+        snprintf(what, sizeof what, "%s: ref dqkv vs finite differences", cfg);
+        fd_check(what, gqa_objective, &c, c.qkv, nq, dqkv);
+    }
+    float *fqkv = to_float(c.qkv, nq), *fR = to_float(c.R, no);
+    float *fout = malloc(no * sizeof(float)), *fatt = malloc(na * sizeof(float));
+    double *pre = dalloc(nq);
+    fill_random(pre, nq, 1.0);
+    round_to_float(pre, nq);
+    float *fdqkv = to_float(pre, nq);
+    be->attention_gqa_forward(fout, fatt, fqkv, B, T, NH, KV, hd);
+    snprintf(what, sizeof what, "%s: forward fast vs ref", cfg);
+    compare(what, fout, c.out, no, 1e-4, 1e-5);
+    snprintf(what, sizeof what, "%s: probabilities fast vs ref", cfg);
+    compare(what, fatt, c.att, na, 1e-4, 1e-6);
+    be->attention_gqa_backward(fdqkv, fR, fqkv, fatt, B, T, NH, KV, hd);
+    for (int64_t i = 0; i < nq; i++) dqkv[i] += pre[i];
+    snprintf(what, sizeof what, "%s: dqkv fast vs ref (accumulates)", cfg);
+    compare(what, fdqkv, dqkv, nq, 1e-4, 1e-4);
+    free(c.qkv), free(c.out), free(c.att), free(c.R), free(dqkv), free(fqkv), free(fR);
+    free(fout), free(fatt), free(pre), free(fdqkv);
+}
+
+/* With KV == NH the layouts coincide (C = NH hd): grouped-query attention is attention */
+static void test_attention_gqa_is_mha(const loom_backend *be, int B, int T, int NH, int hd) {
+    int C = NH * hd;
+    int64_t nq = (int64_t)B * T * 3 * C, no = (int64_t)B * T * C, na = (int64_t)B * NH * T * T;
+    char what[200];
+    double *qkv = dalloc(nq), *R = dalloc(no), *pre = dalloc(nq);
+    fill_random(qkv, nq, 1.0), fill_random(R, no, 1.0), fill_random(pre, nq, 1.0);
+    round_to_float(qkv, nq), round_to_float(R, no), round_to_float(pre, nq);
+
+    /* the references */
+    double *out_mha = dalloc(no), *att_mha = dalloc(na), *out_gqa = dalloc(no);
+    double *att_gqa = dalloc(na), *d_mha = dalloc(nq), *d_gqa = dalloc(nq);
+    ref_attention_forward(out_mha, att_mha, qkv, B, T, C, NH);
+    ref_attention_gqa_forward(out_gqa, att_gqa, qkv, B, T, NH, NH, hd);
+    ref_attention_backward(d_mha, R, qkv, att_mha, B, T, C, NH);
+    ref_attention_gqa_backward(d_gqa, R, qkv, att_gqa, B, T, NH, NH, hd);
+    snprintf(what, sizeof what, "ref attention_gqa KV = NH = %d is attention", NH);
+    compare_doubles(what, out_gqa, out_mha, no, 1e-12);
+    compare_doubles(what, att_gqa, att_mha, na, 1e-12);
+    compare_doubles(what, d_gqa, d_mha, nq, 1e-12);
+
+    /* the fast kernels, gradients pre-filled alike */
+    float *fqkv = to_float(qkv, nq), *fR = to_float(R, no);
+    float *fo_mha = malloc(no * sizeof(float)), *fa_mha = malloc(na * sizeof(float));
+    float *fo_gqa = malloc(no * sizeof(float)), *fa_gqa = malloc(na * sizeof(float));
+    float *fd_mha = to_float(pre, nq), *fd_gqa = to_float(pre, nq);
+    be->attention_forward(fo_mha, fa_mha, fqkv, B, T, C, NH);
+    be->attention_gqa_forward(fo_gqa, fa_gqa, fqkv, B, T, NH, NH, hd);
+    be->attention_backward(fd_mha, fR, fqkv, fa_mha, B, T, C, NH);
+    be->attention_gqa_backward(fd_gqa, fR, fqkv, fa_gqa, B, T, NH, NH, hd);
+    double *as_double = dalloc(nq);
+    snprintf(what, sizeof what, "fast attention_gqa KV = NH = %d out = attention", NH);
+    for (int64_t i = 0; i < no; i++) as_double[i] = fo_mha[i];
+    compare(what, fo_gqa, as_double, no, 1e-6, 1e-7);
+    snprintf(what, sizeof what, "fast attention_gqa KV = NH = %d att = attention", NH);
+    for (int64_t i = 0; i < na; i++) as_double[i] = fa_mha[i];
+    compare(what, fa_gqa, as_double, na, 1e-6, 1e-7);
+    snprintf(what, sizeof what, "fast attention_gqa KV = NH = %d dqkv = attention", NH);
+    for (int64_t i = 0; i < nq; i++) as_double[i] = fd_mha[i];
+    compare(what, fd_gqa, as_double, nq, 1e-6, 1e-6);
+    free(qkv), free(R), free(pre), free(out_mha), free(att_mha), free(out_gqa), free(att_gqa);
+    free(d_mha), free(d_gqa), free(fqkv), free(fR), free(fo_mha), free(fa_mha), free(fo_gqa);
+    free(fa_gqa), free(fd_mha), free(fd_gqa), free(as_double);
+}
+
+/* ---- SwiGLU ---- */
+typedef struct {
+    int64_t N;
+    int F;
+    double *inp, *out, *R;
+} swiglu_ctx;
+
+static double swiglu_objective(void *p) {
+    swiglu_ctx *c = p;
+    ref_swiglu_forward(c->out, c->inp, c->N, c->F);
+    return dot(c->out, c->R, c->N * c->F);
+}
+
+static void test_swiglu(const loom_backend *be, int64_t N, int F) {
+    swiglu_ctx c = {.N = N, .F = F};
+    int64_t ni = N * 2 * F, no = N * F;
+    char what[160];
+    c.inp = dalloc(ni), c.out = dalloc(no), c.R = dalloc(no);
+    fill_random(c.inp, ni, 3.0), fill_random(c.R, no, 1.0);
+    /* gates at 0 and saturated both ways, in row 0 */
+    c.inp[0] = 0.0, c.inp[1] = 20.0, c.inp[2] = -20.0, c.inp[3] = -100.0, c.inp[4] = 100.0;
+    round_to_float(c.inp, ni), round_to_float(c.R, no);
+    swiglu_objective(&c);
+    double *dinp = dalloc(ni);
+    ref_swiglu_backward(dinp, c.inp, c.R, N, F);
+    snprintf(what, sizeof what, "swiglu N %lld F %d: dinp", (long long)N, F);
+    fd_check(what, swiglu_objective, &c, c.inp, ni, dinp);
+    float *finp = to_float(c.inp, ni), *fR = to_float(c.R, no);
+    float *fout = malloc(no * sizeof(float));
+    double *pre = dalloc(ni);
+    fill_random(pre, ni, 1.0);
+    round_to_float(pre, ni);
+    float *fdinp = to_float(pre, ni);
+    be->swiglu_forward(fout, finp, N, F);
+    compare("swiglu forward fast vs ref", fout, c.out, no, 1e-5, 1e-6);
+    be->swiglu_backward(fdinp, finp, fR, N, F);
+    for (int64_t i = 0; i < ni; i++) dinp[i] += pre[i];
+    compare("swiglu dinp fast vs ref (accumulates)", fdinp, dinp, ni, 1e-5, 1e-6);
+    free(c.inp), free(c.out), free(c.R), free(dinp), free(finp), free(fR), free(fout), free(pre);
+    free(fdinp);
+}
+
 /* ---- gelu ---- */
 typedef struct {
     int64_t N;
@@ -725,6 +1000,21 @@ int main(void) {
     test_matmul(be, 67, 96, 130, 0); /* sizes that are not multiples of any block */
     test_attention(be, 2, 5, 8, 2, 1);
     test_attention(be, 2, 37, 48, 3, 0);
+    test_rmsnorm(be, 7, 24, 1e-5f);
+    test_rmsnorm(be, 5, 131, 1e-6f);
+    /* stride past the rotated heads (the rest of the row must stay); then the positions of a
+     * long sequence, where an angle in float would be off */
+    test_rope(be, 2, 6, 3, 8, 3 * 8 + 12, 10000.0f, 1);
+    test_rope(be, 2, 5, 2, 8, 2 * 8, 10000.0f, 1);
+    test_rope(be, 2, 2048, 2, 16, 2 * 16 + 16, 500000.0f, 0);
+    test_attention_gqa(be, 2, 5, 4, 2, 8, 1);
+    test_attention_gqa(be, 2, 5, 4, 1, 8, 1);
+    test_attention_gqa(be, 2, 5, 4, 4, 8, 1);
+    test_attention_gqa(be, 2, 37, 6, 2, 16, 0);
+    test_attention_gqa(be, 3, 29, 8, 1, 12, 0);
+    test_attention_gqa_is_mha(be, 2, 5, 4, 8);
+    test_attention_gqa_is_mha(be, 2, 37, 3, 16);
+    test_swiglu(be, 7, 13);
     test_gelu(be);
     test_encoder(be);
     test_softmax_xent(be);

@@ -40,11 +40,11 @@ static void *xcalloc(size_t n, size_t size) {
 
 static int ref_is_sharded(int k) {
     return k == LOOM_WTE || k == LOOM_QKVW || k == LOOM_QKVB || k == LOOM_ATTPROJW ||
-           k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW;
+           k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW || k == LOOM_LMHEAD;
 }
 
 static int ref_is_per_layer(int k) {
-    return k != LOOM_WTE && k != LOOM_WPE && k != LOOM_LNFW && k != LOOM_LNFB;
+    return k != LOOM_WTE && k != LOOM_WPE && k != LOOM_LNFW && k != LOOM_LNFB && k != LOOM_LMHEAD;
 }
 
 /* Rows and columns of one layer of tensor k (the whole tensor for a global one) as one rank of
@@ -54,6 +54,7 @@ static void ref_dims(const loom_gpt_config *c, int tp, int k, int64_t *rows, int
     int64_t units = 4 * C / tp; /* MLP hidden units of this rank */
     switch (k) {
     case LOOM_WTE:
+    case LOOM_LMHEAD: /* (GPT-2's is wte: held by no stage) */
         *rows = c->padded_vocab_size / tp, *cols = C;
         break;
     case LOOM_WPE:
@@ -101,7 +102,8 @@ static int ref_stage_holds(int stages, int s, int k) {
     if (ref_is_per_layer(k)) return 1;
     if (k == LOOM_WTE) return first || last;
     if (k == LOOM_WPE) return first;
-    return last; /* lnfw, lnfb */
+    if (k == LOOM_LMHEAD) return 0; /* GPT-2 ties it to wte */
+    return last;                    /* lnfw, lnfb */
 }
 
 /* Where local element i of tensor k of a shard (rank r of tp, stage from first_layer) sits in
@@ -168,24 +170,59 @@ typedef struct {
  * that the round trip's values stay exact in float */
 static const shard_case cases[] = {
     {"4 layers, V 257 -> Vp 384",
-     {16, 257, 0, 4, 4, 32},
+     {.max_seq_len = 16,
+      .vocab_size = 257,
+      .padded_vocab_size = 0,
+      .num_layers = 4,
+      .num_heads = 4,
+      .channels = 32},
      3,
      {1, 2, 4},
      5,
      {{1, {4}}, {2, {2, 2}}, {2, {1, 3}}, {2, {3, 1}}, {4, {1, 1, 1, 1}}}},
     {"5 layers, V 257 -> Vp 384",
-     {16, 257, 0, 5, 4, 32},
+     {.max_seq_len = 16,
+      .vocab_size = 257,
+      .padded_vocab_size = 0,
+      .num_layers = 5,
+      .num_heads = 4,
+      .channels = 32},
      3,
      {1, 2, 4},
      6,
      {{1, {5}}, {2, {2, 3}}, {2, {3, 2}}, {3, {1, 2, 2}}, {3, {2, 2, 1}}, {5, {1, 1, 1, 1, 1}}}},
     /* tp 4: the last rank holds 32 rows, only 4 of them real */
-    {"V 100 -> Vp 128", {8, 100, 0, 2, 4, 32}, 3, {1, 2, 4}, 2, {{1, {2}}, {2, {1, 1}}}},
+    {"V 100 -> Vp 128",
+     {.max_seq_len = 8,
+      .vocab_size = 100,
+      .padded_vocab_size = 0,
+      .num_layers = 2,
+      .num_heads = 4,
+      .channels = 32},
+     3,
+     {1, 2, 4},
+     2,
+     {{1, {2}}, {2, {1, 1}}}},
     /* Vp given: 13 rows per rank at tp 4, not a multiple of 128; one head per rank */
-    {"V 50, Vp 52 given", {8, 50, 52, 3, 4, 16}, 3, {1, 2, 4}, 2, {{1, {3}}, {2, {1, 2}}}},
+    {"V 50, Vp 52 given",
+     {.max_seq_len = 8,
+      .vocab_size = 50,
+      .padded_vocab_size = 52,
+      .num_layers = 3,
+      .num_heads = 4,
+      .channels = 16},
+     3,
+     {1, 2, 4},
+     2,
+     {{1, {3}}, {2, {1, 2}}}},
     /* odd tensor parallelism; tp 6: one head and 64 vocabulary rows per rank */
     {"tp 3 and 6, V 300 -> Vp 384",
-     {8, 300, 0, 3, 6, 48},
+     {.max_seq_len = 8,
+      .vocab_size = 300,
+      .padded_vocab_size = 0,
+      .num_layers = 3,
+      .num_heads = 6,
+      .channels = 48},
      3,
      {1, 3, 6},
      3,
@@ -306,6 +343,7 @@ static void check_shard_fields(const layout *lo, int s, int r) {
 static void check_permutation(const layout *lo) {
     const loom_gpt_config *c = &lo->config;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if (lo->full.info[k].numel == 0) continue; /* GPT-2's untied head: none */
         int64_t total = ref_numel(c, 1, c->num_layers, k);
         int *counts = xcalloc((size_t)total, sizeof *counts);
         int64_t out_of_range = 0, differs = 0, first_differs = -1;
@@ -372,7 +410,12 @@ static void check_against_reference(const layout *lo) {
 /* A few elements worked out by hand, so the reference above is not the only witness. Model:
  * C 32, NH 4 (head size 8), 4 layers, Vp 384. */
 static void check_by_hand(void) {
-    loom_gpt_config c = {16, 257, 0, 4, 4, 32};
+    loom_gpt_config c = {.max_seq_len = 16,
+                         .vocab_size = 257,
+                         .padded_vocab_size = 0,
+                         .num_layers = 4,
+                         .num_heads = 4,
+                         .channels = 32};
     struct {
         int first, end, tp, r, k;
         int64_t local, global;
@@ -434,7 +477,12 @@ static void check_sharded_set(void) {
 /* Shards the code must refuse. */
 static void check_refusals(void) {
     loom_gpt m;
-    loom_gpt_config c = {16, 50, 50, 4, 4, 32};
+    loom_gpt_config c = {.max_seq_len = 16,
+                         .vocab_size = 50,
+                         .padded_vocab_size = 50,
+                         .num_layers = 4,
+                         .num_heads = 4,
+                         .channels = 32};
     struct {
         int first, end, tp, r;
         const char *why;
@@ -481,6 +529,7 @@ static int check_offsets(const layout *lo, int s, int r) {
     size_t lnf = ref_stage_holds(stages, s, LOOM_LNFW) ? (size_t)c->channels : 0;
     want[LOOM_LNFW] = at, at += lnf;
     want[LOOM_LNFB] = at, at += lnf;
+    want[LOOM_LMHEAD] = at; /* GPT-2's is wte: no space */
     CHECK(m->num_params == at, "%s: stage %d rank %d: %zu parameters, expected %zu", lo->label, s,
           r, m->num_params, at);
 
@@ -577,6 +626,7 @@ static void check_ownership(const layout *lo) {
     const loom_gpt_config *c = &lo->config;
     int64_t unowned = 0, stray = 0, untied = 0;
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
+        if (lo->full.info[k].numel == 0) continue; /* GPT-2's untied head: none */
         int per_layer = ref_is_per_layer(k);
         for (int layer = per_layer ? 0 : -1; layer < (per_layer ? c->num_layers : 0); layer++) {
             int owner = loom_mesh_owner_rank(&mesh, k, layer);

@@ -40,7 +40,35 @@ typedef struct {
     int num_layers;        /* L */
     int num_heads;         /* NH */
     int channels;          /* C */
+    /* The Llama family (arch LOOM_ARCH_LLAMA): RMSNorm, rotary positions, a SwiGLU MLP,
+     * grouped-query attention, no biases, the LM head its own tensor unless tied. GPT-2 leaves
+     * every field below 0 (loom_gpt_config_check_shape fills kv_heads and ffn_dim). */
+    int arch;          /* LOOM_ARCH_GPT2 (0) or LOOM_ARCH_LLAMA */
+    int kv_heads;      /* KV: key/value heads, dividing num_heads (0: num_heads) */
+    int ffn_dim;       /* F: the MLP's hidden width (0: GPT-2's 4 C) */
+    int untied_head;   /* the LM head is its own (Vp, C) tensor, not wte (Llama; SmolLM ties) */
+    double rope_theta; /* rotary base (Llama; 0: 10000) */
+    double norm_eps;   /* RMSNorm's epsilon (Llama; 0: 1e-5) */
 } loom_gpt_config;
+
+enum { LOOM_ARCH_GPT2 = 0, LOOM_ARCH_LLAMA = 1 };
+/* "gpt2" or "llama"; NULL for an unknown value. */
+const char *loom_gpt_arch_name(int arch);
+/* LOOM_ARCH_* of a name, -1 when unknown. */
+int loom_gpt_arch_parse(const char *name);
+
+/* One tensor-parallel rank's widths of a block (all of them at tp 1): the one place GPT-2's and
+ * Llama's shapes are told apart for the GEMMs and the activations. */
+typedef struct {
+    int64_t hd;    /* a head's width, C / NH */
+    int64_t heads; /* query heads, NH / tp */
+    int64_t kv;    /* key/value heads, KV / tp */
+    int64_t q;     /* the attention's width, heads x hd = C / tp */
+    int64_t qkv;   /* the QKV GEMM's outputs, (heads + 2 kv) hd: rows [q | k | v] */
+    int64_t ffn;   /* the MLP's hidden width after the activation, F / tp */
+    int64_t fc;    /* the MLP-up GEMM's outputs: ffn (GPT-2), 2 ffn (Llama: [gate | up]) */
+} loom_gpt_widths;
+loom_gpt_widths loom_gpt_widths_of(const loom_gpt_config *config, int tp);
 
 /* Names: "gpt2" (124M), "gpt2-medium", "gpt2-large", "gpt2-xl"; GPT-3's eight sizes "gpt3-125m",
  * "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"
@@ -71,7 +99,25 @@ loom_status loom_gpt_check_tp(const loom_gpt_config *config, int tp, const char 
 loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *source);
 /* Whether two configurations describe the same model (padding aside). */
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
-#define LOOM_GPT_DEFAULT_PRESET "small"
+#define LOOM_GPT_DEFAULT_PRESET   "small"
+#define LOOM_LLAMA_DEFAULT_PRESET "llama-tiny"
+/* What a run or a plan may change of a preset (0 / NULL: the preset's). */
+typedef struct {
+    const char *preset; /* NULL or "": the architecture's default preset */
+    const char *arch;   /* "gpt2" | "llama"; NULL or "": the preset's */
+    int layers, heads, d_model, context, vocab;
+    int kv_heads, ffn_dim;       /* Llama only */
+    int tie_embeddings;          /* 0: the preset's; LOOM_TIE_ON, LOOM_TIE_OFF (Llama only) */
+    double rope_theta, norm_eps; /* Llama only */
+} loom_gpt_overrides;
+enum { LOOM_TIE_ON = 1, LOOM_TIE_OFF = 2 };
+/* "on"/"true" or "off"/"false" into LOOM_TIE_*; "" or NULL: 0 (the preset's). */
+loom_status loom_gpt_tie_parse(const char *word, const char *source, int *out);
+/* The preset with the overrides applied, checked (loom_gpt_config_check_shape, prefix ""): the
+ * one resolution `loom train` and `loom plan` share. A Llama-only override on GPT-2, or an arch
+ * that contradicts the preset, is refused by name. */
+loom_status loom_gpt_config_resolve_with(const loom_gpt_overrides *o, const char *source,
+                                         loom_gpt_config *config);
 /* A preset (NULL or "": LOOM_GPT_DEFAULT_PRESET) with any non-zero override applied, checked
  * (loom_gpt_config_check_shape, prefix
  * ""); the one resolution `loom train` and `loom plan` share. */
@@ -79,7 +125,10 @@ loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, i
                                     int context, int vocab, const char *source,
                                     loom_gpt_config *config);
 
-/* The 16 parameter tensors, in llm.c's order (which is also their order within a block). */
+/* The parameter tensors, in llm.c's order (which is also their order within a block), and the
+ * untied LM head last. A Llama block uses GPT-2's slots: ln1w and ln2w are its RMSNorms' weights,
+ * qkvw holds [q | k | v] (GQA's k and v narrower), attprojw is o_proj, fcw holds [gate | up] and
+ * fcprojw is down_proj; wpe and the biases have numel 0. */
 enum {
     LOOM_WTE,
     LOOM_WPE,
@@ -97,6 +146,7 @@ enum {
     LOOM_FCPROJB,
     LOOM_LNFW,
     LOOM_LNFB,
+    LOOM_LMHEAD, /* the untied LM head (Llama); numel 0 when wte is the head */
     LOOM_NUM_PARAM_TENSORS
 };
 
@@ -120,7 +170,10 @@ typedef struct {
     float *fcprojb;  /* (L, C) */
     float *lnfw;     /* (C) */
     float *lnfb;     /* (C) */
+    float *lmhead;   /* (Vp, C) the untied LM head; NULL when tied */
 } loom_gpt_tensors;
+
+#define LOOM_MAX_MATRIX_PARTS 3
 
 typedef struct {
     const char *name; /* llm.c-style short name, e.g. "qkvw" */
@@ -165,13 +218,15 @@ size_t loom_gpt_layout_chunks(const loom_gpt_config *config, int tp, const loom_
                               int num_chunks, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]);
 /* Whether tensor k is split across tensor-parallel ranks. */
 int loom_gpt_tensor_is_sharded(int k);
-/* How many matrices one layer's slice of tensor k is to a gradient compressor: 3 for qkvw
- * (the Q, K and V maps, packed as equal row blocks [q | k | v] on every tensor-parallel rank),
- * 1 for everything else. The packed (3C x C) gradient is nearly rank 1 early in training, so a
- * low-rank compressor of it serves mostly one of the three maps and leaves the others to the
- * residual. The one place the rule lives: the runtime's buckets and the cost model both ask it. */
-int loom_gpt_matrix_parts(int k);
-#define LOOM_MAX_MATRIX_PARTS 3
+/* How many matrices one layer's slice of tensor k (on a rank of tensor parallelism tp) is to a
+ * gradient compressor, and each one's rows (row blocks of the tensor, in order): 3 for qkvw (the
+ * Q, K and V maps, packed [q | k | v] on every tensor-parallel rank; Llama's k and v narrower
+ * under GQA), 2 for Llama's fcw (gate and up), 1 (all rows) for everything else. The packed
+ * gradient is nearly rank 1 early in training, so a low-rank compressor of it serves mostly one
+ * of the maps and leaves the others to the residual. The one place the rule lives: the runtime's
+ * buckets and the cost model both ask it. */
+int loom_gpt_matrix_parts(const loom_gpt_config *config, int tp, int k,
+                          int64_t rows[LOOM_MAX_MATRIX_PARTS]);
 /* Flat-buffer offset of element `index` of a tensor in its logical (llm.c) order. */
 size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index);
 
@@ -528,7 +583,8 @@ void loom_gpt_set_grads_ready(loom_gpt *model, void (*grads_ready)(void *ctx, si
                               void *ctx);
 
 /* Model FLOPs per token for training at sequence length T: 6N + 6LCT, N the parameter count
- * without the padded vocabulary rows (the standard MFU numerator). */
+ * without the padded vocabulary rows (the standard MFU numerator); with an untied LM head (whose
+ * GEMM N counts) without the input embedding too, a lookup (PaLM's count). */
 int64_t loom_gpt_num_real_params(const loom_gpt_config *config);
 double loom_gpt_flops_per_token(const loom_gpt_config *config, int T);
 

@@ -56,6 +56,37 @@ typedef struct loom_backend {
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *att,
                                int B, int T, int C, int NH);
 
+    /* ---- the Llama family's kernels (RMSNorm, rotary positions, grouped-query attention,
+     * SwiGLU); GPT-2 never calls them */
+
+    /* RMSNorm: rstd (N) = 1 / sqrt(mean over C of inp^2 + eps), out (N,C) = inp * rstd * weight;
+     * computed in fp32 (the sum of squares in double) */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t N, int C, float eps);
+    /* dinp (N,C) += and dweight (C) += the gradients from dout, with forward's rstd */
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t N, int C);
+    /* Rotary position embedding in place, Hugging Face's rotate-half convention: in each of the
+     * B*T rows of x (row (b, t) at x + (b*T + t) * stride, position t), the first `heads` heads of
+     * hd floats each (hd even) have pairs (x[i], x[i + hd/2]), i < hd/2, rotated by the angle
+     * t * theta^(-2i/hd): (x1 cos - x2 sin, x2 cos + x1 sin). Backward rotates by minus the angle
+     * (the rotation's transpose), turning the gradient of the rotated values into the gradient
+     * of the values before it, in place. */
+    void (*rope_forward)(float *x, int B, int T, int64_t stride, int heads, int hd, float theta);
+    void (*rope_backward)(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta);
+    /* Grouped-query causal attention: qkv (B,T,(NH + 2 KV) hd), each row [q: NH heads | k: KV
+     * heads | v: KV heads]; query head h reads kv head h / (NH / KV) (KV divides NH; KV == NH is
+     * multi-head attention). out (B,T,NH hd); att (B,NH,T,T) the softmax probabilities. Scale
+     * 1/sqrt(hd). Backward ACCUMULATES into dqkv (B,T,(NH + 2 KV) hd). */
+    void (*attention_gqa_forward)(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                  int KV, int hd);
+    void (*attention_gqa_backward)(float *dqkv, const float *dout, const float *qkv,
+                                   const float *att, int B, int T, int NH, int KV, int hd);
+    /* SwiGLU: inp (N, 2F) rows [gate | up], out (N,F) = silu(gate) * up, silu(g) = g / (1 +
+     * exp(-g)). Backward ACCUMULATES into dinp (N, 2F). */
+    void (*swiglu_forward)(float *out, const float *inp, int64_t N, int F);
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+
     /* GELU, tanh approximation */
     void (*gelu_forward)(float *out, const float *inp, int64_t N);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t N);

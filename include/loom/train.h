@@ -31,6 +31,10 @@ typedef struct {
      * a run that resumes or starts from a file takes that file's model */
     char model[32];
     int layers, heads, d_model, context, vocab;
+    char arch[16];          /* "" (the preset's), gpt2 or llama */
+    int kv_heads, ffn_dim;  /* Llama: 0 = the preset's */
+    char tie_embeddings[8]; /* Llama: "" (the preset's), on or off */
+    double rope_theta, norm_eps;
     /* data */
     char data[LOOM_PATH_MAX];     /* token shards: glob or comma-separated globs */
     char val_data[LOOM_PATH_MAX]; /* "" = no validation */

@@ -184,7 +184,12 @@ int cmd_bench(int argc, char **argv) {
         {'s', "(s) small preset, micro batch 8, seq 128", {0}, 8, 128},
     };
     loom_gpt_preset("gpt2", &cases[0].config);
-    cases[1].config = (loom_gpt_config){1024, 50257, 0, 4, 4, 256};
+    cases[1].config = (loom_gpt_config){.max_seq_len = 1024,
+                                        .vocab_size = 50257,
+                                        .padded_vocab_size = 0,
+                                        .num_layers = 4,
+                                        .num_heads = 4,
+                                        .channels = 256};
     loom_gpt_preset("small", &cases[2].config);
 
     for (int t = 0; t < nthreads; t++) {

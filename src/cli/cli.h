@@ -68,14 +68,29 @@ typedef struct {
  * and vocab of the option struct), as rows of a table made by ROW, the table's CLI_OPT. */
 #define CLI_MODEL_OPTS(ROW)                                                                        \
     ROW("--model", OPT_STRING, model,                                                              \
-        "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny "    \
-        "(default small; loom train: the model of --resume or --init-from when given)"),           \
+        "preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-125m ... gpt3-175b, small, tiny; "   \
+        "llama-tiny, smollm-135m, llama3-8b, llama3-70b, llama3-405b (default small; loom train: " \
+        "the model of --resume or --init-from when given)"),                                       \
         ROW("--layers", OPT_INT, layers, "transformer blocks (default: the preset's)"),            \
         ROW("--heads", OPT_INT, heads, "attention heads (default: the preset's)"),                 \
         ROW("--d-model", OPT_INT, d_model, "width (default: the preset's)"),                       \
         ROW("--context", OPT_INT, context, "maximum sequence length (default: the preset's)"),     \
         ROW("--vocab", OPT_INT, vocab,                                                             \
-            "real vocabulary size, padded to a multiple of 128 (default: the preset's)")
+            "real vocabulary size, padded to a multiple of 128 (default: the preset's)"),          \
+        ROW("--arch", OPT_STRING, arch,                                                            \
+            "gpt2 or llama (default: the preset's; with llama and no --model, llama-tiny)"),       \
+        ROW("--kv-heads", OPT_INT, kv_heads,                                                       \
+            "Llama: key/value heads, dividing --heads (grouped-query attention; default: the "     \
+            "preset's)"),                                                                          \
+        ROW("--ffn-dim", OPT_INT, ffn_dim,                                                         \
+            "Llama: SwiGLU's hidden width (default: the preset's)"),                               \
+        ROW("--tie-embeddings", OPT_STRING, tie_embeddings,                                        \
+            "Llama: on (the LM head is wte, as SmolLM) or off (its own, as Llama; default: the "   \
+            "preset's)"),                                                                          \
+        ROW("--rope-theta", OPT_DOUBLE, rope_theta,                                                \
+            "Llama: rotary positions' base (default: the preset's)"),                              \
+        ROW("--norm-eps", OPT_DOUBLE, norm_eps,                                                    \
+            "Llama: RMSNorm's epsilon (default: the preset's)")
 
 /* The layout flags of `loom train` and `loom plan` (loom_layout_flags but the compression, the
  * field `layout` of the option struct: ROW prefixes the field with it). */

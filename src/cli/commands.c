@@ -130,6 +130,12 @@ static const char *const plan_owned[] = {"--model",
                                          "--d-model",
                                          "--context",
                                          "--vocab",
+                                         "--arch",
+                                         "--kv-heads",
+                                         "--ffn-dim",
+                                         "--tie-embeddings",
+                                         "--rope-theta",
+                                         "--norm-eps",
                                          "--data-parallel",
                                          "--tensor-parallel",
                                          "--pipeline-parallel",
@@ -260,9 +266,19 @@ static void name_origin(const char *path, const unsigned char *in_file,
  * flags that would set the rest (layout, micro batch, schedule, stages, compression) are refused
  * by name. */
 static loom_status refuse_auto_conflicts(const unsigned char *seen) {
-    static const char *const inputs[] = {
-        "--model", "--layers",           "--heads", "--d-model", "--context",
-        "--vocab", "--global-batch-size"};
+    static const char *const inputs[] = {"--model",
+                                         "--layers",
+                                         "--heads",
+                                         "--d-model",
+                                         "--context",
+                                         "--vocab",
+                                         "--arch",
+                                         "--kv-heads",
+                                         "--ffn-dim",
+                                         "--tie-embeddings",
+                                         "--rope-theta",
+                                         "--norm-eps",
+                                         "--global-batch-size"};
     for (int i = 0; i < NTRAIN; i++) {
         if (!seen[i] || !plan_owns(&train_opts[i])) continue;
         int input = 0;
@@ -884,10 +900,12 @@ int cmd_bench_train(int argc, char **argv) {
     memset(given, 0, sizeof given);
     if (st == LOOM_OK) st = cli_parse_flags(&args, train_opts, NTRAIN, nrest, rest, 0, given);
     free(rest);
-    /* a plan file's model is the file's, not bench's default */
+    /* a plan file's model is the file's, and --arch llama's its default preset, not bench's
+     * default (gpt2) */
     if (args.plan[0] && strcmp(args.plan, "auto") != 0 && !option_seen(given, "--model")) {
         cfg->model[0] = '\0';
     }
+    if (option_seen(given, "--arch") && !option_seen(given, "--model")) cfg->model[0] = '\0';
     loom_plan plan;
     loom_plan_init(&plan);
     if (st == LOOM_OK) st = build_plan(&args, given, world, &plan);

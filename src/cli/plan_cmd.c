@@ -28,6 +28,10 @@ enum { PLAN_PATH_MAX = 1024 };
 typedef struct {
     char model[32];
     int layers, heads, d_model, context, vocab;
+    char arch[16];
+    int kv_heads, ffn_dim;
+    char tie_embeddings[8];
+    double rope_theta, norm_eps;
     loom_layout_flags layout;
     int ranks;
     char out[PLAN_PATH_MAX];
@@ -44,6 +48,24 @@ typedef struct {
     int islands_auto;    /* --islands auto (taken out of argv before parsing) */
     int max_inner_steps; /* its bound on H */
 } plan_args;
+
+/* The model of the flags: a preset with the overrides given. */
+static loom_status resolve_model(const plan_args *args, loom_gpt_config *model) {
+    loom_gpt_overrides o = {.preset = args->model,
+                            .arch = args->arch,
+                            .layers = args->layers,
+                            .heads = args->heads,
+                            .d_model = args->d_model,
+                            .context = args->context,
+                            .vocab = args->vocab,
+                            .kv_heads = args->kv_heads,
+                            .ffn_dim = args->ffn_dim,
+                            .rope_theta = args->rope_theta,
+                            .norm_eps = args->norm_eps};
+    loom_status st =
+        loom_gpt_tie_parse(args->tie_embeddings, "model configuration", &o.tie_embeddings);
+    return st == LOOM_OK ? loom_gpt_config_resolve_with(&o, "model configuration", model) : st;
+}
 
 #define POPT(...)                     CLI_OPT(plan_args, __VA_ARGS__)
 #define PLAY(flag, kind, field, help) CLI_OPT(plan_args, flag, kind, layout.field, help)
@@ -437,9 +459,7 @@ static loom_status plan_islands(const plan_args *args, const loom_gpt_config *mo
 
 static int run_search(const plan_args *args) {
     loom_gpt_config model;
-    loom_status st =
-        loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
-                                args->context, args->vocab, "model configuration", &model);
+    loom_status st = resolve_model(args, &model);
     loom_cluster cluster;
     memset(&cluster, 0, sizeof cluster);
     if (st == LOOM_OK) st = loom_cluster_read(args->cluster, &cluster);
@@ -720,9 +740,11 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
     loom_status st = check_mode_flags(argc, argv, "--intraop", allowed, nallowed,
                                       "the ILP plans one (dp, tp) mesh");
     loom_gpt_config model = {0};
-    if (st == LOOM_OK) {
-        st = loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
-                                     args->context, args->vocab, "model configuration", &model);
+    if (st == LOOM_OK) st = resolve_model(args, &model);
+    if (st == LOOM_OK && model.arch != LOOM_ARCH_GPT2) {
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "--intraop: the operator graph is GPT-2's; Llama's (GQA, SwiGLU, the untied "
+                       "head) is not built yet");
     }
     loom_intraop_request req = {
         .dp = args->layout.data_parallel ? args->layout.data_parallel : 1,
@@ -807,9 +829,7 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
 
 static int run_build(const plan_args *args) {
     loom_gpt_config model;
-    loom_status st =
-        loom_gpt_config_resolve(args->model, args->layers, args->heads, args->d_model,
-                                args->context, args->vocab, "model configuration", &model);
+    loom_status st = resolve_model(args, &model);
     if (st == LOOM_OK && args->ranks < 0) {
         st = loom_fail(LOOM_ERR_INPUT,
                        "--ranks: expected a positive world size (0 = no check), got %d",

@@ -27,10 +27,59 @@ typedef struct {
     int transpose; /* stored (in, out), held (out, in) */
     int tensor;    /* LOOM_WTE ... */
     int layer;     /* -1 for global tensors */
+    size_t within; /* floats into the (tensor, layer) slice: a part of a packed tensor (Llama's
+                    * q/k/v of qkvw, gate/up of fcw) */
 } hf_tensor;
+
+/* Llama's tensors with Hugging Face's LlamaForCausalLM names (nn.Linear's (out, in), nothing
+ * transposed; q_proj's rows are in the rotate-half order loom's rotary kernel uses, as Hugging
+ * Face's are): qkvw stored as q_proj, k_proj, v_proj, fcw as gate_proj, up_proj. */
+static int hf_tensors_llama(const loom_gpt_config *c, const loom_gpt_tensor_info *info,
+                            hf_tensor *out) {
+    int64_t C = c->channels;
+    loom_gpt_widths w = loom_gpt_widths_of(c, 1);
+    int n = 0;
+    const struct {
+        const char *name;
+        int k, ndim;
+        int64_t rows, cols, within;
+    } block[] = {
+        {"input_layernorm.weight", LOOM_LN1W, 1, C, 0, 0},
+        {"self_attn.q_proj.weight", LOOM_QKVW, 2, w.q, C, 0},
+        {"self_attn.k_proj.weight", LOOM_QKVW, 2, w.kv * w.hd, C, w.q * C},
+        {"self_attn.v_proj.weight", LOOM_QKVW, 2, w.kv * w.hd, C, (w.q + w.kv * w.hd) * C},
+        {"self_attn.o_proj.weight", LOOM_ATTPROJW, 2, C, C, 0},
+        {"post_attention_layernorm.weight", LOOM_LN2W, 1, C, 0, 0},
+        {"mlp.gate_proj.weight", LOOM_FCW, 2, w.ffn, C, 0},
+        {"mlp.up_proj.weight", LOOM_FCW, 2, w.ffn, C, w.ffn * C},
+        {"mlp.down_proj.weight", LOOM_FCPROJW, 2, C, w.ffn, 0},
+    };
+#define PUT(nm, k_, nd, s0, s1, layer_, in)                                                        \
+    do {                                                                                           \
+        hf_tensor *t = &out[n++];                                                                  \
+        snprintf(t->name, sizeof t->name, "%s", nm);                                               \
+        t->ndim = nd, t->shape[0] = s0, t->shape[1] = s1, t->transpose = 0;                        \
+        t->tensor = k_, t->layer = layer_, t->within = (size_t)(in);                               \
+        t->offset = info[k_].offset + (layer_ > 0 ? (size_t)layer_ * info[k_].layer_stride : 0) +  \
+                    t->within;                                                                     \
+    } while (0)
+    PUT("model.embed_tokens.weight", LOOM_WTE, 2, c->vocab_size, C, -1, 0);
+    for (int l = 0; l < c->num_layers; l++) {
+        for (size_t i = 0; i < sizeof block / sizeof block[0]; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", l, block[i].name);
+            PUT(nm, block[i].k, block[i].ndim, block[i].rows, block[i].cols, l, block[i].within);
+        }
+    }
+    PUT("model.norm.weight", LOOM_LNFW, 1, C, 0, -1, 0);
+    if (c->untied_head) PUT("lm_head.weight", LOOM_LMHEAD, 2, c->vocab_size, C, -1, 0);
+#undef PUT
+    return n;
+}
 
 /* The HF tensors of a configuration, in file order; returns the count (2 + 12 L + 2). */
 static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info, hf_tensor *out) {
+    if (c->arch == LOOM_ARCH_LLAMA) return hf_tensors_llama(c, info, out);
     int64_t C = c->channels;
     int n = 0, layer_ = -1;
 #define ADD(nm, k, nd, s0, s1, off, tr)                                                            \
@@ -44,6 +93,7 @@ static int hf_tensors(const loom_gpt_config *c, const loom_gpt_tensor_info *info
         t->transpose = tr;                                                                         \
         t->tensor = k;                                                                             \
         t->layer = info[k].per_layer ? layer_ : -1;                                                \
+        t->within = 0;                                                                             \
     } while (0)
     ADD("wte.weight", LOOM_WTE, 2, c->vocab_size, C, 0, 0);
     ADD("wpe.weight", LOOM_WPE, 2, c->max_seq_len, C, 0, 0);
@@ -87,16 +137,27 @@ int loom_checkpoint_slices(const loom_gpt_config *config, int *tensors, int *lay
     loom_gpt_layout(config, info);
     hf_tensor *list = loom_calloc(4 + 12 * (size_t)config->num_layers, sizeof *list, "tensor list");
     if (!list) return -1;
-    int count = hf_tensors(config, info, list);
-    for (int i = 0; i < count; i++) tensors[i] = list[i].tensor, layers[i] = list[i].layer;
+    int count = hf_tensors(config, info, list), slices = 0;
+    for (int i = 0; i < count; i++) {
+        if (list[i].within > 0) continue; /* a later part of the slice before it */
+        tensors[slices] = list[i].tensor, layers[slices++] = list[i].layer;
+    }
     free(list);
-    return count;
+    return slices;
 }
 
 static char *config_json(const loom_gpt_config *c) {
     json_t *obj = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->num_layers, "heads",
                             c->num_heads, "d_model", c->channels, "context", c->max_seq_len,
                             "vocab", c->vocab_size, "padded_vocab", c->padded_vocab_size);
+    if (obj && c->arch == LOOM_ARCH_LLAMA) { /* GPT-2's files read as they always did */
+        json_t *more =
+            json_pack("{s:s, s:i, s:i, s:b, s:f, s:f}", "arch", "llama", "kv_heads", c->kv_heads,
+                      "ffn_dim", c->ffn_dim, "tie_embeddings", !c->untied_head, "rope_theta",
+                      c->rope_theta, "norm_eps", c->norm_eps);
+        if (!more || json_object_update(obj, more) != 0) json_decref(obj), obj = NULL;
+        json_decref(more);
+    }
     char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(obj);
     return text;
@@ -109,12 +170,17 @@ typedef struct {
     int first_buffer;
     loom_ckpt_fill fill;
     void *ctx;
+    const float *slice; /* the last slice filled */
 } fill_adapter;
 
 static const float *adapter_fill(void *ctx, int index) {
-    const fill_adapter *a = ctx;
+    fill_adapter *a = ctx;
     const hf_tensor *t = &a->list[index % a->count];
-    return a->fill(a->ctx, a->first_buffer + index / a->count, t->tensor, t->layer);
+    /* the parts of one slice follow each other: the slice is filled once, at its first part */
+    if (t->within == 0) {
+        a->slice = a->fill(a->ctx, a->first_buffer + index / a->count, t->tensor, t->layer);
+    }
+    return a->slice ? a->slice + t->within : NULL;
 }
 
 /* Writes `prefix + name` tensors for each flat buffer given (params, or m and v); with `fill`,
@@ -145,7 +211,7 @@ static loom_status write_tensors(const char *path, const loom_gpt *model, const 
             t->transpose = list[i].transpose;
         }
     }
-    fill_adapter adapter = {list, count, first_buffer, fill, fill_ctx};
+    fill_adapter adapter = {list, count, first_buffer, fill, fill_ctx, NULL};
     loom_status st = loom_safetensors_write_fill(path, tensors, total, meta, meta_count,
                                                  fill ? adapter_fill : NULL, &adapter);
     free(list), free(tensors), free(names);
@@ -173,6 +239,33 @@ static loom_status read_int(json_t *obj, const char *key, int *out, const char *
     return LOOM_OK;
 }
 
+/* The Llama fields of loom.config (absent: GPT-2). */
+static loom_status read_llama(json_t *obj, loom_gpt_config *c, const char *path) {
+    json_t *arch = json_object_get(obj, "arch");
+    if (!arch) return LOOM_OK;
+    if (!json_is_string(arch) || strcmp(json_string_value(arch), "llama") != 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: metadata loom.config: arch: expected \"llama\"",
+                         path);
+    }
+    c->arch = LOOM_ARCH_LLAMA;
+    loom_status st = read_int(obj, "kv_heads", &c->kv_heads, path);
+    if (st == LOOM_OK) st = read_int(obj, "ffn_dim", &c->ffn_dim, path);
+    json_t *tie = json_object_get(obj, "tie_embeddings");
+    json_t *theta = json_object_get(obj, "rope_theta"), *eps = json_object_get(obj, "norm_eps");
+    if (st == LOOM_OK &&
+        (!json_is_boolean(tie) || !json_is_number(theta) || !json_is_number(eps))) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: metadata loom.config: expected tie_embeddings (true or false), "
+                         "rope_theta and norm_eps (numbers) beside arch llama",
+                         path);
+    }
+    if (st == LOOM_OK) {
+        c->untied_head = !json_is_true(tie);
+        c->rope_theta = json_number_value(theta), c->norm_eps = json_number_value(eps);
+    }
+    return st;
+}
+
 loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *c) {
     loom_safetensors *st;
     loom_status status = loom_safetensors_open(&st, path);
@@ -193,6 +286,7 @@ loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *
         if (!status) status = read_int(obj, "d_model", &c->channels, path);
         if (!status) status = read_int(obj, "context", &c->max_seq_len, path);
         if (!status) status = read_int(obj, "vocab", &c->vocab_size, path);
+        if (!status) status = read_llama(obj, c, path);
         json_decref(obj);
     } else {
         /* A Hugging Face file: sizes from the shapes. */
@@ -306,10 +400,14 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
             continue;
         }
         /* padded vocabulary rows are not stored: zero, as in a fresh model */
-        memset(slice, 0, (size_t)model->info[list[i].tensor].layer_numel * sizeof(float));
+        if (list[i].within == 0)
+            memset(slice, 0, (size_t)model->info[list[i].tensor].layer_numel * sizeof(float));
         status = loom_safetensors_read_f32(st, name, list[i].ndim, list[i].shape, list[i].transpose,
-                                           slice);
-        if (status == LOOM_OK) status = take(ctx, buffer, list[i].tensor, list[i].layer, slice);
+                                           slice + list[i].within);
+        /* a packed slice (Llama's q/k/v, gate/up) goes once its last part is in */
+        int last_part = i + 1 == count || list[i + 1].within == 0;
+        if (status == LOOM_OK && last_part)
+            status = take(ctx, buffer, list[i].tensor, list[i].layer, slice);
     }
     if (status == LOOM_OK) status = extra_tensor(st, path, model, prefix, hf_prefix, list, count);
     free(list);
@@ -320,6 +418,9 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
         size_t real = (size_t)c->vocab_size * (size_t)c->channels;
         size_t padded = (size_t)c->padded_vocab_size * (size_t)c->channels;
         memset(buf + model->info[LOOM_WTE].offset + real, 0, (padded - real) * sizeof(float));
+        if (model->info[LOOM_LMHEAD].numel > 0)
+            memset(buf + model->info[LOOM_LMHEAD].offset + real, 0,
+                   (padded - real) * sizeof(float));
     }
     return status;
 }

@@ -96,8 +96,12 @@ loom_status loom_model_config_of(const char *path, loom_gpt_config *config) {
         loom_llmc_header h;
         st = loom_llmc_read_header(path, &h);
         if (st != LOOM_OK) return st;
-        *config = (loom_gpt_config){h.max_seq_len, h.vocab_size, h.padded_vocab_size,
-                                    h.num_layers,  h.num_heads,  h.channels};
+        *config = (loom_gpt_config){.max_seq_len = h.max_seq_len,
+                                    .vocab_size = h.vocab_size,
+                                    .padded_vocab_size = h.padded_vocab_size,
+                                    .num_layers = h.num_layers,
+                                    .num_heads = h.num_heads,
+                                    .channels = h.channels};
         return loom_gpt_config_check(config, path);
     }
     char file[4200];

@@ -24,7 +24,14 @@ typedef struct {
     loom_gpt_config config;
     int64_t tp, B, T, N, C, Cl, NHl, Vpl; /* N = B*T; local widths under TP */
     int64_t rows; /* of the residual stream on this rank: N, or N/tp under sequence parallelism */
+    loom_gpt_widths w; /* this rank's block widths */
+    int llama;         /* RMSNorm (no mean kept), no biases, an untied head where configured */
 } cost_shape;
+
+static void set_widths(cost_shape *s) {
+    s->w = loom_gpt_widths_of(&s->config, (int)s->tp);
+    s->llama = s->config.arch == LOOM_ARCH_LLAMA;
+}
 
 static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B, int T,
                                    cost_shape *s) {
@@ -49,6 +56,7 @@ static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B,
     s->NHl = c->num_heads / tp;
     s->Vpl = c->padded_vocab_size / tp;
     s->rows = s->N;
+    set_widths(s);
     return LOOM_OK;
 }
 
@@ -58,21 +66,22 @@ static loom_status cost_shape_make(const loom_gpt_config *config, int tp, int B,
 /* Under sequence parallelism the residual stream's buffers (`R` rows: LayerNorms, residuals,
  * the row-parallel outputs) hold this rank's rows only; the GEMMs' (qkv, atty, fch) every row. */
 static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
-    int64_t N = s->N, R = s->rows, C = s->C, Cl = s->Cl;
+    int64_t N = s->N, R = s->rows, C = s->C;
+    int64_t mean = s->llama ? 0 : R; /* RMSNorm keeps only rstd */
     int64_t v[BLOCK_ACTS] = {
         R * C,                       /* ln1 */
-        R,                           /* ln1_mean */
+        mean,                        /* ln1_mean */
         R,                           /* ln1_rstd */
-        N * 3 * Cl,                  /* qkv */
-        N * Cl,                      /* atty */
+        N * s->w.qkv,                /* qkv (Llama: after the rotary positions) */
+        N * s->w.q,                  /* atty */
         s->B * s->NHl * s->T * s->T, /* att: softmax probabilities, full T x T */
         R * C,                       /* attproj */
         R * C,                       /* residual2 */
         R * C,                       /* ln2 */
-        R,                           /* ln2_mean */
+        mean,                        /* ln2_mean */
         R,                           /* ln2_rstd */
-        N * 4 * Cl,                  /* fch */
-        N * 4 * Cl,                  /* fch_gelu */
+        N * s->w.fc,                 /* fch (Llama: [gate | up]) */
+        N * s->w.ffn,                /* fch_gelu (Llama: SwiGLU's output) */
         R * C,                       /* fcproj */
         R * C,                       /* residual3 */
     };
@@ -84,13 +93,13 @@ static void block_act_floats(const cost_shape *s, int64_t f[BLOCK_ACTS]) {
 static void head_act_floats(const cost_shape *s, int64_t f[HEAD_ACTS]) {
     int64_t N = s->N, R = s->rows;
     int64_t v[HEAD_ACTS] = {
-        N * s->C,   /* lnf: every row (gathered under SP, for the LM head) */
-        R,          /* lnf_mean */
-        R,          /* lnf_rstd */
-        N * s->Vpl, /* probs: logits of this rank's vocabulary rows */
-        N,          /* losses */
-        N,          /* row_max */
-        2 * N,      /* row_stats */
+        N * s->C,         /* lnf: every row (gathered under SP, for the LM head) */
+        s->llama ? 0 : R, /* lnf_mean */
+        R,                /* lnf_rstd */
+        N * s->Vpl,       /* probs: logits of this rank's vocabulary rows */
+        N,                /* losses */
+        N,                /* row_max */
+        2 * N,            /* row_stats */
     };
     memcpy(f, v, sizeof v);
 }
@@ -99,12 +108,12 @@ static void head_act_floats(const cost_shape *s, int64_t f[HEAD_ACTS]) {
  * the four GEMMs. */
 #define BLOCK_W_ACTS 4
 static void block_w_act_floats(const cost_shape *s, int64_t f[BLOCK_W_ACTS]) {
-    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    int64_t N = s->N, C = s->C;
     int64_t v[BLOCK_W_ACTS] = {
-        N * C,      /* dfcproj */
-        N * 4 * Cl, /* dfch */
-        N * C,      /* dattproj */
-        N * 3 * Cl, /* dqkv */
+        N * C,        /* dfcproj */
+        N * s->w.fc,  /* dfch */
+        N * C,        /* dattproj */
+        N * s->w.qkv, /* dqkv */
     };
     memcpy(f, v, sizeof v);
 }
@@ -121,6 +130,7 @@ void loom_gpt_act_floats(const loom_gpt_config *c, const loom_gpt_slot_shape *sl
     s.N = s.B * s.T, s.C = c->channels, s.Cl = s.C / s.tp, s.NHl = c->num_heads / s.tp;
     s.Vpl = c->padded_vocab_size / s.tp;
     s.rows = slot->sequence_parallel ? s.N / s.tp : s.N;
+    set_widths(&s);
     int64_t block[BLOCK_ACTS], head[HEAD_ACTS], block_w[BLOCK_W_ACTS];
     block_act_floats(&s, block);
     head_act_floats(&s, head);
@@ -158,14 +168,16 @@ static void set_tp(const cost_shape *s, loom_gpt_part_cost *cost, int64_t fwd_ca
 }
 
 static void block_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
-    int64_t N = s->N, C = s->C, Cl = s->Cl;
+    int64_t N = s->N, C = s->C;
+    const loom_gpt_widths *w = &s->w;
     memset(cost, 0, sizeof *cost);
-    /* per head (T, hs) x (hs, T) and (T, T) x (T, hs), NH/tp heads of hs = C/NH: B*T*T*Cl */
-    int64_t attention = 2 * s->B * s->T * s->T * Cl * 2; /* QK^T and AV */
-    int64_t weights = 2 * N * C * 3 * Cl                 /* qkv: (N, C) x (C, 3C/tp) */
-                      + 2 * N * Cl * C      /* attproj: (N, C/tp) x (C/tp, C), row-parallel */
-                      + 2 * N * C * 4 * Cl  /* fc: (N, C) x (C, 4C/tp) */
-                      + 2 * N * 4 * Cl * C; /* fcproj: (N, 4C/tp) x (4C/tp, C), row-parallel */
+    /* per head (T, hs) x (hs, T) and (T, T) x (T, hs), NH/tp heads of hs = C/NH: B*T*T*C/tp
+     * (grouped-query attention reads fewer k/v heads, but every query head still multiplies) */
+    int64_t attention = 2 * s->B * s->T * s->T * w->q * 2; /* QK^T and AV */
+    int64_t weights = 2 * N * C * w->qkv    /* qkv: (N, C) x (C, (NH + 2 KV) hs / tp) */
+                      + 2 * N * w->q * C    /* attproj: (N, C/tp) x (C/tp, C), row-parallel */
+                      + 2 * N * C * w->fc   /* fc: (N, C) x (C, 4C/tp; Llama 2F/tp) */
+                      + 2 * N * w->ffn * C; /* fcproj: (N, F/tp) x (F/tp, C), row-parallel */
     cost->flops_fwd = weights + attention;
     cost->flops_bwd_input = weights + 2 * attention; /* dQ and dK; dA and dV */
     cost->flops_bwd_weight = weights;
@@ -202,8 +214,8 @@ static void head_cost(const cost_shape *s, loom_gpt_part_cost *cost) {
     cost->flops_bwd_weight = lm_head;
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     loom_gpt_layout_tp(&s->config, (int)s->tp, info);
-    cost->param_bytes =
-        (info[LOOM_WTE].numel + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * FP32;
+    int64_t head_weight = s->config.untied_head ? info[LOOM_LMHEAD].numel : info[LOOM_WTE].numel;
+    cost->param_bytes = (head_weight + info[LOOM_LNFW].numel + info[LOOM_LNFB].numel) * FP32;
     int64_t acts[HEAD_ACTS];
     head_act_floats(s, acts);
     cost->act_bytes = sum(acts, HEAD_ACTS) * FP32;
@@ -216,12 +228,16 @@ static loom_status check_range(const cost_shape *s, int64_t layers, int in_fligh
     double N = (double)s->N, C = (double)s->C, T = (double)s->T, L = (double)layers;
     double Vp = (double)s->config.padded_vocab_size, NH = (double)s->config.num_heads;
     double maxT = (double)s->config.max_seq_len;
-    double fwd = L * (24.0 * N * C * C + 4.0 * N * T * C) + 2.0 * N * C * Vp;
-    double slot = 4.0 * (L * (N * (27.0 * C + 4.0) + N * T * NH) + N * (3.0 * C + Vp + 6.0) +
-                         16.0 * LOOM_GPT_NUM_ACTS) +
+    /* the widest GEMM output over C, at tp 1 (GPT-2: 4) */
+    loom_gpt_widths w1 = loom_gpt_widths_of(&s->config, 1);
+    double wide = (double)(w1.fc > w1.qkv ? w1.fc : w1.qkv) / C + 1.0;
+    double fwd = L * (6.0 * wide * N * C * C + 4.0 * N * T * C) + 2.0 * N * C * Vp;
+    double slot = 4.0 * (L * (N * ((7.0 + 5.0 * wide) * C + 4.0) + N * T * NH) +
+                         N * (3.0 * C + Vp + 6.0) + 16.0 * LOOM_GPT_NUM_ACTS) +
                   8.0 * N; /* split backward's buffers included */
-    double params = L * (12.0 * C * C + 13.0 * C) + C * (Vp + maxT + 2.0);
-    double bytes = (double)in_flight * (slot + 4.0 * N * C) + 16.0 * params + 56.0 * N * C;
+    double params = L * (3.0 * wide * C * C + 13.0 * C) + C * (2.0 * Vp + maxT + 2.0);
+    double bytes =
+        (double)in_flight * (slot + 4.0 * N * C) + 16.0 * params + 4.0 * (3.0 + 3.0 * wide) * N * C;
     if (4.0 * fwd > 0x1p62 || bytes > 0x1p62) {
         return loom_fail(LOOM_ERR_INPUT,
                          "model cost: stage of %lld layers, B*T %lld, %d in flight: totals too "
@@ -375,8 +391,11 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
     cost->act_bytes_keep = spec->in_flight * cost->act_slot_bytes;
     cost->act_bytes_recompute = cost->act_slot_bytes + spec->in_flight * s.rows * s.C * FP32;
     cost->act_bytes = spec->recompute ? cost->act_bytes_recompute : cost->act_bytes_keep;
-    /* dresidual, dbtc, dbtc2 (B,T,C); dqkv (B,T,3C); dfch, dfch2 (B,T,4C); under SP dnorm (4C) */
-    cost->grad_scratch_bytes = (14 * s.N * s.C + (spec->sequence_parallel ? 4 * s.C : 0)) * FP32;
+    /* dresidual, dbtc, dbtc2 (B,T,C); dqkv (B,T,3C); dfch, dfch2 (B,T,4C); under SP dnorm (4C)
+     * (Llama: dqkv and dfch the QKV and MLP-up GEMMs' full widths, dfch2 the wider of F and C) */
+    int64_t scratch[LOOM_GPT_GRAD_SCRATCH];
+    loom_gpt_grad_scratch_floats(&s.config, s.N, spec->sequence_parallel, scratch);
+    cost->grad_scratch_bytes = sum(scratch, LOOM_GPT_GRAD_SCRATCH) * FP32;
     cost->total_bytes = cost->param_bytes + cost->grad_bytes + cost->optimizer_bytes +
                         cost->act_bytes + cost->grad_scratch_bytes;
 

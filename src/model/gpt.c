@@ -30,22 +30,70 @@ typedef struct {
  * vocabulary). Two rows of that table do not have d_model = heads x d_head: XL (24 heads of 128
  * for d_model 2048) takes 16 heads of 128, and 13B (d_model 5140 for 40 heads of 128) takes
  * d_model 5120, as Megatron-style codebases do. */
+#define GPT(maxT, V, L, NH, C)                                                                     \
+    { .max_seq_len = maxT, .vocab_size = V, .num_layers = L, .num_heads = NH, .channels = C }
+#define LLAMA(maxT, V, L, NH, C, KV, F, untied, theta)                                             \
+    {                                                                                              \
+        .max_seq_len = maxT, .vocab_size = V, .num_layers = L, .num_heads = NH, .channels = C,     \
+        .arch = LOOM_ARCH_LLAMA, .kv_heads = KV, .ffn_dim = F, .untied_head = untied,              \
+        .rope_theta = theta, .norm_eps = 1e-5                                                      \
+    }
 static const gpt_preset presets[] = {
-    {"gpt2", {1024, 50257, 0, 12, 12, 768}},
-    {"gpt2-medium", {1024, 50257, 0, 24, 16, 1024}},
-    {"gpt2-large", {1024, 50257, 0, 36, 20, 1280}},
-    {"gpt2-xl", {1024, 50257, 0, 48, 25, 1600}},
-    {"gpt3-125m", {2048, 50257, 0, 12, 12, 768}},
-    {"gpt3-350m", {2048, 50257, 0, 24, 16, 1024}},
-    {"gpt3-760m", {2048, 50257, 0, 24, 16, 1536}},
-    {"gpt3-1.3b", {2048, 50257, 0, 24, 16, 2048}},
-    {"gpt3-2.7b", {2048, 50257, 0, 32, 32, 2560}},
-    {"gpt3-6.7b", {2048, 50257, 0, 32, 32, 4096}},
-    {"gpt3-13b", {2048, 50257, 0, 40, 40, 5120}},
-    {"gpt3-175b", {2048, 50257, 0, 96, 96, 12288}},
-    {"small", {256, 257, 0, 4, 4, 128}},
-    {"tiny", {16, 257, 0, 2, 2, 16}},
+    {"gpt2", GPT(1024, 50257, 12, 12, 768)},
+    {"gpt2-medium", GPT(1024, 50257, 24, 16, 1024)},
+    {"gpt2-large", GPT(1024, 50257, 36, 20, 1280)},
+    {"gpt2-xl", GPT(1024, 50257, 48, 25, 1600)},
+    {"gpt3-125m", GPT(2048, 50257, 12, 12, 768)},
+    {"gpt3-350m", GPT(2048, 50257, 24, 16, 1024)},
+    {"gpt3-760m", GPT(2048, 50257, 24, 16, 1536)},
+    {"gpt3-1.3b", GPT(2048, 50257, 24, 16, 2048)},
+    {"gpt3-2.7b", GPT(2048, 50257, 32, 32, 2560)},
+    {"gpt3-6.7b", GPT(2048, 50257, 32, 32, 4096)},
+    {"gpt3-13b", GPT(2048, 50257, 40, 40, 5120)},
+    {"gpt3-175b", GPT(2048, 50257, 96, 96, 12288)},
+    {"small", GPT(256, 257, 4, 4, 128)},
+    {"tiny", GPT(16, 257, 2, 2, 16)},
+    /* the Llama family: tests' size, SmolLM-135M (HuggingFaceTB/SmolLM-135M's config.json: 30
+     * layers, hidden 576, 9 heads, 3 kv heads, intermediate 1536, vocab 49152, tied, rope theta
+     * 10000, context 2048) and Llama 3's three sizes (Meta's config.json of Meta-Llama-3-8B and
+     * -70B, Llama-3.1-405B: rope theta 500000, vocab 128256, 8 kv heads; context 8192) */
+    {"llama-tiny", LLAMA(64, 257, 2, 4, 32, 2, 80, 1, 10000.0)},
+    {"smollm-135m", LLAMA(2048, 49152, 30, 9, 576, 3, 1536, 0, 10000.0)},
+    {"llama3-8b", LLAMA(8192, 128256, 32, 32, 4096, 8, 14336, 1, 500000.0)},
+    {"llama3-70b", LLAMA(8192, 128256, 80, 64, 8192, 8, 28672, 1, 500000.0)},
+    {"llama3-405b", LLAMA(8192, 128256, 126, 128, 16384, 8, 53248, 1, 500000.0)},
 };
+
+const char *loom_gpt_arch_name(int arch) {
+    return arch == LOOM_ARCH_GPT2 ? "gpt2" : arch == LOOM_ARCH_LLAMA ? "llama" : NULL;
+}
+
+int loom_gpt_arch_parse(const char *name) {
+    if (name && strcmp(name, "gpt2") == 0) return LOOM_ARCH_GPT2;
+    if (name && strcmp(name, "llama") == 0) return LOOM_ARCH_LLAMA;
+    return -1;
+}
+
+/* A configuration's key/value heads and MLP width, defaults filled (a config not yet checked may
+ * hold 0 for them). */
+static int64_t kv_heads_of(const loom_gpt_config *c) {
+    return c->kv_heads > 0 ? c->kv_heads : c->num_heads;
+}
+static int64_t ffn_of(const loom_gpt_config *c) {
+    return c->ffn_dim > 0 ? c->ffn_dim : 4 * (int64_t)c->channels;
+}
+
+loom_gpt_widths loom_gpt_widths_of(const loom_gpt_config *c, int tp) {
+    loom_gpt_widths w;
+    w.hd = c->num_heads > 0 ? c->channels / c->num_heads : 0;
+    w.heads = c->num_heads / tp;
+    w.kv = kv_heads_of(c) / tp;
+    w.q = w.heads * w.hd;
+    w.qkv = (w.heads + 2 * w.kv) * w.hd;
+    w.ffn = ffn_of(c) / tp;
+    w.fc = c->arch == LOOM_ARCH_LLAMA ? 2 * w.ffn : w.ffn;
+    return w;
+}
 
 int loom_gpt_pad_vocab(int vocab_size) {
     if (vocab_size <= 0) return 0;
@@ -76,13 +124,69 @@ loom_status loom_gpt_preset(const char *name, loom_gpt_config *config) {
 loom_status loom_gpt_config_resolve(const char *preset, int layers, int heads, int d_model,
                                     int context, int vocab, const char *source,
                                     loom_gpt_config *m) {
-    loom_status st = loom_gpt_preset(preset && preset[0] ? preset : LOOM_GPT_DEFAULT_PRESET, m);
+    loom_gpt_overrides o = {.preset = preset,
+                            .layers = layers,
+                            .heads = heads,
+                            .d_model = d_model,
+                            .context = context,
+                            .vocab = vocab};
+    return loom_gpt_config_resolve_with(&o, source, m);
+}
+
+loom_status loom_gpt_tie_parse(const char *word, const char *source, int *out) {
+    *out = 0;
+    if (!word || !word[0]) return LOOM_OK;
+    if (!strcmp(word, "on") || !strcmp(word, "true")) *out = LOOM_TIE_ON;
+    if (!strcmp(word, "off") || !strcmp(word, "false")) *out = LOOM_TIE_OFF;
+    if (*out) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT, "%s: tie_embeddings: expected on or off, got '%s'", source,
+                     word);
+}
+
+loom_status loom_gpt_config_resolve_with(const loom_gpt_overrides *o, const char *source,
+                                         loom_gpt_config *m) {
+    int arch = -1;
+    if (o->arch && o->arch[0] && (arch = loom_gpt_arch_parse(o->arch)) < 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: arch: expected gpt2 or llama, got '%s'", source,
+                         o->arch);
+    }
+    const char *preset = o->preset && o->preset[0] ? o->preset
+                         : arch == LOOM_ARCH_LLAMA ? LOOM_LLAMA_DEFAULT_PRESET
+                                                   : LOOM_GPT_DEFAULT_PRESET;
+    loom_status st = loom_gpt_preset(preset, m);
     if (st != LOOM_OK) return st;
-    if (layers) m->num_layers = layers;
-    if (heads) m->num_heads = heads;
-    if (d_model) m->channels = d_model;
-    if (context) m->max_seq_len = context;
-    if (vocab) m->vocab_size = vocab;
+    if (arch >= 0 && arch != m->arch) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: arch: the preset '%s' is %s, got --arch %s", source,
+                         preset, loom_gpt_arch_name(m->arch), o->arch);
+    }
+    if (m->arch != LOOM_ARCH_LLAMA) {
+        const char *llama_only = o->kv_heads         ? "kv_heads"
+                                 : o->ffn_dim        ? "ffn_dim"
+                                 : o->tie_embeddings ? "tie_embeddings"
+                                 : o->rope_theta     ? "rope_theta"
+                                 : o->norm_eps       ? "norm_eps"
+                                                     : NULL;
+        if (llama_only) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: %s: a Llama setting, but the model '%s' is GPT-2 (use --arch "
+                             "llama or a Llama preset)",
+                             source, llama_only, preset);
+        }
+    }
+    if (o->layers) m->num_layers = o->layers;
+    if (o->heads) m->num_heads = o->heads;
+    if (o->d_model) m->channels = o->d_model;
+    if (o->context) m->max_seq_len = o->context;
+    if (o->vocab) m->vocab_size = o->vocab;
+    if (o->kv_heads) m->kv_heads = o->kv_heads;
+    if (o->ffn_dim) m->ffn_dim = o->ffn_dim;
+    if (o->tie_embeddings) m->untied_head = o->tie_embeddings == LOOM_TIE_OFF;
+    if (o->rope_theta) m->rope_theta = o->rope_theta;
+    if (o->norm_eps) m->norm_eps = o->norm_eps;
+    /* heads changed without kv heads: the preset's grouping would rarely divide; keep MHA's */
+    if (o->heads && !o->kv_heads && m->arch == LOOM_ARCH_LLAMA && m->num_heads % m->kv_heads)
+        m->kv_heads = m->num_heads;
+    if (m->arch == LOOM_ARCH_GPT2) m->kv_heads = m->ffn_dim = 0; /* follow heads and d_model */
     m->padded_vocab_size = 0;
     return loom_gpt_config_check_shape(m, source, "");
 }
@@ -95,6 +199,14 @@ loom_status loom_gpt_check_tp(const loom_gpt_config *c, int tp, const char *sour
                          "got %d",
                          source, field, prefix, c->num_heads, tp);
     }
+    if (c->arch == LOOM_ARCH_LLAMA && kv_heads_of(c) % tp != 0) {
+        /* (Megatron replicates k and v heads over the ranks that share one when tp > kv heads;
+         * their gradients then need a sum over those ranks: not built) */
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %s: expected a divisor of %skv_heads %lld (each rank takes kv "
+                         "heads/tp; replicating shared k/v heads is not built), got %d",
+                         source, field, prefix, (long long)kv_heads_of(c), tp);
+    }
     if (c->padded_vocab_size % tp != 0) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: %s: expected a divisor of the padded vocabulary %d (%svocab %d "
@@ -102,7 +214,11 @@ loom_status loom_gpt_check_tp(const loom_gpt_config *c, int tp, const char *sour
                          source, field, c->padded_vocab_size, prefix, c->vocab_size, tp);
     }
     /* tp divides heads and heads divide d_model, so tp also divides d_model and 4*d_model (the
-     * MLP's hidden width): no separate rule is needed for them. */
+     * MLP's hidden width): no separate rule is needed for them; Llama's own width needs one */
+    if (ffn_of(c) % tp != 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected a divisor of %sffn_dim %lld, got %d",
+                         source, field, prefix, (long long)ffn_of(c), tp);
+    }
     return LOOM_OK;
 }
 
@@ -118,7 +234,64 @@ loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *sourc
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b) {
     return a->num_layers == b->num_layers && a->num_heads == b->num_heads &&
            a->channels == b->channels && a->max_seq_len == b->max_seq_len &&
-           a->vocab_size == b->vocab_size;
+           a->vocab_size == b->vocab_size && a->arch == b->arch &&
+           kv_heads_of(a) == kv_heads_of(b) && ffn_of(a) == ffn_of(b) &&
+           a->untied_head == b->untied_head && a->rope_theta == b->rope_theta &&
+           a->norm_eps == b->norm_eps;
+}
+
+/* The architecture's own rules, its defaults filled in. */
+static loom_status check_arch(loom_gpt_config *c, const char *source, const char *prefix) {
+    if (c->arch == LOOM_ARCH_GPT2) {
+        const char *llama_only = c->kv_heads && c->kv_heads != c->num_heads    ? "kv_heads"
+                                 : c->ffn_dim && c->ffn_dim != 4 * c->channels ? "ffn_dim"
+                                 : c->untied_head                              ? "tie_embeddings"
+                                 : c->rope_theta                               ? "rope_theta"
+                                 : c->norm_eps                                 ? "norm_eps"
+                                                                               : NULL;
+        if (llama_only) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: %s%s: a Llama setting, but %sarch is gpt2 (GPT-2 has "
+                             "kv_heads = heads, ffn_dim = 4 d_model, a tied head, learned "
+                             "positions and LayerNorm)",
+                             source, prefix, llama_only, prefix);
+        }
+        c->kv_heads = c->num_heads, c->ffn_dim = 4 * c->channels;
+        return LOOM_OK;
+    }
+    if (c->arch != LOOM_ARCH_LLAMA) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %sarch: expected gpt2 or llama, got %d", source,
+                         prefix, c->arch);
+    }
+    if (c->kv_heads == 0) c->kv_heads = c->num_heads;
+    if (c->kv_heads < 0 || c->num_heads % c->kv_heads != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %skv_heads: expected a divisor of %sheads %d (each group of query "
+                         "heads shares one key/value head), got %d",
+                         source, prefix, prefix, c->num_heads, c->kv_heads);
+    }
+    if ((c->channels / c->num_heads) % 2 != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %sheads: rotary positions need an even head width, got d_model %d / "
+                         "heads %d = %d",
+                         source, prefix, c->channels, c->num_heads, c->channels / c->num_heads);
+    }
+    if (c->ffn_dim <= 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %sffn_dim: expected a positive integer, got %d",
+                         source, prefix, c->ffn_dim);
+    }
+    if (c->untied_head != 0 && c->untied_head != 1) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %stie_embeddings: expected true or false", source,
+                         prefix);
+    }
+    if (c->rope_theta == 0) c->rope_theta = 10000.0;
+    if (c->norm_eps == 0) c->norm_eps = 1e-5;
+    if (!(c->rope_theta > 1.0) || !(c->norm_eps > 0.0 && c->norm_eps < 1.0)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %s: expected rope_theta > 1 and 0 < norm_eps < 1, got %g and %g",
+                         source, prefix[0] ? prefix : "model", c->rope_theta, c->norm_eps);
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
@@ -141,6 +314,8 @@ loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
         return loom_fail(LOOM_ERR_INPUT, "%s: %sheads: expected a divisor of %sd_model %d, got %d",
                          source, prefix, prefix, c->channels, c->num_heads);
     }
+    loom_status st = check_arch(c, source, prefix);
+    if (st != LOOM_OK) return st;
     int padded = loom_gpt_pad_vocab(c->vocab_size);
     if (padded == 0) {
         return loom_fail(LOOM_ERR_INPUT, "%s: %svocab: expected at most %d, got %d", source, prefix,
@@ -163,14 +338,16 @@ loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
                          "%s: vocab: expected at most 65536 (token ids are uint16), got %d", source,
                          c->vocab_size);
     }
-    /* the segment list counts 4 + 12 L entries in an int */
-    if (c->num_layers > (INT_MAX - 4) / 12) {
+    /* the segment list counts 5 + 12 L entries in an int */
+    if (c->num_layers > (INT_MAX - 5) / 12) {
         return loom_fail(LOOM_ERR_INPUT, "%s: layers: expected at most %d in this build, got %d",
-                         source, (INT_MAX - 4) / 12, c->num_layers);
+                         source, (INT_MAX - 5) / 12, c->num_layers);
     }
     /* Keep every buffer's element count well inside int for the BLAS interface. */
     int64_t widest = (int64_t)c->padded_vocab_size * c->channels;
-    if (widest > INT32_MAX / 2 || (int64_t)c->channels * 4 * c->channels > INT32_MAX / 2) {
+    loom_gpt_widths w = loom_gpt_widths_of(c, 1);
+    int64_t wide = w.fc > w.qkv ? w.fc : w.qkv;
+    if (widest > INT32_MAX / 2 || (int64_t)c->channels * wide > INT32_MAX / 2) {
         return loom_fail(LOOM_ERR_INPUT, "%s: model too wide for this build", source);
     }
     return LOOM_OK;
@@ -178,11 +355,27 @@ loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
 
 int loom_gpt_tensor_is_sharded(int k) {
     return k == LOOM_WTE || k == LOOM_QKVW || k == LOOM_QKVB || k == LOOM_ATTPROJW ||
-           k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW;
+           k == LOOM_FCW || k == LOOM_FCB || k == LOOM_FCPROJW || k == LOOM_LMHEAD;
 }
 
-int loom_gpt_matrix_parts(int k) {
-    return k == LOOM_QKVW ? 3 : 1;
+int loom_gpt_matrix_parts(const loom_gpt_config *config, int tp, int k,
+                          int64_t rows[LOOM_MAX_MATRIX_PARTS]) {
+    loom_gpt_widths w = loom_gpt_widths_of(config, tp);
+    if (k == LOOM_QKVW) {
+        rows[0] = w.q, rows[1] = rows[2] = w.kv * w.hd;
+        return 3;
+    }
+    if (k == LOOM_FCW && config->arch == LOOM_ARCH_LLAMA) {
+        rows[0] = rows[1] = w.ffn;
+        return 2;
+    }
+    /* one matrix: its rows (the axis before the columns; a vector is one row) */
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout_tp(config, tp, info);
+    const loom_gpt_tensor_info *ti = &info[k];
+    int matrix_dims = ti->per_layer ? ti->ndim - 1 : ti->ndim;
+    rows[0] = matrix_dims == 2 ? ti->shape[ti->ndim - 2] : 1;
+    return 1;
 }
 
 size_t loom_gpt_layout(const loom_gpt_config *config,
@@ -199,11 +392,16 @@ size_t loom_gpt_layout_tp(const loom_gpt_config *config, int tp,
 static size_t layout(const loom_gpt_config *config, int tp, int64_t L, int has_embedding,
                      int has_head, loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
     int64_t C = config->channels;
+    int llama = config->arch == LOOM_ARCH_LLAMA, untied = config->untied_head != 0;
     /* what a rank does not use it does not hold (0 rows): wte is the embedding's lookup and the
-     * head's tied LM head, wpe only the embedding's, the final LayerNorm the head's */
-    int64_t Vp = has_embedding || has_head ? config->padded_vocab_size / tp : 0;
-    int64_t maxT = has_embedding ? config->max_seq_len : 0, Cf = has_head ? C : 0;
+     * head's tied LM head, wpe only the embedding's, the final LayerNorm the head's; an untied
+     * head is the head's own */
+    int64_t Vpl = config->padded_vocab_size / tp;
+    int64_t Vp = has_embedding || (has_head && !untied) ? Vpl : 0;
+    int64_t maxT = has_embedding && !llama ? config->max_seq_len : 0, Cf = has_head ? C : 0;
     int64_t Cl = C / tp; /* this rank's columns */
+    loom_gpt_widths w = loom_gpt_widths_of(config, tp);
+    int64_t bias = llama ? 0 : 1; /* Llama has no biases: their tensors take no space */
     const struct {
         const char *name;
         int ndim;
@@ -213,19 +411,20 @@ static size_t layout(const loom_gpt_config *config, int tp, int64_t L, int has_e
         {"wte", 2, {Vp, C}, 1},
         {"wpe", 2, {maxT, C}, 1},
         {"ln1w", 2, {L, C}, 0},
-        {"ln1b", 2, {L, C}, 0},
-        {"qkvw", 3, {L, 3 * Cl, C}, 1},
-        {"qkvb", 2, {L, 3 * Cl}, 0},
+        {"ln1b", 2, {L, bias * C}, 0},
+        {"qkvw", 3, {L, w.qkv, C}, 1},
+        {"qkvb", 2, {L, bias * w.qkv}, 0},
         {"attprojw", 3, {L, C, Cl}, 1},
-        {"attprojb", 2, {L, C}, 0},
+        {"attprojb", 2, {L, bias * C}, 0},
         {"ln2w", 2, {L, C}, 0},
-        {"ln2b", 2, {L, C}, 0},
-        {"fcw", 3, {L, 4 * Cl, C}, 1},
-        {"fcb", 2, {L, 4 * Cl}, 0},
-        {"fcprojw", 3, {L, C, 4 * Cl}, 1},
-        {"fcprojb", 2, {L, C}, 0},
+        {"ln2b", 2, {L, bias * C}, 0},
+        {"fcw", 3, {L, w.fc, C}, 1},
+        {"fcb", 2, {L, bias * w.fc}, 0},
+        {"fcprojw", 3, {L, C, w.ffn}, 1},
+        {"fcprojb", 2, {L, bias * C}, 0},
         {"lnfw", 1, {Cf}, 0},
-        {"lnfb", 1, {Cf}, 0},
+        {"lnfb", 1, {bias * Cf}, 0},
+        {"lmhead", 2, {has_head && untied ? Vpl : 0, C}, 1},
     };
     /* layer-major: global tensors first (wte, wpe), then the blocks, then lnfw, lnfb; a tensor
      * the stage does not hold takes no space where it would be */
@@ -255,7 +454,7 @@ static size_t layout(const loom_gpt_config *config, int tp, int64_t L, int has_e
         offset += (size_t)info[k].layer_numel;
     }
     offset = info[LOOM_LN1W].offset + layer_numel_total * (size_t)L;
-    for (int k = LOOM_LNFW; k <= LOOM_LNFB; k++) {
+    for (int k = LOOM_LNFW; k <= LOOM_LMHEAD; k++) {
         info[k].offset = offset;
         info[k].layer_stride = 0;
         offset += (size_t)info[k].numel;
@@ -290,10 +489,10 @@ size_t loom_gpt_element_offset(const loom_gpt_tensor_info *info, int64_t index) 
 
 static void point_tensors(loom_gpt_tensors *t, float *base,
                           const loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS]) {
-    float **slots[LOOM_NUM_PARAM_TENSORS] = {&t->wte,     &t->wpe,     &t->ln1w,     &t->ln1b,
-                                             &t->qkvw,    &t->qkvb,    &t->attprojw, &t->attprojb,
-                                             &t->ln2w,    &t->ln2b,    &t->fcw,      &t->fcb,
-                                             &t->fcprojw, &t->fcprojb, &t->lnfw,     &t->lnfb};
+    float **slots[LOOM_NUM_PARAM_TENSORS] = {
+        &t->wte,      &t->wpe,      &t->ln1w, &t->ln1b, &t->qkvw,  &t->qkvb,
+        &t->attprojw, &t->attprojb, &t->ln2w, &t->ln2b, &t->fcw,   &t->fcb,
+        &t->fcprojw,  &t->fcprojb,  &t->lnfw, &t->lnfb, &t->lmhead};
     for (int k = 0; k < LOOM_NUM_PARAM_TENSORS; k++) {
         *slots[k] = info[k].numel > 0 ? base + info[k].offset : NULL; /* not on this stage */
     }
@@ -302,13 +501,15 @@ static void point_tensors(loom_gpt_tensors *t, float *base,
 int64_t loom_gpt_num_real_params(const loom_gpt_config *config) {
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
     size_t total = loom_gpt_layout(config, info);
-    return (int64_t)total -
-           (int64_t)(config->padded_vocab_size - config->vocab_size) * config->channels;
+    int64_t padding = (int64_t)(config->padded_vocab_size - config->vocab_size) * config->channels;
+    return (int64_t)total - padding * (config->untied_head ? 2 : 1); /* wte's and the head's */
 }
 
 double loom_gpt_flops_per_token(const loom_gpt_config *config, int T) {
-    return 6.0 * (double)loom_gpt_num_real_params(config) +
-           6.0 * config->num_layers * (double)config->channels * T;
+    double n = (double)loom_gpt_num_real_params(config);
+    /* an untied head's GEMM is counted; the input embedding is a lookup */
+    if (config->untied_head) n -= (double)config->vocab_size * config->channels;
+    return 6.0 * n + 6.0 * config->num_layers * (double)config->channels * T;
 }
 
 loom_status loom_gpt_create(loom_gpt **out, const loom_gpt_config *config,
@@ -439,7 +640,7 @@ loom_status loom_gpt_create_shard(loom_gpt **out, const loom_gpt_config *config,
     m->backend = backend;
     m->layer_stride = m->info[LOOM_LN1W].layer_stride;
     int L = m->num_local_layers;
-    m->segments = loom_calloc(4 + 12 * (size_t)L, sizeof *m->segments, "segments");
+    m->segments = loom_calloc(5 + 12 * (size_t)L, sizeof *m->segments, "segments");
     if (!m->segments) {
         loom_gpt_free(m);
         return LOOM_ERR_NOMEM;
@@ -541,30 +742,37 @@ int64_t loom_gpt_global_index(const loom_gpt *m, int k, int64_t index) {
     const loom_gpt_tensor_info *ti = &m->info[k];
     int64_t tp = m->tp_size;
     if (!ti->per_layer) {
-        if (tp == 1 || k != LOOM_WTE) return index;
+        if (tp == 1 || (k != LOOM_WTE && k != LOOM_LMHEAD)) return index;
         return index + m->tp_rank * (int64_t)(c->padded_vocab_size / tp) * c->channels; /* rows */
     }
     int64_t layer = loom_gpt_global_layer(m, (int)(index / ti->layer_numel));
     int64_t within = index % ti->layer_numel;
     int64_t global_layer_numel = ti->layer_numel * (loom_gpt_tensor_is_sharded(k) ? tp : 1);
     if (tp == 1 || !loom_gpt_tensor_is_sharded(k)) return layer * global_layer_numel + within;
-    int64_t C = c->channels, r = m->tp_rank, Cl = C / tp;
+    int64_t C = c->channels, r = m->tp_rank;
+    loom_gpt_widths w = loom_gpt_widths_of(c, (int)tp);
     int64_t g;
     switch (k) {
     case LOOM_QKVW:
-    case LOOM_QKVB: { /* rows [q | k | v], this rank's C/tp of each */
-        int64_t cols = k == LOOM_QKVW ? C : 1;
-        int64_t row = within / cols, col = within % cols;
-        int64_t part = row / Cl, in_part = row % Cl;
-        g = (part * C + r * Cl + in_part) * cols + col;
+    case LOOM_QKVB:
+    case LOOM_FCW:
+    case LOOM_FCB: { /* rows in parts ([q | k | v]; Llama's [gate | up]), this rank's 1/tp of each
+                      */
+        int64_t cols = k == LOOM_QKVW || k == LOOM_FCW ? C : 1;
+        int64_t row = within / cols, col = within % cols, rows[LOOM_MAX_MATRIX_PARTS];
+        int parts = loom_gpt_matrix_parts(c, (int)tp,
+                                          k == LOOM_QKVB  ? LOOM_QKVW
+                                          : k == LOOM_FCB ? LOOM_FCW
+                                                          : k,
+                                          rows);
+        int64_t before = 0; /* the global rows of the parts before this one */
+        int p = 0;
+        while (p < parts - 1 && row >= rows[p]) row -= rows[p], before += rows[p] * tp, p++;
+        g = (before + r * rows[p] + row) * cols + col;
         break;
     }
-    case LOOM_FCW:
-    case LOOM_FCB: /* rows: this rank's 4C/tp */
-        g = within + r * ti->layer_numel;
-        break;
-    default: { /* LOOM_ATTPROJW (C, C/tp) and LOOM_FCPROJW (C, 4C/tp): columns */
-        int64_t local_cols = k == LOOM_ATTPROJW ? Cl : 4 * Cl;
+    default: { /* LOOM_ATTPROJW (C, C/tp) and LOOM_FCPROJW (C, F/tp): columns */
+        int64_t local_cols = k == LOOM_ATTPROJW ? w.q : w.ffn;
         int64_t row = within / local_cols, col = within % local_cols;
         g = row * local_cols * tp + r * local_cols + col;
         break;
@@ -584,7 +792,8 @@ void loom_gpt_init_weights(loom_gpt *m, uint64_t seed) {
          * lives, so every layout starts from the same weights */
         float value = (k == LOOM_LN1W || k == LOOM_LN2W || k == LOOM_LNFW) ? 1.0f : 0.0f;
         float s = (k == LOOM_ATTPROJW || k == LOOM_FCPROJW) ? proj_std : std;
-        int64_t real = k == LOOM_WTE ? (int64_t)c->vocab_size * c->channels : INT64_MAX;
+        int64_t real =
+            k == LOOM_WTE || k == LOOM_LMHEAD ? (int64_t)c->vocab_size * c->channels : INT64_MAX;
         int random = ti->decay;
         size_t lo = m->params_begin, hi = m->params_end; /* the window this rank keeps */
 #pragma omp parallel for schedule(static)
@@ -649,11 +858,29 @@ void loom_gpt_use_slot(loom_gpt *m, int slot) {
     m->slot = slot;
 }
 
+void loom_gpt_grad_scratch_floats(const loom_gpt_config *c, int64_t N, int sequence_parallel,
+                                  int64_t out[LOOM_GPT_GRAD_SCRATCH]) {
+    /* full widths even under TP; dfch2 also holds (N, C) gathered inputs under SP */
+    loom_gpt_widths w = loom_gpt_widths_of(c, 1);
+    int64_t C = c->channels;
+    int64_t sizes[LOOM_GPT_GRAD_SCRATCH] = {N * C,
+                                            N * C,
+                                            N * C,
+                                            N * w.qkv,
+                                            N * w.fc,
+                                            N * (w.ffn > C ? w.ffn : C),
+                                            sequence_parallel ? 4 * C : 0};
+    memcpy(out, sizes, sizeof sizes);
+}
+
 size_t loom_gpt_activation_bytes(const loom_gpt *m) {
     if (!m->acts_memory) return 0;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->config.channels;
+    size_t BT = (size_t)m->B * (size_t)m->T;
     size_t tokens = 2 * BT * (size_t)m->slots * sizeof(int32_t); /* inputs and targets */
-    return (m->slot_floats * (size_t)m->slots + 14 * BT * C) * sizeof(float) + tokens;
+    int64_t scratch[LOOM_GPT_GRAD_SCRATCH], total = 0;
+    loom_gpt_grad_scratch_floats(&m->config, (int64_t)BT, m->sequence_parallel, scratch);
+    for (int i = 0; i < LOOM_GPT_GRAD_SCRATCH; i++) total += scratch[i];
+    return (m->slot_floats * (size_t)m->slots + (size_t)total) * sizeof(float) + tokens;
 }
 
 loom_status loom_gpt_reserve_slots(loom_gpt *m, int B, int T, int nslots) {
@@ -695,27 +922,22 @@ loom_status loom_gpt_reserve_slots_spec(loom_gpt *m, const loom_gpt_slots_spec *
     m->slot_floats = acts_layout(m, B, T, split, selective, sizes);
     m->acts_memory =
         loom_alloc_aligned(m->slot_floats * (size_t)nslots * sizeof(float), "activations");
-    size_t BT = (size_t)B * (size_t)T, C = (size_t)m->config.channels;
-    const size_t grad_sizes[7] = {BT * C,
-                                  BT * C,
-                                  BT * C,
-                                  BT * 3 * C,
-                                  BT * 4 * C,
-                                  BT * 4 * C,
-                                  m->sequence_parallel ? 4 * C : 0};
+    size_t BT = (size_t)B * (size_t)T;
+    int64_t grad_sizes[LOOM_GPT_GRAD_SCRATCH];
+    loom_gpt_grad_scratch_floats(&m->config, (int64_t)BT, m->sequence_parallel, grad_sizes);
     size_t grad_total = 0;
-    for (int i = 0; i < 7; i++) grad_total += grad_sizes[i];
+    for (int i = 0; i < LOOM_GPT_GRAD_SCRATCH; i++) grad_total += (size_t)grad_sizes[i];
     m->grad_acts_memory = loom_alloc_aligned(grad_total * sizeof(float), "activation gradients");
     m->inputs_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "inputs");
     m->targets_all = loom_calloc(BT * (size_t)nslots, sizeof(int32_t), "targets");
     if (!m->acts_memory || !m->grad_acts_memory || !m->inputs_all || !m->targets_all) {
         return LOOM_ERR_NOMEM;
     }
-    float **gslots[7] = {&m->grad_acts.dresidual, &m->grad_acts.dbtc, &m->grad_acts.dbtc2,
-                         &m->grad_acts.dqkv,      &m->grad_acts.dfch, &m->grad_acts.dfch2,
-                         &m->grad_acts.dnorm};
+    float **gslots[LOOM_GPT_GRAD_SCRATCH] = {
+        &m->grad_acts.dresidual, &m->grad_acts.dbtc,  &m->grad_acts.dbtc2, &m->grad_acts.dqkv,
+        &m->grad_acts.dfch,      &m->grad_acts.dfch2, &m->grad_acts.dnorm};
     float *p = m->grad_acts_memory;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < LOOM_GPT_GRAD_SCRATCH; i++) {
         *gslots[i] = grad_sizes[i] ? p : NULL;
         p += grad_sizes[i];
     }
@@ -732,16 +954,22 @@ loom_status loom_gpt_reserve_slots_spec(loom_gpt *m, const loom_gpt_slots_spec *
  * parameters' or the gradients' unit pointers. */
 static float *unit_tensor_at(const loom_gpt *m, float *const *units, int k, int l) {
     const loom_gpt_tensor_info *ti = &m->info[k];
-    int u = ti->per_layer                      ? loom_gpt_block_unit(l)
-            : k == LOOM_LNFW || k == LOOM_LNFB ? m->num_units - 1
-                                               : 0;
+    int u = ti->per_layer                                          ? loom_gpt_block_unit(l)
+            : k == LOOM_LNFW || k == LOOM_LNFB || k == LOOM_LMHEAD ? m->num_units - 1
+                                                                   : 0;
     size_t at = ti->offset + (ti->per_layer ? (size_t)l * ti->layer_stride : 0);
     return units[u] + (at - m->unit_begin[u]);
 }
 
-/* A tensor that is not per layer (wte, wpe, lnfw, lnfb). */
+/* A tensor that is not per layer (wte, wpe, lnfw, lnfb, lmhead); NULL where it has no elements
+ * (Llama's wpe and lnfb). */
 static float *unit_tensor(const loom_gpt *m, float *const *units, int k) {
-    return unit_tensor_at(m, units, k, 0);
+    return m->info[k].numel > 0 ? unit_tensor_at(m, units, k, 0) : NULL;
+}
+
+/* The LM head's weight: wte when tied, else its own. */
+static int head_tensor(const loom_gpt *m) {
+    return m->config.untied_head ? LOOM_LMHEAD : LOOM_WTE;
 }
 
 /* Local layer l's slice of every per-layer tensor (the others NULL). */
@@ -749,8 +977,8 @@ static loom_gpt_tensors block_tensors(const loom_gpt *m, float *const *units, in
     loom_gpt_tensors t = {0};
     float **slots[] = {&t.ln1w, &t.ln1b, &t.qkvw, &t.qkvb, &t.attprojw, &t.attprojb,
                        &t.ln2w, &t.ln2b, &t.fcw,  &t.fcb,  &t.fcprojw,  &t.fcprojb};
-    for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++)
-        *slots[k - LOOM_LN1W] = unit_tensor_at(m, units, k, l);
+    for (int k = LOOM_LN1W; k <= LOOM_FCPROJB; k++) /* Llama's biases: none */
+        *slots[k - LOOM_LN1W] = m->info[k].numel > 0 ? unit_tensor_at(m, units, k, l) : NULL;
     return t;
 }
 
@@ -765,32 +993,132 @@ typedef struct {
     float *dout[BLOCK_GEMMS]; /* the GEMMs' output gradients a split backward keeps; NULL if not */
 } layer_acts;
 
+/* p + n, or NULL for a buffer the slot does not have (RMSNorm keeps no mean). */
+static float *at(float *p, size_t n) {
+    return p ? p + n : NULL;
+}
+
 static layer_acts layer_view(loom_gpt *m, int l, int B, int T) {
     const loom_gpt_acts *a = &m->acts;
-    size_t tp = (size_t)m->tp_size;
-    size_t C = (size_t)m->config.channels, NHl = (size_t)m->config.num_heads / tp, Cl = C / tp;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    size_t C = (size_t)m->config.channels, NHl = (size_t)w.heads;
     size_t BT = (size_t)B * (size_t)T;
     size_t lbt = (size_t)l * BT;
     /* the residual stream's buffers hold this rank's rows (all of them without SP) */
     size_t lrows = (size_t)l * (size_t)loom_gpt_rows(m, B, T);
     size_t att_layer = m->selective ? 0 : (size_t)l; /* selective: one layer's, scratch */
     layer_acts v = {
-        a->ln1 + lrows * C,         a->ln1_mean + lrows,
-        a->ln1_rstd + lrows,        a->qkv + lbt * 3 * Cl,
-        a->atty + lbt * Cl,         a->att + att_layer * (size_t)B * NHl * (size_t)T * (size_t)T,
-        a->attproj + lrows * C,     a->residual2 + lrows * C,
-        a->ln2 + lrows * C,         a->ln2_mean + lrows,
-        a->ln2_rstd + lrows,        a->fch + lbt * 4 * Cl,
-        a->fch_gelu + lbt * 4 * Cl, a->fcproj + lrows * C,
-        a->residual3 + lrows * C,   {NULL},
+        a->ln1 + lrows * C,
+        at(a->ln1_mean, lrows),
+        a->ln1_rstd + lrows,
+        a->qkv + lbt * (size_t)w.qkv,
+        a->atty + lbt * (size_t)w.q,
+        a->att + att_layer * (size_t)B * NHl * (size_t)T * (size_t)T,
+        a->attproj + lrows * C,
+        a->residual2 + lrows * C,
+        a->ln2 + lrows * C,
+        at(a->ln2_mean, lrows),
+        a->ln2_rstd + lrows,
+        a->fch + lbt * (size_t)w.fc,
+        a->fch_gelu + lbt * (size_t)w.ffn,
+        a->fcproj + lrows * C,
+        a->residual3 + lrows * C,
+        {NULL},
     };
     if (a->dqkv) {
         v.dout[GEMM_FCPROJ] = a->dfcproj + lbt * C;
-        v.dout[GEMM_FC] = a->dfch + lbt * 4 * Cl;
+        v.dout[GEMM_FC] = a->dfch + lbt * (size_t)w.fc;
         v.dout[GEMM_ATTPROJ] = a->dattproj + lbt * C;
-        v.dout[GEMM_QKV] = a->dqkv + lbt * 3 * Cl;
+        v.dout[GEMM_QKV] = a->dqkv + lbt * (size_t)w.qkv;
     }
     return v;
+}
+
+/* ---- the two architectures' differences inside a block: the norm (LayerNorm or RMSNorm), the
+ * rotary positions on q and k (Llama), the attention (multi-head or grouped-query) and the MLP's
+ * activation (GELU or SwiGLU) */
+
+static int is_llama(const loom_gpt *m) {
+    return m->config.arch == LOOM_ARCH_LLAMA;
+}
+
+static void norm_forward(const loom_gpt *m, float *out, float *mean, float *rstd, const float *inp,
+                         const float *weight, const float *bias, int64_t N) {
+    int C = m->config.channels;
+    if (is_llama(m)) {
+        m->backend->rmsnorm_forward(out, rstd, inp, weight, N, C, (float)m->config.norm_eps);
+    } else {
+        m->backend->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    }
+}
+
+static void norm_backward(const loom_gpt *m, float *dinp, float *dweight, float *dbias,
+                          const float *dout, const float *inp, const float *weight,
+                          const float *mean, const float *rstd, int64_t N) {
+    int C = m->config.channels;
+    if (is_llama(m)) {
+        m->backend->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    } else {
+        m->backend->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    }
+}
+
+/* The QKV GEMM's output made ready for attention: Llama rotates q and k in place (the slot
+ * keeps the rotated values, which attention and its backward read). */
+static void qkv_positions(const loom_gpt *m, float *qkv, int B, int T) {
+    if (!is_llama(m)) return;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    m->backend->rope_forward(qkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd,
+                             (float)m->config.rope_theta);
+}
+
+/* The gradient of the rotated q and k turned into that of the QKV GEMM's output, in place. */
+static void qkv_positions_backward(const loom_gpt *m, float *dqkv, int B, int T) {
+    if (!is_llama(m)) return;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    m->backend->rope_backward(dqkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd,
+                              (float)m->config.rope_theta);
+}
+
+static void attention_forward(const loom_gpt *m, float *out, float *att, const float *qkv, int B,
+                              int T) {
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    if (is_llama(m)) {
+        m->backend->attention_gqa_forward(out, att, qkv, B, T, (int)w.heads, (int)w.kv, (int)w.hd);
+    } else {
+        m->backend->attention_forward(out, att, qkv, B, T, (int)w.q, (int)w.heads);
+    }
+}
+
+static void attention_backward(const loom_gpt *m, float *dqkv, const float *dout, const float *qkv,
+                               const float *att, int B, int T) {
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    if (is_llama(m)) {
+        m->backend->attention_gqa_backward(dqkv, dout, qkv, att, B, T, (int)w.heads, (int)w.kv,
+                                           (int)w.hd);
+    } else {
+        m->backend->attention_backward(dqkv, dout, qkv, att, B, T, (int)w.q, (int)w.heads);
+    }
+}
+
+/* The MLP's activation: fch (N, fc) -> out (N, ffn). */
+static void mlp_activation(const loom_gpt *m, float *out, const float *fch, int64_t N) {
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    if (is_llama(m)) {
+        m->backend->swiglu_forward(out, fch, N, (int)w.ffn);
+    } else {
+        m->backend->gelu_forward(out, fch, N * w.ffn);
+    }
+}
+
+static void mlp_activation_backward(const loom_gpt *m, float *dfch, const float *fch,
+                                    const float *dout, int64_t N) {
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
+    if (is_llama(m)) {
+        m->backend->swiglu_backward(dfch, fch, dout, N, (int)w.ffn);
+    } else {
+        m->backend->gelu_backward(dfch, fch, dout, N * w.ffn);
+    }
 }
 
 /* Sums a buffer over the tensor-parallel group (no-op without TP). A failure here cannot be
@@ -837,7 +1165,7 @@ static void row_parallel_forward_sp(loom_gpt *m, float *out, float *scratch, con
     const loom_backend *be = m->backend;
     be->matmul_forward(scratch, inp, w, NULL, N, K, OC);
     sp_scatter(m, out, scratch, N, OC);
-    be->bias_forward(out, bias, N / m->tp_size, OC);
+    if (bias) be->bias_forward(out, bias, N / m->tp_size, OC);
 }
 
 /* out (rows, C) += wpe[t] for this rank's rows of a (B, T) micro-batch, rows (b, t) from
@@ -863,6 +1191,7 @@ static void sp_norm_grads_add(loom_gpt *m, float *const *ws, int count) {
     tp_allreduce(m, m->grad_acts.dnorm, (int64_t)count * C, LOOM_REDUCE_SUM);
     for (int i = 0; i < count; i++) {
         const float *d = m->grad_acts.dnorm + (size_t)i * C;
+        if (!ws[i]) continue; /* Llama's norms have no bias */
         for (int c = 0; c < C; c++) ws[i][c] += d[c];
     }
 }
@@ -878,7 +1207,7 @@ static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, cons
     }
     be->matmul_forward(out, inp, w, NULL, N, K, OC);
     tp_allreduce(m, out, N * OC, LOOM_REDUCE_SUM);
-    be->bias_forward(out, bias, N, OC);
+    if (bias) be->bias_forward(out, bias, N, OC);
 }
 
 /* A chunk as the passes see it: its block i is the rank's local layer first + i (parameters)
@@ -932,26 +1261,28 @@ static void block_forward_sp(loom_gpt *m, const chunk_view *ch, int i, const flo
                              int T) {
     const loom_backend *be = m->backend;
     int C = m->config.channels, tp = m->tp_size;
-    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, tp);
     int64_t N = (int64_t)B * T, rows = N / tp;
     float *gathered = m->grad_acts.dbtc, *partial = m->grad_acts.dbtc2; /* (N, C) each */
     layer_acts a = layer_view(m, i, B, T);
     loom_gpt_tensors p = block_tensors(m, m->unit_params, ch->first + i);
-    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, rows, C);
+    norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, rows);
     sp_gather(m, gathered, a.ln1, N, C);
-    be->matmul_forward(a.qkv, gathered, p.qkvw, p.qkvb, N, C, 3 * Cl);
+    be->matmul_forward(a.qkv, gathered, p.qkvw, p.qkvb, N, C, (int)w.qkv);
+    qkv_positions(m, a.qkv, B, T);
     progress(m);
-    be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    attention_forward(m, a.atty, a.att, a.qkv, B, T);
     progress(m);
-    row_parallel_forward_sp(m, a.attproj, partial, a.atty, p.attprojw, p.attprojb, N, Cl, C);
+    row_parallel_forward_sp(m, a.attproj, partial, a.atty, p.attprojw, p.attprojb, N, (int)w.q, C);
     be->residual_forward(a.residual2, residual, a.attproj, rows * C);
-    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, rows, C);
+    norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, rows);
     sp_gather(m, gathered, a.ln2, N, C);
     progress(m);
-    be->matmul_forward(a.fch, gathered, p.fcw, p.fcb, N, C, 4 * Cl);
+    be->matmul_forward(a.fch, gathered, p.fcw, p.fcb, N, C, (int)w.fc);
     progress(m);
-    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
-    row_parallel_forward_sp(m, a.fcproj, partial, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
+    mlp_activation(m, a.fch_gelu, a.fch, N);
+    row_parallel_forward_sp(m, a.fcproj, partial, a.fch_gelu, p.fcprojw, p.fcprojb, N, (int)w.ffn,
+                            C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, rows * C);
 }
 
@@ -963,25 +1294,26 @@ static void block_forward(loom_gpt *m, const chunk_view *ch, int i, const float 
     }
     const loom_backend *be = m->backend;
     int C = m->config.channels, tp = m->tp_size;
-    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, tp);
     int64_t N = (int64_t)B * T;
     layer_acts a = layer_view(m, i, B, T);
     /* this block's slice of every per-layer tensor */
     loom_gpt_tensors p = block_tensors(m, m->unit_params, ch->first + i);
-    be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
+    norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N);
     /* column-parallel QKV: this rank's heads */
-    be->matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * Cl);
+    be->matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, (int)w.qkv);
+    qkv_positions(m, a.qkv, B, T);
     progress(m);
-    be->attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    attention_forward(m, a.atty, a.att, a.qkv, B, T);
     progress(m);
-    row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, N, Cl, C);
+    row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, N, (int)w.q, C);
     be->residual_forward(a.residual2, residual, a.attproj, N * C);
-    be->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N, C);
+    norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N);
     progress(m);
-    be->matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * Cl);
+    be->matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, (int)w.fc);
     progress(m);
-    be->gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
-    row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * Cl, C);
+    mlp_activation(m, a.fch_gelu, a.fch, N);
+    row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, (int)w.ffn, C);
     be->residual_forward(a.residual3, a.residual2, a.fcproj, N * C);
 }
 
@@ -994,11 +1326,13 @@ static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
         return;
     }
     fire_held_event(m, 0);
-    if (m->tp_size == 1) {
+    if (m->tp_size == 1 && !is_llama(m)) {
         be->encoder_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE),
                             unit_tensor(m, m->unit_params, LOOM_WPE), B, T, C);
         return;
     }
+    /* (Llama, or TP): the lookup of the rows this rank holds (all of them at tp 1), then GPT-2's
+     * positions after the sum; Llama's positions are rotary, inside attention */
     int64_t N = (int64_t)B * T;
     int rows = m->config.padded_vocab_size / m->tp_size;
     const float *wpe = unit_tensor(m, m->unit_params, LOOM_WPE);
@@ -1009,13 +1343,13 @@ static void embed_forward(loom_gpt *m, const int32_t *inputs, int B, int T) {
                                   m->vocab_start, rows);
         sp_scatter(m, m->acts.encoded, partial, N, C);
         int64_t own = N / m->tp_size;
-        position_forward_rows(m, m->acts.encoded, wpe, m->tp_rank * own, own, T, C);
+        if (wpe) position_forward_rows(m, m->acts.encoded, wpe, m->tp_rank * own, own, T, C);
         return;
     }
     be->encoder_shard_forward(m->acts.encoded, inputs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
                               C, m->vocab_start, rows);
     tp_allreduce(m, m->acts.encoded, N * C, LOOM_REDUCE_SUM);
-    be->position_forward(m->acts.encoded, wpe, B, T, C);
+    if (wpe) be->position_forward(m->acts.encoded, wpe, B, T, C);
 }
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron): no rank sees all logits; the loss
@@ -1074,14 +1408,14 @@ static float forward_chunk(loom_gpt *m, const chunk_view *ch, const int32_t *inp
      * vocabulary-parallel loss needs every row) and kept so, for the LM head's weight gradient */
     float *lnf_rows = m->sequence_parallel ? m->grad_acts.dbtc : m->acts.lnf;
     fire_held_event(m, m->num_units - 1);
-    fire_held_event(m, 0);
-    be->layernorm_forward(lnf_rows, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
-                          unit_tensor(m, m->unit_params, LOOM_LNFW),
-                          unit_tensor(m, m->unit_params, LOOM_LNFB), rows, C);
+    if (!m->config.untied_head) fire_held_event(m, 0);
+    norm_forward(m, lnf_rows, m->acts.lnf_mean, m->acts.lnf_rstd, residual,
+                 unit_tensor(m, m->unit_params, LOOM_LNFW),
+                 unit_tensor(m, m->unit_params, LOOM_LNFB), rows);
     if (m->sequence_parallel) sp_gather(m, m->acts.lnf, lnf_rows, N, C);
     /* logits of this rank's vocabulary rows (all of them without TP) */
-    be->matmul_forward(m->acts.probs, m->acts.lnf, unit_tensor(m, m->unit_params, LOOM_WTE), NULL,
-                       N, C, Vpl);
+    be->matmul_forward(m->acts.probs, m->acts.lnf, unit_tensor(m, m->unit_params, head_tensor(m)),
+                       NULL, N, C, Vpl);
     if (!targets) {
         m->mean_loss = 0.0f;
         return 0.0f;
@@ -1156,20 +1490,22 @@ static void block_weight_grad(loom_gpt *m, const layer_acts *a, int l, int which
                               int64_t N) {
     const loom_backend *be = m->backend;
     loom_gpt_tensors g = block_tensors(m, m->unit_grads, l);
-    int C = m->config.channels, Cl = C / m->tp_size;
+    int C = m->config.channels;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
     switch (which) {
-    case GEMM_FCPROJ: /* row-parallel: (N, 4C/tp) -> (N, C) */
-        be->matmul_backward_weight(g.fcprojw, g.fcprojb, dout, a->fch_gelu, N, 4 * Cl, C);
+    case GEMM_FCPROJ: /* row-parallel: (N, F/tp) -> (N, C) */
+        be->matmul_backward_weight(g.fcprojw, g.fcprojb, dout, a->fch_gelu, N, (int)w.ffn, C);
         break;
-    case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp) */
-        be->matmul_backward_weight(g.fcw, g.fcb, dout, gathered_input(m, a->ln2, N), N, C, 4 * Cl);
+    case GEMM_FC: /* column-parallel: (N, C) -> (N, 4C/tp; Llama's [gate | up] 2F/tp) */
+        be->matmul_backward_weight(g.fcw, g.fcb, dout, gathered_input(m, a->ln2, N), N, C,
+                                   (int)w.fc);
         break;
     case GEMM_ATTPROJ: /* row-parallel: (N, C/tp) -> (N, C) */
-        be->matmul_backward_weight(g.attprojw, g.attprojb, dout, a->atty, N, Cl, C);
+        be->matmul_backward_weight(g.attprojw, g.attprojb, dout, a->atty, N, (int)w.q, C);
         break;
-    default: /* GEMM_QKV, column-parallel: (N, C) -> (N, 3C/tp) */
+    default: /* GEMM_QKV, column-parallel: (N, C) -> (N, (NH + 2 KV) hs / tp) */
         be->matmul_backward_weight(g.qkvw, g.qkvb, dout, gathered_input(m, a->ln1, N), N, C,
-                                   3 * Cl);
+                                   (int)w.qkv);
         break;
     }
     progress(m);
@@ -1203,9 +1539,9 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
     const loom_backend *be = m->backend;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
     int C = m->config.channels, tp = m->tp_size;
-    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, tp);
     int64_t N = (int64_t)B * T;
-    size_t btc = (size_t)N * (size_t)C, btcl = (size_t)N * (size_t)Cl;
+    size_t btc = (size_t)N * (size_t)C, n = (size_t)N;
     layer_acts a = layer_view(m, i, B, T);
     int l = ch->first + i; /* the local layer: its parameters */
     loom_gpt_tensors p = block_tensors(m, m->unit_params, l);
@@ -1215,36 +1551,36 @@ static void block_backward(loom_gpt *m, const chunk_view *ch, int i, const float
     float *dfch = split ? a.dout[GEMM_FC] : ga->dfch;
     float *dqkv = split ? a.dout[GEMM_QKV] : ga->dqkv;
 
-    /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-    memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
-    be->matmul_backward_input(ga->dfch2, dres, p.fcprojw, N, 4 * Cl, C);
+    /* MLP: residual3 = residual2 + fcproj(act(fc(ln2(residual2)))) */
+    memset(ga->dfch2, 0, n * (size_t)w.ffn * sizeof(float));
+    be->matmul_backward_input(ga->dfch2, dres, p.fcprojw, N, (int)w.ffn, C);
     weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, dres, N, C, split);
-    memset(dfch, 0, btcl * 4 * sizeof(float));
-    be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
+    memset(dfch, 0, n * (size_t)w.fc * sizeof(float));
+    mlp_activation_backward(m, dfch, a.fch, ga->dfch2, N);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, 4 * Cl);
-    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
+    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, (int)w.fc);
+    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, w.fc, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM); /* column-parallel input gradient */
-    be->layernorm_backward(dres, g.ln2w, g.ln2b, ga->dbtc, a.residual2, p.ln2w, a.ln2_mean,
-                           a.ln2_rstd, N, C);
+    norm_backward(m, dres, g.ln2w, g.ln2b, ga->dbtc, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd,
+                  N);
 
     /* attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
-    memset(ga->dbtc2, 0, btcl * sizeof(float));
-    be->matmul_backward_input(ga->dbtc2, dres, p.attprojw, N, Cl, C);
+    memset(ga->dbtc2, 0, n * (size_t)w.q * sizeof(float));
+    be->matmul_backward_input(ga->dbtc2, dres, p.attprojw, N, (int)w.q, C);
     weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, dres, N, C, split);
     if (m->selective) {
         /* the softmax again, by the forward's kernel from the kept qkv: the same bits; its
          * attention output is thrown away (dbtc is free until the QKV input gradient) */
-        be->attention_forward(ga->dbtc, a.att, a.qkv, B, T, Cl, NHl);
+        attention_forward(m, ga->dbtc, a.att, a.qkv, B, T);
     }
-    memset(dqkv, 0, btcl * 3 * sizeof(float));
-    be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
+    memset(dqkv, 0, n * (size_t)w.qkv * sizeof(float));
+    attention_backward(m, dqkv, ga->dbtc2, a.qkv, a.att, B, T);
+    qkv_positions_backward(m, dqkv, B, T);
     memset(ga->dbtc, 0, btc * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, 3 * Cl);
-    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
+    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, (int)w.qkv);
+    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, w.qkv, split);
     tp_allreduce(m, ga->dbtc, N * C, LOOM_REDUCE_SUM);
-    be->layernorm_backward(dres, g.ln1w, g.ln1b, ga->dbtc, residual, p.ln1w, a.ln1_mean, a.ln1_rstd,
-                           N, C);
+    norm_backward(m, dres, g.ln1w, g.ln1b, ga->dbtc, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, N);
 }
 
 /* block_backward under sequence parallelism: dresidual holds this rank's rows. The row-parallel
@@ -1258,9 +1594,9 @@ static void block_backward_sp(loom_gpt *m, const chunk_view *ch, int i, const fl
     const loom_backend *be = m->backend;
     const loom_gpt_grad_acts *ga = &m->grad_acts;
     int C = m->config.channels, tp = m->tp_size;
-    int Cl = C / tp, NHl = m->config.num_heads / tp;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, tp);
     int64_t N = (int64_t)B * T, rows = N / tp;
-    size_t btcl = (size_t)N * (size_t)Cl;
+    size_t n = (size_t)N;
     layer_acts a = layer_view(m, i, B, T);
     int l = ch->first + i;
     loom_gpt_tensors p = block_tensors(m, m->unit_params, l);
@@ -1273,32 +1609,34 @@ static void block_backward_sp(loom_gpt *m, const chunk_view *ch, int i, const fl
 
     /* MLP */
     sp_gather(m, ga->dbtc2, dres, N, C);
-    memset(ga->dfch2, 0, btcl * 4 * sizeof(float));
-    be->matmul_backward_input(ga->dfch2, ga->dbtc2, p.fcprojw, N, 4 * Cl, C);
+    memset(ga->dfch2, 0, n * (size_t)w.ffn * sizeof(float));
+    be->matmul_backward_input(ga->dfch2, ga->dbtc2, p.fcprojw, N, (int)w.ffn, C);
     weight_grad_or_keep(m, &a, l, GEMM_FCPROJ, ga->dbtc2, N, C, split);
-    memset(dfch, 0, btcl * 4 * sizeof(float));
-    be->gelu_backward(dfch, a.fch, ga->dfch2, N * 4 * Cl);
+    memset(dfch, 0, n * (size_t)w.fc * sizeof(float));
+    mlp_activation_backward(m, dfch, a.fch, ga->dfch2, N);
     memset(ga->dbtc, 0, (size_t)(N * C) * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, 4 * Cl);
-    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, 4 * Cl, split);
+    be->matmul_backward_input(ga->dbtc, dfch, p.fcw, N, C, (int)w.fc);
+    weight_grad_or_keep(m, &a, l, GEMM_FC, dfch, N, w.fc, split);
     sp_scatter(m, own, ga->dbtc, N, C);
-    be->layernorm_backward(dres, ga->dnorm + 2 * C, ga->dnorm + 3 * C, own, a.residual2, p.ln2w,
-                           a.ln2_mean, a.ln2_rstd, rows, C);
+    norm_backward(m, dres, ga->dnorm + 2 * C, ga->dnorm + 3 * C, own, a.residual2, p.ln2w,
+                  a.ln2_mean, a.ln2_rstd, rows);
 
     /* attention */
     sp_gather(m, ga->dfch2, dres, N, C);
-    memset(ga->dbtc2, 0, btcl * sizeof(float));
-    be->matmul_backward_input(ga->dbtc2, ga->dfch2, p.attprojw, N, Cl, C);
+    memset(ga->dbtc2, 0, n * (size_t)w.q * sizeof(float));
+    be->matmul_backward_input(ga->dbtc2, ga->dfch2, p.attprojw, N, (int)w.q, C);
     weight_grad_or_keep(m, &a, l, GEMM_ATTPROJ, ga->dfch2, N, C, split);
-    if (m->selective) be->attention_forward(ga->dbtc, a.att, a.qkv, B, T, Cl, NHl);
-    memset(dqkv, 0, btcl * 3 * sizeof(float));
-    be->attention_backward(dqkv, ga->dbtc2, a.qkv, a.att, B, T, Cl, NHl);
+    if (m->selective) attention_forward(m, ga->dbtc, a.att, a.qkv, B, T);
+    memset(dqkv, 0, n * (size_t)w.qkv * sizeof(float));
+    attention_backward(m, dqkv, ga->dbtc2, a.qkv, a.att, B, T);
+    qkv_positions_backward(m, dqkv, B, T);
     memset(ga->dbtc, 0, (size_t)(N * C) * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, 3 * Cl);
-    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, 3 * Cl, split);
+    be->matmul_backward_input(ga->dbtc, dqkv, p.qkvw, N, C, (int)w.qkv);
+    weight_grad_or_keep(m, &a, l, GEMM_QKV, dqkv, N, w.qkv, split);
     sp_scatter(m, own, ga->dbtc, N, C);
-    be->layernorm_backward(dres, ga->dnorm, ga->dnorm + C, own, residual, p.ln1w, a.ln1_mean,
-                           a.ln1_rstd, rows, C);
+    norm_backward(m, dres, ga->dnorm, ga->dnorm + C, own, residual, p.ln1w, a.ln1_mean, a.ln1_rstd,
+                  rows);
+    /* (Llama: no biases, so the bias slots of dnorm stay zero and go nowhere) */
     float *norms[4] = {g.ln1w, g.ln1b, g.ln2w, g.ln2b};
     sp_norm_grads_add(m, norms, 4);
 }
@@ -1319,7 +1657,7 @@ static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
         m->embed_lookup_backward(m->embed_lookup_ctx, dout, m->inputs, B, T);
         return;
     }
-    if (m->tp_size == 1) {
+    if (m->tp_size == 1 && !is_llama(m)) {
         be->encoder_backward(unit_tensor(m, m->unit_grads, LOOM_WTE),
                              unit_tensor(m, m->unit_grads, LOOM_WPE), dout, m->inputs, B, T, C);
         return;
@@ -1331,18 +1669,21 @@ static void embed_backward(loom_gpt *m, const float *dout, int B, int T) {
         sp_gather(m, m->grad_acts.dbtc, dout, (int64_t)B * T, C);
         dout = m->grad_acts.dbtc;
     }
-    be->position_backward(unit_tensor(m, m->unit_grads, LOOM_WPE), dout, B, T, C);
+    float *dwpe = unit_tensor(m, m->unit_grads, LOOM_WPE); /* none in Llama */
+    if (dwpe) be->position_backward(dwpe, dout, B, T, C);
     be->encoder_shard_backward(unit_tensor(m, m->unit_grads, LOOM_WTE), dout, m->inputs,
                                (int64_t)B * T, C, m->vocab_start, rows);
 }
 
-/* The tied LM head's weight gradient: dwte += dlogits^T lnf (dlogits in probs). */
+/* The LM head's weight gradient: dW += dlogits^T lnf (dlogits in probs), W wte when tied (its
+ * unit then hears of it), else the untied head (held with the final norm, synced at the end). */
 static void head_backward_weight(loom_gpt *m) {
     const loom_gpt_config *c = &m->config;
-    m->backend->matmul_backward_weight(unit_tensor(m, m->unit_grads, LOOM_WTE), NULL, m->acts.probs,
-                                       m->acts.lnf, (int64_t)m->cur_B * m->cur_T, c->channels,
-                                       c->padded_vocab_size / m->tp_size);
-    if (m->unit_event) m->unit_event(m->unit_event_ctx, 0, LOOM_GPT_UNIT_GRADS_DONE);
+    m->backend->matmul_backward_weight(unit_tensor(m, m->unit_grads, head_tensor(m)), NULL,
+                                       m->acts.probs, m->acts.lnf, (int64_t)m->cur_B * m->cur_T,
+                                       c->channels, c->padded_vocab_size / m->tp_size);
+    if (m->unit_event && !c->untied_head)
+        m->unit_event(m->unit_event_ctx, 0, LOOM_GPT_UNIT_GRADS_DONE);
 }
 
 /* The head's backward into dresidual: probs -> dlogits in place, the tied LM head's input
@@ -1363,8 +1704,8 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
                                         m->vocab_local, Vpl, m->vocab_start);
     }
     memset(ga->dbtc, 0, (size_t)N * C * sizeof(float));
-    be->matmul_backward_input(ga->dbtc, m->acts.probs, unit_tensor(m, m->unit_params, LOOM_WTE), N,
-                              C, Vpl);
+    be->matmul_backward_input(ga->dbtc, m->acts.probs,
+                              unit_tensor(m, m->unit_params, head_tensor(m)), N, C, Vpl);
     if (!split) head_backward_weight(m);
     int64_t rows = loom_gpt_rows(m, B, T);
     float *dlnf = ga->dbtc;
@@ -1381,9 +1722,9 @@ static void head_backward(loom_gpt *m, const chunk_view *ch, float dloss, int sp
     }
     memset(ga->dresidual, 0, (size_t)(rows * C) * sizeof(float));
     const float *last = chunk_last_residual(m, ch, B, T);
-    be->layernorm_backward(ga->dresidual, dlnfw, dlnfb, dlnf, last,
-                           unit_tensor(m, m->unit_params, LOOM_LNFW), m->acts.lnf_mean,
-                           m->acts.lnf_rstd, rows, C);
+    norm_backward(m, ga->dresidual, dlnfw, dlnfb, dlnf, last,
+                  unit_tensor(m, m->unit_params, LOOM_LNFW), m->acts.lnf_mean, m->acts.lnf_rstd,
+                  rows);
     if (m->sequence_parallel) {
         float *norms[2] = {unit_tensor(m, m->unit_grads, LOOM_LNFW),
                            unit_tensor(m, m->unit_grads, LOOM_LNFB)};
@@ -1477,13 +1818,14 @@ void loom_gpt_backward_chunk_weight(loom_gpt *m, int chunk) {
  * embedding's, and on the head chunk the logits' gradient (B leaves it in probs). */
 static int weight_state_pieces(loom_gpt *m, const chunk_view *ch, float *ptr[6], size_t n[6]) {
     size_t N = (size_t)m->cur_B * (size_t)m->cur_T, C = (size_t)m->config.channels;
-    size_t Cl = C / (size_t)m->tp_size, L = (size_t)ch->layers;
+    size_t L = (size_t)ch->layers;
+    loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
     size_t rows = (size_t)loom_gpt_rows(m, m->cur_B, m->cur_T);
     int k = 0;
     ptr[k] = m->acts.dfcproj, n[k++] = L * N * C;
-    ptr[k] = m->acts.dfch, n[k++] = L * N * 4 * Cl;
+    ptr[k] = m->acts.dfch, n[k++] = L * N * (size_t)w.fc;
     ptr[k] = m->acts.dattproj, n[k++] = L * N * C;
-    ptr[k] = m->acts.dqkv, n[k++] = L * N * 3 * Cl;
+    ptr[k] = m->acts.dqkv, n[k++] = L * N * (size_t)w.qkv;
     if (ch->has_embedding) ptr[k] = m->acts.dencoded, n[k++] = rows * C;
     if (ch->has_head) {
         ptr[k] = m->acts.probs;

@@ -29,6 +29,12 @@ typedef struct {
 void loom_gpt_act_floats(const loom_gpt_config *config, const loom_gpt_slot_shape *slot,
                          int64_t out[LOOM_GPT_NUM_ACTS]);
 
+/* Backward's scratch for micro-batches of N rows (loom_gpt_grad_acts' seven buffers, in order:
+ * dresidual, dbtc, dbtc2, dqkv, dfch, dfch2, dnorm), in floats. */
+#define LOOM_GPT_GRAD_SCRATCH 7
+void loom_gpt_grad_scratch_floats(const loom_gpt_config *config, int64_t N, int sequence_parallel,
+                                  int64_t out[LOOM_GPT_GRAD_SCRATCH]);
+
 /* Each buffer starts 64-byte aligned: its floats rounded up to a multiple of 16. */
 static inline int64_t loom_gpt_act_round(int64_t floats) {
     return (floats + 15) / 16 * 16;

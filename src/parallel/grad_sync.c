@@ -17,8 +17,8 @@
 /* ---- tensor-aligned buckets ------------------------------------------------------------------ */
 
 /* The matrices a compressor sees for one segment, into out (at most 3; returns how many): 2-D
- * weights as (rows, cols) of one layer, cut into loom_gpt_matrix_parts equal row blocks (qkvw's
- * Q, K, V), everything else as a row. */
+ * weights as (rows, cols) of one layer, cut into loom_gpt_matrix_parts' row blocks (qkvw's Q, K,
+ * V; Llama's gate and up), everything else as a row. */
 static int matrices_of(const loom_gpt *model, const loom_gpt_segment *seg, loom_grad_matrix *out) {
     const loom_gpt_tensor_info *ti = &model->info[seg->tensor];
     int matrix_dims = ti->per_layer ? ti->ndim - 1 : ti->ndim; /* without the layer axis */
@@ -26,11 +26,12 @@ static int matrices_of(const loom_gpt *model, const loom_gpt_segment *seg, loom_
         out[0] = (loom_grad_matrix){seg->offset, 1, seg->numel, seg->tensor, seg->layer, 0};
         return 1;
     }
-    int parts = loom_gpt_matrix_parts(seg->tensor);
-    int64_t rows = ti->shape[ti->ndim - 2] / parts, cols = ti->shape[ti->ndim - 1];
+    int64_t rows[LOOM_MAX_MATRIX_PARTS], cols = ti->shape[ti->ndim - 1];
+    int parts = loom_gpt_matrix_parts(&model->config, model->tp_size, seg->tensor, rows);
+    size_t at = seg->offset;
     for (int p = 0; p < parts; p++) {
-        out[p] = (loom_grad_matrix){
-            seg->offset + (size_t)(p * rows * cols), rows, cols, seg->tensor, seg->layer, p};
+        out[p] = (loom_grad_matrix){at, rows[p], cols, seg->tensor, seg->layer, p};
+        at += (size_t)(rows[p] * cols);
     }
     return parts;
 }

@@ -74,15 +74,18 @@ static loom_dp_traffic traffic_of(const loom_plan *plan, int pp_rank, const loom
         const loom_gpt_tensor_info *ti = &info[k];
         if (ti->numel == 0) continue;
         int dims = ti->per_layer ? ti->ndim - 1 : ti->ndim;
-        /* as the runtime's buckets hand them: qkvw as its Q, K and V row blocks */
-        int parts = dims == 2 ? loom_gpt_matrix_parts(k) : 1;
-        int64_t count = (ti->per_layer ? ti->shape[0] : 1) * parts;
-        int64_t rows = dims == 2 ? ti->shape[ti->ndim - 2] / parts : 1;
+        /* as the runtime's buckets hand them: qkvw as its Q, K and V row blocks (Llama's fcw
+         * as gate and up) */
+        int64_t rows[LOOM_MAX_MATRIX_PARTS] = {1};
+        int parts = dims == 2 ? loom_gpt_matrix_parts(&plan->model, plan->tp, k, rows) : 1;
+        int64_t count = ti->per_layer ? ti->shape[0] : 1;
         int64_t cols = dims == 2 ? ti->shape[ti->ndim - 1] : ti->layer_numel;
-        double state, wire = loom_plan_compressor_wire(c, method, rows, cols, &state);
-        double raw = 4.0 * (double)rows * (double)cols * (double)count;
-        t.wire += wire * (double)count, t.state += state * (double)count;
-        if (wire * (double)count < raw) t.raw += raw;
+        for (int p = 0; p < parts; p++) {
+            double state, wire = loom_plan_compressor_wire(c, method, rows[p], cols, &state);
+            double raw = 4.0 * (double)rows[p] * (double)cols * (double)count;
+            t.wire += wire * (double)count, t.state += state * (double)count;
+            if (wire * (double)count < raw) t.raw += raw;
+        }
     }
     return t;
 }

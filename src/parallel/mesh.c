@@ -93,9 +93,10 @@ loom_status loom_mesh_create(loom_comm *world, const loom_plan *plan, loom_mesh 
         st = loom_comm_split(mesh->dp, 0, c.dp_rank, "dp (second round)", &mesh->dp_second);
     }
     int first_rank = plan->stages[0].rank, last_rank = plan->stages[plan->num_stages - 1].rank;
-    if (st == LOOM_OK && first_rank != last_rank) {
+    if (st == LOOM_OK && first_rank != last_rank && !plan->model.untied_head) {
         /* the tied embedding lives on the first and the last virtual stage: their gradients meet
-         * (zb-v puts both on rank 0, which then holds one copy) */
+         * (zb-v puts both on rank 0, which then holds one copy); an untied head is the last
+         * stage's alone */
         int ends = c.pp_rank == first_rank || c.pp_rank == last_rank;
         st = loom_comm_split(world, ends ? c.dp_rank * tp + c.tp_rank : -1, c.pp_rank, "embedding",
                              &mesh->embedding);

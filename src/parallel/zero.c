@@ -699,6 +699,7 @@ static void row_parts(const loom_unit_sync *u, const lookup_call *c, size_t n, o
     const loom_gpt_tensor_info *info = u->model->info;
     *w = part_of(us, info[LOOM_WTE].offset - us->begin + (size_t)c->tokens[n] * c->C, c->C);
     *p = part_of(us, info[LOOM_WPE].offset - us->begin + n % c->N % c->T * c->C, c->C);
+    if (info[LOOM_WPE].numel == 0) p->lo = p->hi = 0; /* Llama: rotary positions, no wpe */
 }
 
 /* ZeRO-3's embedding forward without wte gathered: this rank writes, for every replica's rows,
@@ -815,7 +816,9 @@ void loom_unit_sync_attach(loom_unit_sync *u) {
     loom_gpt_set_unit_events(u->model, unit_event, u);
     const loom_mesh *mesh = u->mesh;
     int lookup = mesh->tp_size == 1 && mesh->dp_size > 1 && u->model->has_embedding;
-    u->early_embedding = lookup && mesh->pp_size == 1 && u->model->has_head;
+    /* (an untied head's gradient is not wte's: nothing to start early) */
+    u->early_embedding =
+        lookup && mesh->pp_size == 1 && u->model->has_head && !u->model->config.untied_head;
     loom_gpt_set_embed_lookup(u->model, lookup && u->zero3 ? embed_lookup : NULL,
                               u->early_embedding ? embed_lookup_backward : NULL, u);
 }

@@ -47,17 +47,46 @@ static loom_status read_word(const char *file, const json_t *object, const char 
     return LOOM_OK;
 }
 
+static const char *const arch_words[] = {"gpt2", "llama"};
+static const loom_words arch_list = {arch_words, 2};
+
+/* The Llama keys (absent: GPT-2), into m; the shape rules check them after. */
+static loom_status read_arch(const char *file, const json_t *model, loom_gpt_config *m) {
+    loom_status st = read_word(file, model, "model", "arch", 0, &arch_list, &m->arch);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "kv_heads", 0, &m->kv_heads);
+    if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "ffn_dim", 0, &m->ffn_dim);
+    int tie = !m->untied_head;
+    if (st == LOOM_OK) st = read_bool(file, model, "model", "tie_embeddings", &tie);
+    double theta = m->rope_theta, eps = m->norm_eps;
+    if (st == LOOM_OK) st = loom_json_read_number(file, model, "model", "rope_theta", 0, &theta);
+    if (st == LOOM_OK) st = loom_json_read_number(file, model, "model", "norm_eps", 0, &eps);
+    int llama_keys = json_object_get(model, "kv_heads") || json_object_get(model, "ffn_dim") ||
+                     json_object_get(model, "tie_embeddings") ||
+                     json_object_get(model, "rope_theta") || json_object_get(model, "norm_eps");
+    if (st == LOOM_OK && llama_keys && m->arch != LOOM_ARCH_LLAMA) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: model: kv_heads, ffn_dim, tie_embeddings, rope_theta and norm_eps "
+                         "are Llama's: expected \"arch\": \"llama\" beside them",
+                         file);
+    }
+    m->untied_head = !tie, m->rope_theta = (float)theta, m->norm_eps = (float)eps;
+    return st;
+}
+
 static loom_status read_model(const char *file, const json_t *root, loom_gpt_config *m) {
-    static const char *const keys[] = {"layers", "heads", "d_model", "context", "vocab"};
+    static const char *const keys[] = {"layers",     "heads",    "d_model",       "context",
+                                       "vocab",      "arch",     "kv_heads",      "ffn_dim",
+                                       "rope_theta", "norm_eps", "tie_embeddings"};
     json_t *model;
     loom_status st = loom_json_member(file, root, "", "model", 1, "an object", &model);
     if (st == LOOM_OK) st = loom_json_as_object(file, "model", model);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, model, "model", keys, 5);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, model, "model", keys, 11);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "layers", 1, &m->num_layers);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "heads", 1, &m->num_heads);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "d_model", 1, &m->channels);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "context", 1, &m->max_seq_len);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "vocab", 1, &m->vocab_size);
+    if (st == LOOM_OK) st = read_arch(file, model, m);
     m->padded_vocab_size = loom_gpt_pad_vocab(m->vocab_size);
     return st;
 }
@@ -509,8 +538,18 @@ static void write_document(FILE *out, const loom_plan *plan) {
     fprintf(out, "{\n");
     fprintf(out,
             "  \"model\": {\"layers\": %d, \"heads\": %d, \"d_model\": %d, \"context\": %d, "
-            "\"vocab\": %d},\n",
+            "\"vocab\": %d",
             m->num_layers, m->num_heads, m->channels, m->max_seq_len, m->vocab_size);
+    if (m->arch == LOOM_ARCH_LLAMA) { /* GPT-2's plans read as they always did */
+        char theta[32], eps[32];
+        loom_json_format_double(m->rope_theta, theta, sizeof theta);
+        loom_json_format_double(m->norm_eps, eps, sizeof eps);
+        fprintf(out,
+                ", \"arch\": \"llama\", \"kv_heads\": %d, \"ffn_dim\": %d, \"tie_embeddings\": "
+                "%s, \"rope_theta\": %s, \"norm_eps\": %s",
+                m->kv_heads, m->ffn_dim, m->untied_head ? "false" : "true", theta, eps);
+    }
+    fprintf(out, "},\n");
     if (plan->precision != LOOM_PRECISION_FP32)
         fprintf(out, "  \"precision\": \"%s\",\n", loom_precision_name(plan->precision));
     if (!plan->overlap_grad_reduce) fprintf(out, "  \"overlap_grad_reduce\": false,\n");

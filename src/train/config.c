@@ -43,7 +43,9 @@ void loom_train_config_defaults(loom_train_config *c) {
 }
 
 int loom_train_config_sets_model(const loom_train_config *c) {
-    return c->model[0] || c->layers || c->heads || c->d_model || c->context || c->vocab;
+    return c->model[0] || c->layers || c->heads || c->d_model || c->context || c->vocab ||
+           c->arch[0] || c->kv_heads || c->ffn_dim || c->tie_embeddings[0] || c->rope_theta ||
+           c->norm_eps;
 }
 
 loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config *m) {
@@ -54,8 +56,20 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
             "run with its optimizer state; --init-from starts a new one from weights)");
     }
     loom_gpt_config given;
-    loom_status st = loom_gpt_config_resolve(c->model, c->layers, c->heads, c->d_model, c->context,
-                                             c->vocab, "model configuration", &given);
+    loom_gpt_overrides o = {.preset = c->model,
+                            .arch = c->arch,
+                            .layers = c->layers,
+                            .heads = c->heads,
+                            .d_model = c->d_model,
+                            .context = c->context,
+                            .vocab = c->vocab,
+                            .kv_heads = c->kv_heads,
+                            .ffn_dim = c->ffn_dim,
+                            .rope_theta = c->rope_theta,
+                            .norm_eps = c->norm_eps};
+    loom_status st =
+        loom_gpt_tie_parse(c->tie_embeddings, "model configuration", &o.tie_embeddings);
+    if (st == LOOM_OK) st = loom_gpt_config_resolve_with(&o, "model configuration", &given);
     if (st != LOOM_OK) return st;
     const char *file = c->resume[0] ? c->resume : c->init_from;
     const char *flag = c->resume[0] ? "--resume" : "--init-from";

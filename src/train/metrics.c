@@ -467,10 +467,17 @@ void loom_run_print_setup(const loom_train_config *cfg, const loom_plan *plan,
                           double peak_gflops) {
     static const char *const zero_words[] = {"", " with ZeRO-1", " with ZeRO-2", " with ZeRO-3"};
     const loom_gpt_config *mc = &plan->model;
-    loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d): %.2fM "
+    char llama[160] = "";
+    if (mc->arch == LOOM_ARCH_LLAMA) {
+        snprintf(llama, sizeof llama,
+                 " (arch llama: %d kv heads, SwiGLU %d, %s head, rope theta %g, RMSNorm eps %g)",
+                 mc->kv_heads, mc->ffn_dim, mc->untied_head ? "untied" : "tied", mc->rope_theta,
+                 mc->norm_eps);
+    }
+    loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d)%s: %.2fM "
               "parameters",
               mc->num_layers, mc->num_heads, mc->channels, mc->max_seq_len, mc->vocab_size,
-              mc->padded_vocab_size, (double)loom_gpt_num_real_params(mc) / 1e6);
+              mc->padded_vocab_size, llama, (double)loom_gpt_num_real_params(mc) / 1e6);
     loom_info("data: %zu training tokens (%zu windows of %d)%s",
               loom_dataset_num_tokens(train_data), loom_loader_num_windows(train_loader),
               cfg->seq_len, val_data ? "" : "; no validation");

@@ -82,6 +82,37 @@ static void t_attention_backward(float *dqkv, const float *dout, const float *qk
                                  int B, int T, int C, int NH) {
     TIMED(LOOM_KERNEL_ATTENTION, cpu_attention_backward(dqkv, dout, qkv, att, B, T, C, NH));
 }
+static void t_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                              int64_t N, int C, float eps) {
+    TIMED(LOOM_KERNEL_LAYERNORM, cpu_rmsnorm_forward(out, rstd, inp, weight, N, C, eps));
+}
+static void t_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int64_t N, int C) {
+    TIMED(LOOM_KERNEL_LAYERNORM,
+          cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C));
+}
+static void t_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta) {
+    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_forward(x, B, T, stride, heads, hd, theta));
+}
+static void t_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd,
+                            float theta) {
+    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_backward(dx, B, T, stride, heads, hd, theta));
+}
+static void t_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                    int KV, int hd) {
+    TIMED(LOOM_KERNEL_ATTENTION, cpu_attention_gqa_forward(out, att, qkv, B, T, NH, KV, hd));
+}
+static void t_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv,
+                                     const float *att, int B, int T, int NH, int KV, int hd) {
+    TIMED(LOOM_KERNEL_ATTENTION,
+          cpu_attention_gqa_backward(dqkv, dout, qkv, att, B, T, NH, KV, hd));
+}
+static void t_swiglu_forward(float *out, const float *inp, int64_t N, int F) {
+    TIMED(LOOM_KERNEL_GELU, cpu_swiglu_forward(out, inp, N, F));
+}
+static void t_swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F) {
+    TIMED(LOOM_KERNEL_GELU, cpu_swiglu_backward(dinp, inp, dout, N, F));
+}
 static void t_gelu_forward(float *out, const float *inp, int64_t N) {
     TIMED(LOOM_KERNEL_GELU, cpu_gelu_forward(out, inp, N));
 }
@@ -168,6 +199,14 @@ static const loom_backend cpu_backend = {
     .matmul_backward_weight = t_matmul_backward_weight,
     .attention_forward = t_attention_forward,
     .attention_backward = t_attention_backward,
+    .rmsnorm_forward = t_rmsnorm_forward,
+    .rmsnorm_backward = t_rmsnorm_backward,
+    .rope_forward = t_rope_forward,
+    .rope_backward = t_rope_backward,
+    .attention_gqa_forward = t_attention_gqa_forward,
+    .attention_gqa_backward = t_attention_gqa_backward,
+    .swiglu_forward = t_swiglu_forward,
+    .swiglu_backward = t_swiglu_backward,
     .gelu_forward = t_gelu_forward,
     .gelu_backward = t_gelu_backward,
     .residual_forward = t_residual_forward,

@@ -144,6 +144,62 @@ void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
     free(partial);
 }
 
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int64_t N,
+                         int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        /* the sum of squares in double: one long row of large activations would lose digits in
+         * float; rstd rounded to float once */
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * (double)x[c];
+        float s = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+        float *o = out + i * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * s * weight[c];
+        rstd[i] = s;
+    }
+}
+
+void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, const float *rstd, int64_t N, int C) {
+    /* With norm = x * rstd and dnorm = weight * dout:
+     * dx = rstd * (dnorm - norm * mean(dnorm * norm)), dweight = sum over rows of norm * dout.
+     * dweight from per-thread partial sums added in thread order, as layernorm_backward. */
+    int nthreads = omp_get_max_threads();
+    float *partial = calloc((size_t)nthreads * (size_t)C, sizeof(float));
+    if (!partial) {
+        loom_fatal("rmsnorm_backward: cannot allocate %zu bytes of partial sums",
+                   (size_t)nthreads * (size_t)C * sizeof(float));
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *pw = partial + (size_t)omp_get_thread_num() * (size_t)C;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const float *x = inp + i * C;
+            const float *d = dout + i * C;
+            float s = rstd[i];
+            float dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = x[c] * s;
+                dnorm_norm_mean += weight[c] * d[c] * norm;
+                pw[c] += norm * d[c];
+            }
+            dnorm_norm_mean /= (float)C;
+            float *dx = dinp + i * C;
+            for (int c = 0; c < C; c++) {
+                float norm = x[c] * s;
+                dx[c] += (weight[c] * d[c] - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }
+    for (int t = 0; t < nthreads; t++) {
+        const float *pw = partial + (size_t)t * (size_t)C;
+        for (int c = 0; c < C; c++) dweight[c] += pw[c];
+    }
+    free(partial);
+}
+
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                         int64_t N, int C, int OC) {
     float beta = 0.0f;
@@ -195,6 +251,35 @@ static void blas_threads_pop(int saved) {
     if (saved != 1) openblas_set_num_threads(saved);
 }
 
+/* Scores (T,T) -> causal softmax probabilities in place: row t over s <= t, zero above. */
+static inline void causal_softmax_rows(float *p, int T) {
+    for (int t = 0; t < T; t++) {
+        float *row = p + (int64_t)t * T;
+        float maxv = row[0];
+        for (int s = 1; s <= t; s++) maxv = row[s] > maxv ? row[s] : maxv;
+        float sum = 0.0f;
+        for (int s = 0; s <= t; s++) {
+            row[s] = exp_approx(row[s] - maxv);
+            sum += row[s];
+        }
+        float inv = 1.0f / sum;
+        for (int s = 0; s <= t; s++) row[s] *= inv;
+        for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+    }
+}
+
+/* dP (T,T) -> dS = P * (dP - rowsum(dP * P)) in place, for the causal P; zero above. */
+static inline void causal_softmax_backward_rows(float *dp, const float *p, int T) {
+    for (int t = 0; t < T; t++) {
+        float *drow = dp + (int64_t)t * T;
+        const float *prow = p + (int64_t)t * T;
+        float dot = 0.0f;
+        for (int s = 0; s <= t; s++) dot += drow[s] * prow[s];
+        for (int s = 0; s <= t; s++) drow[s] = prow[s] * (drow[s] - dot);
+        for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+    }
+}
+
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
     int C3 = 3 * C;
@@ -210,19 +295,7 @@ void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int 
         /* scores (T,T) = q k^T * scale; only the causal lower triangle is used */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
                     T);
-        for (int t = 0; t < T; t++) {
-            float *row = p + (int64_t)t * T;
-            float maxv = row[0];
-            for (int s = 1; s <= t; s++) maxv = row[s] > maxv ? row[s] : maxv;
-            float sum = 0.0f;
-            for (int s = 0; s <= t; s++) {
-                row[s] = exp_approx(row[s] - maxv);
-                sum += row[s];
-            }
-            float inv = 1.0f / sum;
-            for (int s = 0; s <= t; s++) row[s] *= inv;
-            for (int s = t + 1; s < T; s++) row[s] = 0.0f;
-        }
+        causal_softmax_rows(p, T);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
                     out + (int64_t)b * T * C + h * hs, C);
     }
@@ -261,19 +334,139 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dO, C, 1.0f, dv,
                     C3);
         /* softmax backward: dS = P * (dP - sum(dP * P)) */
-        for (int t = 0; t < T; t++) {
-            float *drow = dp + (int64_t)t * T;
-            const float *prow = p + (int64_t)t * T;
-            float dot = 0.0f;
-            for (int s = 0; s <= t; s++) dot += drow[s] * prow[s];
-            for (int s = 0; s <= t; s++) drow[s] = prow[s] * (drow[s] - dot);
-            for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
-        }
+        causal_softmax_backward_rows(dp, p, T);
         /* dq += scale * dS k ; dk += scale * dS^T q */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dp, T, k, C3, 1.0f,
                     dq, C3);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dp, T, q, C3, 1.0f,
                     dk, C3);
+    }
+    blas_threads_pop(saved);
+    free(scratch);
+}
+
+/* RoPE, in place, by +angle (sign 1) or -angle (sign -1). inv_freq = theta^(-2i/hd) and the
+ * angle t * inv_freq are computed in double (at t in the thousands a float angle would be off
+ * by far more than an ulp of its sine), then cos and sin in double, rounded to float once
+ * into a (T, hd/2) table; the rotation itself is float arithmetic. */
+static void rope_rotate(float *x, int B, int T, int64_t stride, int heads, int hd, float theta,
+                        float sign) {
+    int half = hd / 2;
+    size_t table_bytes = 2 * (size_t)T * (size_t)half * sizeof(float);
+    float *cos_t = malloc(table_bytes ? table_bytes : 1);
+    if (!cos_t) loom_fatal("rope: cannot allocate %zu bytes of cos/sin table", table_bytes);
+    float *sin_t = cos_t + (size_t)T * (size_t)half;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            double inv_freq = pow((double)theta, -2.0 * (double)i / (double)hd);
+            double angle = (double)t * inv_freq;
+            cos_t[(size_t)t * half + i] = (float)cos(angle);
+            sin_t[(size_t)t * half + i] = sign * (float)sin(angle);
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        int t = (int)(bt % T);
+        const float *cs = cos_t + (size_t)t * half;
+        const float *sn = sin_t + (size_t)t * half;
+        float *row = x + bt * stride;
+        for (int h = 0; h < heads; h++) {
+            float *x1 = row + (int64_t)h * hd;
+            float *x2 = x1 + half;
+            for (int i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i];
+                x1[i] = a * cs[i] - b * sn[i];
+                x2[i] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+    free(cos_t);
+}
+
+void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta) {
+    rope_rotate(x, B, T, stride, heads, hd, theta, 1.0f);
+}
+
+/* the transpose of forward's rotation is the rotation by minus the angle */
+void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta) {
+    rope_rotate(dx, B, T, stride, heads, hd, theta, -1.0f);
+}
+
+/* Grouped-query attention: attention_forward with the row layout [q: NH | k: KV | v: KV] heads
+ * of hd and query head h reading kv head h / (NH / KV). With KV == NH it does the same float
+ * operations as attention_forward/backward. */
+void cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                               int KV, int hd) {
+    int group = NH / KV;
+    int C = NH * hd;            /* width of q, and of a row of out */
+    int W = (NH + 2 * KV) * hd; /* width of a row of qkv */
+    float scale = 1.0f / sqrtf((float)hd);
+    int saved = blas_threads_push_single();
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < (int64_t)B * NH; bh++) {
+        int b = (int)(bh / NH), h = (int)(bh % NH), g = h / group;
+        const float *base = qkv + (int64_t)b * T * W;
+        const float *q = base + (int64_t)h * hd;
+        const float *k = base + C + (int64_t)g * hd;
+        const float *v = base + C + (int64_t)KV * hd + (int64_t)g * hd;
+        float *p = att + bh * T * T;
+        /* scores (T,T) = q k^T * scale; only the causal lower triangle is used */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, W, k, W, 0.0f, p,
+                    T);
+        causal_softmax_rows(p, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, W, 0.0f,
+                    out + (int64_t)b * T * C + (int64_t)h * hd, C);
+    }
+    blas_threads_pop(saved);
+}
+
+void cpu_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                int B, int T, int NH, int KV, int hd) {
+    int group = NH / KV;
+    int C = NH * hd;
+    int W = (NH + 2 * KV) * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int nthreads = omp_get_max_threads();
+    /* one T x T scratch per thread: the gradient of the scores, never the whole (B,NH,T,T) */
+    size_t scratch_bytes = (size_t)nthreads * (size_t)T * (size_t)T * sizeof(float);
+    float *scratch = malloc(scratch_bytes);
+    if (!scratch) {
+        loom_fatal("attention_gqa_backward: cannot allocate %zu bytes of score-gradient scratch",
+                   scratch_bytes);
+    }
+    int saved = blas_threads_push_single();
+    /* Parallel over (b, kv head): the group's query heads all add into that kv head's dk and
+     * dv, so one thread does the whole group, in head order (race-free and reproducible). */
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t bg = 0; bg < (int64_t)B * KV; bg++) {
+        int b = (int)(bg / KV), g = (int)(bg % KV);
+        float *dp = scratch + (size_t)omp_get_thread_num() * (size_t)T * (size_t)T;
+        const float *base = qkv + (int64_t)b * T * W;
+        float *dbase = dqkv + (int64_t)b * T * W;
+        const float *k = base + C + (int64_t)g * hd;
+        const float *v = base + C + (int64_t)KV * hd + (int64_t)g * hd;
+        float *dk = dbase + C + (int64_t)g * hd;
+        float *dv = dbase + C + (int64_t)KV * hd + (int64_t)g * hd;
+        for (int j = 0; j < group; j++) {
+            int h = g * group + j;
+            const float *q = base + (int64_t)h * hd;
+            float *dq = dbase + (int64_t)h * hd;
+            const float *p = att + ((int64_t)b * NH + h) * T * T;
+            const float *dO = dout + (int64_t)b * T * C + (int64_t)h * hd;
+            /* dP = dO v^T ; dv += P^T dO */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, C, v, W, 0.0f,
+                        dp, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dO, C, 1.0f,
+                        dv, W);
+            /* softmax backward: dS = P * (dP - sum(dP * P)) */
+            causal_softmax_backward_rows(dp, p, T);
+            /* dq += scale * dS k ; dk += scale * dS^T q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dp, T, k, W,
+                        1.0f, dq, W);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dp, T, q, W, 1.0f,
+                        dk, W);
+        }
     }
     blas_threads_pop(saved);
     free(scratch);
@@ -307,6 +500,45 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t
         float grad =
             0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] += grad * dout[i];
+    }
+}
+
+/* SwiGLU: out = silu(g) * up with silu(g) = g * sigmoid(g); the sigmoid through exp_approx so
+ * that the loop vectorises (exp_approx clamps its input to [-87, 88], so for g below -88 the
+ * sigmoid is e^-88 rather than e^g: a silu of about g * 6e-39 instead of a smaller one, zero for
+ * any purpose). */
+static inline float sigmoid_fast(float g) {
+    return 1.0f / (1.0f + exp_approx(-g));
+}
+
+void cpu_swiglu_forward(float *out, const float *inp, int64_t N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *gate = inp + i * 2 * F;
+        const float *up = gate + F;
+        float *o = out + i * F;
+        for (int f = 0; f < F; f++) {
+            float g = gate[f];
+            o[f] = g * sigmoid_fast(g) * up[f];
+        }
+    }
+}
+
+void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F) {
+    /* d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g) */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *gate = inp + i * 2 * F;
+        const float *up = gate + F;
+        const float *d = dout + i * F;
+        float *dgate = dinp + i * 2 * F;
+        float *dup = dgate + F;
+        for (int f = 0; f < F; f++) {
+            float g = gate[f];
+            float s = sigmoid_fast(g);
+            dgate[f] += d[f] * up[f] * s * (1.0f + g * (1.0f - s));
+            dup[f] += d[f] * g * s;
+        }
     }
 }
 

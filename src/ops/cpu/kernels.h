@@ -25,6 +25,18 @@ void cpu_matmul_backward_weight(float *dweight, float *dbias, const float *dout,
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                             int B, int T, int C, int NH);
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int64_t N,
+                         int C, float eps);
+void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                          const float *weight, const float *rstd, int64_t N, int C);
+void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta);
+void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta);
+void cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                               int KV, int hd);
+void cpu_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                int B, int T, int NH, int KV, int hd);
+void cpu_swiglu_forward(float *out, const float *inp, int64_t N, int F);
+void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F);
 void cpu_gelu_forward(float *out, const float *inp, int64_t N);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N);
 void cpu_residual_forward(float *out, const float *a, const float *b, int64_t N);

@@ -165,6 +165,165 @@ void ref_attention_backward(double *dqkv, const double *dout, const double *qkv,
     free(dp);
 }
 
+/* RMSNorm: out = x * r * w with r = (mean(x^2) + eps)^(-1/2) */
+void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *weight,
+                         int64_t N, int C, double eps) {
+    for (int64_t i = 0; i < N; i++) {
+        const double *x = inp + i * C;
+        double ms = 0.0;
+        for (int c = 0; c < C; c++) ms += x[c] * x[c];
+        ms /= C;
+        double r = 1.0 / sqrt(ms + eps);
+        for (int c = 0; c < C; c++) out[i * C + c] = x[c] * r * weight[c];
+        rstd[i] = r;
+    }
+}
+
+/* dr/dx[j] = -r^3 x[j] / C, so
+ * dx[j] = d[j] w[j] r - (r^3 / C) x[j] sum_c d[c] w[c] x[c]; dw[c] = sum over rows of d x r */
+void ref_rmsnorm_backward(double *dinp, double *dweight, const double *dout, const double *inp,
+                          const double *weight, const double *rstd, int64_t N, int C) {
+    for (int64_t i = 0; i < N; i++) {
+        const double *x = inp + i * C;
+        const double *d = dout + i * C;
+        double r = rstd[i];
+        double a = 0.0;
+        for (int c = 0; c < C; c++) a += d[c] * weight[c] * x[c];
+        for (int c = 0; c < C; c++) {
+            dweight[c] += d[c] * x[c] * r;
+            dinp[i * C + c] += d[c] * weight[c] * r - r * r * r / C * x[c] * a;
+        }
+    }
+}
+
+/* rotate the pairs (x[i], x[i + hd/2]) of the first `heads` heads of every row by sign * angle */
+static void ref_rope_rotate(double *x, int B, int T, int64_t stride, int heads, int hd,
+                            double theta, double sign) {
+    int half = hd / 2;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < heads; h++) {
+                double *v = x + ((int64_t)b * T + t) * stride + (int64_t)h * hd;
+                for (int i = 0; i < half; i++) {
+                    double angle = sign * t * pow(theta, -2.0 * i / hd);
+                    double x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * cos(angle) - x2 * sin(angle);
+                    v[i + half] = x2 * cos(angle) + x1 * sin(angle);
+                }
+            }
+}
+
+void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd, double theta) {
+    ref_rope_rotate(x, B, T, stride, heads, hd, theta, 1.0);
+}
+
+void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd, double theta) {
+    ref_rope_rotate(dx, B, T, stride, heads, hd, theta, -1.0);
+}
+
+/* element i of query head h, kv head g's key or value, at row (b, t) of qkv */
+static int64_t gqa_q(int b, int t, int h, int i, int T, int NH, int KV, int hd) {
+    return ((int64_t)b * T + t) * (NH + 2 * KV) * hd + (int64_t)h * hd + i;
+}
+static int64_t gqa_k(int b, int t, int g, int i, int T, int NH, int KV, int hd) {
+    return ((int64_t)b * T + t) * (NH + 2 * KV) * hd + (int64_t)(NH + g) * hd + i;
+}
+static int64_t gqa_v(int b, int t, int g, int i, int T, int NH, int KV, int hd) {
+    return ((int64_t)b * T + t) * (NH + 2 * KV) * hd + (int64_t)(NH + KV + g) * hd + i;
+}
+
+void ref_attention_gqa_forward(double *out, double *att, const double *qkv, int B, int T, int NH,
+                               int KV, int hd) {
+    double scale = 1.0 / sqrt((double)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int g = h / (NH / KV);
+            for (int t = 0; t < T; t++) {
+                double *p = att + (((int64_t)b * NH + h) * T + t) * T;
+                double maxv = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    double dot = 0.0;
+                    for (int i = 0; i < hd; i++) {
+                        dot += qkv[gqa_q(b, t, h, i, T, NH, KV, hd)] *
+                               qkv[gqa_k(b, s, g, i, T, NH, KV, hd)];
+                    }
+                    p[s] = dot * scale;
+                    if (p[s] > maxv) maxv = p[s];
+                }
+                double sum = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - maxv);
+                    sum += p[s];
+                }
+                for (int s = 0; s <= t; s++) p[s] /= sum;
+                for (int s = t + 1; s < T; s++) p[s] = 0.0;
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0.0;
+                    for (int s = 0; s <= t; s++)
+                        acc += p[s] * qkv[gqa_v(b, s, g, i, T, NH, KV, hd)];
+                    out[((int64_t)b * T + t) * NH * hd + (int64_t)h * hd + i] = acc;
+                }
+            }
+        }
+}
+
+void ref_attention_gqa_backward(double *dqkv, const double *dout, const double *qkv,
+                                const double *att, int B, int T, int NH, int KV, int hd) {
+    double scale = 1.0 / sqrt((double)hd);
+    double *dp = malloc((size_t)(T > 0 ? T : 1) * sizeof(double));
+    if (!dp) loom_fatal("ref_attention_gqa_backward: cannot allocate %d doubles", T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int g = h / (NH / KV);
+            for (int t = 0; t < T; t++) {
+                const double *p = att + (((int64_t)b * NH + h) * T + t) * T;
+                const double *d = dout + ((int64_t)b * T + t) * NH * hd + (int64_t)h * hd;
+                /* out = sum_s p[s] v[s] */
+                for (int s = 0; s <= t; s++) {
+                    dp[s] = 0.0;
+                    for (int i = 0; i < hd; i++) {
+                        dp[s] += d[i] * qkv[gqa_v(b, s, g, i, T, NH, KV, hd)];
+                        dqkv[gqa_v(b, s, g, i, T, NH, KV, hd)] += p[s] * d[i];
+                    }
+                }
+                /* softmax: dscore[s] = p[s] (dp[s] - sum_r p[r] dp[r]) */
+                double dot = 0.0;
+                for (int s = 0; s <= t; s++) dot += p[s] * dp[s];
+                for (int s = 0; s <= t; s++) {
+                    double ds = p[s] * (dp[s] - dot) * scale;
+                    for (int i = 0; i < hd; i++) {
+                        dqkv[gqa_q(b, t, h, i, T, NH, KV, hd)] +=
+                            ds * qkv[gqa_k(b, s, g, i, T, NH, KV, hd)];
+                        dqkv[gqa_k(b, s, g, i, T, NH, KV, hd)] +=
+                            ds * qkv[gqa_q(b, t, h, i, T, NH, KV, hd)];
+                    }
+                }
+            }
+        }
+    free(dp);
+}
+
+/* out = silu(gate) * up, silu(g) = g / (1 + e^-g) */
+void ref_swiglu_forward(double *out, const double *inp, int64_t N, int F) {
+    for (int64_t i = 0; i < N; i++)
+        for (int f = 0; f < F; f++) {
+            double g = inp[i * 2 * F + f], u = inp[i * 2 * F + F + f];
+            out[i * F + f] = g / (1.0 + exp(-g)) * u;
+        }
+}
+
+/* d silu(g)/dg = sigmoid(g) + g sigmoid(g) (1 - sigmoid(g)) */
+void ref_swiglu_backward(double *dinp, const double *inp, const double *dout, int64_t N, int F) {
+    for (int64_t i = 0; i < N; i++)
+        for (int f = 0; f < F; f++) {
+            double g = inp[i * 2 * F + f], u = inp[i * 2 * F + F + f];
+            double sig = 1.0 / (1.0 + exp(-g));
+            double d = dout[i * F + f];
+            dinp[i * 2 * F + f] += d * u * (sig + g * sig * (1.0 - sig));
+            dinp[i * 2 * F + F + f] += d * g * sig;
+        }
+}
+
 static const double gelu_scale = 0.79788456080286535588; /* sqrt(2/pi) */
 
 void ref_gelu_forward(double *out, const double *inp, int64_t N) {

@@ -25,6 +25,18 @@ void ref_attention_forward(double *out, double *att, const double *qkv, int B, i
                            int NH);
 void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, const double *att,
                             int B, int T, int C, int NH);
+void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *weight,
+                         int64_t N, int C, double eps);
+void ref_rmsnorm_backward(double *dinp, double *dweight, const double *dout, const double *inp,
+                          const double *weight, const double *rstd, int64_t N, int C);
+void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd, double theta);
+void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd, double theta);
+void ref_attention_gqa_forward(double *out, double *att, const double *qkv, int B, int T, int NH,
+                               int KV, int hd);
+void ref_attention_gqa_backward(double *dqkv, const double *dout, const double *qkv,
+                                const double *att, int B, int T, int NH, int KV, int hd);
+void ref_swiglu_forward(double *out, const double *inp, int64_t N, int F);
+void ref_swiglu_backward(double *dinp, const double *inp, const double *dout, int64_t N, int F);
 void ref_gelu_forward(double *out, const double *inp, int64_t N);
 void ref_gelu_backward(double *dinp, const double *inp, const double *dout, int64_t N);
 void ref_residual_forward(double *out, const double *a, const double *b, int64_t N);
