@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The Llama family against GPT-2 on this machine (docs/llama.md, "Measured").
 #
-# Throughput (default): a ~124M Llama (12 layers, width 768, 12 heads over 4 kv heads, SwiGLU
-# 2048, untied head; GPT-2's vocabulary) against GPT-2 124M, one process on THREADS threads
-# (default 2), `loom bench --train` on synthetic tokens (micro batch 4, sequence SEQ (default
-# 256), global batch 4), median of STEPS timed steps after 2 untimed: tokens/s and MFU (model
-# FLOPs 6 N + 6 L d T a token, N without the padded rows and, for the untied Llama, without the
-# input embedding; against the sgemm peak `loom train` measures at start-up, printed), and where
-# each step's time goes (the kernel table of `loom bench --train`).
+# Throughput (default): a Llama of GPT-2 124M's size (12 layers, width 768, 12 heads over 4 kv
+# heads, SwiGLU 2048, untied head; GPT-2's vocabulary) against GPT-2 124M, one process on THREADS
+# threads (default 2): `loom bench --cases a,l` (micro batch 4, sequence 64, forward, backward
+# and AdamW; the median of STEPS timed steps after 2 untimed): tokens/s and MFU (model FLOPs
+# 6 N + 6 L d T a token, N without the padded rows and, for the untied Llama, without the input
+# embedding; against the sgemm peak measured at start-up, printed), and where each step's time
+# goes by kernel.
 #
 # Loss (LOSS=1): the quick start's job (scripts/demo.sh: the default corpus, bytes, 2
 # data-parallel ranks, sequence 128, batch 16, LOSS_STEPS steps (default 1500), lr 3e-3 with 200
@@ -16,7 +16,7 @@
 # tokens, from each run's last evaluation.
 #
 # usage: bash bench/llama.sh            (build first: bash scripts/build.sh build)
-#        STEPS=6 THREADS=2 SEQ=256 bash bench/llama.sh
+#        STEPS=10 THREADS=2 bash bench/llama.sh
 #        LOSS=1 LOSS_STEPS=1500 bash bench/llama.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,22 +28,7 @@ mkdir -p "$out"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(nproc) cores; outputs in $out"
 
 if [ "${LOSS:-0}" != 1 ]; then
-    steps=${STEPS:-6}
-    threads=${THREADS:-2}
-    seq=${SEQ:-256}
-    common=(--train --steps "$steps" --warmup 2 --threads "$threads" --micro-batch-size 4
-        --global-batch-size 4 --seq-len "$seq" --context "$seq")
-    llama=(--arch llama --layers 12 --d-model 768 --heads 12 --kv-heads 4 --ffn-dim 2048
-        --vocab 50257)
-    for run in gpt2 llama; do
-        if [ "$run" = gpt2 ]; then flags=(--model gpt2); else flags=("${llama[@]}"); fi
-        echo "== $run: loom bench ${common[*]} ${flags[*]}"
-        "$LOOM" bench "${common[@]}" "${flags[@]}" >"$out/$run.log" 2>&1 || {
-            tail -5 "$out/$run.log"
-            exit 1
-        }
-        grep -E "^model:|sgemm peak|tok/s|MFU" "$out/$run.log" | tail -6
-    done
+    "$LOOM" bench --cases a,l --threads "${THREADS:-2}" --steps "${STEPS:-10}" | tee "$out/throughput.txt"
     exit 0
 fi
 

@@ -13,7 +13,7 @@
  * GPT weights as Hugging Face safetensors, training checkpoints (whole or streamed slice by
  * slice, for models no process holds whole), and loading a model from any of these files.
  *
- * Not here: dtype conversion (reads are F32 only);
+ * Not here: dtype conversion beyond BF16 widened on read (F32 otherwise);
  * bf16 llm.c checkpoints (version 5); memory mapping. A loom_safetensors handle is not
  * thread-safe: one reader at a time.
  */
@@ -83,8 +83,8 @@ const loom_st_entry *loom_safetensors_find(const loom_safetensors *st, const cha
 /* A value of "__metadata__"; NULL if absent. */
 const char *loom_safetensors_metadata(const loom_safetensors *st, const char *key);
 
-/* Reads tensor `name` into dst as float32. The stored tensor must exist, be F32, and have exactly
- * the shape given (ndim, shape). If transpose is non-zero the tensor must be 2-D and dst receives
+/* Reads tensor `name` into dst as float32. The stored tensor must exist, be F32 or BF16 (widened:
+ * exact), and have exactly the shape given (ndim, shape). If transpose is non-zero the tensor must be 2-D and dst receives
  * it transposed: stored (shape[0], shape[1]) row-major -> dst (shape[1], shape[0]) row-major.
  * Transposition goes through a bounded scratch buffer (about 1 MiB or one stored row). */
 loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, int ndim,

@@ -26,7 +26,8 @@ static const cli_opt bench_opts[] = {
     CLI_GROUP("run"),
     CLI_OPT_MAY_BE_EMPTY(bench_args, "--cases", cases,
                          "comma-separated: a (gpt2 124M, B4 T64), b (L4 C256 NH4 V50257, B4 "
-                         "T64), s (small preset, B8 T128); empty: none, the peak alone"),
+                         "T64), s (small preset, B8 T128), l (a Llama of gpt2's size: L12 C768 "
+                         "NH12 KV4 F2048, B4 T64); empty: none, the peak alone"),
     BOPT("--threads", OPT_STRING, threads, "comma-separated thread counts"),
     BOPT("--steps", OPT_INT, steps, "timed steps per case (median reported)"),
     BOPT("--warmup", OPT_INT, warmup, "untimed steps first"),
@@ -178,11 +179,13 @@ int cmd_bench(int argc, char **argv) {
     if (st == LOOM_OK) st = parse_thread_counts(args.threads, thread_counts, &nthreads);
     if (st != LOOM_OK) return cli_fail(st);
 
-    bench_case cases[3] = {
+    bench_case cases[] = {
         {'a', "(a) gpt2 124M, micro batch 4, seq 64", {0}, 4, 64},
         {'b', "(b) L4 C256 NH4 V50257, micro batch 4, seq 64", {0}, 4, 64},
         {'s', "(s) small preset, micro batch 8, seq 128", {0}, 8, 128},
+        {'l', "(l) llama L12 C768 NH12/KV4 F2048, micro 4, seq 64", {0}, 4, 64},
     };
+    const int ncases = (int)(sizeof cases / sizeof cases[0]);
     loom_gpt_preset("gpt2", &cases[0].config);
     cases[1].config = (loom_gpt_config){.max_seq_len = 1024,
                                         .vocab_size = 50257,
@@ -191,13 +194,24 @@ int cmd_bench(int argc, char **argv) {
                                         .num_heads = 4,
                                         .channels = 256};
     loom_gpt_preset("small", &cases[2].config);
+    /* a Llama of GPT-2 124M's size: its width, depth and vocabulary, 4 kv heads, SwiGLU 2048 */
+    loom_gpt_overrides llama = {.arch = "llama",
+                                .layers = 12,
+                                .heads = 12,
+                                .d_model = 768,
+                                .context = 1024,
+                                .vocab = 50257,
+                                .kv_heads = 4,
+                                .ffn_dim = 2048};
+    st = loom_gpt_config_resolve_with(&llama, "bench case l", &cases[3].config);
+    if (st != LOOM_OK) return cli_fail(st);
 
     for (int t = 0; t < nthreads; t++) {
         int threads = thread_counts[t];
         loom_ops_set_threads(threads);
         double peak = loom_ops_sgemm_peak_gflops(2048, 5);
         printf("threads %d: OpenBLAS sgemm 2048^3 peak %.1f GFLOP/s (measured)\n", threads, peak);
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < ncases; c++) {
             if (!strchr(args.cases, cases[c].key)) continue;
             st = run_case(&cases[c], threads, args.steps, args.warmup, peak);
             if (st != LOOM_OK) return cli_fail(st);

@@ -11,6 +11,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "loom/io.h"
 
+#include "base/json_fields.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -161,6 +163,50 @@ static char *config_json(const loom_gpt_config *c) {
     char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(obj);
     return text;
+}
+
+/* Hugging Face's config.json for the model: GPT2LMHeadModel's fields (no dropout: loom trains
+ * without) or LlamaForCausalLM's, so that `from_pretrained` on the folder builds the model whose
+ * weights model.safetensors holds. NULL when out of memory. */
+static char *hf_config_text(const loom_gpt_config *c) {
+    json_t *obj;
+    if (c->arch == LOOM_ARCH_LLAMA) {
+        obj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:n, s:i, s:b, "
+                        "s:s, s:b, s:f, s:b, s:f, s:s, s:i}",
+                        "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size",
+                        c->channels, "intermediate_size", c->ffn_dim, "num_attention_heads",
+                        c->num_heads, "num_hidden_layers", c->num_layers, "num_key_value_heads",
+                        c->kv_heads, "head_dim", c->channels / c->num_heads,
+                        "max_position_embeddings", c->max_seq_len, "rms_norm_eps", c->norm_eps,
+                        "rope_theta", c->rope_theta, "rope_scaling", "vocab_size", c->vocab_size,
+                        "tie_word_embeddings", !c->untied_head, "hidden_act", "silu",
+                        "attention_bias", 0, "attention_dropout", 0.0, "mlp_bias", 0,
+                        "initializer_range", 0.02, "torch_dtype", "float32", "pretraining_tp", 1);
+    } else {
+        obj = json_pack(
+            "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:f, s:f, "
+            "s:b, s:s}",
+            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_embd", c->channels,
+            "n_head", c->num_heads, "n_layer", c->num_layers, "n_positions", c->max_seq_len,
+            "n_ctx", c->max_seq_len, "vocab_size", c->vocab_size, "layer_norm_epsilon", 1e-5,
+            "activation_function", "gelu_new", "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop",
+            0.0, "initializer_range", 0.02, "tie_word_embeddings", 1, "torch_dtype", "float32");
+    }
+    char *text = obj ? json_dumps(obj, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+/* config.json beside the weights: the folder is a Hugging Face model folder. */
+static loom_status write_hf_config(const char *dir, const loom_gpt_config *c) {
+    char path[4200];
+    loom_status st = loom_path_join(path, sizeof path, dir, "config.json");
+    if (st != LOOM_OK) return st;
+    char *text = hf_config_text(c);
+    if (!text) return loom_fail(LOOM_ERR_NOMEM, "%s: cannot encode the model config", path);
+    st = loom_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return st;
 }
 
 /* Adapts loom_ckpt_fill (buffer, tensor, layer) to the writer's per-index callback. */
@@ -321,49 +367,146 @@ loom_status loom_gpt_config_from_safetensors(const char *path, loom_gpt_config *
     return loom_gpt_config_check(c, path);
 }
 
+/* The files one model's weights lie in: one safetensors file, or the shards a Hugging Face
+ * index (model.safetensors.index.json, its "weight_map" from tensor name to file) names. */
+typedef struct {
+    loom_safetensors **files;
+    int count;
+} st_set;
+
+/* The entry `name` in the set and the file holding it; NULL when no file has it. */
+static const loom_st_entry *set_find(const st_set *set, const char *name, loom_safetensors **in) {
+    for (int i = 0; i < set->count; i++) {
+        const loom_st_entry *e = loom_safetensors_find(set->files[i], name);
+        if (e) {
+            if (in) *in = set->files[i];
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static void set_close(st_set *set) {
+    for (int i = 0; i < set->count; i++) loom_safetensors_close(set->files[i]);
+    free(set->files);
+    set->files = NULL, set->count = 0;
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Opens PATH (a .safetensors file) or every shard its Hugging Face index names (each once, beside
+ * the index). */
+static loom_status set_open(const char *path, st_set *set) {
+    memset(set, 0, sizeof *set);
+    if (!has_suffix(path, ".index.json")) {
+        set->files = loom_calloc(1, sizeof *set->files, "weight files");
+        if (!set->files) return LOOM_ERR_NOMEM;
+        loom_status st = loom_safetensors_open(&set->files[0], path);
+        set->count = st == LOOM_OK;
+        if (st != LOOM_OK) set_close(set);
+        return st;
+    }
+    json_t *root;
+    loom_status st = loom_json_load(path, &root);
+    if (st != LOOM_OK) return st;
+    json_t *map = json_object_get(root, "weight_map");
+    size_t n = json_is_object(map) ? json_object_size(map) : 0;
+    if (n == 0) {
+        json_decref(root);
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: weight_map: expected an object from tensor names to shard files",
+                         path);
+    }
+    set->files = loom_calloc(n, sizeof *set->files, "weight files");
+    const char **names = loom_calloc(n, sizeof *names, "weight files");
+    if (!set->files || !names) st = LOOM_ERR_NOMEM;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    const char *key;
+    json_t *value;
+    json_object_foreach(map, key, value) {
+        if (st != LOOM_OK) break;
+        const char *file = json_string_value(value);
+        if (!file || !file[0] || strchr(file, '/')) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: weight_map.%s: expected a file name beside the index", path, key);
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < set->count && !seen; i++) seen = strcmp(names[i], file) == 0;
+        if (seen) continue;
+        char shard[4200];
+        st = loom_path_join(shard, sizeof shard, slash ? dir : NULL, file);
+        if (st == LOOM_OK) st = loom_safetensors_open(&set->files[set->count], shard);
+        if (st == LOOM_OK) names[set->count++] = file;
+    }
+    free(names);
+    json_decref(root);
+    if (st != LOOM_OK) set_close(set);
+    return st;
+}
+
 /* Reads `prefix + name` tensors of a model layout into a flat buffer. */
 static loom_status read_tensors_take(loom_safetensors *st, const char *path, const loom_gpt *model,
                                      const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
                                      int buffer);
-
-static loom_status read_tensors(loom_safetensors *st, const char *path, const loom_gpt *model,
-                                const char *prefix, float *buf) {
-    return read_tensors_take(st, path, model, prefix, buf, NULL, NULL, 0);
-}
+static loom_status read_set_take(const st_set *set, const char *path, const loom_gpt *model,
+                                 const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
+                                 int buffer);
 
 /* A file holding tensors its config does not describe (a config that says 1 layer over a file
  * of 2 layers' tensors) is refused, not read with the rest ignored. Tensors outside `prefix`
  * (another buffer of the same file) are not this call's. */
-static loom_status extra_tensor(loom_safetensors *st, const char *path, const loom_gpt *model,
+static loom_status extra_tensor(const st_set *set, const char *path, const loom_gpt *model,
                                 const char *prefix, const char *hf_prefix, const hf_tensor *list,
                                 int count) {
     size_t plen = strlen(prefix), hlen = strlen(hf_prefix);
-    for (int e = 0; e < loom_safetensors_count(st); e++) {
-        const char *name = loom_safetensors_entry(st, e)->name;
-        if (strncmp(name, prefix, plen) != 0) continue;
-        if (!plen && (!strncmp(name, "exp_avg.", 8) || !strncmp(name, "exp_avg_sq.", 11))) continue;
-        const char *bare = name + plen;
-        if (hlen && !strncmp(bare, hf_prefix, hlen)) bare += hlen;
-        int known = 0;
-        for (int i = 0; i < count && !known; i++) known = strcmp(bare, list[i].name) == 0;
-        /* Hugging Face files also hold the attention masks as buffers: not parameters */
-        if (!known && strstr(bare, ".attn.bias") == NULL &&
-            strstr(bare, ".attn.masked_bias") == NULL && strcmp(bare, "lm_head.weight") != 0) {
-            const loom_gpt_config *c = &model->config;
-            return loom_fail(LOOM_ERR_INPUT,
-                             "%s: tensor '%s' is not part of the model its config describes (%d "
-                             "layers, d_model %d); the file holds more than its config says",
-                             path, name, c->num_layers, c->channels);
+    for (int f = 0; f < set->count; f++) {
+        loom_safetensors *st = set->files[f];
+        for (int e = 0; e < loom_safetensors_count(st); e++) {
+            const char *name = loom_safetensors_entry(st, e)->name;
+            if (strncmp(name, prefix, plen) != 0) continue;
+            if (!plen && (!strncmp(name, "exp_avg.", 8) || !strncmp(name, "exp_avg_sq.", 11)))
+                continue;
+            const char *bare = name + plen;
+            if (hlen && !strncmp(bare, hf_prefix, hlen)) bare += hlen;
+            int known = 0;
+            for (int i = 0; i < count && !known; i++) known = strcmp(bare, list[i].name) == 0;
+            /* Hugging Face files also hold the attention masks as buffers: not parameters */
+            /* (and rotary frequency buffers of older exports) */
+            if (!known && strstr(bare, ".attn.bias") == NULL &&
+                strstr(bare, ".attn.masked_bias") == NULL && strcmp(bare, "lm_head.weight") != 0 &&
+                strstr(bare, "rotary_emb.inv_freq") == NULL) {
+                const loom_gpt_config *c = &model->config;
+                return loom_fail(
+                    LOOM_ERR_INPUT,
+                    "%s: tensor '%s' is not part of the model its config describes (%d "
+                    "layers, d_model %d); the file holds more than its config says",
+                    path, name, c->num_layers, c->channels);
+            }
         }
     }
     return LOOM_OK;
 }
 
-/* Reads `prefix + name` tensors into buf (the model's flat layout) or, with `take`, one slice
- * at a time into a scratch buffer handed to take(ctx, buffer, tensor, layer, slice). */
 static loom_status read_tensors_take(loom_safetensors *st, const char *path, const loom_gpt *model,
                                      const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
                                      int buffer) {
+    loom_safetensors *one[1] = {st};
+    st_set set = {one, 1};
+    return read_set_take(&set, path, model, prefix, buf, take, ctx, buffer);
+}
+
+/* Reads `prefix + name` tensors into buf (the model's flat layout) or, with `take`, one slice
+ * at a time into a scratch buffer handed to take(ctx, buffer, tensor, layer, slice). */
+static loom_status read_set_take(const st_set *set, const char *path, const loom_gpt *model,
+                                 const char *prefix, float *buf, loom_ckpt_take take, void *ctx,
+                                 int buffer) {
     int count = 0;
     hf_tensor *list = hf_tensor_list(model, &count);
     if (!list) return LOOM_ERR_NOMEM;
@@ -382,15 +525,16 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
     const char *hf_prefix = "";
     char probe[96];
     snprintf(probe, sizeof probe, "%swte.weight", prefix);
-    if (!loom_safetensors_find(st, probe)) {
+    if (!set_find(set, probe, NULL)) {
         snprintf(probe, sizeof probe, "%stransformer.wte.weight", prefix);
-        if (loom_safetensors_find(st, probe)) hf_prefix = "transformer.";
+        if (set_find(set, probe, NULL)) hf_prefix = "transformer.";
     }
     loom_status status = LOOM_OK;
     for (int i = 0; i < count && status == LOOM_OK; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s%s%s", prefix, hf_prefix, list[i].name);
-        if (!loom_safetensors_find(st, name)) {
+        loom_safetensors *st = NULL;
+        if (!set_find(set, name, &st)) {
             status = loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s' is missing", path, name);
             break;
         }
@@ -409,7 +553,7 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
         if (status == LOOM_OK && last_part)
             status = take(ctx, buffer, list[i].tensor, list[i].layer, slice);
     }
-    if (status == LOOM_OK) status = extra_tensor(st, path, model, prefix, hf_prefix, list, count);
+    if (status == LOOM_OK) status = extra_tensor(set, path, model, prefix, hf_prefix, list, count);
     free(list);
     loom_free_aligned(slice);
     if (status == LOOM_OK && !take) {
@@ -426,11 +570,11 @@ static loom_status read_tensors_take(loom_safetensors *st, const char *path, con
 }
 
 loom_status loom_gpt_load_safetensors(const char *path, loom_gpt *model) {
-    loom_safetensors *st;
-    loom_status status = loom_safetensors_open(&st, path);
+    st_set set;
+    loom_status status = set_open(path, &set);
     if (status != LOOM_OK) return status;
-    status = read_tensors(st, path, model, "", model->params_memory);
-    loom_safetensors_close(st);
+    status = read_set_take(&set, path, model, "", model->params_memory, NULL, NULL, 0);
+    set_close(&set);
     return status;
 }
 
@@ -473,6 +617,7 @@ loom_status loom_checkpoint_write(const char *dir, const loom_gpt *model, const 
                                fill, ctx, 0);
     }
     free(cfg);
+    if (status == LOOM_OK) status = write_hf_config(dir, &model->config);
     if (status != LOOM_OK) return status;
 
     char values[STATE_FIELDS][32];
@@ -702,11 +847,11 @@ loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, flo
 
 loom_status loom_gpt_load_safetensors_take(const char *path, const loom_gpt *layout,
                                            loom_ckpt_take take, void *ctx) {
-    loom_safetensors *st;
-    loom_status status = loom_safetensors_open(&st, path);
+    st_set set;
+    loom_status status = set_open(path, &set);
     if (status != LOOM_OK) return status;
-    status = read_tensors_take(st, path, layout, "", NULL, take, ctx, 0);
-    loom_safetensors_close(st);
+    status = read_set_take(&set, path, layout, "", NULL, take, ctx, 0);
+    set_close(&set);
     return status;
 }
 

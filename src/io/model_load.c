@@ -21,26 +21,40 @@ static int has_suffix(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The safetensors file behind PATH: PATH itself, or a checkpoint's model.safetensors. */
+static int is_readable(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+/* The safetensors file behind PATH: PATH itself, a checkpoint's model.safetensors, or a Hugging
+ * Face folder's model.safetensors.index.json (its weights in shards). */
 static loom_status weights_file(const char *path, char *file, size_t cap) {
-    if (has_suffix(path, ".safetensors")) return loom_path_join(file, cap, NULL, path);
+    if (has_suffix(path, ".safetensors") || has_suffix(path, ".index.json"))
+        return loom_path_join(file, cap, NULL, path);
+    char single[4200], index[4200];
+    loom_status st = loom_path_join(single, sizeof single, path, "model.safetensors");
+    if (st == LOOM_OK)
+        st = loom_path_join(index, sizeof index, path, "model.safetensors.index.json");
+    if (st != LOOM_OK) return st;
+    if (!is_readable(single) && is_readable(index)) return loom_path_join(file, cap, NULL, index);
     char dir[4096];
-    loom_status st = loom_checkpoint_resolve(path, dir, sizeof dir);
+    st = loom_checkpoint_resolve(path, dir, sizeof dir);
     if (st == LOOM_OK) st = loom_path_join(file, cap, dir, "model.safetensors");
     return st;
 }
 
-/* *found: PATH is a Hugging Face model folder (config.json beside model.safetensors). */
+/* *found: PATH is a Hugging Face model folder (config.json beside model.safetensors, or beside
+ * model.safetensors.index.json and its shards). */
 static loom_status find_hf_folder(const char *path, char *config_json, size_t cap, int *found) {
-    char weights[4200];
+    char weights[4200], index[4200];
     *found = 0;
     loom_status st = loom_path_join(config_json, cap, path, "config.json");
     if (st == LOOM_OK) st = loom_path_join(weights, sizeof weights, path, "model.safetensors");
+    if (st == LOOM_OK)
+        st = loom_path_join(index, sizeof index, path, "model.safetensors.index.json");
     if (st != LOOM_OK) return st;
-    FILE *a = fopen(config_json, "rb"), *b = fopen(weights, "rb");
-    *found = a && b;
-    if (a) fclose(a);
-    if (b) fclose(b);
+    *found = is_readable(config_json) && (is_readable(weights) || is_readable(index));
     return LOOM_OK;
 }
 
@@ -55,8 +69,82 @@ static loom_status hf_int(const json_t *root, const char *key, const char *alt, 
     return LOOM_OK;
 }
 
+static loom_status hf_number(const json_t *root, const char *key, double fallback, double *out,
+                             const char *path) {
+    const json_t *v = json_object_get(root, key);
+    *out = fallback;
+    if (!v || json_is_null(v)) return LOOM_OK;
+    if (!json_is_number(v) || !(json_number_value(v) > 0)) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected a positive number", path, key);
+    }
+    *out = json_number_value(v);
+    return LOOM_OK;
+}
+
+/* A key whose presence (as true, or as anything but null) means a model loom cannot run. */
+static loom_status hf_refuse(const json_t *root, const char *key, const char *why,
+                             const char *path) {
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v) || json_is_false(v)) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", path, key, why);
+}
+
+/* Hugging Face's LlamaForCausalLM config.json (its defaults where a key is absent: kv heads =
+ * heads, rms_norm_eps 1e-6, rope_theta 10000, untied, context 2048). Refused by name: another
+ * activation, biases, a sliding window, rope scaling, a head_dim other than hidden / heads. */
+static loom_status hf_llama_config(const char *path, const json_t *root, loom_gpt_config *c) {
+    c->arch = LOOM_ARCH_LLAMA;
+    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    loom_status st = LOOM_OK;
+    if (act && strcmp(act, "silu") != 0) {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: hidden_act: expected \"silu\" (SwiGLU), got \"%.40s\"",
+                       path, act);
+    }
+    if (st == LOOM_OK)
+        st = hf_refuse(root, "attention_bias", "biases where Llama has none: not supported", path);
+    if (st == LOOM_OK)
+        st = hf_refuse(root, "mlp_bias", "biases where Llama has none: not supported", path);
+    if (st == LOOM_OK)
+        st = hf_refuse(root, "sliding_window", "sliding-window attention is not supported", path);
+    const json_t *scaling = json_object_get(root, "rope_scaling");
+    if (st == LOOM_OK && scaling && !json_is_null(scaling)) {
+        const json_t *type = json_object_get(scaling, "rope_type");
+        if (!type) type = json_object_get(scaling, "type");
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: rope_scaling: type \"%.40s\" is not supported (rotary positions "
+                       "without scaling only; Llama 3.1's \"llama3\" scaling is not built yet)",
+                       path, json_is_string(type) ? json_string_value(type) : "?");
+    }
+    if (st == LOOM_OK) st = hf_int(root, "num_hidden_layers", NULL, &c->num_layers, path);
+    if (st == LOOM_OK) st = hf_int(root, "num_attention_heads", NULL, &c->num_heads, path);
+    if (st == LOOM_OK) st = hf_int(root, "hidden_size", NULL, &c->channels, path);
+    if (st == LOOM_OK) st = hf_int(root, "intermediate_size", NULL, &c->ffn_dim, path);
+    if (st == LOOM_OK) st = hf_int(root, "vocab_size", NULL, &c->vocab_size, path);
+    c->kv_heads = c->num_heads, c->max_seq_len = 2048;
+    if (st == LOOM_OK && json_object_get(root, "num_key_value_heads"))
+        st = hf_int(root, "num_key_value_heads", NULL, &c->kv_heads, path);
+    if (st == LOOM_OK && json_object_get(root, "max_position_embeddings"))
+        st = hf_int(root, "max_position_embeddings", NULL, &c->max_seq_len, path);
+    int head_dim = 0;
+    if (st == LOOM_OK && json_object_get(root, "head_dim") &&
+        !json_is_null(json_object_get(root, "head_dim"))) {
+        st = hf_int(root, "head_dim", NULL, &head_dim, path);
+        if (st == LOOM_OK && (int64_t)head_dim * c->num_heads != c->channels) {
+            st = loom_fail(LOOM_ERR_INPUT,
+                           "%s: head_dim: expected hidden_size / num_attention_heads = %d, got %d",
+                           path, c->channels / c->num_heads, head_dim);
+        }
+    }
+    if (st == LOOM_OK) st = hf_number(root, "rms_norm_eps", 1e-6, &c->norm_eps, path);
+    if (st == LOOM_OK) st = hf_number(root, "rope_theta", 10000.0, &c->rope_theta, path);
+    const json_t *tie = json_object_get(root, "tie_word_embeddings");
+    c->untied_head = !json_is_true(tie);
+    return st;
+}
+
 /* Hugging Face's GPT-2 config.json: n_layer, n_head, n_embd, n_positions (or n_ctx), vocab_size;
- * model_type and activation_function, when given, must be GPT-2's. */
+ * model_type and activation_function, when given, must be GPT-2's. A "llama" model_type is
+ * LlamaForCausalLM's (hf_llama_config). */
 static loom_status hf_config(const char *path, loom_gpt_config *c) {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
@@ -69,8 +157,14 @@ static loom_status hf_config(const char *path, loom_gpt_config *c) {
     const char *type = json_string_value(json_object_get(root, "model_type"));
     const char *act = json_string_value(json_object_get(root, "activation_function"));
     loom_status st = LOOM_OK;
+    if (type && strcmp(type, "llama") == 0) {
+        st = hf_llama_config(path, root, c);
+        json_decref(root);
+        return st == LOOM_OK ? loom_gpt_config_check(c, path) : st;
+    }
     if (json_object_get(root, "model_type") && (!type || strcmp(type, "gpt2") != 0)) {
-        st = loom_fail(LOOM_ERR_INPUT, "%s: model_type: expected \"gpt2\", got %s%.40s%s", path,
+        st = loom_fail(LOOM_ERR_INPUT,
+                       "%s: model_type: expected \"gpt2\" or \"llama\", got %s%.40s%s", path,
                        type ? "\"" : "", type ? type : "another value", type ? "\"" : "");
     } else if (act && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0) {
         st = loom_fail(LOOM_ERR_INPUT,
@@ -198,10 +292,11 @@ loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_ca
     char file[4200];
     loom_status st = weights_file(path, file, sizeof file);
     loom_safetensors *sf = NULL;
-    if (st == LOOM_OK) st = loom_safetensors_open(&sf, file);
+    /* (a sharded Hugging Face folder records nothing: its tokenizer files, if any, say) */
+    if (st == LOOM_OK && !has_suffix(file, ".index.json")) st = loom_safetensors_open(&sf, file);
     if (st != LOOM_OK) return st;
-    const char *recorded = loom_safetensors_metadata(sf, "loom.tokenizer");
-    const char *from = loom_safetensors_metadata(sf, "loom.tokenizer_source");
+    const char *recorded = sf ? loom_safetensors_metadata(sf, "loom.tokenizer") : NULL;
+    const char *from = sf ? loom_safetensors_metadata(sf, "loom.tokenizer_source") : NULL;
     if (recorded && strcmp(recorded, "bytes") != 0 && strcmp(recorded, "gpt2") != 0) {
         st = loom_fail(LOOM_ERR_INPUT,
                        "%s: metadata loom.tokenizer: expected \"bytes\" or \"gpt2\", got \"%.40s\"",

@@ -8,8 +8,8 @@
  * byte ranges tile the data buffer exactly. Tensors are then read one at a time with
  * fseek/fread from the FILE* kept in the handle; the file is never read whole.
  *
- * Not here: dtype conversion (only F32 is read or written), memory mapping, and any knowledge
- * of which tensor names a model uses.
+ * Not here: dtype conversion beyond widening BF16 on read (F32 is written), memory mapping, and any
+ * knowledge of which tensor names a model uses.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "loom/io.h"
@@ -639,9 +639,28 @@ static loom_status st_read_floats(loom_safetensors *st, const char *name, float 
     return LOOM_OK;
 }
 
+/* n stored elements of `dtype` (F32, or BF16 widened exactly: its bits are a float's upper
+ * half) into dst. BF16's are read into dst's upper half and widened front to back: element i's
+ * float ends at byte 4i + 4, never past the next unread one's 2n + 2(i + 1). */
+static loom_status st_read_elements(loom_safetensors *st, const char *name, loom_dtype dtype,
+                                    float *dst, size_t n) {
+    if (dtype == LOOM_DTYPE_F32) return st_read_floats(st, name, dst, n);
+    unsigned char *half = (unsigned char *)dst + 2 * n;
+    if (n && fread(half, 2, n, st->file) != n) {
+        return loom_fail(LOOM_ERR_IO, "%s: tensor '%s': read of %zu bf16 values failed (%s)",
+                         st->path, name, n,
+                         ferror(st->file) ? strerror(errno) : "file shorter than at open");
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = ((uint32_t)half[2 * i] | (uint32_t)half[2 * i + 1] << 8) << 16;
+        memcpy(&dst[i], &bits, sizeof bits);
+    }
+    return LOOM_OK;
+}
+
 /* Stored (rows, cols) -> dst (cols, rows), a block of stored rows at a time. */
-static loom_status st_read_transposed(loom_safetensors *st, const char *name, size_t rows,
-                                      size_t cols, float *dst) {
+static loom_status st_read_transposed(loom_safetensors *st, const char *name, loom_dtype dtype,
+                                      size_t rows, size_t cols, float *dst) {
     if (rows == 0 || cols == 0) return LOOM_OK;
     size_t block = cols >= SCRATCH_FLOATS ? 1 : SCRATCH_FLOATS / cols;
     if (block > rows) block = rows;
@@ -650,7 +669,7 @@ static loom_status st_read_transposed(loom_safetensors *st, const char *name, si
     loom_status status = LOOM_OK;
     for (size_t r0 = 0; r0 < rows && status == LOOM_OK; r0 += block) {
         size_t nr = rows - r0 < block ? rows - r0 : block;
-        status = st_read_floats(st, name, scratch, nr * cols);
+        status = st_read_elements(st, name, dtype, scratch, nr * cols);
         for (size_t c = 0; c < cols && status == LOOM_OK; c++) {
             float *out = dst + c * rows + r0;
             const float *in = scratch + c;
@@ -669,9 +688,9 @@ loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, in
         return loom_fail(LOOM_ERR_INPUT, "%s: tensor '%s' not found (the file holds %d tensors)",
                          st->path, name, st->count);
     }
-    if (e->dtype != LOOM_DTYPE_F32) {
+    if (e->dtype != LOOM_DTYPE_F32 && e->dtype != LOOM_DTYPE_BF16) {
         return loom_fail(LOOM_ERR_INPUT,
-                         "%s: tensor '%s': dtype %s, expected F32 (only float32 tensors are read)",
+                         "%s: tensor '%s': dtype %s, expected F32 or BF16 (widened to float32)",
                          st->path, name, loom_dtype_name(e->dtype));
     }
     if (ndim < 0 || ndim > LOOM_ST_MAX_DIMS) {
@@ -700,9 +719,9 @@ loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, in
                          strerror(errno));
     }
     if (transpose) {
-        return st_read_transposed(st, name, (size_t)shape[0], (size_t)shape[1], dst);
+        return st_read_transposed(st, name, e->dtype, (size_t)shape[0], (size_t)shape[1], dst);
     }
-    return st_read_floats(st, name, dst, (size_t)(bytes / sizeof(float)));
+    return st_read_elements(st, name, e->dtype, dst, (size_t)(bytes / loom_dtype_size(e->dtype)));
 }
 
 /* ---- writing ----------------------------------------------------------------------------- */
