@@ -12,7 +12,18 @@
  * the pieces it has encoded (most pieces of a text are words seen before); the hot loop
  * allocates nothing (the merge's scratch grows only for a longer piece than any before).
  *
- * Not here: training a BPE, other pre-tokenisers (Llama's, tiktoken's cl100k), normalisers.
+ * tokenizer.json declares its pre-tokeniser: GPT-2's (ByteLevel with its regex, or none given)
+ * and Llama 3's (a Split by its pattern, then ByteLevel without a regex) are read, both as
+ * hand-written scanners; Llama 3's also sets ignore_merges (a piece that is a token is that token)
+ * and its special tokens (added_tokens with "special": true, <|begin_of_text|> = 128000, ...) are
+ * matched in the text by id. Any other pre-tokeniser, a normaliser, or options that change the
+ * pieces are refused naming the file and the field. tests/tokenizer_llama3.sh checks Llama 3's
+ * real files against two JavaScript implementations.
+ *
+ * Ids are 32-bit inside (Llama 3 has 128256); the 16-bit encoding refuses a larger vocabulary.
+ *
+ * Not here: training a BPE, other pre-tokenisers (tiktoken's cl100k, Metaspace, Digits, ...),
+ * normalisers, non-special added tokens as their own pieces.
  */
 #define _GNU_SOURCE /* memmem */
 #include "data/bpe_internal.h"
@@ -24,7 +35,7 @@
 #include <sys/stat.h>
 #include <utf8proc.h>
 
-#define BPE_MAX_VOCAB  65536 /* token shards hold uint16 ids */
+#define BPE_MAX_VOCAB  (1 << 22) /* ids are < this (Llama 3's are < 128256) */
 #define BPE_NO_ID      (-1)
 #define LLMC_TOK_MAGIC 20240328
 #define EOT_TEXT       "<|endoftext|>"
@@ -34,6 +45,12 @@ typedef struct {
     int32_t rank;
     int32_t merged;
 } pair_slot;
+
+/* A special token: its text in specials_text, its id. */
+typedef struct {
+    uint32_t at, length;
+    int32_t id;
+} special_token;
 
 struct loom_bpe {
     int vocab_size;         /* every id is < vocab_size */
@@ -48,7 +65,18 @@ struct loom_bpe {
     int16_t symbol_byte[512]; /* code point -> byte (loom_bpe_byte_to_unicode inverted), or -1 */
     int eot;
     int can_encode;
+    int pretok;        /* BPE_PRETOK_* */
+    int ignore_merges; /* a piece that is a token is that token (Llama 3) */
+    /* the special tokens, longest first; special_first marks their first bytes, first_byte is
+     * the one first byte they share (-1 when they start with several) */
+    special_token *specials;
+    int nspecials;
+    char *specials_text;
+    unsigned char special_first[256];
+    int first_byte;
 };
+
+enum { BPE_PRETOK_GPT2, BPE_PRETOK_LLAMA3 };
 
 /* ---- hashing ----------------------------------------------------------------------------- */
 
@@ -159,7 +187,8 @@ typedef struct {
     int max_id;
     size_t blob_used, blob_cap;
     char *blob;
-    uint32_t *start; /* (BPE_MAX_VOCAB) */
+    size_t ids_cap;  /* of start, length, seen; grows to cover the largest id */
+    uint32_t *start; /* (ids_cap) */
     uint16_t *length;
     unsigned char *seen;
 } vocab_builder;
@@ -169,10 +198,24 @@ static loom_status builder_init(vocab_builder *vb, size_t blob_cap) {
     vb->max_id = -1;
     vb->blob_cap = blob_cap + 1;
     vb->blob = loom_malloc(vb->blob_cap, "tokenizer vocabulary");
-    vb->start = loom_calloc(BPE_MAX_VOCAB, sizeof *vb->start, "tokenizer vocabulary");
-    vb->length = loom_calloc(BPE_MAX_VOCAB, sizeof *vb->length, "tokenizer vocabulary");
-    vb->seen = loom_calloc(BPE_MAX_VOCAB, 1, "tokenizer vocabulary");
-    return vb->blob && vb->start && vb->length && vb->seen ? LOOM_OK : LOOM_ERR_NOMEM;
+    return vb->blob ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
+/* Room for id (< BPE_MAX_VOCAB) in start, length and seen. */
+static loom_status builder_grow(vocab_builder *vb, size_t id, const char *where) {
+    if (id < vb->ids_cap) return LOOM_OK;
+    size_t cap = vb->ids_cap ? vb->ids_cap : 65536;
+    while (cap <= id) cap *= 2;
+    uint32_t *start = realloc(vb->start, cap * sizeof *start);
+    if (start) vb->start = start;
+    uint16_t *length = realloc(vb->length, cap * sizeof *length);
+    if (length) vb->length = length;
+    unsigned char *seen = realloc(vb->seen, cap);
+    if (seen) vb->seen = seen;
+    if (!start || !length || !seen) return loom_fail(LOOM_ERR_NOMEM, "%s: out of memory", where);
+    memset(vb->seen + vb->ids_cap, 0, cap - vb->ids_cap);
+    vb->ids_cap = cap;
+    return LOOM_OK;
 }
 
 static void builder_free(vocab_builder *vb) {
@@ -183,11 +226,11 @@ static void builder_free(vocab_builder *vb) {
 static loom_status builder_add(vocab_builder *vb, long long id, const unsigned char *bytes,
                                size_t n, const char *where) {
     if (id < 0 || id >= BPE_MAX_VOCAB) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: expected an id in 0..%d (token shards hold uint16), "
-                         "got %lld",
-                         where, BPE_MAX_VOCAB - 1, id);
+        return loom_fail(LOOM_ERR_INPUT, "%s: expected an id in 0..%d, got %lld", where,
+                         BPE_MAX_VOCAB - 1, id);
     }
+    loom_status st = builder_grow(vb, (size_t)id, where);
+    if (st != LOOM_OK) return st;
     if (vb->seen[id]) {
         return loom_fail(LOOM_ERR_INPUT, "%s: id %lld is given to two tokens", where, id);
     }
@@ -310,9 +353,41 @@ static loom_status json_open(const char *path, json_t **root) {
     return LOOM_OK;
 }
 
-/* A {"symbols": id, ...} object (vocab.json, or tokenizer.json's model.vocab at `field`). */
+/* tokenizer.json's added_tokens into the vocabulary being read: their content is text (its UTF-8
+ * bytes), not GPT-2's symbols; one whose id model.vocab gives the same bytes is there already. */
+static loom_status add_added_tokens(vocab_builder *vb, const json_t *added, const char *path) {
+    size_t i;
+    const json_t *entry;
+    json_array_foreach(added, i, entry) {
+        const json_t *content = json_object_get(entry, "content");
+        const json_t *id = json_object_get(entry, "id");
+        const json_t *special = json_object_get(entry, "special");
+        char where[TOKENIZER_PATH_MAX + 48];
+        snprintf(where, sizeof where, "%s: added_tokens[%zu]", path, i);
+        if (!json_is_string(content) || !json_is_integer(id) || json_string_length(content) == 0 ||
+            (special && !json_is_boolean(special))) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: expected {\"id\": integer, \"content\": string, "
+                             "\"special\": boolean}",
+                             where);
+        }
+        long long value = json_integer_value(id);
+        const char *text = json_string_value(content);
+        size_t n = json_string_length(content);
+        if (value >= 0 && (size_t)value < vb->ids_cap && vb->seen[value] &&
+            vb->length[value] == n && !memcmp(vb->blob + vb->start[value], text, n)) {
+            continue;
+        }
+        loom_status st = builder_add(vb, value, (const unsigned char *)text, n, where);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+/* A {"symbols": id, ...} object (vocab.json, or tokenizer.json's model.vocab at `field`, then its
+ * added_tokens when `added` is not NULL). */
 static loom_status read_vocab_object(loom_bpe *bpe, const json_t *object, const char *path,
-                                     const char *field) {
+                                     const char *field, const json_t *added) {
     if (!json_is_object(object)) {
         return loom_fail(LOOM_ERR_INPUT, "%s: %s: expected an object of \"token\": id", path,
                          field);
@@ -345,6 +420,7 @@ static loom_status read_vocab_object(loom_bpe *bpe, const json_t *object, const 
         st = builder_add(&vb, json_integer_value(value), bytes, (size_t)n, where);
     }
     free(bytes);
+    if (st == LOOM_OK && added) st = add_added_tokens(&vb, added, path);
     if (st == LOOM_OK) st = bpe_take_vocab(bpe, &vb, path);
     builder_free(&vb);
     return st;
@@ -354,7 +430,7 @@ static loom_status read_vocab_json(loom_bpe *bpe, const char *path) {
     json_t *root;
     loom_status st = json_open(path, &root);
     if (st != LOOM_OK) return st;
-    st = read_vocab_object(bpe, root, path, "vocabulary");
+    st = read_vocab_object(bpe, root, path, "vocabulary", NULL);
     json_decref(root);
     return st;
 }
@@ -394,7 +470,206 @@ static loom_status read_merges_txt(loom_bpe *bpe, const char *path) {
     return st;
 }
 
-/* tokenizer.json: model.vocab, model.merges ("a b" or ["a", "b"]), added_tokens. */
+/* ---- tokenizer.json's pre-tokeniser and options ----------------------------------------- */
+
+/* Llama 3's pattern as tokenizer.json holds it (JSON unescaped), matched exactly. */
+#define LLAMA3_PATTERN                                                                             \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                   \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+#define PRETOK_SUPPORTED                                                                           \
+    "loom reads GPT-2's ByteLevel pre-tokenizer (use_regex true, add_prefix_space false) and "     \
+    "Llama 3's Sequence of a Split by Llama 3's pattern (behavior Isolated, invert false) and a "  \
+    "ByteLevel (use_regex false, add_prefix_space false)"
+
+/* An object's "type" string, for messages. */
+static const char *type_of(const json_t *object) {
+    const char *type = json_string_value(json_object_get(object, "type"));
+    return type ? type : json_is_object(object) ? "(no type)" : "(not an object)";
+}
+
+/* A boolean option: 1 or 0, dflt when absent or null, -1 when not a boolean. */
+static int json_flag(const json_t *object, const char *key, int dflt) {
+    const json_t *value = json_object_get(object, key);
+    if (!value || json_is_null(value)) return dflt;
+    return json_is_boolean(value) ? json_is_true(value) : -1;
+}
+
+/* A ByteLevel pre-tokeniser at `field` whose use_regex (true when absent, as Hugging Face's
+ * default) must be want_regex; add_prefix_space must be false. */
+static loom_status check_byte_level(const json_t *pt, const char *path, const char *field,
+                                    int want_regex) {
+    int prefix = json_flag(pt, "add_prefix_space", 0), regex = json_flag(pt, "use_regex", 1);
+    if (prefix != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: %s.add_prefix_space: expected false (a space put before the text "
+                         "is not supported); %s",
+                         path, field, PRETOK_SUPPORTED);
+    }
+    if (regex != want_regex) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: %s.use_regex: expected %s here; %s", path, field,
+                         want_regex ? "true (GPT-2's pattern)" : "false (after Llama 3's Split)",
+                         PRETOK_SUPPORTED);
+    }
+    return LOOM_OK;
+}
+
+/* Llama 3's {"type": "Sequence", "pretokenizers": [Split, ByteLevel]}. */
+static loom_status check_llama3_sequence(const json_t *pt, const char *path) {
+    const json_t *list = json_object_get(pt, "pretokenizers");
+    const json_t *split = json_array_get(list, 0), *byte_level = json_array_get(list, 1);
+    if (!json_is_array(list) || json_array_size(list) != 2 || strcmp(type_of(split), "Split") ||
+        strcmp(type_of(byte_level), "ByteLevel")) {
+        char types[256] = "";
+        size_t i, k = 0;
+        const json_t *entry;
+        json_array_foreach(list, i, entry) {
+            if (k < sizeof types) {
+                k += (size_t)snprintf(types + k, sizeof types - k, "%s%s", i ? ", " : "",
+                                      type_of(entry));
+            }
+        }
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: pre_tokenizer.pretokenizers: expected [Split, ByteLevel] (Llama "
+                         "3's), got [%s]; %s",
+                         path, types, PRETOK_SUPPORTED);
+    }
+    const json_t *pattern = json_object_get(split, "pattern");
+    const char *regex = json_string_value(json_object_get(pattern, "Regex"));
+    if (!regex || strcmp(regex, LLAMA3_PATTERN) != 0) {
+        const char *string = json_string_value(json_object_get(pattern, "String"));
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: pre_tokenizer.pretokenizers[0].pattern: expected {\"Regex\": "
+                         "Llama 3's pattern}, got %s \"%.80s\"; %s",
+                         path, regex ? "the Regex" : string ? "the String" : "no Regex",
+                         regex ? regex : string ? string : "", PRETOK_SUPPORTED);
+    }
+    const char *behavior = json_string_value(json_object_get(split, "behavior"));
+    if (!behavior || strcmp(behavior, "Isolated") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: pre_tokenizer.pretokenizers[0].behavior: expected \"Isolated\", got "
+                         "\"%s\"; %s",
+                         path, behavior ? behavior : "(none)", PRETOK_SUPPORTED);
+    }
+    if (json_flag(split, "invert", 0) != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: pre_tokenizer.pretokenizers[0].invert: expected false; %s", path,
+                         PRETOK_SUPPORTED);
+    }
+    return check_byte_level(byte_level, path, "pre_tokenizer.pretokenizers[1]", 0);
+}
+
+/* normalizer, pre_tokenizer, decoder and the BPE model's options: what changes the pieces or the
+ * merge is read or refused, naming the field. */
+static loom_status read_options(loom_bpe *bpe, const json_t *root, const json_t *model,
+                                const char *path) {
+    const json_t *normalizer = json_object_get(root, "normalizer");
+    if (normalizer && !json_is_null(normalizer)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: normalizer: a \"%s\" normalizer is not supported; expected null "
+                         "(byte-level BPE reads the text as it is)",
+                         path, type_of(normalizer));
+    }
+    const json_t *pt = json_object_get(root, "pre_tokenizer");
+    loom_status st = LOOM_OK;
+    bpe->pretok = BPE_PRETOK_GPT2;
+    if (!pt) {
+        /* none given: GPT-2's, as the files loom wrote before tokenizer.json declared one */
+    } else if (!strcmp(type_of(pt), "ByteLevel")) {
+        st = check_byte_level(pt, path, "pre_tokenizer", 1);
+    } else if (!strcmp(type_of(pt), "Sequence")) {
+        st = check_llama3_sequence(pt, path);
+        bpe->pretok = BPE_PRETOK_LLAMA3;
+    } else {
+        st = loom_fail(LOOM_ERR_INPUT, "%s: pre_tokenizer: %s%s%s is not supported; %s", path,
+                       json_is_null(pt) ? "null (no pre-tokenizer)" : "a \"",
+                       json_is_null(pt) ? "" : type_of(pt),
+                       json_is_null(pt) ? "" : "\" pre-tokenizer", PRETOK_SUPPORTED);
+    }
+    if (st != LOOM_OK) return st;
+    const json_t *decoder = json_object_get(root, "decoder");
+    if (decoder && !json_is_null(decoder) && strcmp(type_of(decoder), "ByteLevel") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: decoder: a \"%s\" decoder is not supported; expected ByteLevel "
+                         "(or null)",
+                         path, type_of(decoder));
+    }
+    static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        const json_t *affix = json_object_get(model, affixes[i]);
+        if (affix && !json_is_null(affix) && !(json_is_string(affix) && !json_string_length(affix))) {
+            return loom_fail(LOOM_ERR_INPUT,
+                             "%s: model.%s: expected null or \"\" (byte-level BPE has no word "
+                             "affixes)",
+                             path, affixes[i]);
+        }
+    }
+    const json_t *dropout = json_object_get(model, "dropout");
+    if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0)) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: model.dropout: expected null (BPE dropout is for training)", path);
+    }
+    bpe->ignore_merges = json_flag(model, "ignore_merges", 0);
+    if (bpe->ignore_merges < 0) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: model.ignore_merges: expected a boolean", path);
+    }
+    return LOOM_OK;
+}
+
+static int special_longer(const void *a, const void *b) {
+    const special_token *x = a, *y = b;
+    if (x->length != y->length) return x->length > y->length ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void add_special(loom_bpe *bpe, size_t *text_used, const char *text, size_t n, int id) {
+    for (int i = 0; i < bpe->nspecials; i++) {
+        const special_token *t = &bpe->specials[i];
+        if (t->length == n && !memcmp(bpe->specials_text + t->at, text, n)) return;
+    }
+    memcpy(bpe->specials_text + *text_used, text, n);
+    bpe->specials[bpe->nspecials++] = (special_token){(uint32_t)*text_used, (uint32_t)n, id};
+    *text_used += n;
+}
+
+/* The special tokens: tokenizer.json's added_tokens with "special": true (added, checked by
+ * add_added_tokens, may be NULL), and <|endoftext|> when the vocabulary has it. The end-of-text
+ * token is <|endoftext|>, else a special <|end_of_text|> (Llama 3's). */
+static loom_status bpe_set_specials(loom_bpe *bpe, const json_t *added) {
+    size_t text_bytes = strlen(EOT_TEXT), i;
+    const json_t *entry;
+    json_array_foreach(added, i, entry) text_bytes += json_string_length(json_object_get(entry, "content"));
+    bpe->specials = loom_calloc(json_array_size(added) + 1, sizeof *bpe->specials, "tokenizer");
+    bpe->specials_text = loom_malloc(text_bytes + 1, "tokenizer");
+    if (!bpe->specials || !bpe->specials_text) return LOOM_ERR_NOMEM;
+    size_t used = 0;
+    json_array_foreach(added, i, entry) {
+        if (!json_is_true(json_object_get(entry, "special"))) continue;
+        const json_t *content = json_object_get(entry, "content");
+        add_special(bpe, &used, json_string_value(content), json_string_length(content),
+                    (int)json_integer_value(json_object_get(entry, "id")));
+    }
+    if (bpe->eot >= 0) add_special(bpe, &used, EOT_TEXT, strlen(EOT_TEXT), bpe->eot);
+    for (int k = 0; k < bpe->nspecials && bpe->eot < 0; k++) {
+        const special_token *t = &bpe->specials[k];
+        if (t->length == strlen("<|end_of_text|>") &&
+            !memcmp(bpe->specials_text + t->at, "<|end_of_text|>", t->length)) {
+            bpe->eot = t->id;
+        }
+    }
+    qsort(bpe->specials, (size_t)bpe->nspecials, sizeof *bpe->specials, special_longer);
+    memset(bpe->special_first, 0, sizeof bpe->special_first);
+    bpe->first_byte = -1;
+    for (int k = 0; k < bpe->nspecials; k++) {
+        unsigned char first = (unsigned char)bpe->specials_text[bpe->specials[k].at];
+        bpe->special_first[first] = 1;
+        bpe->first_byte = k == 0 || bpe->first_byte == first ? first : -2;
+    }
+    return LOOM_OK;
+}
+
+/* tokenizer.json: model.vocab, model.merges ("a b" or ["a", "b"]), added_tokens, and the options
+ * read_options reads or refuses. */
 static loom_status read_tokenizer_json(loom_bpe *bpe, const char *path) {
     json_t *root;
     loom_status st = json_open(path, &root);
@@ -409,32 +684,20 @@ static loom_status read_tokenizer_json(loom_bpe *bpe, const char *path) {
     } else if (!json_is_array(merges)) {
         st = loom_fail(LOOM_ERR_INPUT, "%s: model.merges: expected an array", path);
     }
-    /* added tokens with ids past the vocabulary (<|endoftext|> in some exports) join it */
+    if (st == LOOM_OK) st = read_options(bpe, root, model, path);
+    /* added tokens (special ones, and ids past the vocabulary: <|endoftext|> in some exports)
+     * join the vocabulary */
     const json_t *added = json_object_get(root, "added_tokens");
     if (st == LOOM_OK && added && !json_is_array(added)) {
         st = loom_fail(LOOM_ERR_INPUT, "%s: added_tokens: expected an array", path);
     }
-    json_t *vocab = st == LOOM_OK ? json_deep_copy(json_object_get(model, "vocab")) : NULL;
+    if (st == LOOM_OK)
+        st = read_vocab_object(bpe, json_object_get(model, "vocab"), path, "model.vocab", added);
+    if (st == LOOM_OK) st = bpe_check_bytes(bpe, path);
+    if (st == LOOM_OK) st = bpe_set_specials(bpe, added);
+    if (st == LOOM_OK) st = bpe_alloc_pairs(bpe, json_array_size(merges));
     size_t i;
     const json_t *entry;
-    json_array_foreach(added, i, entry) {
-        if (st != LOOM_OK || !vocab) break;
-        const json_t *content = json_object_get(entry, "content");
-        const json_t *id = json_object_get(entry, "id");
-        if (!json_is_string(content) || !json_is_integer(id)) {
-            st = loom_fail(LOOM_ERR_INPUT,
-                           "%s: added_tokens[%zu]: expected {\"id\": integer, "
-                           "\"content\": string}",
-                           path, i);
-        } else if (!json_object_get(vocab, json_string_value(content))) {
-            json_object_set_new(vocab, json_string_value(content),
-                                json_integer(json_integer_value(id)));
-        }
-    }
-    if (st == LOOM_OK) st = read_vocab_object(bpe, vocab, path, "model.vocab");
-    if (st == LOOM_OK) st = bpe_check_bytes(bpe, path);
-    json_decref(vocab);
-    if (st == LOOM_OK) st = bpe_alloc_pairs(bpe, json_array_size(merges));
     json_array_foreach(merges, i, entry) {
         if (st != LOOM_OK) break;
         char where[TOKENIZER_PATH_MAX + 48];
@@ -536,6 +799,7 @@ static int ends_with(const char *s, const char *suffix) {
 static loom_status open_vocab_merges(loom_bpe *bpe, const char *vocab, const char *merges) {
     loom_status st = read_vocab_json(bpe, vocab);
     if (st == LOOM_OK) st = bpe_check_bytes(bpe, vocab);
+    if (st == LOOM_OK) st = bpe_set_specials(bpe, NULL);
     if (st == LOOM_OK) st = read_merges_txt(bpe, merges);
     bpe->can_encode = 1;
     return st;
@@ -633,6 +897,7 @@ void loom_bpe_free(loom_bpe *bpe) {
     if (!bpe) return;
     free(bpe->token_start), free(bpe->token_length), free(bpe->blob);
     free(bpe->lookup), free(bpe->pairs);
+    free(bpe->specials), free(bpe->specials_text);
     free(bpe);
 }
 
@@ -778,6 +1043,134 @@ size_t loom_bpe_piece_end(const unsigned char *text, size_t at, size_t end) {
         last = e;
         e += k;
     }
+    if (e == end || last == at) return e;
+    return last;
+}
+
+/* ---- Llama 3's pattern -------------------------------------------------------------------
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+
+ * The pattern is run by Rust's engines (tiktoken's fancy-regex, which Meta's reference uses, and
+ * Hugging Face's Oniguruma), so \s here is Unicode's White_Space, which differs from JavaScript's
+ * (GPT-2's scanner above) in U+0085 (a space here) and U+FEFF (not one), and the contractions fold
+ * case as they do: ASCII letters in either case, and U+017F (long s) as s. */
+
+/* Unicode's White_Space. */
+static int is_white_space(int32_t cp) {
+    if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
+    switch (cp) {
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+        return 1;
+    default:
+        return cp >= 0x2000 && cp <= 0x200A;
+    }
+}
+
+/* char_at with White_Space for \s (ASCII's classes are the same in both). */
+static size_t ws_char_at(const unsigned char *text, size_t at, size_t end, int *cls) {
+    unsigned char c = text[at];
+    if (c < 128) {
+        *cls = ascii_class(c);
+        return 1;
+    }
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t used = utf8proc_iterate(text + at, (utf8proc_ssize_t)(end - at), &cp);
+    if (used <= 0) {
+        *cls = CHAR_OTHER;
+        return 1;
+    }
+    if (is_white_space(cp)) {
+        *cls = CHAR_SPACE;
+    } else {
+        int c2 = class_of(cp); /* JavaScript's \s only adds U+FEFF, category Cf: other */
+        *cls = c2 == CHAR_SPACE ? CHAR_OTHER : c2;
+    }
+    return (size_t)used;
+}
+
+static size_t ws_run_end(const unsigned char *text, size_t at, size_t end, int cls) {
+    while (at < end) {
+        int c;
+        size_t n = ws_char_at(text, at, end, &c);
+        if (c != cls) break;
+        at += n;
+    }
+    return at;
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d) at an apostrophe: the end, or 0. */
+static size_t contraction_end_folded(const unsigned char *text, size_t at, size_t end) {
+    static const char *const suffixes[] = {"s", "t", "re", "ve", "m", "ll", "d"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        size_t e = at + 1;
+        const char *p = suffixes[i];
+        for (; *p; p++) {
+            if (e < end && (text[e] | 0x20) == (unsigned char)*p) {
+                e++;
+            } else if (*p == 's' && e + 1 < end && text[e] == 0xC5 && text[e + 1] == 0xBF) {
+                e += 2; /* U+017F */
+            } else {
+                break;
+            }
+        }
+        if (!*p) return e;
+    }
+    return 0;
+}
+
+size_t loom_bpe_piece_end_llama3(const unsigned char *text, size_t at, size_t end) {
+    unsigned char c = text[at];
+    if (c == '\'') {
+        size_t e = contraction_end_folded(text, at, end);
+        if (e) return e;
+    }
+    int cls;
+    size_t n = ws_char_at(text, at, end, &cls);
+    /* [^\r\n\p{L}\p{N}]?\p{L}+: letters, after at most one character that is none of those */
+    if (cls == CHAR_LETTER) return ws_run_end(text, at + n, end, CHAR_LETTER);
+    int next = -1;
+    size_t next_n = at + n < end ? ws_char_at(text, at + n, end, &next) : 0;
+    if (next == CHAR_LETTER && cls != CHAR_NUMBER && c != '\r' && c != '\n') {
+        return ws_run_end(text, at + n + next_n, end, CHAR_LETTER);
+    }
+    /* \p{N}{1,3} */
+    if (cls == CHAR_NUMBER) {
+        size_t e = at + n;
+        for (int k = 1; k < 3 && e < end; k++) {
+            int c2;
+            size_t m = ws_char_at(text, e, end, &c2);
+            if (c2 != CHAR_NUMBER) break;
+            e += m;
+        }
+        return e;
+    }
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]*: a run of others, after at most one space, and the newlines
+     * after it */
+    if (cls == CHAR_OTHER || (c == ' ' && next == CHAR_OTHER)) {
+        size_t e = ws_run_end(text, cls == CHAR_OTHER ? at : at + 1, end, CHAR_OTHER);
+        while (e < end && (text[e] == '\r' || text[e] == '\n')) e++;
+        return e;
+    }
+    /* white space: \s*[\r\n]+ ends after the run's last newline when it has one; else
+     * \s+(?!\S), the run less its last character when a non-space follows it; else \s+ (a run
+     * of one character) */
+    size_t last = at, e = at, newline_end = 0;
+    while (e < end) {
+        int c2;
+        size_t k = ws_char_at(text, e, end, &c2);
+        if (c2 != CHAR_SPACE) break;
+        if (text[e] == '\r' || text[e] == '\n') newline_end = e + 1;
+        last = e;
+        e += k;
+    }
+    if (newline_end) return newline_end;
     if (e == end || last == at) return e;
     return last;
 }
