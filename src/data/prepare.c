@@ -137,6 +137,13 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
                          "existing directory",
                          out_dir);
     }
+    if (opts->tokenizer && loom_tokenizer_vocab_size(opts->tokenizer) > LOOM_SHARD_MAX_VOCAB) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: the tokenizer has %d ids, more than token shards hold (uint16 ids, "
+                         "at most %d): prepare cannot write its tokens (loom tokenize prints them)",
+                         loom_tokenizer_source(opts->tokenizer),
+                         loom_tokenizer_vocab_size(opts->tokenizer), LOOM_SHARD_MAX_VOCAB);
+    }
     if (opts->tokenizer) {
         loom_token_encoder *enc = NULL;
         loom_status st = loom_token_encoder_create(&enc, opts->tokenizer);

@@ -1,7 +1,8 @@
 /*
  * tokenizer.c — the byte-level tokenizer (every byte is its own token, plus an end-of-text
  * token; it needs no vocabulary file, so `loom prepare` works on any text), and the
- * loom_tokenizer handle that puts it and GPT-2's BPE (bpe.c) behind one interface.
+ * loom_tokenizer handle that puts it and byte-level BPE (bpe.c: GPT-2's, Llama 3's) behind one
+ * interface.
  */
 #include "data/bpe_internal.h"
 #include "loom/data.h"
@@ -139,5 +140,23 @@ loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, si
         *count = loom_bytes_encode(text, length, tokens);
         return LOOM_OK;
     }
+    int vocab = loom_tokenizer_vocab_size(enc->tok);
+    if (vocab > LOOM_SHARD_MAX_VOCAB) {
+        *count = 0;
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: the tokenizer has %d ids, more than 16-bit token ids hold (%d)",
+                         enc->tok->source, vocab, LOOM_SHARD_MAX_VOCAB);
+    }
     return loom_bpe_encode(enc->bpe, text, length, special, tokens, count);
+}
+
+loom_status loom_token_encoder_run_wide(loom_token_encoder *enc, const char *text, size_t length,
+                                        int special, uint32_t *tokens, size_t *count) {
+    if (!enc->bpe) {
+        const unsigned char *bytes = (const unsigned char *)text;
+        for (size_t i = 0; i < length; i++) tokens[i] = bytes[i];
+        *count = length;
+        return LOOM_OK;
+    }
+    return loom_bpe_encode_wide(enc->bpe, text, length, special, tokens, count);
 }
