@@ -45,6 +45,20 @@ static loom_gpt_config small_model(void) {
     return m;
 }
 
+/* The model check_brute_force builds its graph for (small_model unless a test sets it). */
+static loom_gpt_config brute_model;
+static int brute_model_set;
+
+/* A small Llama: 2 layers, width 64, 4 heads over 2 kv heads, SwiGLU 96, untied head. */
+static loom_gpt_config small_llama(void) {
+    loom_gpt_config m;
+    memset(&m, 0, sizeof m);
+    m.max_seq_len = 64, m.vocab_size = 256, m.num_layers = 2, m.num_heads = 4, m.channels = 64;
+    m.padded_vocab_size = 256, m.arch = LOOM_ARCH_LLAMA, m.kv_heads = 2, m.ffn_dim = 96;
+    m.untied_head = 1;
+    return m;
+}
+
 static loom_intraop_request request_of(int dp, int tp, int micro_batch, loom_intraop_space space,
                                        loom_intraop_part part) {
     loom_intraop_request r;
@@ -248,7 +262,7 @@ static int64_t budget_of(loom_intraop_graph *g, double share) {
 /* Returns the ILP's objective (0 where a check failed). */
 static double check_brute_force(const char *what, const loom_cluster *cl, loom_intraop_request req,
                                 double budget_share) {
-    loom_gpt_config m = small_model();
+    loom_gpt_config m = brute_model_set ? brute_model : small_model();
     loom_intraop_graph *g = NULL;
     CHECK(loom_intraop_graph_create(&g, &m, cl, &req) == LOOM_OK, "%s: %s", what,
           loom_last_error());
@@ -629,8 +643,49 @@ static void test_bad_requests(void) {
     CHECK(g == NULL, "a refused graph is NULL");
 }
 
+/* A Llama's graph: GQA's narrower QKV, SwiGLU over gate and up, RMSNorm, the untied head (no
+ * tie). The ILP's optimum equals the brute force over every combination (full and runtime
+ * space), the graph's operators have the Llama's widths, a head split over tp must divide the
+ * kv heads, and the runtime's Megatron layout is one of the runtime space's answers. */
+static void test_llama(void) {
+    loom_cluster cheap = test_cluster(1e11, 1e-6), slow = test_cluster(1e8, 1e-5);
+    brute_model = small_llama(), brute_model_set = 1;
+    check_brute_force("llama block (1, 2), cheap links", &cheap,
+                      request_of(1, 2, 2, LOOM_INTRAOP_FULL, LOOM_INTRAOP_BLOCK), 0);
+    check_brute_force("llama embedding and head (2, 2), slow links, budget", &slow,
+                      request_of(2, 2, 1, LOOM_INTRAOP_FULL, LOOM_INTRAOP_EMBEDDING_HEAD), 0.3);
+    check_brute_force("llama runtime, model (2, 2), slow links, budget", &slow,
+                      request_of(2, 2, 2, LOOM_INTRAOP_RUNTIME, LOOM_INTRAOP_MODEL), 0.7);
+    brute_model_set = 0;
+    loom_gpt_config m = small_llama();
+    loom_intraop_request req = request_of(1, 2, 2, LOOM_INTRAOP_RUNTIME, LOOM_INTRAOP_MODEL);
+    loom_intraop_graph *g = NULL;
+    CHECK(loom_intraop_graph_create(&g, &m, &cheap, &req) == LOOM_OK, "llama graph: %s",
+          loom_last_error());
+    if (!g) return;
+    int qkv = op_index(g, "c_attn"), act = op_index(g, "swiglu"), down = op_index(g, "mlp_c_proj");
+    CHECK(qkv >= 0 && act >= 0 && down >= 0, "llama operators");
+    int tied = 0;
+    for (int e = 0; e < g->edges; e++) tied += g->edge[e].tied;
+    CHECK(tied == 0, "an untied head has no tie edge, got %d", tied);
+    /* QKV's output (N, (4 + 2 x 2) x 16 = 128) feeds attention */
+    int found = 0;
+    for (int e = 0; e < g->edges; e++) {
+        if (g->edge[e].from == qkv && g->edge[e].to == op_index(g, "attention"))
+            found = g->edge[e].cols == 128;
+    }
+    CHECK(found, "QKV -> attention carries (NH + 2 KV) hs = 128 columns");
+    loom_intraop_graph_free(g);
+    /* tp 4 over 2 kv heads: the runtime refuses it (the model's rule) */
+    req = request_of(1, 4, 2, LOOM_INTRAOP_RUNTIME, LOOM_INTRAOP_MODEL);
+    CHECK(loom_intraop_graph_create(&g, &m, &cheap, &req) == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "kv_heads"),
+          "tp 4 over 2 kv heads refused: %s", loom_last_error());
+}
+
 int main(void) {
     double t0 = loom_now();
+    test_llama();
     test_megatron();
     test_trivial();
     test_brute_force();

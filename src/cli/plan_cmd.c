@@ -741,11 +741,6 @@ static int run_intraop(const plan_args *args, int argc, char **argv) {
                                       "the ILP plans one (dp, tp) mesh");
     loom_gpt_config model = {0};
     if (st == LOOM_OK) st = resolve_model(args, &model);
-    if (st == LOOM_OK && model.arch != LOOM_ARCH_GPT2) {
-        st = loom_fail(LOOM_ERR_INPUT,
-                       "--intraop: the operator graph is GPT-2's; Llama's (GQA, SwiGLU, the untied "
-                       "head) is not built yet");
-    }
     loom_intraop_request req = {
         .dp = args->layout.data_parallel ? args->layout.data_parallel : 1,
         .tp = args->layout.tensor_parallel ? args->layout.tensor_parallel : 1,

@@ -32,12 +32,13 @@ loom_status loom_intraop_space_parse(const char *name, const char *source, const
 
 typedef enum {
     OP_INPUT,     /* the block's input: a layout, nothing computed */
-    OP_LAYERNORM, /* ln over the width, weight and bias (width) */
+    OP_LAYERNORM, /* ln over the width, weight and bias (width); Llama's RMSNorm: weight only */
     OP_ADD,       /* residual add of two operands */
-    OP_GELU,
-    OP_MATMUL,    /* Y[m,n] = X[m,k] W[k,n] + b[n] */
-    OP_ATTENTION, /* causal self-attention from qkv [m, 3C] to [m, C] */
-    OP_EMBEDDING, /* wte[Vp, C] gathered by token + wpe[T, C] */
+    OP_GELU,      /* GPT-2's activation, [m, n] -> [m, n] */
+    OP_SWIGLU,    /* Llama's: [m, 2n] rows [gate | up] -> [m, n] */
+    OP_MATMUL,    /* Y[m,n] = X[m,k] W[k,n] + b[n] (Llama: no b) */
+    OP_ATTENTION, /* causal self-attention from qkv [m, (NH + 2 KV) hs] to [m, C] */
+    OP_EMBEDDING, /* wte[Vp, C] gathered by token + wpe[T, C] (Llama: no wpe) */
     OP_XENT,      /* softmax cross-entropy over the logits [m, Vp] */
 } op_kind;
 
@@ -192,8 +193,10 @@ static int price_matmul(const costing *k, const op_spec *op, loom_intraop_strate
             comm += collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, m * kl * k->value_bytes);
     }
     s->comm_s = comm * k->micro_batches;
-    double params = op->weight ? kl * nl + nl : 0; /* the bias splits with n only */
-    s->sync_s = weight_sync_s(k, s, params) + (op->weight ? scattered_sum_s(k, s, nl) : 0);
+    /* the bias splits with n only (Llama has none) */
+    double bias = k->model->arch == LOOM_ARCH_LLAMA ? 0 : nl;
+    double params = op->weight ? kl * nl + bias : 0;
+    s->sync_s = weight_sync_s(k, s, params) + (op->weight ? scattered_sum_s(k, s, bias) : 0);
     s->state_bytes = state_of(k, s->zero, params);
     s->in = matmul_input_layout(s);
     s->out = layout_of(s);
@@ -203,7 +206,8 @@ static int price_matmul(const costing *k, const op_spec *op, loom_intraop_strate
 static int price_attention(const costing *k, loom_intraop_strategy *s) {
     int64_t fs = split_factor(k, s, LOOM_INTRAOP_TOKENS), fh = split_factor(k, s, LOOM_INTRAOP_N);
     int64_t NH = k->model->num_heads, hs = k->model->channels / NH;
-    if (NH % fh) return 0;
+    int64_t KV = k->model->kv_heads > 0 ? k->model->kv_heads : NH;
+    if (NH % fh || KV % fh) return 0; /* a split of the heads takes whole kv groups */
     double pairs = (double)(k->seqs / fs) * (double)(NH / fh); /* (sequence, head) pairs here */
     double T = (double)k->T;
     double qk = loom_cluster_gemm_s(k->cluster, k->precision, T, T, (double)hs);
@@ -233,7 +237,7 @@ static int price_embedding(const costing *k, loom_intraop_strategy *s) {
         }
     }
     s->comm_s = comm * k->micro_batches;
-    double wpe = (double)k->model->max_seq_len * cl;
+    double wpe = k->model->arch == LOOM_ARCH_LLAMA ? 0 : (double)k->model->max_seq_len * cl;
     /* wte's sync: on the tie (tie_s); wpe's, and its sum where it is added to scattered rows */
     s->sync_s = weight_sync_s(k, s, wpe) + scattered_sum_s(k, s, wpe);
     s->state_bytes = state_of(k, s->zero, (double)(Vp / fv) * cl + wpe);
@@ -256,14 +260,18 @@ static int price_light(const costing *k, const op_spec *op, loom_intraop_strateg
                     collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, a, 2.0 * m * 4.0);
     }
     switch (op->kind) {
-    case OP_LAYERNORM:
-        passes = 6, params = 2.0 * (double)(op->n / fw);
+    case OP_LAYERNORM: /* weight and bias; RMSNorm's weight alone */
+        passes = 6, params = (k->model->arch == LOOM_ARCH_LLAMA ? 1.0 : 2.0) * (double)(op->n / fw);
         break;
     case OP_ADD:
         passes = 3;
         break;
     case OP_GELU:
         passes = 6;
+        break;
+    case OP_SWIGLU: /* per output: gate and up read, out written; backward reads three, writes
+                     * two */
+        passes = 8;
         break;
     case OP_XENT:
         passes = 4;
@@ -301,6 +309,7 @@ static void runtime_split(const costing *k, const op_spec *op, int a, int sp,
         break;
     case OP_ATTENTION:
     case OP_GELU:
+    case OP_SWIGLU:
     case OP_XENT:
         *split = LOOM_INTRAOP_N;
         break;
@@ -422,7 +431,8 @@ static int axis_choices(const costing *k, const op_spec *op, int a, axis_choice 
  * (a sequence's rows over tp: sequence parallelism), and columns. */
 static int layouts_divide(const costing *k, const op_spec *op, const loom_intraop_strategy *s) {
     int64_t in_cols = op->kind == OP_MATMUL      ? op->k
-                      : op->kind == OP_ATTENTION ? 3 * k->model->channels
+                      : op->kind == OP_ATTENTION ? loom_gpt_widths_of(k->model, 1).qkv
+                      : op->kind == OP_SWIGLU    ? 2 * op->n
                                                  : op->n;
     int64_t out_cols =
         op->kind == OP_ATTENTION || op->kind == OP_EMBEDDING ? k->model->channels : op->n;
@@ -599,34 +609,39 @@ enum {
     B_ADD2
 };
 
+/* A block's operators: GPT-2's (LayerNorm, QKV of 3C, GELU over 4C) or a Llama's (RMSNorm, QKV
+ * of (NH + 2 KV) hs, gate and up of 2F into SwiGLU, down from F); the names are GPT-2's. */
 static loom_status build_block(loom_intraop_graph *g, const costing *k, int count,
                                loom_intraop_space space) {
     int64_t C = k->model->channels;
+    loom_gpt_widths w = loom_gpt_widths_of(k->model, 1);
+    int llama = k->model->arch == LOOM_ARCH_LLAMA;
+    op_kind act = llama ? OP_SWIGLU : OP_GELU;
     op_spec ops[] = {
         {"input", OP_INPUT, count, 0, C, 0, 0, 0},
         {"ln_1", OP_LAYERNORM, count, 0, C, 0, 0, 0},
-        {"c_attn", OP_MATMUL, count, C, 3 * C, 1, 0, 0},
+        {"c_attn", OP_MATMUL, count, C, w.qkv, 1, 0, 0},
         {"attention", OP_ATTENTION, count, 0, C, 0, 0, 0},
         {"attn_c_proj", OP_MATMUL, count, C, C, 1, 1, 0},
         {"add_1", OP_ADD, count, 0, C, 0, 0, 0},
         {"ln_2", OP_LAYERNORM, count, 0, C, 0, 0, 0},
-        {"c_fc", OP_MATMUL, count, C, 4 * C, 1, 0, 0},
-        {"gelu", OP_GELU, count, 0, 4 * C, 0, 0, 0},
-        {"mlp_c_proj", OP_MATMUL, count, 4 * C, C, 1, 1, 0},
+        {"c_fc", OP_MATMUL, count, C, w.fc, 1, 0, 0},
+        {llama ? "swiglu" : "gelu", act, count, 0, w.ffn, 0, 0, 0},
+        {"mlp_c_proj", OP_MATMUL, count, w.ffn, C, 1, 1, 0},
         {"add_2", OP_ADD, count, 0, C, 0, 0, 0},
     };
     int base = g->ops;
     loom_status st = LOOM_OK;
     for (size_t i = 0; i < sizeof ops / sizeof ops[0] && st == LOOM_OK; i++)
         st = add_op(g, k, &ops[i], space);
-    static const int edges[][3] = {
-        /* from, to, width in C */
-        {B_INPUT, B_LN1, 1},     {B_LN1, B_ATTN_IN, 1},   {B_ATTN_IN, B_ATTN, 3},
-        {B_ATTN, B_ATTN_OUT, 1}, {B_ATTN_OUT, B_ADD1, 1}, {B_INPUT, B_ADD1, 1},
-        {B_ADD1, B_LN2, 1},      {B_LN2, B_FC, 1},        {B_FC, B_GELU, 4},
-        {B_GELU, B_FCPROJ, 4},   {B_FCPROJ, B_ADD2, 1},   {B_ADD1, B_ADD2, 1}};
+    const int64_t edges[][3] = {
+        /* from, to, width */
+        {B_INPUT, B_LN1, C},       {B_LN1, B_ATTN_IN, C},   {B_ATTN_IN, B_ATTN, w.qkv},
+        {B_ATTN, B_ATTN_OUT, C},   {B_ATTN_OUT, B_ADD1, C}, {B_INPUT, B_ADD1, C},
+        {B_ADD1, B_LN2, C},        {B_LN2, B_FC, C},        {B_FC, B_GELU, w.fc},
+        {B_GELU, B_FCPROJ, w.ffn}, {B_FCPROJ, B_ADD2, C},   {B_ADD1, B_ADD2, C}};
     for (size_t i = 0; i < sizeof edges / sizeof edges[0] && st == LOOM_OK; i++)
-        st = add_edge(g, k, base + edges[i][0], base + edges[i][1], count, edges[i][2] * C);
+        st = add_edge(g, k, base + (int)edges[i][0], base + (int)edges[i][1], count, edges[i][2]);
     return st;
 }
 
@@ -634,10 +649,12 @@ static loom_status build_block(loom_intraop_graph *g, const costing *k, int coun
 static loom_status build_ends(loom_intraop_graph *g, const costing *k, loom_intraop_space space,
                               int *embedding, int *ln_f) {
     int64_t C = k->model->channels, Vp = k->model->padded_vocab_size;
+    int untied = k->model->untied_head != 0;
     op_spec ops[] = {
         {"embedding", OP_EMBEDDING, 1, 0, C, 1, 0, 1},
         {"ln_f", OP_LAYERNORM, 1, 0, C, 0, 0, 1},
-        {"lm_head", OP_MATMUL, 1, C, Vp, 0 /* wte, counted with the embedding */, 0, 0},
+        /* tied: wte, counted with the embedding; untied: its own weight, held with ln_f */
+        {"lm_head", OP_MATMUL, 1, C, Vp, untied, 0, untied},
         {"cross_entropy", OP_XENT, 1, 0, Vp, 0, 0, 0},
     };
     int base = g->ops;
@@ -646,7 +663,7 @@ static loom_status build_ends(loom_intraop_graph *g, const costing *k, loom_intr
         st = add_op(g, k, &ops[i], space);
     if (st == LOOM_OK) st = add_edge(g, k, base + 1, base + 2, 1, C);
     if (st == LOOM_OK) st = add_edge(g, k, base + 2, base + 3, 1, Vp);
-    if (st == LOOM_OK) st = add_tie(g, k, base, base + 2);
+    if (st == LOOM_OK && !untied) st = add_tie(g, k, base, base + 2);
     *embedding = base, *ln_f = base + 1;
     return st;
 }
