@@ -15,8 +15,11 @@ cd "$dir"
 npm_reason() { grep -m1 -i 'err' npm.err || echo "no message from npm"; }
 pkgs="llama3-tokenizer-js@1.2.0 @huggingface/tokenizers@0.2.0"
 stamp="installed: $pkgs"
-if [ "$(cat installed 2>/dev/null)" != "$stamp" ]; then
+if [ "$(cat installed 2>/dev/null)" != "$stamp" ] || [ ! -d node_modules/llama3-tokenizer-js ] ||
+    [ ! -d node_modules/@huggingface/tokenizers ]; then
     rm -rf node_modules tok installed
+    # a package.json here keeps npm from installing into a folder above that has one
+    [ -f package.json ] || echo '{"private": true}' >package.json
     # shellcheck disable=SC2086 # two package names
     npm install --loglevel=error --no-save --no-audit --no-fund $pkgs >/dev/null 2>npm.err ||
         { echo "npm install $pkgs failed: $(npm_reason)" >&2; exit 1; }

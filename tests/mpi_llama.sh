@@ -5,8 +5,9 @@
 # step, final parameters within 1e-5, bit-identical replicas. Also: a tied head (SmolLM's),
 # compression and an island, checkpoints resumed across layouts, and the refusals by name.
 # usage: bash tests/mpi_llama.sh LOOM_BINARY TMPDIR COMPARE_WEIGHTS
-# LOOM_TEST_QUICK=1 runs the core only (tp, a pipeline with the head beside the embedding, ZeRO-3,
-# a resume, the refusals).
+# LOOM_TEST_QUICK=1 runs the core only (tp, a pipeline with the head beside the embedding, a
+# refusal): the sanitizer phase's time budget; the kernels and the model run under the sanitizers
+# in test_ops and test_model.
 set -u
 LOOM=$1
 TMP=$2
@@ -29,6 +30,15 @@ if grep -q "arch llama" single.log; then ok; else fail "the run does not say it 
 # the core
 check tp2 2 single --tensor-parallel 2
 check zbv 2 single --pipeline-parallel 2 --schedule zb-v # rank 0: embedding and the untied head
+if "$LOOM" train --model tiny --kv-heads 1 --steps 1 --data 'data/train_*.bin' --out gpt_kv >gpt_kv.log 2>&1; then
+    fail "--kv-heads on GPT-2 was not refused"
+elif grep -q "kv.heads: a Llama setting" gpt_kv.log; then ok; else fail "--kv-heads on GPT-2: $(tail -2 gpt_kv.log)"; fi
+
+if [ "$core_only" = 1 ]; then
+    finish
+    exit $?
+fi
+
 check dp2_zero3 2 single --zero 3
 
 # a tensor-parallel checkpoint resumed in one process continues as the single run
@@ -41,15 +51,10 @@ else
     fail "resume from tp 2: $(tail -3 resumed.log)"
 fi
 
-# refused by name: tp not dividing the kv heads, a Llama setting on GPT-2
+# refused by name: tp not dividing the kv heads
 if timeout 60 mpirun -np 4 "$LOOM" train "${common[@]}" --out refused --tensor-parallel 4 >refused.log 2>&1; then
     fail "tp 4 over 2 kv heads was not refused"
 elif grep -q "kv_heads 2" refused.log; then ok; else fail "tp 4 refusal does not name kv_heads: $(grep -m2 -i expected refused.log)"; fi
-if "$LOOM" train --model tiny --kv-heads 1 --steps 1 --data 'data/train_*.bin' --out gpt_kv >gpt_kv.log 2>&1; then
-    fail "--kv-heads on GPT-2 was not refused"
-elif grep -q "kv.heads: a Llama setting" gpt_kv.log; then ok; else fail "--kv-heads on GPT-2: $(tail -2 gpt_kv.log)"; fi
-
-if [ "$core_only" = 1 ]; then finish; fi
 
 # every pipeline schedule, sequence parallelism with selective recomputation, ZeRO-2 with
 # gradient accumulation, tp x dp

@@ -82,10 +82,11 @@ typedef struct loom_token_encoder loom_token_encoder;
 loom_status loom_token_encoder_create(loom_token_encoder **enc, const loom_tokenizer *tok);
 void loom_token_encoder_free(loom_token_encoder *enc);
 /* tokens must hold `length` entries (a token covers at least one byte). special: the literal
- * text "<|endoftext|>" is the end-of-text token, and so is the text of each of tokenizer.json's
- * special added tokens their token (as tiktoken with all special tokens allowed); otherwise it is
- * ordinary text. The bytes tokenizer ignores special. LOOM_ERR_INPUT, naming the tokenizer, when
- * its ids do not fit 16 bits (more than LOOM_SHARD_MAX_VOCAB): use the wide form. */
+ * text of a special token is that token — "<|endoftext|>" (the end-of-text token) and each of
+ * tokenizer.json's added_tokens with "special": true (as tiktoken with all special tokens
+ * allowed); otherwise it is ordinary text. The bytes tokenizer ignores special. The 16-bit form
+ * is LOOM_ERR_INPUT, naming the tokenizer, when its ids do not fit 16 bits (more than
+ * LOOM_SHARD_MAX_VOCAB, as Llama 3's); the wide form takes any. */
 loom_status loom_token_encoder_run(loom_token_encoder *enc, const char *text, size_t length,
                                    int special, uint16_t *tokens, size_t *count);
 loom_status loom_token_encoder_run_wide(loom_token_encoder *enc, const char *text, size_t length,
@@ -211,8 +212,8 @@ loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
  * to stdout via loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a
  * missing, unreadable, non-regular or empty input file (named), val_fraction outside [0, 1),
  * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode, has no
- * <|endoftext|> or has more ids than shards hold (LOOM_SHARD_MAX_VOCAB; Llama 3's 128256). A later write failure (LOOM_ERR_IO) leaves the shards completed so far; each
- * shard itself is atomic. */
+ * <|endoftext|> or has more ids than shards hold (LOOM_SHARD_MAX_VOCAB; Llama 3's 128256). A later
+ * write failure (LOOM_ERR_IO) leaves the shards completed so far; each shard itself is atomic. */
 
 typedef struct {
     double val_fraction;   /* default 0.1 */

@@ -25,7 +25,6 @@
  * Not here: training a BPE, other pre-tokenisers (tiktoken's cl100k, Metaspace, Digits, ...),
  * normalisers, non-special added tokens as their own pieces.
  */
-#define _GNU_SOURCE /* memmem */
 #include "data/bpe_internal.h"
 
 #include <errno.h>
@@ -68,7 +67,7 @@ struct loom_bpe {
     int pretok;        /* BPE_PRETOK_* */
     int ignore_merges; /* a piece that is a token is that token (Llama 3) */
     /* the special tokens, longest first; special_first marks their first bytes, first_byte is
-     * the one first byte they share (-1 when they start with several) */
+     * the one first byte they share (-1 when there are none, -2 when they start with several) */
     special_token *specials;
     int nspecials;
     char *specials_text;
@@ -474,7 +473,7 @@ static loom_status read_merges_txt(loom_bpe *bpe, const char *path) {
 
 /* Llama 3's pattern as tokenizer.json holds it (JSON unescaped), matched exactly. */
 #define LLAMA3_PATTERN                                                                             \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 #define PRETOK_SUPPORTED                                                                           \
@@ -538,11 +537,12 @@ static loom_status check_llama3_sequence(const json_t *pt, const char *path) {
     const char *regex = json_string_value(json_object_get(pattern, "Regex"));
     if (!regex || strcmp(regex, LLAMA3_PATTERN) != 0) {
         const char *string = json_string_value(json_object_get(pattern, "String"));
+        const char *kind = regex ? "the Regex" : "the String", *got = regex ? regex : string;
+        if (!got) kind = "no Regex", got = "";
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: pre_tokenizer.pretokenizers[0].pattern: expected {\"Regex\": "
                          "Llama 3's pattern}, got %s \"%.80s\"; %s",
-                         path, regex ? "the Regex" : string ? "the String" : "no Regex",
-                         regex ? regex : string ? string : "", PRETOK_SUPPORTED);
+                         path, kind, got, PRETOK_SUPPORTED);
     }
     const char *behavior = json_string_value(json_object_get(split, "behavior"));
     if (!behavior || strcmp(behavior, "Isolated") != 0) {
@@ -597,7 +597,8 @@ static loom_status read_options(loom_bpe *bpe, const json_t *root, const json_t 
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
         const json_t *affix = json_object_get(model, affixes[i]);
-        if (affix && !json_is_null(affix) && !(json_is_string(affix) && !json_string_length(affix))) {
+        if (affix && !json_is_null(affix) &&
+            !(json_is_string(affix) && !json_string_length(affix))) {
             return loom_fail(LOOM_ERR_INPUT,
                              "%s: model.%s: expected null or \"\" (byte-level BPE has no word "
                              "affixes)",
@@ -605,7 +606,8 @@ static loom_status read_options(loom_bpe *bpe, const json_t *root, const json_t 
         }
     }
     const json_t *dropout = json_object_get(model, "dropout");
-    if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0)) {
+    if (dropout && !json_is_null(dropout) &&
+        !(json_is_number(dropout) && json_number_value(dropout) == 0)) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: model.dropout: expected null (BPE dropout is for training)", path);
     }
@@ -638,7 +640,9 @@ static void add_special(loom_bpe *bpe, size_t *text_used, const char *text, size
 static loom_status bpe_set_specials(loom_bpe *bpe, const json_t *added) {
     size_t text_bytes = strlen(EOT_TEXT), i;
     const json_t *entry;
-    json_array_foreach(added, i, entry) text_bytes += json_string_length(json_object_get(entry, "content"));
+    json_array_foreach(added, i, entry) {
+        text_bytes += json_string_length(json_object_get(entry, "content"));
+    }
     bpe->specials = loom_calloc(json_array_size(added) + 1, sizeof *bpe->specials, "tokenizer");
     bpe->specials_text = loom_malloc(text_bytes + 1, "tokenizer");
     if (!bpe->specials || !bpe->specials_text) return LOOM_ERR_NOMEM;
