@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test command. Installs what is missing, builds loom twice (optimised, and with
 # AddressSanitizer + UndefinedBehaviorSanitizer), runs the whole test suite (CTest) on the
-# optimised build, then under the sanitizers the tests labelled `sanitizer`: every module's unit
-# tests, the CLI scripts and one MPI script per capability, those in their core form
-# (LOOM_TEST_QUICK=1). Prints each phase's wall time; on 2 cores the whole takes about 7 minutes.
+# optimised build, each MPI script on its representative matrix (LOOM_TEST_REPRESENTATIVE=1),
+# then under the sanitizers the tests labelled `sanitizer`: every module's unit tests, the CLI
+# scripts and the core MPI scripts, those in their core form (LOOM_TEST_QUICK=1). Prints each
+# phase's wall time; on 2 cores the whole is meant to stay under 10 minutes.
 #
 # usage: bash scripts/test.sh [--full]
-#   --full  every test under the sanitizers too (also those labelled slow, and the MPI scripts
-#           beyond their core); CI may run it.
+#   --full  every MPI script's full matrix on the release build, and every test under the
+#           sanitizers too (also those labelled slow, and the MPI scripts beyond their core);
+#           CI may run it.
 # Labels for running a part by hand, in build/: `ctest -L unit` (one process each, seconds),
 # -L mpi, -L cli, -L slow, -L sanitizer (tests/CMakeLists.txt).
 set -euo pipefail
@@ -44,7 +46,12 @@ phase_done "setup"
 echo "== release build"
 bash scripts/build.sh build
 phase_done "release build"
-(cd build && ctest --output-on-failure -j "$jobs")
+if [ "$full" = 1 ]; then
+    (cd build && ctest --output-on-failure -j "$jobs")
+else
+    # every test, each MPI script on its representative matrix (the full ones under --full)
+    (cd build && LOOM_TEST_REPRESENTATIVE=1 ctest --output-on-failure -j "$jobs")
+fi
 skip_reasons build
 phase_done "release tests (all)"
 

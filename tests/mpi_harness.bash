@@ -13,6 +13,9 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 # refusal), and implies quick. `scripts/test.sh --full` leaves LOOM_TEST_QUICK unset.
 core_only=${LOOM_TEST_QUICK:-0}
 quick=${LOOM_SANITIZED:-0}
+# LOOM_TEST_REPRESENTATIVE=1 (scripts/test.sh's release phase without --full): the same
+# representative subset on the release build, the full matrices left to --full
+[ "${LOOM_TEST_REPRESENTATIVE:-0}" = 1 ] && quick=1
 [ "$core_only" = 1 ] && quick=1
 passed=0
 failed=0
