@@ -18,10 +18,10 @@ if [ $# -ne 2 ]; then
     echo "usage: $0 LOOM_BINARY TMPDIR" >&2
     exit 2
 fi
-# the default release run (LOOM_TEST_REPRESENTATIVE=1) runs the first half of the same cases,
-# the sanitizer subset (LOOM_TEST_QUICK=1) the first quarter; --full all of them
+# the default release run (LOOM_TEST_REPRESENTATIVE=1) runs the first third of the same cases,
+# LOOM_TEST_QUICK=1 the first half, otherwise (scripts/test.sh --full) all of them
 count=360
-[ "${LOOM_TEST_REPRESENTATIVE:-0}" = 1 ] && count=180
-[ "${LOOM_TEST_QUICK:-0}" = 1 ] && count=90
+[ "${LOOM_TEST_REPRESENTATIVE:-0}" = 1 ] && count=120
+[ "${LOOM_TEST_QUICK:-0}" = 1 ] && count=180
 exec python3 "$(dirname "$0")/fuzz.py" "$1" "$2" --count "$count" --seed 1 --timeout 20 --quiet \
     --limit compress=4 --strict

@@ -239,14 +239,15 @@ fi
 if [ "$core_only" != 1 ]; then
     # inside islands of dp 2 with ZeRO-3 (each rank's range of the global state, streamed) and
     # of pp 2 with bf16 outer gradients
+    # (the full matrix's: the representative one resumes PowerSGD inside islands of dp 2 below)
     z3=(--islands 2 --inner-steps 4 --data-parallel 2 --zero 3 --outer-fragments 2
         --outer-compression int8 --global-batch-size 8)
-    run ck_z3 4 "${z3[@]}" --save-every 6 &&
-        run ck_z3_res 4 "${z3[@]}" --resume ck_z3/checkpoints/step_00000006 && exact ck_z3_res ck_z3
+    [ "$quick" = 1 ] || { run ck_z3 4 "${z3[@]}" --save-every 6 &&
+        run ck_z3_res 4 "${z3[@]}" --resume ck_z3/checkpoints/step_00000006 && exact ck_z3_res ck_z3; }
     pp=(--islands 2 --inner-steps 4 --pipeline-parallel 2 --outer-compression bf16
         --outer-overlap-steps 2)
-    run ck_pp 4 "${pp[@]}" --save-every 6 &&
-        run ck_pp_res 4 "${pp[@]}" --resume ck_pp/checkpoints/step_00000006 && exact ck_pp_res ck_pp
+    [ "$quick" = 1 ] || { run ck_pp 4 "${pp[@]}" --save-every 6 &&
+        run ck_pp_res 4 "${pp[@]}" --resume ck_pp/checkpoints/step_00000006 && exact ck_pp_res ck_pp; }
     # PowerSGD's and top-k's outer compressors (error feedback, PowerSGD's warm-start factors):
     # the step-4 sync's residuals shape the step-8 one; PowerSGD inside islands of dp 2 over 2
     # fragments, fragment 1's rounds in flight at the checkpoint
