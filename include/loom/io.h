@@ -84,9 +84,10 @@ const loom_st_entry *loom_safetensors_find(const loom_safetensors *st, const cha
 const char *loom_safetensors_metadata(const loom_safetensors *st, const char *key);
 
 /* Reads tensor `name` into dst as float32. The stored tensor must exist, be F32 or BF16 (widened:
- * exact), and have exactly the shape given (ndim, shape). If transpose is non-zero the tensor must be 2-D and dst receives
- * it transposed: stored (shape[0], shape[1]) row-major -> dst (shape[1], shape[0]) row-major.
- * Transposition goes through a bounded scratch buffer (about 1 MiB or one stored row). */
+ * exact), and have exactly the shape given (ndim, shape). If transpose is non-zero the tensor must
+ * be 2-D and dst receives it transposed: stored (shape[0], shape[1]) row-major -> dst (shape[1],
+ * shape[0]) row-major. Transposition goes through a bounded scratch buffer (about 1 MiB or one
+ * stored row). */
 loom_status loom_safetensors_read_f32(loom_safetensors *st, const char *name, int ndim,
                                       const int64_t *shape, int transpose, float *dst);
 
