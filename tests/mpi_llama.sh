@@ -27,8 +27,9 @@ common=(--arch llama --layers 4 --heads 4 --kv-heads 2 --d-model 32 --ffn-dim 48
 single single
 if grep -q "arch llama" single.log; then ok; else fail "the run does not say it trains a Llama: $(grep -m1 '^model' single.log)"; fi
 
-# the core
-check tp2 2 single --tensor-parallel 2
+# the core (its tp run also writes a trace: the sanitizer phase's trace of several ranks)
+check tp2 2 single --tensor-parallel 2 --trace tp2.trace.json
+if jq -e '.traceEvents | length > 0' tp2.trace.json >/dev/null 2>&1; then ok; else fail "tp2: no trace events"; fi
 check zbv 2 single --pipeline-parallel 2 --schedule zb-v # rank 0: embedding and the untied head
 if "$LOOM" train --model tiny --kv-heads 1 --steps 1 --data 'data/train_*.bin' --out gpt_kv >gpt_kv.log 2>&1; then
     fail "--kv-heads on GPT-2 was not refused"
