@@ -1000,14 +1000,22 @@ static size_t char_at(const unsigned char *text, size_t at, size_t end, int *cls
 
 /* The end of the run of characters of class cls (or, for CHAR_OTHER, of neither letters,
  * numbers nor spaces) starting at at. */
-static size_t run_end(const unsigned char *text, size_t at, size_t end, int cls) {
+typedef size_t (*char_classifier)(const unsigned char *text, size_t at, size_t end, int *cls);
+
+/* The end of the run of characters `classify` puts in class cls, starting at at. */
+static size_t run_end_by(char_classifier classify, const unsigned char *text, size_t at, size_t end,
+                         int cls) {
     while (at < end) {
         int c;
-        size_t n = char_at(text, at, end, &c);
+        size_t n = classify(text, at, end, &c);
         if (c != cls) break;
         at += n;
     }
     return at;
+}
+
+static size_t run_end(const unsigned char *text, size_t at, size_t end, int cls) {
+    return run_end_by(char_at, text, at, end, cls);
 }
 
 static size_t contraction_end(const unsigned char *text, size_t at, size_t end) {
@@ -1099,14 +1107,9 @@ static size_t ws_char_at(const unsigned char *text, size_t at, size_t end, int *
     return (size_t)used;
 }
 
+/* run_end with Llama 3's classes of characters (its \s) */
 static size_t ws_run_end(const unsigned char *text, size_t at, size_t end, int cls) {
-    while (at < end) {
-        int c;
-        size_t n = ws_char_at(text, at, end, &c);
-        if (c != cls) break;
-        at += n;
-    }
-    return at;
+    return run_end_by(ws_char_at, text, at, end, cls);
 }
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d) at an apostrophe: the end, or 0. */
