@@ -113,6 +113,9 @@ n = struct.unpack('<Q', f.read(8))[0]; m = json.loads(f.read(n))['__metadata__']
 print(m.get('loom.tokenizer'), m.get('loom.tokenizer_source'))")
 check "the checkpoint records the tokenizer" "$([ "$meta" = "gpt2 $PWD/tok" ] || echo "got '$meta'")"
 good "sample uses the recorded tokenizer" '^the' -- "$LOOM" sample --checkpoint run --prompt the --tokens 5
+last=$(ls -d run/checkpoints/step_* | sort | tail -n1)
+check "the checkpoint folder carries the tokenizer's files" \
+    "$(cmp tok/vocab.json "$last/vocab.json" && cmp tok/merges.txt "$last/merges.txt" || echo "not copied")"
 bad "sample refuses another tokenizer than the recorded one" \
     'bytes is the bytes tokenizer, but the model run was trained with the gpt2 tokenizer' -- \
     "$LOOM" sample --checkpoint run --tokenizer bytes --tokens 5
@@ -121,8 +124,11 @@ good "eval --text with the recorded tokenizer" '^loss [0-9.]+ ' -- \
 mv tok tok_moved
 good "eval --data needs no tokenizer (the recorded files moved away)" '^loss [0-9.]+ ' -- \
     "$LOOM" eval --checkpoint run --data 'data/val_*.bin' --seq-len 16 --max-windows 4
+good "sample falls back on the checkpoint's copy when the recorded files moved away" '^the' -- \
+    "$LOOM" sample --checkpoint run --prompt the --tokens 5
+mkdir -p run_nocopy && cp "$last/model.safetensors" "$last/config.json" run_nocopy/
 bad "sample names the recorded tokenizer it cannot open" "records the gpt2 tokenizer from $PWD/tok, which cannot be opened" -- \
-    "$LOOM" sample --checkpoint run --tokens 5
+    "$LOOM" sample --checkpoint run_nocopy --tokens 5
 mv tok_moved tok
 good "resume keeps the recorded tokenizer" '' -- \
     "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 3 --resume run --out run

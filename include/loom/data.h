@@ -63,6 +63,18 @@ void loom_tokenizer_free(loom_tokenizer *tok);
 const char *loom_tokenizer_name(const loom_tokenizer *tok);
 /* The spec it was opened from. */
 const char *loom_tokenizer_source(const loom_tokenizer *tok);
+/* The files a tokenizer spec (a file or folder loom_tokenizer_open takes) was read from, each
+ * with the name a Hugging Face model folder gives it (vocab.json + merges.txt for either GPT-2
+ * pair, tokenizer.json, gpt2_tokenizer.bin), plus tokenizer_config.json and
+ * special_tokens_map.json when they lie beside them: what a checkpoint folder copies so that
+ * the folder carries its tokenizer. Up to LOOM_TOKENIZER_MAX_FILES; *count 0 for "bytes". */
+#define LOOM_TOKENIZER_MAX_FILES 4
+typedef struct {
+    char path[4160];
+    const char *name;
+} loom_tokenizer_file;
+loom_status loom_tokenizer_files(const char *spec,
+                                 loom_tokenizer_file files[LOOM_TOKENIZER_MAX_FILES], int *count);
 /* Every id it produces or decodes is < this (257 for bytes, 50257 for GPT-2's, 128256 for
  * Llama 3's). */
 int loom_tokenizer_vocab_size(const loom_tokenizer *tok);

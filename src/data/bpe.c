@@ -871,6 +871,62 @@ static loom_status open_folder(loom_bpe *bpe, const char *dir) {
                      dir);
 }
 
+/* Adds `path` as `name` to the list when it is a file. */
+static loom_status add_file(loom_tokenizer_file *files, int *count, const char *path,
+                            const char *name) {
+    if (!is_file(path) || *count >= LOOM_TOKENIZER_MAX_FILES) return LOOM_OK;
+    files[*count].name = name;
+    return loom_path_join(files[(*count)++].path, sizeof files[0].path, NULL, path);
+}
+
+loom_status loom_tokenizer_files(const char *spec,
+                                 loom_tokenizer_file files[LOOM_TOKENIZER_MAX_FILES], int *count) {
+    *count = 0;
+    if (!strcmp(spec, "bytes")) return LOOM_OK;
+    struct stat st;
+    if (stat(spec, &st) != 0)
+        return loom_fail(LOOM_ERR_INPUT, "%s: cannot open tokenizer: %s", spec, strerror(errno));
+    /* the tokenizer's own file or pair, as open_folder and open_file choose them */
+    static const char *const pairs[][2] = {{"vocab.json", "merges.txt"},
+                                           {"encoder.json", "vocab.bpe"}};
+    static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
+    char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32], any[TOKENIZER_PATH_MAX + 32];
+    loom_status status = LOOM_OK;
+    if (S_ISDIR(st.st_mode)) {
+        for (size_t i = 0; i < sizeof pairs / sizeof pairs[0] && !*count && !status; i++) {
+            status = loom_path_join(a, sizeof a, spec, pairs[i][0]);
+            if (status == LOOM_OK) status = loom_path_join(b, sizeof b, spec, pairs[i][1]);
+            if (status == LOOM_OK && is_file(a) && is_file(b)) {
+                status = add_file(files, count, a, "vocab.json");
+                if (status == LOOM_OK) status = add_file(files, count, b, "merges.txt");
+            }
+        }
+        for (size_t i = 0; i < sizeof singles / sizeof singles[0] && !*count && !status; i++) {
+            status = loom_path_join(a, sizeof a, spec, singles[i]);
+            if (status == LOOM_OK) status = add_file(files, count, a, singles[i]);
+        }
+        if (status == LOOM_OK) status = loom_path_join(any, sizeof any, spec, "x");
+    } else if (ends_with(spec, "tokenizer.json") || ends_with(spec, ".bin")) {
+        status = add_file(files, count, spec,
+                          ends_with(spec, ".bin") ? "gpt2_tokenizer.bin" : "tokenizer.json");
+        if (status == LOOM_OK) status = loom_path_join(any, sizeof any, NULL, spec);
+    } else { /* one file of a pair: the other beside it */
+        int openai = ends_with(spec, "encoder.json") || ends_with(spec, "vocab.bpe");
+        int is_vocab = ends_with(spec, ".json");
+        status = beside(spec, is_vocab ? pairs[openai][1] : pairs[openai][0], b, sizeof b);
+        if (status == LOOM_OK) status = add_file(files, count, is_vocab ? spec : b, "vocab.json");
+        if (status == LOOM_OK) status = add_file(files, count, is_vocab ? b : spec, "merges.txt");
+        if (status == LOOM_OK) status = loom_path_join(any, sizeof any, NULL, spec);
+    }
+    /* the Hugging Face files that describe the tokenizer, when they lie beside it */
+    static const char *const extras[] = {"tokenizer_config.json", "special_tokens_map.json"};
+    for (size_t i = 0; i < sizeof extras / sizeof extras[0] && status == LOOM_OK; i++) {
+        status = beside(any, extras[i], a, sizeof a);
+        if (status == LOOM_OK) status = add_file(files, count, a, extras[i]);
+    }
+    return status;
+}
+
 loom_status loom_bpe_open(loom_bpe **out, const char *path) {
     *out = NULL;
     loom_bpe *bpe = loom_calloc(1, sizeof *bpe, "tokenizer");

@@ -11,6 +11,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "loom/io.h"
 
+#include "loom/data.h"
+
 #include "base/json_fields.h"
 
 #include <errno.h>
@@ -207,6 +209,35 @@ static loom_status write_hf_config(const char *dir, const loom_gpt_config *c) {
     st = loom_write_file_atomic(path, text, strlen(text));
     free(text);
     return st;
+}
+
+/* The run's tokenizer files beside the weights, under the names a Hugging Face folder gives
+ * them, so that the folder carries its tokenizer. A tokenizer that cannot be read any more (moved
+ * since the run began) is warned about, not fatal: the weights and the state matter more. */
+static loom_status write_tokenizer_files(const char *dir, const char *source) {
+    if (!source[0]) return LOOM_OK;
+    loom_tokenizer_file files[LOOM_TOKENIZER_MAX_FILES];
+    int count = 0;
+    if (loom_tokenizer_files(source, files, &count) != LOOM_OK) {
+        loom_warn("%s: not copied into %s: %s", source, dir, loom_last_error());
+        loom_clear_error();
+        return LOOM_OK;
+    }
+    for (int i = 0; i < count; i++) {
+        char path[4200], *data = NULL;
+        size_t size = 0;
+        loom_status st = loom_path_join(path, sizeof path, dir, files[i].name);
+        if (st != LOOM_OK) return st;
+        if (loom_read_file(files[i].path, &data, &size) != LOOM_OK) {
+            loom_warn("%s: not copied into %s: %s", files[i].path, dir, loom_last_error());
+            loom_clear_error();
+            continue;
+        }
+        st = loom_write_file_atomic(path, data, size);
+        free(data);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
 }
 
 /* Adapts loom_ckpt_fill (buffer, tensor, layer) to the writer's per-index callback. */
@@ -618,6 +649,7 @@ loom_status loom_checkpoint_write(const char *dir, const loom_gpt *model, const 
     }
     free(cfg);
     if (status == LOOM_OK) status = write_hf_config(dir, &model->config);
+    if (status == LOOM_OK) status = write_tokenizer_files(dir, state->tokenizer_source);
     if (status != LOOM_OK) return status;
 
     char values[STATE_FIELDS][32];

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int has_suffix(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
@@ -272,7 +273,8 @@ loom_status loom_model_load_take(const char *path, const loom_gpt *layout, loom_
 
 /* *found: DIR holds one of GPT-2's tokenizer files. */
 static loom_status find_tokenizer_files(const char *dir, int *found) {
-    static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json"};
+    static const char *const names[] = {"vocab.json", "tokenizer.json", "encoder.json",
+                                        "gpt2_tokenizer.bin"};
     *found = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !*found; i++) {
         char file[4400];
@@ -304,7 +306,12 @@ loom_status loom_model_tokenizer_of(const char *path, char *name, size_t name_ca
     } else if (recorded) {
         snprintf(name, name_cap, "%s", recorded); /* "bytes" or "gpt2" */
         st = loom_path_join(source, source_cap, NULL, from ? from : "");
-    } else {
+    }
+    /* no record, or a recorded tokenizer that moved away: the copy in the folder (checkpoints
+     * carry their tokenizer's files), as a Hugging Face folder's tokenizer */
+    struct stat info;
+    int moved = recorded && source[0] && stat(source, &info) != 0;
+    if (st == LOOM_OK && (!recorded || moved)) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s", file); /* as large as file */
         char *slash = strrchr(dir, '/');
