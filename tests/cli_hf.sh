@@ -7,8 +7,9 @@
 #   then writes (lr 0: the weights unchanged) holds exactly the same values, widened to fp32,
 #   under the same names and shapes; its config.json has LlamaForCausalLM's fields;
 # - a GPT-2 run's checkpoint folder has GPT2LMHeadModel's config.json;
-# - what loom cannot run is refused by name: rope scaling, biases, a sliding window, another
-#   model_type.
+# - Llama 3.1's rope scaling read (loss vs the reference with scaled frequencies) and written back;
+# - what loom cannot run is refused by name: other rope scalings, biases, a sliding window,
+#   another model_type.
 #
 # usage: bash tests/cli_hf.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
 source "$(dirname "$0")/cli_harness.bash" "$@"
@@ -142,11 +143,27 @@ def rms(x, w):
     return [v * r * g for v, g in zip(x, w)]
 def lin(x, m):
     return [sum(a * b for a, b in zip(x, row)) for row in m]
+def inv_freq(i):
+    # Llama 3.1's scaling as Hugging Face's rope_type "llama3" documents it: wavelengths under
+    # original / high_freq_factor kept, over original / low_freq_factor divided by factor,
+    # between them a blend linear in original / wavelength
+    f = theta ** (-2.0 * i / hd)
+    sc = cfg.get("rope_scaling")
+    if not sc:
+        return f
+    wl, old = 2 * math.pi / f, sc["original_max_position_embeddings"]
+    lo, hi, factor = sc["low_freq_factor"], sc["high_freq_factor"], sc["factor"]
+    if wl < old / hi:
+        return f
+    if wl > old / lo:
+        return f / factor
+    a = (old / wl - lo) / (hi - lo)
+    return (1 - a) * f / factor + a * f
 def rope(v, t):
     out = list(v)
     for h in range(len(v) // hd):
         for i in range(hd // 2):
-            ang = t * theta ** (-2.0 * i / hd)
+            ang = t * inv_freq(i)
             x1, x2 = v[h * hd + i], v[h * hd + i + hd // 2]
             out[h * hd + i] = x1 * math.cos(ang) - x2 * math.sin(ang)
             out[h * hd + i + hd // 2] = x2 * math.cos(ang) + x1 * math.sin(ang)
@@ -261,9 +278,42 @@ else
     check "a GPT-2 run" "$(tail -3 gpt.log)"
 fi
 
+# Llama 3.1's rope scaling, at an original context of 64 so that a head of 8 has a kept, a
+# blended and two divided frequencies: the loss equals the reference's with the scaled
+# frequencies (and differs from the unscaled folder's), the checkpoint's config.json keeps it
+write_llama scaled 'rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}'
+want_scaled=$(reference_loss scaled "$shard" 16)
+got=$("$LOOM" eval --checkpoint scaled --data "$shard" --seq-len 16 --batch 1 --max-windows 1 --threads 1 2>err.txt | awk '/^loss/ {print $2}')
+why=$(python3 -c "
+import sys
+a, b, plain = float('$got' or 'nan'), float('$want_scaled'), float('$want')
+if abs(a - b) > 1e-5 * abs(b): sys.exit(f'loom eval {a} vs the reference {b}')
+if abs(b - plain) < 1e-4 * abs(b): sys.exit(f'the scaling does not move the reference loss ({b} vs {plain})')
+" 2>&1) && why="" || why="$why $(tail -2 err.txt)"
+check "a folder with Llama 3.1's rope scaling: loss equals the reference's" "$why"
+if "$LOOM" train --init-from scaled "${train[@]}" --out from_scaled >from_scaled.log 2>&1; then
+    why=$(python3 - from_scaled/checkpoints/step_00000001/config.json <<'PY' 2>&1
+import json, sys
+c = json.load(open(sys.argv[1]))["rope_scaling"]
+want = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}
+if c != want:
+    sys.exit(f"rope_scaling {c}")
+PY
+    ) && why=""
+    check "the checkpoint's config.json keeps the rope scaling" "$why"
+    "$LOOM" eval --checkpoint from_scaled --data "$shard" --seq-len 16 --batch 1 --max-windows 1 \
+        --threads 1 2>/dev/null | grep -q "^loss $got" &&
+        check "and its loss" "" || check "and its loss" "not $got after a round trip"
+else
+    check "init from a folder with rope scaling" "$(tail -3 from_scaled.log)"
+fi
+
 # refused by name
-write_llama scaled 'rope_scaling={"rope_type": "llama3", "factor": 8.0}'
-bad "rope scaling refused" "rope_scaling: type \"llama3\"" -- "$LOOM" train --init-from scaled "${train[@]}" --out r1
+write_llama yarn 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'
+bad "another rope scaling refused" "rope_scaling: type \"yarn\" is not supported" -- "$LOOM" train --init-from yarn "${train[@]}" --out r1
+write_llama halfscaled 'rope_scaling={"rope_type": "llama3", "factor": 8.0}'
+bad "a llama3 scaling without its numbers refused" "rope_scaling: low_freq_factor: expected a number" -- "$LOOM" train --init-from halfscaled "${train[@]}" --out r1b
 write_llama biased 'attention_bias=true'
 bad "attention biases refused" "attention_bias: biases" -- "$LOOM" train --init-from biased "${train[@]}" --out r2
 write_llama windowed 'sliding_window=4096'

@@ -33,7 +33,8 @@ static void reference_llama_block(const loom_gpt_config *c, const double *const 
     double *f = scratch[4], *g = scratch[5], *rstd = dalloc(N), *tmp = dalloc(N * C);
     ref_rmsnorm_forward(h, rstd, x, P[LOOM_LN1W] + at[LOOM_LN1W], N, C, c->norm_eps);
     ref_matmul_forward(qkv, h, P[LOOM_QKVW] + at[LOOM_QKVW], NULL, N, C, Q);
-    ref_rope_forward(qkv, B, T, Q, NH + KV, hd, c->rope_theta);
+    loom_rope rope = {c->rope_theta, c->rope_scaling};
+    ref_rope_forward(qkv, B, T, Q, NH + KV, hd, &rope);
     ref_attention_gqa_forward(y, att, qkv, B, T, NH, KV, hd);
     ref_matmul_forward(tmp, y, P[LOOM_ATTPROJW] + at[LOOM_ATTPROJW], NULL, N, C, C);
     ref_residual_forward(x, x, tmp, N * C);

@@ -299,7 +299,7 @@ static void test_rmsnorm(const loom_backend *be, int64_t N, int C, float eps) {
 typedef struct {
     int B, T, heads, hd;
     int64_t stride;
-    double theta;
+    loom_rope rope;
     double *x, *work, *R;
 } rope_ctx;
 
@@ -307,7 +307,7 @@ static double rope_objective(void *p) {
     rope_ctx *c = p;
     int64_t n = (int64_t)c->B * c->T * c->stride;
     memcpy(c->work, c->x, (size_t)n * sizeof(double));
-    ref_rope_forward(c->work, c->B, c->T, c->stride, c->heads, c->hd, c->theta);
+    ref_rope_forward(c->work, c->B, c->T, c->stride, c->heads, c->hd, &c->rope);
     return dot(c->work, c->R, n);
 }
 
@@ -325,12 +325,13 @@ static int rope_untouched_same(const float *a, const float *b, int B, int T, int
 }
 
 static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, int64_t stride,
-                      float theta, int check_fd) {
-    rope_ctx c = {.B = B, .T = T, .heads = heads, .hd = hd, .stride = stride, .theta = theta};
+                      loom_rope rope, int check_fd) {
+    rope_ctx c = {.B = B, .T = T, .heads = heads, .hd = hd, .stride = stride, .rope = rope};
+    const loom_rope *rp = &c.rope;
     int64_t n = (int64_t)B * T * stride;
-    char what[200], cfg[100];
-    snprintf(cfg, sizeof cfg, "rope B %d T %d heads %d hd %d stride %lld theta %g", B, T, heads, hd,
-             (long long)stride, (double)theta);
+    char what[200], cfg[140];
+    snprintf(cfg, sizeof cfg, "rope B %d T %d heads %d hd %d stride %lld theta %g scaling %g", B, T,
+             heads, hd, (long long)stride, rope.theta, rope.scaling.factor);
     c.x = dalloc(n), c.work = dalloc(n), c.R = dalloc(n);
     fill_random(c.x, n, 1.0), fill_random(c.R, n, 1.0);
     round_to_float(c.x, n), round_to_float(c.R, n);
@@ -339,7 +340,7 @@ static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, i
      * untouched part of each row passes its gradient through */
     double *dx = dalloc(n);
     memcpy(dx, c.R, (size_t)n * sizeof(double));
-    ref_rope_backward(dx, B, T, stride, heads, hd, c.theta);
+    ref_rope_backward(dx, B, T, stride, heads, hd, rp);
     if (check_fd) {
         snprintf(what, sizeof what, "%s: ref dx vs finite differences", cfg);
         fd_check(what, rope_objective, &c, c.x, n, dx);
@@ -347,15 +348,15 @@ static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, i
     /* the reference: backward undoes forward */
     double *ref_y = dalloc(n), *ref_back = dalloc(n);
     memcpy(ref_y, c.x, (size_t)n * sizeof(double));
-    ref_rope_forward(ref_y, B, T, stride, heads, hd, c.theta);
+    ref_rope_forward(ref_y, B, T, stride, heads, hd, rp);
     memcpy(ref_back, ref_y, (size_t)n * sizeof(double));
-    ref_rope_backward(ref_back, B, T, stride, heads, hd, c.theta);
+    ref_rope_backward(ref_back, B, T, stride, heads, hd, rp);
     snprintf(what, sizeof what, "%s: ref backward(forward(x)) = x", cfg);
     compare_doubles(what, ref_back, c.x, n, 1e-12);
 
     /* fast forward vs reference; the rest of each row and the rows at t = 0 unchanged */
     float *fx0 = to_float(c.x, n), *fx = to_float(c.x, n);
-    be->rope_forward(fx, B, T, stride, heads, hd, theta);
+    be->rope_forward(fx, B, T, stride, heads, hd, rp);
     snprintf(what, sizeof what, "%s: forward fast vs ref", cfg);
     compare(what, fx, ref_y, n, 1e-6, 1e-6);
     CHECK(rope_untouched_same(fx, fx0, B, T, stride, heads, hd),
@@ -368,7 +369,7 @@ static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, i
     CHECK(t0_same, "%s: forward at t = 0 is not the identity", cfg);
 
     /* fast backward(forward(x)) = x */
-    be->rope_backward(fx, B, T, stride, heads, hd, theta);
+    be->rope_backward(fx, B, T, stride, heads, hd, rp);
     snprintf(what, sizeof what, "%s: fast backward(forward(x)) = x", cfg);
     compare(what, fx, c.x, n, 1e-6, 1e-6);
     CHECK(rope_untouched_same(fx, fx0, B, T, stride, heads, hd),
@@ -376,13 +377,56 @@ static void test_rope(const loom_backend *be, int B, int T, int heads, int hd, i
 
     /* fast backward vs reference backward, on the upstream gradient R */
     float *fR = to_float(c.R, n), *fR0 = to_float(c.R, n);
-    be->rope_backward(fR, B, T, stride, heads, hd, theta);
+    be->rope_backward(fR, B, T, stride, heads, hd, rp);
     snprintf(what, sizeof what, "%s: backward fast vs ref", cfg);
     compare(what, fR, dx, n, 1e-6, 1e-6);
     CHECK(rope_untouched_same(fR, fR0, B, T, stride, heads, hd),
           "%s: backward changed floats past the first heads of a row", cfg);
     free(c.x), free(c.work), free(c.R), free(dx), free(ref_y), free(ref_back), free(fx0);
     free(fx), free(fR), free(fR0);
+}
+
+/* Llama 3.1's frequency scaling, by its properties rather than its formula: frequencies whose
+ * wavelength is under original_context / high_freq_factor are theta's own, those over
+ * original_context / low_freq_factor are theta's divided by factor, and between them the scaled
+ * frequency moves continuously and monotonically from one to the other (sweeping theta moves a
+ * frequency across both edges); Llama 3.1's own settings leave pair 0 alone and divide the last
+ * pair of a 128-wide head by 8. */
+static void test_rope_scaling(void) {
+    loom_rope_scaling s = {8.0, 1.0, 4.0, 8192.0};
+    const double two_pi = 6.283185307179586;
+    double prev = 0, worst_jump = 0;
+    int kept = 0, divided = 0, blended = 0, monotone = 1, bounded = 1;
+    for (double w = 1000.0; w <= 20000.0; w *= 1.0005) { /* the wavelength of pair 1 at hd 4 */
+        loom_rope rope = {w / two_pi * (w / two_pi), s}; /* theta^(-1/2) = 2 pi / w */
+        double freq = two_pi / w, scaled = loom_rope_inv_freq(&rope, 1, 4);
+        double ratio = scaled / freq; /* 1 kept ... 1/8 divided */
+        kept += w < 2048.0 * 0.999 && fabs(ratio - 1.0) < 1e-12;
+        divided += w > 8192.0 * 1.001 && fabs(ratio - 0.125) < 1e-12;
+        blended +=
+            w > 2048.0 * 1.001 && w < 8192.0 * 0.999 && ratio < 1.0 - 1e-9 && ratio > 0.125 + 1e-9;
+        bounded &= ratio <= 1.0 + 1e-12 && ratio >= 0.125 - 1e-12;
+        if (prev > 0) {
+            monotone &= scaled <= prev * (1.0 + 1e-12);
+            double jump = fabs(scaled - prev) / prev;
+            if (jump > worst_jump) worst_jump = jump;
+        }
+        prev = scaled;
+    }
+    CHECK(kept > 100 && divided > 100 && blended > 100,
+          "rope scaling: %d kept, %d divided, %d blended frequencies in the sweep", kept, divided,
+          blended);
+    CHECK(bounded && monotone, "rope scaling: scaled frequencies not between f / 8 and f, or not "
+                               "falling as the wavelength grows");
+    CHECK(worst_jump < 0.002,
+          "rope scaling: a jump of %.4f between neighbouring wavelengths "
+          "(discontinuous at an edge)",
+          worst_jump);
+    loom_rope l31 = {500000.0, s};
+    CHECK(loom_rope_inv_freq(&l31, 0, 128) == 1.0, "rope scaling: pair 0 changed");
+    double last = pow(500000.0, -126.0 / 128.0);
+    CHECK(fabs(loom_rope_inv_freq(&l31, 63, 128) - last / 8) < 1e-15 * last,
+          "rope scaling: the last pair of Llama 3.1 is not divided by 8");
 }
 
 /* ---- grouped-query attention ---- */
@@ -1004,9 +1048,15 @@ int main(void) {
     test_rmsnorm(be, 5, 131, 1e-6f);
     /* stride past the rotated heads (the rest of the row must stay); then the positions of a
      * long sequence, where an angle in float would be off */
-    test_rope(be, 2, 6, 3, 8, 3 * 8 + 12, 10000.0f, 1);
-    test_rope(be, 2, 5, 2, 8, 2 * 8, 10000.0f, 1);
-    test_rope(be, 2, 2048, 2, 16, 2 * 16 + 16, 500000.0f, 0);
+    loom_rope plain = {10000.0, {0, 0, 0, 0}}, llama3 = {500000.0, {0, 0, 0, 0}};
+    /* Llama 3.1's scaling at a small original context, so that the three regimes (kept,
+     * blended, divided) all fall among a 16-wide head's eight frequencies */
+    loom_rope scaled = {10000.0, {8.0, 1.0, 4.0, 64.0}};
+    test_rope(be, 2, 6, 3, 8, 3 * 8 + 12, plain, 1);
+    test_rope(be, 2, 5, 2, 8, 2 * 8, plain, 1);
+    test_rope(be, 2, 7, 2, 16, 2 * 16, scaled, 1);
+    test_rope(be, 2, 2048, 2, 16, 2 * 16 + 16, llama3, 0);
+    test_rope_scaling();
     test_attention_gqa(be, 2, 5, 4, 2, 8, 1);
     test_attention_gqa(be, 2, 5, 4, 1, 8, 1);
     test_attention_gqa(be, 2, 5, 4, 4, 8, 1);

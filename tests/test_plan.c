@@ -37,6 +37,7 @@ static int plans_equal(const loom_plan *a, const loom_plan *b) {
         ma->vocab_size != mb->vocab_size || ma->padded_vocab_size != mb->padded_vocab_size) {
         return 0;
     }
+    if (!loom_gpt_config_same(ma, mb)) return 0; /* the Llama fields, rope scaling included */
     if (a->global_batch != b->global_batch || a->micro_batch != b->micro_batch ||
         (a->schedule != b->schedule) || a->virtual_stages != b->virtual_stages || a->dp != b->dp ||
         a->tp != b->tp || a->pp != b->pp || a->num_stages != b->num_stages ||
@@ -90,6 +91,52 @@ static loom_gpt_config gpt2_config(void) {
 }
 
 /* ---- round trips ---------------------------------------------------------------------------- */
+
+/* A Llama model with Llama 3.1's rope scaling reads back the same (loom_gpt_config_same); a
+ * scaling of another type, or with a missing number, is refused naming model.rope_scaling. */
+static void test_llama_round_trip(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/llama.json", tmpdir);
+    loom_gpt_config model;
+    loom_gpt_overrides o = {.preset = "llama-tiny"};
+    loom_status st = loom_gpt_config_resolve_with(&o, "test", &model);
+    CHECK(st == LOOM_OK, "llama-tiny: %s", loom_last_error());
+    model.rope_scaling = (loom_rope_scaling){8.0, 1.0, 4.0, 8192.0};
+    model.rope_theta = 500000.0;
+    loom_plan plan, back;
+    st = loom_plan_uniform(&plan, &model, 1, 1, 1, 1, 2, LOOM_SCHEDULE_1F1B, 0, NULL);
+    if (st == LOOM_OK) st = loom_plan_write(path, &plan);
+    if (st == LOOM_OK) st = loom_plan_read(path, &back);
+    CHECK(st == LOOM_OK, "llama plan round trip: %s", loom_last_error());
+    if (st == LOOM_OK) {
+        CHECK(plans_equal(&plan, &back) && back.model.rope_scaling.original_context == 8192.0,
+              "the Llama plan read back differs (rope scaling %g from %g)",
+              back.model.rope_scaling.factor, back.model.rope_scaling.original_context);
+        loom_plan_free(&back);
+    }
+    char *text = NULL;
+    size_t size = 0;
+    if (loom_read_file(path, &text, &size) == LOOM_OK) {
+        static const char *const edits[][3] = {
+            {"\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"", "got \"yarn\""},
+            {"\"factor\": 8, ", "", "factor"},
+            {"\"factor\": 8", "\"factor\": 0.5", "expected factor >= 1"}};
+        for (int i = 0; i < 3; i++) {
+            char edited[8192];
+            int ok = check_edit_text(text, edits[i][0], edits[i][1], edited, sizeof edited);
+            CHECK(ok, "rope scaling edit %d applies", i);
+            if (!ok) continue;
+            check_write_text(path, edited);
+            st = loom_plan_read(path, &back);
+            CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), "model.rope_scaling") &&
+                      strstr(loom_last_error(), edits[i][2]),
+                  "rope scaling edit %d refused by name: %s", i, loom_last_error());
+            if (st == LOOM_OK) loom_plan_free(&back);
+        }
+        free(text);
+    }
+    loom_plan_free(&plan);
+}
 
 static void test_round_trip(void) {
     char path[1200];
@@ -1851,6 +1898,7 @@ static void test_settled_keys(void) {
 int main(void) {
     tmpdir = check_tmpdir();
     test_round_trip();
+    test_llama_round_trip();
     test_rank_layout();
     test_stage_split();
     test_rules();

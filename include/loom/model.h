@@ -49,6 +49,7 @@ typedef struct {
     int untied_head;   /* the LM head is its own (Vp, C) tensor, not wte (Llama; SmolLM ties) */
     double rope_theta; /* rotary base (Llama; 0: 10000) */
     double norm_eps;   /* RMSNorm's epsilon (Llama; 0: 1e-5) */
+    loom_rope_scaling rope_scaling; /* Llama 3.1's long-context scaling (factor 0: none) */
 } loom_gpt_config;
 
 enum { LOOM_ARCH_GPT2 = 0, LOOM_ARCH_LLAMA = 1 };
@@ -97,6 +98,10 @@ loom_status loom_gpt_check_tp(const loom_gpt_config *config, int tp, const char 
  * (each rank holds an equal, contiguous share): the one place the rule lives. The message names
  * the values and the flags they come from, after "SOURCE: ". */
 loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *source);
+/* Llama 3.1's rope scaling is none (all zero) or factor >= 1, 0 < low < high frequency factors
+ * and an original context >= 1; else LOOM_ERR_INPUT, "SOURCE: PREFIXrope_scaling: ...". */
+loom_status loom_gpt_check_rope_scaling(const loom_rope_scaling *scaling, const char *source,
+                                        const char *prefix);
 /* Whether two configurations describe the same model (padding aside). */
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
 #define LOOM_GPT_DEFAULT_PRESET   "small"

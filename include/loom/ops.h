@@ -20,6 +20,24 @@
 extern "C" {
 #endif
 
+/* Rotary positions (Llama): the base theta, and Llama 3.1's frequency scaling for long contexts
+ * (Hugging Face's rope_scaling with rope_type "llama3"; factor 0: none). */
+typedef struct {
+    double factor;           /* 0: no scaling; else long wavelengths' frequencies divide by it */
+    double low_freq_factor;  /* wavelengths over original_context / low_freq_factor: divided */
+    double high_freq_factor; /* under original_context / high_freq_factor: kept; between: blended */
+    double original_context; /* the context the unscaled frequencies were trained at */
+} loom_rope_scaling;
+typedef struct {
+    double theta;
+    loom_rope_scaling scaling;
+} loom_rope;
+/* The angle per position of pair i of a head of width hd: theta^(-2i/hd), and with scaling,
+ * wavelength w = 2 pi / that: over original_context / low_freq_factor it is divided by factor,
+ * under original_context / high_freq_factor kept, and between blended as (1 - a) f / factor + a f
+ * with a = (original_context / w - low_freq_factor) / (high_freq_factor - low_freq_factor). */
+double loom_rope_inv_freq(const loom_rope *rope, int i, int hd);
+
 typedef struct loom_backend {
     const char *name;
 
@@ -69,11 +87,13 @@ typedef struct loom_backend {
     /* Rotary position embedding in place, Hugging Face's rotate-half convention: in each of the
      * B*T rows of x (row (b, t) at x + (b*T + t) * stride, position t), the first `heads` heads of
      * hd floats each (hd even) have pairs (x[i], x[i + hd/2]), i < hd/2, rotated by the angle
-     * t * theta^(-2i/hd): (x1 cos - x2 sin, x2 cos + x1 sin). Backward rotates by minus the angle
-     * (the rotation's transpose), turning the gradient of the rotated values into the gradient
-     * of the values before it, in place. */
-    void (*rope_forward)(float *x, int B, int T, int64_t stride, int heads, int hd, float theta);
-    void (*rope_backward)(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta);
+     * t * loom_rope_inv_freq(rope, i, hd): (x1 cos - x2 sin, x2 cos + x1 sin). Backward rotates
+     * by minus the angle (the rotation's transpose), turning the gradient of the rotated values
+     * into the gradient of the values before it, in place. */
+    void (*rope_forward)(float *x, int B, int T, int64_t stride, int heads, int hd,
+                         const loom_rope *rope);
+    void (*rope_backward)(float *dx, int B, int T, int64_t stride, int heads, int hd,
+                          const loom_rope *rope);
     /* Grouped-query causal attention: qkv (B,T,(NH + 2 KV) hd), each row [q: NH heads | k: KV
      * heads | v: KV heads]; query head h reads kv head h / (NH / KV) (KV divides NH; KV == NH is
      * multi-head attention). out (B,T,NH hd); att (B,NH,T,T) the softmax probabilities. Scale

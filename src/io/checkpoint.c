@@ -13,6 +13,8 @@
 
 #include "loom/data.h"
 
+#include "io/io_internal.h"
+
 #include "base/json_fields.h"
 
 #include <errno.h>
@@ -159,6 +161,9 @@ static char *config_json(const loom_gpt_config *c) {
             json_pack("{s:s, s:i, s:i, s:b, s:f, s:f}", "arch", "llama", "kv_heads", c->kv_heads,
                       "ffn_dim", c->ffn_dim, "tie_embeddings", !c->untied_head, "rope_theta",
                       c->rope_theta, "norm_eps", c->norm_eps);
+        if (more && c->rope_scaling.factor > 0 &&
+            json_object_set_new(more, "rope_scaling", loom_rope_scaling_json(&c->rope_scaling)))
+            json_decref(more), more = NULL;
         if (!more || json_object_update(obj, more) != 0) json_decref(obj), obj = NULL;
         json_decref(more);
     }
@@ -173,14 +178,15 @@ static char *config_json(const loom_gpt_config *c) {
 static char *hf_config_text(const loom_gpt_config *c) {
     json_t *obj;
     if (c->arch == LOOM_ARCH_LLAMA) {
-        obj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:n, s:i, s:b, "
+        obj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:o, s:i, s:b, "
                         "s:s, s:b, s:f, s:b, s:f, s:s, s:i}",
                         "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size",
                         c->channels, "intermediate_size", c->ffn_dim, "num_attention_heads",
                         c->num_heads, "num_hidden_layers", c->num_layers, "num_key_value_heads",
                         c->kv_heads, "head_dim", c->channels / c->num_heads,
                         "max_position_embeddings", c->max_seq_len, "rms_norm_eps", c->norm_eps,
-                        "rope_theta", c->rope_theta, "rope_scaling", "vocab_size", c->vocab_size,
+                        "rope_theta", c->rope_theta, "rope_scaling",
+                        loom_rope_scaling_json(&c->rope_scaling), "vocab_size", c->vocab_size,
                         "tie_word_embeddings", !c->untied_head, "hidden_act", "silu",
                         "attention_bias", 0, "attention_dropout", 0.0, "mlp_bias", 0,
                         "initializer_range", 0.02, "torch_dtype", "float32", "pretraining_tp", 1);
@@ -339,6 +345,7 @@ static loom_status read_llama(json_t *obj, loom_gpt_config *c, const char *path)
     if (st == LOOM_OK) {
         c->untied_head = !json_is_true(tie);
         c->rope_theta = json_number_value(theta), c->norm_eps = json_number_value(eps);
+        st = loom_rope_scaling_read(json_object_get(obj, "rope_scaling"), path, &c->rope_scaling);
     }
     return st;
 }

@@ -11,6 +11,8 @@
 #define _DEFAULT_SOURCE /* realpath */
 #include "loom/io.h"
 
+#include "io/io_internal.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,9 +92,46 @@ static loom_status hf_refuse(const json_t *root, const char *key, const char *wh
     return loom_fail(LOOM_ERR_INPUT, "%s: %s: %s", path, key, why);
 }
 
+json_t *loom_rope_scaling_json(const loom_rope_scaling *s) {
+    if (!(s->factor > 0)) return json_null();
+    return json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor", s->factor,
+                     "low_freq_factor", s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
+                     "original_max_position_embeddings", (json_int_t)s->original_context);
+}
+
+loom_status loom_rope_scaling_read(const json_t *value, const char *path, loom_rope_scaling *s) {
+    memset(s, 0, sizeof *s);
+    if (!value || json_is_null(value)) return LOOM_OK;
+    if (!json_is_object(value)) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: rope_scaling: expected an object or null", path);
+    }
+    const json_t *type = json_object_get(value, "rope_type");
+    if (!type) type = json_object_get(value, "type");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "llama3") != 0) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: rope_scaling: type \"%.40s\" is not supported (none, or Llama "
+                         "3.1's \"llama3\")",
+                         path, json_is_string(type) ? json_string_value(type) : "?");
+    }
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    double *fields[] = {&s->factor, &s->low_freq_factor, &s->high_freq_factor,
+                        &s->original_context};
+    for (int i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(value, keys[i]);
+        if (!json_is_number(v)) {
+            return loom_fail(LOOM_ERR_INPUT, "%s: rope_scaling: %s: expected a number", path,
+                             keys[i]);
+        }
+        *fields[i] = json_number_value(v);
+    }
+    return loom_gpt_check_rope_scaling(s, path, "");
+}
+
 /* Hugging Face's LlamaForCausalLM config.json (its defaults where a key is absent: kv heads =
  * heads, rms_norm_eps 1e-6, rope_theta 10000, untied, context 2048). Refused by name: another
- * activation, biases, a sliding window, rope scaling, a head_dim other than hidden / heads. */
+ * activation, biases, a sliding window, rope scaling but Llama 3.1's, a head_dim other than
+ * hidden / heads. */
 static loom_status hf_llama_config(const char *path, const json_t *root, loom_gpt_config *c) {
     c->arch = LOOM_ARCH_LLAMA;
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
@@ -107,15 +146,8 @@ static loom_status hf_llama_config(const char *path, const json_t *root, loom_gp
         st = hf_refuse(root, "mlp_bias", "biases where Llama has none: not supported", path);
     if (st == LOOM_OK)
         st = hf_refuse(root, "sliding_window", "sliding-window attention is not supported", path);
-    const json_t *scaling = json_object_get(root, "rope_scaling");
-    if (st == LOOM_OK && scaling && !json_is_null(scaling)) {
-        const json_t *type = json_object_get(scaling, "rope_type");
-        if (!type) type = json_object_get(scaling, "type");
-        st = loom_fail(LOOM_ERR_INPUT,
-                       "%s: rope_scaling: type \"%.40s\" is not supported (rotary positions "
-                       "without scaling only; Llama 3.1's \"llama3\" scaling is not built yet)",
-                       path, json_is_string(type) ? json_string_value(type) : "?");
-    }
+    if (st == LOOM_OK)
+        st = loom_rope_scaling_read(json_object_get(root, "rope_scaling"), path, &c->rope_scaling);
     if (st == LOOM_OK) st = hf_int(root, "num_hidden_layers", NULL, &c->num_layers, path);
     if (st == LOOM_OK) st = hf_int(root, "num_attention_heads", NULL, &c->num_heads, path);
     if (st == LOOM_OK) st = hf_int(root, "hidden_size", NULL, &c->channels, path);

@@ -237,7 +237,8 @@ int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b) {
            a->vocab_size == b->vocab_size && a->arch == b->arch &&
            kv_heads_of(a) == kv_heads_of(b) && ffn_of(a) == ffn_of(b) &&
            a->untied_head == b->untied_head && a->rope_theta == b->rope_theta &&
-           a->norm_eps == b->norm_eps;
+           a->norm_eps == b->norm_eps &&
+           !memcmp(&a->rope_scaling, &b->rope_scaling, sizeof a->rope_scaling);
 }
 
 /* The architecture's own rules, its defaults filled in. */
@@ -248,6 +249,7 @@ static loom_status check_arch(loom_gpt_config *c, const char *source, const char
                                  : c->untied_head                              ? "tie_embeddings"
                                  : c->rope_theta                               ? "rope_theta"
                                  : c->norm_eps                                 ? "norm_eps"
+                                 : c->rope_scaling.factor                      ? "rope_scaling"
                                                                                : NULL;
         if (llama_only) {
             return loom_fail(LOOM_ERR_INPUT,
@@ -291,7 +293,24 @@ static loom_status check_arch(loom_gpt_config *c, const char *source, const char
                          "%s: %s: expected rope_theta > 1 and 0 < norm_eps < 1, got %g and %g",
                          source, prefix[0] ? prefix : "model", c->rope_theta, c->norm_eps);
     }
-    return LOOM_OK;
+    return loom_gpt_check_rope_scaling(&c->rope_scaling, source, prefix);
+}
+
+loom_status loom_gpt_check_rope_scaling(const loom_rope_scaling *s, const char *source,
+                                        const char *prefix) {
+    if (s->factor == 0 && s->low_freq_factor == 0 && s->high_freq_factor == 0 &&
+        s->original_context == 0)
+        return LOOM_OK;
+    if (s->factor >= 1 && s->low_freq_factor > 0 && s->high_freq_factor > s->low_freq_factor &&
+        s->original_context >= 1 && isfinite(s->factor) && isfinite(s->high_freq_factor) &&
+        isfinite(s->original_context))
+        return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: %srope_scaling: expected factor >= 1, 0 < low_freq_factor < "
+                     "high_freq_factor and original_max_position_embeddings >= 1 (Llama 3.1's "
+                     "\"llama3\" scaling), got %g, %g, %g and %g",
+                     source, prefix, s->factor, s->low_freq_factor, s->high_freq_factor,
+                     s->original_context);
 }
 
 loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
@@ -1068,16 +1087,16 @@ static void norm_backward(const loom_gpt *m, float *dinp, float *dweight, float 
 static void qkv_positions(const loom_gpt *m, float *qkv, int B, int T) {
     if (!is_llama(m)) return;
     loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
-    m->backend->rope_forward(qkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd,
-                             (float)m->config.rope_theta);
+    loom_rope rope = {m->config.rope_theta, m->config.rope_scaling};
+    m->backend->rope_forward(qkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd, &rope);
 }
 
 /* The gradient of the rotated q and k turned into that of the QKV GEMM's output, in place. */
 static void qkv_positions_backward(const loom_gpt *m, float *dqkv, int B, int T) {
     if (!is_llama(m)) return;
     loom_gpt_widths w = loom_gpt_widths_of(&m->config, m->tp_size);
-    m->backend->rope_backward(dqkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd,
-                              (float)m->config.rope_theta);
+    loom_rope rope = {m->config.rope_theta, m->config.rope_scaling};
+    m->backend->rope_backward(dqkv, B, T, w.qkv, (int)(w.heads + w.kv), (int)w.hd, &rope);
 }
 
 static void attention_forward(const loom_gpt *m, float *out, float *att, const float *qkv, int B,

@@ -50,6 +50,27 @@ static loom_status read_word(const char *file, const json_t *object, const char 
 static const char *const arch_words[] = {"gpt2", "llama"};
 static const loom_words arch_list = {arch_words, 2};
 
+/* model.rope_scaling (absent or null: none): Llama 3.1's, in Hugging Face's form. */
+static loom_status read_rope_scaling(const char *file, const json_t *model, loom_rope_scaling *s) {
+    static const char *const keys[] = {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    static const char *const llama3[] = {"llama3"};
+    static const loom_words type_list = {llama3, 1};
+    const json_t *v = json_object_get(model, "rope_scaling");
+    memset(s, 0, sizeof *s);
+    if (!v || json_is_null(v)) return LOOM_OK;
+    const char *at = "model.rope_scaling";
+    int type = 0;
+    loom_status st = loom_json_as_object(file, at, v);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, v, at, keys, 5);
+    if (st == LOOM_OK) st = read_word(file, v, at, "rope_type", 1, &type_list, &type);
+    double *fields[] = {&s->factor, &s->low_freq_factor, &s->high_freq_factor,
+                        &s->original_context};
+    for (int i = 0; i < 4 && st == LOOM_OK; i++)
+        st = loom_json_read_number(file, v, at, keys[i + 1], 1, fields[i]);
+    return st == LOOM_OK ? loom_gpt_check_rope_scaling(s, file, "model.") : st;
+}
+
 /* The Llama keys (absent: GPT-2), into m; the shape rules check them after. */
 static loom_status read_arch(const char *file, const json_t *model, loom_gpt_config *m) {
     loom_status st = read_word(file, model, "model", "arch", 0, &arch_list, &m->arch);
@@ -70,17 +91,23 @@ static loom_status read_arch(const char *file, const json_t *model, loom_gpt_con
                          file);
     }
     m->untied_head = !tie, m->rope_theta = (float)theta, m->norm_eps = (float)eps;
+    if (st == LOOM_OK) st = read_rope_scaling(file, model, &m->rope_scaling);
+    if (st == LOOM_OK && m->rope_scaling.factor > 0 && m->arch != LOOM_ARCH_LLAMA) {
+        return loom_fail(LOOM_ERR_INPUT,
+                         "%s: model.rope_scaling: Llama's: expected \"arch\": \"llama\" beside it",
+                         file);
+    }
     return st;
 }
 
 static loom_status read_model(const char *file, const json_t *root, loom_gpt_config *m) {
-    static const char *const keys[] = {"layers",     "heads",    "d_model",       "context",
-                                       "vocab",      "arch",     "kv_heads",      "ffn_dim",
-                                       "rope_theta", "norm_eps", "tie_embeddings"};
+    static const char *const keys[] = {"layers",     "heads",    "d_model",        "context",
+                                       "vocab",      "arch",     "kv_heads",       "ffn_dim",
+                                       "rope_theta", "norm_eps", "tie_embeddings", "rope_scaling"};
     json_t *model;
     loom_status st = loom_json_member(file, root, "", "model", 1, "an object", &model);
     if (st == LOOM_OK) st = loom_json_as_object(file, "model", model);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, model, "model", keys, 11);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, model, "model", keys, 12);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "layers", 1, &m->num_layers);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "heads", 1, &m->num_heads);
     if (st == LOOM_OK) st = loom_json_read_int(file, model, "model", "d_model", 1, &m->channels);
@@ -548,6 +575,18 @@ static void write_document(FILE *out, const loom_plan *plan) {
                 ", \"arch\": \"llama\", \"kv_heads\": %d, \"ffn_dim\": %d, \"tie_embeddings\": "
                 "%s, \"rope_theta\": %s, \"norm_eps\": %s",
                 m->kv_heads, m->ffn_dim, m->untied_head ? "false" : "true", theta, eps);
+        const loom_rope_scaling *r = &m->rope_scaling;
+        if (r->factor > 0) {
+            char v[4][32];
+            double values[] = {r->factor, r->low_freq_factor, r->high_freq_factor,
+                               r->original_context};
+            for (int i = 0; i < 4; i++) loom_json_format_double(values[i], v[i], sizeof v[i]);
+            fprintf(out,
+                    ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %s, "
+                    "\"low_freq_factor\": %s, \"high_freq_factor\": %s, "
+                    "\"original_max_position_embeddings\": %s}",
+                    v[0], v[1], v[2], v[3]);
+        }
     }
     fprintf(out, "},\n");
     if (plan->precision != LOOM_PRECISION_FP32)

@@ -70,18 +70,18 @@ static loom_status encode_prompt(const loom_tokenizer *tok, const char *prompt, 
         tokens[(*n)++] = eot >= 0 && eot < vocab ? eot : 0;
         return LOOM_OK;
     }
-    uint16_t *encoded = loom_calloc(plen, sizeof *encoded, "prompt");
+    uint32_t *encoded = loom_calloc(plen, sizeof *encoded, "prompt");
     if (!encoded) return LOOM_ERR_NOMEM;
     loom_token_encoder *enc = NULL;
     size_t count = 0;
     loom_status st = loom_token_encoder_create(&enc, tok);
-    if (st == LOOM_OK) st = loom_token_encoder_run(enc, prompt, plen, 1, encoded, &count);
+    if (st == LOOM_OK) st = loom_token_encoder_run_wide(enc, prompt, plen, 1, encoded, &count);
     for (size_t i = 0; st == LOOM_OK && i < count; i++) {
-        if (encoded[i] >= vocab) {
+        if (encoded[i] >= (uint32_t)vocab) {
             st = loom_fail(LOOM_ERR_INPUT, "prompt: token %u is outside the model's vocab %d",
-                           encoded[i], vocab);
+                           (unsigned)encoded[i], vocab);
         }
-        tokens[(*n)++] = encoded[i];
+        tokens[(*n)++] = (int32_t)encoded[i];
     }
     loom_token_encoder_free(enc);
     free(encoded);

@@ -467,12 +467,16 @@ void loom_run_print_setup(const loom_train_config *cfg, const loom_plan *plan,
                           double peak_gflops) {
     static const char *const zero_words[] = {"", " with ZeRO-1", " with ZeRO-2", " with ZeRO-3"};
     const loom_gpt_config *mc = &plan->model;
-    char llama[160] = "";
+    char llama[240] = "", scaling[80] = "";
+    if (mc->rope_scaling.factor > 0) {
+        snprintf(scaling, sizeof scaling, " scaled as Llama 3.1's (factor %g from context %g)",
+                 mc->rope_scaling.factor, mc->rope_scaling.original_context);
+    }
     if (mc->arch == LOOM_ARCH_LLAMA) {
         snprintf(llama, sizeof llama,
-                 " (arch llama: %d kv heads, SwiGLU %d, %s head, rope theta %g, RMSNorm eps %g)",
+                 " (arch llama: %d kv heads, SwiGLU %d, %s head, rope theta %g%s, RMSNorm eps %g)",
                  mc->kv_heads, mc->ffn_dim, mc->untied_head ? "untied" : "tied", mc->rope_theta,
-                 mc->norm_eps);
+                 scaling, mc->norm_eps);
     }
     loom_info("model: %d layers, %d heads, width %d, context %d, vocab %d (padded %d)%s: %.2fM "
               "parameters",

@@ -91,12 +91,13 @@ static void t_rmsnorm_backward(float *dinp, float *dweight, const float *dout, c
     TIMED(LOOM_KERNEL_LAYERNORM,
           cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C));
 }
-static void t_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta) {
-    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_forward(x, B, T, stride, heads, hd, theta));
+static void t_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd,
+                           const loom_rope *rope) {
+    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_forward(x, B, T, stride, heads, hd, rope));
 }
 static void t_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd,
-                            float theta) {
-    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_backward(dx, B, T, stride, heads, hd, theta));
+                            const loom_rope *rope) {
+    TIMED(LOOM_KERNEL_ATTENTION, cpu_rope_backward(dx, B, T, stride, heads, hd, rope));
 }
 static void t_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
                                     int KV, int hd) {

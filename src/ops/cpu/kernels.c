@@ -345,12 +345,12 @@ void cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     free(scratch);
 }
 
-/* RoPE, in place, by +angle (sign 1) or -angle (sign -1). inv_freq = theta^(-2i/hd) and the
- * angle t * inv_freq are computed in double (at t in the thousands a float angle would be off
+/* RoPE, in place, by +angle (sign 1) or -angle (sign -1). inv_freq (loom_rope_inv_freq) and
+ * the angle t * inv_freq are computed in double (at t in the thousands a float angle would be off
  * by far more than an ulp of its sine), then cos and sin in double, rounded to float once
  * into a (T, hd/2) table; the rotation itself is float arithmetic. */
-static void rope_rotate(float *x, int B, int T, int64_t stride, int heads, int hd, float theta,
-                        float sign) {
+static void rope_rotate(float *x, int B, int T, int64_t stride, int heads, int hd,
+                        const loom_rope *rope, float sign) {
     int half = hd / 2;
     size_t table_bytes = 2 * (size_t)T * (size_t)half * sizeof(float);
     float *cos_t = malloc(table_bytes ? table_bytes : 1);
@@ -359,8 +359,7 @@ static void rope_rotate(float *x, int B, int T, int64_t stride, int heads, int h
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
-            double inv_freq = pow((double)theta, -2.0 * (double)i / (double)hd);
-            double angle = (double)t * inv_freq;
+            double angle = (double)t * loom_rope_inv_freq(rope, i, hd);
             cos_t[(size_t)t * half + i] = (float)cos(angle);
             sin_t[(size_t)t * half + i] = sign * (float)sin(angle);
         }
@@ -384,13 +383,15 @@ static void rope_rotate(float *x, int B, int T, int64_t stride, int heads, int h
     free(cos_t);
 }
 
-void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta) {
-    rope_rotate(x, B, T, stride, heads, hd, theta, 1.0f);
+void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd,
+                      const loom_rope *rope) {
+    rope_rotate(x, B, T, stride, heads, hd, rope, 1.0f);
 }
 
 /* the transpose of forward's rotation is the rotation by minus the angle */
-void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta) {
-    rope_rotate(dx, B, T, stride, heads, hd, theta, -1.0f);
+void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd,
+                       const loom_rope *rope) {
+    rope_rotate(dx, B, T, stride, heads, hd, rope, -1.0f);
 }
 
 /* Grouped-query attention: attention_forward with the row layout [q: NH | k: KV | v: KV] heads

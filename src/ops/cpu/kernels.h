@@ -5,6 +5,8 @@
 #ifndef LOOM_OPS_CPU_KERNELS_H
 #define LOOM_OPS_CPU_KERNELS_H
 
+#include "loom/ops.h"
+
 #include <stdint.h>
 
 void cpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
@@ -29,8 +31,10 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
                          int C, float eps);
 void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                           const float *weight, const float *rstd, int64_t N, int C);
-void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd, float theta);
-void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd, float theta);
+void cpu_rope_forward(float *x, int B, int T, int64_t stride, int heads, int hd,
+                      const loom_rope *rope);
+void cpu_rope_backward(float *dx, int B, int T, int64_t stride, int heads, int hd,
+                       const loom_rope *rope);
 void cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
                                int KV, int hd);
 void cpu_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,

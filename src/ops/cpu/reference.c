@@ -198,14 +198,14 @@ void ref_rmsnorm_backward(double *dinp, double *dweight, const double *dout, con
 
 /* rotate the pairs (x[i], x[i + hd/2]) of the first `heads` heads of every row by sign * angle */
 static void ref_rope_rotate(double *x, int B, int T, int64_t stride, int heads, int hd,
-                            double theta, double sign) {
+                            const loom_rope *rope, double sign) {
     int half = hd / 2;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < heads; h++) {
                 double *v = x + ((int64_t)b * T + t) * stride + (int64_t)h * hd;
                 for (int i = 0; i < half; i++) {
-                    double angle = sign * t * pow(theta, -2.0 * i / hd);
+                    double angle = sign * t * loom_rope_inv_freq(rope, i, hd);
                     double x1 = v[i], x2 = v[i + half];
                     v[i] = x1 * cos(angle) - x2 * sin(angle);
                     v[i + half] = x2 * cos(angle) + x1 * sin(angle);
@@ -213,12 +213,14 @@ static void ref_rope_rotate(double *x, int B, int T, int64_t stride, int heads, 
             }
 }
 
-void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd, double theta) {
-    ref_rope_rotate(x, B, T, stride, heads, hd, theta, 1.0);
+void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd,
+                      const loom_rope *rope) {
+    ref_rope_rotate(x, B, T, stride, heads, hd, rope, 1.0);
 }
 
-void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd, double theta) {
-    ref_rope_rotate(dx, B, T, stride, heads, hd, theta, -1.0);
+void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd,
+                       const loom_rope *rope) {
+    ref_rope_rotate(dx, B, T, stride, heads, hd, rope, -1.0);
 }
 
 /* element i of query head h, kv head g's key or value, at row (b, t) of qkv */

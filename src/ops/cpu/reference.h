@@ -6,6 +6,8 @@
 #ifndef LOOM_OPS_CPU_REFERENCE_H
 #define LOOM_OPS_CPU_REFERENCE_H
 
+#include "loom/ops.h"
+
 #include <stdint.h>
 
 void ref_encoder_forward(double *out, const int32_t *inp, const double *wte, const double *wpe,
@@ -29,8 +31,10 @@ void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const dou
                          int64_t N, int C, double eps);
 void ref_rmsnorm_backward(double *dinp, double *dweight, const double *dout, const double *inp,
                           const double *weight, const double *rstd, int64_t N, int C);
-void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd, double theta);
-void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd, double theta);
+void ref_rope_forward(double *x, int B, int T, int64_t stride, int heads, int hd,
+                      const loom_rope *rope);
+void ref_rope_backward(double *dx, int B, int T, int64_t stride, int heads, int hd,
+                       const loom_rope *rope);
 void ref_attention_gqa_forward(double *out, double *att, const double *qkv, int B, int T, int NH,
                                int KV, int hd);
 void ref_attention_gqa_backward(double *dqkv, const double *dout, const double *qkv,
