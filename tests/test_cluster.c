@@ -125,6 +125,9 @@ static void test_shipped(void) {
               "%s: peaks", path);
         CHECK(c.training_precision == shipped[i].training, "%s: training precision %s", path,
               loom_precision_name(c.training_precision));
+        /* only the H100 description prices a fused attention kernel (FlashAttention) */
+        CHECK(c.fused_attention == !strcmp(shipped[i].name, "dgx-h100"), "%s: attention %s", path,
+              c.fused_attention ? "fused" : "materialized");
         CHECK(c.links[LOOM_LINK_INTRA_NODE].bandwidth == shipped[i].intra &&
                   c.links[LOOM_LINK_INTER_NODE].bandwidth == shipped[i].inter,
               "%s: link bandwidths", path);
@@ -233,7 +236,9 @@ static const broken_case broken_cases[] = {
      "expected an integer byte count"},
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"tdp_w\": 400", "node.device.tdp_w",
      "unknown key (expected one of: name, memory_bytes, peak_flops, training_precision, "
-     "memory_bandwidth, optimizer_params_per_s, gemm_efficiency, sources)"},
+     "attention, memory_bandwidth, optimizer_params_per_s, gemm_efficiency, sources)"},
+    {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"attention\": \"flash\"",
+     "node.device.attention", "expected \"materialized\" or \"fused\""},
     {"\"memory_bytes\": 1000000", "\"memory_bytes\": 1000000, \"optimizer_params_per_s\": -5",
      "node.device.optimizer_params_per_s",
      "expected a finite number >= 0 (parameters/s; 0: not measured), got -5"},

@@ -612,6 +612,95 @@ static void test_selective_time(void) {
     loom_plan_free(&plan);
 }
 
+/* A fused attention kernel ("attention": "fused"): with free memory traffic the step gains one
+ * QK^T per micro-batch's backward (half the forward's attention core); with a finite bandwidth
+ * the forward sheds exactly the softmax's write and read (its bytes twice over the bandwidth). */
+static void test_fused_attention(void) {
+    loom_plan plan = plan_of(1, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12;
+    double B = 2, T = 64, C = plan.model.channels, L = plan.model.num_layers;
+    double attention = L * 2 * (2 * B * T * T * C) / 1e12; /* QK^T and AV, by hand */
+    double softmax = L * B * plan.model.num_heads * T * T * 4.0;
+    CHECK_CLOSE((double)c.flops_attention / 1e12, attention, 1e-12, 1e-12, "attention FLOPs");
+    CHECK_CLOSE((double)c.softmax_bytes, softmax, 0, 0, "softmax bytes");
+    loom_cluster cl = ideal_cluster(8, 1);
+    cl.fused_attention = 1;
+    loom_prediction pr, mat;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, 4 * (3 * f + attention / 2), 1e-9, 1e-12,
+                "one process, fused: m (F + 2F + QK^T again)");
+    /* selective recomputation adds nothing to a fused kernel */
+    plan.stages[0].recompute = LOOM_RECOMPUTE_SELECTIVE;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &mat) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(mat.step_s, pr.step_s, 1e-12, 1e-12, "fused: selective recomputation is free");
+    plan.stages[0].recompute = LOOM_RECOMPUTE_NONE;
+    cl.memory_bandwidth = 1e11;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    cl.fused_attention = 0;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &mat) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(mat.stage[0].forward_s - pr.stage[0].forward_s, 2 * softmax / 1e11, 1e-9, 1e-15,
+                "fused: the forward sheds the softmax's traffic");
+    loom_plan_free(&plan);
+}
+
+/* ZeRO-1 on dp 2 across two nodes, one stage: the reduce-scatter (g) starts with the last
+ * backward and hides behind it, the updated parameters' all-gather (g, fp32; g / 2 when priced
+ * in bf16, a 16-bit copy) comes after AdamW and always shows. With pp 2 and interleaving, a
+ * rank's later chunk starts its share of the reduce-scatter at its own last backward, before
+ * the pipeline ends: the sync left after the pipeline shrinks. */
+static void test_zero1_sync(void) {
+    loom_plan plan = plan_of(2, 1, 1, 2, 8, LOOM_SCHEDULE_1F1B);
+    plan.zero = 1;
+    loom_gpt_stage_spec spec = {1, 0, 12, 1, 1, 2, 64, 1, 0, 0, 0};
+    loom_gpt_stage_cost c;
+    loom_gpt_cost_stage(&plan.model, &spec, &c);
+    double f = (double)c.flops_fwd / 1e12, grads = (double)c.grad_bytes;
+    loom_cluster cl = ideal_cluster(1, 2);
+    double g = 0.5 * 2 * f; /* half a backward */
+    cl.links[LOOM_LINK_INTER_NODE].bandwidth = grads / 2 / g;
+    loom_prediction pr;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.step_s, 2 * 3 * f + g, 1e-9, 1e-9, "ZeRO-1: the all-gather shows");
+    CHECK_CLOSE(pr.dp_exposed_s, g, 1e-9, 1e-12, "ZeRO-1: exposed = the all-gather");
+    cl.peak_flops[LOOM_PRECISION_BF16] = 1e12;
+    CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_BF16, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK_CLOSE(pr.dp_exposed_s, g / 2, 1e-9, 1e-12, "ZeRO-1 in bf16: a 16-bit all-gather");
+    loom_plan_free(&plan);
+
+    /* interleaved pp 2 x v 2 on dp 2: the rank-0 sync left after the pipeline is less than its
+     * whole reduce-scatter once a later chunk's share runs early */
+    loom_gpt_config model;
+    loom_gpt_preset("gpt2", &model);
+    loom_plan il;
+    loom_status st =
+        loom_plan_uniform(&il, &model, 2, 1, 2, 1, 16, LOOM_SCHEDULE_INTERLEAVED, 2, NULL);
+    CHECK(st == LOOM_OK, "interleaved plan: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    il.zero = 1;
+    cl = ideal_cluster(1, 4);
+    cl.links[LOOM_LINK_INTRA_NODE].bandwidth = 1e30;
+    cl.links[LOOM_LINK_INTER_NODE].bandwidth = grads / 2 / (4 * 2 * f); /* slow: 4 backwards */
+    CHECK(loom_plan_predict(&il, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    double exposed_overlapped = pr.dp_exposed_s;
+    il.overlap_grad_reduce = 0;
+    CHECK(loom_plan_predict(&il, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
+          loom_last_error());
+    CHECK(exposed_overlapped < pr.dp_exposed_s - 1e-9,
+          "interleaved ZeRO-1: overlapped %.6f s exposed, not less than without overlap %.6f s",
+          exposed_overlapped, pr.dp_exposed_s);
+    loom_plan_free(&il);
+}
+
 /* ZeRO-2 and ZeRO-3 on dp 2 across two nodes, compute free (peak 1e30): the step is the DP
  * traffic. G bytes of gradients (= parameters, fp32, from the shapes), a reduce-scatter or an
  * all-gather of them over the link of bandwidth b takes g = G / 2b. ZeRO-2 with m = 2: a
@@ -795,6 +884,8 @@ int main(void) {
     test_choose_islands();
     test_search();
     test_selective_time();
+    test_fused_attention();
+    test_zero1_sync();
     test_zero_time();
     test_memory();
     test_single_process();

@@ -47,6 +47,12 @@
  * refused by name). Left out, it is "fp32": what loom's runtime trains in, what `loom profile`
  * measures (and writes), and what `loom plan` planned for before the field existed, so an older
  * description plans as it did (guessing bf16 or fp16 from the peaks would change its plans).
+ * "node.device.attention" (optional: "materialized" when left out) is how the attention core runs
+ * on the device: "materialized", as loom's CPU backend does (QK^T, the softmax and AV as separate
+ * kernels, the (B, heads, T, T) softmax written to memory and kept for backward), or "fused", one
+ * kernel that keeps the scores on chip and recomputes QK^T in its backward (FlashAttention, what
+ * GPU trainers run): the cost model then charges no softmax traffic and adds backward's QK^T.
+ * It prices time only; the memory model stays loom's runtime's.
  * "node.device.optimizer_params_per_s" (optional, measured by `loom profile`) is how many
  * parameters one device's AdamW update takes per second; without it the cost model assumes the
  * update streams 28 bytes per parameter at the memory bandwidth.
@@ -142,6 +148,7 @@ typedef struct {
     loom_precision training_precision;  /* what the cluster trains in (one with a peak): the
                                            planner's default ("training_precision", optional:
                                            fp32) */
+    int fused_attention;                /* "attention": "fused" (FlashAttention's pricing) */
     double memory_bandwidth;            /* bytes/s, > 0 (memory-bound kernels) */
     double optimizer_params_per_s;      /* AdamW parameters updated per second; 0: not measured
                                            ("optimizer_params_per_s", optional) */

@@ -708,6 +708,11 @@ typedef struct {
     int64_t tp_shards_recompute, tp_shard_bytes_recompute;
     int64_t flops_selective; /* FLOPs: the attention core (QK^T, softmax, x V) rerun in backward
                               * by selective recomputation (spec.selective), else 0 */
+    /* the attention core's share, for a planner pricing a fused kernel (FlashAttention) that
+     * keeps no softmax and recomputes QK^T in its backward */
+    int64_t flops_attention; /* FLOPs: every block's forward QK^T and AV, per micro-batch */
+    int64_t softmax_bytes;   /* bytes: the (B, NH/tp, T, T) softmaxes a forward writes (every
+                              * block's, whether the slot keeps them or not) */
     /* pipeline point-to-point, per micro-batch (under sequence parallelism each TP rank sends
      * its own B*T/tp rows) */
     int64_t pp_act_bytes;  /* bytes: output (B,T,C) fp32 sent to the next stage; 0 on the last */

@@ -106,9 +106,15 @@ typedef struct {
     int count;
 } loom_grad_bucket;
 
-/* `loom train`'s default bucket size (--bucket-mb 25), which the planner's cost model assumes:
- * each bucket is a collective call of its own, each call pays the collective's fixed cost. */
+/* The smallest default bucket size: 25 MB (each bucket is a collective call of its own, each
+ * call pays the collective's fixed cost). */
 #define LOOM_GRAD_BUCKET_DEFAULT_MB 25.0
+/* `loom train`'s default bucket size for a data-parallel degree dp, which the planner's cost
+ * model assumes: 25 MB, or 4 MB per rank when that is more, so that each rank's share of a bucket
+ * (a ring step's message) stays at 1M floats or more and the ring's dp per-step latencies stay
+ * small beside its bytes at large dp (Megatron-LM's buckets grow with the same per-rank term,
+ * 1M parameters a DP rank). */
+double loom_grad_bucket_default_mb(int dp);
 /* Splits a model's gradient buffer into tensor-aligned buckets of at least bucket_bytes (the
  * last one may be smaller; a tensor slice larger than that is a bucket of its own), from the
  * top down: buckets[0] ends at num_params. Free with loom_grad_buckets_free. */

@@ -42,7 +42,8 @@ static const cli_opt train_opts[] = {
          "with --plan auto: compressors the planner may choose, where they shorten the step: "
          "none, dp, pp or all (default none)"),
     CLI_LAYOUT_OPTS(TLAY),
-    TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb, "data-parallel allreduce bucket size (MB)"),
+    TRUN("--bucket-mb", OPT_DOUBLE, bucket_mb,
+         "data-parallel gradient bucket size (MB; default 25, or 4 per DP rank when more)"),
     CLI_GROUP("compression"),
     CLI_COMPRESSION_OPTS(TLAY),
     CLI_GROUP("run"),

@@ -128,6 +128,20 @@ static loom_status read_training_precision(const char *file, const json_t *devic
     return loom_precision_parse(json_string_value(value), file, path, &c->training_precision);
 }
 
+/* "attention" (optional: "materialized" when left out) into c->fused_attention. */
+static loom_status read_attention(const char *file, const json_t *device, loom_cluster *c) {
+    static const char *const words[] = {"materialized", "fused"};
+    const loom_words list = {words, 2};
+    const char *path = "node.device.attention";
+    json_t *value = json_object_get(device, "attention");
+    c->fused_attention = 0;
+    if (!value) return LOOM_OK;
+    int index = json_is_string(value) ? loom_word_index(&list, json_string_value(value)) : -1;
+    if (index < 0) return loom_json_fail_type(file, path, "\"materialized\" or \"fused\"", value);
+    c->fused_attention = index;
+    return LOOM_OK;
+}
+
 static loom_status read_gemm_table(const char *file, const json_t *device, loom_cluster *c) {
     static const char *const keys[] = {"flops", "efficiency"};
     const char *path = "node.device.gemm_efficiency";
@@ -164,6 +178,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
                                        "memory_bytes",
                                        "peak_flops",
                                        "training_precision",
+                                       "attention",
                                        "memory_bandwidth",
                                        "optimizer_params_per_s",
                                        "gemm_efficiency",
@@ -172,7 +187,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     json_t *device;
     loom_status st = loom_json_member(file, node, "node", "device", 1, "an object", &device);
     if (st == LOOM_OK) st = loom_json_as_object(file, path, device);
-    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 8);
+    if (st == LOOM_OK) st = loom_json_check_keys(file, device, path, keys, 9);
     if (st == LOOM_OK)
         st = read_text(file, device, path, "name", c->device_name, sizeof c->device_name);
     json_t *memory = NULL;
@@ -186,6 +201,7 @@ static loom_status read_device(const char *file, const json_t *node, loom_cluste
     if (st == LOOM_OK) c->memory_bytes = (int64_t)json_integer_value(memory);
     if (st == LOOM_OK) st = read_peaks(file, device, c);
     if (st == LOOM_OK) st = read_training_precision(file, device, c);
+    if (st == LOOM_OK) st = read_attention(file, device, c);
     if (st == LOOM_OK) {
         st = loom_json_read_number(file, device, path, "memory_bandwidth", 1, &c->memory_bandwidth);
     }
@@ -668,6 +684,7 @@ static void write_document(FILE *out, const loom_cluster *c, const char *name,
     fprintf(out, "},\n");
     fprintf(out, "      \"training_precision\": \"%s\",\n",
             loom_precision_name(c->training_precision));
+    if (c->fused_attention) fprintf(out, "      \"attention\": \"fused\",\n");
     write_number(out, "      \"memory_bandwidth\": ", c->memory_bandwidth, ",\n");
     if (c->optimizer_params_per_s > 0) {
         write_number(out, "      \"optimizer_params_per_s\": ", c->optimizer_params_per_s, ",\n");

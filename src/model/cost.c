@@ -374,6 +374,10 @@ loom_status loom_gpt_cost_stage(const loom_gpt_config *config, const loom_gpt_st
      * a block's forward is its weight GEMMs (= its weight gradients) plus that core */
     int64_t attention = block.flops_fwd - block.flops_bwd_weight;
     cost->flops_selective = selective ? layers * attention : 0;
+    cost->flops_attention = layers * attention;
+    int64_t softmax[BLOCK_ACTS];
+    block_act_floats(&s, softmax);
+    cost->softmax_bytes = layers * softmax[BLOCK_ATT] * FP32;
 
     /* the stage's own layout: wte, wpe and lnf only where it uses them */
     loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];

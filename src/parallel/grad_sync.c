@@ -609,3 +609,8 @@ loom_zero_shard loom_zero_shard_of(size_t count, int dp_size, int dp_rank) {
     if (z.begin > count) z.begin = count;
     return z;
 }
+
+double loom_grad_bucket_default_mb(int dp) {
+    double per_rank = 4.0 * (dp > 1 ? dp : 1);
+    return per_rank > LOOM_GRAD_BUCKET_DEFAULT_MB ? per_rank : LOOM_GRAD_BUCKET_DEFAULT_MB;
+}

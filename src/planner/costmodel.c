@@ -74,6 +74,8 @@ typedef struct {
     int seq_len;
     double *dp_stream_end_s; /* (pp) ZeRO-2/3: when each pipeline rank's DP stream is done with
                                 the step's reduce-scatters and gathers (NULL: not wanted) */
+    double *last_backward_s; /* (V) ZeRO-0/1 overlapped: when each virtual stage's last backward
+                                of the step starts (NULL: not wanted) */
 } costing;
 
 static costing costing_of(const loom_plan *plan, const loom_cluster *cluster,
@@ -85,6 +87,7 @@ static costing costing_of(const loom_plan *plan, const loom_cluster *cluster,
                  plan->dp > 1 ? kind_link(plan, cluster, GROUP_DP) : LOOM_LINK_INTRA_NODE,
                  4.0,
                  seq_len,
+                 NULL,
                  NULL};
     if (precision != LOOM_PRECISION_FP32) k.bytes_per_value = 2.0;
     return k;
@@ -123,9 +126,9 @@ static double dp_calls_s(const costing *k, loom_collective_op op, double bytes, 
     return once + (calls > 1 ? calls - 1 : 0) * fixed;
 }
 
-/* The buckets of `bytes` of gradients at loom train's default bucket size. */
-static double buckets_of(double bytes) {
-    double bucket = LOOM_GRAD_BUCKET_DEFAULT_MB * 1024 * 1024;
+/* The buckets of `bytes` of gradients at loom train's default bucket size for the plan's dp. */
+static double buckets_of(const costing *k, double bytes) {
+    double bucket = loom_grad_bucket_default_mb(k->plan->dp) * 1024 * 1024;
     return bytes > bucket ? ceil(bytes / bucket) : 1;
 }
 
@@ -175,8 +178,11 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
     int gemms = 4 * (stage->end_layer - stage->first_layer) + (stage->head ? 1 : 0);
     double typical = gemms > 0 ? (double)c.flops_fwd / gemms : (double)c.flops_fwd;
     double bandwidth = k->cluster->memory_bandwidth;
-    /* memory-bound work: the activations the part writes, read and written once more */
-    double memory = (double)kept.act_slot_bytes * k->bytes_per_value / 4.0 * 2.0 / bandwidth;
+    /* memory-bound work: the activations the part writes, read and written once more; a fused
+     * attention kernel (the cluster's "attention": "fused") writes no softmax */
+    int fused = k->cluster->fused_attention;
+    double written = (double)(kept.act_slot_bytes - (fused ? c.softmax_bytes : 0));
+    double memory = written * k->bytes_per_value / 4.0 * 2.0 / bandwidth;
     t->tp_forward_s =
         tp_s(k, c.tp_allreduces_fwd, c.tp_bytes_fwd, c.tp_shards_fwd, c.tp_shard_bytes_fwd);
     t->tp_backward_s =
@@ -185,11 +191,14 @@ static loom_status stage_times(const costing *k, int s, int seq_len, loom_stage_
      * GPU it is read from HBM): the forward and the input gradient, once per micro-batch */
     double weights = (double)c.param_bytes * k->bytes_per_value / 4.0 / bandwidth;
     t->forward_s = gemm_s(k, (double)c.flops_fwd, typical) + memory + weights + t->tp_forward_s;
-    t->backward_input_s =
-        gemm_s(k, (double)c.flops_bwd_input, typical) + memory + weights + t->tp_backward_s;
+    /* the fused kernel's backward computes QK^T once more (it kept no scores) */
+    double recomputed_scores = fused ? (double)c.flops_attention / 2.0 : 0.0;
+    t->backward_input_s = gemm_s(k, (double)c.flops_bwd_input + recomputed_scores, typical) +
+                          memory + weights + t->tp_backward_s;
     /* selective recomputation reruns the attention core before the input gradient: its GEMMs
-     * and the softmaxes written again */
-    if (c.flops_selective > 0) {
+     * and the softmaxes written again (nothing more under a fused kernel, which keeps no
+     * softmax to drop and recomputes its scores anyway) */
+    if (c.flops_selective > 0 && !fused) {
         double softmax = (double)(kept.act_slot_bytes - c.act_slot_bytes);
         t->backward_input_s += gemm_s(k, (double)c.flops_selective, typical) +
                                softmax * k->bytes_per_value / 4.0 * 2.0 / bandwidth;
@@ -427,7 +436,7 @@ static loom_status zero_stream(const costing *k, const loom_pipe_shape *shape,
             rank_params += params[v], units += stage_units(&plan->stages[v]);
         }
         double gather = dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, rank_params,
-                                   plan->zero == 2 ? buckets_of(rank_params) : units);
+                                   plan->zero == 2 ? buckets_of(k, rank_params) : units);
         if (plan->zero >= 3 && plan->zero3_gather == LOOM_ZERO3_GATHER_STEP) free_s = gather;
         for (int i = 0; i < lists[r].count; i++) {
             const loom_pipe_action *a = &lists[r].actions[i];
@@ -444,6 +453,21 @@ static loom_status zero_stream(const costing *k, const loom_pipe_shape *shape,
         k->dp_stream_end_s[r] = free_s;
     }
     return LOOM_OK;
+}
+
+/* ZeRO-0/1 with overlap (k->last_backward_s): when each virtual stage's last backward (or W)
+ * of the step starts, the moment loom_grad_sync starts filling that chunk's buckets; a rank's
+ * later chunks finish theirs, and start their sync, while its earlier chunks still compute. */
+static void last_backwards(const costing *k, const loom_pipe_shape *shape,
+                           const loom_pipe_stage_schedule *lists,
+                           const loom_pipe_sim_result *result) {
+    for (int r = 0; r < shape->ranks; r++) {
+        for (int i = 0; i < lists[r].count; i++) {
+            const loom_pipe_action *a = &lists[r].actions[i];
+            if (a->op != LOOM_PIPE_BACKWARD && a->op != LOOM_PIPE_BACKWARD_WEIGHT) continue;
+            k->last_backward_s[loom_pipe_stage(shape, r, a->chunk)] = result->stage[r][i].start_s;
+        }
+    }
 }
 
 /* The pipeline part: every rank's list in the simulator, each message its link time. */
@@ -463,6 +487,7 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
         out->bubble = pipeline_bubble(shape, lists, &result);
         out->pp_bytes += pipeline_bytes(k, shape, lists, links);
         if (k->dp_stream_end_s) st = zero_stream(k, shape, lists, &result);
+        if (k->last_backward_s) last_backwards(k, shape, lists, &result);
         loom_pipe_sim_result_free(&result);
     }
     stage_time_arrays_free(&arrays);
@@ -640,6 +665,8 @@ static loom_status pipeline_term(const costing *k, const loom_pipe_shape *shape,
  * (encoding and decoding: compute, never hidden), and the bytes each rank of the group sends. */
 typedef struct {
     double sync_s, codec_s;
+    double gather_s; /* of sync_s, uncompressed ZeRO-1's all-gather of the updated parameters:
+                      * after AdamW, never behind a backward */
     int64_t bytes_per_rank;
 } dp_sync;
 
@@ -659,7 +686,7 @@ static double dp_collective_s(const costing *k, loom_collective_op op, int dp_li
  * they are. */
 static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
     const loom_plan *plan = k->plan;
-    dp_sync out = {0, 0, 0};
+    dp_sync out = {0, 0, 0, 0};
     int zero1 = plan->zero >= 1, n = plan->dp;
     if (n <= 1) return out;
     if (plan->zero >= 2) { /* the stream's work (zero_stream): bytes only */
@@ -676,17 +703,22 @@ static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
                                       ? plan->dp_compression.method
                                       : LOOM_COMPRESS_NONE;
     /* a call per bucket: every bucket after the first adds the collective's fixed cost */
-    double buckets = buckets_of(grads);
+    double buckets = buckets_of(k, grads);
     if (method == LOOM_COMPRESS_NONE && !zero1) {
         out.sync_s =
             dp_collective_s(k, LOOM_COLLECTIVE_ALLREDUCE, dp_link, grads, &out.bytes_per_rank) +
             dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, buckets) -
             dp_calls_s(k, LOOM_COLLECTIVE_ALLREDUCE, 0.0, 1);
     } else if (method == LOOM_COMPRESS_NONE) {
-        out.sync_s = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, grads, buckets) +
-                     dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, grads, buckets);
-        /* the two send what one allreduce sends: one figure, rounded to whole bytes once */
-        out.bytes_per_rank = (int64_t)loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLREDUCE, n, grads);
+        /* the fp32 gradients reduce-scattered; the updated parameters all-gathered as the
+         * forward computes with them: fp32 as loom trains, a 16-bit copy in mixed precision (as
+         * Megatron-LM's distributed optimizer gathers them) */
+        double weights = grads * k->bytes_per_value / 4.0;
+        out.gather_s = dp_calls_s(k, LOOM_COLLECTIVE_ALLGATHER, weights, buckets);
+        out.sync_s = dp_calls_s(k, LOOM_COLLECTIVE_REDUCE_SCATTER, grads, buckets) + out.gather_s;
+        out.bytes_per_rank =
+            (int64_t)(loom_cluster_ring_bytes(LOOM_COLLECTIVE_REDUCE_SCATTER, n, grads) +
+                      loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, n, weights));
     } else {
         loom_dp_traffic traffic = loom_plan_dp_traffic(plan, r);
         out.codec_s = codec_s(k->cluster, method, traffic.raw);
@@ -720,6 +752,34 @@ static double tied_embedding_s(const costing *k, loom_prediction *out) {
                                      kind_link(plan, k->cluster, GROUP_PP), 2, wte);
 }
 
+/* When pipeline rank r's overlapped reduction (`reduce_s` for all its gradients) is done: each
+ * chunk's share (by its gradient bytes) starts with the chunk's last backward of the step, after
+ * the share before it, in the order the chunks get there. */
+static double chunk_syncs_end_s(const costing *k, int r, double reduce_s) {
+    const loom_plan *plan = k->plan;
+    int order[LOOM_PREDICT_MAX_STAGES], n = 0;
+    double bytes[LOOM_PREDICT_MAX_STAGES], total = 0;
+    for (int v = 0; v < plan->num_stages; v++) {
+        if (plan->stages[v].rank != r) continue;
+        loom_gpt_stage_cost c;
+        bytes[v] = loom_plan_stage_cost(plan, v, k->seq_len, &c) == LOOM_OK ? c.grad_bytes : 0;
+        total += bytes[v];
+        int at = n++; /* insertion by the time the chunk's last backward starts */
+        while (at > 0 && k->last_backward_s[order[at - 1]] > k->last_backward_s[v]) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = v;
+    }
+    double free_s = 0;
+    for (int i = 0; i < n; i++) {
+        int v = order[i];
+        double start = k->last_backward_s[v] > free_s ? k->last_backward_s[v] : free_s;
+        free_s = start + (total > 0 ? reduce_s * bytes[v] / total : reduce_s / n);
+    }
+    return free_s;
+}
+
 /* Pipeline rank r's sync not hidden: its last backward (its chunk 0's: virtual stage r) hides
  * that much of the collectives unless the plan starts the buckets only after it; the codec and
  * the tied embedding's sum (on the ranks that hold it) are not hidden. */
@@ -728,6 +788,10 @@ static double dp_exposed_s(const costing *k, int r, const dp_sync *sync, double 
     const loom_plan *plan = k->plan;
     double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
     double exposed = (sync->sync_s > hidden ? sync->sync_s - hidden : 0) + sync->codec_s;
+    if (k->last_backward_s && sync->codec_s == 0) { /* uncompressed ZeRO-0/1, overlapped */
+        double left = chunk_syncs_end_s(k, r, sync->sync_s - sync->gather_s) - out->pipeline_s;
+        exposed = (left > 0 ? left : 0) + sync->gather_s;
+    }
     if (k->dp_stream_end_s) { /* ZeRO-2/3: what the DP stream has left after the pipeline */
         double left = k->dp_stream_end_s[r] - out->pipeline_s;
         exposed = (left > 0 ? left : 0) + sync->codec_s;
@@ -843,8 +907,10 @@ static loom_status predict(const loom_plan *plan, const loom_cluster *cluster,
     if (st == LOOM_OK) st = check_costable(plan, cluster, precision);
     if (st != LOOM_OK) return st;
     costing k = costing_of(plan, cluster, precision, seq_len);
-    double stream_end[LOOM_PREDICT_MAX_STAGES];
+    double stream_end[LOOM_PREDICT_MAX_STAGES], last_backward[LOOM_PREDICT_MAX_STAGES];
     if (plan->zero >= 2 && plan->dp > 1) k.dp_stream_end_s = stream_end;
+    if (plan->zero <= 1 && plan->dp > 1 && plan->overlap_grad_reduce)
+        k.last_backward_s = last_backward;
     out->stages = plan->num_stages;
     for (int s = 0; s < plan->num_stages && st == LOOM_OK; s++) {
         st = stage_times(&k, s, seq_len, &out->stage[s]);

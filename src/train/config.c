@@ -38,7 +38,7 @@ void loom_train_config_defaults(loom_train_config *c) {
     c->log_every = 10;
     snprintf(c->progress, sizeof c->progress, "auto");
     c->eval_batches = 16;
-    c->bucket_mb = LOOM_GRAD_BUCKET_DEFAULT_MB;
+    c->bucket_mb = 0; /* loom_grad_bucket_default_mb of the run's dp */
     c->comm_timeout = 60.0;
 }
 
@@ -144,7 +144,8 @@ loom_status loom_train_config_check(const loom_train_config *c) {
     REQUIRE(c->eval_batches > 0, "eval_batches", "expected a positive integer, got %d",
             c->eval_batches);
     REQUIRE(c->data[0] != '\0', "data", "expected a token shard path or glob");
-    REQUIRE(c->bucket_mb > 0, "bucket_mb", "expected a positive number of MB, got %g",
+    REQUIRE(c->bucket_mb >= 0, "bucket_mb",
+            "expected a positive number of MB (or 0: the default for the run's dp), got %g",
             c->bucket_mb);
     /* Below a second a healthy job is ended: the liveness pings start at a quarter of the
      * timeout and are at least 0.05 s apart, and any computation between two messages (tens of

@@ -179,7 +179,9 @@ static loom_status trainer_setup(trainer *t, loom_comm *world) {
     if ((st = make_model(t)) != LOOM_OK) return st;
     int B = t->plan->micro_batch, T = cfg->seq_len;
     if ((st = loom_pipeline_create(&t->pipe, &t->mesh, t->model, B, T)) != LOOM_OK) return st;
-    loom_grad_sync_opts opts = {t->plan->zero >= 1, cfg->bucket_mb * 1024 * 1024, cfg->seed};
+    double bucket_mb =
+        cfg->bucket_mb > 0 ? cfg->bucket_mb : loom_grad_bucket_default_mb(t->plan->dp);
+    loom_grad_sync_opts opts = {t->plan->zero >= 1, bucket_mb * 1024 * 1024, cfg->seed};
     if ((st = loom_grad_sync_create(&t->sync, &t->mesh, t->model, &opts)) != LOOM_OK) return st;
     if ((st = loom_adamw_create(&t->opt, loom_grad_sync_range(t->sync))) != LOOM_OK) return st;
     if ((st = open_data(t)) != LOOM_OK) return st;
