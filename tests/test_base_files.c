@@ -61,6 +61,19 @@ static void test_decode(void) {
               error_has("model.bin: header slot 0 (magic): expected 20240326 (an llm.c model "
                         "checkpoint), got 20240520 (an llm.c token shard)"),
           "a shard given for a checkpoint: %s", loom_last_error());
+    /* token shards have two magics: either is taken, anything else names both */
+    const int32_t shard_magics[2] = {20240520, 20240801};
+    put_slot(header, 0, 20240801);
+    st = loom_i32_header_decode_any(header, 1024, "wide.bin", shard_magics, 2, slots);
+    CHECK(st == LOOM_OK && slots[0] == 20240801, "the second magic is taken: %s",
+          loom_last_error());
+    put_slot(header, 0, 20240326);
+    st = loom_i32_header_decode_any(header, 1024, "model.bin", shard_magics, 2, slots);
+    CHECK(st == LOOM_ERR_INPUT &&
+              error_has("model.bin: header slot 0 (magic): expected 20240520 (an llm.c token "
+                        "shard) or 20240801 (an llm.c token shard of uint32 tokens), got 20240326 "
+                        "(an llm.c model checkpoint)"),
+          "neither magic: %s", loom_last_error());
     put_slot(header, 0, 12345);
     st = loom_i32_header_decode(header, 1024, "tok.bin", 20240328, slots);
     CHECK(st == LOOM_ERR_INPUT &&

@@ -1,7 +1,8 @@
 /*
- * test_data.c — the data module: byte tokenizer, llm.c shards (against an independent byte-level
- * parse), rejection of malformed shards, datasets from globs, the loader's order and resume, and
- * `prepare`'s train/val split.
+ * test_data.c — the data module: byte tokenizer, llm.c shards of uint16 and of uint32 tokens
+ * (against an independent byte-level parse), rejection of malformed shards, datasets from globs
+ * (uint32 ones across a file boundary, a mix of widths refused), the loader's order and resume,
+ * and `prepare`'s train/val split.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "loom/data.h"
@@ -63,15 +64,36 @@ static void put_le_i32(unsigned char *p, int32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)((uint32_t)v >> (8 * i));
 }
 
-/* A hand-made shard: header (magic, version, count) and `body_tokens` tokens of value 7. */
-static void write_crafted_shard(const char *path, int32_t magic, int32_t version, int32_t count,
-                                size_t body_tokens, size_t extra_bytes) {
-    size_t n = 1024 + 2 * body_tokens + extra_bytes;
+/* A hand-made shard: header (magic, version, count) and `body_tokens` tokens of value 7, each
+ * `width` bytes. */
+static void write_crafted(const char *path, int32_t magic, int32_t version, int32_t count,
+                          size_t body_tokens, size_t extra_bytes, size_t width) {
+    size_t n = 1024 + width * body_tokens + extra_bytes;
     unsigned char *buf = calloc(n, 1);
     put_le_i32(buf, magic);
     put_le_i32(buf + 4, version);
     put_le_i32(buf + 8, count);
-    for (size_t i = 0; i < body_tokens; i++) buf[1024 + 2 * i] = 7;
+    for (size_t i = 0; i < body_tokens; i++) buf[1024 + width * i] = 7;
+    write_raw(path, buf, n);
+    free(buf);
+}
+
+static void write_crafted_shard(const char *path, int32_t magic, int32_t version, int32_t count,
+                                size_t body_tokens, size_t extra_bytes) {
+    write_crafted(path, magic, version, count, body_tokens, extra_bytes, 2);
+}
+
+/* A shard of uint32 tokens written by the test itself: magic 20240801, version 7, count, then
+ * each token as 4 little-endian bytes. */
+static void write_wide_by_hand(const char *path, const uint32_t *tokens, size_t count) {
+    size_t n = 1024 + 4 * count;
+    unsigned char *buf = calloc(n, 1);
+    put_le_i32(buf, 20240801);
+    put_le_i32(buf + 4, 7);
+    put_le_i32(buf + 8, (int32_t)count);
+    for (size_t i = 0; i < count; i++) {
+        for (int b = 0; b < 4; b++) buf[1024 + 4 * i + b] = (unsigned char)(tokens[i] >> (8 * b));
+    }
     write_raw(path, buf, n);
     free(buf);
 }
@@ -137,13 +159,18 @@ static void test_shard_round_trip(void) {
     }
     free(raw);
 
-    uint16_t *back = NULL;
+    uint32_t *back = NULL;
     size_t count = 0;
     CHECK(loom_shard_read(path, &back, &count) == LOOM_OK, "read: %s", loom_last_error());
-    CHECK(count == N && back && memcmp(back, tokens, sizeof tokens) == 0, "read equals written");
+    int same = count == N && back;
+    for (int i = 0; same && i < N; i++) same &= back[i] == tokens[i];
+    CHECK(same, "read equals written");
     free(back);
     size_t probed = 0;
-    CHECK(loom_shard_probe(path, &probed) == LOOM_OK && probed == N, "probe %zu", probed);
+    int width = 0;
+    CHECK(loom_shard_probe(path, &probed, &width) == LOOM_OK && probed == N && width == 2,
+          "probe %zu tokens of %d bytes", probed, width);
+    CHECK(loom_shard_probe(path, &probed, NULL) == LOOM_OK && probed == N, "probe without width");
 
     const char *empty = tmp_path("empty.bin");
     CHECK(loom_shard_write(empty, tokens, 0) == LOOM_OK, "write empty shard");
@@ -153,9 +180,68 @@ static void test_shard_round_trip(void) {
     CHECK(!file_exists(tmp_path("round.bin.tmp")), "no temporary left");
 }
 
+/* uint32 shards: ids past 16 bits, the header llm.c's Llama 3 shards have, read back either way
+ * (a shard loom wrote, and one the test wrote by hand). */
+static void test_wide_shard_round_trip(void) {
+    enum { N = 1000 };
+    uint32_t tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = (uint32_t)i * 2654435761u % 128256u;
+    const uint32_t edges[8] = {0, 65535, 65536, 65537, 128000, 128255, 0x7fffffffu, 0xffffffffu};
+    memcpy(tokens, edges, sizeof edges);
+    const char *path = tmp_path("wide.bin");
+    CHECK(loom_shard_write_wide(path, tokens, N) == LOOM_OK, "write wide: %s", loom_last_error());
+
+    size_t size;
+    unsigned char *raw = read_raw(path, &size);
+    CHECK(raw && size == 1024 + 4 * N, "raw size %zu, expected 1024 + 4 * %d", size, N);
+    if (raw && size == 1024 + 4 * N) {
+        CHECK(le_i32(raw) == 20240801 && le_i32(raw + 4) == 7 && le_i32(raw + 8) == N,
+              "header %d %d %d", le_i32(raw), le_i32(raw + 4), le_i32(raw + 8));
+        int zero = 1;
+        for (int s = 3; s < 256; s++) zero &= le_i32(raw + 4 * s) == 0;
+        CHECK(zero, "unused header slots are 0");
+        int same = 1;
+        for (int i = 0; i < N; i++) same &= (uint32_t)le_i32(raw + 1024 + 4 * i) == tokens[i];
+        CHECK(same, "token bytes are little-endian uint32");
+    }
+    free(raw);
+
+    uint32_t *back = NULL;
+    size_t count = 0;
+    CHECK(loom_shard_read(path, &back, &count) == LOOM_OK, "read wide: %s", loom_last_error());
+    CHECK(count == N && back && memcmp(back, tokens, sizeof tokens) == 0,
+          "read equals written, ids past 65535 included");
+    free(back);
+    size_t probed = 0;
+    int width = 0;
+    CHECK(loom_shard_probe(path, &probed, &width) == LOOM_OK && probed == N && width == 4,
+          "probe %zu tokens of %d bytes", probed, width);
+
+    const char *by_hand = tmp_path("wide_by_hand.bin");
+    write_wide_by_hand(by_hand, tokens, 40);
+    back = NULL;
+    CHECK(loom_shard_read(by_hand, &back, &count) == LOOM_OK && count == 40 && back &&
+              memcmp(back, tokens, 40 * sizeof *tokens) == 0,
+          "a shard written by hand reads: %s", loom_last_error());
+    free(back);
+
+    const char *empty = tmp_path("wide_empty.bin");
+    CHECK(loom_shard_write_wide(empty, tokens, 0) == LOOM_OK, "write empty wide shard");
+    back = NULL;
+    CHECK(loom_shard_read(empty, &back, &count) == LOOM_OK && count == 0, "empty wide shard reads");
+    CHECK(loom_shard_probe(empty, &probed, &width) == LOOM_OK && probed == 0 && width == 4,
+          "an empty shard has its header's width");
+    free(back);
+
+    CHECK(loom_shard_token_width(257) == 2 && loom_shard_token_width(50257) == 2 &&
+              loom_shard_token_width(65536) == 2 && loom_shard_token_width(65537) == 4 &&
+              loom_shard_token_width(128256) == 4,
+          "uint16 up to 65536 ids, uint32 past them");
+}
+
 static void expect_bad_shard(const char *name, const char *needle1, const char *needle2) {
     const char *path = tmp_path(name);
-    uint16_t *tokens = (uint16_t *)1;
+    uint32_t *tokens = (uint32_t *)1;
     size_t count = 99;
     loom_clear_error();
     loom_status st = loom_shard_read(path, &tokens, &count);
@@ -167,12 +253,13 @@ static void expect_bad_shard(const char *name, const char *needle1, const char *
     if (needle2)
         CHECK(error_mentions(needle2), "%s: '%s' in: %s", name, needle2, loom_last_error());
     size_t probed;
-    CHECK(loom_shard_probe(path, &probed) == LOOM_ERR_INPUT, "%s: probe rejects too", name);
+    CHECK(loom_shard_probe(path, &probed, NULL) == LOOM_ERR_INPUT, "%s: probe rejects too", name);
 }
 
 static void test_bad_shards(void) {
     write_crafted_shard(tmp_path("magic.bin"), 20240326, 1, 3, 3, 0);
     expect_bad_shard("magic.bin", "20240520", "20240326");
+    expect_bad_shard("magic.bin", "or 20240801", NULL); /* both accepted magics listed */
     write_crafted_shard(tmp_path("version.bin"), 20240520, 2, 3, 3, 0);
     expect_bad_shard("version.bin", "version", "got 2");
     write_crafted_shard(tmp_path("truncated.bin"), 20240520, 1, 5, 3, 0);
@@ -196,14 +283,32 @@ static void test_bad_shards(void) {
     uint16_t t[3] = {1, 2, 3};
     CHECK(loom_shard_write(tmp_path("no_such_dir/x.bin"), t, 3) == LOOM_ERR_IO,
           "write into a missing directory fails");
+
+    /* uint32 shards: each magic with its own version, and sizes at 4 bytes a token. */
+    write_crafted(tmp_path("wide_v1.bin"), 20240801, 1, 3, 3, 0, 4);
+    expect_bad_shard("wide_v1.bin", "expected 7, got 1", "magic 20240801");
+    write_crafted(tmp_path("narrow_v7.bin"), 20240520, 7, 3, 3, 0, 2);
+    expect_bad_shard("narrow_v7.bin", "expected 1, got 7", "magic 20240520");
+    write_crafted(tmp_path("wide_truncated.bin"), 20240801, 7, 5, 3, 0, 4);
+    expect_bad_shard("wide_truncated.bin", "1036 bytes", "1044"); /* both sizes */
+    write_crafted(tmp_path("wide_trailing.bin"), 20240801, 7, 3, 3, 2, 4);
+    expect_bad_shard("wide_trailing.bin", "1038 bytes", "1036");
+    /* uint16 tokens under the uint32 magic: half the bytes the count needs */
+    write_crafted(tmp_path("wide_as_narrow.bin"), 20240801, 7, 3, 3, 0, 2);
+    expect_bad_shard("wide_as_narrow.bin", "1030 bytes", "4 bytes per token");
+    write_crafted(tmp_path("wide_huge.bin"), 20240801, 7, INT32_MAX, 2, 0, 4);
+    expect_bad_shard("wide_huge.bin", "1032", "8589935612");
+    uint32_t w[2] = {1, 70000};
+    CHECK(loom_shard_write_wide(tmp_path("no_such_dir/w.bin"), w, 2) == LOOM_ERR_IO,
+          "wide write into a missing directory fails");
 }
 
 /* ---- datasets ---------------------------------------------------------------------------- */
 
 /* All of a dataset's tokens, copied out with loom_dataset_read (free() it; NULL on failure). */
-static uint16_t *dataset_tokens(const loom_dataset *ds) {
+static uint32_t *dataset_tokens(const loom_dataset *ds) {
     size_t n = loom_dataset_num_tokens(ds);
-    uint16_t *tokens = malloc((n + 1) * sizeof *tokens);
+    uint32_t *tokens = malloc((n + 1) * sizeof *tokens);
     if (tokens && loom_dataset_read(ds, 0, n, tokens) != LOOM_OK) {
         fprintf(stderr, "read %s: %s\n", loom_dataset_pattern(ds), loom_last_error());
         free(tokens);
@@ -212,8 +317,8 @@ static uint16_t *dataset_tokens(const loom_dataset *ds) {
     return tokens;
 }
 
-static int dataset_holds(const loom_dataset *ds, const uint16_t *expect, size_t n) {
-    uint16_t *tokens = dataset_tokens(ds);
+static int dataset_holds(const loom_dataset *ds, const uint32_t *expect, size_t n) {
+    uint32_t *tokens = dataset_tokens(ds);
     int same = tokens && loom_dataset_num_tokens(ds) == n &&
                memcmp(tokens, expect, n * sizeof *expect) == 0;
     free(tokens);
@@ -240,13 +345,14 @@ static void test_dataset(void) {
     loom_dataset *ds = NULL;
     CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_OK, "open: %s", loom_last_error());
     if (ds) {
-        const uint16_t expect[12] = {100, 101, 102, 200, 201, 202, 203, 300, 301, 302, 303, 304};
+        const uint32_t expect[12] = {100, 101, 102, 200, 201, 202, 203, 300, 301, 302, 303, 304};
         CHECK(loom_dataset_num_tokens(ds) == 12, "token count %zu", loom_dataset_num_tokens(ds));
         CHECK(dataset_holds(ds, expect, 12), "shards concatenated in name order");
         CHECK(loom_dataset_num_files(ds) == 3 && strstr(loom_dataset_file(ds, 0), "s_00.bin") &&
                   strstr(loom_dataset_file(ds, 2), "s_02.bin"),
               "file list sorted");
         CHECK(strcmp(loom_dataset_pattern(ds), pattern) == 0, "pattern kept");
+        CHECK(loom_dataset_token_width(ds) == 2, "uint16 shards");
         loom_dataset_free(ds);
     }
 
@@ -255,7 +361,7 @@ static void test_dataset(void) {
     ds = NULL;
     CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_OK, "open list: %s", loom_last_error());
     if (ds) {
-        const uint16_t expect[8] = {100, 101, 102, 300, 301, 302, 303, 304};
+        const uint32_t expect[8] = {100, 101, 102, 300, 301, 302, 303, 304};
         CHECK(dataset_holds(ds, expect, 8), "list sorted, deduplicated, concatenated (%zu tokens)",
               loom_dataset_num_tokens(ds));
         loom_dataset_free(ds);
@@ -287,6 +393,95 @@ static void test_dataset(void) {
     remove(tmp_path("s_03.bin"));
 }
 
+/* A dataset of uint32 shards: one written by hand, one by loom; ids past 16 bits read and
+ * loaded across the file boundary; the vocabulary check at 32 bits. */
+static void test_wide_dataset(void) {
+    const uint32_t first[5] = {70000, 70001, 65535, 65536, 128000};
+    const uint32_t second[4] = {5, 128255, 128001, 99999};
+    write_wide_by_hand(tmp_path("w_00.bin"), first, 5);
+    CHECK(loom_shard_write_wide(tmp_path("w_01.bin"), second, 4) == LOOM_OK, "write: %s",
+          loom_last_error());
+    char pattern[1200];
+    snprintf(pattern, sizeof pattern, "%s/w_*.bin", tmp);
+    loom_dataset *ds = NULL;
+    CHECK(loom_dataset_open(&ds, pattern, 128256) == LOOM_OK, "open: %s", loom_last_error());
+    if (ds) {
+        const uint32_t all[9] = {70000, 70001, 65535, 65536, 128000, 5, 128255, 128001, 99999};
+        CHECK(dataset_holds(ds, all, 9), "both files' ids, in order");
+        CHECK(loom_dataset_token_width(ds) == 4, "uint32 shards");
+        uint32_t across[4] = {0};
+        const uint32_t expect[4] = {65536, 128000, 5, 128255};
+        CHECK(loom_dataset_read(ds, 3, 4, across) == LOOM_OK &&
+                  memcmp(across, expect, sizeof expect) == 0,
+              "a read across the file boundary: %u %u %u %u", across[0], across[1], across[2],
+              across[3]);
+        /* 9 tokens, seq_len 4: windows [0, 4] and [4, 8]; the second spans both files. */
+        loom_loader *ld = NULL;
+        CHECK(loom_loader_create(&ld, ds, 4, 0, 1) == LOOM_OK && loom_loader_num_windows(ld) == 2,
+              "loader: %s", loom_last_error());
+        if (ld) {
+            int32_t in[8], tg[8];
+            CHECK(loom_loader_next(ld, 2, in, tg) == LOOM_OK, "next: %s", loom_last_error());
+            const int32_t want_in[8] = {70000, 70001, 65535, 65536, 128000, 5, 128255, 128001};
+            const int32_t want_tg[8] = {70001, 65535, 65536, 128000, 5, 128255, 128001, 99999};
+            CHECK(memcmp(in, want_in, sizeof in) == 0 && memcmp(tg, want_tg, sizeof tg) == 0,
+                  "int32 inputs and targets hold the ids past 16 bits (in[5] %d, tg[7] %d)",
+                  (int)in[5], (int)tg[7]);
+        }
+        loom_loader_free(ld);
+        loom_dataset_free(ds);
+    }
+
+    /* 128255 at position 1 of w_01.bin is the first id outside a vocabulary of 128255. */
+    ds = (loom_dataset *)1;
+    CHECK(loom_dataset_open(&ds, pattern, 128255) == LOOM_ERR_INPUT && ds == NULL,
+          "an id >= vocab refused");
+    CHECK(error_mentions(tmp_path("w_01.bin")) && error_mentions("position 1 is 128255") &&
+              error_mentions("vocab size 128255"),
+          "names file, position, id and vocabulary: %s", loom_last_error());
+    /* The largest uint32 is no int32 id, whatever the vocabulary. */
+    const uint32_t top[3] = {1, 0xffffffffu, 2};
+    write_wide_by_hand(tmp_path("top.bin"), top, 3);
+    CHECK(loom_dataset_open(&ds, tmp_path("top.bin"), INT32_MAX) == LOOM_ERR_INPUT &&
+              error_mentions("position 1 is 4294967295"),
+          "id 2^32-1 refused under the largest vocabulary: %s", loom_last_error());
+}
+
+/* One dataset, one width: a uint16 shard and a uint32 one under one pattern are refused by
+ * open and describe alike, naming the file of the other width and the first file. */
+static void test_mixed_widths(void) {
+    const uint16_t narrow[3] = {1, 2, 3};
+    const uint32_t wide[3] = {4, 5, 6};
+    CHECK(loom_shard_write(tmp_path("mix_a_00.bin"), narrow, 3) == LOOM_OK &&
+              loom_shard_write_wide(tmp_path("mix_a_01.bin"), wide, 3) == LOOM_OK &&
+              loom_shard_write_wide(tmp_path("mix_b_00.bin"), wide, 3) == LOOM_OK &&
+              loom_shard_write(tmp_path("mix_b_01.bin"), narrow, 3) == LOOM_OK,
+          "write: %s", loom_last_error());
+    const char *names[2][3] = {{"mix_a_*.bin", "mix_a_01.bin: uint32 tokens", "mix_a_00.bin"},
+                               {"mix_b_*.bin", "mix_b_01.bin: uint16 tokens", "mix_b_00.bin"}};
+    const char *first_width[2] = {"has uint16 tokens", "has uint32 tokens"};
+    for (int k = 0; k < 2; k++) {
+        loom_dataset *ds = (loom_dataset *)1;
+        CHECK(loom_dataset_open(&ds, tmp_path(names[k][0]), 1000) == LOOM_ERR_INPUT && ds == NULL,
+              "%s: a mix of widths refused", names[k][0]);
+        CHECK(error_mentions(names[k][1]) && error_mentions(names[k][2]) &&
+                  error_mentions(first_width[k]),
+              "%s: names the file, its width and the first file's: %s", names[k][0],
+              loom_last_error());
+        ds = (loom_dataset *)1;
+        CHECK(loom_dataset_describe(&ds, tmp_path(names[k][0])) == LOOM_ERR_INPUT && ds == NULL &&
+                  error_mentions(names[k][1]),
+              "%s: describe refuses it too: %s", names[k][0], loom_last_error());
+    }
+    /* each width alone is fine */
+    char pattern[1200];
+    snprintf(pattern, sizeof pattern, "%s/mix_a_00.bin,%s/mix_b_01.bin", tmp, tmp);
+    loom_dataset *ds = NULL;
+    CHECK(loom_dataset_open(&ds, pattern, 1000) == LOOM_OK, "two uint16 shards: %s",
+          loom_last_error());
+    loom_dataset_free(ds);
+}
+
 /* ---- loader ------------------------------------------------------------------------------ */
 
 /* A dataset whose token i is i, so a window is identified by its first input / T. */
@@ -305,7 +500,7 @@ enum { T = 4, WINDOWS = 100, BATCH = 7 };
 /* Reads `count` windows in batches of BATCH (the last one partial) and records their ids. */
 static int read_windows(loom_loader *ld, const loom_dataset *ds, size_t count, size_t *ids) {
     int32_t inputs[BATCH * T], targets[BATCH * T];
-    uint16_t *tokens = dataset_tokens(ds);
+    uint32_t *tokens = dataset_tokens(ds);
     if (!tokens) return 0;
     int consistent = 1;
     for (size_t done = 0; done < count;) {
@@ -316,8 +511,8 @@ static int read_windows(loom_loader *ld, const loom_dataset *ds, size_t count, s
             ids[done + i] = start / T;
             consistent &= start % T == 0;
             for (int t = 0; t < T; t++) {
-                consistent &= inputs[i * T + t] == tokens[start + t];
-                consistent &= targets[i * T + t] == tokens[start + t + 1];
+                consistent &= (uint32_t)inputs[i * T + t] == tokens[start + t];
+                consistent &= (uint32_t)targets[i * T + t] == tokens[start + t + 1];
                 if (t + 1 < T) consistent &= targets[i * T + t] == inputs[i * T + t + 1];
             }
         }
@@ -471,7 +666,10 @@ static int dataset_equals(const char *pattern, const uint16_t *expect, size_t n)
         fprintf(stderr, "open %s: %s\n", pattern, loom_last_error());
         return 0;
     }
-    int same = dataset_holds(ds, expect, n);
+    uint32_t *wide = malloc((n + 1) * sizeof *wide);
+    for (size_t i = 0; i < n; i++) wide[i] = expect[i];
+    int same = dataset_holds(ds, wide, n);
+    free(wide);
     if (!same)
         fprintf(stderr, "%s: %zu tokens, expected %zu\n", pattern, loom_dataset_num_tokens(ds), n);
     loom_dataset_free(ds);
@@ -482,7 +680,7 @@ static size_t shard_count(const char *dir, const char *name, int index) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s_%06d.bin", dir, name, index);
     size_t count = 0;
-    if (loom_shard_probe(path, &count) != LOOM_OK) return (size_t)-1;
+    if (loom_shard_probe(path, &count, NULL) != LOOM_OK) return (size_t)-1;
     return count;
 }
 
@@ -627,8 +825,11 @@ int main(void) {
     loom_log_set_level(LOOM_LOG_WARN); /* prepare's progress lines would drown the verdicts */
     test_tokenizer();
     test_shard_round_trip();
+    test_wide_shard_round_trip();
     test_bad_shards();
     test_dataset();
+    test_wide_dataset();
+    test_mixed_widths();
     test_loader_shuffle();
     test_loader_resume(1);
     test_loader_resume(0);

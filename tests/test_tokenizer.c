@@ -4,8 +4,8 @@
  * hand-worked example, the fast merge against the reference on random text, round trips of any
  * bytes, the three file formats, and bad files refused with the file and its line. Llama 3's
  * pre-tokeniser likewise (pieces worked out from its pattern), and a tiny tokenizer.json that
- * declares it: ignore_merges, special tokens past 16 bits, the 16-bit paths refusing it, other
- * pre-tokenizers and normalizers refused naming the field.
+ * declares it: ignore_merges, special tokens past 16 bits, the 16-bit encoder refusing it, prepare
+ * writing uint32 shards for it, other pre-tokenizers and normalizers refused naming the field.
  * (tokenizer_compare.sh checks GPT-2's real vocabulary against js-tiktoken, tokenizer_llama3.sh
  * Llama 3's against two JavaScript implementations.)
  */
@@ -395,10 +395,18 @@ static void test_llmc_tokenizer(void) {
     expect_refused(path, "gpt2_tokenizer.bin: token 256", "expected a length", "a truncated file");
 }
 
-static uint16_t *read_shard(const char *path, size_t *count) {
-    uint16_t *tokens = NULL;
+static uint32_t *read_shard(const char *path, size_t *count) {
+    uint32_t *tokens = NULL;
     *count = 0;
     return loom_shard_read(path, &tokens, count) == LOOM_OK ? tokens : NULL;
+}
+
+/* got[0..n) == want[0..n), a shard's ids against 16-bit ones. */
+static int ids_match(const uint32_t *got, const uint16_t *want, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != want[i]) return 0;
+    }
+    return 1;
 }
 
 /* prepare with a GPT-2 tokenizer: EOT before each document, the tokens of the whole file (the
@@ -422,7 +430,7 @@ static void test_prepare(void) {
     uint16_t *whole = malloc(n * sizeof *whole);
     size_t whole_n = encode(tok, text, n, 0, whole);
     const char *paths[] = {path, path};
-    uint16_t *train[2] = {NULL, NULL};
+    uint32_t *train[2] = {NULL, NULL};
     size_t train_n[2] = {0, 0};
     for (int run = 0; run < 2; run++) {
         char dir[1200];
@@ -436,8 +444,8 @@ static void test_prepare(void) {
     }
     size_t val = (size_t)(0.1 * (double)whole_n + 0.5), part = whole_n - val;
     int layout = train[0] && train_n[0] == 2 * (part + 1) && train[0][0] == 264 &&
-                 train[0][part + 1] == 264 && !memcmp(train[0] + 1, whole, part * sizeof *whole) &&
-                 !memcmp(train[0] + part + 2, whole, part * sizeof *whole);
+                 train[0][part + 1] == 264 && ids_match(train[0] + 1, whole, part) &&
+                 ids_match(train[0] + part + 2, whole, part);
     CHECK(layout, "train = (EOT + the file's first %zu tokens) x 2, got %zu tokens", part,
           train_n[0]);
     CHECK(train[1] && train_n[0] == train_n[1] &&
@@ -594,12 +602,29 @@ static void test_llama3_json(void) {
     check_write_text(doc, "hello 1234\n");
     snprintf(out, sizeof out, "%s", tmp_path("llama3_prep"));
     loom_prepare_opts opts = loom_prepare_default_opts();
-    opts.tokenizer = tok;
+    opts.tokenizer = tok, opts.val_fraction = 0;
     const char *docs[] = {doc};
     st = loom_prepare_text(docs, 1, out, &opts);
-    CHECK(st == LOOM_ERR_INPUT && error_mentions("llama3") && error_mentions("128002 ids") &&
-              error_mentions("token shards"),
-          "prepare refuses the tokenizer by name: %s", loom_last_error());
+    CHECK(st == LOOM_OK, "prepare takes the 128002-id tokenizer: %s", loom_last_error());
+    /* the shard, parsed here: llm.c's Llama 3 header, then EOT and the text's ids as uint32 */
+    uint32_t want[64] = {128001};
+    size_t want_n = 1 + encode_wide(tok, "hello 1234\n", 0, want + 1);
+    char shard[1300];
+    snprintf(shard, sizeof shard, "%s/train_000000.bin", out);
+    unsigned char raw[1024 + 4 * 64] = {0};
+    FILE *f = fopen(shard, "rb");
+    size_t got = f ? fread(raw, 1, sizeof raw, f) : 0;
+    if (f) fclose(f);
+    uint32_t word[3 + 64];
+    for (size_t i = 0; i < 3 + 64; i++) {
+        size_t at = i < 3 ? 4 * i : 1024 + 4 * (i - 3);
+        word[i] = (uint32_t)raw[at] | (uint32_t)raw[at + 1] << 8 | (uint32_t)raw[at + 2] << 16 |
+                  (uint32_t)raw[at + 3] << 24;
+    }
+    CHECK(want_n > 2 && got == 1024 + 4 * want_n && word[0] == 20240801 && word[1] == 7 &&
+              word[2] == want_n && !memcmp(word + 3, want, want_n * sizeof *want),
+          "a uint32 shard (magic 20240801, version 7) of EOT + the ids: %zu bytes, header %u %u %u",
+          got, (unsigned)word[0], (unsigned)word[1], (unsigned)word[2]);
     loom_tokenizer_free(tok);
 
     /* GPT-2's ByteLevel pre-tokenizer, said explicitly, and no ignore_merges: " 1234" is one

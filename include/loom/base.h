@@ -118,11 +118,12 @@ loom_status loom_mkdir_p(const char *path);
  * left empty. buf must not overlap dir or name. */
 loom_status loom_path_join(char *buf, size_t cap, const char *dir, const char *name);
 
-/* llm.c's binary files — token shards (magic 20240520), tokenizers (20240328) and model
- * checkpoints (20240326) — start with a header of 256 little-endian int32 slots, slot 0 the magic.
- * loom_i32_header_decode reads it from the first `size` bytes of `path` (already in memory) into
- * slots[]; LOOM_ERR_INPUT naming `path` when the file is shorter than the header ("file is 10
- * bytes, shorter than the 1024-byte header of an llm.c token shard") or slot 0 is not `magic`
+/* llm.c's binary files — token shards (magic 20240520 with uint16 tokens, 20240801 with uint32
+ * tokens), tokenizers (20240328) and model checkpoints (20240326) — start with a header of 256
+ * little-endian int32 slots, slot 0 the magic. loom_i32_header_decode reads it from the first
+ * `size` bytes of `path` (already in memory) into slots[]; LOOM_ERR_INPUT naming `path` when the
+ * file is shorter than the header ("file is 10 bytes, shorter than the 1024-byte header of an llm.c
+ * token shard") or slot 0 is not `magic`
  * ("header slot 0 (magic): expected 20240520 (an llm.c token shard), got 20240326 (an llm.c
  * model checkpoint)"). The other slots are the caller's to check. */
 #define LOOM_I32_HEADER_SLOTS 256
@@ -133,6 +134,14 @@ loom_status loom_i32_header_decode(const void *bytes, size_t size, const char *p
  * first byte after the header. */
 loom_status loom_i32_header_read(FILE *f, const char *path, int32_t magic,
                                  int32_t slots[LOOM_I32_HEADER_SLOTS]);
+/* Both for a format with several magics (token shards): slot 0 must be one of magics[0..count),
+ * which slots[0] then tells apart; the message lists them ("expected 20240520 (an llm.c token
+ * shard) or 20240801 (...), got ..."), and a short file is named by magics[0]'s format. */
+loom_status loom_i32_header_decode_any(const void *bytes, size_t size, const char *path,
+                                       const int32_t *magics, int count,
+                                       int32_t slots[LOOM_I32_HEADER_SLOTS]);
+loom_status loom_i32_header_read_any(FILE *f, const char *path, const int32_t *magics, int count,
+                                     int32_t slots[LOOM_I32_HEADER_SLOTS]);
 /* The header's bytes for slots[], as the writers of these formats put them. */
 void loom_i32_header_encode(unsigned char bytes[LOOM_I32_HEADER_BYTES],
                             const int32_t slots[LOOM_I32_HEADER_SLOTS]);

@@ -45,7 +45,7 @@ size_t loom_bytes_decode(const uint16_t *tokens, size_t count, char *out, size_t
  * A tokenizer.json declaring Llama 3's pre-tokenizer (a Split by Llama 3's pattern, then
  * ByteLevel) is Llama 3's tokenizer: its pattern, ignore_merges, its special tokens
  * (<|begin_of_text|> = 128000, <|end_of_text|> = 128001 is its end-of-text, ...) and 128256 ids,
- * more than 16 bits hold: loom_token_encoder_run_wide encodes it, token shards cannot hold it.
+ * more than 16 bits hold: loom_token_encoder_run_wide encodes it, into shards of uint32 tokens.
  *
  * Encoding a text in parts gives the whole text's tokens only when every cut is a piece
  * boundary (`loom prepare` cuts after a newline, before printable ASCII). Invalid UTF-8 bytes are
@@ -105,24 +105,39 @@ loom_status loom_token_encoder_run_wide(loom_token_encoder *enc, const char *tex
                                         int special, uint32_t *tokens, size_t *count);
 
 /* ---- llm.c token shards ------------------------------------------------------------------
- * int32[256] little-endian header (h[0] magic 20240520, h[1] version 1, h[2] token count, rest
- * 0), then count little-endian uint16 tokens. */
+ * int32[256] little-endian header (h[0] magic, h[1] version, h[2] token count, rest 0), then
+ * count little-endian tokens, in one of llm.c's two formats:
+ *   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards; vocabularies up to 65536 ids)
+ *   magic 20240801, version 7: uint32 tokens (llm.c's Llama 3 shards, as its
+ *                              dev/data/data_common.py writes them for "llama-3")
+ * Any other magic, or a version other than its magic's, is LOOM_ERR_INPUT naming the file. */
 
-#define LOOM_SHARD_MAGIC        20240520
+#define LOOM_SHARD_MAGIC        20240520 /* uint16 tokens */
 #define LOOM_SHARD_VERSION      1
+#define LOOM_SHARD_WIDE_MAGIC   20240801 /* uint32 tokens */
+#define LOOM_SHARD_WIDE_VERSION 7
 #define LOOM_SHARD_HEADER_BYTES 1024
 #define LOOM_SHARD_MAX_TOKENS   ((size_t)INT32_MAX) /* the count is an int32 slot */
-#define LOOM_SHARD_MAX_VOCAB    65536               /* uint16 ids */
+#define LOOM_SHARD_MAX_VOCAB    65536               /* ids a uint16 shard holds */
 
-/* Atomic write (temporary file + rename). count must be <= LOOM_SHARD_MAX_TOKENS. */
+/* The token width, in bytes, of the shards written for a vocabulary of vocab_size ids: 2 (uint16)
+ * when every id fits (vocab_size <= LOOM_SHARD_MAX_VOCAB), else 4 (uint32). `loom prepare` writes
+ * this width, so a GPT-2 corpus keeps llm.c's GPT-2 format and Llama 3's gets its Llama 3 one. */
+int loom_shard_token_width(int vocab_size);
+
+/* Atomic writes (temporary file + rename): loom_shard_write of uint16 tokens (magic 20240520),
+ * loom_shard_write_wide of uint32 tokens (magic 20240801). count must be <=
+ * LOOM_SHARD_MAX_TOKENS. */
 loom_status loom_shard_write(const char *path, const uint16_t *tokens, size_t count);
-/* Validates magic, version, and that the file is exactly 1024 + 2*count bytes (truncated or
- * trailing bytes are LOOM_ERR_INPUT naming both sizes); never allocates more than the file size.
- * *tokens is malloc'ed (free() it); NULL with *count = 0 on error. */
-loom_status loom_shard_read(const char *path, uint16_t **tokens, size_t *count);
-/* Validates the header and file size like loom_shard_read and returns the token count without
- * reading the tokens. */
-loom_status loom_shard_probe(const char *path, size_t *count);
+loom_status loom_shard_write_wide(const char *path, const uint32_t *tokens, size_t count);
+/* Reads a shard of either format: validates magic and version, and that the file is exactly
+ * 1024 + width*count bytes (width 2 or 4 by the magic; truncated or trailing bytes are
+ * LOOM_ERR_INPUT naming both sizes); never allocates more than the file size allows. *tokens
+ * is malloc'ed (free() it), uint32 whatever the file's width; NULL with *count = 0 on error. */
+loom_status loom_shard_read(const char *path, uint32_t **tokens, size_t *count);
+/* Validates the header and file size like loom_shard_read and returns the token count, and in
+ * *token_width (when not NULL) the bytes per token, 2 or 4, without reading the tokens. */
+loom_status loom_shard_probe(const char *path, size_t *count, int *token_width);
 
 /* ---- datasets ----------------------------------------------------------------------------
  * One or more shards given as a glob pattern, or a comma-separated list of patterns (so a path
@@ -131,21 +146,27 @@ loom_status loom_shard_probe(const char *path, size_t *count);
  * file_start(f) <= p < file_start(f + 1), at offset p - file_start(f). A pattern that matches
  * nothing is an error naming it.
  *
- * loom_dataset_open validates every shard (header, version, size = 1024 + 2*count), reads its
- * tokens once through a small buffer to check each is < vocab_size (the error names the file,
- * the position in that file and the token), then maps the file read-only (mmap, MAP_PRIVATE).
- * No token is copied: resident memory grows only with the pages that windows touch, and those
- * are clean file pages shared with every other process mapping the same shards. The check reads
- * the whole corpus once per open (skipped when vocab_size is 65536: every uint16 fits). Shards
- * must not be truncated or rewritten in place while a dataset maps them (reading a truncated
- * mapping raises SIGBUS); replacing a file by rename, as loom_shard_write does, is safe.
+ * The shards of one dataset share one token width: all uint16 or all uint32 (either format
+ * above). A mix is refused, naming the first file of the other width and the dataset's first
+ * file with their widths: the two formats come from different tokenizers, whose ids mean
+ * different things, so a mix is almost surely two corpora under one glob.
  *
- * loom_dataset_describe is the lazy open: it validates headers and sizes (the same errors as
- * loom_dataset_open except the token check, which needs the tokens) and records the counts, but
- * neither reads nor maps any token. A loader over it has the same windows, order and positions
- * as one over the opened dataset (they depend on the counts only), so a rank that needs neither
- * inputs nor targets — a middle pipeline stage — describes the data and advances its loader with
- * loom_loader_skip where the other stages call loom_loader_next. loom_dataset_read and
+ * loom_dataset_open validates every shard (header, version, size = 1024 + width*count), reads
+ * its tokens once through a small buffer to check each is < vocab_size (the error names the
+ * file, the position in that file and the token), then maps the file read-only (mmap,
+ * MAP_PRIVATE). No token is copied: resident memory grows only with the pages that windows
+ * touch, and those are clean file pages shared with every other process mapping the same
+ * shards. The check reads the whole corpus once per open (skipped for uint16 shards when
+ * vocab_size is at least 65536: every uint16 fits). Shards must not be truncated or rewritten in
+ * place while a dataset maps them (reading a truncated mapping raises SIGBUS); replacing a file
+ * by rename, as loom_shard_write does, is safe.
+ *
+ * loom_dataset_describe is the lazy open: it validates headers, sizes and widths (the same
+ * errors as loom_dataset_open except the token check, which needs the tokens) and records the
+ * counts, but neither reads nor maps any token. A loader over it has the same windows, order and
+ * positions as one over the opened dataset (they depend on the counts only), so a rank that needs
+ * neither inputs nor targets — a middle pipeline stage — describes the data and advances its loader
+ * with loom_loader_skip where the other stages call loom_loader_next. loom_dataset_read and
  * loom_loader_next refuse a described dataset (LOOM_ERR_INPUT). */
 
 typedef struct loom_dataset loom_dataset;
@@ -155,9 +176,12 @@ void loom_dataset_free(loom_dataset *ds);
 size_t loom_dataset_num_tokens(const loom_dataset *ds);
 /* 1 when opened (tokens readable), 0 when described. */
 int loom_dataset_has_tokens(const loom_dataset *ds);
-/* Copies tokens [position, position + count) into out (count entries), across file boundaries.
- * LOOM_ERR_INPUT when the range is outside [0, num_tokens) or the dataset is described. */
-loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t count, uint16_t *out);
+/* Copies tokens [position, position + count) into out (count entries, uint32 whatever the
+ * shards' width), across file boundaries. LOOM_ERR_INPUT when the range is outside
+ * [0, num_tokens) or the dataset is described. */
+loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t count, uint32_t *out);
+/* The token width, in bytes, that every shard of the dataset has: 2 (uint16) or 4 (uint32). */
+int loom_dataset_token_width(const loom_dataset *ds);
 const char *loom_dataset_pattern(const loom_dataset *ds);
 int loom_dataset_num_files(const loom_dataset *ds);
 const char *loom_dataset_file(const loom_dataset *ds, int index); /* sorted order */
@@ -223,9 +247,11 @@ loom_status loom_loader_set_pos(loom_loader *ld, loom_loader_pos pos);
  * removed so that a glob over DIR sees only this run's data. Progress and the tokenising speed go
  * to stdout via loom_info. LOOM_ERR_INPUT, checked before anything is written: no input files, a
  * missing, unreadable, non-regular or empty input file (named), val_fraction outside [0, 1),
- * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode, has no
- * <|endoftext|> or has more ids than shards hold (LOOM_SHARD_MAX_VOCAB; Llama 3's 128256). A later
- * write failure (LOOM_ERR_IO) leaves the shards completed so far; each shard itself is atomic. */
+ * shard_tokens outside [1, LOOM_SHARD_MAX_TOKENS], a tokenizer that cannot encode or has no
+ * end-of-text token (<|endoftext|>, or Llama 3's <|end_of_text|>). The shards hold uint16 tokens
+ * (magic 20240520) when the tokenizer's ids fit 16 bits, else uint32 tokens (magic 20240801: Llama
+ * 3's 128256 ids); see loom_shard_token_width. A later write failure (LOOM_ERR_IO) leaves the
+ * shards completed so far; each shard itself is atomic. */
 
 typedef struct {
     double val_fraction;   /* default 0.1 */

@@ -86,7 +86,8 @@ int loom_gpt_pad_vocab(int vocab_size);
  * prefix is "" for run configurations and "model." for plan files. */
 loom_status loom_gpt_config_check_shape(loom_gpt_config *config, const char *source,
                                         const char *prefix);
-/* The shape rules plus what this build can train (uint16 token ids, BLAS int sizes); `source`
+/* The shape rules plus what this build can train (BLAS int sizes; token ids are int32, and
+ * token shards hold uint16 or uint32 ids, so any paddable vocabulary is fine); `source`
  * names where the values came from, for the message. */
 loom_status loom_gpt_config_check(loom_gpt_config *config, const char *source);
 /* Tensor parallelism of degree tp fits the model when tp divides the heads and the padded

@@ -8,6 +8,7 @@
  */
 #include "loom/base.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const struct {
@@ -15,6 +16,7 @@ static const struct {
     const char *format;
 } known_formats[] = {
     {20240520, "an llm.c token shard"},
+    {20240801, "an llm.c token shard of uint32 tokens"},
     {20240328, "an llm.c tokenizer"},
     {20240326, "an llm.c model checkpoint"},
 };
@@ -35,9 +37,20 @@ static int32_t load_le_i32(const unsigned char *p) {
     return value;
 }
 
-loom_status loom_i32_header_decode(const void *bytes, size_t size, const char *path, int32_t magic,
-                                   int32_t slots[LOOM_I32_HEADER_SLOTS]) {
-    const char *expected = format_of(magic);
+/* "20240520 (an llm.c token shard)", or the number alone for an unknown magic. */
+static void describe_magic(char *out, size_t cap, int32_t magic) {
+    const char *format = format_of(magic);
+    if (format) {
+        snprintf(out, cap, "%d (%s)", (int)magic, format);
+    } else {
+        snprintf(out, cap, "%d", (int)magic);
+    }
+}
+
+loom_status loom_i32_header_decode_any(const void *bytes, size_t size, const char *path,
+                                       const int32_t *magics, int count,
+                                       int32_t slots[LOOM_I32_HEADER_SLOTS]) {
+    const char *expected = format_of(magics[0]);
     if (size < LOOM_I32_HEADER_BYTES) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: file is %zu bytes, shorter than the %d-byte header%s%s", path, size,
@@ -45,25 +58,39 @@ loom_status loom_i32_header_decode(const void *bytes, size_t size, const char *p
     }
     const unsigned char *p = bytes;
     for (int i = 0; i < LOOM_I32_HEADER_SLOTS; i++) slots[i] = load_le_i32(p + 4 * i);
-    if (slots[0] != magic) {
-        const char *got = format_of(slots[0]);
-        return loom_fail(
-            LOOM_ERR_INPUT, "%s: header slot 0 (magic): expected %d%s%s%s, got %d%s%s%s", path,
-            (int)magic, expected ? " (" : "", expected ? expected : "", expected ? ")" : "",
-            (int)slots[0], got ? " (" : "", got ? got : "", got ? ")" : "");
+    for (int k = 0; k < count; k++) {
+        if (slots[0] == magics[k]) return LOOM_OK;
     }
-    return LOOM_OK;
+    char wanted[256] = "", one[96], got[96];
+    for (int k = 0; k < count; k++) {
+        describe_magic(one, sizeof one, magics[k]);
+        size_t used = strlen(wanted);
+        snprintf(wanted + used, sizeof wanted - used, "%s%s", k == 0 ? "" : " or ", one);
+    }
+    describe_magic(got, sizeof got, slots[0]);
+    return loom_fail(LOOM_ERR_INPUT, "%s: header slot 0 (magic): expected %s, got %s", path, wanted,
+                     got);
 }
 
-loom_status loom_i32_header_read(FILE *f, const char *path, int32_t magic,
-                                 int32_t slots[LOOM_I32_HEADER_SLOTS]) {
+loom_status loom_i32_header_decode(const void *bytes, size_t size, const char *path, int32_t magic,
+                                   int32_t slots[LOOM_I32_HEADER_SLOTS]) {
+    return loom_i32_header_decode_any(bytes, size, path, &magic, 1, slots);
+}
+
+loom_status loom_i32_header_read_any(FILE *f, const char *path, const int32_t *magics, int count,
+                                     int32_t slots[LOOM_I32_HEADER_SLOTS]) {
     unsigned char raw[LOOM_I32_HEADER_BYTES];
     size_t got = fread(raw, 1, sizeof raw, f);
     if (got < sizeof raw && ferror(f)) {
         return loom_fail(LOOM_ERR_INPUT, "%s: cannot read the %d-byte header", path,
                          LOOM_I32_HEADER_BYTES);
     }
-    return loom_i32_header_decode(raw, got, path, magic, slots);
+    return loom_i32_header_decode_any(raw, got, path, magics, count, slots);
+}
+
+loom_status loom_i32_header_read(FILE *f, const char *path, int32_t magic,
+                                 int32_t slots[LOOM_I32_HEADER_SLOTS]) {
+    return loom_i32_header_read_any(f, path, &magic, 1, slots);
 }
 
 void loom_i32_header_encode(unsigned char bytes[LOOM_I32_HEADER_BYTES],

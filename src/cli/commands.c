@@ -786,6 +786,27 @@ int cmd_eval(int argc, char **argv) {
 
 /* ---- bench --train: training steps of any layout on synthetic tokens ---- */
 
+/* count uniform tokens of the model's vocabulary as a shard at path, in the width `prepare`
+ * would write for it (uint32 past 65536 ids, as Llama 3's). */
+static loom_status write_synthetic_tokens(const char *path, size_t count,
+                                          const loom_gpt_config *model, uint64_t seed) {
+    uint64_t vocab = (uint64_t)model->vocab_size;
+    if (loom_shard_token_width(model->vocab_size) == 2) {
+        uint16_t *tokens = loom_malloc(count * sizeof *tokens, "synthetic tokens");
+        if (!tokens) return LOOM_ERR_NOMEM;
+        for (size_t i = 0; i < count; i++) tokens[i] = (uint16_t)(loom_rng_u64(seed, 7, i) % vocab);
+        loom_status st = loom_shard_write(path, tokens, count);
+        free(tokens);
+        return st;
+    }
+    uint32_t *tokens = loom_malloc(count * sizeof *tokens, "synthetic tokens");
+    if (!tokens) return LOOM_ERR_NOMEM;
+    for (size_t i = 0; i < count; i++) tokens[i] = (uint32_t)(loom_rng_u64(seed, 7, i) % vocab);
+    loom_status st = loom_shard_write_wide(path, tokens, count);
+    free(tokens);
+    return st;
+}
+
 static int compare_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -918,13 +939,8 @@ int cmd_bench_train(int argc, char **argv) {
     if (st == LOOM_OK && rank == 0) {
         size_t count =
             ((size_t)cfg->steps * (size_t)plan.global_batch + 2) * (size_t)cfg->seq_len + 1;
-        uint16_t *tokens = malloc(count * sizeof *tokens);
-        st = tokens ? loom_mkdir_p(cfg->out) : LOOM_ERR_NOMEM;
-        for (size_t i = 0; st == LOOM_OK && i < count; i++) {
-            tokens[i] = (uint16_t)(loom_rng_u64(cfg->seed, 7, i) % (uint64_t)plan.model.vocab_size);
-        }
-        if (st == LOOM_OK) st = loom_shard_write(cfg->data, tokens, count);
-        free(tokens);
+        st = loom_mkdir_p(cfg->out);
+        if (st == LOOM_OK) st = write_synthetic_tokens(cfg->data, count, &plan.model, cfg->seed);
     }
     if (world && loom_comm_barrier(world) != LOOM_OK && st == LOOM_OK) st = LOOM_ERR_RUNTIME;
     if (st == LOOM_OK) {

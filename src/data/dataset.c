@@ -6,6 +6,10 @@
  * the pages through the page cache. Described, a dataset only knows the shards' token counts,
  * which is all a loader needs to keep its position.
  *
+ * Shards hold uint16 or uint32 tokens (llm.c's two formats); one dataset holds one width, the
+ * first file's, and refuses a file of the other by name: the widths come from tokenizers of
+ * different sizes, so a mix is two corpora under one glob, not one corpus.
+ *
  * Why check at open rather than per window: bad input is refused where it enters, naming the
  * file, before any training step; the loader and the model then never check. Why read the check
  * through a buffer rather than through the mapping: the mapping's pages would then stay resident
@@ -27,8 +31,8 @@ typedef struct {
     size_t first; /* global position of this shard's first token */
     size_t count;
     void *map;                 /* the whole file, mapped read-only; NULL if described or empty */
-    size_t map_bytes;          /* 1024 + 2*count */
-    const unsigned char *body; /* (count, 2) little-endian tokens inside map */
+    size_t map_bytes;          /* 1024 + token_width*count */
+    const unsigned char *body; /* (count, token_width) little-endian tokens inside map */
 } shard_view;
 
 struct loom_dataset {
@@ -36,7 +40,8 @@ struct loom_dataset {
     shard_view *shards; /* (num_files,) sorted by path, distinct */
     int num_files;
     size_t num_tokens;
-    int has_tokens; /* 1 when opened (mapped), 0 when only described */
+    int token_width; /* bytes per token of every shard: 2 or 4 */
+    int has_tokens;  /* 1 when opened (mapped), 0 when only described */
 };
 
 typedef struct {
@@ -126,26 +131,35 @@ static loom_status expand_patterns(const char *patterns, path_list *list) {
 
 enum { CHECK_CHUNK_TOKENS = 1 << 15 };
 
+/* Token i of a little-endian body of width-byte tokens. */
+static inline uint32_t token_at(const unsigned char *body, size_t i, int width) {
+    const unsigned char *b = body + (size_t)width * i;
+    uint32_t token = (uint32_t)b[0] | (uint32_t)b[1] << 8;
+    if (width == 4) token |= (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return token;
+}
+
 /* Streams the tokens of an open shard (positioned at its first token) and checks each against
  * the vocabulary. */
-static loom_status check_vocab(FILE *file, const char *path, size_t count, int vocab_size) {
-    if (vocab_size >= 65536) return LOOM_OK; /* every uint16 fits */
-    unsigned char *chunk = loom_malloc(2 * CHECK_CHUNK_TOKENS, "shard check buffer");
+static loom_status check_vocab(FILE *file, const char *path, size_t count, int width,
+                               int vocab_size) {
+    if (width == 2 && vocab_size >= 65536) return LOOM_OK; /* every uint16 fits */
+    unsigned char *chunk = loom_malloc((size_t)width * CHECK_CHUNK_TOKENS, "shard check buffer");
     if (!chunk) return LOOM_ERR_NOMEM;
     loom_status status = LOOM_OK;
     for (size_t done = 0; done < count && status == LOOM_OK;) {
         size_t n = count - done < CHECK_CHUNK_TOKENS ? count - done : CHECK_CHUNK_TOKENS;
-        if (fread(chunk, 2, n, file) != n) {
+        if (fread(chunk, (size_t)width, n, file) != n) {
             status =
                 loom_fail(LOOM_ERR_INPUT, "%s: short read at token %zu of %zu", path, done, count);
             break;
         }
         for (size_t i = 0; i < n; i++) {
-            unsigned token = (unsigned)chunk[2 * i] | (unsigned)chunk[2 * i + 1] << 8;
-            if (token >= (unsigned)vocab_size) {
+            uint32_t token = token_at(chunk, i, width);
+            if (token >= (uint32_t)vocab_size) {
                 status = loom_fail(LOOM_ERR_INPUT,
                                    "%s: token at position %zu is %u: expected < vocab size %d",
-                                   path, done + i, token, vocab_size);
+                                   path, done + i, (unsigned)token, vocab_size);
                 break;
             }
         }
@@ -155,16 +169,33 @@ static loom_status check_vocab(FILE *file, const char *path, size_t count, int v
     return status;
 }
 
-/* Validates one shard, checks its tokens, and maps it, all through one open file: what is
- * mapped is the file that was checked. */
-static loom_status map_shard(shard_view *shard, int vocab_size) {
+/* Shard i's width against the dataset's, which the first shard set. */
+static loom_status check_width(loom_dataset *ds, int i, int width) {
+    if (i == 0) {
+        ds->token_width = width;
+        return LOOM_OK;
+    }
+    if (width == ds->token_width) return LOOM_OK;
+    return loom_fail(LOOM_ERR_INPUT,
+                     "%s: uint%d tokens, but the dataset's first file %s has uint%d tokens: the "
+                     "shards of one dataset must share one token width (prepare each corpus "
+                     "with one tokenizer)",
+                     ds->shards[i].path, 8 * width, ds->shards[0].path, 8 * ds->token_width);
+}
+
+/* Validates shard i, checks its width and tokens, and maps it, all through one open file: what
+ * is mapped is the file that was checked. */
+static loom_status map_shard(loom_dataset *ds, int i, int vocab_size) {
+    shard_view *shard = &ds->shards[i];
     FILE *file;
     size_t count;
-    loom_status status = loom_shard_open(shard->path, &file, &count);
+    int width;
+    loom_status status = loom_shard_open(shard->path, &file, &count, &width);
     if (status != LOOM_OK) return status;
-    status = check_vocab(file, shard->path, count, vocab_size);
+    status = check_width(ds, i, width);
+    if (status == LOOM_OK) status = check_vocab(file, shard->path, count, width, vocab_size);
     if (status == LOOM_OK && count > 0) {
-        size_t bytes = LOOM_SHARD_HEADER_BYTES + 2 * count;
+        size_t bytes = LOOM_SHARD_HEADER_BYTES + (size_t)width * count;
         void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fileno(file), 0);
         if (map == MAP_FAILED) {
             status = loom_fail(LOOM_ERR_IO, "%s: cannot map the shard (%zu bytes): %s", shard->path,
@@ -180,16 +211,22 @@ static loom_status map_shard(shard_view *shard, int vocab_size) {
     return status;
 }
 
+/* Validates shard i's header, size and width without reading a token. */
+static loom_status describe_shard(loom_dataset *ds, int i) {
+    int width;
+    loom_status status = loom_shard_probe(ds->shards[i].path, &ds->shards[i].count, &width);
+    return status == LOOM_OK ? check_width(ds, i, width) : status;
+}
+
 /* Opens (map = 1) or probes (map = 0) every shard, then lays them end to end. */
 static loom_status load_shards(loom_dataset *ds, int map, int vocab_size) {
     loom_status status = LOOM_OK;
     for (int i = 0; i < ds->num_files && status == LOOM_OK; i++) {
-        shard_view *shard = &ds->shards[i];
-        status = map ? map_shard(shard, vocab_size) : loom_shard_probe(shard->path, &shard->count);
+        status = map ? map_shard(ds, i, vocab_size) : describe_shard(ds, i);
     }
     size_t total = 0;
     for (int i = 0; i < ds->num_files && status == LOOM_OK; i++) {
-        if (ds->shards[i].count > SIZE_MAX / 2 - total) {
+        if (ds->shards[i].count > SIZE_MAX / 4 - total) {
             status = loom_fail(LOOM_ERR_INPUT, "%s: dataset too large", ds->pattern);
         }
         ds->shards[i].first = total;
@@ -205,10 +242,8 @@ static loom_status dataset_create(loom_dataset **out, const char *pattern, int m
     if (!pattern || !*pattern) {
         return loom_fail(LOOM_ERR_INPUT, "data pattern: expected a glob pattern, got nothing");
     }
-    if (map && (vocab_size < 1 || vocab_size > 65536)) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: vocab size: expected 1..65536 for uint16 tokens, "
-                         "got %d",
+    if (map && vocab_size < 1) {
+        return loom_fail(LOOM_ERR_INPUT, "%s: vocab size: expected a positive number, got %d",
                          pattern, vocab_size);
     }
     loom_dataset *ds = loom_calloc(1, sizeof *ds, "dataset");
@@ -268,6 +303,10 @@ size_t loom_dataset_num_tokens(const loom_dataset *ds) {
     return ds->num_tokens;
 }
 
+int loom_dataset_token_width(const loom_dataset *ds) {
+    return ds->token_width;
+}
+
 int loom_dataset_has_tokens(const loom_dataset *ds) {
     return ds->has_tokens;
 }
@@ -311,7 +350,7 @@ int loom_dataset_locate(const loom_dataset *ds, size_t position, size_t *offset)
 }
 
 loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t count,
-                              uint16_t *out) {
+                              uint32_t *out) {
     if (!ds->has_tokens) {
         return loom_fail(LOOM_ERR_INPUT,
                          "%s: dataset was described, not opened: its tokens cannot be read",
@@ -322,17 +361,18 @@ loom_status loom_dataset_read(const loom_dataset *ds, size_t position, size_t co
                          ds->pattern, position, position, count, ds->num_tokens);
     }
     if (count == 0) return LOOM_OK;
-    int little = loom_host_is_little_endian();
+    int width = ds->token_width;
+    int copy = width == 4 && loom_host_is_little_endian(); /* the bytes are the uint32s */
     size_t offset = 0;
     for (int file = loom_dataset_locate(ds, position, &offset); count > 0; file++, offset = 0) {
         const shard_view *shard = &ds->shards[file];
         size_t n = shard->count - offset < count ? shard->count - offset : count;
         if (n == 0) continue; /* an empty shard */
-        const unsigned char *src = shard->body + 2 * offset;
-        if (little) {
-            memcpy(out, src, 2 * n);
+        const unsigned char *src = shard->body + (size_t)width * offset;
+        if (copy) {
+            memcpy(out, src, 4 * n);
         } else {
-            for (size_t i = 0; i < n; i++) out[i] = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+            for (size_t i = 0; i < n; i++) out[i] = token_at(src, i, width);
         }
         out += n;
         count -= n;

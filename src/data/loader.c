@@ -19,7 +19,7 @@
 
 struct loom_loader {
     const loom_dataset *ds; /* borrowed */
-    uint16_t *window;       /* (seq_len + 1,) the window being copied out */
+    uint32_t *window;       /* (seq_len + 1,) the window being copied out */
     size_t num_windows;
     int seq_len; /* T */
     int shuffle;
@@ -104,11 +104,12 @@ loom_status loom_loader_next(loom_loader *ld, int batch, int32_t *inputs, int32_
          * this fails only on a described dataset, and then at the first window. */
         loom_status status = loom_dataset_read(ld->ds, window * T, T + 1, ld->window);
         if (status != LOOM_OK) return status;
-        const uint16_t *src = ld->window;
+        /* The dataset checked every token against the vocabulary, an int: each fits int32. */
+        const uint32_t *src = ld->window;
         int32_t *in = inputs + (size_t)b * T, *tgt = targets + (size_t)b * T;
         for (size_t t = 0; t < T; t++) {
-            in[t] = src[t];
-            tgt[t] = src[t + 1];
+            in[t] = (int32_t)src[t];
+            tgt[t] = (int32_t)src[t + 1];
         }
         loom_loader_skip(ld, 1);
     }

@@ -1,10 +1,13 @@
 /*
  * prepare.c — `loom prepare`: text files -> train/val token shards, with the byte tokenizer or
- * GPT-2's BPE, on all cores. Each file is one document; its tail (val_fraction of its tokens,
- * with a floor of one window-worth when the file is long enough) goes to validation, so both
- * splits see every source. Each part carries an EOT (after it for bytes, before it for GPT-2, as
- * llm.c's scripts do), so documents never run into each other. Shards are written as they fill:
- * memory is one batch of input files (64 MB, or one larger file) and its tokens.
+ * a byte-level BPE (GPT-2's, Llama 3's), on all cores. Each file is one document; its tail
+ * (val_fraction of its tokens, with a floor of one window-worth when the file is long enough) goes
+ * to validation, so both splits see every source. Each part carries an EOT (after it for bytes,
+ * before it for a BPE, as llm.c's GPT-2 scripts do), so documents never run into each other. Shards
+ * are written as they fill: memory is one batch of input files (64 MB, or one larger file) and its
+ * tokens. A tokenizer whose ids fit 16 bits gets llm.c's uint16 shards, a larger one (Llama 3's)
+ * its uint32 shards; the tokens are held at the shards' width, so a GPT-2 run's memory is not
+ * doubled.
  *
  * Not here: deduplication or any cleaning of the text.
  */
@@ -44,10 +47,22 @@ static size_t val_bytes_for(size_t n, const loom_prepare_opts *opts) {
 
 /* ---- one split's shard sequence ---------------------------------------------------------- */
 
+/* Tokens at one of the two widths: exactly one of the pointers is set. */
+typedef struct {
+    const uint16_t *narrow;
+    const uint32_t *wide;
+} token_span;
+
+/* The span's tokens from `at` on. */
+static token_span span_from(token_span span, size_t at) {
+    return span.narrow ? (token_span){span.narrow + at, NULL} : (token_span){NULL, span.wide + at};
+}
+
 typedef struct {
     const char *dir;
     const char *name; /* "train" or "val" */
     size_t shard_tokens;
+    int token_width;         /* bytes per token of the shards: 2 or 4 */
     loom_shard_stream *open; /* the shard being filled, or NULL */
     int shards_done;
     size_t total_tokens;
@@ -72,20 +87,22 @@ static loom_status split_close_shard(split_writer *w) {
     return LOOM_OK;
 }
 
-static loom_status split_append(split_writer *w, const uint16_t *tokens, size_t count) {
-    while (count > 0) {
+static loom_status split_append(split_writer *w, token_span tokens, size_t count) {
+    for (size_t done = 0; count > 0;) {
         if (!w->open) {
             char *path = shard_path(w, w->shards_done);
             if (!path) return LOOM_ERR_NOMEM;
-            loom_status status = loom_shard_stream_open(&w->open, path);
+            loom_status status = loom_shard_stream_open(&w->open, path, w->token_width);
             free(path);
             if (status != LOOM_OK) return status;
         }
         size_t room = w->shard_tokens - loom_shard_stream_count(w->open);
         size_t n = count < room ? count : room;
-        loom_status status = loom_shard_stream_append(w->open, tokens, n);
+        token_span part = span_from(tokens, done);
+        loom_status status = part.narrow ? loom_shard_stream_append(w->open, part.narrow, n)
+                                         : loom_shard_stream_append_wide(w->open, part.wide, n);
         if (status != LOOM_OK) return status;
-        tokens += n;
+        done += n;
         count -= n;
         w->total_tokens += n;
         if (loom_shard_stream_count(w->open) == w->shard_tokens) {
@@ -136,13 +153,6 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
                          "%s: output directory: exists and is not a directory; expected a new or "
                          "existing directory",
                          out_dir);
-    }
-    if (opts->tokenizer && loom_tokenizer_vocab_size(opts->tokenizer) > LOOM_SHARD_MAX_VOCAB) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: the tokenizer has %d ids, more than token shards hold (uint16 ids, "
-                         "at most %d): prepare cannot write its tokens (loom tokenize prints them)",
-                         loom_tokenizer_source(opts->tokenizer),
-                         loom_tokenizer_vocab_size(opts->tokenizer), LOOM_SHARD_MAX_VOCAB);
     }
     if (opts->tokenizer) {
         loom_token_encoder *enc = NULL;
@@ -200,9 +210,14 @@ typedef struct {
     const char *path;
     char *text;
     size_t bytes;
-    uint16_t *tokens; /* (bytes) */
+    uint16_t *narrow; /* (bytes) the tokens, for shards of uint16 tokens; else NULL */
+    uint32_t *wide;   /* (bytes) the tokens, for shards of uint32 tokens; else NULL */
     size_t count;
 } batch_file;
+
+static token_span file_tokens(const batch_file *file) {
+    return (token_span){file->narrow, file->wide};
+}
 
 static size_t next_cut(const char *text, size_t from, size_t n) {
     for (size_t p = from; p < n; p++) {
@@ -248,9 +263,13 @@ static loom_status encode_batch(batch_file *files, int nfiles, loom_token_encode
     for (size_t c = 0; c < nchunks; c++) {
         text_chunk *ch = &chunks[c];
         batch_file *file = &files[ch->file];
-        ch->status =
-            loom_token_encoder_run(encoders[omp_get_thread_num()], file->text + ch->start,
-                                   ch->end - ch->start, 0, file->tokens + ch->start, &ch->count);
+        loom_token_encoder *enc = encoders[omp_get_thread_num()];
+        const char *text = file->text + ch->start;
+        size_t length = ch->end - ch->start;
+        ch->status = file->wide ? loom_token_encoder_run_wide(enc, text, length, 0,
+                                                              file->wide + ch->start, &ch->count)
+                                : loom_token_encoder_run(enc, text, length, 0,
+                                                         file->narrow + ch->start, &ch->count);
     }
     *seconds += loom_now() - t0;
     for (size_t c = 0; c < nchunks; c++) {
@@ -260,7 +279,12 @@ static loom_status encode_batch(batch_file *files, int nfiles, loom_token_encode
             st = loom_fail(ch->status, "%s: cannot tokenise bytes %zu..%zu (%s)", file->path,
                            ch->start, ch->end, loom_strerror(ch->status));
         }
-        memmove(file->tokens + file->count, file->tokens + ch->start, ch->count * sizeof(uint16_t));
+        if (file->wide) {
+            memmove(file->wide + file->count, file->wide + ch->start, ch->count * sizeof(uint32_t));
+        } else {
+            memmove(file->narrow + file->count, file->narrow + ch->start,
+                    ch->count * sizeof(uint16_t));
+        }
         file->count += ch->count;
     }
     free(chunks);
@@ -269,12 +293,13 @@ static loom_status encode_batch(batch_file *files, int nfiles, loom_token_encode
 
 /* A document part: GPT-2 shards put EOT before each document (llm.c's preparation scripts),
  * byte shards after it. */
-static loom_status append_part(split_writer *w, const uint16_t *tokens, size_t count, int eot,
+static loom_status append_part(split_writer *w, token_span tokens, size_t count, int eot,
                                int eot_first) {
-    const uint16_t mark = (uint16_t)eot;
-    loom_status status = eot_first ? split_append(w, &mark, 1) : LOOM_OK;
+    const uint32_t eot_id = (uint32_t)eot;
+    const token_span mark = {NULL, &eot_id}; /* fits either width: the tokenizer's id */
+    loom_status status = eot_first ? split_append(w, mark, 1) : LOOM_OK;
     if (status == LOOM_OK) status = split_append(w, tokens, count);
-    if (status == LOOM_OK && !eot_first) status = split_append(w, &mark, 1);
+    if (status == LOOM_OK && !eot_first) status = split_append(w, mark, 1);
     return status;
 }
 
@@ -283,9 +308,10 @@ static loom_status split_file(const batch_file *file, const loom_prepare_opts *o
     size_t n = file->count;
     size_t val_tokens = val_bytes_for(n, opts);
     size_t train_tokens = n - val_tokens;
-    loom_status status = append_part(train, file->tokens, train_tokens, eot, eot_first);
+    token_span tokens = file_tokens(file);
+    loom_status status = append_part(train, tokens, train_tokens, eot, eot_first);
     if (status == LOOM_OK && val_tokens > 0) {
-        status = append_part(val, file->tokens + train_tokens, val_tokens, eot, eot_first);
+        status = append_part(val, span_from(tokens, train_tokens), val_tokens, eot, eot_first);
     }
     if (status == LOOM_OK) {
         loom_info("prepare: %s: %zu bytes -> %zu train + %zu val tokens", file->path, file->bytes,
@@ -308,9 +334,12 @@ static loom_status prepare_batch(const char *const *paths, int first, int nfiles
         if (status == LOOM_OK && files[f].bytes == 0) {
             status = loom_fail(LOOM_ERR_INPUT, "%s: input text is empty", files[f].path);
         }
-        if (status == LOOM_OK) {
-            files[f].tokens = loom_malloc(files[f].bytes * sizeof(uint16_t), files[f].path);
-            if (!files[f].tokens) status = LOOM_ERR_NOMEM;
+        if (status == LOOM_OK && train->token_width == 4) {
+            files[f].wide = loom_malloc(files[f].bytes * sizeof(uint32_t), files[f].path);
+            if (!files[f].wide) status = LOOM_ERR_NOMEM;
+        } else if (status == LOOM_OK) {
+            files[f].narrow = loom_malloc(files[f].bytes * sizeof(uint16_t), files[f].path);
+            if (!files[f].narrow) status = LOOM_ERR_NOMEM;
         }
         if (status == LOOM_OK) *bytes += files[f].bytes;
     }
@@ -319,7 +348,7 @@ static loom_status prepare_batch(const char *const *paths, int first, int nfiles
     int eot_first = opts->tokenizer && strcmp(loom_tokenizer_name(opts->tokenizer), "bytes") != 0;
     for (int f = 0; f < nfiles; f++) {
         if (status == LOOM_OK) status = split_file(&files[f], opts, eot, eot_first, train, val);
-        free(files[f].text), free(files[f].tokens);
+        free(files[f].text), free(files[f].narrow), free(files[f].wide);
     }
     free(files);
     return status;
@@ -373,8 +402,11 @@ loom_status loom_prepare_text(const char *const *paths, int count, const char *o
         if (status != LOOM_OK) return status;
         tok = bytes_tokenizer;
     }
-    split_writer train = {.dir = out_dir, .name = "train", .shard_tokens = opts->shard_tokens};
-    split_writer val = {.dir = out_dir, .name = "val", .shard_tokens = opts->shard_tokens};
+    int width = loom_shard_token_width(loom_tokenizer_vocab_size(tok));
+    split_writer train = {
+        .dir = out_dir, .name = "train", .shard_tokens = opts->shard_tokens, .token_width = width};
+    split_writer val = {
+        .dir = out_dir, .name = "val", .shard_tokens = opts->shard_tokens, .token_width = width};
     status = prepare_all(paths, count, opts, tok, &train, &val);
     int vocab = loom_tokenizer_vocab_size(tok);
     const char *name = loom_tokenizer_name(tok);
@@ -390,8 +422,8 @@ loom_status loom_prepare_text(const char *const *paths, int count, const char *o
     if (status == LOOM_OK) status = split_remove_stale(&val);
     if (status != LOOM_OK) return status;
     loom_info("prepare: %s: %zu train tokens in %d shard(s), %zu val tokens in %d shard(s), "
-              "vocab %d (%s)",
+              "vocab %d (%s), uint%d tokens",
               out_dir, train.total_tokens, train.shards_done, val.total_tokens, val.shards_done,
-              vocab, name);
+              vocab, name, 8 * width);
     return LOOM_OK;
 }

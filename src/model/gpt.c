@@ -352,11 +352,6 @@ loom_status loom_gpt_config_check_shape(loom_gpt_config *c, const char *source,
 loom_status loom_gpt_config_check(loom_gpt_config *c, const char *source) {
     loom_status st = loom_gpt_config_check_shape(c, source, "");
     if (st != LOOM_OK) return st;
-    if (c->vocab_size > 65536) {
-        return loom_fail(LOOM_ERR_INPUT,
-                         "%s: vocab: expected at most 65536 (token ids are uint16), got %d", source,
-                         c->vocab_size);
-    }
     /* the segment list counts 5 + 12 L entries in an int */
     if (c->num_layers > (INT_MAX - 5) / 12) {
         return loom_fail(LOOM_ERR_INPUT, "%s: layers: expected at most %d in this build, got %d",
