@@ -243,6 +243,21 @@ loom_status loom_checkpoint_resolve(const char *path, char *dir, size_t cap);
 loom_status loom_checkpoint_load(const char *dir, loom_gpt *model, float *m, float *v,
                                  loom_ckpt_state *state);
 
+/* ---- Hugging Face model folders ----------------------------------------------------------- */
+
+/* The config.json a checkpoint folder holds beside its weights: GPT2LMHeadModel's or
+ * LlamaForCausalLM's fields for the configuration. NULL when out of memory; free() it. */
+char *loom_hf_config_json(const loom_gpt_config *config);
+/* One tensor of a checkpoint's model.safetensors, as Hugging Face names and shapes it. */
+typedef struct {
+    char name[64];
+    int ndim;
+    int64_t shape[2];
+} loom_hf_tensor_shape;
+/* Every tensor a checkpoint of the configuration holds, in file order (*count; free() *out). */
+loom_status loom_hf_tensor_shapes(const loom_gpt_config *config, loom_hf_tensor_shape **out,
+                                  int *count);
+
 /* ---- loading a model from any file users have -------------------------------------------- */
 
 /* The model configuration stored in PATH: a run folder, its checkpoints/ folder, one step

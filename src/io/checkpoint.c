@@ -152,6 +152,29 @@ int loom_checkpoint_slices(const loom_gpt_config *config, int *tensors, int *lay
     return slices;
 }
 
+loom_status loom_hf_tensor_shapes(const loom_gpt_config *config, loom_hf_tensor_shape **out,
+                                  int *count) {
+    *out = NULL, *count = 0;
+    loom_gpt_tensor_info info[LOOM_NUM_PARAM_TENSORS];
+    loom_gpt_layout(config, info);
+    size_t cap = 4 + 12 * (size_t)config->num_layers;
+    hf_tensor *list = loom_calloc(cap, sizeof *list, "tensor list");
+    loom_hf_tensor_shape *shapes = loom_calloc(cap, sizeof *shapes, "tensor shapes");
+    if (!list || !shapes) {
+        free(list), free(shapes);
+        return LOOM_ERR_NOMEM;
+    }
+    int n = hf_tensors(config, info, list);
+    for (int i = 0; i < n; i++) {
+        memcpy(shapes[i].name, list[i].name, sizeof shapes[i].name);
+        shapes[i].ndim = list[i].ndim;
+        shapes[i].shape[0] = list[i].shape[0], shapes[i].shape[1] = list[i].shape[1];
+    }
+    free(list);
+    *out = shapes, *count = n;
+    return LOOM_OK;
+}
+
 static char *config_json(const loom_gpt_config *c) {
     json_t *obj = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->num_layers, "heads",
                             c->num_heads, "d_model", c->channels, "context", c->max_seq_len,
@@ -175,7 +198,7 @@ static char *config_json(const loom_gpt_config *c) {
 /* Hugging Face's config.json for the model: GPT2LMHeadModel's fields (no dropout: loom trains
  * without) or LlamaForCausalLM's, so that `from_pretrained` on the folder builds the model whose
  * weights model.safetensors holds. NULL when out of memory. */
-static char *hf_config_text(const loom_gpt_config *c) {
+char *loom_hf_config_json(const loom_gpt_config *c) {
     json_t *obj;
     if (c->arch == LOOM_ARCH_LLAMA) {
         obj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:o, s:i, s:b, "
@@ -210,7 +233,7 @@ static loom_status write_hf_config(const char *dir, const loom_gpt_config *c) {
     char path[4200];
     loom_status st = loom_path_join(path, sizeof path, dir, "config.json");
     if (st != LOOM_OK) return st;
-    char *text = hf_config_text(c);
+    char *text = loom_hf_config_json(c);
     if (!text) return loom_fail(LOOM_ERR_NOMEM, "%s: cannot encode the model config", path);
     st = loom_write_file_atomic(path, text, strlen(text));
     free(text);

@@ -46,12 +46,26 @@ static const gpt_preset presets[] = {
     /* the Llama family: tests' size, SmolLM-135M (HuggingFaceTB/SmolLM-135M's config.json: 30
      * layers, hidden 576, 9 heads, 3 kv heads, intermediate 1536, vocab 49152, tied, rope theta
      * 10000, context 2048) and Llama 3's three sizes (Meta's config.json of Meta-Llama-3-8B and
-     * -70B, Llama-3.1-405B: rope theta 500000, vocab 128256, 8 kv heads; context 8192) */
+     * -70B: rope theta 500000, vocab 128256, 8 kv heads, context 8192; of Llama-3.1-405B, the only
+     * 405B: the same with context 131072 and Llama 3.1's rope scaling, factor 8 from 8192, low
+     * and high frequency factors 1 and 4; it trained at 8192, as plans give with --context) */
     {"llama-tiny", LLAMA(64, 257, 2, 4, 32, 2, 80, 1, 10000.0)},
     {"smollm-135m", LLAMA(2048, 49152, 30, 9, 576, 3, 1536, 0, 10000.0)},
     {"llama3-8b", LLAMA(8192, 128256, 32, 32, 4096, 8, 14336, 1, 500000.0)},
     {"llama3-70b", LLAMA(8192, 128256, 80, 64, 8192, 8, 28672, 1, 500000.0)},
-    {"llama3-405b", LLAMA(8192, 128256, 126, 128, 16384, 8, 53248, 1, 500000.0)},
+    {"llama3-405b",
+     {.max_seq_len = 131072,
+      .vocab_size = 128256,
+      .num_layers = 126,
+      .num_heads = 128,
+      .channels = 16384,
+      .arch = LOOM_ARCH_LLAMA,
+      .kv_heads = 8,
+      .ffn_dim = 53248,
+      .untied_head = 1,
+      .rope_theta = 500000.0,
+      .norm_eps = 1e-5,
+      .rope_scaling = {8.0, 1.0, 4.0, 8192.0}}},
 };
 
 const char *loom_gpt_arch_name(int arch) {

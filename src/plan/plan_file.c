@@ -90,7 +90,7 @@ static loom_status read_arch(const char *file, const json_t *model, loom_gpt_con
                          "are Llama's: expected \"arch\": \"llama\" beside them",
                          file);
     }
-    m->untied_head = !tie, m->rope_theta = (float)theta, m->norm_eps = (float)eps;
+    m->untied_head = !tie, m->rope_theta = theta, m->norm_eps = eps;
     if (st == LOOM_OK) st = read_rope_scaling(file, model, &m->rope_scaling);
     if (st == LOOM_OK && m->rope_scaling.factor > 0 && m->arch != LOOM_ARCH_LLAMA) {
         return loom_fail(LOOM_ERR_INPUT,
