@@ -5,7 +5,9 @@
 # from a folder beside the repository's clusters/) and the repository root in $LOOM_ROOT. A
 # block fails when any of its commands fails; the failure names the file and the line where the
 # block starts, and shows the end of its output. Blocks must be quick (a few steps of the tiny
-# model) and need no network, download or root.
+# model) and need no network, download or root. A block opened with ```sh runnable slow (seconds
+# of search or profiling that other tests also run) is left out under LOOM_TEST_REPRESENTATIVE=1
+# or LOOM_TEST_QUICK=1 (the default test command) and runs under scripts/test.sh --full.
 #
 # usage: bash tests/docs_runnable.sh LOOM_BINARY TMPDIR   (TMPDIR is emptied first)
 set -u
@@ -25,6 +27,9 @@ export PATH="$TMP/bin:$PATH"
 passed=0
 failed=0
 blocks=0
+skipped=0
+skip_slow=0
+[ "${LOOM_TEST_REPRESENTATIVE:-0}" = 1 ] || [ "${LOOM_TEST_QUICK:-0}" = 1 ] && skip_slow=1
 
 # run_block FILE LINE SCRIPT: runs SCRIPT (a file holding one block) in a new folder
 run_block() {
@@ -54,14 +59,19 @@ for file in README.md docs/*.md; do
         if [ "$in_block" -eq 1 ]; then
             if [[ "$text" =~ ^\`\`\`[[:space:]]*$ ]]; then
                 in_block=0
-                run_block "$file" "$start" "$script"
+                [ "$script" = /dev/null ] || run_block "$file" "$start" "$script"
             else
                 printf '%s\n' "$text" >>"$script"
             fi
-        elif [[ "$text" =~ ^\`\`\`sh[[:space:]]+runnable[[:space:]]*$ ]]; then
+        elif [[ "$text" =~ ^\`\`\`sh[[:space:]]+runnable([[:space:]]+slow)?[[:space:]]*$ ]]; then
             in_block=1 start=$n
             script=$TMP/block_$((blocks + 1)).sh
             : >"$script"
+            if [ -n "${BASH_REMATCH[1]}" ] && [ "$skip_slow" = 1 ]; then
+                script=/dev/null
+                skipped=$((skipped + 1))
+                echo "skip  $file:$n (slow: runs under scripts/test.sh --full)"
+            fi
         fi
     done <"$file"
     if [ "$in_block" -eq 1 ]; then
@@ -74,5 +84,5 @@ if [ "$blocks" -eq 0 ]; then
     failed=$((failed + 1))
     echo "FAIL  no \`\`\`sh runnable blocks found in README.md or docs/*.md"
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped slow blocks left out"
 [ "$failed" -eq 0 ]
