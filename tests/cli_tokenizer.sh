@@ -94,8 +94,9 @@ bad "a Metaspace pre-tokenizer is refused naming the file and the field" \
 good "prepare with 128002 ids writes uint32 shards" 'vocab 128002 \(gpt2\), uint32 tokens' -- \
     "$LOOM" prepare --text text.txt --out l3data --tokenizer l3 --seq-len 16 --threads 2
 # llm.c's Llama 3 shard, parsed here: header magic 20240801, version 7, count; 4 bytes a token;
-# EOT (<|end_of_text|> = 128001) before each part; train and val parts less their EOTs are the
-# text's ids as `loom tokenize` prints them
+# <|begin_of_text|> = 128000 before each part (Llama 3's documents start with it, as llm.c's
+# Llama 3 shards do); train and val parts less it are the text's ids as `loom tokenize` prints
+# them
 "$LOOM" tokenize --tokenizer l3 <text.txt >l3.ids
 why=$(python3 - <<'PY'
 import struct
@@ -107,15 +108,15 @@ def shard(path):
     return list(struct.unpack(f"<{count}I", raw[1024:]))
 train, val = shard("l3data/train_000000.bin"), shard("l3data/val_000000.bin")
 ids = [int(t) for t in open("l3.ids").read().split()]
-if train[0] != 128001 or val[0] != 128001:
-    print(f"first tokens {train[0]} and {val[0]}, expected EOT 128001")
+if train[0] != 128000 or val[0] != 128000:
+    print(f"first tokens {train[0]} and {val[0]}, expected <|begin_of_text|> 128000")
 elif train[1:] + val[1:] != ids:
     print(f"{len(train) - 1} + {len(val) - 1} ids differ from tokenize's {len(ids)}")
 elif max(ids) < 256 or max(ids) >= 128002:
     print(f"ids up to {max(ids)}")
 PY
 )
-check "the shards hold EOT + the text's ids as little-endian uint32" "$why"
+check "the shards hold <|begin_of_text|> + the text's ids as little-endian uint32" "$why"
 
 # ---- prepare, train, sample, eval ----------------------------------------------------------
 good "prepare --tokenizer" 'vocab 265 \(gpt2\)' -- \
@@ -176,7 +177,7 @@ good "sample from it with the recorded tokenizer" '^the' -- \
 good "eval --text tokenises into uint32 shards" '^loss [0-9.]+ .*tokens 64 ' -- \
     "$LOOM" eval --checkpoint run_l3 --text text.txt --seq-len 16 --max-windows 4
 bad "a 50000-id model refuses the 128002-id data by file and position" \
-    'l3data/train_000000\.bin: token at position 0 is 128001: expected < vocab size 50000' -- \
+    'l3data/train_000000\.bin: token at position 0 is 128000: expected < vocab size 50000' -- \
     "$LOOM" train "${FLAGS[@]}" --data 'l3data/train_*.bin' --vocab 50000 --out run_l3_small
 
 # ---- --init-from a Hugging Face GPT-2 folder -----------------------------------------------

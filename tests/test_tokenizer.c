@@ -606,8 +606,10 @@ static void test_llama3_json(void) {
     const char *docs[] = {doc};
     st = loom_prepare_text(docs, 1, out, &opts);
     CHECK(st == LOOM_OK, "prepare takes the 128002-id tokenizer: %s", loom_last_error());
-    /* the shard, parsed here: llm.c's Llama 3 header, then EOT and the text's ids as uint32 */
-    uint32_t want[64] = {128001};
+    /* the shard, parsed here: llm.c's Llama 3 header, then <|begin_of_text|> (the document's
+     * start, as Llama 3's tokenizer and llm.c's Llama 3 shards put it) and the text's ids as
+     * uint32 */
+    uint32_t want[64] = {128000};
     size_t want_n = 1 + encode_wide(tok, "hello 1234\n", 0, want + 1);
     char shard[1300];
     snprintf(shard, sizeof shard, "%s/train_000000.bin", out);
@@ -623,7 +625,7 @@ static void test_llama3_json(void) {
     }
     CHECK(want_n > 2 && got == 1024 + 4 * want_n && word[0] == 20240801 && word[1] == 7 &&
               word[2] == want_n && !memcmp(word + 3, want, want_n * sizeof *want),
-          "a uint32 shard (magic 20240801, version 7) of EOT + the ids: %zu bytes, header %u %u %u",
+          "a uint32 shard (magic 20240801, version 7) of BOS + the ids: %zu bytes, header %u %u %u",
           got, (unsigned)word[0], (unsigned)word[1], (unsigned)word[2]);
     loom_tokenizer_free(tok);
 

@@ -80,6 +80,11 @@ loom_status loom_tokenizer_files(const char *spec,
 int loom_tokenizer_vocab_size(const loom_tokenizer *tok);
 /* The end-of-text token, -1 when the vocabulary has none. */
 int loom_tokenizer_eot(const loom_tokenizer *tok);
+/* The token that marks a document's start in prepared shards and begins an empty prompt:
+ * <|begin_of_text|> when the tokenizer has it as a special token (Llama 3's: its
+ * tokenizer.json's post-processor puts it first, as llm.c's Llama 3 shards do), else the
+ * end-of-text token (GPT-2's documents are separated by <|endoftext|>). */
+int loom_tokenizer_document_start(const loom_tokenizer *tok);
 /* The bytes of one token (*bytes points into the tokenizer; bytes' EOT is "\n", GPT-2's is the
  * text "<|endoftext|>"); 0 with *bytes NULL for an id it has no token for. */
 size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char **bytes);

@@ -63,6 +63,7 @@ struct loom_bpe {
     int byte_token[256];
     int16_t symbol_byte[512]; /* code point -> byte (loom_bpe_byte_to_unicode inverted), or -1 */
     int eot;
+    int bos; /* <|begin_of_text|>, BPE_NO_ID without */
     int can_encode;
     int pretok;        /* BPE_PRETOK_* */
     int ignore_merges; /* a piece that is a token is that token (Llama 3) */
@@ -654,11 +655,15 @@ static loom_status bpe_set_specials(loom_bpe *bpe, const json_t *added) {
                     (int)json_integer_value(json_object_get(entry, "id")));
     }
     if (bpe->eot >= 0) add_special(bpe, &used, EOT_TEXT, strlen(EOT_TEXT), bpe->eot);
-    for (int k = 0; k < bpe->nspecials && bpe->eot < 0; k++) {
+    for (int k = 0; k < bpe->nspecials; k++) {
         const special_token *t = &bpe->specials[k];
-        if (t->length == strlen("<|end_of_text|>") &&
+        if (bpe->eot < 0 && t->length == strlen("<|end_of_text|>") &&
             !memcmp(bpe->specials_text + t->at, "<|end_of_text|>", t->length)) {
             bpe->eot = t->id;
+        }
+        if (t->length == strlen("<|begin_of_text|>") &&
+            !memcmp(bpe->specials_text + t->at, "<|begin_of_text|>", t->length)) {
+            bpe->bos = t->id;
         }
     }
     qsort(bpe->specials, (size_t)bpe->nspecials, sizeof *bpe->specials, special_longer);
@@ -931,7 +936,7 @@ loom_status loom_bpe_open(loom_bpe **out, const char *path) {
     *out = NULL;
     loom_bpe *bpe = loom_calloc(1, sizeof *bpe, "tokenizer");
     if (!bpe) return LOOM_ERR_NOMEM;
-    bpe->eot = BPE_NO_ID;
+    bpe->eot = bpe->bos = BPE_NO_ID;
     uint32_t table[256];
     loom_bpe_byte_to_unicode(table);
     for (int i = 0; i < 512; i++) bpe->symbol_byte[i] = -1;
@@ -967,6 +972,10 @@ int loom_bpe_vocab_size(const loom_bpe *bpe) {
 
 int loom_bpe_eot(const loom_bpe *bpe) {
     return bpe->eot;
+}
+
+int loom_bpe_bos(const loom_bpe *bpe) {
+    return bpe->bos;
 }
 
 int loom_bpe_can_encode(const loom_bpe *bpe) {

@@ -25,6 +25,8 @@ void loom_bpe_free(loom_bpe *bpe);
 int loom_bpe_vocab_size(const loom_bpe *bpe);
 /* <|endoftext|>, else tokenizer.json's special <|end_of_text|> (Llama 3's); -1 when neither */
 int loom_bpe_eot(const loom_bpe *bpe);
+/* <|begin_of_text|>'s id when a special token, else BPE_NO_ID. */
+int loom_bpe_bos(const loom_bpe *bpe);
 int loom_bpe_can_encode(const loom_bpe *bpe); /* 0 for gpt2_tokenizer.bin (no merges) */
 size_t loom_bpe_token_bytes(const loom_bpe *bpe, int id, const char **bytes);
 

@@ -159,10 +159,10 @@ static loom_status check_inputs(const char *const *paths, int count, const char 
         loom_status st = loom_token_encoder_create(&enc, opts->tokenizer);
         loom_token_encoder_free(enc);
         if (st != LOOM_OK) return st;
-        if (loom_tokenizer_eot(opts->tokenizer) < 0) {
+        if (loom_tokenizer_document_start(opts->tokenizer) < 0) {
             return loom_fail(LOOM_ERR_INPUT,
-                             "%s: the tokenizer has no <|endoftext|> token; "
-                             "prepare puts one between documents",
+                             "%s: the tokenizer has no <|endoftext|> token (nor "
+                             "<|begin_of_text|>); prepare puts one between documents",
                              loom_tokenizer_source(opts->tokenizer));
         }
     }
@@ -344,7 +344,8 @@ static loom_status prepare_batch(const char *const *paths, int first, int nfiles
         if (status == LOOM_OK) *bytes += files[f].bytes;
     }
     if (status == LOOM_OK) status = encode_batch(files, nfiles, encoders, threads, seconds);
-    int eot = opts->tokenizer ? loom_tokenizer_eot(opts->tokenizer) : LOOM_BYTE_EOT;
+    /* each document's mark: <|begin_of_text|> for Llama 3's tokenizer, else end-of-text */
+    int eot = opts->tokenizer ? loom_tokenizer_document_start(opts->tokenizer) : LOOM_BYTE_EOT;
     int eot_first = opts->tokenizer && strcmp(loom_tokenizer_name(opts->tokenizer), "bytes") != 0;
     for (int f = 0; f < nfiles; f++) {
         if (status == LOOM_OK) status = split_file(&files[f], opts, eot, eot_first, train, val);

@@ -92,6 +92,11 @@ int loom_tokenizer_eot(const loom_tokenizer *tok) {
     return tok->bpe ? loom_bpe_eot(tok->bpe) : LOOM_BYTE_EOT;
 }
 
+int loom_tokenizer_document_start(const loom_tokenizer *tok) {
+    int bos = tok->bpe ? loom_bpe_bos(tok->bpe) : -1;
+    return bos >= 0 ? bos : loom_tokenizer_eot(tok);
+}
+
 size_t loom_tokenizer_token_bytes(const loom_tokenizer *tok, int id, const char **bytes) {
     if (tok->bpe) return loom_bpe_token_bytes(tok->bpe, id, bytes);
     if (id < 0 || id >= LOOM_BYTE_VOCAB) {

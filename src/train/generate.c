@@ -61,15 +61,16 @@ static void write_token(FILE *out, const loom_tokenizer *tok, int token) {
     }
 }
 
-/* The prompt's tokens into tokens (room for plen + 1); an empty prompt is the EOT token. */
+/* The prompt's tokens into tokens (room for plen + 1): after the document-start token when the
+ * tokenizer has its own (Llama 3's <|begin_of_text|>, as its training documents start); an empty
+ * prompt is that token, or the EOT token. */
 static loom_status encode_prompt(const loom_tokenizer *tok, const char *prompt, size_t plen,
                                  int vocab, int32_t *tokens, size_t *n) {
     *n = 0;
-    if (plen == 0) {
-        int eot = loom_tokenizer_eot(tok);
-        tokens[(*n)++] = eot >= 0 && eot < vocab ? eot : 0;
-        return LOOM_OK;
-    }
+    int start = loom_tokenizer_document_start(tok), eot = loom_tokenizer_eot(tok);
+    if (plen == 0 || (start != eot && start >= 0 && start < vocab))
+        tokens[(*n)++] = start >= 0 && start < vocab ? start : 0;
+    if (plen == 0) return LOOM_OK;
     uint32_t *encoded = loom_calloc(plen, sizeof *encoded, "prompt");
     if (!encoded) return LOOM_ERR_NOMEM;
     loom_token_encoder *enc = NULL;
