@@ -52,8 +52,9 @@ static const cli_opt train_opts[] = {
     TRUN("--data", OPT_STRING, data, "training token shards (glob, comma-separated globs)"),
     TRUN("--val-data", OPT_STRING, val_data, "validation token shards (default: none)"),
     TRUN("--tokenizer", OPT_STRING, tokenizer,
-         "the data's tokenizer, recorded in checkpoints for sample and eval: bytes, or GPT-2's "
-         "files (default: the one --resume / --init-from records)"),
+         "the data's tokenizer, recorded in checkpoints (and copied into their folders) for "
+         "sample and eval: bytes, or a byte-level BPE's files, GPT-2's or Llama 3's tokenizer.json "
+         "(default: the one --resume / --init-from records)"),
     TRUN("--steps", OPT_I64, steps, "optimizer steps"),
     TRUN("--seq-len", OPT_INT, seq_len, "tokens per sequence"),
     TRUN("--lr", OPT_DOUBLE, lr, "peak learning rate"),
@@ -464,8 +465,8 @@ static const cli_opt prepare_opts[] = {
     {"--text", OPT_STRING, CLI_OPT_SKIP, 0,
      "text files (one document each); several allowed (default: none, give one)", 0},
     POPT("--tokenizer", OPT_STRING, tokenizer,
-         "bytes (default), or GPT-2's: a folder with vocab.json + merges.txt or tokenizer.json, "
-         "or one of those files"),
+         "bytes (default), or a byte-level BPE (GPT-2's, or Llama 3's tokenizer.json): a folder "
+         "with vocab.json + merges.txt or tokenizer.json, or one of those files"),
     POPT("--val-fraction", OPT_DOUBLE, val_fraction, "share of each file kept for validation"),
     POPT("--seq-len", OPT_INT, seq_len,
          "planned training sequence length: each file's val part gets at least one window"),
@@ -608,7 +609,8 @@ static const cli_opt sample_opts[] = {
     SOPT("--checkpoint", OPT_STRING, checkpoint,
          "run folder, checkpoint folder, .safetensors or llm.c .bin (default: none, give one)"),
     SOPT("--tokenizer", OPT_STRING, tokenizer,
-         "bytes, or GPT-2's files (default: the one the model records)"),
+         "bytes, or a byte-level BPE's files, GPT-2's or Llama 3's (default: the one the model "
+         "records, or the copy in its folder)"),
     CLI_GROUP("run"),
     SOPT("--prompt", OPT_STRING, prompt,
          "text to continue (default: none, start from the end-of-text token)"),
@@ -680,8 +682,8 @@ static const cli_opt eval_opts[] = {
     EOPT("--checkpoint", OPT_STRING, checkpoint,
          "run folder, checkpoint folder, .safetensors or llm.c .bin (default: none, give one)"),
     EOPT("--tokenizer", OPT_STRING, tokenizer,
-         "bytes, or GPT-2's files (default: the one the model records); checked against the "
-         "model"),
+         "bytes, or a byte-level BPE's files, GPT-2's or Llama 3's (default: the one the model "
+         "records, or the copy in its folder); checked against the model"),
     CLI_GROUP("run"),
     EOPT("--data", OPT_STRING, data, "token shards (glob; default: none, give it or --text)"),
     EOPT("--text", OPT_STRING, text,
