@@ -163,6 +163,15 @@ check "the resumed checkpoint records it too" "$([ "$meta" = gpt2 ] || echo "got
 bad "resume refuses another tokenizer than the checkpoint's" \
     '--tokenizer bytes is the bytes tokenizer, but --resume run.* records the gpt2 tokenizer' -- \
     "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 4 --resume run --out run --tokenizer bytes
+# the recorded tokenizer moved away: a resume in the same folder takes the checkpoint's copy,
+# and pruning the step it came from loses nothing (each save copies from the newest step)
+cp -r run run_away && mv tok tok_gone
+good "resume while the recorded tokenizer is away, pruning old steps" '' -- \
+    "$LOOM" train "${FLAGS[@]}" --vocab 265 --steps 6 --save-every 1 --keep-last 1 --resume run_away --out run_away
+last=$(ls -d run_away/checkpoints/step_* | sort | tail -n1)
+check "the newest checkpoint still carries the tokenizer's files" \
+    "$(cmp tok_gone/vocab.json "$last/vocab.json" 2>&1 && cmp tok_gone/merges.txt "$last/merges.txt" 2>&1)"
+mv tok_gone tok
 "$LOOM" prepare --text text.txt --out bytes_data --seq-len 16 >/dev/null
 good "a byte model trained with --tokenizer bytes" '' -- \
     "$LOOM" train "${FLAGS[@]}" --data 'bytes_data/train_*.bin' --tokenizer bytes --out run_bytes

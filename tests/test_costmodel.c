@@ -678,8 +678,11 @@ static void test_zero1_sync(void) {
 
     /* interleaved pp 2 x v 2 on dp 2: the rank-0 sync left after the pipeline is less than its
      * whole reduce-scatter once a later chunk's share runs early */
+    /* an untied head (a Llama's), so that no tied-embedding sum joins the sync */
     loom_gpt_config model;
-    loom_gpt_preset("gpt2", &model);
+    loom_gpt_preset("llama-tiny", &model);
+    model.num_layers = 8;
+    loom_gpt_config_check_shape(&model, "test", "");
     loom_plan il;
     loom_status st =
         loom_plan_uniform(&il, &model, 2, 1, 2, 1, 16, LOOM_SCHEDULE_INTERLEAVED, 2, NULL);
@@ -688,9 +691,25 @@ static void test_zero1_sync(void) {
     il.zero = 1;
     cl = ideal_cluster(1, 4);
     cl.links[LOOM_LINK_INTRA_NODE].bandwidth = 1e30;
-    cl.links[LOOM_LINK_INTER_NODE].bandwidth = grads / 2 / (4 * 2 * f); /* slow: 4 backwards */
+    double rank0 = 0;
+    for (int v = 0; v < il.num_stages; v++) {
+        loom_gpt_stage_cost sc;
+        if (il.stages[v].rank == 0 && loom_plan_stage_cost(&il, v, 64, &sc) == LOOM_OK)
+            rank0 += (double)sc.grad_bytes;
+    }
+    /* slow: rank 0's reduce-scatter takes rs = 1 ms, several of its backwards */
+    double rs = 1e-3;
+    cl.links[LOOM_LINK_INTER_NODE].bandwidth = rank0 / 2 / rs;
     CHECK(loom_plan_predict(&il, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",
           loom_last_error());
+    /* rank 0 holds virtual stages 0 and 2: its reduce-scatter and all-gather each take rs;
+     * hidden only behind its last backward (the rule before chunks started their own), that
+     * would expose rs - B0 + rs */
+    double whole_rank = rs - pr.stage[0].backward_s + rs;
+    CHECK(pr.stage[0].backward_s < rs && pr.dp_exposed_s < whole_rank - 0.1 * rs,
+          "interleaved ZeRO-1: exposed %.6f s, not under the last-backward rule's %.6f s by the "
+          "later chunk's early start",
+          pr.dp_exposed_s, whole_rank);
     double exposed_overlapped = pr.dp_exposed_s;
     il.overlap_grad_reduce = 0;
     CHECK(loom_plan_predict(&il, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK, "predict: %s",

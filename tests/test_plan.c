@@ -105,7 +105,9 @@ static void test_llama_round_trip(void) {
     model.rope_theta = 500000.0;
     loom_plan plan, back;
     st = loom_plan_uniform(&plan, &model, 1, 1, 1, 1, 2, LOOM_SCHEDULE_1F1B, 0, NULL);
-    if (st == LOOM_OK) st = loom_plan_write(path, &plan);
+    CHECK(st == LOOM_OK, "llama plan: %s", loom_last_error());
+    if (st != LOOM_OK) return;
+    st = loom_plan_write(path, &plan);
     if (st == LOOM_OK) st = loom_plan_read(path, &back);
     CHECK(st == LOOM_OK, "llama plan round trip: %s", loom_last_error());
     if (st == LOOM_OK) {
@@ -119,7 +121,7 @@ static void test_llama_round_trip(void) {
     if (loom_read_file(path, &text, &size) == LOOM_OK) {
         static const char *const edits[][3] = {
             {"\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"", "got \"yarn\""},
-            {"\"factor\": 8, ", "", "factor"},
+            {"\"factor\": 8, ", "", "model.rope_scaling.factor"},
             {"\"factor\": 8", "\"factor\": 0.5", "expected factor >= 1"}};
         for (int i = 0; i < 3; i++) {
             char edited[8192];

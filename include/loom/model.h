@@ -103,6 +103,10 @@ loom_status loom_gpt_check_sequence_rows(int B, int T, int tp, const char *sourc
  * and an original context >= 1; else LOOM_ERR_INPUT, "SOURCE: PREFIXrope_scaling: ...". */
 loom_status loom_gpt_check_rope_scaling(const loom_rope_scaling *scaling, const char *source,
                                         const char *prefix);
+/* "L layers, NH heads, d_model C, context T, vocab V", and for a Llama its own settings after
+ * it (kv heads, ffn, head, rope theta and scaling, norm eps): what messages that compare two
+ * models print. Truncated to cap. */
+void loom_gpt_config_describe(const loom_gpt_config *config, char *buf, size_t cap);
 /* Whether two configurations describe the same model (padding aside). */
 int loom_gpt_config_same(const loom_gpt_config *a, const loom_gpt_config *b);
 #define LOOM_GPT_DEFAULT_PRESET   "small"

@@ -356,6 +356,7 @@ static void show_plan(cli_train_args *args, const loom_plan *plan) {
     loom_train_config *run = &args->run;
     run->layers = m->num_layers, run->heads = m->num_heads, run->d_model = m->channels;
     run->context = m->max_seq_len, run->vocab = m->vocab_size;
+    if (run->bucket_mb <= 0) run->bucket_mb = loom_grad_bucket_default_mb(plan->dp);
     loom_layout_flags *l = &args->layout;
     l->data_parallel = plan->dp, l->tensor_parallel = plan->tp, l->pipeline_parallel = plan->pp;
     l->micro_batch_size = plan->micro_batch, l->global_batch_size = plan->global_batch;

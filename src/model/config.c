@@ -300,18 +300,34 @@ static loom_status check_arch(loom_gpt_config *c, const char *source, const char
     return loom_gpt_check_rope_scaling(&c->rope_scaling, source, prefix);
 }
 
+void loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%d layers, %d heads, d_model %d, context %d, vocab %d",
+                     c->num_layers, c->num_heads, c->channels, c->max_seq_len, c->vocab_size);
+    if (c->arch != LOOM_ARCH_LLAMA || n < 0 || (size_t)n >= cap) return;
+    char scaling[64] = "";
+    if (c->rope_scaling.factor > 0) {
+        snprintf(scaling, sizeof scaling, " scaled x%g from %g", c->rope_scaling.factor,
+                 c->rope_scaling.original_context);
+    }
+    snprintf(buf + n, cap - (size_t)n,
+             ", llama: %d kv heads, ffn %d, %s head, rope theta %g%s, norm eps %g", c->kv_heads,
+             c->ffn_dim, c->untied_head ? "untied" : "tied", c->rope_theta, scaling, c->norm_eps);
+}
+
 loom_status loom_gpt_check_rope_scaling(const loom_rope_scaling *s, const char *source,
                                         const char *prefix) {
     if (s->factor == 0 && s->low_freq_factor == 0 && s->high_freq_factor == 0 &&
         s->original_context == 0)
         return LOOM_OK;
     if (s->factor >= 1 && s->low_freq_factor > 0 && s->high_freq_factor > s->low_freq_factor &&
-        s->original_context >= 1 && isfinite(s->factor) && isfinite(s->high_freq_factor) &&
-        isfinite(s->original_context))
+        s->original_context >= 1 && s->original_context <= INT32_MAX &&
+        s->original_context == floor(s->original_context) && isfinite(s->factor) &&
+        isfinite(s->high_freq_factor) && isfinite(s->original_context))
         return LOOM_OK;
     return loom_fail(LOOM_ERR_INPUT,
                      "%s: %srope_scaling: expected factor >= 1, 0 < low_freq_factor < "
-                     "high_freq_factor and original_max_position_embeddings >= 1 (Llama 3.1's "
+                     "high_freq_factor and an integer original_max_position_embeddings >= 1 "
+                     "(Llama 3.1's "
                      "\"llama3\" scaling), got %g, %g, %g and %g",
                      source, prefix, s->factor, s->low_freq_factor, s->high_freq_factor,
                      s->original_context);

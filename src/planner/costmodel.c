@@ -730,9 +730,10 @@ static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
                                          &out.bytes_per_rank);
             out.codec_s *= (1.0 + (n - 1) / 2.0); /* decoding dp - 1 more */
         }
-        if (zero1) {
-            out.sync_s +=
-                dp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, dp_link, grads, &out.bytes_per_rank);
+        if (zero1) { /* the parameters' all-gather, uncompressed, as above */
+            out.gather_s = dp_collective_s(k, LOOM_COLLECTIVE_ALLGATHER, dp_link,
+                                           grads * k->bytes_per_value / 4.0, &out.bytes_per_rank);
+            out.sync_s += out.gather_s;
         }
     }
     return out;
@@ -743,6 +744,8 @@ static dp_sync dp_sync_of(const costing *k, int r, double grads, int dp_link) {
  * time, and every pair's bytes added to out->pp_bytes. */
 static double tied_embedding_s(const costing *k, loom_prediction *out) {
     const loom_plan *plan = k->plan;
+    /* an untied head (a Llama's) has no second copy to sum */
+    if (plan->model.untied_head) return 0;
     if (plan->stages[0].rank == plan->stages[plan->num_stages - 1].rank) return 0;
     double wte = (double)(plan->model.padded_vocab_size / plan->tp) * plan->model.channels * 4;
     int64_t pairs = (int64_t)plan->dp * plan->tp;
@@ -787,7 +790,8 @@ static double dp_exposed_s(const costing *k, int r, const dp_sync *sync, double 
                            const loom_prediction *out) {
     const loom_plan *plan = k->plan;
     double hidden = plan->overlap_grad_reduce ? out->stage[r].backward_s : 0.0;
-    double exposed = (sync->sync_s > hidden ? sync->sync_s - hidden : 0) + sync->codec_s;
+    double reduce = sync->sync_s - sync->gather_s; /* ZeRO-1's all-gather follows AdamW */
+    double exposed = (reduce > hidden ? reduce - hidden : 0) + sync->gather_s + sync->codec_s;
     if (k->last_backward_s && sync->codec_s == 0) { /* uncompressed ZeRO-0/1, overlapped */
         double left = chunk_syncs_end_s(k, r, sync->sync_s - sync->gather_s) - out->pipeline_s;
         exposed = (left > 0 ? left : 0) + sync->gather_s;

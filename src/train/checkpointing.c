@@ -313,6 +313,21 @@ loom_status loom_run_checkpoint_write_model(const char *dir, const loom_mesh *me
     return loom_run_checkpoint_write(dir, mesh, model, bufs, sharded, state);
 }
 
+/* A tokenizer recorded from one of this run's own step folders (a resume whose tokenizer had
+ * moved takes the copy there) is recorded from the newest one once it holds a copy: pruning may
+ * delete the older, and every save copies from the recorded place. */
+static void follow_tokenizer(const char *out, const char *dir, loom_ckpt_state *state) {
+    char *run = realpath(out, NULL), *newest = realpath(dir, NULL);
+    char prefix[LOOM_PATH_MAX + 16];
+    if (run && newest && state->tokenizer_source[0] &&
+        loom_path_join(prefix, sizeof prefix, run, "checkpoints/") == LOOM_OK &&
+        !strncmp(state->tokenizer_source, prefix, strlen(prefix)) &&
+        strlen(newest) < sizeof state->tokenizer_source) {
+        snprintf(state->tokenizer_source, sizeof state->tokenizer_source, "%s", newest);
+    }
+    free(run), free(newest);
+}
+
 loom_status loom_run_save(const loom_run_parts *p, loom_ckpt_state *state) {
     const char *out = p->cfg->out;
     char dir[LOOM_PATH_MAX + 64];
@@ -328,6 +343,7 @@ loom_status loom_run_save(const loom_run_parts *p, loom_ckpt_state *state) {
         if (st == LOOM_OK && p->mesh->lead) st = loom_checkpoint_point_latest(out, state->step);
         if (st == LOOM_OK && p->mesh->lead) loom_info("saved checkpoint %s", dir);
     }
+    if (st == LOOM_OK) follow_tokenizer(out, dir, state);
     if (st == LOOM_OK && p->mesh->lead) st = loom_run_prune_checkpoints(out, p->cfg->keep_last);
     return st;
 }

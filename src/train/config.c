@@ -79,14 +79,12 @@ loom_status loom_train_model_config(const loom_train_config *c, loom_gpt_config 
     }
     if ((st = loom_model_config_of(file, m)) != LOOM_OK) return st;
     if (loom_train_config_sets_model(c) && !loom_gpt_config_same(m, &given)) {
+        char a[256], b[256];
+        loom_gpt_config_describe(m, a, sizeof a), loom_gpt_config_describe(&given, b, sizeof b);
         return loom_fail(LOOM_ERR_INPUT,
-                         "%s %s: the file's model (%d layers, %d heads, d_model %d, context %d, "
-                         "vocab %d) differs from the configured one (%d layers, %d heads, "
-                         "d_model %d, context %d, vocab %d); drop the model settings to train the "
-                         "file's model",
-                         flag, file, m->num_layers, m->num_heads, m->channels, m->max_seq_len,
-                         m->vocab_size, given.num_layers, given.num_heads, given.channels,
-                         given.max_seq_len, given.vocab_size);
+                         "%s %s: the file's model (%s) differs from the configured one (%s); drop "
+                         "the model settings to train the file's model",
+                         flag, file, a, b);
     }
     return LOOM_OK;
 }

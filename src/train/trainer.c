@@ -80,13 +80,13 @@ static loom_status check_model(const trainer *t, const char *resume_dir) {
         loom_gpt_config asked;
         if ((st = loom_train_model_config(t->cfg, &asked)) != LOOM_OK) return st;
         if (!loom_gpt_config_same(&asked, mc)) {
+            char a[256], b[256];
+            loom_gpt_config_describe(&asked, a, sizeof a),
+                loom_gpt_config_describe(mc, b, sizeof b);
             return loom_fail(LOOM_ERR_INPUT,
-                             "config: model: %d layers, %d heads, d_model %d, context %d, vocab "
-                             "%d differs from the plan's (%d, %d, %d, %d, %d); train the plan's "
+                             "config: model: %s differs from the plan's (%s); train the plan's "
                              "model or make a plan for this one",
-                             asked.num_layers, asked.num_heads, asked.channels, asked.max_seq_len,
-                             asked.vocab_size, mc->num_layers, mc->num_heads, mc->channels,
-                             mc->max_seq_len, mc->vocab_size);
+                             a, b);
         }
     }
     if (t->cfg->seq_len > mc->max_seq_len) {
@@ -101,12 +101,11 @@ static loom_status check_model(const trainer *t, const char *resume_dir) {
         return st;
     if ((st = loom_gpt_config_from_safetensors(file, &saved)) != LOOM_OK) return st;
     if (!loom_gpt_config_same(&saved, mc)) {
+        char a[256], b[256];
+        loom_gpt_config_describe(&saved, a, sizeof a), loom_gpt_config_describe(mc, b, sizeof b);
         return loom_fail(LOOM_ERR_INPUT,
-                         "--resume %s: the checkpoint's model (%d layers, %d heads, d_model %d, "
-                         "context %d, vocab %d) differs from the plan's (%d, %d, %d, %d, %d)",
-                         resume_dir, saved.num_layers, saved.num_heads, saved.channels,
-                         saved.max_seq_len, saved.vocab_size, mc->num_layers, mc->num_heads,
-                         mc->channels, mc->max_seq_len, mc->vocab_size);
+                         "--resume %s: the checkpoint's model (%s) differs from the plan's (%s)",
+                         resume_dir, a, b);
     }
     return LOOM_OK;
 }
