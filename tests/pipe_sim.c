@@ -85,8 +85,8 @@ int main(int argc, char **argv) {
     for (int r = 0; r < shape.ranks && st == LOOM_OK; r++) {
         st = loom_pipe_schedule_build(&shape, r, &schedules[r]);
     }
-    loom_pipe_sim_times times = {stages,    links, forward, backward, act_link,
-                                 grad_link, input, weight,  NULL};
+    loom_pipe_sim_times times = {stages, links,  forward, backward, act_link, grad_link,
+                                 input,  weight, NULL,    NULL,     NULL};
     loom_pipe_sim_result result;
     if (st == LOOM_OK) st = loom_pipe_simulate(&shape, schedules, &times, &result);
     if (st == LOOM_OK) {

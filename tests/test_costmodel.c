@@ -476,6 +476,37 @@ static void test_tp_placement(void) {
     loom_plan_free(&plan);
 }
 
+/* Megatron's scatter-gather of pipeline messages: tp 2 x pp 2 on nodes of 2 devices (TP inside
+ * a node, the pipeline across nodes), one micro-batch, so the step's pipeline is one chain:
+ * F0, the activation across, F1, B1, the gradient back, B0. Without sequence parallelism each
+ * TP rank sends half the message (L = (message / 2) / inter-node bandwidth) and its receiver
+ * all-gathers it over the node (g = (message / 2) / intra-node bandwidth): pipeline = stages'
+ * compute + 2 (L + g); each rank's pipeline bytes are the halves. With sequence parallelism the
+ * message is already each rank's own rows: 2 L, no gather. */
+static void test_scattered_messages(void) {
+    loom_cluster cl = ideal_cluster(2, 2);
+    cl.links[LOOM_LINK_INTER_NODE] = (loom_link){1e8, 0.0, 0.0};
+    cl.links[LOOM_LINK_INTRA_NODE] = (loom_link){1e9, 0.0, 0.0};
+    for (int sp = 0; sp < 2; sp++) {
+        loom_plan plan = plan_of(1, 2, 2, 2, 2, LOOM_SCHEDULE_1F1B);
+        plan.sequence_parallel = sp;
+        loom_prediction pr;
+        CHECK(loom_plan_predict(&plan, &cl, LOOM_PRECISION_FP32, 64, &pr) == LOOM_OK,
+              "predict sp %d: %s", sp, loom_last_error());
+        double message = 2.0 * 64 * plan.model.channels * 4; /* B T C fp32, whole */
+        double L = message / 2 / 1e8, g = sp ? 0 : message / 2 / 1e9;
+        double compute = pr.stage[0].forward_s + pr.stage[1].forward_s + pr.stage[0].backward_s +
+                         pr.stage[1].backward_s;
+        CHECK_CLOSE(pr.pipeline_s, compute + 2 * (L + g), 1e-12, 1e-15,
+                    sp ? "sequence parallel: each rank's rows across" : "scattered, gathered");
+        /* the tied embedding's sum: each TP rank's half of wte, both ends of 2 pairs */
+        double wte = (double)plan.model.padded_vocab_size * plan.model.channels * 4 / 2;
+        CHECK_CLOSE((double)pr.pp_bytes - 4 * wte, 2 * (message / 2) * 2, 1e-12, 0,
+                    "pipeline bytes: 2 messages of half each, 2 TP ranks");
+        loom_plan_free(&plan);
+    }
+}
+
 /* The pipeline part is the simulator's, and schedules with a smaller bubble predict less. */
 static void test_pipeline(void) {
     loom_cluster cl = ideal_cluster(8, 1);
@@ -916,6 +947,7 @@ int main(void) {
     test_search_per_stage();
     test_tp_placement();
     test_pipeline();
+    test_scattered_messages();
     test_refused();
     return check_finish();
 }

@@ -297,7 +297,8 @@ static const char *simulate_buffered(const pipeline *pl, double *makespan) {
         input[s] = op_duration(LOOM_PIPE_BACKWARD_INPUT);
         weight[s] = op_duration(LOOM_PIPE_BACKWARD_WEIGHT);
     }
-    loom_pipe_sim_times times = {V, V - 1, forward, backward, link, link, input, weight, NULL};
+    loom_pipe_sim_times times = {V,     V - 1,  forward, backward, link, link,
+                                 input, weight, NULL,    NULL,     NULL};
     loom_pipe_sim_result result;
     loom_status st = loom_pipe_simulate(&pl->shape, pl->stage, &times, &result);
     *makespan = result.makespan_s;

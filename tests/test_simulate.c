@@ -50,8 +50,8 @@ static void free_pipeline(pipeline *pl) {
 
 static loom_pipe_sim_times times_of(int stages, const double *forward, const double *backward,
                                     const double *act_link, const double *grad_link) {
-    return (loom_pipe_sim_times){stages,    stages - 1, forward, backward, act_link,
-                                 grad_link, NULL,       NULL,    NULL};
+    return (loom_pipe_sim_times){stages, stages - 1, forward, backward, act_link, grad_link,
+                                 NULL,   NULL,       NULL,    NULL,     NULL};
 }
 
 static const char *abbreviation[] = {"RA", "F", "SA", "RG", "B", "SG"};
@@ -401,6 +401,11 @@ static void test_bad_arguments(void) {
     t = good, t.grad_link_s = infinite;
     expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r, "grad_link_s[0] = inf",
                        "infinite link");
+    double negative_link[] = {-0.5};
+    t = good, t.grad_recv_s = negative_link;
+    expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
+                       "grad_recv_s[0] = -0.5, expected a finite time >= 0",
+                       "negative receive time");
     t = good, t.act_link_s = NULL;
     expect_input_error(loom_pipe_simulate(&pl.shape, pl.stage, &t, &r), &r,
                        "act_link_s is NULL, expected 1 times", "NULL links");
@@ -429,7 +434,8 @@ typedef struct {
     const pipeline *pl;
     /* per virtual stage (V,), links per boundary (V - 1,) */
     const double *forward, *backward, *input, *weight, *act_link, *grad_link;
-    int delayed_stage, delayed_index; /* this action's duration (or message) gets `delay` more */
+    const double *act_recv, *grad_recv; /* per boundary, NULL: none */
+    int delayed_stage, delayed_index;   /* this action's duration (or message) gets `delay` more */
     double delay;
 } graph;
 
@@ -484,8 +490,11 @@ static double longest_paths(const graph *g, double end[][MAX_ACTIONS]) {
                     int link = op == LOOM_PIPE_RECV_ACT ? v - 1 : v;
                     double link_s =
                         op == LOOM_PIPE_RECV_ACT ? g->act_link[link] : g->grad_link[link];
+                    const double *recv = op == LOOM_PIPE_RECV_ACT ? g->act_recv : g->grad_recv;
                     if (peer == g->delayed_stage && j == g->delayed_index) link_s += g->delay;
                     if (end[peer][j] + link_s > t) t = end[peer][j] + link_s;
+                    /* the receiver's own work once the message is in hand */
+                    t += recv ? recv[link] : 0;
                 }
                 if (t > end[s][i]) end[s][i] = t, changed = 1;
             }
@@ -508,7 +517,7 @@ static void test_against_longest_paths(void) {
     loom_rng rng;
     loom_rng_seed(&rng, 20240611);
     double end[MAX_STAGES][MAX_ACTIONS];
-    int cases = 0, messages = 0, computes = 0;
+    int cases = 0, messages = 0, computes = 0, with_receives = 0;
     /* the reference is slow (every action's predecessors searched anew): under the sanitizers,
      * a fifth of the cases, every kind still among them */
     int trials = getenv("LOOM_SANITIZED") ? 60 : 300;
@@ -520,15 +529,28 @@ static void test_against_longest_paths(void) {
         if (kind == LOOM_SCHEDULE_INTERLEAVED) v = 2 + trial % 2, m = p * (1 + m % 2);
         int V = p * v;
         double forward[MAX_V], backward[MAX_V], input[MAX_V], weight[MAX_V], act[MAX_V],
-            grad[MAX_V];
+            grad[MAX_V], act_recv[MAX_V], grad_recv[MAX_V];
         for (int s = 0; s < V; s++) {
             forward[s] = random_time(&rng, 0), backward[s] = random_time(&rng, 0);
             input[s] = random_time(&rng, 0), weight[s] = random_time(&rng, 0);
             act[s] = random_time(&rng, 1), grad[s] = random_time(&rng, 1);
+            act_recv[s] = random_time(&rng, 1), grad_recv[s] = random_time(&rng, 1);
         }
+        /* every other trial with receive times (a scattered message's gather) */
+        int receives = (trial / LOOM_SCHEDULE_NUM_KINDS) % 2;
         pipeline pl;
         if (!build_shape(&pl, kind, p, v, m)) return;
-        loom_pipe_sim_times times = {V, V - 1, forward, backward, act, grad, input, weight, NULL};
+        loom_pipe_sim_times times = {V,
+                                     V - 1,
+                                     forward,
+                                     backward,
+                                     act,
+                                     grad,
+                                     input,
+                                     weight,
+                                     NULL,
+                                     receives ? act_recv : NULL,
+                                     receives ? grad_recv : NULL};
         loom_pipe_sim_result r;
         loom_status st = loom_pipe_simulate(&pl.shape, pl.stage, &times, &r);
         CHECK(st == LOOM_OK, "trial %d: %s", trial, loom_last_error());
@@ -537,9 +559,10 @@ static void test_against_longest_paths(void) {
             continue;
         }
         char what[128];
-        snprintf(what, sizeof what, "trial %d (%s p=%d v=%d m=%d)", trial,
-                 loom_schedule_kind_name(kind), p, v, m);
-        graph g = {&pl, forward, backward, input, weight, act, grad, -1, -1, 0};
+        snprintf(what, sizeof what, "trial %d (%s p=%d v=%d m=%d%s)", trial,
+                 loom_schedule_kind_name(kind), p, v, m, receives ? ", receive times" : "");
+        graph g = {&pl,  forward,          backward,          input, weight, act,
+                   grad, times.act_recv_s, times.grad_recv_s, -1,    -1,     0};
         double makespan = longest_paths(&g, end);
         CHECK(r.makespan_s == makespan, "%s: makespan %g, longest path %g", what, r.makespan_s,
               makespan);
@@ -569,12 +592,13 @@ static void test_against_longest_paths(void) {
                 messages += send, computes += compute;
             }
         }
-        cases++;
+        cases++, with_receives += receives;
         loom_pipe_sim_result_free(&r);
         free_pipeline(&pl);
     }
-    printf("longest paths: %d random cases, %d message slacks and %d compute slacks confirmed\n",
-           cases, messages, computes);
+    printf("longest paths: %d random cases (%d with receive times), %d message slacks and %d "
+           "compute slacks confirmed\n",
+           cases, with_receives, messages, computes);
 }
 
 /* The slack policy on the hand-computed case above (1F1B, p=2, m=3, gradient link 0.25): the

@@ -487,7 +487,9 @@ int loom_pipe_cooldown_sends(const loom_pipe_stage_schedule *s, int chunks, int 
  *                      going up, grad_link_s for gradients coming down; they may differ, e.g.
  *                      when only one direction is compressed).
  *   RECV_ACT/RECV_GRAD block until the matching message has arrived; the action starts when
- *                      the rank reaches it and ends when the message is in hand.
+ *                      the rank reaches it and ends when the message is in hand, plus the
+ *                      boundary's receive time (act_recv_s, grad_recv_s: work the receiver
+ *                      does once the message is there, e.g. gathering a scattered message).
  * Matching: the k-th send of one kind from rank a to rank b pairs with the k-th receive of that
  * kind on b from a (MPI's order for one source and tag); by the schedule contract above both
  * are the same micro-batch and boundary, and a pair that is not is an error. A send without a
@@ -522,6 +524,10 @@ typedef struct {
      * virtual stage v sends back for micro-batch mb, in place of grad_link_s[v - 1] (a policy
      * that compresses some sends of a boundary and not others); row 0 is not read */
     const double *grad_link_mb_s;
+    /* (links,) or NULL (none): [s] the receiver's own time for a message across boundary s
+     * once it has arrived (activations received by stage s + 1, gradients by stage s) */
+    const double *act_recv_s;
+    const double *grad_recv_s;
 } loom_pipe_sim_times;
 
 typedef struct {

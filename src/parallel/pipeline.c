@@ -301,7 +301,8 @@ static loom_status slack_update(loom_pipeline *p) {
         saving[s - 1] =
             row[SLACK_COMPRESSED] > 0 ? row[SLACK_RAW] - row[SLACK_COMPRESSED] - codec : 0.0;
     }
-    loom_pipe_sim_times times = {V, V - 1, forward, backward, link, link, input, weight, NULL};
+    loom_pipe_sim_times times = {V,     V - 1,  forward, backward, link, link,
+                                 input, weight, NULL,    NULL,     NULL};
     st = loom_pipe_slack_choose(&p->shape, p->schedules, &times, saving, p->choice);
     if (st != LOOM_OK) return st;
     (void)pp;
@@ -570,6 +571,20 @@ void loom_pipeline_set_trace(loom_pipeline *p, loom_trace *trace) {
 
 /* ---- links: encode/decode points ------------------------------------------------------------ */
 
+/* The share of a message this rank sends when the message is scattered and gathered (Megatron's
+ * scatter-gather of pipeline tensors), else 0. Under tensor parallelism without sequence
+ * parallelism every TP rank holds the same whole activation and the same input gradient, so
+ * each sends only its 1/tp of the flat message to the rank of its own TP place in the
+ * neighbouring stage, and the receiving TP group all-gathers the shares over its own (fast)
+ * link: the pipeline's link carries the message once, not tp times. A compressed link (`codec`
+ * set on either end: both ends have one or neither) sends its wire whole. */
+static size_t scattered_share(const loom_pipeline *p, const loom_compressor *codec, size_t floats) {
+    const loom_gpt *model = p->model;
+    int tp = model->tp_size;
+    if (tp <= 1 || model->sequence_parallel || codec || floats % (size_t)tp) return 0;
+    return floats / (size_t)tp;
+}
+
 /* Sends rows x cols floats of `kind` from chunk `c` to `peer` without waiting: encoded into the
  * kind's next wire buffer, whose previous send is completed first. */
 static loom_status encode_send(loom_pipeline *p, int kind, int c, int mb, const float *src,
@@ -582,10 +597,12 @@ static loom_status encode_send(loom_pipeline *p, int kind, int c, int mb, const 
     if (st != LOOM_OK) return st;
     size_t floats = (size_t)rows * (size_t)cols;
     float *wire = p->send_buf + (size_t)slot * btc_of(p);
-    int64_t raw_bytes = (int64_t)(floats * sizeof(float)), wire_bytes = raw_bytes;
     chunk_state *ch = &p->chunk[c];
     /* training sends only (validation's may be shorter): the compressor's shape */
     loom_compressor *encoder = ch->encoder[kind];
+    size_t share = scattered_share(p, encoder, floats);
+    if (share) src += (size_t)p->model->tp_rank * share, floats = share;
+    int64_t raw_bytes = (int64_t)(floats * sizeof(float)), wire_bytes = raw_bytes;
     int compress = encoder && ch->encode_mb[kind][mb] && rows == loom_compressor_rows(encoder);
     if (compress) {
         double t0 = loom_trace_now_us();
@@ -629,8 +646,19 @@ static loom_status recv_decode(loom_pipeline *p, int kind, int c, int mb, float 
         loom_trace_event(p->trace, LOOM_TRACE_PP, "decode", "compress", t0, us, -1, mb);
         return LOOM_OK;
     }
-    int64_t wire_bytes = rows * cols * (int64_t)sizeof(float);
-    return loom_comm_recv(p->mesh->pp, dst, wire_bytes, peer,
+    size_t floats = (size_t)rows * (size_t)cols, share = scattered_share(p, decoder, floats);
+    if (share) { /* this TP place's share, then the others' from the TP group */
+        float *mine = dst + (size_t)p->model->tp_rank * share;
+        loom_status st = loom_comm_recv(p->mesh->pp, mine, (int64_t)(share * sizeof(float)), peer,
+                                        kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
+        if (st != LOOM_OK) return st;
+        double t0 = loom_trace_now_us();
+        st = loom_comm_allgather_f32(p->model->tp_comm, mine, dst, (int64_t)share);
+        loom_trace_event(p->trace, LOOM_TRACE_PP, "gather", "comm", t0, loom_trace_now_us() - t0,
+                         -1, mb);
+        return st;
+    }
+    return loom_comm_recv(p->mesh->pp, dst, (int64_t)(floats * sizeof(float)), peer,
                           kind == KIND_ACT ? TAG_ACT : TAG_GRAD);
 }
 

@@ -62,11 +62,16 @@ static double link_time(const simulation *sim, int s, loom_pipe_action a) {
     return (gradient ? sim->times->grad_link_s : sim->times->act_link_s)[boundary];
 }
 
-/* How long the action keeps its stage busy once the stage reaches it, receives aside. */
+/* How long the action keeps its stage busy once the stage reaches it (a receive: once its
+ * message is in hand). */
 static double compute_time(const simulation *sim, int s, loom_pipe_action a) {
     int v = loom_pipe_stage(sim->shape, s, a.chunk);
     const loom_pipe_sim_times *t = sim->times;
     switch (a.op) {
+    case LOOM_PIPE_RECV_ACT:
+        return t->act_recv_s ? t->act_recv_s[boundary_of(sim, s, a)] : 0.0;
+    case LOOM_PIPE_RECV_GRAD:
+        return t->grad_recv_s ? t->grad_recv_s[boundary_of(sim, s, a)] : 0.0;
     case LOOM_PIPE_FORWARD:
         return t->forward_s[v];
     case LOOM_PIPE_BACKWARD:
@@ -126,6 +131,10 @@ static loom_status check_times(const loom_pipe_sim_times *t, int stages, int m,
         st = check_time_array(t->backward_weight_s, t->stages, "backward_weight_s");
     if (st == LOOM_OK && t->grad_link_mb_s)
         st = check_time_array(t->grad_link_mb_s, t->stages * m, "grad_link_mb_s");
+    if (st == LOOM_OK && t->act_recv_s)
+        st = check_time_array(t->act_recv_s, t->links, "act_recv_s");
+    if (st == LOOM_OK && t->grad_recv_s)
+        st = check_time_array(t->grad_recv_s, t->links, "grad_recv_s");
     return st;
 }
 
@@ -246,7 +255,8 @@ static void run_stage(simulation *sim, int s, int64_t *ran) {
         int peer = sim->peer[sim->first[s] + i], partner = sim->partner[sim->first[s] + i];
         if (is_receive(op)) {
             if (sim->pc[peer] <= partner) return; /* not sent yet */
-            a->end_s = fmax(a->start_s, result_at(sim, peer, partner)->arrival_s);
+            a->end_s = fmax(a->start_s, result_at(sim, peer, partner)->arrival_s) +
+                       compute_time(sim, s, action);
         } else if (is_send(op)) {
             a->end_s = a->start_s;
             a->arrival_s = a->end_s + link_time(sim, s, action);
@@ -314,8 +324,9 @@ static void run_backward(simulation *sim) {
             latest = fmin(latest, sim->latest_end[flat + 1] - compute_time(sim, s, next));
         }
         if (is_send(action.op)) {
-            int peer = sim->peer[flat];
-            double latest_arrival = sim->latest_end[sim->first[peer] + sim->partner[flat]];
+            int peer = sim->peer[flat], partner = sim->partner[flat];
+            double latest_arrival = sim->latest_end[sim->first[peer] + partner] -
+                                    compute_time(sim, peer, sim->schedules[peer].actions[partner]);
             a->message_slack_s = fmax(0.0, latest_arrival - a->arrival_s);
             latest = fmin(latest, latest_arrival - link_time(sim, s, action));
         }

@@ -292,10 +292,15 @@ static void recompute_as_scheduled(const loom_plan *plan, const loom_pipe_shape 
 
 /* The pipeline's messages: per boundary s (virtual stages s and s + 1) the activation's and the
  * uncompressed gradient's transfer, and per gradient send (the sender's virtual stage v times m
- * plus the micro-batch) its transfer and bytes, compressed where the plan's policy says. */
+ * plus the micro-batch) its transfer and bytes, compressed where the plan's policy says. A
+ * message the runtime scatters (tensor parallelism without sequence parallelism, not
+ * compressed: pipeline.c's scattered_share) crosses as each TP rank's 1/tp share and costs its
+ * receiver the TP group's all-gather. */
 typedef struct {
-    double *act_s, *grad_s;         /* (V) */
-    double *grad_mb_s, *grad_bytes; /* (V x m) */
+    double *act_s, *grad_s;           /* (V) */
+    double *grad_mb_s, *grad_bytes;   /* (V x m) */
+    double *act_recv_s, *grad_recv_s; /* (V) the receiver's gather of a scattered message */
+    unsigned char *act_scattered, *grad_scattered; /* (V) */
 } pipeline_links;
 
 /* Per boundary, what a compressed gradient send costs: its transfer plus encoding and decoding,
@@ -315,6 +320,7 @@ static double *zeroed_doubles(size_t n) {
 
 static void pipeline_links_free(pipeline_links *l) {
     free(l->act_s), free(l->grad_s), free(l->grad_mb_s), free(l->grad_bytes);
+    free(l->act_recv_s), free(l->grad_recv_s), free(l->act_scattered), free(l->grad_scattered);
     memset(l, 0, sizeof *l);
 }
 
@@ -352,7 +358,9 @@ static loom_pipe_sim_times sim_times_of(const stage_time_arrays *a, int V,
                                  links->grad_s,
                                  a->backward_input_s,
                                  a->backward_weight_s,
-                                 links->grad_mb_s};
+                                 links->grad_mb_s,
+                                 links->act_recv_s,
+                                 links->grad_recv_s};
     return times;
 }
 
@@ -388,22 +396,30 @@ static double pp_message_bytes(const costing *k) {
 /* The pipeline's bytes over the step, every rank: each message crosses once, activations
  * forward, gradients backward (compressed where the plan says). */
 static int64_t pipeline_bytes(const costing *k, const loom_pipe_shape *shape,
-                              const loom_pipe_stage_schedule *lists, const pipeline_links *links) {
+                              const loom_pipe_stage_schedule *lists, const pipeline_links *links,
+                              int64_t *gather_bytes) {
     const loom_plan *plan = k->plan;
     int m = shape->micro_batches;
-    int64_t message = (int64_t)pp_message_bytes(k);
-    int64_t bytes = 0;
+    double message = pp_message_bytes(k), share = message / plan->tp;
+    double gather = loom_cluster_ring_bytes(LOOM_COLLECTIVE_ALLGATHER, plan->tp, message);
+    int64_t bytes = 0, gathered = 0;
     for (int r = 0; r < shape->ranks; r++) {
         for (int i = 0; i < lists[r].count; i++) {
             const loom_pipe_action *a = &lists[r].actions[i];
-            if (a->op == LOOM_PIPE_SEND_ACT) bytes += message;
-            if (a->op == LOOM_PIPE_SEND_GRAD) {
-                int v = loom_pipe_stage(shape, r, a->chunk); /* into v - 1 */
+            int v = loom_pipe_stage(shape, r, a->chunk);
+            if (a->op == LOOM_PIPE_SEND_ACT) {
+                int scattered = links->act_scattered[v];
+                bytes += (int64_t)(scattered ? share : message), gathered += scattered;
+            }
+            if (a->op == LOOM_PIPE_SEND_GRAD) { /* into v - 1 */
                 size_t i_mb = (size_t)v * (size_t)m + (size_t)a->micro_batch;
-                bytes += v > 0 && a->micro_batch < m ? (int64_t)links->grad_bytes[i_mb] : message;
+                bytes += v > 0 && a->micro_batch < m ? (int64_t)links->grad_bytes[i_mb]
+                                                     : (int64_t)message;
+                gathered += v > 0 && links->grad_scattered[v - 1];
             }
         }
     }
+    *gather_bytes = (int64_t)gather * gathered * plan->dp * plan->tp;
     return bytes * plan->dp * plan->tp;
 }
 
@@ -485,7 +501,9 @@ static loom_status simulate_pipeline(const costing *k, const loom_pipe_shape *sh
         if (traces) record_pipeline(shape, lists, &result, traces);
         out->pipeline_s = result.makespan_s;
         out->bubble = pipeline_bubble(shape, lists, &result);
-        out->pp_bytes += pipeline_bytes(k, shape, lists, links);
+        int64_t gathered = 0;
+        out->pp_bytes += pipeline_bytes(k, shape, lists, links, &gathered);
+        out->tp_bytes += gathered;
         if (k->dp_stream_end_s) st = zero_stream(k, shape, lists, &result);
         if (k->last_backward_s) last_backwards(k, shape, lists, &result);
         loom_pipe_sim_result_free(&result);
@@ -521,6 +539,11 @@ static int boundary_transfers(const costing *k, double message, pipeline_links *
     int64_t rows = (int64_t)plan->micro_batch * k->seq_len;
     const loom_plan_compressor *pc = &plan->pp_compression;
     int compressing = 0, pairs = 0, pair[2 * LOOM_PREDICT_MAX_STAGES][3]; /* (a, b, class) */
+    int scatter = plan->tp > 1 && !plan->sequence_parallel;
+    double gather_s =
+        scatter ? loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_ALLGATHER,
+                                            kind_link(plan, cluster, GROUP_TP), plan->tp, message)
+                : 0.0;
     for (int s = 0; s + 1 < plan->num_stages; s++) {
         /* the boundary's class: the pair of pipeline ranks it joins (few, each costed once) */
         int a = plan->stages[s].rank, b = plan->stages[s + 1].rank, link = -1;
@@ -533,14 +556,27 @@ static int boundary_transfers(const costing *k, double message, pipeline_links *
                 pairs++;
             }
         }
-        links->act_s[s] =
+        double whole =
             loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2, message);
-        links->grad_s[s] = packed->packed_s[s] = links->act_s[s];
+        double share_s = loom_cluster_collective_s(cluster, LOOM_COLLECTIVE_SENDRECV, link, 2,
+                                                   message / plan->tp);
+        packed->packed_s[s] = whole;
         packed->packed_bytes[s] = message;
-        if (pc->method == LOOM_COMPRESS_NONE || !loom_plan_compresses_stage(pc, s)) continue;
-        double state,
-            wire = loom_plan_compressor_wire(pc, pc->method, rows, plan->model.channels, &state);
-        wire *= k->bytes_per_value / 4.0;
+        /* a link with a compressor sends whole, each direction (forward compression's own wire
+         * is not priced here) */
+        int forward_packs = pc->forward != LOOM_COMPRESS_NONE && loom_plan_compresses_stage(pc, s);
+        double wire = message;
+        if (pc->method != LOOM_COMPRESS_NONE && loom_plan_compresses_stage(pc, s)) {
+            double state;
+            wire = loom_plan_compressor_wire(pc, pc->method, rows, plan->model.channels, &state) *
+                   k->bytes_per_value / 4.0;
+        }
+        links->act_scattered[s] = scatter && !forward_packs;
+        links->grad_scattered[s] = scatter && wire >= message;
+        links->act_s[s] = links->act_scattered[s] ? share_s : whole;
+        links->act_recv_s[s] = links->act_scattered[s] ? gather_s : 0.0;
+        links->grad_s[s] = links->grad_scattered[s] ? share_s : whole;
+        links->grad_recv_s[s] = links->grad_scattered[s] ? gather_s : 0.0;
         if (wire >= message) continue; /* the executor sends it as it is */
         packed->packed_bytes[s] = wire;
         packed->packed_s[s] =
@@ -581,7 +617,10 @@ static loom_status compressed_sends(const costing *k, const loom_pipe_shape *sha
         stage_time_arrays arrays;
         loom_status st = stage_time_arrays_of(out, V, &arrays);
         if (st != LOOM_OK) return st;
-        pipeline_links plain = {links->act_s, links->grad_s, NULL, NULL};
+        pipeline_links plain = {.act_s = links->act_s,
+                                .grad_s = links->grad_s,
+                                .act_recv_s = links->act_recv_s,
+                                .grad_recv_s = links->grad_recv_s};
         loom_pipe_sim_times times = sim_times_of(&arrays, V, &plain);
         st = loom_pipe_slack_choose(shape, lists, &times, packed->saving_s, which);
         stage_time_arrays_free(&arrays);
@@ -607,12 +646,16 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
     double message = pp_message_bytes(k);
     links->act_s = zeroed_doubles((size_t)V), links->grad_s = zeroed_doubles((size_t)V);
     links->grad_mb_s = zeroed_doubles(vm), links->grad_bytes = zeroed_doubles(vm);
+    links->act_recv_s = zeroed_doubles((size_t)V), links->grad_recv_s = zeroed_doubles((size_t)V);
+    links->act_scattered = calloc((size_t)V, 1), links->grad_scattered = calloc((size_t)V, 1);
     compressed_boundaries packed = {zeroed_doubles((size_t)V), zeroed_doubles((size_t)V),
                                     zeroed_doubles((size_t)V)};
     unsigned char *which = calloc(vm + 1, 1); /* (V x m) the sends that compress */
     loom_status st = LOOM_OK;
     if (!links->act_s || !links->grad_s || !links->grad_mb_s || !links->grad_bytes ||
-        !packed.packed_s || !packed.packed_bytes || !packed.saving_s || !which) {
+        !links->act_recv_s || !links->grad_recv_s || !links->act_scattered ||
+        !links->grad_scattered || !packed.packed_s || !packed.packed_bytes || !packed.saving_s ||
+        !which) {
         st = loom_fail(LOOM_ERR_NOMEM, "cost model: out of memory");
     }
     if (st == LOOM_OK && boundary_transfers(k, message, links, &packed))
@@ -622,7 +665,9 @@ static loom_status links_of(const costing *k, const loom_pipe_shape *shape,
             size_t i = (size_t)v * (size_t)m + (size_t)mb;
             int packs = which[i] && packed.packed_bytes[v - 1] < message;
             links->grad_mb_s[i] = packs ? packed.packed_s[v - 1] : links->grad_s[v - 1];
-            links->grad_bytes[i] = packs ? packed.packed_bytes[v - 1] : message;
+            links->grad_bytes[i] = packs                          ? packed.packed_bytes[v - 1]
+                                   : links->grad_scattered[v - 1] ? message / plan->tp
+                                                                  : message;
         }
     }
     compressed_boundaries_free(&packed);
@@ -652,7 +697,7 @@ static loom_status pipeline_term(const costing *k, const loom_pipe_shape *shape,
                                  const loom_pipe_stage_schedule *lists, loom_trace **traces,
                                  loom_prediction *out) {
     recompute_as_scheduled(k->plan, shape, lists, out);
-    pipeline_links links = {NULL, NULL, NULL, NULL};
+    pipeline_links links = {0};
     loom_status st = links_of(k, shape, lists, out, &links);
     if (st == LOOM_OK) st = simulate_pipeline(k, shape, lists, &links, traces, out);
     pipeline_links_free(&links);
