@@ -104,6 +104,27 @@ for op in ("allreduce", "allgather", "reduce_scatter"):
     assert fitted(op, "inter_node", 4) and fitted(op, "intra_node", 2), (op, fits)
 assert fitted("sendrecv", "inter_node", 2) and fitted("sendrecv", "intra_node", 2), fits
 PY
+    # more ranks than cores: a core's worth of ranks measure the device alone and the figures
+    # are scaled by cores / ranks; against the 2-rank profile above (one rank a core here)
+    python3 - hosts.json sub/cluster.json <<'PY' && ok || fail "4 ranks: the device's figures by the cores' share"
+import json, os, re, sys
+four, two = (json.load(open(p))["node"]["device"] for p in sys.argv[1:3])
+cores = len(os.sched_getaffinity(0))
+share = min(1.0, cores / 4)
+source = json.load(open(sys.argv[1]))["source"]
+said = re.search(r"scaled by ([0-9.]+)", source)
+if share < 1:
+    assert said and abs(float(said.group(1)) - share) < 1e-3, source
+    assert "scaled by" in open("hosts.log").read()
+else:
+    assert not said, source
+for key in ("memory_bandwidth", "optimizer_params_per_s"):
+    ratio = four[key] / two[key]
+    print(f"{key}: 4 ranks / 2 ranks = {ratio:.2f} (cores' share {share:.2f})")
+ratio = four["peak_flops"]["fp32"] / two["peak_flops"]["fp32"]
+print(f"sgemm peak: 4 ranks / 2 ranks = {ratio:.2f} (cores' share {share:.2f})")
+assert 0.6 * share <= ratio <= 1.5 * share, ratio
+PY
 fi
 
 # ---- loom train --plan auto: profiles once (cached), plans, trains, reports the prediction ----

@@ -202,8 +202,12 @@ double loom_cluster_collective_s(const loom_cluster *cluster, loom_collective_op
 
 /* ---- measuring: `loom profile` ------------------------------------------------------------
  * `loom profile` measures a cluster description (above) on the ranks
- * that will train, every rank measuring at the same time, so that shared cores,
- * oversubscription and the contention for memory and links are in the figures:
+ * that will train, every rank measuring at the same time, so that shared caches and the
+ * contention for memory and links are in the figures. Where a host has more ranks x threads
+ * than cores (its ranks' CPU affinity together), only a core's worth of ranks per host measure
+ * the device (the others sleep) and its figures are scaled by the share of a core each rank
+ * gets when all train (*core_scale, < 1; 1 otherwise): timings of a few milliseconds among more
+ * runnable ranks than cores are a whole core's rate or a share of it by chance:
  *
  *   hosts        which ranks share a host (by host name): nodes, devices (ranks) per node, the
  *                device's name (the CPU model and the threads each rank uses)
@@ -238,12 +242,14 @@ typedef struct {
 /* Collective over `world` (at least 2 ranks: links are measured between ranks); every rank
  * passes the same options and gets the same *out. Failures (a bad option, an allocation, a
  * transfer) are returned on every rank, naming the phase and the rank that failed. */
-loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, loom_cluster *out);
+loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, loom_cluster *out,
+                             double *core_scale);
 
 /* The "source" note for loom_cluster_write: what was measured, on how many ranks and threads,
  * and which link class was copied from the other (one host: inter_node is intra_node's; one
  * rank per host: the other way round). */
-void loom_profile_source_note(const loom_cluster *cluster, char *note, size_t cap);
+void loom_profile_source_note(const loom_cluster *cluster, double core_scale, char *note,
+                              size_t cap);
 
 #ifdef __cplusplus
 }

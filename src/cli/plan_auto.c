@@ -104,14 +104,15 @@ static loom_status cluster_for(const cli_train_args *args, loom_comm *world, loo
     loom_profile_opts opts = {.threads = cfg->threads,
                               .quick = quick && quick[0] && strcmp(quick, "0") != 0,
                               .verbose = 1};
-    st = loom_profile_run(world, &opts, cl);
+    double core_scale = 1.0;
+    st = loom_profile_run(world, &opts, cl, &core_scale);
     if (st != LOOM_OK || !rank0) return st;
     char dir[LOOM_PATH_MAX];
     loom_status joined = loom_path_join(dir, sizeof dir, NULL, path); /* path fits: same size */
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
     char note[512];
-    loom_profile_source_note(cl, note, sizeof note);
+    loom_profile_source_note(cl, core_scale, note, sizeof note);
     if (joined != LOOM_OK || loom_mkdir_p(dir) != LOOM_OK ||
         loom_cluster_write(path, cl, note) != LOOM_OK) {
         loom_warn("--plan auto: could not cache the cluster description in %s (%s); the next "

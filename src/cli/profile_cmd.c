@@ -138,13 +138,14 @@ int cmd_profile(int argc, char **argv) {
                               .pretend_hosts = args.pretend_hosts};
     loom_cluster cluster;
     double started = loom_now();
-    st = loom_profile_run(world, &opts, &cluster);
+    double core_scale = 1.0;
+    st = loom_profile_run(world, &opts, &cluster, &core_scale);
     if (st != LOOM_OK) return cli_finish(world, cli_fail(st));
     double seconds = loom_now() - started;
     loom_status written = LOOM_OK;
     if (rank0) {
         char note[512];
-        loom_profile_source_note(&cluster, note, sizeof note);
+        loom_profile_source_note(&cluster, core_scale, note, sizeof note);
         written = loom_cluster_write(args.out, &cluster, note);
         if (written == LOOM_OK) print_summary(args.out, &cluster, seconds);
     }

@@ -12,15 +12,18 @@
  * Not here: the links (profile_links.c), the arithmetic of fits and tables (profile_fit.c),
  * writing the file (cluster.c).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include "loom/ops.h"
 #include "loom/plan.h" /* the compressors' default ranks, measured as training runs them */
 #include "cluster/profile_internal.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ---- helpers every phase uses ------------------------------------------------------------ */
 
@@ -101,24 +104,82 @@ static void printable(char *text) {
     }
 }
 
+/* This rank's CPUs (its affinity: where mpirun binds ranks, their cores), as a bit set of
+ * `bytes` bytes; all the machine's online CPUs when the affinity cannot be read. */
+static void cpu_mask(unsigned char *mask, size_t bytes) {
+    memset(mask, 0, bytes);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+        for (size_t c = 0; c < bytes * 8 && c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set)) mask[c / 8] |= (unsigned char)(1u << (c % 8));
+        return;
+    }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < (online > 0 ? online : 1) && (size_t)c < bytes * 8; c++)
+        mask[c / 8] |= (unsigned char)(1u << (c % 8));
+}
+
+/* Who measures the device (profile_ctx's `measures`, `core_scale`), from every rank's real
+ * host (names, NAME bytes each; not --pretend-hosts: cores are the machine's) and CPU masks
+ * (MASK bytes each). A host with c cores (its ranks' masks together), n ranks and t threads
+ * a rank: its first max(1, c / t) ranks measure alone, at the share min(1, c / (k t)) of a
+ * core they had (k of them), and training gives each of the n ranks min(1, c / (n t)); the
+ * figures are scaled by the ratio, the smallest over the hosts. */
+static void find_cores(profile_ctx *ctx, const char *names, size_t name_bytes,
+                       const unsigned char *masks, size_t mask_bytes) {
+    int threads = loom_ops_get_threads() > 0 ? loom_ops_get_threads() : 1;
+    ctx->core_scale = 1.0, ctx->measuring = 0, ctx->min_cores = 0;
+    unsigned char *cores = loom_calloc(mask_bytes, 1, "CPU masks");
+    for (int r = 0; r < ctx->size; r++) {
+        const char *host = names + (size_t)r * name_bytes;
+        int first = 0, local = 0, ranks = 0, count = 0;
+        while (strcmp(names + (size_t)first * name_bytes, host) != 0) first++;
+        if (cores) memset(cores, 0, mask_bytes);
+        for (int q = 0; q < ctx->size; q++) {
+            if (strcmp(names + (size_t)q * name_bytes, host) != 0) continue;
+            local += q < r, ranks++;
+            for (size_t b = 0; cores && b < mask_bytes; b++) cores[b] |= masks[q * mask_bytes + b];
+        }
+        for (size_t b = 0; cores && b < mask_bytes; b++) count += __builtin_popcount(cores[b]);
+        if (count < 1) count = 1;
+        int alone = count / threads > 0 ? count / threads : 1;
+        if (alone > ranks) alone = ranks;
+        double measured = fmin(1.0, (double)count / ((double)alone * threads));
+        double trained = fmin(1.0, (double)count / ((double)ranks * threads));
+        if (r == first) ctx->core_scale = fmin(ctx->core_scale, trained / measured);
+        if (r == first && (ctx->min_cores == 0 || count < ctx->min_cores)) ctx->min_cores = count;
+        if (local < alone) ctx->measuring++;
+        if (r == ctx->rank) ctx->measures = local < alone;
+    }
+    free(cores);
+    if (ctx->core_scale >= 1.0)
+        ctx->core_scale = 1.0, ctx->measures = 1, ctx->measuring = ctx->size;
+}
+
 /* Every rank's host name, by one broadcast per rank (names are bytes, and a profile has few
  * enough ranks that this costs nothing beside the measurements); ranks with equal names share
  * a host. */
 static loom_status find_hosts(profile_ctx *ctx, loom_cluster *out) {
-    enum { NAME = 256 };
+    enum { NAME = 256, MASK = 128 };
     char *names = loom_calloc((size_t)ctx->size, NAME, "host names");
+    unsigned char *masks = loom_calloc((size_t)ctx->size, MASK, "CPU masks");
     ctx->host_of = loom_calloc((size_t)ctx->size, sizeof(int), "hosts");
     ctx->host_ranks = loom_calloc((size_t)ctx->size, sizeof(int), "hosts");
-    loom_status st = names && ctx->host_of && ctx->host_ranks ? LOOM_OK : LOOM_ERR_NOMEM;
+    loom_status st = names && masks && ctx->host_of && ctx->host_ranks ? LOOM_OK : LOOM_ERR_NOMEM;
     if (st == LOOM_OK) st = loom_comm_host_name(names + (size_t)ctx->rank * NAME, NAME);
+    if (st == LOOM_OK) cpu_mask(masks + (size_t)ctx->rank * MASK, MASK);
     st = profile_agree(ctx, st, "finding the host name");
     for (int r = 0; r < ctx->size && st == LOOM_OK; r++) {
         st = loom_comm_broadcast(ctx->world, names + (size_t)r * NAME, NAME, r);
+        if (st == LOOM_OK) st = loom_comm_broadcast(ctx->world, masks + (size_t)r * MASK, MASK, r);
     }
     if (st != LOOM_OK) {
-        free(names);
+        free(names), free(masks);
         return st;
     }
+    find_cores(ctx, names, NAME, masks, MASK);
+    free(masks);
     ctx->hosts = 0;
     for (int r = 0; r < ctx->size; r++) {
         int h = 0;
@@ -149,6 +210,14 @@ static loom_status find_hosts(profile_ctx *ctx, loom_cluster *out) {
                 ctx->size, ctx->size == 1 ? "" : "s", ctx->hosts, ctx->hosts == 1 ? "" : "s",
                 pretend > 0 ? " (pretended)" : "", names, ctx->hosts > 1 ? " and others" : "",
                 out->devices_per_node, out->device_name);
+    if (ctx->core_scale < 1.0) {
+        profile_say(ctx,
+                    "cores: more ranks x threads than cores (%d on the smallest host): %d "
+                    "rank%s measure the device alone, the others wait; its figures are scaled "
+                    "by %.3f, the share of a core each rank gets when all of them train",
+                    ctx->min_cores, ctx->measuring, ctx->measuring == 1 ? "" : "s",
+                    ctx->core_scale);
+    }
     free(names);
     return LOOM_OK;
 }
@@ -492,6 +561,73 @@ static loom_status measure_compressors(const profile_ctx *ctx, loom_cluster *out
     return st;
 }
 
+/* ---- the device, on the ranks that measure it ------------------------------------------ */
+
+static loom_status measure_device_here(const profile_ctx *ctx, loom_cluster *out) {
+    loom_status st = measure_bandwidth(ctx, out);
+    if (st == LOOM_OK) st = measure_optimizer(ctx, out);
+    if (st == LOOM_OK) st = measure_gemm(ctx, out);
+    if (st == LOOM_OK) st = measure_compressors(ctx, out);
+    return st;
+}
+
+enum { TAG_MEASURED = 7 };
+
+/* A rank that does not measure waits for world rank 0's word that the measuring is over,
+ * asleep between looks so that the measuring ranks have the cores to themselves. */
+static loom_status wait_for_device(const profile_ctx *ctx) {
+    int word = 0, done = 0;
+    loom_comm_request *request = NULL;
+    loom_status st = loom_comm_irecv(ctx->world, &word, sizeof word, 0, TAG_MEASURED, &request);
+    const struct timespec nap = {0, 5 * 1000 * 1000};
+    while (st == LOOM_OK && !done) {
+        loom_comm_progress("profile: waiting while the other ranks measure the device");
+        st = loom_comm_poll(request, &done);
+        if (st == LOOM_OK && !done) nanosleep(&nap, NULL);
+    }
+    return st; /* how the measuring went, profile_agree says next */
+}
+
+/* The device's figures (memory bandwidth, AdamW, the GEMMs, the compressors). Every rank
+ * measures, side by side as they will train, unless a host has more ranks x threads than
+ * cores: then a core's worth of ranks per host measure (a timing of a few milliseconds among
+ * more runnable ranks than cores is a core alone's rate or a share, by chance), the others
+ * sleep, and the figures are scaled by the share each rank gets when all train (find_cores). */
+static loom_status measure_device(const profile_ctx *ctx, loom_cluster *out) {
+    if (ctx->core_scale >= 1.0) return measure_device_here(ctx, out);
+    loom_comm *measuring = NULL;
+    loom_status st = loom_comm_split(ctx->world, ctx->measures ? 0 : -1, ctx->rank,
+                                     "the ranks measuring the device", &measuring);
+    if (st != LOOM_OK) return st;
+    if (ctx->measures) {
+        profile_ctx here = *ctx;
+        here.world = measuring;
+        here.rank = loom_comm_rank(measuring), here.size = loom_comm_size(measuring);
+        st = measure_device_here(&here, out);
+        loom_comm_free(measuring);
+        int word = 1; /* the word to everyone waiting; then all agree and get the figures */
+        for (int r = 1; r < ctx->size && ctx->rank == 0; r++) {
+            loom_status sent = loom_comm_send(ctx->world, &word, sizeof word, r, TAG_MEASURED);
+            if (st == LOOM_OK) st = sent;
+        }
+    } else {
+        st = wait_for_device(ctx);
+    }
+    st = profile_agree(ctx, st, "measuring the device");
+    if (st == LOOM_OK) st = loom_comm_broadcast(ctx->world, out, (int64_t)sizeof *out, 0);
+    if (st != LOOM_OK) return st;
+    out->memory_bandwidth *= ctx->core_scale;
+    out->optimizer_params_per_s *= ctx->core_scale;
+    for (int p = 0; p < LOOM_PRECISIONS; p++) out->peak_flops[p] *= ctx->core_scale;
+    for (int m = 0; m < LOOM_COMPRESS_COUNT; m++) out->compressor_bytes_per_s[m] *= ctx->core_scale;
+    profile_say(ctx,
+                "cores: scaled by %.3f: sgemm peak %.1f GFLOP/s, memory bandwidth %.2f GB/s, "
+                "AdamW %.1f M parameters/s per rank",
+                ctx->core_scale, out->peak_flops[LOOM_PRECISION_FP32] / 1e9,
+                out->memory_bandwidth / 1e9, out->optimizer_params_per_s / 1e6);
+    return LOOM_OK;
+}
+
 /* ---- the run ----------------------------------------------------------------------------- */
 
 static loom_status check_opts(const loom_comm *world, const loom_profile_opts *opts) {
@@ -517,8 +653,10 @@ static loom_status check_opts(const loom_comm *world, const loom_profile_opts *o
     return LOOM_OK;
 }
 
-loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, loom_cluster *out) {
+loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, loom_cluster *out,
+                             double *core_scale) {
     memset(out, 0, sizeof *out);
+    if (core_scale) *core_scale = 1.0;
     loom_status st = check_opts(world, opts);
     if (st != LOOM_OK) return st;
     int64_t available = loom_memory_available(); /* before this profile takes any */
@@ -533,31 +671,39 @@ loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, lo
                 opts->quick ? "quick (fewer, smaller repetitions)" : "full");
     st = find_hosts(&ctx, out);
     if (st == LOOM_OK) st = measure_memory(&ctx, available, out);
-    if (st == LOOM_OK) st = measure_bandwidth(&ctx, out);
-    if (st == LOOM_OK) st = measure_optimizer(&ctx, out);
-    if (st == LOOM_OK) st = measure_gemm(&ctx, out);
+    if (st == LOOM_OK) st = measure_device(&ctx, out);
     if (st == LOOM_OK) st = profile_measure_links(&ctx, out);
-    if (st == LOOM_OK) st = measure_compressors(&ctx, out);
     /* rank 0's assembly for everyone: the same bits on every rank */
     if (st == LOOM_OK) st = loom_comm_broadcast(world, out, (int64_t)sizeof *out, 0);
     if (st == LOOM_OK) profile_say(&ctx, "done in %.1f s", loom_now() - ctx.started);
+    if (st == LOOM_OK && core_scale) *core_scale = ctx.core_scale;
     free(ctx.host_of), free(ctx.host_ranks);
     if (st != LOOM_OK) memset(out, 0, sizeof *out);
     return st;
 }
 
-void loom_profile_source_note(const loom_cluster *cluster, char *note, size_t cap) {
+void loom_profile_source_note(const loom_cluster *cluster, double core_scale, char *note,
+                              size_t cap) {
     const char *copied = "";
+    char cores[160] = "";
+    if (core_scale < 1.0) {
+        snprintf(cores, sizeof cores,
+                 "; more ranks x threads than cores: the device's figures measured by a core's "
+                 "worth of ranks alone and scaled by %.3f, the share each rank trains with",
+                 core_scale);
+    }
     if (cluster->nodes == 1) {
         copied = "; one host: inter_node is a copy of intra_node (nothing measured between hosts)";
     } else if (cluster->devices_per_node == 1) {
         copied = "; one rank per host: intra_node is a copy of inter_node";
     }
-    snprintf(
-        note, cap,
-        "loom profile on %d host%s x %d rank%s (%s), every rank measuring at once (shared "
-        "cores and oversubscription included); peak: the faster of a large square sgemm and the "
-        "fastest GPT-2 block GEMM, the efficiencies the block GEMMs' share of it%s",
-        cluster->nodes, cluster->nodes == 1 ? "" : "s", cluster->devices_per_node,
-        cluster->devices_per_node == 1 ? "" : "s", cluster->device_name, copied);
+    snprintf(note, cap,
+             "loom profile on %d host%s x %d rank%s (%s), %s; peak: the faster of a large square "
+             "sgemm and the fastest GPT-2 block GEMM, the efficiencies the block GEMMs' share of "
+             "it%s%s",
+             cluster->nodes, cluster->nodes == 1 ? "" : "s", cluster->devices_per_node,
+             cluster->devices_per_node == 1 ? "" : "s", cluster->device_name,
+             core_scale < 1.0 ? "the links measured by every rank at once"
+                              : "every rank measuring at once (shared caches and memory included)",
+             cores, copied);
 }

@@ -22,6 +22,13 @@ typedef struct {
     int *host_of;    /* (size) every rank's host, 0 .. hosts - 1 in order of their first rank */
     int *host_ranks; /* (hosts) ranks on each host */
     double started;  /* loom_now() when the profile began */
+    /* Cores: where a host's ranks x threads outnumber its cores, only `measures` ranks (one per
+     * `threads` cores of each host) measure the device, alone, and its figures are scaled by
+     * `core_scale` (< 1), the share of that rate a rank gets when all of them train. */
+    int measures;      /* this rank measures the device */
+    int measuring;     /* how many ranks do */
+    double core_scale; /* 1: every rank measures, side by side, as it will train */
+    int min_cores;     /* the fewest cores of any host (its ranks' CPU affinity, all together) */
 } profile_ctx;
 
 /* Rank 0 with opts.verbose: one progress line "profile [  12.3 s] ...". Every rank: notes the
