@@ -86,7 +86,7 @@ if [ -n "${SLOW:-}" ]; then
     ROOT=$PWD
     ns=loom_ibench_$$
     . "$ROOT/bench/netns.bash"
-    trap 'ip netns del "$ns" 2>/dev/null' EXIT
+    trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
     # (a generous --comm-timeout: at 10 Mbit/s a data-parallel step takes minutes, and the
     # liveness pings queue behind its all-reduce on the same connections)
     K=${ISLANDS:-4}
