@@ -403,11 +403,9 @@ static loom_status gemm_pass(const profile_ctx *ctx, const gemm_plan *plan, cons
 }
 
 /* From every rank's times (npoints x timings): each point's median on each rank, then the
- * median over the ranks, gives its rate. (Where ranks share cores, a timing of a few
- * milliseconds, about a scheduler's slice, mostly runs on a core alone: the median is then the
- * rate of a rank with a core to itself, while the square GEMM's, STREAM's and AdamW's longer
- * timings see the share. Their mean prices 4 ranks on 2 cores further from measurement than the
- * median: docs/islands.md, "On one rank a core".) The peak is the square GEMM's `square_peak` or
+ * median over the ranks, gives its rate. (The measuring ranks have a core each: where ranks
+ * would share cores, measure_device lets a core's worth of them measure and scales the result.)
+ * The peak is the square GEMM's `square_peak` or
  * the fastest point's rate if that is higher (when the ranks contend for memory, the square GEMM,
  * whose matrices outgrow the shared cache, can be slower than a block's smaller ones): each
  * efficiency is then its rate over the peak, at most 1, and peak x efficiency is the rate
