@@ -17,9 +17,9 @@
 # rank at H = 100 with int8 and with fp32 outer gradients (100 steps: one outer sync; the data-
 # parallel runs 4 and 10 steps), and with int8 overlapped by TAUS steps (4 8 16). Prints each
 # run's median and mean step time (the mean carries the sync), the islands' seconds in outer
-# syncs, the time exposed (every step's time beyond the median step before the first sync), and
-# the cost model's step (its mean, the sync's share in it) and exposed time per sync, for the
-# same plan on a profile of this machine's 4 ranks (loom profile; CLUSTER=FILE reuses one) with
+# syncs, the time exposed (the step times from the send to the apply beyond the median step
+# before the first sync), and the cost model's step (its mean, the sync's share in it) and
+# exposed time per sync, for the same plan on a profile of this machine's 4 ranks (loom profile; CLUSTER=FILE reuses one) with
 # the link described as the rate shared by the 4 ranks. ISLANDS=K: K ranks and K islands instead
 # of 4 (global batch 4K; ISLANDS=2 keeps one rank a core on this 2-core machine, where the
 # profile's figures hold: with 4 ranks on 2 cores they are reported, not targeted), its runs
@@ -143,12 +143,17 @@ if [ -n "${SLOW:-}" ]; then
                     END { if (step != "") print step * 1000, e * h }' "$run.predict.txt")
                 [ -n "$pred" ] || pred="- -"
             fi
-            # exposed: the run's step times beyond its steps before the first sync (their median),
-            # whatever the sync slowed: its waits, and the steps the transfer ran beside
+            # exposed: the step times beyond the median of the steps before the first sync, over
+            # the steps the sync can touch: from its send (step H) to its apply (H + tau), its
+            # waits and the steps the transfer ran beside (steps outside that window add only
+            # their noise, seconds over a hundred steps when ranks share cores)
+            tau=$(sed -n 's/.*--outer-overlap-steps \([0-9]*\).*/\1/p' <<<"$flagtext")
             jq -s -r --arg link "$rate" --arg run "$name" --arg pred "$pred" --argjson h "${h:-100}" \
+                --argjson tau "${tau:-0}" \
                 '[.[] | select(has("ms"))] as $s | ($s | map(.ms) | sort) as $t |
                  ([$s[] | select(.step >= 2 and .step < $h) | .ms] | sort) as $b |
-                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \($s | map(.outer_s // 0) | add) \((($t | add) - ($t | length) * $b[($b | length) / 2 | floor]) / 1000) \($pred)"' \
+                 [$s[] | select(.step >= $h and .step <= $h + $tau) | .ms] as $w |
+                 "\($link) \($run) \($t[($t | length) / 2 | floor]) \(($t | add) / ($t | length)) \($s | map(.outer_s // 0) | add) \((($w | add // 0) - ($w | length) * $b[($b | length) / 2 | floor]) / 1000) \($pred)"' \
                 "$run/metrics.jsonl" |
                 awk '{ printf "%-9s %-20s %10.1f %10.1f %8.2f %10.2f %10s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
         done
