@@ -155,6 +155,17 @@ if run own2 2 --islands 2 --inner-steps 4 --outer-fragments 2; then
     else
         fail "own2: islands' losses $(jq -c 'select(.step == 3 and has("loss")) | [.loss, .islands_loss, .islands_losses]' own2/metrics.jsonl)"
     fi
+    # each island's step time (island 0's is the lead's, its sync included) and time blocked in
+    # the sync of step 4 (their mean is a rank's)
+    if jq -s -e '[.[] | select(.step == 4 and has("loss")) | (.islands_ms | length) == 2 and
+        ((.islands_ms[0] - .ms) | if . < 0 then -. else . end) < 1e-6 * .ms and
+        (.islands_outer_s | length) == 2 and .outer_s > 0 and (.islands_outer_s | min) >= 0 and
+        ((.islands_outer_s | add) / 2 - .outer_s | if . < 0 then -. else . end) < 1e-6 * .outer_s] |
+        length == 1 and all' own2/metrics.jsonl >/dev/null; then
+        ok
+    else
+        fail "own2: islands' times $(jq -c 'select(.step == 4 and has("loss")) | [.ms, .outer_s, .islands_ms, .islands_outer_s]' own2/metrics.jsonl)"
+    fi
     spread=$(metric own2 3 islands_loss_spread)
     if awk -v s="$spread" 'BEGIN { exit !(s > 0) }'; then ok; else fail "own2: islands on their own data have the same loss (spread $spread)"; fi
     quiet=$(metric own2 3 outer_bytes) sent=$(metric own2 4 outer_bytes) raw=$(metric own2 4 outer_bytes_raw)

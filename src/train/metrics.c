@@ -296,9 +296,10 @@ static void compression_note(loom_step_record *r, const double *sums) {
     }
 }
 
-/* The step's record, from the job's sums (and with islands every island's loss). */
+/* The step's record, from the job's sums (and with islands each island's loss, step time and
+ * seconds in outer syncs: each_island, 3 x islands). */
 static loom_status write_step(loom_metrics *m, const loom_step_record *r, const double *own_s,
-                              const double *sums, const double *losses) {
+                              const double *sums, const double *each_island) {
     static const char *const names[3] = {"dp", "tp", "pp"};
     json_t *obj = json_object();
     json_object_set_new(obj, "step", json_integer(r->step));
@@ -342,9 +343,17 @@ static loom_status write_step(loom_metrics *m, const loom_step_record *r, const 
         json_object_set_new(obj, "islands_loss", number(sums[SUM_LOSS]));
         double spread = sqrt(fmax(0.0, sums[SUM_LOSS_SQ] - sums[SUM_LOSS] * sums[SUM_LOSS]));
         json_object_set_new(obj, "islands_loss_spread", number(spread));
-        json_t *each = json_array();
-        for (int k = 0; k < r->mesh->islands; k++) json_array_append_new(each, number(losses[k]));
-        json_object_set_new(obj, "islands_losses", each);
+        /* every island's loss, step time (its first rank's) and time blocked in outer syncs
+         * (its ranks' mean): islands run free between syncs and drift apart, and the first
+         * to reach a sync waits longest */
+        static const char *const per_island[3] = {"islands_losses", "islands_ms",
+                                                  "islands_outer_s"};
+        for (int f = 0; f < 3; f++) {
+            json_t *each = json_array();
+            for (int k = 0; k < r->mesh->islands; k++)
+                json_array_append_new(each, number(each_island[f * r->mesh->islands + k]));
+            json_object_set_new(obj, per_island[f], each);
+        }
     }
     json_object_set_new(obj, "skipped", json_boolean(r->skipped));
     loom_status st = write_record(m, obj);
@@ -356,17 +365,27 @@ static loom_status write_step(loom_metrics *m, const loom_step_record *r, const 
 
 struct loom_step_batch {
     const loom_mesh *mesh;
-    int cap, n, width;     /* width: SUM_COUNT + islands' losses */
+    int cap, n, width;     /* width: SUM_COUNT + islands' losses, step times, outer seconds */
     loom_step_record *rec; /* (cap) the steps taken since the last flush */
     double *own_s;         /* (cap x 3) this rank's waiting seconds per group */
     double *sums;          /* (cap x width) this rank's counters, then the job's sums */
 };
 
+/* take_outer, and this rank's share of its island's mean seconds in outer syncs in the island's
+ * slot. */
+static void take_island_outer(loom_step_batch *b, loom_outer *outer, double *v) {
+    double before = v[SUM_OUTER_S];
+    take_outer(b->mesh, outer, v);
+    if (b->width <= SUM_COUNT) return;
+    int ranks = b->mesh->world ? loom_comm_size(b->mesh->world) : 1;
+    v[SUM_COUNT + 2 * b->mesh->islands + b->mesh->island] += (v[SUM_OUTER_S] - before) / ranks;
+}
+
 loom_status loom_step_batch_create(loom_step_batch **out, const loom_mesh *mesh, int capacity) {
     loom_step_batch *b = loom_calloc(1, sizeof *b, "step batch");
     if (!b) return LOOM_ERR_NOMEM;
     b->mesh = mesh, b->cap = capacity > 0 ? capacity : 1;
-    b->width = SUM_COUNT + (mesh->plan->islands.count > 0 ? mesh->islands : 0);
+    b->width = SUM_COUNT + (mesh->plan->islands.count > 0 ? 3 * mesh->islands : 0);
     b->rec = loom_calloc((size_t)b->cap, sizeof *b->rec, "step batch");
     b->own_s = loom_calloc((size_t)b->cap * 3, sizeof *b->own_s, "step batch");
     b->sums = loom_calloc((size_t)b->cap * (size_t)b->width, sizeof *b->sums, "step batch");
@@ -393,17 +412,22 @@ loom_status loom_step_batch_add(loom_step_batch *b, const loom_step_record *r) {
     double *v = b->sums + (size_t)b->n * (size_t)b->width;
     memset(v, 0, (size_t)b->width * sizeof *v);
     take_counters(r, v, b->own_s + 3 * b->n);
-    take_outer(b->mesh, r->outer, v);
-    /* every island's loss, its first rank's, in its slot */
-    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0))
+    take_island_outer(b, r->outer, v);
+    /* every island's loss and step time, its first rank's, in its slots */
+    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0)) {
         v[SUM_COUNT + b->mesh->island] = r->loss;
+        v[SUM_COUNT + b->mesh->islands + b->mesh->island] = r->seconds * 1e3;
+    }
     b->rec[b->n++] = *r;
     return LOOM_OK;
 }
 
 void loom_step_batch_add_outer(loom_step_batch *b, loom_outer *outer, double seconds) {
     if (b->n == 0) return;
-    take_outer(b->mesh, outer, b->sums + (size_t)(b->n - 1) * (size_t)b->width);
+    double *v = b->sums + (size_t)(b->n - 1) * (size_t)b->width;
+    take_island_outer(b, outer, v);
+    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0))
+        v[SUM_COUNT + b->mesh->islands + b->mesh->island] += seconds * 1e3;
     loom_step_record *r = &b->rec[b->n - 1]; /* the step's time holds its syncs' */
     double was = r->seconds;
     r->seconds += seconds;
