@@ -136,11 +136,13 @@ if [ -n "${SLOW:-}" ]; then
                     --dp 1 "${flags[@]}" --out "$run.plan.json" >/dev/null 2>&1 &&
                 "$LOOM" plan --predict "$run.plan.json" --cluster "$OUT/cluster_$tag$rate.json" \
                     --seq-len 64 >"$run.predict.txt" 2>&1; then
-                # "so a step S s" and "A s a step not hidden": per step, and per sync (x H)
-                pred=$(awk -v h="${h:-100}" '/islands: a sync/ { for (i = 1; i <= NF; i++) {
+                # "so a step S s" and "A s a step not hidden": the mean step over this run's
+                # steps, which hold one sync (S - A, plus A x H over the steps: S itself when the
+                # run is H steps), and the exposure per sync (A x H)
+                pred=$(awk -v h="${h:-100}" -v n="$steps" '/islands: a sync/ { for (i = 1; i <= NF; i++) {
                     if ($i == "step" && $(i + 1) ~ /^[0-9.]+$/) step = $(i + 1);
                     if ($(i + 1) == "s" && $(i + 2) == "a" && $(i + 3) == "step" && $(i + 4) == "not") e = $i } }
-                    END { if (step != "") print step * 1000, e * h }' "$run.predict.txt")
+                    END { if (step != "") print (step - e + e * h / n) * 1000, e * h }' "$run.predict.txt")
                 [ -n "$pred" ] || pred="- -"
             fi
             # exposed: the step times beyond the median of the steps before the first sync, over

@@ -159,7 +159,8 @@ if run own2 2 --islands 2 --inner-steps 4 --outer-fragments 2; then
     # the sync of step 4 (their mean is a rank's)
     if jq -s -e '[.[] | select(.step == 4 and has("loss")) | (.islands_ms | length) == 2 and
         ((.islands_ms[0] - .ms) | if . < 0 then -. else . end) < 1e-6 * .ms and
-        (.islands_outer_s | length) == 2 and .outer_s > 0 and (.islands_outer_s | min) >= 0 and
+        (.islands_ms | min) > 0 and
+        (.islands_outer_s | length) == 2 and .outer_s > 0 and (.islands_outer_s | min) > 0 and
         ((.islands_outer_s | add) / 2 - .outer_s | if . < 0 then -. else . end) < 1e-6 * .outer_s] |
         length == 1 and all' own2/metrics.jsonl >/dev/null; then
         ok

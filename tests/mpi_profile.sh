@@ -118,12 +118,11 @@ if share < 1:
     assert "scaled by" in open("hosts.log").read()
 else:
     assert not said, source
-for key in ("memory_bandwidth", "optimizer_params_per_s"):
-    ratio = four[key] / two[key]
+ratios = {key: four[key] / two[key] for key in ("memory_bandwidth", "optimizer_params_per_s")}
+ratios["sgemm peak"] = four["peak_flops"]["fp32"] / two["peak_flops"]["fp32"]
+for key, ratio in ratios.items():
     print(f"{key}: 4 ranks / 2 ranks = {ratio:.2f} (cores' share {share:.2f})")
-ratio = four["peak_flops"]["fp32"] / two["peak_flops"]["fp32"]
-print(f"sgemm peak: 4 ranks / 2 ranks = {ratio:.2f} (cores' share {share:.2f})")
-assert 0.6 * share <= ratio <= 1.5 * share, ratio
+    assert 0.6 * share <= ratio <= 1.5 * share, (key, ratio)
 PY
 fi
 

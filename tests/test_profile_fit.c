@@ -110,7 +110,52 @@ static void test_median(void) {
     CHECK(profile_median(none, 2) == -1, "no measured value");
 }
 
+/* Masks of `n` ranks on hosts of 8 CPUs: cpus[r] a bit string of the CPUs rank r may use. */
+static double plan_of(int n, const int *host, const char *const *cpus, int threads,
+                      unsigned char *measures) {
+    unsigned char masks[8];
+    for (int r = 0; r < n; r++) {
+        masks[r] = 0;
+        for (int c = 0; cpus[r][c]; c++)
+            if (cpus[r][c] == '1') masks[r] |= (unsigned char)(1u << c);
+    }
+    int min_cpus = 0;
+    return profile_core_plan(n, host, masks, 1, threads, measures, &min_cpus);
+}
+
+/* Who measures and the scale, worked by hand: every rank's share when all train over its
+ * share while the measuring ones run. */
+static void test_core_plan(void) {
+    const int one[8] = {0}, two_hosts[4] = {0, 0, 1, 1};
+    unsigned char m[8];
+    /* 2 ranks x 1 thread, 2 CPUs, unbound: one a core, all measure, nothing scaled */
+    const char *unbound2[] = {"11", "11"};
+    CHECK(plan_of(2, one, unbound2, 1, m) == 1.0 && m[0] && m[1], "2 ranks on 2 CPUs");
+    /* 4 ranks x 1 thread on 2 CPUs, unbound: 2 measure (one a core), trained at 2/4 */
+    const char *unbound4[] = {"11", "11", "11", "11"};
+    double s = plan_of(4, one, unbound4, 1, m);
+    CHECK(s == 0.5 && m[0] && m[1] && !m[2] && !m[3], "4 ranks on 2 CPUs: %g %d%d%d%d", s, m[0],
+          m[1], m[2], m[3]);
+    /* 2 ranks x 2 threads on 2 CPUs, unbound: 1 measures with both CPUs, trained at 2/4 */
+    s = plan_of(2, one, unbound2, 2, m);
+    CHECK(s == 0.5 && m[0] && !m[1], "2 ranks x 2 threads on 2 CPUs: %g", s);
+    /* 2 ranks x 2 threads pinned one CPU each: measuring alone is as crowded as training */
+    const char *pinned2[] = {"10", "01"};
+    CHECK(plan_of(2, one, pinned2, 2, m) == 1.0 && m[0] && m[1], "pinned, 2 threads a CPU");
+    /* 4 ranks pinned two to a CPU: one per CPU measures, trained at half */
+    const char *pinned4[] = {"10", "01", "10", "01"};
+    s = plan_of(4, one, pinned4, 1, m);
+    CHECK(s == 0.5 && m[0] && m[1] && !m[2] && !m[3], "4 pinned on 2 CPUs: %g", s);
+    /* two hosts (CPU numbers are per machine): 2 ranks on 2 CPUs each, nothing scaled */
+    CHECK(plan_of(4, two_hosts, unbound4, 1, m) == 1.0 && m[2] && m[3], "2 hosts of 2 ranks");
+    /* two hosts, one of 1 CPU: its 2 ranks get half; one of them measures */
+    const char *uneven[] = {"11", "11", "1", "1"};
+    s = plan_of(4, two_hosts, uneven, 1, m);
+    CHECK(s == 0.5 && m[0] && m[1] && m[2] && !m[3], "a 1-CPU host of 2 ranks: %g", s);
+}
+
 int main(void) {
+    test_core_plan();
     test_fit_exact();
     test_fit_clamps_and_refuses();
     test_gemm_table();

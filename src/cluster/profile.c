@@ -120,41 +120,29 @@ static void cpu_mask(unsigned char *mask, size_t bytes) {
         mask[c / 8] |= (unsigned char)(1u << (c % 8));
 }
 
-/* Who measures the device (profile_ctx's `measures`, `core_scale`), from every rank's real
- * host (names, NAME bytes each; not --pretend-hosts: cores are the machine's) and CPU masks
- * (MASK bytes each). A host with c cores (its ranks' masks together), n ranks and t threads
- * a rank: its first max(1, c / t) ranks measure alone, at the share min(1, c / (k t)) of a
- * core they had (k of them), and training gives each of the n ranks min(1, c / (n t)); the
- * figures are scaled by the ratio, the smallest over the hosts. */
-static void find_cores(profile_ctx *ctx, const char *names, size_t name_bytes,
-                       const unsigned char *masks, size_t mask_bytes) {
+/* Who measures the device (ctx->measured_by, `measures`, `core_scale`; profile_core_plan),
+ * from every rank's real host (names, name_bytes each; not --pretend-hosts: CPUs are the
+ * machine's) and CPU affinity (masks, mask_bytes each). */
+static loom_status find_cores(profile_ctx *ctx, const char *names, size_t name_bytes,
+                              const unsigned char *masks, size_t mask_bytes) {
     int threads = loom_ops_get_threads() > 0 ? loom_ops_get_threads() : 1;
-    ctx->core_scale = 1.0, ctx->measuring = 0, ctx->min_cores = 0;
-    unsigned char *cores = loom_calloc(mask_bytes, 1, "CPU masks");
-    for (int r = 0; r < ctx->size; r++) {
-        const char *host = names + (size_t)r * name_bytes;
-        int first = 0, local = 0, ranks = 0, count = 0;
-        while (strcmp(names + (size_t)first * name_bytes, host) != 0) first++;
-        if (cores) memset(cores, 0, mask_bytes);
-        for (int q = 0; q < ctx->size; q++) {
-            if (strcmp(names + (size_t)q * name_bytes, host) != 0) continue;
-            local += q < r, ranks++;
-            for (size_t b = 0; cores && b < mask_bytes; b++) cores[b] |= masks[q * mask_bytes + b];
-        }
-        for (size_t b = 0; cores && b < mask_bytes; b++) count += __builtin_popcount(cores[b]);
-        if (count < 1) count = 1;
-        int alone = count / threads > 0 ? count / threads : 1;
-        if (alone > ranks) alone = ranks;
-        double measured = fmin(1.0, (double)count / ((double)alone * threads));
-        double trained = fmin(1.0, (double)count / ((double)ranks * threads));
-        if (r == first) ctx->core_scale = fmin(ctx->core_scale, trained / measured);
-        if (r == first && (ctx->min_cores == 0 || count < ctx->min_cores)) ctx->min_cores = count;
-        if (local < alone) ctx->measuring++;
-        if (r == ctx->rank) ctx->measures = local < alone;
+    ctx->measured_by = loom_calloc((size_t)ctx->size, 1, "measuring ranks");
+    int *host = loom_calloc((size_t)ctx->size, sizeof *host, "hosts");
+    if (!ctx->measured_by || !host) {
+        free(host);
+        return LOOM_ERR_NOMEM;
     }
-    free(cores);
-    if (ctx->core_scale >= 1.0)
-        ctx->core_scale = 1.0, ctx->measures = 1, ctx->measuring = ctx->size;
+    for (int r = 0; r < ctx->size; r++) {
+        while (strcmp(names + (size_t)host[r] * name_bytes, names + (size_t)r * name_bytes) != 0)
+            host[r]++; /* the first rank with the same name */
+    }
+    ctx->core_scale = profile_core_plan(ctx->size, host, masks, mask_bytes, threads,
+                                        ctx->measured_by, &ctx->min_cores);
+    free(host);
+    ctx->measuring = 0;
+    for (int r = 0; r < ctx->size; r++) ctx->measuring += ctx->measured_by[r];
+    ctx->measures = ctx->measured_by[ctx->rank];
+    return LOOM_OK;
 }
 
 /* Every rank's host name, by one broadcast per rank (names are bytes, and a profile has few
@@ -178,8 +166,13 @@ static loom_status find_hosts(profile_ctx *ctx, loom_cluster *out) {
         free(names), free(masks);
         return st;
     }
-    find_cores(ctx, names, NAME, masks, MASK);
+    st = find_cores(ctx, names, NAME, masks, MASK);
     free(masks);
+    st = profile_agree(ctx, st, "finding the cores");
+    if (st != LOOM_OK) {
+        free(names);
+        return st;
+    }
     ctx->hosts = 0;
     for (int r = 0; r < ctx->size; r++) {
         int h = 0;
@@ -212,9 +205,9 @@ static loom_status find_hosts(profile_ctx *ctx, loom_cluster *out) {
                 out->devices_per_node, out->device_name);
     if (ctx->core_scale < 1.0) {
         profile_say(ctx,
-                    "cores: more ranks x threads than cores (%d on the smallest host): %d "
-                    "rank%s measure the device alone, the others wait; its figures are scaled "
-                    "by %.3f, the share of a core each rank gets when all of them train",
+                    "cores: more threads than CPUs (a rank's CPUs: %d at the fewest): %d "
+                    "rank%s measure the device, the others wait; its figures are scaled by "
+                    "%.3f, the share of the CPUs each rank gets when all of them train",
                     ctx->min_cores, ctx->measuring, ctx->measuring == 1 ? "" : "s",
                     ctx->core_scale);
     }
@@ -605,6 +598,7 @@ static loom_status measure_device(const profile_ctx *ctx, loom_cluster *out) {
         loom_comm_free(measuring);
         int word = 1; /* the word to everyone waiting; then all agree and get the figures */
         for (int r = 1; r < ctx->size && ctx->rank == 0; r++) {
+            if (ctx->measured_by[r]) continue;
             loom_status sent = loom_comm_send(ctx->world, &word, sizeof word, r, TAG_MEASURED);
             if (st == LOOM_OK) st = sent;
         }
@@ -675,7 +669,7 @@ loom_status loom_profile_run(loom_comm *world, const loom_profile_opts *opts, lo
     if (st == LOOM_OK) st = loom_comm_broadcast(world, out, (int64_t)sizeof *out, 0);
     if (st == LOOM_OK) profile_say(&ctx, "done in %.1f s", loom_now() - ctx.started);
     if (st == LOOM_OK && core_scale) *core_scale = ctx.core_scale;
-    free(ctx.host_of), free(ctx.host_ranks);
+    free(ctx.host_of), free(ctx.host_ranks), free(ctx.measured_by);
     if (st != LOOM_OK) memset(out, 0, sizeof *out);
     return st;
 }

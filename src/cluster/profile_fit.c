@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -119,4 +120,59 @@ int profile_gemm_table(loom_gemm_point *points, int n, int max) {
     }
     free(weight);
     return count;
+}
+
+static int count_bits(const unsigned char *a, const unsigned char *b, size_t bytes) {
+    int n = 0;
+    for (size_t i = 0; i < bytes; i++) n += __builtin_popcount(b ? a[i] & b[i] : a[i]);
+    return n;
+}
+
+/* The threads on rank r's CPUs when the ranks `in` (NULL: all; plus `extra`, -1: none) run,
+ * each spreading its threads evenly over its own CPUs. */
+static double load_on(int n, const int *host, const unsigned char *masks, size_t mask_bytes,
+                      int threads, int r, const unsigned char *in, int extra) {
+    double load = 0;
+    const unsigned char *mr = masks + (size_t)r * mask_bytes;
+    for (int q = 0; q < n; q++) {
+        if (host[q] != host[r] || (in && !in[q] && q != extra)) continue;
+        const unsigned char *mq = masks + (size_t)q * mask_bytes;
+        int own = count_bits(mq, NULL, mask_bytes);
+        if (own > 0) load += (double)threads * count_bits(mq, mr, mask_bytes) / own;
+    }
+    return load;
+}
+
+double profile_core_plan(int n, const int *host, const unsigned char *masks, size_t mask_bytes,
+                         int threads, unsigned char *measures, int *min_cpus) {
+    if (threads < 1) threads = 1;
+    memset(measures, 0, (size_t)n);
+    for (int r = 0; r < n; r++) {
+        int fits = 1;
+        for (int q = 0; q <= r && fits; q++) {
+            if (q < r && (!measures[q] || host[q] != host[r])) continue;
+            double cpus = count_bits(masks + (size_t)q * mask_bytes, NULL, mask_bytes);
+            double load = load_on(n, host, masks, mask_bytes, threads, q, measures, r);
+            fits = load <= fmax(cpus, (double)threads) + 1e-9;
+        }
+        measures[r] = (unsigned char)fits;
+    }
+    double scale = 1.0;
+    *min_cpus = 0;
+    for (int r = 0; r < n; r++) {
+        double cpus = count_bits(masks + (size_t)r * mask_bytes, NULL, mask_bytes);
+        if (cpus < 1) cpus = 1;
+        if (*min_cpus == 0 || cpus < *min_cpus) *min_cpus = (int)cpus;
+        if (!measures[r]) continue;
+        double trained =
+            fmin(1.0, cpus / load_on(n, host, masks, mask_bytes, threads, r, NULL, -1));
+        double measured =
+            fmin(1.0, cpus / load_on(n, host, masks, mask_bytes, threads, r, measures, -1));
+        scale = fmin(scale, trained / measured);
+    }
+    if (scale >= 1.0 - 1e-9) { /* every rank measures, side by side */
+        memset(measures, 1, (size_t)n);
+        return 1.0;
+    }
+    return scale;
 }

@@ -22,13 +22,15 @@ typedef struct {
     int *host_of;    /* (size) every rank's host, 0 .. hosts - 1 in order of their first rank */
     int *host_ranks; /* (hosts) ranks on each host */
     double started;  /* loom_now() when the profile began */
-    /* Cores: where a host's ranks x threads outnumber its cores, only `measures` ranks (one per
-     * `threads` cores of each host) measure the device, alone, and its figures are scaled by
-     * `core_scale` (< 1), the share of that rate a rank gets when all of them train. */
-    int measures;      /* this rank measures the device */
-    int measuring;     /* how many ranks do */
-    double core_scale; /* 1: every rank measures, side by side, as it will train */
-    int min_cores;     /* the fewest cores of any host (its ranks' CPU affinity, all together) */
+    /* CPUs: where the ranks' threads outnumber the CPUs they may run on (their affinity), only
+     * some ranks measure the device while the others wait, and its figures are scaled by
+     * `core_scale` (< 1), the share of the CPUs a rank gets when all of them train
+     * (find_cores). */
+    unsigned char *measured_by; /* (size) 1 for the ranks that measure the device */
+    int measures;               /* this rank does */
+    int measuring;              /* how many ranks do */
+    double core_scale;          /* 1: every rank measures, side by side, as it will train */
+    int min_cores;              /* the fewest CPUs of any rank's affinity */
 } profile_ctx;
 
 /* Rank 0 with opts.verbose: one progress line "profile [  12.3 s] ...". Every rank: notes the
@@ -65,5 +67,17 @@ loom_status profile_fit_alpha_beta(const double *bytes, const double *seconds, i
  * neighbours closest in log(FLOPs) are merged (means weighted by how many points each holds).
  * Points with FLOPs or efficiency not > 0 are dropped. Works in place; returns the count. */
 int profile_gemm_table(loom_gemm_point *points, int n, int max);
+
+/* Which ranks measure the device, and the factor its figures are scaled by. n ranks, host[r]
+ * (ranks with equal ids share a machine), masks (n x mask_bytes: each rank's CPU affinity as
+ * bits), `threads` per rank. Training, rank r's threads compete with every rank of its host on
+ * its CPUs, each rank's threads spread evenly over its own CPUs: r's share is min(1, |m_r| /
+ * load) (a host's ranks all unbound: cores / (ranks x threads); pinned one a core: 1 /
+ * threads). measures[r] = 1 for the ranks taken, in rank order, while none of them would have
+ * more threads on its CPUs than max(its CPUs, threads); each measures at its own share among
+ * them. Returns the smallest ratio of training's share to the measuring one over the measuring
+ * ranks; 1, with every rank measuring, when that is 1. *min_cpus: the fewest CPUs of a rank. */
+double profile_core_plan(int n, const int *host, const unsigned char *masks, size_t mask_bytes,
+                         int threads, unsigned char *measures, int *min_cpus);
 
 #endif
