@@ -503,6 +503,17 @@ static void test_scattered_messages(void) {
         double wte = (double)plan.model.padded_vocab_size * plan.model.channels * 4 / 2;
         CHECK_CLOSE((double)pr.pp_bytes - 4 * wte, 2 * (message / 2) * 2, 1e-12, 0,
                     "pipeline bytes: 2 messages of half each, 2 TP ranks");
+        if (!sp) { /* the TP group's allreduces (each rank sends its buffers' bytes at tp 2),
+                    * plus each receive's gather: half the message from each of the 2 ranks */
+            double allreduces = 0;
+            for (int st = 0; st < plan.num_stages; st++) {
+                loom_gpt_stage_cost c;
+                CHECK(loom_plan_stage_cost(&plan, st, 64, &c) == LOOM_OK, "stage cost");
+                allreduces += (double)(c.tp_bytes_fwd + c.tp_bytes_bwd + c.tp_bytes_recompute);
+            }
+            CHECK_CLOSE((double)pr.tp_bytes, allreduces * 2 + 2 * (message / 2) * 2, 1e-12, 0,
+                        "tp bytes: the allreduces and the 2 receives' gathers");
+        }
         loom_plan_free(&plan);
     }
 }
