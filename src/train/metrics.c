@@ -371,6 +371,11 @@ struct loom_step_batch {
     double *sums;          /* (cap x width) this rank's counters, then the job's sums */
 };
 
+/* Whether this rank fills its island's loss and step-time slots (islands, its first rank). */
+static int island_slots(const loom_step_batch *b) {
+    return b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0);
+}
+
 /* take_outer, and this rank's share of its island's mean seconds in outer syncs in the island's
  * slot. */
 static void take_island_outer(loom_step_batch *b, loom_outer *outer, double *v) {
@@ -414,7 +419,7 @@ loom_status loom_step_batch_add(loom_step_batch *b, const loom_step_record *r) {
     take_counters(r, v, b->own_s + 3 * b->n);
     take_island_outer(b, r->outer, v);
     /* every island's loss and step time, its first rank's, in its slots */
-    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0)) {
+    if (island_slots(b)) {
         v[SUM_COUNT + b->mesh->island] = r->loss;
         v[SUM_COUNT + b->mesh->islands + b->mesh->island] = r->seconds * 1e3;
     }
@@ -426,8 +431,7 @@ void loom_step_batch_add_outer(loom_step_batch *b, loom_outer *outer, double sec
     if (b->n == 0) return;
     double *v = b->sums + (size_t)(b->n - 1) * (size_t)b->width;
     take_island_outer(b, outer, v);
-    if (b->width > SUM_COUNT && (!b->mesh->world || loom_comm_rank(b->mesh->world) == 0))
-        v[SUM_COUNT + b->mesh->islands + b->mesh->island] += seconds * 1e3;
+    if (island_slots(b)) v[SUM_COUNT + b->mesh->islands + b->mesh->island] += seconds * 1e3;
     loom_step_record *r = &b->rec[b->n - 1]; /* the step's time holds its syncs' */
     double was = r->seconds;
     r->seconds += seconds;
