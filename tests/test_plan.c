@@ -1712,6 +1712,45 @@ static void test_islands_flags(void) {
                                         "built yet"),
           "--outer-compression sign: %s", st == LOOM_OK ? "accepted" : loom_last_error());
     if (st == LOOM_OK) loom_plan_free(&plan);
+    /* a value given is checked as the plan file's is, never taken for "not given" (0 inner
+     * steps once became the default 100, a negative momentum 0.9) */
+    static const struct {
+        int inner_steps, fragments, rank;
+        double lr, momentum;
+        const char *method, *expect;
+    } bad[] = {
+        {0, 1, 4, 0.7, 0.9, "",
+         "islands.inner_steps: expected at least 1 inner step a round, "
+         "got 0"},
+        {10, 0, 4, 0.7, 0.9, "", "islands.fragments: expected 1 to 10 fragments"},
+        {10, 1, 4, 0.0, 0.9, "", "islands.outer_lr: expected a positive learning rate, got 0"},
+        {10, 1, 4, 0.7, -0.5, "", "islands.outer_momentum: expected a value in [0, 1), got -0.5"},
+        {10, 1, 0, 0.7, 0.9, "powersgd", "islands.compression_rank: expected a positive rank"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        loom_layout_flags_defaults(&f);
+        f.islands = 2, f.inner_steps = bad[i].inner_steps, f.outer_fragments = bad[i].fragments;
+        f.outer_compression_rank = bad[i].rank, f.outer_lr = bad[i].lr;
+        f.outer_momentum = bad[i].momentum;
+        snprintf(f.outer_compression, sizeof f.outer_compression, "%s", bad[i].method);
+        st = loom_plan_from_flags(&plan, &model, &f, 2);
+        CHECK(st == LOOM_ERR_INPUT && strstr(loom_last_error(), bad[i].expect),
+              "flags case %zu: %s", i, st == LOOM_OK ? "accepted" : loom_last_error());
+        if (st == LOOM_OK) loom_plan_free(&plan);
+    }
+    /* the defaults given outright are not "given" without islands */
+    loom_layout_flags_defaults(&f);
+    f.outer_momentum = LOOM_PLAN_DEFAULT_OUTER_MOMENTUM;
+    st = loom_plan_from_flags(&plan, &model, &f, 2);
+    CHECK(st == LOOM_OK, "the defaults without islands: %s",
+          st == LOOM_OK ? "" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
+    f.outer_momentum = 0;
+    st = loom_plan_from_flags(&plan, &model, &f, 2);
+    CHECK(st == LOOM_ERR_INPUT &&
+              strstr(loom_last_error(), "--outer-momentum: expected only with --islands K"),
+          "--outer-momentum 0 without islands: %s", st == LOOM_OK ? "accepted" : loom_last_error());
+    if (st == LOOM_OK) loom_plan_free(&plan);
 }
 
 /* The keys settled for the memory and islands issues: mesh.zero (an integer; older files'

@@ -423,8 +423,8 @@ typedef struct {
     double outer_lr, outer_momentum;
     int outer_fragments, outer_overlap_steps;
     char outer_compression[16];
-    int outer_compression_rank; /* --outer-compression-rank: powersgd's (0: the default 4) */
-    double outer_topk_fraction; /* --outer-topk-fraction: topk's (0: the default 0.01) */
+    int outer_compression_rank; /* --outer-compression-rank: powersgd's (default 4) */
+    double outer_topk_fraction; /* --outer-topk-fraction: topk's (default 0.01) */
 } loom_layout_flags;
 /* The islands section the layout flags ask for (count 0 without --islands, whose outer flags are
  * then refused by name). */

@@ -383,10 +383,10 @@ static loom_status plan_islands(const plan_args *args, const loom_gpt_config *mo
                                 const loom_cluster *cluster, loom_search_request req,
                                 loom_plan *plan, loom_prediction *pr) {
     const loom_layout_flags *f = &args->layout;
-    const char *chosen = f->inner_steps           ? "--inner-steps"
-                         : f->outer_fragments     ? "--outer-fragments"
-                         : f->outer_overlap_steps ? "--outer-overlap-steps"
-                                                  : NULL;
+    const char *chosen = f->inner_steps != LOOM_PLAN_DEFAULT_INNER_STEPS ? "--inner-steps"
+                         : f->outer_fragments != 1                       ? "--outer-fragments"
+                         : f->outer_overlap_steps                        ? "--outer-overlap-steps"
+                                                                         : NULL;
     if (chosen) {
         return loom_fail(LOOM_ERR_INPUT, "--islands auto: %s is what it chooses; drop %s", chosen,
                          chosen);

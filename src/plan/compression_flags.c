@@ -173,7 +173,14 @@ void loom_layout_flags_defaults(loom_layout_flags *f) {
     loom_plan_compression_flags_defaults(&f->compression);
     f->zero = -1;
     f->zero3_prefetch = -1;
-    f->outer_momentum = -1; /* 0 is a momentum: -1 is "not given" */
+    /* the islands' outer settings at their defaults, so that a value given is checked as the
+     * plan file's would be (0 inner steps refused, not taken for "not given") */
+    f->inner_steps = LOOM_PLAN_DEFAULT_INNER_STEPS;
+    f->outer_lr = LOOM_PLAN_DEFAULT_OUTER_LR;
+    f->outer_momentum = LOOM_PLAN_DEFAULT_OUTER_MOMENTUM;
+    f->outer_fragments = 1;
+    f->outer_compression_rank = LOOM_PLAN_DEFAULT_DP_RANK;
+    f->outer_topk_fraction = LOOM_PLAN_DEFAULT_TOPK_FRACTION;
 }
 
 loom_status loom_layout_flags_zero(const loom_layout_flags *f, int *zero) {

@@ -111,16 +111,19 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
                          f->islands);
     }
     if (f->islands == 0) {
-        const char *given = f->inner_steps              ? "--inner-steps"
-                            : f->outer_optimizer[0]     ? "--outer-optimizer"
-                            : f->outer_lr != 0          ? "--outer-lr"
-                            : f->outer_momentum >= 0    ? "--outer-momentum"
-                            : f->outer_fragments        ? "--outer-fragments"
-                            : f->outer_overlap_steps    ? "--outer-overlap-steps"
-                            : f->outer_compression[0]   ? "--outer-compression"
-                            : f->outer_compression_rank ? "--outer-compression-rank"
-                            : f->outer_topk_fraction    ? "--outer-topk-fraction"
-                                                        : NULL;
+        loom_layout_flags d;
+        loom_layout_flags_defaults(&d);
+        const char *given =
+            f->inner_steps != d.inner_steps                         ? "--inner-steps"
+            : f->outer_optimizer[0]                                 ? "--outer-optimizer"
+            : f->outer_lr != d.outer_lr                             ? "--outer-lr"
+            : f->outer_momentum != d.outer_momentum                 ? "--outer-momentum"
+            : f->outer_fragments != d.outer_fragments               ? "--outer-fragments"
+            : f->outer_overlap_steps                                ? "--outer-overlap-steps"
+            : f->outer_compression[0]                               ? "--outer-compression"
+            : f->outer_compression_rank != d.outer_compression_rank ? "--outer-compression-rank"
+            : f->outer_topk_fraction != d.outer_topk_fraction       ? "--outer-topk-fraction"
+                                                                    : NULL;
         if (given) {
             return loom_fail(LOOM_ERR_INPUT,
                              "%s: expected only with --islands K (it sets how islands sync)",
@@ -129,10 +132,10 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
         return LOOM_OK;
     }
     out->count = f->islands;
-    if (f->inner_steps) out->inner_steps = f->inner_steps;
-    if (f->outer_lr != 0) out->lr = f->outer_lr;
-    if (f->outer_momentum >= 0) out->momentum = f->outer_momentum;
-    if (f->outer_fragments) out->fragments = f->outer_fragments;
+    out->inner_steps = f->inner_steps; /* checked with the plan (loom_plan_check_islands) */
+    out->lr = f->outer_lr;
+    out->momentum = f->outer_momentum;
+    out->fragments = f->outer_fragments;
     out->overlap_steps = f->outer_overlap_steps;
     loom_status st = LOOM_OK;
     if (f->outer_optimizer[0]) {
@@ -147,17 +150,15 @@ loom_status loom_plan_islands_from_flags(const loom_layout_flags *f, loom_plan_i
                                         &out->compression);
     }
     if (out->compression == LOOM_COMPRESS_POWERSGD) {
-        out->compression_rank =
-            f->outer_compression_rank ? f->outer_compression_rank : LOOM_PLAN_DEFAULT_DP_RANK;
-    } else if (st == LOOM_OK && f->outer_compression_rank) {
+        out->compression_rank = f->outer_compression_rank;
+    } else if (st == LOOM_OK && f->outer_compression_rank != LOOM_PLAN_DEFAULT_DP_RANK) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--outer-compression-rank: expected only with --outer-compression "
                          "powersgd");
     }
     if (out->compression == LOOM_COMPRESS_TOPK) {
-        out->compression_fraction =
-            f->outer_topk_fraction ? f->outer_topk_fraction : LOOM_PLAN_DEFAULT_TOPK_FRACTION;
-    } else if (st == LOOM_OK && f->outer_topk_fraction) {
+        out->compression_fraction = f->outer_topk_fraction;
+    } else if (st == LOOM_OK && f->outer_topk_fraction != LOOM_PLAN_DEFAULT_TOPK_FRACTION) {
         return loom_fail(LOOM_ERR_INPUT,
                          "--outer-topk-fraction: expected only with --outer-compression topk");
     }
