@@ -7,7 +7,8 @@
 #    process's;
 #  - K islands fed the same data (a test hook) are one island: the outer average of K equal outer
 #    gradients is that gradient, so 2 islands (of 1 rank, and of dp 2) with Nesterov equal one
-#    island with the islands' batch; so do top-k outer gradients keeping every entry (inside
+#    island with the islands' batch, and so do 2 islands of tp 2 and of interleaved pp 2 (2
+#    fragments, overlapped; the latter in the full matrix); so do top-k outer gradients keeping every entry (inside
 #    islands of dp 2, over 2 fragments, overlapped), and PowerSGD's shared by an island's 2
 #    replicas equal one replica's;
 #  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
@@ -139,6 +140,17 @@ if [ "$core_only" != 1 ]; then
         b=$(jq -s '[.[] | .outer_bytes // 0] | add' same2_psgd_dp2/metrics.jsonl) &&
         # (less the start check's two all-reduces of 2 doubles, 32 bytes a rank, on 2 more ranks)
         if [ "$a" -gt 0 ] && [ $((b - 64)) = "$a" ]; then ok; else fail "same2_psgd_dp2: $b outer bytes, dp 1 sent $a"; fi
+    # islands composed with tensor and pipeline parallelism: the outer step pairs each rank
+    # with the ranks of the same coordinates in the other islands (tp 2: each its own shard of
+    # the matrices; interleaved pp 2: each its two chunks, fragments grouping their layers)
+    LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_tp2 4 --islands 2 --tensor-parallel 2 \
+        "${nesterov[@]}" --global-batch-size 8 --eval-batches 1 && same same2_tp2 ref_one
+    if [ "$quick" != 1 ]; then
+        LOOM_DEBUG_ISLANDS_SAME_DATA=1 run same2_pp2i 4 --islands 2 --pipeline-parallel 2 \
+            --schedule interleaved --micro-batch-size 1 "${nesterov[@]}" --outer-fragments 2 \
+            --outer-overlap-steps 1 --global-batch-size 8 --eval-batches 1 &&
+            same same2_pp2i ref_one_f2_tau train
+    fi
 fi
 # and the outer step is not the identity here: Nesterov moves past the islands' mean
 if ! cmp -s plain.series ref_one.series 2>/dev/null && [ -s ref_one.series ]; then ok; else fail "ref_one: Nesterov's outer step left training as plain"; fi
