@@ -18,6 +18,7 @@
 #    feedback, continues bit for bit (islands of 1 rank, of dp 2 with ZeRO-3, of pp 2; PowerSGD
 #    and top-k outer gradients' compressors); another
 #    island count restarts the round with a warning; a run without islands refuses it;
+#    validation scores the global model (`loom eval` of the checkpoint's), not an island's;
 #  - a lost or hung island ends the job within the timeout, naming the rank;
 #  - what islands cannot do is refused by name.
 # usage: bash tests/mpi_islands.sh LOOM_BINARY TMPDIR
@@ -253,6 +254,21 @@ ckpt=(--islands 2 --inner-steps 4 --outer-fragments 2 --outer-overlap-steps 1
     --outer-compression int8)
 if run ck_full 2 "${ckpt[@]}" --save-every 6; then
     run ck_res 2 "${ckpt[@]}" --resume ck_full/checkpoints/step_00000006 && exact ck_res ck_full
+    # validation measures the global model (the round starts), not an island's: step 6's
+    # validation loss is `loom eval` of the checkpoint's model on the same 8 windows (2 batches
+    # of 4), and island 0's own model scores otherwise (mid-round, they differ)
+    v=$(metric ck_full 6 val_loss)
+    g=$("$LOOM" eval --checkpoint ck_full/checkpoints/step_00000006 --data 'data/val_*.bin' \
+        --seq-len 16 --max-windows 8 --threads 1 2>/dev/null | sed -n 's/^loss \([^ ]*\) .*/\1/p')
+    i0=$("$LOOM" eval --checkpoint ck_full/checkpoints/step_00000006/island_0/model.safetensors \
+        --data 'data/val_*.bin' --seq-len 16 --max-windows 8 --threads 1 2>/dev/null |
+        sed -n 's/^loss \([^ ]*\) .*/\1/p')
+    if awk -v v="$v" -v g="$g" -v i="$i0" 'BEGIN { d = v - g; e = v - i; if (d < 0) d = -d;
+        if (e < 0) e = -e; exit !(v != "" && g != "" && i != "" && d < 2e-5 * v && e > 1e-3 * v) }'; then
+        ok
+    else
+        fail "ck_full: step 6's validation $v, loom eval of the global model $g, of island 0's $i0"
+    fi
     # a run without islands refuses it by name; another island count restarts the round
     refused ck_plain 1 "a checkpoint of island training" --resume ck_full/checkpoints/step_00000006
     if [ "$core_only" != 1 ]; then
