@@ -11,7 +11,8 @@
 #    fragments, overlapped; the latter in the full matrix); so do top-k outer gradients keeping every entry (inside
 #    islands of dp 2, over 2 fragments, overlapped), and PowerSGD's shared by an island's 2
 #    replicas equal one replica's;
-#  - each fragment syncs at exactly its steps (outer_syncs per step), islands on their own data
+#  - each fragment syncs at exactly its steps (outer_syncs per step), the progress line names the
+#    round and the islands' mean loss +- spread as metrics.jsonl has them, islands on their own data
 #    differ (a spread of losses) and send only at syncs, int8 outer gradients send about a
 #    quarter of fp32's bytes, PowerSGD's and top-k's far fewer;
 #  - a resume from an islands checkpoint mid-round, with a sync in flight and int8 error
@@ -184,6 +185,21 @@ if run own2 2 --islands 2 --inner-steps 4 --outer-fragments 2; then
     if awk -v s="$spread" 'BEGIN { exit !(s > 0) }'; then ok; else fail "own2: islands on their own data have the same loss (spread $spread)"; fi
     quiet=$(metric own2 3 outer_bytes) sent=$(metric own2 4 outer_bytes) raw=$(metric own2 4 outer_bytes_raw)
     if [ "$quiet" = 0 ] && [ "$sent" -gt 0 ] && [ "$sent" = "$raw" ]; then ok; else fail "own2: outer bytes at step 3 $quiet (expected 0), step 4 $sent (expected fp32's $raw)"; fi
+    # what rank 0 prints: the islands at start-up, and on the last step's progress line the
+    # round (step 9 of H 4: round 3) and the islands' mean loss +- their spread (the population
+    # standard deviation of the two in metrics.jsonl)
+    want=$(jq -r 'select(.step == 9 and has("loss")) | .islands_losses |
+        "round 3, islands'"'"' loss \((.[0] + .[1]) / 2 * 10000 | round / 10000) +- \((.[0] - .[1]) / 2 |
+        if . < 0 then -. else . end | . * 10000 | round / 10000)"' own2/metrics.jsonl)
+    got=$(grep -o "step      9/9 .*" own2.log | grep -o "round .*")
+    # (%.4f against jq's shortest form: compare as numbers)
+    if [ -n "$got" ] && awk -v a="$got" -v b="$want" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        exit !(x[2] == y[2] && x[5] + 0 == y[5] + 0 && x[7] + 0 == y[7] + 0) }' &&
+        grep -q "islands: 2 of 1 rank each; a round is 4 inner steps, then outer nesterov (lr 0.7, momentum 0.9) over 2 fragments, outer gradients none; outer state [0-9.]* MiB a rank" own2.log; then
+        ok
+    else
+        fail "own2: the progress line says '$got', expected '$want' (or no islands line at start-up)"
+    fi
 fi
 if run own2_int8 2 --islands 2 --inner-steps 4 --outer-fragments 2 --outer-compression int8; then
     sent=$(metric own2_int8 4 outer_bytes) raw=$(metric own2_int8 4 outer_bytes_raw)
