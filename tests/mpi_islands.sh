@@ -18,7 +18,7 @@
 #  - a resume from an islands checkpoint mid-round, with a sync in flight and int8 error
 #    feedback, continues bit for bit (islands of 1 rank, of dp 2 with ZeRO-3, of pp 2; PowerSGD
 #    and top-k outer gradients' compressors); another
-#    island count restarts the round with a warning; a run without islands refuses it;
+#    island count or layout restarts the round with a warning (the global state resharded); a run without islands refuses it;
 #    validation scores the global model (`loom eval` of the checkpoint's), not an island's;
 #  - a lost or hung island ends the job within the timeout, naming the rank;
 #  - what islands cannot do is refused by name.
@@ -302,6 +302,14 @@ if [ "$core_only" != 1 ]; then
         --outer-compression int8 --global-batch-size 8)
     [ "$quick" = 1 ] || { run ck_z3 4 "${z3[@]}" --save-every 6 &&
         run ck_z3_res 4 "${z3[@]}" --resume ck_z3/checkpoints/step_00000006 && exact ck_z3_res ck_z3; }
+    # another layout inside the islands restarts the round (a warning), and the global state
+    # reshards like the model: the ZeRO-3 shards' outer momentum read back whole (dp 1) and in
+    # ZeRO-1's halves (dp 2) trains alike (the step-8 sync applies it)
+    re=(--islands 2 --inner-steps 4 --outer-fragments 2 --outer-compression int8
+        --global-batch-size 8 --resume ck_z3/checkpoints/step_00000006)
+    [ "$quick" = 1 ] || { run ck_z3_dp2 4 "${re[@]}" --data-parallel 2 --zero 1 &&
+        run ck_z3_dp1 2 "${re[@]}" && same ck_z3_dp1 ck_z3_dp2 train &&
+        if grep -q "every island restarts the round" ck_z3_dp1.log; then ok; else fail "ck_z3_dp1: no warning that the round restarts"; fi; }
     pp=(--islands 2 --inner-steps 4 --pipeline-parallel 2 --outer-compression bf16
         --outer-overlap-steps 2)
     [ "$quick" = 1 ] || { run ck_pp 4 "${pp[@]}" --save-every 6 &&
