@@ -851,8 +851,39 @@ static void test_islands(void) {
     for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
         topk += 8 * L * ceil(0.01 * per_layer[i]);
     CHECK_CLOSE(oc.total_s, topk / 1e8 + 0.01 + 0.001, 1e-9, 0, "islands topk 1 %%");
-    plan.islands.fragments = 2, plan.islands.compression = LOOM_COMPRESS_INT8;
+    /* PowerSGD rank 4 (one fragment): each matrix sends its factors, (rows + cols) x 4 fp32,
+     * the 1-D tensors whole, over two all-reduces: 2 (K - 1) / K of it in 4 (K - 1) steps and 2
+     * calls */
+    plan.islands.compression = LOOM_COMPRESS_POWERSGD, plan.islands.compression_rank = 4;
     plan.islands.compression_fraction = 0;
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    double V = m->padded_vocab_size, T = m->max_seq_len;
+    double psgd = 4 * 4 * ((V + C) + (T + C) + L * (4 * (C + C) + 2 * (4 * C + C))) +
+                  4 * (2 * C + L * (C + C + 3 * C + C + C + C + 4 * C + C));
+    CHECK_CLOSE(oc.total_s, 2 * 0.5 * psgd / 1e8 + 4 * 0.01 + 2 * 0.001, 1e-9, 0,
+                "islands powersgd r4");
+    plan.islands.compression_rank = 0;
+    loom_plan_free(&plan);
+    /* bf16 inside islands of dp 2 x pp 2: each pipeline rank's stage (rank 0: the embeddings and
+     * 6 blocks; rank 1: 6 blocks, the tied head's copy of wte and the final LayerNorm), each
+     * replica its half, half the bytes on the wire, a reduce-scatter and an all-gather: the
+     * slower rank's sync (rank 0, with wpe) is the job's; every rank of both islands sends */
+    plan = plan_of(2, 1, 2, 2, 8, LOOM_SCHEDULE_1F1B);
+    plan.islands.count = 2, plan.islands.inner_steps = 10;
+    plan.islands.compression = LOOM_COMPRESS_BF16;
+    CHECK(loom_plan_outer_cost(&plan, &cl, inner, &oc) == LOOM_OK, "%s", loom_last_error());
+    double r0 = 4 * (V * C + T * C + 6 * layer) / 2, r1 = 4 * (V * C + 6 * layer + 2 * C) / 2;
+    double b0 = 2 * 0.5 * r0 / 2, b1 = 2 * 0.5 * r1 / 2;
+    CHECK_CLOSE(oc.sync_s, b0 / 1e8 + 2 * 0.01 + 2 * 0.001, 1e-9, 0, "islands bf16, dp 2 x pp 2");
+    CHECK_CLOSE(oc.exposed_s, (b0 / 1e8 + 2 * 0.01 + 2 * 0.001) / 10, 1e-9, 1e-12,
+                "islands bf16, dp 2 x pp 2: a step's share");
+    CHECK(llabs(oc.bytes - (int64_t)((b0 + b1) * 2 * 2 / 10)) <= 4,
+          "islands bf16, dp 2 x pp 2: %lld bytes a step, expected %.0f", (long long)oc.bytes,
+          (b0 + b1) * 2 * 2 / 10);
+    loom_plan_free(&plan);
+    plan = plan_of(1, 1, 1, 2, 4, LOOM_SCHEDULE_1F1B);
+    plan.islands.count = 2, plan.islands.inner_steps = 10, plan.islands.fragments = 2;
+    plan.islands.compression = LOOM_COMPRESS_INT8;
     /* the step carries it: predict's step is the inner step plus the exposed share */
     loom_prediction pr, inner_pr;
     loom_plan one = plan; /* one island's plan: its share of the global batch */
