@@ -578,9 +578,21 @@ jq '. + {islands: {nodes: 2, link: {bandwidth: 1.25e7, latency_s: 0.05, source: 
     "$CLUSTERS/dgx-a100.json" >a100_islands.json
 good "plan: --islands auto" '^4 islands of 16 devices \(2 nodes of 8\)' \
     'H = [0-9]+ inner steps, [0-9]+ fragments?, each sync applied [0-9]+ steps? after it leaves' \
-    ': hidden; a step' 'wrote islands\.json' \
+    ': hidden; a step' \
+    'K = 1 \(one job over the slow link\): [0-9.]+ s a step, [0-9.]+x the islands.; islands' \
+    'wrote islands\.json' \
     -- "$LOOM" plan --model gpt2 --cluster a100_islands.json --devices 64 --islands auto \
     --global-batch-size 512 --outer-compression int8 --out islands.json
+# the choice of K: islands joined as fast as the nodes inside them slow one job down by nothing,
+# so one job (K = 1, exact training) is planned instead
+jq '. + {islands: {nodes: 2, link: {bandwidth: 2.4e10, latency_s: 9.6e-6}}}' \
+    "$CLUSTERS/dgx-a100.json" >a100_fast_islands.json
+good "plan: --islands auto over a fast link plans one job" \
+    'K = 1 \(one job over the slow link\): [0-9.]+ s a step, no longer than the islands' \
+    -- "$LOOM" plan --model gpt2 --cluster a100_fast_islands.json --devices 64 --islands auto \
+    --global-batch-size 512 --out one_job.json
+file_has "plan: one job's plan is 64 ranks' data parallelism" one_job.json '"mesh": \{"dp": 32, "tp": 2'
+record "plan: one job's plan has no islands" "$(grep -o '"islands"' one_job.json 2>/dev/null)"
 file_has "plan: --islands auto writes the section" islands.json \
     '"islands": \{"count": 4, "inner_steps": [0-9]+, .*"compression": "int8"'
 good "plan: --islands auto's plan checks" 'islands\.json: ok \(64 ranks\)' \

@@ -16,6 +16,7 @@
 #include "loom/planner.h"
 #include "loom/plan.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -374,6 +375,48 @@ static void default_precision(const plan_args *args, const loom_cluster *cluster
            loom_precision_name(*precision));
 }
 
+/* The other choice of K: one job (K = 1) over every device, the slow link in its rings. The
+ * cluster description has one inter-node link, so every inter-node link is priced as the slower
+ * of it and the island link (a ring across the islands runs at its slowest link; a layout that
+ * keeps its tensor and pipeline groups inside an island is priced pessimistically). When that
+ * plan's step is no longer than the islands' (the slow link barely slows it), it replaces them:
+ * one job trains exactly, islands change the optimisation. */
+static loom_status one_job_instead(const loom_gpt_config *model, const loom_cluster *cluster,
+                                   loom_search_request req, loom_plan *plan, loom_prediction *pr) {
+    loom_cluster flat = *cluster;
+    flat.island_nodes = 0;
+    loom_link *inter = &flat.links[LOOM_LINK_INTER_NODE];
+    const loom_link *slow = &cluster->island_link;
+    inter->bandwidth = fmin(inter->bandwidth, slow->bandwidth);
+    inter->latency_s = fmax(inter->latency_s, slow->latency_s);
+    inter->call_latency_s = fmax(inter->call_latency_s, slow->call_latency_s);
+    req.keep = 1;
+    loom_plan_candidate one;
+    int found = 0, tried = 0, fitting = 0, pruned = 0;
+    loom_status st = loom_plan_search(model, &flat, &req, &one, &found, &tried, &fitting, &pruned);
+    if (st != LOOM_OK) return st;
+    if (!found) {
+        printf("K = 1 (one job over the slow link): no layout of %d devices fits; islands\n",
+               req.devices);
+        return LOOM_OK;
+    }
+    double t = one.prediction.step_s;
+    if (t > pr->step_s) {
+        printf("K = 1 (one job over the slow link): %.4f s a step, %.1fx the islands'; islands\n",
+               t, t / pr->step_s);
+        loom_plan_free(&one.plan);
+        return LOOM_OK;
+    }
+    printf("K = 1 (one job over the slow link): %.4f s a step, no longer than the islands' %.4f s: "
+           "one job, which trains exactly (islands change the optimisation); its layout:\n",
+           t, pr->step_s);
+    cli_print_candidates(&one, 1);
+    loom_plan_free(plan);
+    *plan = one.plan;
+    *pr = one.prediction;
+    return LOOM_OK;
+}
+
 /* `loom plan --cluster C` without --predict: the search, a table of the best layouts, the best
  * written with its prediction. */
 /* --islands auto: the cluster's islands (its island level) each run the layout the search finds
@@ -412,6 +455,7 @@ static loom_status plan_islands(const plan_args *args, const loom_gpt_config *mo
                          "its share), got %d",
                          K, req.global_batch);
     }
+    loom_search_request whole = req;
     loom_cluster island = *cluster;
     island.max_nodes = cluster->island_nodes;
     req.devices = per, req.global_batch /= K, req.keep = 1;
@@ -454,7 +498,7 @@ static loom_status plan_islands(const plan_args *args, const loom_gpt_config *mo
                "gradients (--outer-compression int8) or use a faster link\n",
                pr->outer.exposed_s, bound);
     }
-    return LOOM_OK;
+    return one_job_instead(model, cluster, whole, plan, pr);
 }
 
 static int run_search(const plan_args *args) {
