@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Islands (DiLoCo-style training; --islands K) against independent references:
-#  - one island with outer SGD at lr 1 and momentum 0 is plain training (the outer step puts back
-#    the parameters it measured), in every layout kind inside the island (one process, dp 2 with
-#    ZeRO 0, 1 and 3, tp 2, pp 2 with 1F1B and ZB-V), with 1 and 2 fragments, and with the sync
-#    overlapped with 2 inner steps: losses, grad norms and validation losses as one plain
-#    process's;
+#  - one island with outer SGD at lr 1 and momentum 0 is plain training (the outer step puts back the
+#    parameters it measured), in every layout kind inside the island (one process, dp 2 with ZeRO 0,
+#    1 and 3, tp 2, pp 2 with 1F1B and ZB-V; GPipe, ZB-H1 and interleaved in the full matrix), with 1
+#    and 2 fragments, and with the sync overlapped with 2 inner steps: losses, grad norms and
+#    validation losses as one plain process's;
 #  - K islands fed the same data (a test hook) are one island: the outer average of K equal outer
 #    gradients is that gradient, so 2 islands (of 1 rank, and of dp 2) with Nesterov equal one
 #    island with the islands' batch, and so do 2 islands of tp 2 and of interleaved pp 2 (2
@@ -96,6 +96,9 @@ layouts=("dp2_zero3:2:--data-parallel 2 --zero 3")
     "dp2_zero1:2:--data-parallel 2 --zero 1"
     "tp2:2:--tensor-parallel 2" "zbv:2:--pipeline-parallel 2 --schedule zb-v --micro-batch-size 1"
     "dp2_pp2:4:--data-parallel 2 --pipeline-parallel 2 --zero 2")
+# (the other schedules, the full matrix's)
+[ "$quick" = 1 ] || layouts+=("gpipe:2:--pipeline-parallel 2 --schedule gpipe"
+    "zbh1:2:--pipeline-parallel 2 --schedule zb-h1" "interleaved:2:--pipeline-parallel 2 --schedule interleaved --micro-batch-size 1")
 for l in "${layouts[@]}"; do
     IFS=: read -r name np flags <<<"$l"
     read -r -a f <<<"$flags"
