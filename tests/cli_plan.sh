@@ -612,6 +612,13 @@ bad "plan: --islands auto needs whole islands" 'expected --devices a multiple of
     --global-batch-size 512 --out x.json
 bad "plan: --max-inner-steps alone" '--max-inner-steps: expected only with --islands auto' \
     -- "$LOOM" plan --model gpt2 --dp 2 --max-inner-steps 10 --out x.json
+# an island layout the runtime cannot run is refused by the layout rules, named as anywhere
+bad "plan: islands of tp 5" 'mesh.tp: expected a divisor of model.heads 12' \
+    -- "$LOOM" plan --model gpt2 --islands 2 --tp 5 --out x.json
+bad "plan: islands of pp 13" 'mesh.pp: expected at most model.layers 12 stages' \
+    -- "$LOOM" plan --model gpt2 --islands 2 --pp 13 --out x.json
+bad "plan: islands, --inner-steps 0" 'islands.inner_steps: expected at least 1 inner step a round, got 0' \
+    -- "$LOOM" plan --model gpt2 --islands 2 --inner-steps 0 --out x.json
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
