@@ -1738,7 +1738,8 @@ static void test_islands_flags(void) {
               "flags case %zu: %s", i, st == LOOM_OK ? "accepted" : loom_last_error());
         if (st == LOOM_OK) loom_plan_free(&plan);
     }
-    /* the defaults given outright are not "given" without islands */
+    /* without islands the outer settings at their defaults are accepted (the defaults and the
+     * comparison agree), and one off its default is refused by name */
     loom_layout_flags_defaults(&f);
     f.outer_momentum = LOOM_PLAN_DEFAULT_OUTER_MOMENTUM;
     st = loom_plan_from_flags(&plan, &model, &f, 2);

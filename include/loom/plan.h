@@ -399,7 +399,8 @@ loom_status loom_plan_compression_from_flags(const loom_plan_compression_flags *
                                              loom_plan_compressor *dp, loom_plan_compressor *pp);
 
 /* The layout flags of `loom train` and `loom plan` (and the keys of a --config file: the field
- * names), one field per flag; 0 / "" asks for the default, as in loom_plan_request. */
+ * names), one field per flag; 0 / "" asks for the default, as in loom_plan_request, but for the
+ * fields loom_layout_flags_defaults sets (set one up with it, never by zeroing). */
 typedef struct {
     int data_parallel, tensor_parallel, pipeline_parallel;
     int micro_batch_size, global_batch_size, micro_batches;

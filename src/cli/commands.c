@@ -373,6 +373,21 @@ static void show_plan(cli_train_args *args, const loom_plan *plan) {
                              s ? "," : "", plan->stages[s].end_layer - plan->stages[s].first_layer);
     }
     loom_plan_compression_flags_of(plan, &l->compression);
+    /* the islands' settings as the plan has them (a plan file's, or the flags' resolved) */
+    const loom_plan_islands *is = &plan->islands;
+    l->islands = is->count;
+    if (is->count > 0) {
+        l->inner_steps = is->inner_steps, l->outer_lr = is->lr, l->outer_momentum = is->momentum;
+        l->outer_fragments = is->fragments, l->outer_overlap_steps = is->overlap_steps;
+        snprintf(l->outer_optimizer, sizeof l->outer_optimizer, "%s",
+                 loom_outer_optimizer_name(is->optimizer));
+        snprintf(l->outer_compression, sizeof l->outer_compression, "%s",
+                 is->compression == LOOM_COMPRESS_NONE
+                     ? ""
+                     : loom_compress_method_name(is->compression));
+        if (is->compression_rank > 0) l->outer_compression_rank = is->compression_rank;
+        if (is->compression_fraction > 0) l->outer_topk_fraction = is->compression_fraction;
+    }
 }
 
 /* Rank 0 says where the ZeRO stage came from when there are replicas: the plan file's, a flag,

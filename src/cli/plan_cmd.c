@@ -390,14 +390,21 @@ static loom_status one_job_instead(const loom_gpt_config *model, const loom_clus
     inter->bandwidth = fmin(inter->bandwidth, slow->bandwidth);
     inter->latency_s = fmax(inter->latency_s, slow->latency_s);
     inter->call_latency_s = fmax(inter->call_latency_s, slow->call_latency_s);
+    /* measured inter-node collectives (loom profile's) were measured on the fast link */
+    int kept = 0;
+    for (int i = 0; i < flat.num_collectives; i++) {
+        if (flat.collectives[i].link != LOOM_LINK_INTER_NODE)
+            flat.collectives[kept++] = flat.collectives[i];
+    }
+    flat.num_collectives = kept;
     req.keep = 1;
     loom_plan_candidate one;
     int found = 0, tried = 0, fitting = 0, pruned = 0;
     loom_status st = loom_plan_search(model, &flat, &req, &one, &found, &tried, &fitting, &pruned);
-    if (st != LOOM_OK) return st;
-    if (!found) {
-        printf("K = 1 (one job over the slow link): no layout of %d devices fits; islands\n",
-               req.devices);
+    if (st != LOOM_OK || !found) { /* nothing of every device fits: the islands stand */
+        printf("K = 1 (one job over the slow link): no layout of %d devices fits (%s); islands\n",
+               req.devices, st != LOOM_OK ? loom_last_error() : "none found");
+        loom_clear_error();
         return LOOM_OK;
     }
     double t = one.prediction.step_s;
@@ -408,7 +415,8 @@ static loom_status one_job_instead(const loom_gpt_config *model, const loom_clus
         return LOOM_OK;
     }
     printf("K = 1 (one job over the slow link): %.4f s a step, no longer than the islands' %.4f s: "
-           "one job, which trains exactly (islands change the optimisation); its layout:\n",
+           "one job, which trains exactly (islands change the optimisation; the outer settings "
+           "do not apply); its layout:\n",
            t, pr->step_s);
     cli_print_candidates(&one, 1);
     loom_plan_free(plan);
